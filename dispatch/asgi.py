@@ -1,0 +1,27 @@
+"""The ASGI application: Django for HTTP, Channels for websockets.
+
+No ``AllowedHostsOriginValidator``: shims, peers and scripts send no ``Origin``; the
+``/ws`` consumer checks the origin itself for cookie-authenticated browsers
+(spec/sessions-and-remotes.md §1.1).
+"""
+
+from __future__ import annotations
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dispatch.settings")
+django_asgi_app = get_asgi_application()
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs the apps loaded)
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+
+from dispatch.routing import websocket_urlpatterns  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        "http": django_asgi_app,
+        "websocket": AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
+    }
+)

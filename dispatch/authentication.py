@@ -1,0 +1,33 @@
+"""DRF authentication by ``Authorization: Bearer <api token>`` (spec/overview.md "Credentials")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import exceptions
+from rest_framework.authentication import BaseAuthentication, get_authorization_header
+from rest_framework.request import Request
+
+from dispatch.models import ApiToken
+from dispatch.services import AuthenticationFailed, api_token_authenticate
+
+
+class BearerTokenAuthentication(BaseAuthentication):
+    """Authenticate a request by a user API token; 401 with ``WWW-Authenticate: Bearer``."""
+
+    keyword = "bearer"
+
+    def authenticate(self, request: Request) -> tuple[Any, ApiToken] | None:
+        header = get_authorization_header(request).split()
+        if not header or header[0].lower() != self.keyword.encode():
+            return None
+        if len(header) != 2:
+            raise exceptions.AuthenticationFailed("invalid Authorization header: expected 'Bearer <token>'")
+        try:
+            token = api_token_authenticate(header[1].decode("latin-1"))
+        except AuthenticationFailed:
+            raise exceptions.AuthenticationFailed("invalid, expired or revoked token") from None
+        return token.user, token
+
+    def authenticate_header(self, request: Request) -> str:
+        return "Bearer"

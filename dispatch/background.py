@@ -1,0 +1,77 @@
+"""Background services of a process, run as asyncio tasks (spec/overview.md "How it runs").
+
+``serve`` runs them in its own event loop unless ``--no-background``; ``dispatch_worker``
+runs only them. The presence heartbeat is not one of them: every process that holds
+connections heartbeats (``heartbeat_loop``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+from django.conf import settings
+
+from dispatch import services
+from dispatch.presence import current_process_id, process_group
+
+logger = logging.getLogger(__name__)
+
+# Message sent to every consumer of this process when it stops or finds itself reaped.
+SHUTDOWN_MESSAGE = {"type": "server.shutdown"}
+
+
+def _db(function: Callable[..., object]) -> Callable[..., Awaitable[object]]:
+    # Short queries only; thread_sensitive keeps them on the process's one DB thread.
+    return sync_to_async(function, thread_sensitive=True)
+
+
+async def heartbeat_loop(*, kind: str) -> None:
+    """Stamp this process's heartbeat every ``DISPATCH_HEARTBEAT_INTERVAL`` seconds.
+
+    If the row was reaped (this process looked dead to others), every socket of the
+    process is closed so its clients reconnect and register again.
+    """
+    while True:
+        await asyncio.sleep(settings.PROCESS_HEARTBEAT_INTERVAL)
+        try:
+            intact = await _db(services.server_process_heartbeat)(kind=kind)
+        except Exception:
+            logger.exception("heartbeat failed")
+            continue
+        if not intact:
+            await get_channel_layer().group_send(process_group(current_process_id()), SHUTDOWN_MESSAGE)
+
+
+async def reaper_loop() -> None:
+    """Reap dead server processes every ``DISPATCH_REAP_INTERVAL`` seconds."""
+    while True:
+        try:
+            await _db(services.server_process_reap)()
+        except Exception:
+            logger.exception("reaping failed")
+        await asyncio.sleep(settings.REAP_INTERVAL)
+
+
+def background_services() -> list[Callable[[], Awaitable[None]]]:
+    """The background services of this version, each an endless coroutine function."""
+    return [reaper_loop]
+
+
+async def run_background_services() -> None:
+    """Run every background service until cancelled; a crashed service is restarted."""
+
+    async def supervise(service: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            try:
+                await service()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("background service %s crashed; restarting in 1 s", service.__name__)
+                await asyncio.sleep(1)
+
+    await asyncio.gather(*(supervise(service) for service in background_services()))

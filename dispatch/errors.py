@@ -1,0 +1,91 @@
+"""One error vocabulary for every edge (CONVENTIONS.md habit 6).
+
+``DispatchError(code, message, details)`` carries an UPPER_SNAKE code; each edge renders
+it in its own shape (spec/overview.md "Error shapes"): REST as
+``{"error": {"code", "message", "details"}}`` with ``http_status``, ``/ws`` as the plain
+``message`` string, the shim consumer as an ``ERROR`` frame, MCP as an ``isError`` result.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# HTTP status per code (spec/overview.md "Error shapes"); unknown codes map to 400.
+HTTP_STATUS: dict[str, int] = {
+    "INVALID_REQUEST": 400,
+    "VALIDATION_ERROR": 400,
+    "PATH_OUTSIDE_ALLOWED_ROOT": 400,
+    "PATH_EXISTS": 400,
+    "PATH_NOT_EMPTY": 400,
+    "IS_A_DIRECTORY": 400,
+    "ENCODING_ERROR": 400,
+    "UNSUPPORTED_OPERATION": 400,
+    "NOT_AUTHENTICATED": 401,
+    "AUTHENTICATION_FAILED": 401,
+    "CAPABILITY_NOT_GRANTED": 403,
+    "PERMISSION_DENIED": 403,
+    "NOT_FOUND": 404,
+    "MACHINE_NOT_ATTACHED": 404,
+    "PATH_NOT_FOUND": 404,
+    "REMOTE_NOT_CONNECTED": 404,
+    "METHOD_NOT_ALLOWED": 405,
+    "CONFLICT": 409,
+    "MACHINE_AMBIGUOUS": 409,
+    "REMOTE_ALREADY_CONNECTED": 409,
+    "FILE_TOO_LARGE": 413,
+    "RATE_LIMITED": 429,
+    "REMOTE_ERROR": 502,
+    "REMOTE_DISCONNECTED": 502,
+    "MACHINE_UNREACHABLE": 502,
+    "REMOTE_BUSY": 503,
+    "SHIM_OVERLOADED": 503,
+    "SHUTTING_DOWN": 503,
+    "TIMEOUT": 504,
+}
+
+
+class DispatchError(Exception):
+    """A failure fit to show a user or a model.
+
+    ``code`` is an UPPER_SNAKE word from ``HTTP_STATUS``; ``message`` a sentence that says
+    what was wrong; ``details`` a JSON-serialisable dict (never secrets).
+    """
+
+    def __init__(self, code: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = details or {}
+
+    @property
+    def http_status(self) -> int:
+        """The HTTP status this error maps to (400 for codes without a mapping)."""
+        return HTTP_STATUS.get(self.code, 400)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The REST / peer API body: ``{"error": {"code", "message", "details"}}``."""
+        return {"error": {"code": self.code, "message": self.message, "details": self.details}}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.code!r}, {self.message!r})"
+
+
+class InvalidRequest(DispatchError):
+    """Input that does not fit the operation (400)."""
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__("INVALID_REQUEST", message, details)
+
+
+class NotFound(DispatchError):
+    """The object does not exist for this caller (404); never says whether it exists for another."""
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__("NOT_FOUND", message, details)
+
+
+class RateLimited(DispatchError):
+    """Too many attempts (429)."""
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__("RATE_LIMITED", message, details)

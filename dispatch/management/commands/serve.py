@@ -1,0 +1,166 @@
+"""``manage.py serve [--host H] [--port P] [--no-background]``: daphne + background services.
+
+daphne serves HTTP and websockets with its websocket message and frame caps raised to
+16 MiB + 64 KiB and its 24-hour socket timeout off (spec/overview.md "Stack"); each
+consumer enforces its own protocol's limit. Unless ``--no-background`` the background
+services run as asyncio tasks on the same loop. SIGTERM/SIGINT: stop accepting, fail
+pending remote calls, close sockets, exit 0 within 10 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connection
+
+from dispatch import services
+from dispatch.background import SHUTDOWN_MESSAGE, heartbeat_loop, run_background_services
+from dispatch.models import ServerProcess
+from dispatch.presence import current_process_id, process_group
+
+logger = logging.getLogger("dispatch.serve")
+
+SHUTDOWN_GRACE = 3.0  # seconds given to consumers to fail their calls and close
+
+# RFC 6455 §7.4.1 codes a server may send that autobahn's sendClose() refuses (it allows
+# only 1000 and 3000-4999): 1009 (message too big) and 1012 (service restart) are
+# part of Dispatch's protocols.
+PROTOCOL_CLOSE_CODES = frozenset({1001, 1008, 1009, 1011, 1012, 1013})
+
+
+def allow_protocol_close_codes() -> None:
+    """Let consumers close with the RFC 6455 codes above under daphne."""
+    from autobahn.websocket.protocol import WebSocketProtocol as AutobahnProtocol
+    from daphne.ws_protocol import WebSocketProtocol
+
+    if getattr(WebSocketProtocol.serverClose, "dispatch_patched", False):
+        return
+    original = WebSocketProtocol.serverClose
+
+    def server_close(self: Any, code: int | None = None) -> None:
+        if code in PROTOCOL_CLOSE_CODES:
+            if self.state == AutobahnProtocol.STATE_OPEN:
+                self.sendCloseFrame(code=code, isReply=False)
+            return
+        original(self, code)
+
+    server_close.dispatch_patched = True  # type: ignore[attr-defined]
+    WebSocketProtocol.serverClose = server_close
+
+
+class Command(BaseCommand):
+    help = "Serve Dispatch (HTTP + websockets) with daphne, plus the background services."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+        parser.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+        parser.add_argument(
+            "--no-background", action="store_true", help="serve connections only; run dispatch_worker separately"
+        )
+
+    def handle(self, *args: Any, host: str, port: int, no_background: bool, **options: Any) -> None:
+        if not 0 < port < 65536:
+            raise CommandError(f"--port must be between 1 and 65535, got {port}")
+        # Importing daphne.server installs twisted's asyncio reactor: keep it inside handle.
+        from channels.routing import get_default_application
+        from daphne.endpoints import build_endpoint_description_strings
+        from daphne.server import Server
+        from twisted.internet import reactor
+
+        allow_protocol_close_codes()
+        services.server_process_register(kind=ServerProcess.Kind.SERVE)
+        connection.close()  # the main thread does no more queries
+
+        runtime = _Runtime(background=not no_background)
+
+        class DispatchServer(Server):  # type: ignore[misc]
+            def listen_success(self, port: Any) -> None:
+                super().listen_success(port)
+                runtime.ports.append(port)
+                address = port.getHost()
+                print(
+                    f"Dispatch serving on http://{host}:{address.port} "
+                    f"(process {current_process_id()}, background services "
+                    f"{'off' if no_background else 'on'})",
+                    flush=True,
+                )
+
+        server = DispatchServer(
+            application=get_default_application(),
+            endpoints=build_endpoint_description_strings(host=host, port=port),
+            signal_handlers=False,
+            websocket_timeout=-1,
+            websocket_max_message_size=settings.SERVER_WS_MAX_BYTES,
+            websocket_max_frame_size=settings.SERVER_WS_MAX_BYTES,
+            ping_interval=20,
+            ping_timeout=30,
+            application_close_timeout=5,
+        )
+        runtime.server = server
+        reactor.callWhenRunning(runtime.start)
+        server.run()
+        if runtime.failed:
+            raise CommandError(f"could not listen on {host}:{port}")
+
+
+class _Runtime:
+    """What ``serve`` runs beside daphne: heartbeat, background services, clean shutdown."""
+
+    def __init__(self, *, background: bool) -> None:
+        self.background = background
+        self.ports: list[Any] = []
+        self.tasks: list[asyncio.Future[Any]] = []
+        self.stopping = False
+        self.server: Any = None
+
+    @property
+    def failed(self) -> bool:
+        return not self.ports
+
+    def start(self) -> None:
+        loop = asyncio.get_event_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, lambda: asyncio.ensure_future(self.shutdown()))
+        self.tasks.append(asyncio.ensure_future(heartbeat_loop(kind=ServerProcess.Kind.SERVE)))
+        if self.background:
+            self.tasks.append(asyncio.ensure_future(run_background_services()))
+
+    async def shutdown(self) -> None:
+        from asgiref.sync import sync_to_async
+        from channels.layers import get_channel_layer
+        from twisted.internet import reactor
+
+        if self.stopping:
+            logger.warning("second signal: stopping at once")
+            reactor.stop()
+            return
+        self.stopping = True
+        logger.info("shutting down: no new connections; failing pending calls")
+        for port in self.ports:
+            port.stopListening()
+        for task in self.tasks:
+            task.cancel()
+        try:
+            await get_channel_layer().group_send(process_group(current_process_id()), SHUTDOWN_MESSAGE)
+            await self._wait_for_sockets()
+        except Exception:
+            logger.exception("error while closing connections")
+        try:
+            await sync_to_async(services.server_process_unregister, thread_sensitive=True)()
+        except Exception:
+            logger.exception("could not remove this process's row; the reaper will")
+        reactor.stop()
+
+    async def _wait_for_sockets(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SHUTDOWN_GRACE
+        while loop.time() < deadline:
+            live = [p for p, details in self.server.connections.items() if "disconnected" not in details]
+            if not any(type(p).__name__ == "WebSocketProtocol" for p in live):
+                return
+            await asyncio.sleep(0.1)

@@ -1,0 +1,275 @@
+"""Dispatch settings, read once from the environment (and ``.env``).
+
+Every variable is listed in ``.env.example`` and in the README. Helpers in
+``dispatch.conf`` raise ``ImproperlyConfigured`` on a bad value (spec/overview.md
+"Configuration").
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import secrets
+import tempfile
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import dj_database_url
+from cryptography.fernet import Fernet
+from django.core.exceptions import ImproperlyConfigured
+from dotenv import load_dotenv
+
+from dispatch.conf import env_bool, env_float, env_int, env_list, env_secret, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+load_dotenv(BASE_DIR / ".env", override=False)
+
+# --- where state lives -----------------------------------------------------------------
+_data_dir = Path(env_str("DISPATCH_DATA_DIR", "var")).expanduser()
+DATA_DIR = _data_dir if _data_dir.is_absolute() else BASE_DIR / _data_dir
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+DEBUG = env_bool("DEBUG", False)
+
+PUBLIC_URL = env_str("DISPATCH_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
+_public = urlsplit(PUBLIC_URL)
+if _public.scheme not in ("http", "https") or not _public.hostname:
+    raise ImproperlyConfigured(
+        f"DISPATCH_PUBLIC_URL must be an http(s) URL such as http://127.0.0.1:8000, got {PUBLIC_URL!r}"
+    )
+
+
+def _secret_key() -> tuple[str, bool]:
+    """The secret key and whether it came from the local key file."""
+    given = env_secret("SECRET_KEY")
+    if given:
+        return given, False
+    key_file = DATA_DIR / "secret_key"
+    if not key_file.exists():
+        # O_EXCL: two processes starting at once must not write two different keys.
+        try:
+            fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secrets.token_urlsafe(50))
+    key = key_file.read_text().strip()
+    if not key:
+        raise ImproperlyConfigured(f"{key_file} is empty; delete it or set SECRET_KEY")
+    return key, True
+
+
+SECRET_KEY, SECRET_KEY_FROM_LOCAL_FILE = _secret_key()
+
+
+def _encryption_keys() -> list[str]:
+    keys = env_list("DISPATCH_ENCRYPTION_KEYS", [])
+    if not keys:
+        digest = hashlib.sha256(b"dispatch-encryption:" + SECRET_KEY.encode()).digest()
+        return [base64.urlsafe_b64encode(digest).decode()]
+    for index, key in enumerate(keys):
+        try:
+            Fernet(key)
+        except (ValueError, TypeError):
+            raise ImproperlyConfigured(
+                f"DISPATCH_ENCRYPTION_KEYS: key #{index + 1} is not a valid Fernet key"
+            ) from None
+    return keys
+
+
+# MultiFernet keys for secrets at rest, newest first.
+ENCRYPTION_KEYS = _encryption_keys()
+
+_local_hosts = ["localhost", "127.0.0.1", "[::1]"]
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [*_local_hosts, _public.hostname])
+CSRF_TRUSTED_ORIGINS = [f"{_public.scheme}://{_public.netloc}"]
+
+# --- applications ----------------------------------------------------------------------
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "rest_framework",
+    "drf_spectacular",
+    "django_htmx",
+    "dispatch",
+    "remotes",
+    "machines",
+    "peers",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.auth.middleware.LoginRequiredMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "dispatch.urls"
+ASGI_APPLICATION = "dispatch.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- database --------------------------------------------------------------------------
+DATABASE_URL = env_str("DATABASE_URL", "")
+if DATABASE_URL:
+    try:
+        _default_db: dict[str, Any] = dict(dj_database_url.parse(DATABASE_URL, conn_max_age=0))
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"DATABASE_URL: {exc}") from None
+else:
+    _default_db = {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": str(DATA_DIR / "dispatch.sqlite3"),
+        # One test database file per test process, so parallel runs never collide.
+        "TEST": {"NAME": str(Path(tempfile.gettempdir()) / f"dispatch-test-{os.getpid()}.sqlite3")},
+    }
+
+if _default_db["ENGINE"] == "django.db.backends.sqlite3":
+    # Every SQLite database (default or given): WAL, immediate transactions, 20 s busy
+    # timeout (spec/overview.md "Stack").
+    _default_db.setdefault("OPTIONS", {}).update(
+        {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
+    )
+DATABASES = {"default": _default_db}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- channel layer ---------------------------------------------------------------------
+REDIS_URL = env_str("REDIS_URL", "")
+_db_identity = DATABASE_URL or str(_default_db["NAME"])
+REDIS_PREFIX = env_str(
+    "DISPATCH_REDIS_PREFIX", "dispatch-" + hashlib.sha256(_db_identity.encode()).hexdigest()[:10]
+)
+CHANNEL_CAPACITY = env_int("DISPATCH_CHANNEL_CAPACITY", 10_000, minimum=10_000)
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {
+                "hosts": [REDIS_URL],
+                "prefix": REDIS_PREFIX,
+                "capacity": CHANNEL_CAPACITY,
+                "expiry": 60,
+                "group_expiry": 86400 * 7,
+            },
+        }
+    }
+else:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels.layers.InMemoryChannelLayer",
+            "CONFIG": {"capacity": CHANNEL_CAPACITY, "expiry": 60},
+        }
+    }
+
+# --- auth ------------------------------------------------------------------------------
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SECURE = _public.scheme == "https"
+CSRF_COOKIE_SECURE = _public.scheme == "https"
+
+# Password throttling (spec/sessions-and-remotes.md §1.1): failures per username and per
+# client address within the window before attempts are refused unchecked.
+LOGIN_FAILURE_LIMIT = env_int("DISPATCH_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+LOGIN_FAILURE_WINDOW = env_int("DISPATCH_LOGIN_FAILURE_WINDOW", 600, minimum=1)  # seconds
+RATELIMIT_STORAGE_URL = REDIS_URL or "memory://"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "dispatch.authentication.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "EXCEPTION_HANDLER": "dispatch.api.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Dispatch API",
+    "DESCRIPTION": "Control plane for AI agents across several computers.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+# --- static files ----------------------------------------------------------------------
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = DATA_DIR / "static"
+STATIC_ROOT.mkdir(exist_ok=True)  # whitenoise warns about a missing root
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+# --- Dispatch runtime ------------------------------------------------------------------
+# Presence (spec/overview.md "Many machines"): heartbeat period and time to live, seconds.
+PROCESS_HEARTBEAT_INTERVAL = env_float("DISPATCH_HEARTBEAT_INTERVAL", 2.0)
+PROCESS_TTL = env_float("DISPATCH_PROCESS_TTL", 10.0)
+if PROCESS_TTL <= PROCESS_HEARTBEAT_INTERVAL:
+    raise ImproperlyConfigured("DISPATCH_PROCESS_TTL must be longer than DISPATCH_HEARTBEAT_INTERVAL")
+REAP_INTERVAL = env_float("DISPATCH_REAP_INTERVAL", 2.0)
+
+# /ws session protocol (spec/sessions-and-remotes.md §1).
+WS_MAX_MESSAGE_BYTES = env_int("DISPATCH_WS_MAX_MESSAGE_BYTES", 1024 * 1024, minimum=1024)
+WS_RATE = env_float("DISPATCH_WS_RATE", 100.0)  # requests per second, per connection
+WS_BURST = env_int("DISPATCH_WS_BURST", 500, minimum=1)
+WS_AUTH_TIMEOUT = env_float("DISPATCH_WS_AUTH_TIMEOUT", 10.0)  # seconds
+
+# Remotes (spec/sessions-and-remotes.md §2.3–§2.4), seconds.
+REMOTE_CALL_TIMEOUT = env_float("DISPATCH_REMOTE_CALL_TIMEOUT", 30.0)
+REMOTE_LIVENESS_INTERVAL = env_float("DISPATCH_REMOTE_LIVENESS_INTERVAL", 2.0)
+
+# The daphne server's own websocket caps (serve): 16 MiB + 64 KiB (spec/overview.md "Stack").
+SERVER_WS_MAX_BYTES = 16 * 1024 * 1024 + 64 * 1024
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("DISPATCH_LOG_LEVEL", "INFO").upper()},
+    "loggers": {
+        "daphne": {"level": "WARNING"},
+        "django.channels.server": {"level": "WARNING"},
+    },
+}

@@ -1,0 +1,33 @@
+"""URL map: pages, ``/api/v1``, the OpenAPI schema, the admin and ``/healthz``."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.contrib.auth import views as auth_views
+from django.urls import include, path
+from django.views.generic import TemplateView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+from dispatch import api, views
+from remotes.urls import api_urlpatterns as remote_api_urls
+
+api_v1 = [
+    path("auth/token", api.TokenObtainView.as_view(), name="api-token-obtain"),
+    path("auth/tokens", api.TokenListView.as_view(), name="api-token-list"),
+    path("auth/tokens/<int:token_id>", api.TokenRevokeView.as_view(), name="api-token-revoke"),
+    *remote_api_urls,
+]
+
+urlpatterns = [
+    path("", TemplateView.as_view(template_name="dispatch/agents.html"), name="agents"),
+    path("login/", views.login_view, name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("settings/", views.settings_page, name="settings"),
+    path("settings/tokens/<int:token_id>/revoke", views.token_revoke, name="token-revoke"),
+    path("healthz", views.healthz, name="healthz"),
+    path("api/v1/", include(api_v1)),
+    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("admin/", admin.site.urls),
+    path("", include("remotes.urls")),
+]

@@ -1,0 +1,39 @@
+"""Example remote: a fake weather service (spec §2.5).
+
+From the repository root, with ``DISPATCH_URL`` and ``DISPATCH_TOKEN`` in the
+environment: ``python -m remotes.client serve examples/weather_service.py:remote`` (or
+``PYTHONPATH=. python examples/weather_service.py``). Then
+``python -m remotes.client call weather-service get_forecast '{"city": "Rome"}'``.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+from remotes.client import Remote
+
+remote = Remote(
+    "weather-service",
+    url=os.environ.get("DISPATCH_URL", "ws://127.0.0.1:8000/ws"),
+    token=os.environ.get("DISPATCH_TOKEN", ""),
+)
+
+
+@remote.function
+def get_forecast(city: str) -> dict[str, str | int]:
+    """Retrieve weather forecast for a location.
+
+    Args:
+        city: Name of the city, e.g. "Rome".
+
+    Returns:
+        ``{"city", "forecast", "temperature_c"}``; the same city always gets the same
+        (fake) forecast.
+    """
+    temperature_c = zlib.crc32(city.encode()) % 35 - 5
+    return {"city": city, "forecast": "sunny", "temperature_c": temperature_c}
+
+
+if __name__ == "__main__":
+    remote.run()

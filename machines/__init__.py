@@ -1,0 +1,1 @@
+"""Machines: shims on users' computers, routing, device login and audit (to come)."""

@@ -1,0 +1,1 @@
+"""Peers: linked Dispatch instances (to come)."""

@@ -1,0 +1,9 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class PeersConfig(AppConfig):
+    """Linked instances (spec/peers.md); built in a later issue."""
+
+    name = "peers"

@@ -1,0 +1,1 @@
+"""Remotes: the /ws session consumer, the remote registry and remote calls."""

@@ -1,0 +1,36 @@
+"""Admin for live connection rows (read-only: they mirror sockets)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from remotes.models import Remote, WsSession
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(WsSession)
+class WsSessionAdmin(ReadOnlyAdmin):
+    list_display = ["id", "user", "auth_method", "client_address", "server_process", "connected_at"]
+    list_filter = ["auth_method", "server_process"]
+    search_fields = ["id", "user__username", "channel_name"]
+
+
+@admin.register(Remote)
+class RemoteAdmin(ReadOnlyAdmin):
+    list_display = ["name", "user", "function_count", "ws_session", "server_process", "connected_at"]
+    list_filter = ["server_process"]
+    search_fields = ["name", "user__username"]
+
+    @admin.display(description="functions")
+    def function_count(self, remote: Remote) -> int:
+        return len(remote.tools)

@@ -1,0 +1,25 @@
+"""Client library for Dispatch remotes: serve Python functions over ``/ws`` (spec §2.5).
+
+Imports nothing from Django; depends on ``websockets``, ``pydantic`` and
+``docstring_parser`` only.
+"""
+
+from __future__ import annotations
+
+from remotes.client.remote import Remote
+from remotes.client.schema import function_spec
+from remotes.client.session import (
+    AuthenticationError,
+    MessageTooLarge,
+    RemoteCallError,
+    Session,
+)
+
+__all__ = [
+    "AuthenticationError",
+    "MessageTooLarge",
+    "Remote",
+    "RemoteCallError",
+    "Session",
+    "function_spec",
+]

@@ -1,0 +1,9 @@
+"""``python -m remotes.client``: see :mod:`remotes.client.cli`."""
+
+from __future__ import annotations
+
+import sys
+
+from remotes.client.cli import main
+
+sys.exit(main())

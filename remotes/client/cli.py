@@ -1,0 +1,180 @@
+"""Command line for Dispatch remotes (spec §2.5)::
+
+    python -m remotes.client serve FILE.py:ATTR [--url URL] [--token T]
+    python -m remotes.client call REMOTENAME FUNCTION ARGS_JSON [--url URL] [--token T] [--timeout SECONDS]
+    python -m remotes.client list [--url URL] [--token T]
+
+``--url`` defaults to ``$DISPATCH_URL``, else ``ws://127.0.0.1:8000/ws`` (``serve``: else
+the Remote's own URL); ``--token`` defaults to ``$DISPATCH_TOKEN`` (``serve``: else the
+Remote's own token). Exit codes: 0 success, 1 a failed call or connection, 2 bad usage or
+no token, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+
+from remotes.client.remote import Remote
+from remotes.client.session import AuthenticationError, RemoteCallError, Session
+
+DEFAULT_URL = "ws://127.0.0.1:8000/ws"
+SERVER_CALL_TIMEOUT_MAX = 300.0
+"""Seconds: the longest per-call ``timeout`` the server accepts (§2.3)."""
+REPLY_MARGIN = 10.0
+"""Seconds ``call`` waits for the reply beyond the server-side call timeout."""
+
+_CLIENT_ERRORS = (
+    RemoteCallError,
+    AuthenticationError,
+    ConnectionClosed,
+    InvalidHandshake,
+    InvalidURI,
+    OSError,  # includes TimeoutError
+)
+
+
+class _UsageError(Exception):
+    """Bad command-line input; reported with exit code 2."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line on ``argv`` (default ``sys.argv[1:]``); return the exit code.
+
+    ``call`` prints the result as JSON on stdout; ``list`` prints the ``remote-list``
+    entries (``[{remotename, name, description, parameters}]``) as JSON; failures are
+    printed on stderr. argparse itself exits with 2 on malformed arguments.
+    """
+    args = _parser().parse_args(argv)
+    url: str | None = args.url or os.environ.get("DISPATCH_URL")
+    token: str | None = args.token or os.environ.get("DISPATCH_TOKEN")
+    try:
+        if args.command == "serve":
+            return _serve(args.target, url, token)
+        if not token:
+            raise _UsageError("no API token: pass --token or set DISPATCH_TOKEN")
+        if args.command == "list":
+            return _request(url or DEFAULT_URL, token, "remote-list", {}, 30.0, "remotes")
+        body = {"remotename": args.remotename, "function": args.function, "args": args.args}
+        if args.timeout is not None:
+            body["timeout"] = args.timeout
+        wait = (args.timeout or SERVER_CALL_TIMEOUT_MAX) + REPLY_MARGIN
+        return _request(url or DEFAULT_URL, token, "remote-call", body, wait, "result")
+    except _UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    connection = argparse.ArgumentParser(add_help=False)
+    connection.add_argument("--url", help=f"/ws URL (default: $DISPATCH_URL, else {DEFAULT_URL})")
+    connection.add_argument("--token", help="API token (default: $DISPATCH_TOKEN)")
+    parser = argparse.ArgumentParser(prog="python -m remotes.client", description=__doc__)
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", parents=[connection], help="serve a Remote from a file")
+    serve.add_argument("target", metavar="FILE.py:ATTR", help="a file and its Remote's name")
+    call = commands.add_parser("call", parents=[connection], help="call a remote function")
+    call.add_argument("remotename")
+    call.add_argument("function")
+    call.add_argument("args", metavar="ARGS_JSON", type=_json_object, help="a JSON object")
+    call.add_argument("--timeout", type=float, metavar="SECONDS", help="server-side, at most 300")
+    commands.add_parser("list", parents=[connection], help="list your connected remotes' functions")
+    return parser
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+def _request(
+    url: str,
+    token: str,
+    action: str,
+    body: dict[str, Any],
+    timeout: float,
+    field: str,
+) -> int:
+    """Send one request (``timeout`` in seconds) and print the reply's ``field`` as JSON.
+
+    Returns 0, or 1 after printing the error (an error reply, a refused token, a failed
+    connection, no reply in time) on stderr. An absent field prints ``null``.
+    """
+
+    async def exchange() -> dict[str, Any]:
+        session = await Session.connect(url, token)
+        try:
+            return await session.request(action, body, timeout=timeout)
+        finally:
+            await session.close()
+
+    try:
+        reply = asyncio.run(exchange())
+    except _CLIENT_ERRORS as error:
+        print(f"error: {str(error) or type(error).__name__}", file=sys.stderr)
+        return 1
+    print(json.dumps(reply.get(field), indent=2))
+    return 0
+
+
+def _serve(target: str, url: str | None, token: str | None) -> int:
+    remote = _load_remote(target)
+    remote.url = url or remote.url
+    remote.token = token or remote.token
+    if not remote.token:
+        raise _UsageError(
+            "no API token: pass --token, set DISPATCH_TOKEN, or give the Remote a token"
+        )
+    count = len(remote.specs)
+    plural = "" if count == 1 else "s"
+    print(
+        f"serving remote {remote.name!r} ({count} function{plural}) on {remote.url}",
+        file=sys.stderr,
+    )
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        asyncio.run(remote.serve())
+    except (AuthenticationError, RemoteCallError, InvalidURI) as error:
+        print(f"error: {error}", file=sys.stderr)
+    return 1
+
+
+def _load_remote(target: str) -> Remote:
+    """Import ``FILE.py`` by path (its folder first on ``sys.path``) and return its ATTR."""
+    file_name, _, attribute = target.rpartition(":")
+    if not file_name or not attribute:
+        raise _UsageError(f"expected FILE.py:ATTR, got {target!r}")
+    path = Path(file_name).resolve()
+    if not path.is_file():
+        raise _UsageError(f"no such file: {file_name}")
+    spec = importlib.util.spec_from_file_location(f"dispatch_remote_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise _UsageError(f"cannot import {file_name}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # pydantic and dataclasses look their module up here
+    sys.path.insert(0, str(path.parent))
+    spec.loader.exec_module(module)
+    remote = getattr(module, attribute, None)
+    if not isinstance(remote, Remote):
+        raise _UsageError(f"{target}: {attribute!r} is not a Remote but {type(remote).__name__}")
+    return remote

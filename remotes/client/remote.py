@@ -1,0 +1,215 @@
+"""Serve Python functions as a Dispatch remote (spec §2, client side in §2.5)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, NoReturn, TypeVar
+
+import pydantic
+from pydantic_core import to_jsonable_python
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
+
+from remotes.client.schema import function_spec
+from remotes.client.session import (
+    AuthenticationError,
+    RemoteCallError,
+    Session,
+    encode_message,
+)
+
+logger = logging.getLogger("remotes.client")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+RECONNECT_DELAY = 0.5
+"""Seconds before the first reconnect; doubles on each failed attempt."""
+RECONNECT_DELAY_MAX = 30.0
+"""Cap of the reconnect delay, in seconds (before jitter)."""
+REGISTER_RETRY_WINDOW = 30.0
+"""Seconds to keep retrying ``remote-connect`` while the server still holds the old
+registration of this remote (§2: it has not noticed the old session close yet)."""
+ERROR_MAX_CHARS = 10_000
+"""Longer error strings are cut so that an error result always fits in one frame."""
+
+
+@dataclass(frozen=True)
+class _Function:
+    spec: dict[str, Any]
+    call: Callable[..., Any]  # validates the keyword arguments, then calls the function
+    is_async: bool
+
+
+class Remote:
+    """A named set of functions served over a ``/ws`` session (spec §2.5).
+
+    ``url`` is the ``/ws`` URL (``ws://host:port/ws``) and ``token`` an API token; both
+    are plain attributes and may be changed before :meth:`serve`. ``functions`` are
+    registered as if decorated with :meth:`function`.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        url: str,
+        token: str,
+        functions: Iterable[Callable[..., Any]] | None = None,
+    ) -> None:
+        self.name = name
+        self.url = url
+        self.token = token
+        self._functions: dict[str, _Function] = {}
+        self._calls: set[asyncio.Task[None]] = set()
+        for function in functions or ():
+            self.function(function)
+
+    def function(self, function: F) -> F:
+        """Register ``function`` (sync or ``async def``) and return it unchanged.
+
+        Its spec comes from :func:`remotes.client.schema.function_spec`; calls validate
+        their ``args`` against the type hints with pydantic (so a parameter annotated
+        with a pydantic model receives the model). Raises ``ValueError`` for a second
+        function of the same name and ``TypeError`` for a parameter that cannot be
+        passed by keyword.
+        """
+        spec = function_spec(function)
+        if spec["name"] in self._functions:
+            raise ValueError(f"remote {self.name!r} already has a function named {spec['name']!r}")
+        self._functions[spec["name"]] = _Function(
+            spec=spec,
+            call=pydantic.validate_call(function),
+            is_async=inspect.iscoroutinefunction(function),
+        )
+        return function
+
+    @property
+    def specs(self) -> list[dict[str, Any]]:
+        """The ``tools`` sent with ``remote-connect``: ``[{name, description, parameters}]``."""
+        return [function.spec for function in self._functions.values()]
+
+    def run(self) -> None:
+        """Serve until interrupted (Ctrl-C returns) or refused; see :meth:`serve`."""
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(self.serve())
+
+    async def serve(self) -> NoReturn:
+        """Connect, register this remote, answer ``remote-call`` events; never returns.
+
+        On connection loss it reconnects and registers again, forever, waiting 0.5 s
+        doubling up to 30 s plus up to 50 % random jitter; the delay starts over after
+        each successful registration.
+
+        Raises ``AuthenticationError`` when the server closes with 4401 or 4408 (a bad
+        token: retrying cannot help), and ``RemoteCallError`` when ``remote-connect`` is
+        refused for a reason retrying cannot fix: an invalid spec, or the name still
+        held by another session 30 s after the first attempt.
+        """
+        attempt = 0
+        registered_before = False
+        while True:
+            try:
+                session = await Session.connect(self.url, self.token, on_event=self._on_event)
+            except (OSError, InvalidHandshake) as error:  # unreachable, timeout, HTTP error
+                problem = f"cannot connect to {self.url}: {error}"
+            else:
+                logger.info("connected to %s", self.url)
+                try:
+                    await self._register(session, give_up=not registered_before)
+                    registered_before = True
+                    attempt = 0
+                    await session.wait_closed()
+                    problem = f"connection to {self.url} lost (code {session.close_code})"
+                except (ConnectionClosed, TimeoutError) as error:
+                    reason = str(error) or "no reply in time"
+                    problem = f"connection to {self.url} failed while registering: {reason}"
+                finally:
+                    await session.close()
+            delay = min(RECONNECT_DELAY * 2**attempt, RECONNECT_DELAY_MAX)
+            delay += random.uniform(0, delay / 2)
+            attempt += 1
+            logger.warning("%s; reconnecting in %.1fs", problem, delay)
+            await asyncio.sleep(delay)
+
+    async def _register(self, session: Session, *, give_up: bool) -> None:
+        """Send ``remote-connect``, retrying while the name is still held (§2, §2.5).
+
+        With ``give_up`` the last refusal is raised as ``RemoteCallError`` after
+        :data:`REGISTER_RETRY_WINDOW`; without it (a re-registration), the refusal ends
+        this connection as ``TimeoutError`` so that :meth:`serve` reconnects later.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + REGISTER_RETRY_WINDOW
+        delay = RECONNECT_DELAY
+        while True:
+            try:
+                await session.request(
+                    "remote-connect", {"remotename": self.name, "tools": self.specs}
+                )
+                break
+            except RemoteCallError as error:
+                if "already connected" not in str(error):
+                    raise
+                if loop.time() + delay > deadline:
+                    if give_up:
+                        raise
+                    raise TimeoutError(
+                        f"remote {self.name!r} is still connected elsewhere"
+                    ) from error
+            logger.info("remote %r is still registered; retrying in %.1fs", self.name, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RECONNECT_DELAY_MAX)
+        count = len(self._functions)
+        logger.info(
+            "registered remote %r (%d function%s)",
+            self.name,
+            count,
+            "" if count == 1 else "s",
+        )
+
+    def _on_event(self, session: Session, event: dict[str, Any]) -> None:
+        if event.get("action") != "remote-call":
+            logger.debug("ignoring event %r", event.get("action"))
+            return
+        task = asyncio.create_task(self._answer(session, event))
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+
+    async def _answer(self, session: Session, call: dict[str, Any]) -> None:
+        """Run one ``remote-call`` event and send its ``remote-call-result`` (§2.2)."""
+        request_id = call.get("requestId")
+        reply: dict[str, Any] = {
+            "action": "remote-call-result",
+            "requestId": request_id,
+        }
+        try:
+            frame = encode_message(reply | {"result": await self._invoke(call)})
+        except Exception as error:  # noqa: BLE001 - any failure of the function is its result
+            logger.info("call %s failed: %r", request_id, error)
+            frame = encode_message(
+                reply | {"error": f"{type(error).__name__}: {error}"[:ERROR_MAX_CHARS]}
+            )
+        try:
+            await session.send(frame)
+        except (ConnectionClosed, AuthenticationError):
+            logger.warning("result of call %s dropped: the connection closed", request_id)
+
+    async def _invoke(self, call: dict[str, Any]) -> Any:
+        """Call the named function with ``args`` as keyword arguments; return a JSON value."""
+        name = call.get("function")
+        function = self._functions.get(name) if isinstance(name, str) else None
+        if function is None:
+            raise LookupError(f"remote {self.name!r} has no function {name!r}")
+        args = call.get("args") or {}
+        if not isinstance(args, dict):
+            raise TypeError(f"args must be a JSON object, not {type(args).__name__}")
+        if function.is_async:
+            value = await function.call(**args)
+        else:
+            value = await asyncio.to_thread(function.call, **args)
+        return to_jsonable_python(value)

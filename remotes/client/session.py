@@ -1,0 +1,200 @@
+"""Low-level client for a Dispatch ``/ws`` session (spec §1).
+
+A :class:`Session` is one websocket connection authenticated with an API token in the
+``Authorization`` header. It sends requests in the action envelope
+``{"action", "nonce", "body"}``, matches replies by their echoed ``nonce``, and hands
+every frame without a nonce (an event) to an event handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+logger = logging.getLogger("remotes.client")
+
+MAX_MESSAGE_BYTES = 1024 * 1024
+"""Largest frame either side may send (``DISPATCH_WS_MAX_MESSAGE_BYTES`` default, §1.2)."""
+
+REFUSED_CLOSE_CODES = {4401: "authentication failed", 4408: "authentication timed out"}
+"""Close codes by which the server refuses the session (§1.1); reconnecting cannot help."""
+
+EventHandler = Callable[["Session", dict[str, Any]], None]
+"""Called on the event loop with the session and each event (a frame without a nonce)."""
+
+
+class RemoteCallError(Exception):
+    """A reply carried an ``error``; the message is the server's error string (§1.2)."""
+
+
+class AuthenticationError(Exception):
+    """The server closed the session with 4401 or 4408 (§1.1): the token was refused."""
+
+
+class MessageTooLarge(ValueError):
+    """An outgoing frame would exceed :data:`MAX_MESSAGE_BYTES`; it was not sent."""
+
+
+def encode_message(message: Mapping[str, Any]) -> str:
+    """Encode ``message`` as one JSON text frame.
+
+    Raises ``MessageTooLarge`` when the UTF-8 frame exceeds 1 MiB (the server would close
+    the connection with 1009, §1.2), and ``TypeError`` for values JSON cannot encode.
+    """
+    frame = json.dumps(message)
+    size = len(frame.encode())
+    if size > MAX_MESSAGE_BYTES:
+        raise MessageTooLarge(f"message of {size} bytes exceeds the {MAX_MESSAGE_BYTES}-byte limit")
+    return frame
+
+
+class Session:
+    """One authenticated ``/ws`` connection; create it with :meth:`Session.connect`.
+
+    A background task reads frames until the connection closes. When it closes, pending
+    requests fail with ``AuthenticationError`` (close codes 4401/4408) or the
+    ``websockets.exceptions.ConnectionClosed`` describing the close.
+    """
+
+    def __init__(self, connection: ClientConnection, on_event: EventHandler | None = None) -> None:
+        self._connection = connection
+        self._on_event = on_event
+        self._nonces = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._server_error: str | None = None
+        self._reader = asyncio.create_task(self._read())
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        token: str,
+        *,
+        on_event: EventHandler | None = None,
+        open_timeout: float = 10.0,
+    ) -> Session:
+        """Open a session at ``url`` (``ws://host:port/ws``) with ``Bearer <token>``.
+
+        ``open_timeout`` is in seconds. Raises ``OSError`` (including ``TimeoutError``)
+        when the server cannot be reached, ``websockets.exceptions.InvalidHandshake``
+        when it refuses the upgrade, ``websockets.exceptions.InvalidURI`` for a bad URL.
+        A refused token is not seen here: the server accepts, then closes with 4401.
+        """
+        connection = await connect(
+            url,
+            additional_headers={"Authorization": f"Bearer {token}"},
+            max_size=MAX_MESSAGE_BYTES,
+            open_timeout=open_timeout,
+        )
+        return cls(connection, on_event)
+
+    @property
+    def close_code(self) -> int | None:
+        """The websocket close code once the connection has closed, else ``None``."""
+        return self._connection.close_code
+
+    async def request(
+        self,
+        action: str,
+        body: Mapping[str, Any] | None = None,
+        *,
+        timeout: float = 30.0,
+    ) -> dict[str, Any]:
+        """Send ``{"action", "nonce", "body"}`` and return the reply carrying that nonce.
+
+        The reply is the whole frame (result fields at top level plus ``nonce``).
+        ``timeout`` is in seconds. Raises ``RemoteCallError`` for a reply with ``error``,
+        ``TimeoutError`` when no reply came in time, ``AuthenticationError`` or
+        ``ConnectionClosed`` when the connection closed first, and ``MessageTooLarge``.
+        """
+        nonce = next(self._nonces)
+        reply_future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[nonce] = reply_future
+        try:
+            await self.send({"action": action, "nonce": nonce, "body": dict(body or {})})
+            reply = await asyncio.wait_for(reply_future, timeout)
+        finally:
+            self._pending.pop(nonce, None)
+        if "error" in reply:
+            raise RemoteCallError(str(reply["error"]))
+        return reply
+
+    async def send(self, message: Mapping[str, Any] | str) -> None:
+        """Send one message: a dict, or a frame already made by :func:`encode_message`.
+
+        Raises ``MessageTooLarge`` (nothing is sent), or ``AuthenticationError`` /
+        ``ConnectionClosed`` when the connection has closed.
+        """
+        frame = message if isinstance(message, str) else encode_message(message)
+        try:
+            await self._connection.send(frame)
+        except ConnectionClosed:
+            raise self._closed_error() from None
+
+    async def wait_closed(self) -> None:
+        """Wait until the connection closes.
+
+        Raises ``AuthenticationError`` when the server closed it with 4401 or 4408.
+        """
+        await asyncio.shield(self._reader)
+        error = self._closed_error()
+        if isinstance(error, AuthenticationError):
+            raise error
+
+    async def close(self) -> None:
+        """Close the connection (idempotent) and wait for the reader to finish."""
+        await self._connection.close()
+        await asyncio.shield(self._reader)
+
+    def _closed_error(self) -> Exception:
+        code = self._connection.close_code
+        if code in REFUSED_CLOSE_CODES:
+            reason = self._server_error or REFUSED_CLOSE_CODES[code]
+            return AuthenticationError(
+                f"the server refused the session: {reason} (close code {code})"
+            )
+        return self._connection.close_exc
+
+    async def _read(self) -> None:
+        try:
+            async for frame in self._connection:
+                self._receive(frame)
+        except ConnectionClosed:
+            pass
+        finally:
+            for reply_future in self._pending.values():
+                if not reply_future.done():
+                    reply_future.set_exception(self._closed_error())
+
+    def _receive(self, frame: str | bytes) -> None:
+        try:
+            message = json.loads(frame)
+        except ValueError:
+            message = None
+        if not isinstance(message, dict):
+            logger.warning("ignoring a frame that is not a JSON object: %.200r", frame)
+            return
+        if "nonce" in message:
+            reply_future = self._pending.get(message["nonce"])
+            if reply_future is not None and not reply_future.done():
+                reply_future.set_result(message)
+            else:
+                logger.debug("ignoring a reply to no pending request: %.200r", message)
+            return
+        if "error" in message:
+            # e.g. {"action": "auth", "error": "authentication failed"} before close 4401
+            self._server_error = str(message["error"])
+            logger.warning("server error: %s", self._server_error)
+            return
+        if self._on_event is not None:
+            try:
+                self._on_event(self, message)
+            except Exception:
+                logger.exception("event handler failed on %.200r", message)

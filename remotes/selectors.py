@@ -1,0 +1,25 @@
+"""Reads of the remotes app, always scoped to the caller."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db.models import QuerySet
+
+from remotes.models import Remote
+
+
+def remotes_for(*, user: AbstractBaseUser) -> QuerySet[Remote]:
+    """``user``'s connected remotes by name, with their serving ws session."""
+    return Remote.objects.filter(user=user).select_related("ws_session").order_by("name")
+
+
+def remote_list_for(*, user: AbstractBaseUser) -> list[dict[str, Any]]:
+    """The ``remote-list`` entries (§2.1): one ``{remotename, name, description, parameters}``
+    per function of each of ``user``'s connected remotes, by remote then function order."""
+    entries: list[dict[str, Any]] = []
+    for remotename, tools in Remote.objects.filter(user=user).order_by("name").values_list("name", "tools"):
+        for spec in tools:
+            entries.append({"remotename": remotename, **spec})
+    return entries

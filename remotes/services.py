@@ -1,0 +1,279 @@
+"""Every write of the remotes app, and the remote call itself.
+
+Spec: sessions-and-remotes.md §1 (ws sessions) and §2 (remotes). The registry lives in
+the database (``WsSession`` and ``Remote`` rows); a call is a channel-layer message to
+the serving session's channel carrying a reply channel (§2.4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.exceptions import ChannelFull
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import best_match
+from jsonschema.protocols import Validator
+from jsonschema.validators import validator_for
+
+from dispatch.errors import DispatchError
+from dispatch.presence import current_process_id
+from dispatch.services import server_process_ensure
+from remotes.models import Remote, WsSession
+from remotes.protocol import FunctionSpec, remote_call_event
+
+logger = logging.getLogger(__name__)
+
+# Default wait for a remote's answer, seconds (§2.3); overridden by
+# DISPATCH_REMOTE_CALL_TIMEOUT and per call.
+REMOTE_CALL_TIMEOUT = 30.0
+
+# Channel-layer message types (handled by remotes.consumers.SessionConsumer).
+CALL_MESSAGE = "remote.call"
+REPLY_MESSAGE = "remote.reply"
+DISCONNECTED_MESSAGE = "remote.disconnected"
+
+
+class RemoteError(DispatchError):
+    """Any failure of a remote operation, with a message fit to show a model (§2.3).
+
+    ``code`` tells the kind: ``REMOTE_NOT_CONNECTED``, ``REMOTE_ALREADY_CONNECTED``,
+    ``INVALID_REQUEST`` (unknown function, bad args, arguments too large), ``REMOTE_BUSY``,
+    ``REMOTE_DISCONNECTED``, ``TIMEOUT``, ``SHUTTING_DOWN``, or ``REMOTE_ERROR`` for an
+    error the remote itself reported.
+    """
+
+    def __init__(self, message: str, code: str = "REMOTE_ERROR") -> None:
+        super().__init__(code, message)
+
+
+def not_connected(remotename: str) -> RemoteError:
+    return RemoteError(f"no connected remote named '{remotename}'", "REMOTE_NOT_CONNECTED")
+
+
+def disconnected(remotename: str) -> RemoteError:
+    return RemoteError(f"remote '{remotename}' disconnected", "REMOTE_DISCONNECTED")
+
+
+# --- ws sessions ----------------------------------------------------------------------
+
+
+def ws_session_open(
+    *, user: AbstractBaseUser, channel_name: str, auth_method: str, client_address: str = ""
+) -> WsSession:
+    """Record an authenticated ``/ws`` connection held by this process."""
+    process_id = server_process_ensure()
+    return WsSession.objects.create(
+        user=user,
+        channel_name=channel_name,
+        server_process_id=process_id,
+        auth_method=auth_method,
+        client_address=client_address[:64],
+    )
+
+
+def ws_session_close(*, ws_session_id: str) -> None:
+    """Forget a closed ws session and, by cascade, every remote it served (§2 "Lifetime")."""
+    WsSession.objects.filter(pk=ws_session_id).delete()
+
+
+# --- the registry ---------------------------------------------------------------------
+
+
+def remote_connect(
+    *, user: AbstractBaseUser, ws_session_id: str, channel_name: str, remotename: str, tools: list[FunctionSpec]
+) -> Remote:
+    """Register ``remotename`` for ``user``, served by the given ws session (§2.1).
+
+    ``tools`` are already validated (``RemoteConnectBody``). Raises ``RemoteError``
+    ``"remote 'x' is already connected"`` when the user has a remote of that name
+    (no overriding), or ``"ws session closed"`` when the serving session is gone.
+    """
+    session = WsSession.objects.filter(pk=ws_session_id, user=user).only("server_process_id").first()
+    if session is None:
+        raise RemoteError("ws session closed", "REMOTE_DISCONNECTED")
+    try:
+        with transaction.atomic():
+            return Remote.objects.create(
+                user=user,
+                name=remotename,
+                ws_session_id=ws_session_id,
+                channel_name=channel_name,
+                server_process_id=session.server_process_id,
+                tools=[spec.model_dump() for spec in tools],
+            )
+    except IntegrityError:
+        raise RemoteError(f"remote '{remotename}' is already connected", "REMOTE_ALREADY_CONNECTED") from None
+
+
+@transaction.atomic
+def remote_disconnect(*, user: AbstractBaseUser, remotename: str) -> Remote:
+    """Disconnect one of ``user``'s remotes, from any of the user's sessions (§2 "Lifetime").
+
+    After commit the serving session is told (``remote.disconnected``) and fails the
+    remote's pending calls at once. Raises ``RemoteError`` ``"no connected remote named
+    'x'"`` when ``user`` has no such remote (another user's remote included).
+    """
+    remote = Remote.objects.select_for_update().filter(user=user, name=remotename).first()
+    if remote is None:
+        raise not_connected(remotename)
+    remote_id, channel_name = remote.pk, remote.channel_name
+    remote.delete()
+    layer = get_channel_layer()
+
+    def announce() -> None:
+        try:
+            async_to_sync(layer.send)(channel_name, {"type": DISCONNECTED_MESSAGE, "remote_id": remote_id})
+        except ChannelFull:
+            logger.warning("could not tell %s that remote %s disconnected: channel full", channel_name, remotename)
+
+    transaction.on_commit(announce)
+    return remote
+
+
+# --- calls -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RemoteRoute:
+    """Where a call goes: the remote's row id, its serving channel and process, its specs."""
+
+    remote_id: int
+    channel_name: str
+    server_process_id: str
+    tools: list[dict[str, Any]]
+
+
+_VALIDATORS: OrderedDict[tuple[int, str], Validator] = OrderedDict()
+_VALIDATOR_CACHE_SIZE = 2048
+
+
+def _validator(route: RemoteRoute, spec: dict[str, Any]) -> Validator:
+    """The compiled argument validator of one function of one connected remote.
+
+    Cached by (remote row id, function): a row's specs never change, and a reconnect makes
+    a new row, so a cached validator is never stale.
+    """
+    key = (route.remote_id, spec["name"])
+    validator = _VALIDATORS.get(key)
+    if validator is None:
+        schema = spec["parameters"]
+        validator = validator_for(schema, default=Draft202012Validator)(schema)
+        _VALIDATORS[key] = validator
+        if len(_VALIDATORS) > _VALIDATOR_CACHE_SIZE:
+            _VALIDATORS.popitem(last=False)
+    return validator
+
+
+@database_sync_to_async
+def _route(user_id: int, remotename: str) -> RemoteRoute | None:
+    row = (
+        Remote.objects.filter(user_id=user_id, name=remotename)
+        .values_list("pk", "channel_name", "server_process_id", "tools")
+        .first()
+    )
+    return None if row is None else RemoteRoute(*row)
+
+
+@database_sync_to_async
+def _still_served(route: RemoteRoute) -> bool:
+    """True while the remote's row exists and its server process is alive (§2.4)."""
+    rows = Remote.objects.filter(pk=route.remote_id)
+    if route.server_process_id != current_process_id():
+        cutoff = timezone.now() - timedelta(seconds=settings.PROCESS_TTL)
+        rows = rows.filter(server_process__heartbeat_at__gte=cutoff)
+    return rows.exists()
+
+
+def check_arguments(route: RemoteRoute, remotename: str, function: str, args: dict[str, Any]) -> None:
+    """Raise ``RemoteError`` unless ``function`` exists and ``args`` fit its schema (§2.2)."""
+    spec = next((tool for tool in route.tools if tool["name"] == function), None)
+    if spec is None:
+        raise RemoteError(f"remote '{remotename}' has no function '{function}'", "INVALID_REQUEST")
+    error = best_match(_validator(route, spec).iter_errors(args))
+    if error is not None:
+        where = "/".join(str(part) for part in error.absolute_path)
+        suffix = f" (at '{where}')" if where else ""
+        raise RemoteError(f"invalid arguments for '{remotename}.{function}': {error.message}{suffix}", "INVALID_REQUEST")
+    # The serving client cannot read a frame over the /ws limit (§2.2); the request id
+    # is at most the name, '#' and 20 digits.
+    frame = remote_call_event(request_id=f"{remotename}#{'9' * 20}", remotename=remotename, function=function, args=args)
+    if len(frame.encode()) > settings.WS_MAX_MESSAGE_BYTES:
+        raise RemoteError("arguments too large", "INVALID_REQUEST")
+
+
+async def remote_call(
+    *, user: AbstractBaseUser, remotename: str, function: str, args: dict[str, Any], timeout: float | None = None
+) -> Any:
+    """Call ``function`` of the caller's remote ``remotename`` with ``args``; return its result.
+
+    Usable from any process and any async context (ws sessions, agent runs, MCP): the
+    serving session may be held by another server process (§2.4). Waits on the channel
+    layer, never on a thread. ``timeout`` is in seconds (default
+    ``DISPATCH_REMOTE_CALL_TIMEOUT``, 30 s; at most 300). While waiting it re-checks every
+    ``DISPATCH_REMOTE_LIVENESS_INTERVAL`` seconds that the remote's row exists and its
+    process is alive.
+
+    Returns the JSON value the remote answered (``None`` when it sent no ``result``).
+    Raises ``RemoteError`` for every failure (§2.3): not connected, unknown function,
+    arguments failing the schema or too large, busy, disconnected, timed out, or the
+    error string the remote reported.
+    """
+    if timeout is None:
+        timeout = settings.REMOTE_CALL_TIMEOUT
+    route = await _route(user.pk, remotename)
+    if route is None:
+        raise not_connected(remotename)
+    check_arguments(route, remotename, function, args)
+
+    layer = get_channel_layer()
+    reply_channel = await layer.new_channel()
+    try:
+        await layer.send(
+            route.channel_name,
+            {
+                "type": CALL_MESSAGE,
+                "remote_id": route.remote_id,
+                "remotename": remotename,
+                "function": function,
+                "args": args,
+                "reply_channel": reply_channel,
+                "timeout": timeout,
+            },
+        )
+    except ChannelFull:
+        raise RemoteError(f"remote '{remotename}' is busy", "REMOTE_BUSY") from None
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    # One receive for the whole wait: cancelling a channel-layer receive repeatedly can
+    # drop a message, so the liveness checks wait beside it instead.
+    receive = asyncio.ensure_future(layer.receive(reply_channel))
+    try:
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise RemoteError(f"remote call '{remotename}.{function}' timed out after {timeout:g}s", "TIMEOUT")
+            done, _ = await asyncio.wait({receive}, timeout=min(remaining, settings.REMOTE_LIVENESS_INTERVAL))
+            if done:
+                break
+            if not await _still_served(route):
+                raise disconnected(remotename)
+    finally:
+        if not receive.done():
+            receive.cancel()
+    reply = receive.result()
+    if "error" in reply:
+        raise RemoteError(str(reply["error"]), reply.get("code", "REMOTE_ERROR"))
+    return reply.get("result")

@@ -1,0 +1,192 @@
+"""The shared world of the test suite (CONVENTIONS.md habit 10).
+
+Users ``owner`` (alice), ``member`` (bob) and ``outsider`` (carol), their API tokens,
+and ``ws_connect`` to open ``/ws`` through the real ASGI application.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.layers import channel_layers
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth import get_user_model
+
+from dispatch.services import api_token_create, password_throttle_reset
+
+PASSWORD = "correct horse battery"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_runtime_state() -> Iterator[None]:
+    """Each test starts with an empty channel layer and no recorded password failures."""
+    channel_layers.backends.clear()
+    password_throttle_reset()
+    yield
+    channel_layers.backends.clear()
+
+
+def _user(username: str, **extra: Any) -> Any:
+    return get_user_model().objects.create_user(username=username, password=PASSWORD, **extra)
+
+
+@pytest.fixture
+def owner(db: None) -> Any:
+    """alice: a staff user who owns things."""
+    return _user("alice", is_staff=True)
+
+
+@pytest.fixture
+def member(db: None) -> Any:
+    """bob: another user of the same instance."""
+    return _user("bob")
+
+
+@pytest.fixture
+def outsider(db: None) -> Any:
+    """carol: a user who must never see alice's things."""
+    return _user("carol")
+
+
+@pytest.fixture
+def token_for() -> Callable[[Any], str]:
+    """Issue an API token for a user; returns the raw token."""
+
+    def issue(user: Any, **kwargs: Any) -> str:
+        return api_token_create(user=user, **kwargs).raw
+
+    return issue
+
+
+@pytest.fixture
+def owner_token(owner: Any, token_for: Callable[[Any], str]) -> str:
+    return token_for(owner)
+
+
+@pytest.fixture
+def member_token(member: Any, token_for: Callable[[Any], str]) -> str:
+    return token_for(member)
+
+
+@pytest.fixture
+def outsider_token(outsider: Any, token_for: Callable[[Any], str]) -> str:
+    return token_for(outsider)
+
+
+class WsClient:
+    """A ``/ws`` connection through the real router, speaking JSON frames."""
+
+    def __init__(self, communicator: WebsocketCommunicator) -> None:
+        self.communicator = communicator
+        self._nonce = 0
+
+    async def send(self, frame: Any) -> None:
+        await self.communicator.send_to(text_data=frame if isinstance(frame, str) else json.dumps(frame))
+
+    async def recv(self, timeout: float = 3) -> dict[str, Any]:
+        message = await self.communicator.receive_output(timeout)
+        if message["type"] == "websocket.close":
+            raise AssertionError(f"socket closed with {message.get('code')}")
+        result: dict[str, Any] = json.loads(message["text"])
+        return result
+
+    async def request(self, action: str, body: Any = None, timeout: float = 3) -> dict[str, Any]:
+        """Send an action with a fresh nonce and return its reply (events in between are kept)."""
+        self._nonce += 1
+        nonce = f"n{self._nonce}"
+        frame: dict[str, Any] = {"action": action, "nonce": nonce}
+        if body is not None:
+            frame["body"] = body
+        await self.send(frame)
+        return await self.reply(nonce, timeout)
+
+    async def reply(self, nonce: Any, timeout: float = 3) -> dict[str, Any]:
+        while True:
+            frame = await self.recv(timeout)
+            if frame.get("nonce") == nonce:
+                return frame
+            self.events.append(frame)
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        if not hasattr(self, "_events"):
+            self._events: list[dict[str, Any]] = []
+        return self._events
+
+    async def next_event(self, timeout: float = 3) -> dict[str, Any]:
+        if self.events:
+            return self.events.pop(0)
+        frame = await self.recv(timeout)
+        assert "nonce" not in frame, f"expected an event, got a reply {frame}"
+        return frame
+
+    async def closed_with(self, timeout: float = 3) -> int | None:
+        """Wait for the server to close; return the close code (skipping other frames)."""
+        while True:
+            message = await self.communicator.receive_output(timeout)
+            if message["type"] == "websocket.close":
+                return message.get("code")
+
+    async def nothing_received(self, timeout: float = 0.2) -> bool:
+        return await self.communicator.receive_nothing(timeout)
+
+
+@pytest.fixture
+def ws_connect() -> Callable[..., Any]:
+    """``async with ws_connect(token=...) as ws``: a connected ``/ws`` client.
+
+    ``token`` authenticates by header; ``headers`` adds raw headers; with neither the
+    client must authenticate with its first frame.
+    """
+    from dispatch.asgi import application
+
+    @asynccontextmanager
+    async def connect(
+        token: str | None = None, headers: list[tuple[bytes, bytes]] | None = None, path: str = "/ws"
+    ) -> AsyncIterator[WsClient]:
+        all_headers = list(headers or [])
+        if token is not None:
+            all_headers.append((b"authorization", f"Bearer {token}".encode()))
+        communicator = WebsocketCommunicator(application, path, headers=all_headers)
+        connected, _ = await communicator.connect(timeout=5)
+        assert connected
+        client = WsClient(communicator)
+        try:
+            yield client
+        finally:
+            await communicator.disconnect()
+
+    return connect
+
+
+WEATHER_TOOLS = [
+    {
+        "name": "get_forecast",
+        "description": "Retrieve weather forecast for a location.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "the city"}},
+            "required": ["city"],
+        },
+    }
+]
+
+
+@pytest.fixture
+def weather_tools() -> list[dict[str, Any]]:
+    return json.loads(json.dumps(WEATHER_TOOLS))
+
+
+@pytest.fixture
+def count_rows() -> Callable[..., Any]:
+    """``await count_rows(Model, **filters)`` from async tests."""
+
+    async def count(model: Any, **filters: Any) -> int:
+        return int(await database_sync_to_async(model.objects.filter(**filters).count)())
+
+    return count

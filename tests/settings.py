@@ -1,0 +1,22 @@
+"""Settings for the test suite: the real settings with short timeouts and a private data dir.
+
+Every value can still be overridden from the environment (CI's second pass sets
+DATABASE_URL and REDIS_URL).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+os.environ.setdefault("DISPATCH_DATA_DIR", tempfile.mkdtemp(prefix="dispatch-tests-"))
+os.environ.setdefault("DISPATCH_REMOTE_CALL_TIMEOUT", "5")
+os.environ.setdefault("DISPATCH_REMOTE_LIVENESS_INTERVAL", "0.5")
+os.environ.setdefault("DISPATCH_PROCESS_TTL", "4")
+os.environ.setdefault("DISPATCH_HEARTBEAT_INTERVAL", "0.5")
+os.environ.setdefault("DISPATCH_REAP_INTERVAL", "0.5")
+os.environ.setdefault("DISPATCH_WS_AUTH_TIMEOUT", "10")
+
+from dispatch.settings import *  # noqa: E402,F403
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast test users
