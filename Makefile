@@ -1,0 +1,46 @@
+# Dispatch: `make run` (set up and serve) and `make test` (the whole suite).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+HOST   ?= 127.0.0.1
+PORT   ?= 8000
+PYTEST_ARGS ?=
+
+.PHONY: run test lint bench venv dev clean
+
+$(VENV)/bin/python:
+	@$(PYTHON) -m venv $(VENV) || { echo "Could not create a virtualenv: install Python's venv module (Debian/Ubuntu: apt-get install python3-venv)"; exit 1; }
+	@$(PY) -m pip install -q --upgrade pip
+
+$(VENV)/.installed: requirements.txt | $(VENV)/bin/python
+	$(PY) -m pip install -q -r requirements.txt
+	@touch $@
+
+$(VENV)/.dev-installed: requirements-dev.txt $(VENV)/.installed
+	$(PY) -m pip install -q -r requirements-dev.txt
+	@touch $@
+
+venv: $(VENV)/.installed
+dev: $(VENV)/.dev-installed
+
+## run: set up, migrate, create the first admin (password printed once), serve on HOST:PORT
+run: venv
+	$(PY) manage.py migrate --noinput -v0
+	@$(PY) manage.py ensure_admin
+	$(PY) manage.py serve --host $(HOST) --port $(PORT)
+
+## test: the whole suite (browser tests need Debian's chromium; see README)
+test: dev
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+## lint: ruff + mypy
+lint: dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy .
+
+## bench: benchmarks against a bare websockets relay baseline (writes bench/results/latest.json)
+bench: dev
+	$(PY) bench/remote_calls.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
