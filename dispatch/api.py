@@ -14,6 +14,7 @@ from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from dispatch import selectors, services
+from dispatch.authentication import authenticated_user
 from dispatch.errors import DispatchError
 from dispatch.models import ApiToken
 
@@ -47,9 +48,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         if exc.http_status == 401:
             response["WWW-Authenticate"] = "Bearer"
         return response
-    response = drf_exception_handler(exc, context)
-    if response is None or not isinstance(exc, exceptions.APIException):
-        return response
+    handled = drf_exception_handler(exc, context)
+    if handled is None or not isinstance(exc, exceptions.APIException):
+        return handled
+    response = handled
     code = next((code for cls, code in _DRF_CODES.items() if isinstance(exc, cls)), "INVALID_REQUEST")
     details = exc.detail if isinstance(exc, exceptions.ValidationError) else {}
     response.data = {"error": {"code": code, "message": _first_message(exc.detail), "details": details}}
@@ -115,7 +117,7 @@ class TokenListView(DispatchAPIView):
 
     @extend_schema(responses={200: inline_serializer("TokenList", {"tokens": TokenSerializer(many=True)})})
     def get(self, request: Request) -> Response:
-        tokens = selectors.api_tokens_for(user=request.user)
+        tokens = selectors.api_tokens_for(user=authenticated_user(request))
         return Response({"tokens": TokenSerializer(tokens, many=True).data})
 
 
@@ -124,5 +126,5 @@ class TokenRevokeView(DispatchAPIView):
 
     @extend_schema(responses={200: TokenSerializer})
     def delete(self, request: Request, token_id: int) -> Response:
-        token = services.api_token_revoke(user=request.user, token_id=token_id)
+        token = services.api_token_revoke(user=authenticated_user(request), token_id=token_id)
         return Response(TokenSerializer(token).data)

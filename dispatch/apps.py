@@ -10,4 +10,4 @@ class DispatchConfig(AppConfig):
     verbose_name = "Dispatch"
 
     def ready(self) -> None:
-        from dispatch import checks  # noqa: F401  (registers system checks)
+        from dispatch import checks, schema  # noqa: F401  (registers checks and the OpenAPI auth scheme)

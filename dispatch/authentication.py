@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.auth.models import User
+from django.http import HttpRequest
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.request import Request
@@ -31,3 +33,15 @@ class BearerTokenAuthentication(BaseAuthentication):
 
     def authenticate_header(self, request: Request) -> str:
         return "Bearer"
+
+
+def authenticated_user(request: HttpRequest | Request) -> User:
+    """The logged-in user of a request that passed authentication (login or token).
+
+    Raises ``PermissionError`` if called for an anonymous request: a view that reaches
+    it without authentication is a bug, never a fallback.
+    """
+    user = request.user
+    if not isinstance(user, User) or not user.is_authenticated:
+        raise PermissionError("authenticated_user() called for an anonymous request")
+    return user

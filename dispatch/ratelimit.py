@@ -13,7 +13,7 @@ import time
 class TokenBucket:
     """Allow ``rate`` requests per second on average with bursts of up to ``burst``."""
 
-    __slots__ = ("rate", "burst", "_tokens", "_stamp")
+    __slots__ = ("_stamp", "_tokens", "burst", "rate")
 
     def __init__(self, *, rate: float, burst: int) -> None:
         self.rate = rate

@@ -5,14 +5,14 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db.models import QuerySet
 from django.utils import timezone
 
 from dispatch.models import ApiToken, ServerProcess
 
 
-def api_tokens_for(*, user: AbstractBaseUser) -> QuerySet[ApiToken]:
+def api_tokens_for(*, user: User) -> QuerySet[ApiToken]:
     """``user``'s tokens, newest first (revoked ones included, for the record)."""
     return ApiToken.objects.filter(user=user).order_by("-created_at")
 

@@ -16,7 +16,7 @@ from functools import lru_cache
 
 from django.conf import settings
 from django.contrib.auth import authenticate
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 from limits import parse
@@ -58,7 +58,7 @@ class IssuedToken:
 
 
 @transaction.atomic
-def api_token_create(*, user: AbstractBaseUser, name: str = "", expires_at: datetime | None = None) -> IssuedToken:
+def api_token_create(*, user: User, name: str = "", expires_at: datetime | None = None) -> IssuedToken:
     """Create an API token for ``user``.
 
     ``name`` is at most 100 characters (``InvalidRequest`` otherwise); ``expires_at`` is
@@ -80,7 +80,7 @@ def api_token_create(*, user: AbstractBaseUser, name: str = "", expires_at: date
 
 
 @transaction.atomic
-def api_token_revoke(*, user: AbstractBaseUser, token_id: int) -> ApiToken:
+def api_token_revoke(*, user: User, token_id: int) -> ApiToken:
     """Revoke one of ``user``'s tokens (idempotent). ``NotFound`` for another user's token."""
     token = ApiToken.objects.select_for_update().filter(user=user, pk=token_id).first()
     if token is None:
@@ -129,7 +129,7 @@ def _failure_keys(username: str, client_address: str | None) -> list[tuple[str, 
     return keys
 
 
-def password_authenticate(*, username: str, password: str, client_address: str | None) -> AbstractBaseUser:
+def password_authenticate(*, username: str, password: str, client_address: str | None) -> User:
     """Check a username and password, throttled (spec/sessions-and-remotes.md §1.1).
 
     After ``DISPATCH_LOGIN_FAILURE_LIMIT`` (5) failures for one username or from one client

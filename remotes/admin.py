@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from dispatch.errors import DispatchError
+from remotes import services
 from remotes.models import Remote, WsSession
 
 
@@ -30,6 +33,16 @@ class RemoteAdmin(ReadOnlyAdmin):
     list_display = ["name", "user", "function_count", "ws_session", "server_process", "connected_at"]
     list_filter = ["server_process"]
     search_fields = ["name", "user__username"]
+    actions = ["disconnect"]
+
+    @admin.action(description="Disconnect selected remotes (fails their pending calls)")
+    def disconnect(self, request: HttpRequest, queryset: QuerySet[Remote]) -> None:
+        for remote in queryset.select_related("user"):
+            try:
+                services.remote_disconnect(user=remote.user, remotename=remote.name)
+            except DispatchError as exc:
+                self.message_user(request, exc.message, messages.WARNING)
+        self.message_user(request, "Disconnected the selected remotes.", messages.SUCCESS)
 
     @admin.display(description="functions")
     def function_count(self, remote: Remote) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from channels.db import database_sync_to_async
 from django.contrib.auth.decorators import login_not_required
@@ -16,6 +15,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from dispatch.api import DispatchAPIView
+from dispatch.authentication import authenticated_user
 from dispatch.errors import DispatchError, InvalidRequest
 from dispatch.services import AuthenticationFailed, api_token_authenticate
 from remotes.calls import call_from_body
@@ -40,7 +40,7 @@ class RemoteListView(DispatchAPIView):
 
     @extend_schema(responses={200: inline_serializer("RemoteList", {"remotes": RemoteSerializer(many=True)})})
     def get(self, request: Request) -> Response:
-        return Response({"remotes": RemoteSerializer(remotes_for(user=request.user), many=True).data})
+        return Response({"remotes": RemoteSerializer(remotes_for(user=authenticated_user(request)), many=True).data})
 
 
 def _error(exc: DispatchError) -> JsonResponse:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 
 from dispatch.errors import InvalidRequest
 from remotes import services
@@ -23,7 +23,7 @@ def parse_args_json(text: str) -> dict[str, Any]:
     return args
 
 
-async def call_from_body(*, user: AbstractBaseUser, body: Any) -> Any:
+async def call_from_body(*, user: User, body: Any) -> Any:
     """Validate ``{remotename, function, args, timeout?}`` and run ``remote_call``.
 
     Raises ``InvalidRequest`` for a bad body and ``RemoteError`` for a failed call.

@@ -20,7 +20,7 @@ from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.http.request import validate_host
 
 from dispatch.errors import DispatchError, RateLimited
@@ -65,7 +65,7 @@ class PendingCall:
 class SessionConsumer(AsyncWebsocketConsumer):
     """One ws session: the four ways to authenticate, the action envelope, remotes."""
 
-    user: AbstractBaseUser | None
+    user: User | None
     ws_session_id: str | None
 
     async def connect(self) -> None:
@@ -230,7 +230,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
             return
         if fields.get("error") is not None:
             error = fields["error"]
-            reply = {"error": error if isinstance(error, str) else json.dumps(error)}
+            reply: dict[str, Any] = {"error": error if isinstance(error, str) else json.dumps(error)}
         else:
             reply = {"result": fields.get("result")}
         await self._answer(pending.reply_channel, reply)
@@ -322,7 +322,7 @@ class SessionConsumer(AsyncWebsocketConsumer):
         await self._authenticated(user, method)
         await self._send({"action": "auth", "ok": True, "user": user.get_username()})
 
-    async def _authenticated(self, user: AbstractBaseUser, method: str) -> None:
+    async def _authenticated(self, user: User, method: str) -> None:
         if self.auth_deadline is not None:
             self.auth_deadline.cancel()
             self.auth_deadline = None

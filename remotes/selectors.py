@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db.models import QuerySet
 
 from remotes.models import Remote
 
 
-def remotes_for(*, user: AbstractBaseUser) -> QuerySet[Remote]:
+def remotes_for(*, user: User) -> QuerySet[Remote]:
     """``user``'s connected remotes by name, with their serving ws session."""
     return Remote.objects.filter(user=user).select_related("ws_session").order_by("name")
 
 
-def remote_list_for(*, user: AbstractBaseUser) -> list[dict[str, Any]]:
+def remote_list_for(*, user: User) -> list[dict[str, Any]]:
     """The ``remote-list`` entries (§2.1): one ``{remotename, name, description, parameters}``
     per function of each of ``user``'s connected remotes, by remote then function order."""
     entries: list[dict[str, Any]] = []

@@ -19,7 +19,7 @@ from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from jsonschema import Draft202012Validator
@@ -70,7 +70,7 @@ def disconnected(remotename: str) -> RemoteError:
 
 
 def ws_session_open(
-    *, user: AbstractBaseUser, channel_name: str, auth_method: str, client_address: str = ""
+    *, user: User, channel_name: str, auth_method: str, client_address: str = ""
 ) -> WsSession:
     """Record an authenticated ``/ws`` connection held by this process."""
     process_id = server_process_ensure()
@@ -92,7 +92,7 @@ def ws_session_close(*, ws_session_id: str) -> None:
 
 
 def remote_connect(
-    *, user: AbstractBaseUser, ws_session_id: str, channel_name: str, remotename: str, tools: list[FunctionSpec]
+    *, user: User, ws_session_id: str, channel_name: str, remotename: str, tools: list[FunctionSpec]
 ) -> Remote:
     """Register ``remotename`` for ``user``, served by the given ws session (§2.1).
 
@@ -118,7 +118,7 @@ def remote_connect(
 
 
 @transaction.atomic
-def remote_disconnect(*, user: AbstractBaseUser, remotename: str) -> Remote:
+def remote_disconnect(*, user: User, remotename: str) -> Remote:
     """Disconnect one of ``user``'s remotes, from any of the user's sessions (§2 "Lifetime").
 
     After commit the serving session is told (``remote.disconnected``) and fails the
@@ -214,7 +214,7 @@ def check_arguments(route: RemoteRoute, remotename: str, function: str, args: di
 
 
 async def remote_call(
-    *, user: AbstractBaseUser, remotename: str, function: str, args: dict[str, Any], timeout: float | None = None
+    *, user: User, remotename: str, function: str, args: dict[str, Any], timeout: float | None = None
 ) -> Any:
     """Call ``function`` of the caller's remote ``remotename`` with ``args``; return its result.
 

@@ -17,6 +17,6 @@ os.environ.setdefault("DISPATCH_HEARTBEAT_INTERVAL", "0.5")
 os.environ.setdefault("DISPATCH_REAP_INTERVAL", "0.5")
 os.environ.setdefault("DISPATCH_WS_AUTH_TIMEOUT", "10")
 
-from dispatch.settings import *  # noqa: E402,F403
+from dispatch.settings import *  # noqa: F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast test users

@@ -189,7 +189,7 @@ class Remote:
         }
         try:
             frame = encode_message(reply | {"result": await self._invoke(call)})
-        except Exception as error:  # noqa: BLE001 - any failure of the function is its result
+        except Exception as error:
             logger.info("call %s failed: %r", request_id, error)
             frame = encode_message(
                 reply | {"error": f"{type(error).__name__}: {error}"[:ERROR_MAX_CHARS]}

@@ -78,7 +78,7 @@ class Command(BaseCommand):
 
         runtime = _Runtime(background=not no_background)
 
-        class DispatchServer(Server):  # type: ignore[misc]
+        class DispatchServer(Server):
             def listen_success(self, port: Any) -> None:
                 super().listen_success(port)
                 runtime.ports.append(port)
@@ -137,7 +137,7 @@ class _Runtime:
 
         if self.stopping:
             logger.warning("second signal: stopping at once")
-            reactor.stop()
+            reactor.stop()  # type: ignore[misc]
             return
         self.stopping = True
         logger.info("shutting down: no new connections; failing pending calls")
@@ -154,7 +154,7 @@ class _Runtime:
             await sync_to_async(services.server_process_unregister, thread_sensitive=True)()
         except Exception:
             logger.exception("could not remove this process's row; the reaper will")
-        reactor.stop()
+        reactor.stop()  # type: ignore[misc]
 
     async def _wait_for_sockets(self) -> None:
         loop = asyncio.get_running_loop()
