@@ -141,7 +141,7 @@ TEMPLATES = [
 DATABASE_URL = env_str("DATABASE_URL", "")
 if DATABASE_URL:
     try:
-        _default_db: dict[str, Any] = dict(dj_database_url.parse(DATABASE_URL, conn_max_age=0))
+        _default_db: dict[str, Any] = dict(dj_database_url.parse(DATABASE_URL))
     except ValueError as exc:
         raise ImproperlyConfigured(f"DATABASE_URL: {exc}") from None
 else:
@@ -162,6 +162,10 @@ if _default_db["ENGINE"] == "django.db.backends.sqlite3":
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         }
     )
+# Keep connections open between queries: Channels closes "obsolete" connections around
+# every database_sync_to_async call, and with CONN_MAX_AGE=0 that is every call.
+_default_db["CONN_MAX_AGE"] = env_int("DISPATCH_DB_CONN_MAX_AGE", 300, minimum=0)
+_default_db["CONN_HEALTH_CHECKS"] = True
 DATABASES = {"default": _default_db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
