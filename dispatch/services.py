@@ -118,7 +118,12 @@ def api_token_authenticate(raw_token: str) -> ApiToken:
 
 
 @lru_cache(maxsize=1)
-def _password_limiter() -> MovingWindowRateLimiter:
+def rate_limiter() -> MovingWindowRateLimiter:
+    """The process's moving-window limiter on the shared storage (Redis when configured).
+
+    Used for counts that must hold across processes: password failures, wrong device
+    codes. Keys start with ``DISPATCH_REDIS_PREFIX`` so instances sharing a Redis differ.
+    """
     return MovingWindowRateLimiter(storage_from_string(settings.RATELIMIT_STORAGE_URL))
 
 
@@ -138,7 +143,7 @@ def password_authenticate(*, username: str, password: str, client_address: str |
     ``AuthenticationFailed``. Used by ``/ws``, the login page and ``POST /api/v1/auth/token``.
     """
     limit = parse(f"{settings.LOGIN_FAILURE_LIMIT} per {settings.LOGIN_FAILURE_WINDOW} seconds")
-    limiter = _password_limiter()
+    limiter = rate_limiter()
     keys = _failure_keys(username, client_address)
     if not all(limiter.test(limit, *key) for key in keys):
         raise RateLimited(TOO_MANY_ATTEMPTS)
@@ -151,8 +156,8 @@ def password_authenticate(*, username: str, password: str, client_address: str |
 
 
 def password_throttle_reset() -> None:
-    """Forget every recorded password failure (tests and operators)."""
-    _password_limiter().storage.reset()
+    """Forget every recorded failure in the shared limiter (tests and operators)."""
+    rate_limiter().storage.reset()
 
 
 # --- instance identity -----------------------------------------------------------------

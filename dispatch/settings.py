@@ -110,6 +110,7 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
+    "dispatch.http.BearerCsrfExemptMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.auth.middleware.LoginRequiredMiddleware",
@@ -262,6 +263,11 @@ WS_AUTH_TIMEOUT = env_float("DISPATCH_WS_AUTH_TIMEOUT", 10.0)  # seconds
 # Remotes (spec/sessions-and-remotes.md §2.3–§2.4), seconds.
 REMOTE_CALL_TIMEOUT = env_float("DISPATCH_REMOTE_CALL_TIMEOUT", 30.0)
 REMOTE_LIVENESS_INTERVAL = env_float("DISPATCH_REMOTE_LIVENESS_INTERVAL", 2.0)
+
+# Shims (machines.md §3–§4), seconds.
+SHIM_HELLO_TIMEOUT = env_float("DISPATCH_SHIM_HELLO_TIMEOUT", 10.0)
+SHIM_PING_INTERVAL = env_float("DISPATCH_SHIM_PING_INTERVAL", 30.0)
+SHIM_PONG_TIMEOUT = env_float("DISPATCH_SHIM_PONG_TIMEOUT", 10.0)
 
 # The daphne server's own websocket caps (serve): 16 MiB + 64 KiB (spec/overview.md "Stack").
 SERVER_WS_MAX_BYTES = 16 * 1024 * 1024 + 64 * 1024

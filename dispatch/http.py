@@ -1,0 +1,90 @@
+"""Helpers for async JSON views (the routes that wait, which cannot be DRF views).
+
+They accept the same credentials as the DRF API: ``Authorization: Bearer <api token>``
+or a logged-in session (with CSRF, like DRF's SessionAuthentication).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from channels.db import database_sync_to_async
+from django.contrib.auth.models import User
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+from dispatch.errors import DispatchError, InvalidRequest
+from dispatch.services import AuthenticationFailed, api_token_authenticate
+
+
+class BearerCsrfExemptMiddleware:
+    """Requests carrying a bearer token skip CSRF (no cookie can forge them), as in DRF.
+
+    Must come before ``CsrfViewMiddleware``.
+    """
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        self.async_mode = False
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if request.headers.get("Authorization", "").lower().startswith("bearer "):
+            request._dont_enforce_csrf_checks = True  # type: ignore[attr-defined]
+        return self.get_response(request)
+
+
+async def request_user(request: HttpRequest) -> User:
+    """The caller of an async API view: bearer token first, then the session.
+
+    Raises ``DispatchError`` ``NOT_AUTHENTICATED`` / ``AUTHENTICATION_FAILED`` (401).
+    """
+    scheme, _, raw = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "bearer":
+        try:
+            token = await database_sync_to_async(api_token_authenticate)(raw.strip())
+        except AuthenticationFailed:
+            raise DispatchError("AUTHENTICATION_FAILED", "invalid, expired or revoked token") from None
+        return token.user
+    user = await request.auser()
+    if isinstance(user, User) and user.is_authenticated:
+        return user
+    raise DispatchError("NOT_AUTHENTICATED", "authentication required: send 'Authorization: Bearer <token>'")
+
+
+def json_object(request: HttpRequest) -> dict[str, Any]:
+    """The request body as a JSON object, or ``InvalidRequest`` saying what is wrong."""
+    try:
+        body = json.loads(request.body or b"{}")
+    except ValueError as exc:
+        raise InvalidRequest(f"body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("body must be a JSON object")
+    return body
+
+
+def error_response(exc: DispatchError) -> JsonResponse:
+    """``{"error": {code, message, details}}`` with the code's status (401 adds WWW-Authenticate)."""
+    response = JsonResponse(exc.as_dict(), status=exc.http_status)
+    if exc.http_status == 401:
+        response["WWW-Authenticate"] = "Bearer"
+    return response
+
+
+def json_api(view: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[HttpResponse]]:
+    """Wrap an async view ``view(request, user, **kwargs) -> JSON value`` with auth and errors."""
+
+    async def wrapper(request: HttpRequest, **kwargs: Any) -> HttpResponse:
+        try:
+            user = await request_user(request)
+            result = await view(request, user, **kwargs)
+        except DispatchError as exc:
+            return error_response(exc)
+        if isinstance(result, HttpResponse):
+            return result
+        return JsonResponse(result, safe=False, json_dumps_params={"ensure_ascii": False})
+
+    wrapper.__name__ = view.__name__
+    wrapper.__doc__ = view.__doc__
+    wrapper.login_required = False  # type: ignore[attr-defined]  # answers 401 itself
+    return wrapper
