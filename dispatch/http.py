@@ -71,7 +71,7 @@ def error_response(exc: DispatchError) -> JsonResponse:
     return response
 
 
-def json_api(view: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[HttpResponse]]:
+def json_api(view: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
     """Wrap an async view ``view(request, user, **kwargs) -> JSON value`` with auth and errors."""
 
     async def wrapper(request: HttpRequest, **kwargs: Any) -> HttpResponse:

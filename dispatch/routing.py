@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from machines.routing import websocket_urlpatterns as machine_routes
 from remotes.routing import websocket_urlpatterns as remote_routes
 
-websocket_urlpatterns = [*remote_routes]
+websocket_urlpatterns = [*remote_routes, *machine_routes]

@@ -14,4 +14,8 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
     name = "bearerAuth"
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
-        return {"type": "http", "scheme": "bearer", "description": "A user API token (Settings page or POST /api/v1/auth/token)."}
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A user API token (Settings page or POST /api/v1/auth/token).",
+        }

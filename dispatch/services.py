@@ -49,6 +49,18 @@ def token_digest(raw_token: str) -> str:
     return hashlib.sha256(raw_token.encode()).hexdigest()
 
 
+def generate_token() -> str:
+    """A new 256-bit secret from ``secrets.token_urlsafe(32)`` (43 characters).
+
+    Tokens starting with ``-`` are drawn again: command lines would read them as options
+    (``--token -x…``). That removes 1/64 of the space, under 0.03 bits of 256.
+    """
+    while True:
+        raw = secrets.token_urlsafe(32)
+        if not raw.startswith("-"):
+            return raw
+
+
 @dataclass(frozen=True)
 class IssuedToken:
     """A freshly created token: ``raw`` is shown once and never stored."""
@@ -72,7 +84,7 @@ def api_token_create(*, user: User, name: str = "", expires_at: datetime | None 
         raise InvalidRequest("name must be at most 100 characters")
     if expires_at is not None and expires_at <= timezone.now():
         raise InvalidRequest("expires_at must be in the future")
-    raw = secrets.token_urlsafe(32)
+    raw = generate_token()
     token = ApiToken.objects.create(
         user=user, name=name, prefix=raw[:TOKEN_PREFIX_LENGTH], digest=token_digest(raw), expires_at=expires_at
     )

@@ -173,9 +173,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # --- channel layer ---------------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL", "")
 _db_identity = DATABASE_URL or str(_default_db["NAME"])
-REDIS_PREFIX = env_str(
-    "DISPATCH_REDIS_PREFIX", "dispatch-" + hashlib.sha256(_db_identity.encode()).hexdigest()[:10]
-)
+REDIS_PREFIX = env_str("DISPATCH_REDIS_PREFIX", "dispatch-" + hashlib.sha256(_db_identity.encode()).hexdigest()[:10])
 CHANNEL_CAPACITY = env_int("DISPATCH_CHANNEL_CAPACITY", 10_000, minimum=10_000)
 if REDIS_URL:
     CHANNEL_LAYERS = {

@@ -9,6 +9,7 @@ from django.views.generic import TemplateView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from dispatch import api, views
+from machines.urls import api_urlpatterns as machine_api_urls
 from remotes.urls import api_urlpatterns as remote_api_urls
 
 api_v1 = [
@@ -16,6 +17,7 @@ api_v1 = [
     path("auth/tokens", api.TokenListView.as_view(), name="api-token-list"),
     path("auth/tokens/<int:token_id>", api.TokenRevokeView.as_view(), name="api-token-revoke"),
     *remote_api_urls,
+    *machine_api_urls,
 ]
 
 urlpatterns = [
@@ -30,4 +32,5 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("admin/", admin.site.urls),
     path("", include("remotes.urls")),
+    path("", include("machines.urls")),
 ]

@@ -1,27 +1,35 @@
-"""Core pages: login (throttled), settings (API tokens), and ``/healthz``."""
+"""Core pages: login (throttled), settings (API tokens), ``/healthz``, and the login check for htmx fragments."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar, cast
+from urllib.parse import urlencode
 
-from asgiref.sync import sync_to_async
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from channels.layers import get_channel_layer
 from django import forms
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_not_required
 from django.contrib.auth.forms import AuthenticationForm
+from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.shortcuts import redirect, render
+from django.shortcuts import redirect, render, resolve_url
 from django.utils import timezone
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods
+from django_htmx.http import HttpResponseClientRedirect
 
 from dispatch import selectors, services
+from dispatch.authentication import authenticated_user
 from dispatch.errors import DispatchError, RateLimited
 from dispatch.presence import current_process_id
 
@@ -62,15 +70,60 @@ class LoginView(auth_views.LoginView):
 
 login_view = login_not_required(LoginView.as_view())
 
+ViewFunction = TypeVar("ViewFunction", bound=Callable[..., Any])
+
+
+def _login_redirect(request: HttpRequest) -> HttpResponse:
+    """Send an anonymous visitor to the login page, coming back to the page they were on.
+
+    An htmx request gets ``HX-Redirect`` so the whole page goes to the login form (a plain
+    302 would be followed by the XHR and the login page swapped into a fragment).
+    """
+    htmx = getattr(request, "htmx", None)
+    if htmx:
+        login_url = resolve_url(settings.LOGIN_URL)
+        page = htmx.current_url_abs_path
+        return HttpResponseClientRedirect(f"{login_url}?{urlencode({'next': page})}" if page else login_url)
+    return redirect_to_login(request.get_full_path())
+
+
+def htmx_login_required(view: ViewFunction) -> ViewFunction:
+    """Like the site-wide ``LoginRequiredMiddleware``, but fit for htmx fragments (sync or async views).
+
+    The view is marked ``login_not_required`` for the middleware and checks the user itself;
+    an anonymous htmx request gets ``HX-Redirect`` to the login page, any other a 302.
+    """
+    if iscoroutinefunction(view):
+
+        async def async_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            user = await request.auser()
+            if not user.is_authenticated:
+                return _login_redirect(request)
+            async_view = cast(Callable[..., Awaitable[HttpResponse]], view)
+            return await async_view(request, *args, **kwargs)
+
+        wrapper: Callable[..., Any] = markcoroutinefunction(functools.wraps(view)(async_wrapper))
+    else:
+
+        def sync_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if not request.user.is_authenticated:
+                return _login_redirect(request)
+            response: HttpResponse = view(request, *args, **kwargs)
+            return response
+
+        wrapper = functools.wraps(view)(sync_wrapper)
+    return cast(ViewFunction, login_not_required(wrapper))
+
 
 class TokenForm(forms.Form):
     name = forms.CharField(max_length=100, required=False)
     expires_in_days = forms.IntegerField(min_value=1, max_value=3650, required=False, label="Expires in (days)")
 
 
+@never_cache  # the response that shows a new token must not be kept by the browser or a proxy
 @require_http_methods(["GET", "POST"])
 def settings_page(request: HttpRequest) -> HttpResponse:
-    """``/settings/``: create (shown once), list and revoke API tokens."""
+    """``/settings/``: create (the raw token is in that one response only), list and revoke API tokens."""
     issued = None
     form = TokenForm()
     if request.method == "POST":
@@ -78,19 +131,30 @@ def settings_page(request: HttpRequest) -> HttpResponse:
         if form.is_valid():
             days = form.cleaned_data["expires_in_days"]
             expires_at = timezone.now() + timedelta(days=days) if days else None
-            issued = services.api_token_create(
-                user=request.user, name=form.cleaned_data["name"] or "", expires_at=expires_at
-            )
-            form = TokenForm()
-    tokens = selectors.api_tokens_for(user=request.user)
-    return render(request, "dispatch/settings.html", {"form": form, "issued": issued, "tokens": tokens})
+            try:
+                issued = services.api_token_create(
+                    user=authenticated_user(request), name=form.cleaned_data["name"] or "", expires_at=expires_at
+                )
+            except DispatchError as exc:
+                form.add_error(None, exc.message)
+            else:
+                form = TokenForm()
+    tokens = selectors.api_tokens_for(user=authenticated_user(request))
+    context = {"form": form, "issued": issued, "tokens": tokens, "ws_url": ws_url(request)}
+    return render(request, "dispatch/settings.html", context, status=400 if form.errors else 200)
+
+
+def ws_url(request: HttpRequest) -> str:
+    """This instance's ``/ws`` address as the browser reached it (for copy-paste commands)."""
+    scheme = "wss" if request.is_secure() else "ws"
+    return f"{scheme}://{request.get_host()}/ws"
 
 
 @require_http_methods(["POST"])
 def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
     """Revoke one of the user's tokens from the settings page."""
     try:
-        token = services.api_token_revoke(user=request.user, token_id=token_id)
+        token = services.api_token_revoke(user=authenticated_user(request), token_id=token_id)
     except DispatchError as exc:
         messages.error(request, exc.message)
     else:

@@ -48,6 +48,21 @@ class _UsageError(Exception):
     """Bad command-line input; reported with exit code 2."""
 
 
+def _join_option_values(argv: list[str]) -> list[str]:
+    """``--token -abc`` → ``--token=-abc``: a token may start with ``-``, which argparse
+    would otherwise read as an option."""
+    joined: list[str] = []
+    index = 0
+    while index < len(argv):
+        if argv[index] in ("--token", "--url") and index + 1 < len(argv):
+            joined.append(f"{argv[index]}={argv[index + 1]}")
+            index += 2
+        else:
+            joined.append(argv[index])
+            index += 1
+    return joined
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line on ``argv`` (default ``sys.argv[1:]``); return the exit code.
 
@@ -55,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     entries (``[{remotename, name, description, parameters}]``) as JSON; failures are
     printed on stderr. argparse itself exits with 2 on malformed arguments.
     """
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(_join_option_values(list(sys.argv[1:] if argv is None else argv)))
     url: str | None = args.url or os.environ.get("DISPATCH_URL")
     token: str | None = args.token or os.environ.get("DISPATCH_TOKEN")
     try:

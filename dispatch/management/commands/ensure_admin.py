@@ -18,7 +18,7 @@ class Command(BaseCommand):
             return
         if users.filter(username="admin").exists():
             raise CommandError("a non-superuser named 'admin' exists; create a superuser with createsuperuser")
-        password = secrets.token_urlsafe(12)
+        password = secrets.token_urlsafe(12).lstrip("-") or secrets.token_hex(8)
         users.create_superuser(username="admin", email="", password=password)
         self.stdout.write("Created the first admin. Log in with:")
         self.stdout.write("  username: admin")

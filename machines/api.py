@@ -1,0 +1,210 @@
+"""REST routes of the machines app (machines.md §1, §6; issue "Machines" item 7).
+
+The device-login endpoints are unauthenticated (rate-limited) and answer RFC 8628 /
+RFC 6749 §5.2 errors. The operation routes wait on a shim, so they are async views.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_not_required
+from django.contrib.auth.models import User
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+from drf_spectacular.utils import extend_schema, inline_serializer
+from limits import parse
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from dispatch.api import DispatchAPIView
+from dispatch.authentication import authenticated_user
+from dispatch.errors import InvalidRequest
+from dispatch.http import json_api, json_object
+from dispatch.services import rate_limiter
+from machines import selectors
+from machines.services import connections, device, router
+from machines.services.copy import copy_between_machines
+from machines.services.operations import list_machines, machine_op
+
+DEVICE_ENDPOINT_RATE = "30 per 60 seconds"  # per client address, each device endpoint
+
+
+def _device_body(request: HttpRequest) -> dict[str, Any]:
+    if request.content_type == "application/json":
+        try:
+            body = json.loads(request.body or b"{}")
+        except ValueError:
+            raise device.DeviceFlowError("invalid_request", "body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise device.DeviceFlowError("invalid_request", "body must be a JSON object")
+        return body
+    return request.POST.dict()
+
+
+def _device_throttled(request: HttpRequest, endpoint: str) -> bool:
+    limit = parse(DEVICE_ENDPOINT_RATE)
+    key = (settings.REDIS_PREFIX, "device-endpoint", endpoint, str(request.META.get("REMOTE_ADDR", "")))
+    return not rate_limiter().hit(limit, *key)
+
+
+def _oauth_error(error: str, description: str, status: int = 400) -> JsonResponse:
+    response = JsonResponse({"error": error, "error_description": description}, status=status)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@csrf_exempt
+@login_not_required
+@require_POST
+def device_code(request: HttpRequest) -> JsonResponse:
+    """``POST /api/v1/machines/device/code`` ``{machine_id, hostname, platform, arch}`` (RFC 8628 §3.1)."""
+    if _device_throttled(request, "code"):
+        return _oauth_error("slow_down", "too many requests; try again in a minute", status=429)
+    try:
+        body = _device_body(request)
+        grant = device.device_authorization_start(
+            machine_id=body.get("machine_id"),
+            hostname=body.get("hostname"),
+            platform=body.get("platform"),
+            arch=body.get("arch"),
+        )
+    except device.DeviceFlowError as exc:
+        return _oauth_error(exc.error, exc.message)
+    except InvalidRequest as exc:
+        return _oauth_error("invalid_request", exc.message)
+    response = JsonResponse(grant.as_response())
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@csrf_exempt
+@login_not_required
+@require_POST
+def device_token(request: HttpRequest) -> JsonResponse:
+    """``POST /api/v1/machines/device/token`` ``{device_code}`` (RFC 8628 §3.4–3.5)."""
+    if _device_throttled(request, "token"):
+        return _oauth_error("slow_down", "too many requests; try again in a minute", status=429)
+    try:
+        issued = device.device_token_poll(device_code=_device_body(request).get("device_code"))
+    except device.DeviceFlowError as exc:
+        return _oauth_error(exc.error, exc.message)
+    response = JsonResponse({"access_token": issued.raw, "token_type": "Bearer", "machine_id": issued.token.machine_id})
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+class MachineSerializer(serializers.Serializer):
+    machine_id = serializers.CharField()
+    display_name = serializers.CharField(source="name")
+    hostname = serializers.CharField()
+    platform = serializers.CharField()
+    arch = serializers.CharField()
+    capabilities = serializers.JSONField()
+    granted_capabilities = serializers.JSONField()
+    allowed_roots = serializers.JSONField()
+    status = serializers.SerializerMethodField()
+    is_default = serializers.SerializerMethodField()
+    last_active_at = serializers.DateTimeField()
+    created_at = serializers.DateTimeField()
+
+    def get_status(self, machine: Any) -> dict[str, str]:
+        return {"connection": machine.connection_status, "health": machine.health, "reason": machine.status_reason}
+
+    def get_is_default(self, machine: Any) -> bool:
+        return bool(machine.machine_id == self.context.get("default_machine_id"))
+
+
+class MachineListView(DispatchAPIView):
+    """``GET /api/v1/machines`` → ``{"machines": [...]}``: the caller's machines with status."""
+
+    @extend_schema(responses={200: inline_serializer("MachineList", {"machines": MachineSerializer(many=True)})})
+    def get(self, request: Request) -> Response:
+        user = authenticated_user(request)
+        context = {"default_machine_id": router.default_machine_id(user=user)}
+        machines = selectors.machines_for(user=user)
+        return Response({"machines": MachineSerializer(machines, many=True, context=context).data})
+
+
+class MachineDetailView(DispatchAPIView):
+    """``DELETE /api/v1/machines/{machine_id}``: revoke a machine (its sockets close 4401)."""
+
+    @extend_schema(responses={200: MachineSerializer})
+    def delete(self, request: Request, machine_id: str) -> Response:
+        machine = connections.machine_revoke(user=authenticated_user(request), machine_id=machine_id)
+        return Response(MachineSerializer(machine, context={}).data)
+
+
+class DefaultMachineView(DispatchAPIView):
+    """``PUT /api/v1/machines/default`` ``{"machine_id": "…" | null}``: the routing default."""
+
+    @extend_schema(
+        request=inline_serializer("DefaultMachine", {"machine_id": serializers.CharField(allow_null=True)}),
+        responses={200: inline_serializer("DefaultMachineSet", {"machine_id": serializers.CharField(allow_null=True)})},
+    )
+    def put(self, request: Request) -> Response:
+        if not isinstance(request.data, dict) or "machine_id" not in request.data:
+            raise InvalidRequest("machine_id is required (a machine id, or null to clear)")
+        machine_id = request.data["machine_id"]
+        if machine_id is not None and not isinstance(machine_id, str):
+            raise InvalidRequest("machine_id must be a string or null")
+        return Response(
+            {"machine_id": router.default_machine_set(user=authenticated_user(request), machine_id=machine_id)}
+        )
+
+
+class SessionMachinesView(DispatchAPIView):
+    """``GET /api/v1/sessions/{session_id}/machines`` → ``{"machines": [snapshot, …]}`` (``list_machines``)."""
+
+    @extend_schema(responses={200: inline_serializer("SessionMachines", {"machines": serializers.ListField()})})
+    def get(self, request: Request, session_id: str) -> Response:
+        return Response({"machines": list_machines(user=authenticated_user(request), session_id=session_id)})
+
+
+@require_POST
+@json_api
+async def session_op(request: HttpRequest, user: User, session_id: str) -> dict[str, Any]:
+    """``POST /api/v1/sessions/{session_id}/ops`` ``{op, payload, target_machine?}``.
+
+    200 ``{"machine_id", "type", "payload"}`` (the shim's response); errors carry the
+    spec's code (``MACHINE_NOT_ATTACHED`` 404, ``PATH_OUTSIDE_ALLOWED_ROOT`` 400, …).
+    """
+    body = json_object(request)
+    payload = body.get("payload", {})
+    if not isinstance(body.get("op"), str):
+        raise InvalidRequest("op is required (e.g. FILE_READ, EXECUTE_COMMAND)")
+    return await machine_op(
+        user=user,
+        session_id=session_id,
+        op=body["op"],
+        payload=payload,
+        target_machine=body.get("target_machine"),
+        caller="api",
+    )
+
+
+@require_POST
+@json_api
+async def session_copy(request: HttpRequest, user: User, session_id: str) -> dict[str, Any]:
+    """``POST /api/v1/sessions/{session_id}/copy`` → ``{"size_bytes", "sha256"}`` (§6 cross-machine copy)."""
+    body = json_object(request)
+    for field in ("source_machine", "source_path", "destination_machine", "destination_path"):
+        if not isinstance(body.get(field), str) or not body[field]:
+            raise InvalidRequest(f"{field} is required (a string)")
+    overwrite = body.get("overwrite", False)
+    if not isinstance(overwrite, bool):
+        raise InvalidRequest("overwrite must be a boolean")
+    return await copy_between_machines(
+        user=user,
+        session_id=session_id,
+        source_machine=body["source_machine"],
+        source_path=body["source_path"],
+        destination_machine=body["destination_machine"],
+        destination_path=body["destination_path"],
+        overwrite=overwrite,
+        caller="api",
+    )

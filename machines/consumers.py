@@ -1,0 +1,284 @@
+"""The ``/ws/shim/`` consumer (machines.md §2–§4).
+
+A thin edge: bearer auth, the HELLO handshake, forwarding routed operations to the shim
+and their responses back to the waiting caller's reply channel, PING/PONG presence. Its
+own state is only this connection's: the operations pending on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.exceptions import ChannelFull
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+from pydantic import ValidationError
+
+from dispatch.presence import current_process_id, process_group
+from machines import protocol
+from machines.protocol import OPERATIONS, envelope, negotiate
+from machines.services import connections
+from machines.services.connections import REPLY_MESSAGE, ShimIdentity
+from remotes.protocol import describe_validation_error
+
+logger = logging.getLogger(__name__)
+
+PING_INTERVAL = 30.0  # seconds between the platform's PINGs (§4)
+PONG_TIMEOUT = 10.0  # seconds a shim has to answer a PING
+
+
+@dataclass
+class PendingOperation:
+    """An operation sent to this shim, awaiting its response."""
+
+    op: str
+    reply_channel: str
+    expires_at: float
+
+
+class ShimConsumer(AsyncWebsocketConsumer):
+    """One shim connection."""
+
+    async def connect(self) -> None:
+        await self.accept()  # custom close codes need an accepted socket
+        self.identity: ShimIdentity | None = None
+        self.connection_id: str | None = None
+        self.machine_id: str | None = None
+        self.pending: dict[str, PendingOperation] = {}
+        self.closing = False
+        self.tasks: list[asyncio.Task[None]] = []
+        self.awaiting_pong: str | None = None
+        token = self._bearer_token()
+        identity = await database_sync_to_async(connections.shim_authenticate)(token) if token else None
+        if identity is None:
+            await self._error("AUTH_FAILED", "invalid, expired or revoked token", fatal=True)
+            await self._close(protocol.CLOSE_UNAUTHENTICATED)
+            return
+        self.identity = identity
+        self.tasks.append(asyncio.ensure_future(self._hello_deadline()))
+
+    async def disconnect(self, code: int) -> None:
+        self.closing = True
+        for task in getattr(self, "tasks", []):
+            task.cancel()
+        for request_id in list(getattr(self, "pending", {})):
+            await self._fail(request_id, "MACHINE_UNREACHABLE", "the machine disconnected")
+        if getattr(self, "connection_id", None):
+            await self.channel_layer.group_discard(process_group(current_process_id()), self.channel_name)
+            await database_sync_to_async(connections.shim_disconnected)(connection_id=self.connection_id)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        size = len(bytes_data) if bytes_data is not None else len(text_data or "")
+        if size > protocol.MAX_FRAME_BYTES or (text_data and len(text_data.encode()) > protocol.MAX_FRAME_BYTES):
+            await self._close(protocol.CLOSE_TOO_BIG)
+            return
+        try:
+            frame = json.loads(text_data) if text_data is not None else None
+        except ValueError:
+            frame = None
+        if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
+            if self.connection_id is None:
+                await self._bad_hello("the first frame must be a JSON HELLO envelope")
+            else:
+                await self._error("INVALID_REQUEST", "frames must be JSON objects with a 'type'")
+            return
+        if self.connection_id is None:
+            await self._hello(frame)
+            return
+        await self._from_shim(frame)
+
+    # --- handshake ------------------------------------------------------------------
+
+    async def _hello(self, frame: dict[str, Any]) -> None:
+        if frame["type"] != "HELLO" or not isinstance(frame.get("payload"), dict):
+            await self._bad_hello("the first frame must be HELLO")
+            return
+        try:
+            hello = protocol.Hello.model_validate(frame["payload"])
+        except ValidationError as exc:
+            await self._bad_hello(f"malformed HELLO: {describe_validation_error(exc)}")
+            return
+        negotiated = negotiate(hello.protocol_version)
+        if negotiated is None:
+            await self._error(
+                "PROTOCOL_VERSION_MISMATCH",
+                f"shim speaks {hello.protocol_version}, platform speaks {protocol.PROTOCOL_VERSION}",
+                fatal=True,
+                details={"shim_max": hello.protocol_version, "platform_max": protocol.PROTOCOL_VERSION},
+            )
+            await self._close(protocol.CLOSE_VERSION_MISMATCH)
+            return
+        assert self.identity is not None
+        if self.identity.machine_id is not None and self.identity.machine_id != hello.machine_id:
+            await self._error("AUTH_FAILED", "this token belongs to another machine_id", fatal=True)
+            await self._close(protocol.CLOSE_UNAUTHENTICATED)
+            return
+        attached = await database_sync_to_async(connections.shim_connected)(
+            identity=self.identity, hello=hello, channel_name=self.channel_name, protocol_version=negotiated
+        )
+        self.connection_id = attached.connection_id
+        self.machine_id = hello.machine_id
+        for task in self.tasks:
+            task.cancel()
+        self.tasks = [asyncio.ensure_future(self._ping_loop())]
+        await self.channel_layer.group_add(process_group(current_process_id()), self.channel_name)
+        await self._send(
+            envelope(
+                "HELLO_ACK",
+                {
+                    "protocol_version": negotiated,
+                    "connection_id": attached.connection_id,
+                    "granted_capabilities": attached.granted_capabilities,
+                    "limits": attached.limits,
+                },
+                message_id=str(frame.get("id") or ""),
+            )
+        )
+        await connections.announce_attachment(attached)
+
+    async def _hello_deadline(self) -> None:
+        await asyncio.sleep(settings.SHIM_HELLO_TIMEOUT)
+        if self.connection_id is None and not self.closing:
+            await self._error("HELLO_TIMEOUT", "no HELLO within the deadline", fatal=True)
+            await self._close(protocol.CLOSE_HELLO_TIMEOUT)
+
+    async def _bad_hello(self, message: str) -> None:
+        await self._error("INVALID_HELLO", message, fatal=True)
+        await self._close(protocol.CLOSE_BAD_HELLO)
+
+    # --- frames after the handshake --------------------------------------------------
+
+    async def _from_shim(self, frame: dict[str, Any]) -> None:
+        message_type, message_id = frame["type"], frame.get("id")
+        if message_type == "PING":
+            await self._send(envelope("PONG", {}, message_id=str(message_id or "")))
+            return
+        if message_type == "PONG" and message_id == self.awaiting_pong:
+            self.awaiting_pong = None
+            return
+        pending = self.pending.get(message_id) if isinstance(message_id, str) else None
+        if pending is None or not isinstance(message_id, str):
+            logger.debug("shim %s sent %s for unknown id %r", self.machine_id, message_type, message_id)
+            if message_type != "ERROR":
+                await self._error("INVALID_REQUEST", f"no pending request with id {str(message_id)[:64]!r}")
+            return
+        expected = OPERATIONS[pending.op][1]
+        payload = frame.get("payload")
+        if message_type not in (expected, "ERROR") or not isinstance(payload, dict):
+            # Rejected without touching the operation: the shim may still answer it.
+            await self._error("INVALID_REQUEST", f"expected {expected} or ERROR for {pending.op}, got {message_type}")
+            return
+        del self.pending[message_id]
+        await self._answer(pending.reply_channel, {"response_type": message_type, "payload": payload})
+        if pending.op == "MACHINE_LIST_REQUEST" and message_type == expected:
+            await database_sync_to_async(connections.machine_snapshot_store)(
+                connection_id=self.connection_id, snapshot=payload
+            )
+
+    # --- channel-layer messages ---------------------------------------------------------
+
+    async def machine_op(self, event: dict[str, Any]) -> None:
+        """``machine.op``: send a routed operation to the shim (§5)."""
+        if self.closing or self.connection_id is None:
+            await self._answer(event["reply_channel"], _error_reply("MACHINE_UNREACHABLE", "the machine disconnected"))
+            return
+        frame = envelope(
+            event["op"],
+            event["payload"],
+            message_id=event["request_id"],
+            session_id=event["session_id"],
+            target_machine=self.machine_id,
+        )
+        text = protocol.encode(frame)
+        if len(text.encode()) > protocol.MAX_FRAME_BYTES:
+            await self._answer(event["reply_channel"], _error_reply("FILE_TOO_LARGE", "the request is over 16 MiB"))
+            return
+        now = time.monotonic()
+        self.pending = {rid: p for rid, p in self.pending.items() if p.expires_at > now}
+        self.pending[event["request_id"]] = PendingOperation(
+            op=event["op"], reply_channel=event["reply_channel"], expires_at=now + float(event["timeout"]) + 5
+        )
+        await self.send(text_data=text)
+
+    async def machine_revoked(self, event: dict[str, Any]) -> None:
+        """``machine.revoked``: the machine token was revoked: close 4401 (§1)."""
+        await self._error("AUTH_FAILED", "the machine token was revoked", fatal=True)
+        await self._close(protocol.CLOSE_UNAUTHENTICATED)
+
+    async def machine_takeover(self, event: dict[str, Any]) -> None:
+        """``machine.takeover``: the same machine reconnected elsewhere: 4427 (§4)."""
+        if event.get("connection_id") != self.connection_id:
+            return
+        self.connection_id = None  # the new connection owns the machine's rows now
+        await self._send(envelope("SESSION_REVOKED", {"reason": "reconnected"}))
+        for request_id in list(self.pending):
+            await self._fail(request_id, "MACHINE_UNREACHABLE", "the machine reconnected on another socket")
+        await self._close(protocol.CLOSE_SESSION_REVOKED)
+
+    async def server_shutdown(self, event: dict[str, Any]) -> None:
+        """``server.shutdown``: this process is stopping; the shim reconnects elsewhere."""
+        for request_id in list(self.pending):
+            await self._fail(request_id, "MACHINE_UNREACHABLE", "the server holding the machine is shutting down")
+        await self._close(1012)
+
+    # --- helpers -------------------------------------------------------------------------
+
+    async def _ping_loop(self) -> None:
+        while True:
+            await asyncio.sleep(settings.SHIM_PING_INTERVAL)
+            frame = envelope("PING", {})
+            self.awaiting_pong = frame["id"]
+            await self._send(frame)
+            await asyncio.sleep(settings.SHIM_PONG_TIMEOUT)
+            if self.awaiting_pong == frame["id"]:
+                logger.info("machine %s missed a PONG; dropping it", self.machine_id)
+                await self._close(1000)
+                return
+            if self.connection_id:
+                await database_sync_to_async(connections.shim_seen)(connection_id=self.connection_id)
+
+    async def _fail(self, request_id: str, code: str, message: str) -> None:
+        pending = self.pending.pop(request_id, None)
+        if pending is not None:
+            await self._answer(pending.reply_channel, _error_reply(code, message))
+
+    async def _answer(self, reply_channel: str, reply: dict[str, Any]) -> None:
+        try:
+            await self.channel_layer.send(reply_channel, {"type": REPLY_MESSAGE, **reply})
+        except ChannelFull:
+            logger.warning("dropping a machine reply: caller channel full")
+
+    async def _error(
+        self, code: str, message: str, *, fatal: bool = False, details: dict[str, Any] | None = None
+    ) -> None:
+        payload: dict[str, Any] = {"code": code, "message": message, "fatal": fatal}
+        if details:
+            payload["details"] = details
+        await self._send(envelope("ERROR", payload))
+
+    async def _send(self, frame: dict[str, Any]) -> None:
+        if not self.closing:
+            await self.send(text_data=protocol.encode(frame))
+
+    async def _close(self, code: int) -> None:
+        if not self.closing:
+            self.closing = True
+            await self.close(code=code)
+
+    def _bearer_token(self) -> str | None:
+        for name, value in self.scope.get("headers", []):
+            if name == b"authorization":
+                scheme, _, credentials = value.decode("latin-1").partition(" ")
+                if scheme.lower() == "bearer" and credentials.strip():
+                    return credentials.strip()
+        return None
+
+
+def _error_reply(code: str, message: str) -> dict[str, Any]:
+    return {"response_type": "ERROR", "payload": {"code": code, "message": message, "fatal": False}}

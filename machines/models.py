@@ -1,0 +1,197 @@
+"""Machines: device login, machine tokens, live shim connections, routing state, audit.
+
+Spec: machines.md. A *machine* is a user's computer known by the ``machine_id`` its shim
+generated; a *connection* is one live shim socket (owned by a ``ServerProcess``, so a
+dead process's connections are reaped with it); a *machine session* is a routing scope
+named by a ``session_id`` string that connections attach to (``sessions`` list or ``*``).
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from dispatch.models import ServerProcess
+
+
+class DeviceAuthorization(models.Model):
+    """One RFC 8628 device authorization request (machines.md §1).
+
+    Both codes are stored only as SHA-256 digests. The machine token is minted when the
+    shim polls after approval, so no raw token is ever stored.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        APPROVED = "approved"
+        DENIED = "denied"
+        CONSUMED = "consumed"
+
+    device_code_digest = models.CharField(max_length=64, unique=True)
+    user_code_digest = models.CharField(max_length=64, unique=True)
+    machine_id = models.CharField(max_length=64)
+    hostname = models.CharField(max_length=255)
+    platform = models.CharField(max_length=32)
+    arch = models.CharField(max_length=32)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE)
+    interval = models.PositiveIntegerField(default=5)  # seconds between polls (RFC 8628 §3.2)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    last_polled_at = models.DateTimeField(null=True, blank=True)
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"device login for {self.hostname} ({self.status})"
+
+
+class MachineToken(models.Model):
+    """A machine token: one user, one ``machine_id``; SHA-256 digest + display prefix only."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="machine_tokens")
+    machine_id = models.CharField(max_length=64, db_index=True)
+    prefix = models.CharField(max_length=8)
+    digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… (machine {self.machine_id})"
+
+
+class Machine(models.Model):
+    """A user's computer as its shim last described it, with its shown status (§4)."""
+
+    class Connection(models.TextChoices):
+        CONNECTING = "connecting"
+        CONNECTED = "connected"
+        DISCONNECTED = "disconnected"
+
+    class Health(models.TextChoices):
+        OK = "ok"
+        OVERLOADED = "overloaded"
+        ERROR = "error"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="machines")
+    machine_id = models.CharField(max_length=64)
+    hostname = models.CharField(max_length=255, blank=True)
+    display_name = models.CharField(max_length=255, blank=True)
+    platform = models.CharField(max_length=32, blank=True)
+    arch = models.CharField(max_length=32, blank=True)
+    shim_version = models.CharField(max_length=64, blank=True)
+    capabilities = models.JSONField(default=list)
+    granted_capabilities = models.JSONField(default=list)
+    allowed_roots = models.JSONField(default=list)
+    hardware_devices = models.JSONField(default=list)
+    snapshot = models.JSONField(null=True, blank=True)  # the cached MACHINE_LIST_RESPONSE payload
+    connection_status = models.CharField(max_length=12, choices=Connection.choices, default=Connection.DISCONNECTED)
+    health = models.CharField(max_length=12, choices=Health.choices, default=Health.OK)
+    status_reason = models.CharField(max_length=255, blank=True)
+    last_active_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "machine_id"], name="machine_unique_per_user")]
+        ordering = ["display_name", "hostname"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def name(self) -> str:
+        """What people call it: the display name, else the host name, else the id."""
+        return self.display_name or self.hostname or self.machine_id
+
+
+class MachineConnection(models.Model):
+    """One live shim socket: the attachment of a machine to its sessions (§4).
+
+    ``sessions`` is the HELLO's list (``["*"]`` for every session of the user).
+    """
+
+    machine = models.ForeignKey(Machine, on_delete=models.CASCADE, related_name="connections")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    connection_id = models.CharField(max_length=40, unique=True)
+    channel_name = models.CharField(max_length=200, unique=True)
+    server_process = models.ForeignKey(ServerProcess, on_delete=models.CASCADE, related_name="machine_connections")
+    sessions = models.JSONField(default=list)
+    granted_capabilities = models.JSONField(default=list)
+    limits = models.JSONField(default=dict)
+    protocol_version = models.CharField(max_length=16)
+    connected_at = models.DateTimeField(default=timezone.now)
+    last_seen_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.machine} via {self.connection_id}"
+
+    def attached_to(self, session_id: str) -> bool:
+        """Whether this connection serves machine session ``session_id``."""
+        return "*" in self.sessions or session_id in self.sessions
+
+
+class DefaultMachine(models.Model):
+    """A user's default machine (routing step 3), by ``machine_id``."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="default_machine")
+    machine_id = models.CharField(max_length=64)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"default machine {self.machine_id}"
+
+
+class RoutingCounter(models.Model):
+    """The round-robin counter of one user's machine session, shared by every process."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    session_id = models.CharField(max_length=256)
+    value = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "session_id"], name="routing_counter_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.session_id}: {self.value}"
+
+
+class PathRecency(models.Model):
+    """Which machine last operated on a path in a session (routing step 2, recency)."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    session_id = models.CharField(max_length=256)
+    path = models.CharField(max_length=1024)
+    machine_id = models.CharField(max_length=64)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "session_id", "path"], name="path_recency_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.path} → {self.machine_id}"
+
+
+class AuditRecord(models.Model):
+    """One routed operation (§7): never file contents or env values; secrets redacted."""
+
+    ts = models.DateTimeField(default=timezone.now, db_index=True)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="machine_audit")
+    session_id = models.CharField(max_length=256)
+    machine_id = models.CharField(max_length=64, blank=True)
+    request_id = models.CharField(max_length=64)
+    op = models.CharField(max_length=40)
+    details = models.JSONField(default=dict)
+    result = models.JSONField(default=dict)  # {ok, error_code, exit_code, duration_ms}
+    caller = models.CharField(max_length=200)
+
+    class Meta:
+        ordering = ["-ts"]
+        indexes = [models.Index(fields=["user", "-ts"])]
+
+    def __str__(self) -> str:
+        return f"{self.op} on {self.machine_id or '?'} ({'ok' if self.result.get('ok') else 'failed'})"

@@ -1,0 +1,205 @@
+"""Live shim connections: authentication, attachment, takeover, presence (machines.md §3–§4)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.exceptions import ChannelFull
+from channels.layers import get_channel_layer
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.utils import timezone
+
+from dispatch.services import AuthenticationFailed, api_token_authenticate, server_process_ensure
+from machines.models import Machine, MachineConnection, MachineToken
+from machines.protocol import DEFAULT_LIMITS, Hello
+
+logger = logging.getLogger(__name__)
+
+# Channel-layer message types handled by machines.consumers.ShimConsumer.
+OP_MESSAGE = "machine.op"
+REPLY_MESSAGE = "machine.reply"
+REVOKED_MESSAGE = "machine.revoked"
+TAKEOVER_MESSAGE = "machine.takeover"
+
+
+@dataclass(frozen=True)
+class ShimIdentity:
+    """Who a shim connection acts for: the user, and the machine its token is bound to
+    (``None`` for a user API token, accepted for development)."""
+
+    user: User
+    machine_id: str | None
+
+
+def shim_authenticate(raw_token: str) -> ShimIdentity | None:
+    """A machine token (or a user API token) → the identity; ``None`` when refused (§3)."""
+    if len(raw_token) > 200:
+        return None
+    digest = hashlib.sha256(raw_token.encode()).hexdigest()
+    token = MachineToken.objects.select_related("user").filter(digest=digest).first()
+    if token is not None and hmac.compare_digest(token.digest, digest):
+        if token.revoked_at is not None or not token.user.is_active:
+            return None
+        now = timezone.now()
+        if token.last_used_at is None or (now - token.last_used_at).total_seconds() >= 60:
+            MachineToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        return ShimIdentity(user=token.user, machine_id=token.machine_id)
+    try:
+        api_token = api_token_authenticate(raw_token)
+    except AuthenticationFailed:
+        return None
+    return ShimIdentity(user=api_token.user, machine_id=None)
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """A new connection as recorded: what the HELLO_ACK tells the shim."""
+
+    user_id: int
+    machine_pk: int
+    connection_id: str
+    granted_capabilities: list[str]
+    limits: dict[str, int]
+    sessions: list[str]
+    replaced_channels: list[tuple[str, str]]  # (channel_name, connection_id) taken over
+
+
+@transaction.atomic
+def shim_connected(*, identity: ShimIdentity, hello: Hello, channel_name: str, protocol_version: str) -> Attachment:
+    """Record a shim that completed its HELLO; take over older sockets of the same machine.
+
+    Granted capabilities are the advertised ones (a user's settings may narrow them in a
+    later version). Returns what the HELLO_ACK needs.
+    """
+    user = identity.user
+    machine, _ = Machine.objects.select_for_update().get_or_create(user=user, machine_id=hello.machine_id)
+    granted: list[str] = sorted(set(hello.capabilities))
+    machine.hostname = hello.hostname
+    machine.display_name = hello.display_name or ""
+    machine.platform = hello.platform
+    machine.arch = hello.arch
+    machine.shim_version = hello.shim_version
+    machine.capabilities = sorted(set(hello.capabilities))
+    machine.granted_capabilities = granted
+    machine.allowed_roots = hello.allowed_roots
+    machine.hardware_devices = hello.hardware_devices
+    machine.connection_status = Machine.Connection.CONNECTED
+    machine.health = Machine.Health.OK
+    machine.status_reason = "connected"
+    machine.revoked_at = None
+    machine.save()
+    replaced = list(MachineConnection.objects.filter(machine=machine).values_list("channel_name", "connection_id"))
+    MachineConnection.objects.filter(machine=machine).delete()
+    connection = MachineConnection.objects.create(
+        machine=machine,
+        user=user,
+        connection_id=f"conn_{uuid.uuid4().hex[:16]}",
+        channel_name=channel_name,
+        server_process_id=server_process_ensure(),
+        sessions=list(dict.fromkeys(hello.sessions)),
+        granted_capabilities=granted,
+        limits=dict(DEFAULT_LIMITS),
+        protocol_version=protocol_version,
+    )
+    return Attachment(
+        user_id=user.pk,
+        machine_pk=machine.pk,
+        connection_id=connection.connection_id,
+        granted_capabilities=granted,
+        limits=dict(DEFAULT_LIMITS),
+        sessions=connection.sessions,
+        replaced_channels=replaced,
+    )
+
+
+async def announce_attachment(attachment: Attachment) -> None:
+    """After a HELLO: revoke taken-over sockets (4427), and on the N = 2 transition ask
+    every attached shim of the shared sessions for its ``MACHINE_LIST_RESPONSE`` (§4)."""
+    from channels.db import database_sync_to_async
+
+    from machines.services.operations import request_snapshots
+
+    layer = get_channel_layer()
+    for channel_name, connection_id in attachment.replaced_channels:
+        try:
+            await layer.send(channel_name, {"type": TAKEOVER_MESSAGE, "connection_id": connection_id})
+        except ChannelFull:
+            logger.warning("could not tell %s about its takeover: channel full", channel_name)
+    peers = await database_sync_to_async(_sharing_connections)(attachment)
+    if len(peers) >= 2:
+        await request_snapshots(user_id=attachment.user_id, connection_ids=peers)
+
+
+def _sharing_connections(attachment: Attachment) -> list[str]:
+    """The user's connections sharing a session with the new one (itself included)."""
+    mine = set(attachment.sessions)
+    sharing = []
+    for connection_id, sessions in MachineConnection.objects.filter(user_id=attachment.user_id).values_list(
+        "connection_id", "sessions"
+    ):
+        if "*" in mine or "*" in sessions or mine & set(sessions):
+            sharing.append(connection_id)
+    return sharing
+
+
+def shim_disconnected(*, connection_id: str) -> None:
+    """Forget a closed connection; the machine shows ``disconnected`` when none is left."""
+    connection = MachineConnection.objects.filter(connection_id=connection_id).select_related("machine").first()
+    if connection is None:
+        return
+    machine = connection.machine
+    connection.delete()
+    if not MachineConnection.objects.filter(machine=machine).exists():
+        Machine.objects.filter(pk=machine.pk).update(
+            connection_status=Machine.Connection.DISCONNECTED, status_reason="the shim disconnected"
+        )
+
+
+def shim_seen(*, connection_id: str) -> None:
+    """Stamp a connection's ``last_seen_at`` (after each PONG)."""
+    MachineConnection.objects.filter(connection_id=connection_id).update(last_seen_at=timezone.now())
+
+
+def machine_snapshot_store(*, connection_id: str | None, snapshot: dict[str, Any]) -> None:
+    """Cache a ``MACHINE_LIST_RESPONSE`` payload on the machine (§4 "N = 2")."""
+    machine_pk = (
+        MachineConnection.objects.filter(connection_id=connection_id).values_list("machine_id", flat=True).first()
+    )
+    if machine_pk is not None:
+        Machine.objects.filter(pk=machine_pk).update(snapshot=snapshot)
+
+
+@transaction.atomic
+def machine_revoke(*, user: User, machine_id: str) -> Machine:
+    """Revoke a machine: its tokens stop working and its live sockets close with 4401 (§1)."""
+    from dispatch.errors import NotFound
+
+    machine = Machine.objects.select_for_update().filter(user=user, machine_id=machine_id).first()
+    if machine is None:
+        raise NotFound(f"no machine '{machine_id}'")
+    now = timezone.now()
+    MachineToken.objects.filter(user=user, machine_id=machine_id, revoked_at__isnull=True).update(revoked_at=now)
+    machine.revoked_at = now
+    machine.connection_status = Machine.Connection.DISCONNECTED
+    machine.status_reason = "revoked"
+    machine.save(update_fields=["revoked_at", "connection_status", "status_reason"])
+    channels = list(MachineConnection.objects.filter(machine=machine).values_list("channel_name", flat=True))
+    MachineConnection.objects.filter(machine=machine).delete()
+    layer = get_channel_layer()
+
+    def announce() -> None:
+        for channel_name in channels:
+            try:
+                async_to_sync(layer.send)(channel_name, {"type": REVOKED_MESSAGE})
+            except ChannelFull:
+                logger.warning("could not close revoked machine socket %s: channel full", channel_name)
+
+    transaction.on_commit(announce)
+    return machine

@@ -1,0 +1,326 @@
+"""Routed operations on machines: ``machine_op``, snapshots, ``list_machines`` (machines.md §4–§7).
+
+``machine_op`` is ``async def`` and waits on the channel layer (never on the shared sync
+thread); the shim may be held by another server process. While waiting it re-checks that
+the connection row exists and its process is alive, so a dead holder is noticed within
+seconds (``MACHINE_UNREACHABLE``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.exceptions import ChannelFull
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.utils import timezone
+
+from dispatch.errors import DispatchError, InvalidRequest
+from dispatch.presence import current_process_id
+from machines.models import AuditRecord, Machine, MachineConnection, PathRecency
+from machines.protocol import CALLER_OPERATIONS, DEFAULT_LIMITS, SESSION_ID_PATTERN
+from machines.services import router
+from machines.services.connections import OP_MESSAGE
+from machines.services.router import Candidate
+
+logger = logging.getLogger(__name__)
+
+TIMEOUT_MARGIN = 10.0  # seconds the platform waits past an operation's own timeout (§5)
+SNAPSHOT_TIMEOUT = 10.0  # seconds to wait for MACHINE_LIST_RESPONSEs
+_background: set[asyncio.Future[Any]] = set()
+
+
+class MachineError(DispatchError):
+    """A failed machine operation: a shim ``ERROR`` or a platform code (§5, §6)."""
+
+
+def check_session_id(session_id: str) -> str:
+    """Validate a machine ``session_id`` (§4) or raise ``InvalidRequest``."""
+    if not isinstance(session_id, str) or not re.fullmatch(SESSION_ID_PATTERN, session_id):
+        raise InvalidRequest(
+            "session_id must be 1-256 characters from letters, digits and '._:-', not starting with a symbol"
+        )
+    return session_id
+
+
+def operation_timeout(op: str, payload: dict[str, Any], limits: dict[str, int]) -> float:
+    """Seconds to wait for a response: the command's own timeout (or the default) + 10 s."""
+    timeout = float(limits.get("command_timeout_seconds", DEFAULT_LIMITS["command_timeout_seconds"]))
+    if op == "EXECUTE_COMMAND" and isinstance(payload.get("timeout_seconds"), (int, float)):
+        timeout = max(0.0, min(float(payload["timeout_seconds"]), limits.get("max_command_timeout_seconds", 600)))
+    return float(timeout) + TIMEOUT_MARGIN
+
+
+@database_sync_to_async
+def _connection_alive(connection_id: str, server_process_id: str) -> bool:
+    rows = MachineConnection.objects.filter(connection_id=connection_id)
+    if server_process_id != current_process_id():
+        cutoff = timezone.now() - timedelta(seconds=settings.PROCESS_TTL)
+        rows = rows.filter(server_process__heartbeat_at__gte=cutoff)
+    return rows.exists()
+
+
+async def send_to_machine(
+    candidate: Candidate, *, op: str, payload: dict[str, Any], session_id: str, timeout: float
+) -> dict[str, Any]:
+    """Send one operation to the chosen machine's connection and wait for its reply.
+
+    Returns ``{"response_type", "payload"}`` (``ERROR`` included); raises ``MachineError``
+    ``MACHINE_UNREACHABLE`` (connection gone, its process dead, or its channel full) or
+    ``TIMEOUT``.
+    """
+    layer = get_channel_layer()
+    reply_channel = await layer.new_channel()
+    request_id = str(uuid.uuid4())
+    try:
+        await layer.send(
+            candidate.channel_name,
+            {
+                "type": OP_MESSAGE,
+                "op": op,
+                "payload": payload,
+                "request_id": request_id,
+                "session_id": session_id,
+                "reply_channel": reply_channel,
+                "timeout": timeout,
+            },
+        )
+    except ChannelFull:
+        raise MachineError("MACHINE_UNREACHABLE", f"machine '{candidate.name}' is not taking requests") from None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    receive = asyncio.ensure_future(layer.receive(reply_channel))
+    try:
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise MachineError(
+                    "TIMEOUT",
+                    f"no answer from machine '{candidate.name}' within {timeout:g}s; the operation may have run",
+                )
+            done, _ = await asyncio.wait({receive}, timeout=min(remaining, settings.REMOTE_LIVENESS_INTERVAL))
+            if done:
+                break
+            if not await _connection_alive(candidate.connection_id, candidate.server_process_id):
+                raise MachineError("MACHINE_UNREACHABLE", f"machine '{candidate.name}' disconnected")
+    finally:
+        if not receive.done():
+            receive.cancel()
+    reply: dict[str, Any] = receive.result()
+    return reply
+
+
+async def machine_op(
+    *,
+    user: User,
+    session_id: str,
+    op: str,
+    payload: dict[str, Any],
+    target_machine: str | None = None,
+    caller: str,
+) -> dict[str, Any]:
+    """Route ``op`` with ``payload`` to a machine of ``session_id`` and return its response.
+
+    Returns ``{"machine_id", "type", "payload"}`` (the shim's response). Raises
+    ``InvalidRequest`` (unknown op, bad payload or session id) and ``MachineError`` with a
+    §5/§6 code (``MACHINE_NOT_ATTACHED``, ``MACHINE_AMBIGUOUS``, ``CAPABILITY_NOT_GRANTED``,
+    ``MACHINE_UNREACHABLE``, ``TIMEOUT``, or the shim's own code such as
+    ``PATH_OUTSIDE_ALLOWED_ROOT``). Never retried automatically. An ``AuditRecord`` is
+    written after the reply, off the hot path (§7). ``caller`` names who asked (agent id,
+    ``mcp:…``, ``api``).
+    """
+    check_session_id(session_id)
+    if op not in CALLER_OPERATIONS:
+        raise InvalidRequest(
+            f"unknown operation '{str(op)[:40]}'; expected one of {', '.join(sorted(CALLER_OPERATIONS))}"
+        )
+    if not isinstance(payload, dict):
+        raise InvalidRequest("payload must be an object")
+    if target_machine is not None and not isinstance(target_machine, str):
+        raise InvalidRequest("target_machine must be a string or null")
+    started = time.monotonic()
+    candidate: Candidate | None = None
+    result: dict[str, Any] = {"ok": False}
+    try:
+        try:
+            candidate = await database_sync_to_async(router.choose)(
+                user=user, session_id=session_id, op=op, payload=payload, target_machine=target_machine
+            )
+        except DispatchError as exc:
+            raise MachineError(exc.code, exc.message, exc.details) from None
+        reply = await send_to_machine(
+            candidate,
+            op=op,
+            payload=payload,
+            session_id=session_id,
+            timeout=operation_timeout(op, payload, candidate.limits),
+        )
+        if reply["response_type"] == "ERROR":
+            error = reply["payload"]
+            code = str(error.get("code") or "MACHINE_ERROR")
+            result = {"ok": False, "error_code": code}
+            raise MachineError(code, str(error.get("message") or code), error.get("details") or {})
+        response = {"machine_id": candidate.machine_id, "type": reply["response_type"], "payload": reply["payload"]}
+        result = {"ok": True}
+        if op == "EXECUTE_COMMAND":
+            result["exit_code"] = reply["payload"].get("exit_code")
+        return response
+    except MachineError as exc:
+        result = {"ok": False, "error_code": exc.code}
+        raise
+    finally:
+        result["duration_ms"] = round((time.monotonic() - started) * 1000)
+        _after_reply(
+            user=user,
+            session_id=session_id,
+            machine_id=candidate.machine_id if candidate else "",
+            op=op,
+            payload=payload,
+            result=result,
+            caller=caller,
+        )
+
+
+def _after_reply(**record: Any) -> None:
+    """Write the audit record (and path recency) in the background, after the reply."""
+    task = asyncio.ensure_future(database_sync_to_async(audit_record_create)(**record))
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+SECRET_ARG = re.compile(
+    r"(?i)^(--?(password|passwd|token|secret|api[-_]?key)[=:]|authorization:\s*|[A-Za-z0-9_]*(_KEY|_SECRET|_TOKEN|PASSWORD)=|token=)"
+)
+
+
+def redact_argv(argv: list[Any]) -> list[str]:
+    """Replace the values of secret-looking arguments with ``***`` (§7)."""
+    redacted: list[str] = []
+    for item in argv:
+        text = str(item)
+        match = SECRET_ARG.match(text)
+        redacted.append(text[: match.end()] + "***" if match else text)
+    return redacted
+
+
+def audit_details(op: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """What an audit record keeps of a payload: paths, argv (redacted), sizes, env keys —
+    never contents or env values (§7)."""
+    details: dict[str, Any] = {}
+    for key in ("path", "src", "dst", "cwd", "glob", "encoding", "offset", "length", "recursive", "timeout_seconds"):
+        if key in payload and isinstance(payload[key], (str, int, float, bool)):
+            details[key] = payload[key]
+    if isinstance(payload.get("argv"), list):
+        details["argv"] = redact_argv(payload["argv"])
+    if isinstance(payload.get("command"), str):
+        details["command"] = " ".join(redact_argv(payload["command"].split(" ")))
+    if isinstance(payload.get("env"), dict):
+        details["env_keys"] = sorted(str(k) for k in payload["env"])
+    if isinstance(payload.get("content"), str):
+        details["content_chars"] = len(payload["content"])
+    return details
+
+
+def audit_record_create(
+    *,
+    user: User,
+    session_id: str,
+    machine_id: str,
+    op: str,
+    payload: dict[str, Any],
+    result: dict[str, Any],
+    caller: str,
+) -> AuditRecord:
+    """Record one routed operation, and remember which machine touched its path."""
+    record = AuditRecord.objects.create(
+        user=user,
+        session_id=session_id,
+        machine_id=machine_id,
+        request_id=str(uuid.uuid4()),
+        op=op,
+        details=audit_details(op, payload),
+        result=result,
+        caller=caller[:200],
+    )
+    path = router.operation_path(op, payload)
+    if machine_id and path and result.get("ok") and len(path) <= 1024:
+        PathRecency.objects.update_or_create(
+            user=user,
+            session_id=session_id,
+            path=path,
+            defaults={"machine_id": machine_id, "updated_at": timezone.now()},
+        )
+        Machine.objects.filter(user=user, machine_id=machine_id).update(last_active_at=timezone.now())
+    return record
+
+
+async def request_snapshots(*, user_id: int, connection_ids: list[str]) -> None:
+    """Ask each connection for its ``MACHINE_LIST_RESPONSE`` and cache them (§4 "N = 2")."""
+    rows = await database_sync_to_async(
+        lambda: list(MachineConnection.objects.filter(connection_id__in=connection_ids).select_related("machine"))
+    )()
+
+    async def one(row: MachineConnection) -> None:
+        candidate = Candidate(
+            machine_id=row.machine.machine_id,
+            hostname=row.machine.hostname,
+            display_name=row.machine.display_name,
+            channel_name=row.channel_name,
+            connection_id=row.connection_id,
+            server_process_id=row.server_process_id,
+            granted_capabilities=tuple(row.granted_capabilities),
+            allowed_roots=tuple(row.machine.allowed_roots),
+            limits=dict(row.limits),
+        )
+        try:
+            await send_to_machine(
+                candidate, op="MACHINE_LIST_REQUEST", payload={}, session_id="*", timeout=SNAPSHOT_TIMEOUT
+            )
+        except MachineError as exc:
+            logger.info("no snapshot from %s: %s", candidate.name, exc.message)
+
+    task = asyncio.ensure_future(asyncio.gather(*(one(row) for row in rows)))
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+def list_machines(*, user: User, session_id: str) -> list[dict[str, Any]]:
+    """``list_machines``: per attached machine, the snapshot plus ``display_name``,
+    ``last_active_ts``, ``status`` and ``is_default`` (§6 "Tools")."""
+    check_session_id(session_id)
+    default_id = router.default_machine_id(user=user)
+    attached = {c.machine_id for c in router.attached_candidates(user=user, session_id=session_id)}
+    snapshots = []
+    for machine in Machine.objects.filter(user=user, machine_id__in=attached).order_by("display_name", "hostname"):
+        snapshot = machine.snapshot or {
+            "machine_id": machine.machine_id,
+            "hostname": machine.hostname,
+            "display_name": machine.display_name,
+            "platform": machine.platform,
+            "arch": machine.arch,
+            "capabilities": machine.granted_capabilities,
+            "hardware_devices": machine.hardware_devices,
+        }
+        snapshots.append(
+            {
+                **snapshot,
+                "display_name": machine.name,
+                "last_active_ts": machine.last_active_at.timestamp() if machine.last_active_at else None,
+                "status": machine_status(machine),
+                "is_default": machine.machine_id == default_id,
+            }
+        )
+    return snapshots
+
+
+def machine_status(machine: Machine) -> dict[str, str]:
+    """The two-axis status shown to users (§4): connection, health and a reason."""
+    return {"connection": machine.connection_status, "health": machine.health, "reason": machine.status_reason}

@@ -1,0 +1,207 @@
+"""``machines.router``: which machine serves an operation in a session (machines.md §6).
+
+Precedence: (1) an explicit ``target_machine`` — exact ``machine_id``, then exact host
+name or display name (case-insensitive), then a unique prefix of either; (2) the
+capability the operation needs, preferring for an absolute path the machines whose
+allowed roots contain it and among those the one that last touched that path in this
+session; (3) the user's default machine; (4) round-robin, with the counter shared by
+every server process.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.db.models import F
+
+from dispatch.errors import DispatchError
+from machines.models import DefaultMachine, Machine, MachineConnection, PathRecency, RoutingCounter
+from machines.protocol import OPERATIONS
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An attached machine as the router sees it."""
+
+    machine_id: str
+    hostname: str
+    display_name: str
+    channel_name: str
+    connection_id: str
+    server_process_id: str
+    granted_capabilities: tuple[str, ...]
+    allowed_roots: tuple[str, ...]
+    limits: dict[str, int]
+
+    @property
+    def name(self) -> str:
+        return self.display_name or self.hostname or self.machine_id
+
+    def describe(self) -> dict[str, str]:
+        return {"machine_id": self.machine_id, "hostname": self.hostname, "display_name": self.display_name}
+
+
+def attached_candidates(*, user: User, session_id: str) -> list[Candidate]:
+    """Every machine of ``user`` attached to ``session_id`` now, by name."""
+    rows = MachineConnection.objects.filter(user=user, machine__revoked_at__isnull=True).select_related("machine")
+    found = [
+        Candidate(
+            machine_id=row.machine.machine_id,
+            hostname=row.machine.hostname,
+            display_name=row.machine.display_name,
+            channel_name=row.channel_name,
+            connection_id=row.connection_id,
+            server_process_id=row.server_process_id,
+            granted_capabilities=tuple(row.granted_capabilities),
+            allowed_roots=tuple(row.machine.allowed_roots),
+            limits=dict(row.limits),
+        )
+        for row in rows
+        if row.attached_to(session_id)
+    ]
+    return sorted(found, key=lambda c: (c.name.lower(), c.machine_id))
+
+
+def match_target(candidates: list[Candidate], target: str) -> Candidate:
+    """Resolve an explicit ``target_machine`` (step 1) or raise ``MACHINE_NOT_ATTACHED`` /
+    ``MACHINE_AMBIGUOUS`` (the latter listing the candidates)."""
+    wanted = target.strip()
+    lowered = wanted.lower()
+    for rule in (
+        lambda c: c.machine_id == wanted,
+        lambda c: c.hostname.lower() == lowered or c.display_name.lower() == lowered,
+        lambda c: (
+            c.machine_id.startswith(wanted)
+            or c.hostname.lower().startswith(lowered)
+            or c.display_name.lower().startswith(lowered)
+        ),
+    ):
+        matches = [c for c in candidates if wanted and rule(c)]
+        if len(matches) == 1:
+            return matches[0]
+        if len(matches) > 1:
+            raise DispatchError(
+                "MACHINE_AMBIGUOUS",
+                f"'{target}' matches {len(matches)} machines: "
+                + ", ".join(f"{c.name} ({c.machine_id})" for c in matches),
+                {"candidates": [c.describe() for c in matches]},
+            )
+    raise DispatchError(
+        "MACHINE_NOT_ATTACHED",
+        f"no machine '{target}' is attached to this session",
+        {"attached": [c.describe() for c in candidates]},
+    )
+
+
+def _inside(path: str, root: str) -> bool:
+    path, root = posixpath.normpath(path), posixpath.normpath(root)
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def operation_path(op: str, payload: dict[str, Any]) -> str | None:
+    """The absolute path an operation works on, for locality and recency (or ``None``)."""
+    if not op.startswith("FILE_"):
+        return None
+    path = payload.get("path") if op != "FILE_MOVE" else payload.get("src")
+    return posixpath.normpath(path) if isinstance(path, str) and path.startswith("/") else None
+
+
+def choose(*, user: User, session_id: str, op: str, payload: dict[str, Any], target_machine: str | None) -> Candidate:
+    """Pick the machine for ``op`` in ``session_id`` (the four steps above).
+
+    Raises ``DispatchError`` ``MACHINE_NOT_ATTACHED`` (none attached / explicit target
+    unknown), ``MACHINE_AMBIGUOUS`` or ``CAPABILITY_NOT_GRANTED``.
+    """
+    candidates = attached_candidates(user=user, session_id=session_id)
+    capability = OPERATIONS[op][0]
+    if target_machine:
+        chosen = match_target(candidates, target_machine)
+        if capability and capability not in chosen.granted_capabilities:
+            raise DispatchError(
+                "CAPABILITY_NOT_GRANTED", f"machine '{chosen.name}' was not granted the '{capability}' capability"
+            )
+        return chosen
+    if not candidates:
+        raise DispatchError("MACHINE_NOT_ATTACHED", f"no machine is attached to session '{session_id}'")
+    capable = [c for c in candidates if capability is None or capability in c.granted_capabilities]
+    if not capable:
+        raise DispatchError(
+            "CAPABILITY_NOT_GRANTED", f"no machine attached to this session was granted the '{capability}' capability"
+        )
+    if len(capable) == 1:
+        return capable[0]
+    path = operation_path(op, payload)
+    if path is not None:
+        local = [c for c in capable if any(_inside(path, root) for root in c.allowed_roots)]
+        if local:
+            capable = local
+            if len(local) > 1:
+                recent = (
+                    PathRecency.objects.filter(user=user, session_id=session_id, path=path)
+                    .values_list("machine_id", flat=True)
+                    .first()
+                )
+                local = [c for c in local if c.machine_id == recent] or local
+            if len(local) == 1:
+                return local[0]
+    default_id = default_machine_id(user=user)
+    for candidate in capable:
+        if candidate.machine_id == default_id:
+            return candidate
+    return capable[_next_turn(user=user, session_id=session_id) % len(capable)]
+
+
+def _next_turn(*, user: User, session_id: str) -> int:
+    """The next value of the session's round-robin counter (Redis when configured)."""
+    if settings.REDIS_URL:
+        client = _redis()
+        return int(client.incr(f"{settings.REDIS_PREFIX}:machines:rr:{user.pk}:{session_id}")) - 1
+    with transaction.atomic():
+        counter, _ = RoutingCounter.objects.get_or_create(user=user, session_id=session_id)
+        RoutingCounter.objects.filter(pk=counter.pk).update(value=F("value") + 1)
+        return int(RoutingCounter.objects.values_list("value", flat=True).get(pk=counter.pk)) - 1
+
+
+def default_machine_id(*, user: User) -> str | None:
+    """The user's default machine id (cached in Redis when configured, §6 step 3)."""
+    key = f"{settings.REDIS_PREFIX}:machines:default_machine:{user.pk}"
+    if settings.REDIS_URL:
+        cached = _redis().get(key)
+        if cached is not None:
+            return cached.decode() or None
+    value = DefaultMachine.objects.filter(user=user).values_list("machine_id", flat=True).first()
+    if settings.REDIS_URL:
+        _redis().set(key, value or "", ex=300)
+    return value
+
+
+@transaction.atomic
+def default_machine_set(*, user: User, machine_id: str | None) -> str | None:
+    """Set (or clear, with ``None``) the user's default machine; ``NOT_FOUND`` for an unknown id."""
+    if machine_id is None:
+        DefaultMachine.objects.filter(user=user).delete()
+    else:
+        if not Machine.objects.filter(user=user, machine_id=machine_id, revoked_at__isnull=True).exists():
+            raise DispatchError("NOT_FOUND", f"no machine '{machine_id}'")
+        DefaultMachine.objects.update_or_create(user=user, defaults={"machine_id": machine_id})
+    if settings.REDIS_URL:
+        key = f"{settings.REDIS_PREFIX}:machines:default_machine:{user.pk}"
+        transaction.on_commit(lambda: _redis().delete(key))
+    return machine_id
+
+
+def _redis() -> Any:
+    import redis
+
+    global _REDIS_CLIENT
+    if _REDIS_CLIENT is None:
+        _REDIS_CLIENT = redis.Redis.from_url(settings.REDIS_URL)
+    return _REDIS_CLIENT
+
+
+_REDIS_CLIENT: Any = None
