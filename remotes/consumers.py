@@ -138,7 +138,9 @@ class SessionConsumer(AsyncWebsocketConsumer):
             await self._limited_error("nonce must be a string or a number")
             return
         action = message.get("action")
-        if action not in UNLIMITED_ACTIONS and not self.bucket.take():
+        # An action may be any JSON value here; a list or object is unhashable.
+        unlimited = isinstance(action, str) and action in UNLIMITED_ACTIONS
+        if not unlimited and not self.bucket.take():
             await self._reply(nonce, error="rate limited")
             return
         if not isinstance(action, str) or not action:
@@ -363,6 +365,11 @@ class SessionConsumer(AsyncWebsocketConsumer):
             await self.channel_layer.send(reply_channel, {"type": services.REPLY_MESSAGE, **reply})
         except ChannelFull:
             logger.warning("dropping a remote-call reply: caller channel full")
+        except (TypeError, ValueError) as exc:
+            # The layer could not serialise it (e.g. msgpack and a lone surrogate): the
+            # caller must still get an answer rather than wait for its timeout.
+            error = f"the remote's answer could not be relayed: {exc}"
+            await self.channel_layer.send(reply_channel, {"type": services.REPLY_MESSAGE, "error": error})
 
     async def _reply(self, nonce: Any, **fields: Any) -> None:
         if nonce is not None:

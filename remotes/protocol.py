@@ -12,7 +12,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator, SchemaError
 from jsonschema.validators import validator_for
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
 
 from dispatch.errors import InvalidRequest
 
@@ -118,9 +118,16 @@ class RemoteConnectBody(BaseModel):
     @classmethod
     def parse(cls, body: Any) -> RemoteConnectBody:
         """Validate a ``remote-connect`` body, accepting ``functions`` for ``tools``."""
-        if isinstance(body, dict) and "tools" not in body and "functions" in body:
+        alias = isinstance(body, dict) and "tools" not in body and "functions" in body
+        if alias:
             body = {**body, "tools": body["functions"]}
-        parsed: RemoteConnectBody = parse_body(cls, body)
+        try:
+            parsed: RemoteConnectBody = parse_body(cls, body)
+        except InvalidRequest as exc:
+            if alias:  # name the field the client actually sent
+                exc.message = exc.message.replace("tools", "functions", 1)
+                exc.args = (exc.message,)
+            raise
         return parsed
 
 
@@ -140,7 +147,7 @@ class RemoteCallBody(BaseModel):
     remotename: StrictStr
     function: StrictStr
     args: dict[str, Any] = Field(default_factory=dict)
-    timeout: StrictFloat | StrictInt | None = None
+    timeout: float | None = None
 
     @field_validator("args", mode="before")
     @classmethod
@@ -149,6 +156,13 @@ class RemoteCallBody(BaseModel):
             return {}
         if not isinstance(value, dict):
             raise ValueError("must be an object")
+        return value
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _timeout_type(cls, value: Any) -> Any:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError("must be a number of seconds")
         return value
 
     @field_validator("timeout")
@@ -160,8 +174,19 @@ class RemoteCallBody(BaseModel):
 
 
 def encode(message: dict[str, Any]) -> str:
-    """Serialise one outgoing frame (compact JSON, UTF-8 kept as is)."""
-    return json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+    """Serialise one outgoing frame (compact JSON, UTF-8 kept as is).
+
+    A string may hold a lone surrogate (a client's ``"\\ud800"`` escape decodes to one),
+    which UTF-8 cannot carry: the server would fail to send the frame. Such a frame is
+    written with ``\\u`` escapes instead, which mean the same JSON.
+    """
+    text = json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            return json.dumps(message, separators=(",", ":"))
+    return text
 
 
 def remote_call_event(*, request_id: str, remotename: str, function: str, args: dict[str, Any]) -> str:

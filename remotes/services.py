@@ -254,6 +254,8 @@ async def remote_call(
         )
     except ChannelFull:
         raise RemoteError(f"remote '{remotename}' is busy", "REMOTE_BUSY") from None
+    except (TypeError, ValueError) as exc:
+        raise RemoteError(f"arguments cannot be sent: {exc}", "INVALID_REQUEST") from None
 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout

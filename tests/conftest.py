@@ -106,11 +106,23 @@ class WsClient:
         return await self.reply(nonce, timeout)
 
     async def reply(self, nonce: Any, timeout: float = 3) -> dict[str, Any]:
+        """The reply carrying ``nonce``; replies to other nonces are kept for their turn."""
+        if nonce in self.replies:
+            return self.replies.pop(nonce)
         while True:
             frame = await self.recv(timeout)
-            if frame.get("nonce") == nonce:
+            if "nonce" not in frame:
+                self.events.append(frame)
+            elif frame["nonce"] == nonce:
                 return frame
-            self.events.append(frame)
+            else:
+                self.replies[frame["nonce"]] = frame
+
+    @property
+    def replies(self) -> dict[Any, dict[str, Any]]:
+        if not hasattr(self, "_replies"):
+            self._replies: dict[Any, dict[str, Any]] = {}
+        return self._replies
 
     @property
     def events(self) -> list[dict[str, Any]]:

@@ -1,0 +1,127 @@
+"""``POST /api/v1/auth/token`` and bearer authentication on the REST API (spec/sessions-and-remotes.md §1.1)."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from dispatch.models import ApiToken
+
+pytestmark = pytest.mark.django_db
+
+PASSWORD = "correct horse battery"
+TOKEN_URL = "/api/v1/auth/token"
+REMOTES_URL = "/api/v1/remotes"
+
+
+def obtain(client: Client, username: str = "alice", password: str = PASSWORD, **extra: object):
+    return client.post(
+        TOKEN_URL, {"username": username, "password": password, **extra}, content_type="application/json"
+    )
+
+
+def assert_error_shape(response, code: str) -> None:
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"code", "message", "details"}
+    assert body["error"]["code"] == code
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+
+
+def test_it_issues_a_token_that_works_as_a_bearer_token(owner):
+    client = Client()
+    response = obtain(client, name="script")
+    assert response.status_code == 201
+    token = response.json()["token"]
+    assert response.json()["name"] == "script"
+    assert ApiToken.objects.get(user=owner).prefix == token[:8]
+
+    listed = Client().get(REMOTES_URL, headers={"Authorization": f"Bearer {token}"})
+    assert listed.status_code == 200
+    assert listed.json() == {"remotes": []}
+
+
+def test_it_answers_401_for_a_wrong_password_in_the_error_shape(owner):
+    response = obtain(Client(), password="wrong")
+    assert response.status_code == 401
+    assert_error_shape(response, "AUTHENTICATION_FAILED")
+    assert response["WWW-Authenticate"] == "Bearer"
+    assert ApiToken.objects.count() == 0
+
+
+def test_an_unknown_user_gets_the_same_answer_as_a_wrong_password(owner):
+    unknown = obtain(Client(), username="nobody")
+    wrong = obtain(Client(), password="wrong")
+    assert unknown.status_code == wrong.status_code == 401
+    assert unknown.json() == wrong.json()
+
+
+def test_it_answers_429_after_five_failures_even_with_the_right_password(owner):
+    client = Client()
+    for _ in range(5):
+        assert obtain(client, password="wrong").status_code == 401
+    response = obtain(client)
+    assert response.status_code == 429
+    assert_error_shape(response, "RATE_LIMITED")
+    assert response.json()["error"]["message"] == "too many failed attempts; try again later"
+    assert ApiToken.objects.count() == 0
+
+
+def test_it_throttles_a_client_address_across_usernames(owner):
+    for index in range(5):
+        assert obtain(Client(), username=f"guess{index}", password="wrong").status_code == 401
+    assert obtain(Client(REMOTE_ADDR="127.0.0.1")).status_code == 429
+    # Another address is not throttled.
+    assert obtain(Client(REMOTE_ADDR="10.0.0.9")).status_code == 201
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"username": "alice"}, {"password": PASSWORD}, {}, {"username": "alice", "password": ""}],
+    ids=["no-password", "no-username", "empty", "blank-password"],
+)
+def test_it_answers_400_for_missing_fields_in_the_error_shape(owner, body):
+    response = Client().post(TOKEN_URL, body, content_type="application/json")
+    assert response.status_code == 400
+    assert_error_shape(response, "VALIDATION_ERROR")
+    assert ApiToken.objects.count() == 0
+
+
+def test_it_answers_400_for_a_body_that_is_not_json(owner):
+    response = Client().post(TOKEN_URL, "{not json", content_type="application/json")
+    assert response.status_code == 400
+    assert_error_shape(response, "INVALID_REQUEST")
+
+
+def test_the_api_answers_401_with_www_authenticate_without_a_token():
+    response = Client().get(REMOTES_URL)
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"] == "Bearer"
+    assert_error_shape(response, "NOT_AUTHENTICATED")
+
+
+@pytest.mark.parametrize("header", ["Bearer nope", "Bearer", "Bearer a b"])
+def test_the_api_answers_401_for_a_bad_bearer_token(owner, header):
+    response = Client().get(REMOTES_URL, headers={"Authorization": header})
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"] == "Bearer"
+    assert_error_shape(response, "AUTHENTICATION_FAILED")
+
+
+def test_the_login_page_is_throttled_after_five_failures(owner):
+    client = Client()
+    for _ in range(5):
+        response = client.post("/login/", {"username": "alice", "password": "wrong"})
+        assert response.status_code == 200
+        assert "_auth_user_id" not in client.session
+    response = client.post("/login/", {"username": "alice", "password": PASSWORD})
+    assert response.status_code == 429
+    assert "too many failed attempts" in response.content.decode()
+    assert "_auth_user_id" not in client.session
+
+
+def test_the_login_page_logs_in_with_the_right_password(owner):
+    client = Client()
+    response = client.post("/login/", {"username": "alice", "password": PASSWORD})
+    assert response.status_code == 302
+    assert client.session["_auth_user_id"] == str(owner.pk)
