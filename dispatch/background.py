@@ -12,16 +12,13 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from asgiref.sync import sync_to_async
-from channels.layers import get_channel_layer
 from django.conf import settings
 
 from dispatch import services
-from dispatch.presence import current_process_id, process_group
+from dispatch.consumers import shutdown_local_connections
 
 logger = logging.getLogger(__name__)
 
-# Message sent to every consumer of this process when it stops or finds itself reaped.
-SHUTDOWN_MESSAGE = {"type": "server.shutdown"}
 
 
 def _db(function: Callable[..., object]) -> Callable[..., Awaitable[object]]:
@@ -43,7 +40,7 @@ async def heartbeat_loop(*, kind: str) -> None:
             logger.exception("heartbeat failed")
             continue
         if not intact:
-            await get_channel_layer().group_send(process_group(current_process_id()), SHUTDOWN_MESSAGE)
+            await shutdown_local_connections()
 
 
 async def reaper_loop() -> None:

@@ -1,8 +1,8 @@
 """This process's identity as a ``ServerProcess`` (spec/overview.md "Many machines").
 
-The id is made once per process at import. It names the process in connection rows and
-in the channel-layer group ``proc.<id>`` that every consumer of the process joins, so a
-shutdown or a reap of this process reaches all of its sockets.
+The id is made once per process at import and names the process in connection rows.
+The process also knows its own live sockets (``local_connections``), only to close them
+when it stops or finds itself reaped: routing never uses this set, it uses the rows.
 """
 
 from __future__ import annotations
@@ -10,10 +10,14 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import weakref
+from typing import Any
 
 PROCESS_ID = f"proc_{secrets.token_hex(8)}"
 HOSTNAME = socket.gethostname()
 PID = os.getpid()
+
+_local_connections: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def current_process_id() -> str:
@@ -21,6 +25,15 @@ def current_process_id() -> str:
     return PROCESS_ID
 
 
-def process_group(process_id: str) -> str:
-    """The channel-layer group joined by every consumer held by ``process_id``."""
-    return f"proc.{process_id}"
+def connection_opened(consumer: Any) -> None:
+    """Remember a consumer of this process (weakly) so shutdown can reach it."""
+    _local_connections.add(consumer)
+
+
+def connection_closed(consumer: Any) -> None:
+    _local_connections.discard(consumer)
+
+
+def local_channel_names() -> list[str]:
+    """The channel names of this process's open consumers."""
+    return [consumer.channel_name for consumer in list(_local_connections) if getattr(consumer, "channel_name", None)]

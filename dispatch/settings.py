@@ -180,7 +180,9 @@ if REDIS_URL:
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             "CONFIG": {
-                "hosts": [REDIS_URL],
+                # redis-py 8 defaults to a 5 s socket timeout, the length of the layer's
+                # own blocking reads: an idle consumer would die with TimeoutError.
+                "hosts": [{"address": REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5}],
                 "prefix": REDIS_PREFIX,
                 "capacity": CHANNEL_CAPACITY,
                 "expiry": 60,

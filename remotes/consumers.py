@@ -18,13 +18,12 @@ from urllib.parse import urlsplit
 
 from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
-from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.http.request import validate_host
 
+from dispatch.consumers import DispatchConsumer
 from dispatch.errors import DispatchError, RateLimited
-from dispatch.presence import current_process_id, process_group
 from dispatch.ratelimit import TokenBucket
 from dispatch.services import AuthenticationFailed, api_token_authenticate, password_authenticate
 from remotes import services
@@ -62,7 +61,7 @@ class PendingCall:
     expires_at: float
 
 
-class SessionConsumer(AsyncWebsocketConsumer):
+class SessionConsumer(DispatchConsumer):
     """One ws session: the four ways to authenticate, the action envelope, remotes."""
 
     user: User | None
@@ -76,7 +75,6 @@ class SessionConsumer(AsyncWebsocketConsumer):
         self.served: dict[int, ServedRemote] = {}
         self.pending: dict[str, PendingCall] = {}
         self.calls: set[asyncio.Task[None]] = set()
-        self.groups_joined: list[str] = []
         self.bucket = TokenBucket(rate=settings.WS_RATE, burst=settings.WS_BURST)
         self.closing = False
         self.auth_deadline: asyncio.Task[None] | None = None
@@ -107,8 +105,6 @@ class SessionConsumer(AsyncWebsocketConsumer):
             task.cancel()
         for request_id in list(getattr(self, "pending", {})):
             await self._fail_pending(request_id)
-        for group in getattr(self, "groups_joined", ()):
-            await self.channel_layer.group_discard(group, self.channel_name)
         if getattr(self, "ws_session_id", None):
             await database_sync_to_async(services.ws_session_close)(ws_session_id=self.ws_session_id)
 
@@ -253,7 +249,11 @@ class SessionConsumer(AsyncWebsocketConsumer):
         served = self.served.get(event["remote_id"])
         remotename = event["remotename"]
         if served is None or self.closing:
-            await self._answer(event["reply_channel"], {"error": f"remote '{remotename}' disconnected"})
+            # Never forwarded: the caller may re-route it (its route was stale).
+            await self._answer(
+                event["reply_channel"],
+                {"error": f"remote '{remotename}' disconnected", "code": "REMOTE_DISCONNECTED", "delivered": False},
+            )
             return
         request_id = f"{served.name}#{served.next_request}"
         served.next_request += 1
@@ -333,9 +333,6 @@ class SessionConsumer(AsyncWebsocketConsumer):
         )
         self.user = user
         self.ws_session_id = session.pk
-        group = process_group(current_process_id())
-        await self.channel_layer.group_add(group, self.channel_name)
-        self.groups_joined.append(group)
 
     async def _refuse(self, error: str, code: int = CLOSE_UNAUTHENTICATED) -> None:
         await self._send({"action": "auth", "error": error})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import timedelta
@@ -115,6 +116,8 @@ def remote_connect(
             )
     except IntegrityError:
         raise RemoteError(f"remote '{remotename}' is already connected", "REMOTE_ALREADY_CONNECTED") from None
+    finally:
+        forget_route(user.pk, remotename)
 
 
 @transaction.atomic
@@ -130,6 +133,7 @@ def remote_disconnect(*, user: User, remotename: str) -> Remote:
         raise not_connected(remotename)
     remote_id, channel_name = remote.pk, remote.channel_name
     remote.delete()
+    forget_route(user.pk, remotename)
     layer = get_channel_layer()
 
     def announce() -> None:
@@ -176,14 +180,45 @@ def _validator(route: RemoteRoute, spec: dict[str, Any]) -> Validator:
     return validator
 
 
+# Routes seen recently by this process: (user id, remote name) → (expiry, route).
+# A stale route is harmless: the serving consumer answers "not delivered" for a remote
+# it no longer serves (the call is then re-routed once), and a vanished serving session
+# is caught by the liveness check. Entries live ROUTE_CACHE_SECONDS at most.
+_ROUTES: dict[tuple[int, str], tuple[float, RemoteRoute]] = {}
+ROUTE_CACHE_SECONDS = 1.0
+_ROUTE_CACHE_SIZE = 4096
+
+
 @database_sync_to_async
-def _route(user_id: int, remotename: str) -> RemoteRoute | None:
+def _route_from_database(user_id: int, remotename: str) -> RemoteRoute | None:
     row = (
         Remote.objects.filter(user_id=user_id, name=remotename)
         .values_list("pk", "channel_name", "server_process_id", "tools")
         .first()
     )
     return None if row is None else RemoteRoute(*row)
+
+
+async def _route(user_id: int, remotename: str, *, fresh: bool = False) -> tuple[RemoteRoute | None, bool]:
+    """The remote's route and whether it came from this process's short-lived cache."""
+    key = (user_id, remotename)
+    now = time.monotonic()
+    cached = None if fresh else _ROUTES.get(key)
+    if cached is not None and cached[0] > now:
+        return cached[1], True
+    route = await _route_from_database(user_id, remotename)
+    if route is None:
+        _ROUTES.pop(key, None)
+    else:
+        if len(_ROUTES) >= _ROUTE_CACHE_SIZE:
+            _ROUTES.clear()
+        _ROUTES[key] = (now + ROUTE_CACHE_SECONDS, route)
+    return route, False
+
+
+def forget_route(user_id: int, remotename: str) -> None:
+    """Drop a cached route (after a connect, disconnect or failed delivery)."""
+    _ROUTES.pop((user_id, remotename), None)
 
 
 @database_sync_to_async
@@ -201,7 +236,8 @@ def check_arguments(route: RemoteRoute, remotename: str, function: str, args: di
     spec = next((tool for tool in route.tools if tool["name"] == function), None)
     if spec is None:
         raise RemoteError(f"remote '{remotename}' has no function '{function}'", "INVALID_REQUEST")
-    error = best_match(_validator(route, spec).iter_errors(args))
+    validator = _validator(route, spec)
+    error = None if validator.is_valid(args) else best_match(validator.iter_errors(args))
     if error is not None:
         where = "/".join(str(part) for part in error.absolute_path)
         suffix = f" (at '{where}')" if where else ""
@@ -209,7 +245,7 @@ def check_arguments(route: RemoteRoute, remotename: str, function: str, args: di
     # The serving client cannot read a frame over the /ws limit (§2.2); the request id
     # is at most the name, '#' and 20 digits.
     frame = remote_call_event(request_id=f"{remotename}#{'9' * 20}", remotename=remotename, function=function, args=args)
-    if len(frame.encode()) > settings.WS_MAX_MESSAGE_BYTES:
+    if len(frame) * 4 > settings.WS_MAX_MESSAGE_BYTES and len(frame.encode()) > settings.WS_MAX_MESSAGE_BYTES:
         raise RemoteError("arguments too large", "INVALID_REQUEST")
 
 
@@ -232,11 +268,28 @@ async def remote_call(
     """
     if timeout is None:
         timeout = settings.REMOTE_CALL_TIMEOUT
-    route = await _route(user.pk, remotename)
-    if route is None:
-        raise not_connected(remotename)
-    check_arguments(route, remotename, function, args)
+    deadline = asyncio.get_running_loop().time() + timeout
+    route, cached = await _route(user.pk, remotename)
+    while True:
+        if route is None:
+            raise not_connected(remotename)
+        check_arguments(route, remotename, function, args)
+        reply = await _deliver(route, remotename, function, args, timeout, deadline)
+        if "error" not in reply:
+            return reply.get("result")
+        if reply.get("delivered") is False:
+            # The serving session no longer serves that remote row: nothing ran.
+            forget_route(user.pk, remotename)
+            if cached:
+                route, cached = await _route(user.pk, remotename, fresh=True)
+                continue
+        raise RemoteError(str(reply["error"]), reply.get("code", "REMOTE_ERROR"))
 
+
+async def _deliver(
+    route: RemoteRoute, remotename: str, function: str, args: dict[str, Any], timeout: float, deadline: float
+) -> dict[str, Any]:
+    """Send one call to the serving channel and wait for its reply until ``deadline``."""
     layer = get_channel_layer()
     reply_channel = await layer.new_channel()
     try:
@@ -258,7 +311,6 @@ async def remote_call(
         raise RemoteError(f"arguments cannot be sent: {exc}", "INVALID_REQUEST") from None
 
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
     # One receive for the whole wait: cancelling a channel-layer receive repeatedly can
     # drop a message, so the liveness checks wait beside it instead.
     receive = asyncio.ensure_future(layer.receive(reply_channel))
@@ -275,7 +327,5 @@ async def remote_call(
     finally:
         if not receive.done():
             receive.cancel()
-    reply = receive.result()
-    if "error" in reply:
-        raise RemoteError(str(reply["error"]), reply.get("code", "REMOTE_ERROR"))
-    return reply.get("result")
+    reply: dict[str, Any] = receive.result()
+    return reply

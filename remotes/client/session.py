@@ -122,6 +122,8 @@ class Session:
             reply = await asyncio.wait_for(reply_future, timeout)
         finally:
             self._pending.pop(nonce, None)
+            if reply_future.done() and not reply_future.cancelled():
+                reply_future.exception()  # retrieved: the send's own error is what we raise
         if "error" in reply:
             raise RemoteCallError(str(reply["error"]))
         return reply

@@ -19,9 +19,10 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
 from dispatch import services
-from dispatch.background import SHUTDOWN_MESSAGE, heartbeat_loop, run_background_services
+from dispatch.background import heartbeat_loop, run_background_services
+from dispatch.consumers import shutdown_local_connections
 from dispatch.models import ServerProcess
-from dispatch.presence import current_process_id, process_group
+from dispatch.presence import current_process_id
 
 logger = logging.getLogger("dispatch.serve")
 
@@ -132,7 +133,6 @@ class _Runtime:
 
     async def shutdown(self) -> None:
         from asgiref.sync import sync_to_async
-        from channels.layers import get_channel_layer
         from twisted.internet import reactor
 
         if self.stopping:
@@ -146,7 +146,7 @@ class _Runtime:
         for task in self.tasks:
             task.cancel()
         try:
-            await get_channel_layer().group_send(process_group(current_process_id()), SHUTDOWN_MESSAGE)
+            await shutdown_local_connections()
             await self._wait_for_sockets()
         except Exception:
             logger.exception("error while closing connections")
