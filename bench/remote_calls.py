@@ -292,35 +292,15 @@ def run(sizes: Sizes, *, skip_b2: bool) -> dict[str, Any]:
     return report
 
 
-# redis-py 8 gives every connection a 5 s socket timeout, and channels_redis's receive
-# is a blocking BZPOPMIN of up to 5 s: a process whose channels get no message for 5 s
-# has a consumer die with redis TimeoutError (close 1011) -- django/channels_redis#422.
-# B2's servers sit idle while the other targets are measured, so the bench gives the
-# socket a longer timeout (a query argument redis-py reads from the URL).
-REDIS_SOCKET_TIMEOUT_NOTE = (
-    "B2 servers run with REDIS_URL?socket_timeout=30: with redis-py 8 and channels-redis 4.3 a Redis channel "
-    "layer receive idle for 5 s raises TimeoutError and kills the consumer (django/channels_redis#422)"
-)
-
-
-def with_socket_timeout(url: str) -> str:
-    """``url`` with ``socket_timeout=30`` added to its query (unless it sets one)."""
-    if "socket_timeout=" in url:
-        return url
-    return url + ("&" if "?" in url else "?") + "socket_timeout=30"
-
-
 def run_b2(sizes: Sizes, relay: Target, report: dict[str, Any]) -> None:
     """B2 (caller on A, remote on B) and, for the notes, both on A; beside the bare relay again."""
     with instance(postgres=True, redis=True, **SERVER_ENV) as inst, logs_on_failure(inst):
-        inst.env["REDIS_URL"] = with_socket_timeout(inst.env["REDIS_URL"])
         first, second = inst.serve(), inst.serve()
         token = inst.token("admin")
         pids = {"server_a": first.proc.pid, "server_b": second.proc.pid}
         across = Target("across", first.ws_url, second.ws_url, token, pids)
         same = Target("same_process", first.ws_url, first.ws_url, token, pids, remotename="bench-a")
         asyncio.run(latency_phase([relay, across, same], sizes))
-        report["notes"].append(REDIS_SOCKET_TIMEOUT_NOTE)
         for target in (relay, across, same):
             report["b2"][target.name] = latency_summary(target.samples)
             report["cpu"][f"b2.{target.name}"] = target.cpu
