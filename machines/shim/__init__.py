@@ -1,0 +1,52 @@
+"""The Dispatch shim: runs on a user's computer and serves file and shell operations
+routed to it over ``/ws/shim/`` (spec/machines.md §2–§5, §8).
+
+Imports nothing from Django (it runs on other computers); depends on ``websockets``
+and ``httpx`` only. Entry point: ``python -m machines.shim``.
+"""
+
+from __future__ import annotations
+
+from machines.shim.audit import AuditLog, redact, redact_argv
+from machines.shim.connection import RequestDispatcher, Shim, ShimRefused, reconnect_delay, websocket_url
+from machines.shim.jail import JailedPath, PathJail
+from machines.shim.login import LoginError, device_login
+from machines.shim.operations import MachineIdentity, Operations
+from machines.shim.protocol import (
+    PROTOCOL_VERSION,
+    Capability,
+    CloseCode,
+    ErrorCode,
+    Limits,
+    MessageType,
+    ShimError,
+)
+from machines.shim.state import ShimConfig, ShimState, StateStore, load_config
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "AuditLog",
+    "Capability",
+    "CloseCode",
+    "ErrorCode",
+    "JailedPath",
+    "Limits",
+    "LoginError",
+    "MachineIdentity",
+    "MessageType",
+    "Operations",
+    "PathJail",
+    "RequestDispatcher",
+    "Shim",
+    "ShimConfig",
+    "ShimError",
+    "ShimRefused",
+    "ShimState",
+    "StateStore",
+    "device_login",
+    "load_config",
+    "reconnect_delay",
+    "redact",
+    "redact_argv",
+    "websocket_url",
+]

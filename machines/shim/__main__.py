@@ -1,0 +1,9 @@
+"""``python -m machines.shim``: see :mod:`machines.shim.cli`."""
+
+from __future__ import annotations
+
+import sys
+
+from machines.shim.cli import main
+
+sys.exit(main())

@@ -1,0 +1,151 @@
+"""The shim's local audit log: one JSON line per operation (spec/machines.md §5, §7).
+
+Each record is ``{ts, session_id, machine_id, request_id, op, details, result: {ok,
+error_code, duration_ms[, exit_code]}}``. ``details`` names paths, argv (secret-looking
+values redacted) and sizes — never file contents, never env values (only env keys).
+The file is created with mode 0600 and only ever appended to.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from machines.shim.protocol import MessageType
+
+logger = logging.getLogger("machines.shim")
+
+REDACTED = "[REDACTED]"
+"""What replaces a secret-looking value."""
+
+_SECRET_NAME = r"(?:password|passwd|secret|token|api[-_]?key|[A-Za-z0-9]_key)"
+_AUTHORIZATION = re.compile(r"(?i)\b((?:proxy-)?authorization\s*:\s*)[^\r\n'\"]+")
+_ASSIGNMENT = re.compile(
+    rf"(?i)((?<![A-Za-z0-9])-{{0,2}}[A-Za-z0-9_.-]*{_SECRET_NAME}\s*=\s*)(\"[^\"]*\"|'[^']*'|[^\s&;'\"]+)"
+)
+_SPACED_FLAG = re.compile(rf"(?i)((?<![A-Za-z0-9])--?[A-Za-z0-9_-]*{_SECRET_NAME}\s+)(\"[^\"]*\"|'[^']*'|[^\s'\"-]\S*)")
+_FLAG_ELEMENT = re.compile(rf"(?i)^--?[A-Za-z0-9_-]*{_SECRET_NAME}$")
+
+
+def redact(text: str) -> str:
+    """``text`` with secret-looking values replaced by ``[REDACTED]`` (§7).
+
+    Covers ``Authorization: …`` (to the end of the line or quote), ``NAME=value`` and
+    ``--name=value`` where the name ends in password/passwd/secret/token/api-key or is
+    ``*_KEY`` (so ``token=…``, ``*_TOKEN=…``, ``*_SECRET=…``, ``*_KEY=…``), and, in a
+    shell command string, ``--password value``.
+    """
+    text = _AUTHORIZATION.sub(rf"\1{REDACTED}", text)
+    text = _ASSIGNMENT.sub(rf"\1{REDACTED}", text)
+    return _SPACED_FLAG.sub(rf"\1{REDACTED}", text)
+
+
+def redact_argv(argv: Sequence[object]) -> list[str]:
+    """Each argument redacted with :func:`redact`; the argument after a bare secret flag
+    (``--password hunter2``, ``--token abc``) is replaced whole."""
+    redacted: list[str] = []
+    hide_next = False
+    for argument in argv:
+        text = str(argument)
+        redacted.append(REDACTED if hide_next else redact(text))
+        hide_next = bool(_FLAG_ELEMENT.match(text))
+    return redacted
+
+
+def operation_details(op: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+    """What the audit record says about a request: paths, flags, sizes, redacted argv.
+
+    Never ``content`` and never env values. Unexpected field types are recorded as
+    ``null`` rather than trusted.
+    """
+    details: dict[str, Any] = {}
+    for name in ("path", "src", "dst", "cwd", "encoding", "glob"):
+        if isinstance(payload.get(name), str):
+            details[name] = payload[name]
+    for name in (
+        "offset",
+        "length",
+        "max_entries",
+        "timeout_seconds",
+        "recursive",
+        "include_hidden",
+        "missing_ok",
+        "overwrite",
+        "create_parents",
+        "append",
+        "hash",
+    ):
+        value = payload.get(name)
+        if isinstance(value, bool | int | float):
+            details[name] = value
+    if op == MessageType.FILE_WRITE and isinstance(payload.get("content"), str):
+        details["content_chars"] = len(payload["content"])
+    argv = payload.get("argv")
+    if isinstance(argv, list):
+        details["argv"] = redact_argv(argv)
+    command = payload.get("command")
+    if isinstance(command, str):
+        details["command"] = redact(command)
+    env = payload.get("env")
+    if isinstance(env, dict):
+        details["env_keys"] = sorted(str(key) for key in env)
+    return details
+
+
+class AuditLog:
+    """Appends audit records to a JSONL file (mode 0600, parent directory created 0700).
+
+    :meth:`write` is blocking (one ``os.write`` per record, under a lock so records from
+    worker threads never interleave); call it through ``asyncio.to_thread`` from async
+    code. A failing write is logged, never raised: auditing must not break operations.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+
+    def write(
+        self,
+        *,
+        session_id: str | None,
+        machine_id: str,
+        request_id: str | None,
+        op: str,
+        details: Mapping[str, Any],
+        ok: bool,
+        error_code: str | None,
+        duration_ms: float,
+        exit_code: int | None = None,
+    ) -> None:
+        """Append one record (see the module docstring for its shape; ``ts`` is now, in
+        seconds since the epoch; ``exit_code`` is added to ``result`` for commands)."""
+        result: dict[str, Any] = {"ok": ok, "error_code": error_code, "duration_ms": round(duration_ms, 3)}
+        if exit_code is not None:
+            result["exit_code"] = exit_code
+        record = {
+            "ts": time.time(),
+            "session_id": session_id,
+            "machine_id": machine_id,
+            "request_id": request_id,
+            "op": op,
+            "details": dict(details),
+            "result": result,
+        }
+        line = (json.dumps(record, ensure_ascii=False, default=str) + "\n").encode("utf-8")
+        with self._lock:
+            try:
+                self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                try:
+                    os.write(descriptor, line)
+                finally:
+                    os.close(descriptor)
+            except OSError:
+                logger.exception("could not write the audit log %s", self.path)

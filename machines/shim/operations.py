@@ -1,0 +1,807 @@
+"""The operations a shim executes for the platform (spec/machines.md §5).
+
+:class:`Operations` turns one request (type + payload) into its response (type +
+payload) or raises :class:`~machines.shim.protocol.ShimError` with a §5 error code.
+Blocking file work runs in worker threads and commands run as asyncio subprocesses, so
+the event loop stays free for PINGs and other operations while a long one runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import codecs
+import contextlib
+import errno
+import fnmatch
+import getpass
+import hashlib
+import os
+import platform
+import shutil
+import signal
+import socket
+import stat
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from machines.shim.jail import JailedPath, PathJail
+from machines.shim.protocol import OPERATIONS, Capability, ErrorCode, Limits, MessageType, ShimError
+
+ENCODINGS = ("utf-8", "base64")
+"""``encoding`` values of FILE_READ and FILE_WRITE."""
+
+MAX_LIST_ENTRIES = 100_000
+"""The largest ``max_entries`` FILE_LIST accepts."""
+
+DEFAULT_LIST_ENTRIES = 1000
+"""FILE_LIST's ``max_entries`` when the request names none (§5)."""
+
+_KILL_GRACE = 5.0
+"""Seconds to wait for a killed command's pipes to close before answering anyway."""
+_READ_CHUNK = 1024 * 1024
+_PIPE_CHUNK = 64 * 1024
+_DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
+
+_ERRNO_CODES: Mapping[int, ErrorCode] = {
+    errno.ENOENT: ErrorCode.PATH_NOT_FOUND,
+    errno.ENOTDIR: ErrorCode.PATH_NOT_FOUND,
+    errno.EEXIST: ErrorCode.PATH_EXISTS,
+    errno.ENOTEMPTY: ErrorCode.PATH_NOT_EMPTY,
+    errno.EISDIR: ErrorCode.IS_A_DIRECTORY,
+    errno.EACCES: ErrorCode.PERMISSION_DENIED,
+    errno.EPERM: ErrorCode.PERMISSION_DENIED,
+    errno.EROFS: ErrorCode.PERMISSION_DENIED,
+    errno.ENAMETOOLONG: ErrorCode.INVALID_REQUEST,
+    errno.ELOOP: ErrorCode.INVALID_REQUEST,
+    errno.EINVAL: ErrorCode.INVALID_REQUEST,
+}
+
+_T = TypeVar("_T")
+
+
+def os_error(error: OSError, path: str | None = None) -> ShimError:
+    """Translate an ``OSError`` into the §5 code for it.
+
+    ENOENT/ENOTDIR → ``PATH_NOT_FOUND``, EEXIST → ``PATH_EXISTS``, ENOTEMPTY →
+    ``PATH_NOT_EMPTY``, EISDIR → ``IS_A_DIRECTORY``, ENAMETOOLONG/ELOOP/EINVAL →
+    ``INVALID_REQUEST``; EACCES, EPERM and anything else the OS refused (EROFS, ENOSPC…)
+    → ``PERMISSION_DENIED``. ``details`` carries the path and the errno name.
+    """
+    code = _ERRNO_CODES.get(error.errno or 0, ErrorCode.PERMISSION_DENIED)
+    reason = error.strerror or type(error).__name__
+    details: dict[str, Any] = {"errno": errno.errorcode.get(error.errno or 0, str(error.errno))}
+    if path is not None:
+        details["path"] = path
+    return ShimError(code, f"{path}: {reason}" if path else reason, details)
+
+
+@dataclass(frozen=True)
+class MachineIdentity:
+    """Who this shim is, as sent in HELLO and MACHINE_LIST_RESPONSE (§3, §5).
+
+    ``platform`` is ``linux`` or ``darwin``; ``arch`` is normalised (``x86_64``, ``arm64``…).
+    """
+
+    machine_id: str
+    hostname: str
+    platform: str
+    arch: str
+    display_name: str | None = None
+    hardware_devices: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+
+    @classmethod
+    def detect(cls, machine_id: str, display_name: str | None = None) -> MachineIdentity:
+        """This computer's identity: ``socket.gethostname()``, the normalised platform and
+        architecture, no hardware devices (not detected yet)."""
+        return cls(
+            machine_id=machine_id,
+            hostname=socket.gethostname(),
+            platform=normalized_platform(),
+            arch=normalized_arch(),
+            display_name=display_name,
+        )
+
+
+def normalized_platform(name: str | None = None) -> str:
+    """``sys.platform`` (or ``name``) as the protocol names it: ``linux``, ``darwin``,
+    else unchanged (§3: Windows is out of scope)."""
+    name = name or sys.platform
+    return "linux" if name.startswith("linux") else name
+
+
+def normalized_arch(machine: str | None = None) -> str:
+    """``platform.machine()`` (or ``machine``) normalised: ``amd64``/``x86_64`` → ``x86_64``,
+    ``aarch64``/``arm64`` → ``arm64``, anything else lower-cased."""
+    name = (machine if machine is not None else platform.machine()).lower()
+    return {"amd64": "x86_64", "x64": "x86_64", "aarch64": "arm64", "arm64": "arm64"}.get(name, name)
+
+
+class Operations:
+    """Executes §5 operations inside a path jail, with negotiated limits and capabilities.
+
+    ``capabilities`` are the granted ones (``HELLO_ACK.granted_capabilities`` ∩ the
+    shim's own); ``limits`` are the lower of both sides' (§3). ``shell`` is the program
+    that runs ``command`` strings with ``-c`` (default ``$SHELL``, else ``/bin/sh``).
+    """
+
+    def __init__(
+        self,
+        *,
+        jail: PathJail,
+        limits: Limits,
+        capabilities: Iterable[str],
+        identity: MachineIdentity,
+        shell: str | None = None,
+    ) -> None:
+        self.jail = jail
+        self.limits = limits
+        self.capabilities = frozenset(capabilities)
+        self.identity = identity
+        self.shell = shell or os.environ.get("SHELL") or "/bin/sh"
+        self._handlers: Mapping[str, Callable[[Mapping[str, Any]], Awaitable[dict[str, Any]]]] = {
+            MessageType.MACHINE_LIST_REQUEST: self.machine_list,
+            MessageType.FILE_READ: self.file_read,
+            MessageType.FILE_WRITE: self.file_write,
+            MessageType.FILE_STAT: self.file_stat,
+            MessageType.FILE_LIST: self.file_list,
+            MessageType.FILE_DELETE: self.file_delete,
+            MessageType.FILE_MOVE: self.file_move,
+            MessageType.EXECUTE_COMMAND: self.execute_command,
+            MessageType.PING: self.ping,
+        }
+
+    def check_allowed(self, op: str) -> None:
+        """Raise ``UNSUPPORTED_OPERATION`` for an unknown op, ``CAPABILITY_NOT_GRANTED``
+        for one whose capability (``files``/``shell``) was not granted (§5)."""
+        if op not in OPERATIONS:
+            raise ShimError(ErrorCode.UNSUPPORTED_OPERATION, f"this shim does not support {op!r}", {"op": op})
+        capability = OPERATIONS[op][1]
+        if capability is not None and capability not in self.capabilities:
+            raise ShimError(
+                ErrorCode.CAPABILITY_NOT_GRANTED,
+                f"{op} needs the {capability!s} capability, which this connection was not granted",
+                {"op": op, "capability": str(capability), "granted": sorted(self.capabilities)},
+            )
+
+    async def perform(self, op: str, payload: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+        """Run one operation; return ``(response type, response payload)`` per the §5 table.
+
+        Raises ``ShimError`` with a §5 code for every refusal and failure.
+        """
+        self.check_allowed(op)
+        response_type = OPERATIONS[op][0]
+        return response_type, await self._handlers[op](payload)
+
+    # -- operations ---------------------------------------------------------------------
+
+    async def ping(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """PING → PONG ``{}``."""
+        return {}
+
+    async def machine_list(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """MACHINE_LIST_REQUEST → ``{machine_id, hostname, display_name, platform, arch,
+        capabilities (granted, sorted), hardware_devices}``."""
+        identity = self.identity
+        return {
+            "machine_id": identity.machine_id,
+            "hostname": identity.hostname,
+            "display_name": identity.display_name,
+            "platform": identity.platform,
+            "arch": identity.arch,
+            "capabilities": sorted(self.capabilities),
+            "hardware_devices": list(identity.hardware_devices),
+        }
+
+    async def file_read(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """FILE_READ ``{path, encoding, offset?, length?}`` → FILE_CONTENTS ``{content,
+        encoding, size_bytes (the whole file), offset, truncated}``.
+
+        At most ``max_file_size_bytes`` are returned. A read without ``offset`` and
+        ``length`` of a larger file fails ``FILE_TOO_LARGE``; ranged reads page through
+        any size. ``truncated`` is true when bytes remain after the returned content. A
+        utf-8 read ending inside a multi-byte character leaves that character for the next
+        page (so the bytes returned are ``len(content.encode())``); bytes that are not
+        UTF-8 fail ``ENCODING_ERROR``. Also ``IS_A_DIRECTORY``, ``PATH_NOT_FOUND``,
+        ``INVALID_REQUEST`` (not a regular file, bad fields).
+        """
+        encoding = _choice(payload, "encoding", ENCODINGS, default="utf-8")
+        offset = _integer(payload, "offset", minimum=0)
+        length = _integer(payload, "length", minimum=0)
+        jailed = self.jail.check(payload.get("path"))
+        return await asyncio.to_thread(_read_file, jailed, encoding, offset, length, self.limits.max_file_size_bytes)
+
+    async def file_write(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """FILE_WRITE ``{path, content, encoding, create_parents?, append?}`` → ACK
+        ``{size_bytes_written}``.
+
+        Errors: ``FILE_TOO_LARGE`` (decoded content over ``max_file_size_bytes``),
+        ``INVALID_REQUEST`` (bad base64, bad fields), ``PATH_NOT_FOUND`` (no parent
+        directory and no ``create_parents``), ``IS_A_DIRECTORY``, ``PERMISSION_DENIED``.
+        """
+        encoding = _choice(payload, "encoding", ENCODINGS, default="utf-8")
+        content = payload.get("content")
+        if not isinstance(content, str):
+            raise ShimError(ErrorCode.INVALID_REQUEST, "'content' must be a string")
+        create_parents = _flag(payload, "create_parents")
+        append = _flag(payload, "append")
+        if encoding == "base64":
+            try:
+                data = base64.b64decode(content, validate=True)
+            except (binascii.Error, ValueError):
+                raise ShimError(ErrorCode.INVALID_REQUEST, "'content' is not valid base64") from None
+        else:
+            data = content.encode("utf-8", "surrogatepass")
+        limit = self.limits.max_file_size_bytes
+        if len(data) > limit:
+            raise ShimError(
+                ErrorCode.FILE_TOO_LARGE,
+                f"{len(data)} bytes exceed the {limit}-byte limit; write in appended chunks",
+                {"size_bytes": len(data), "max_file_size_bytes": limit},
+            )
+        jailed = self.jail.check_write(payload.get("path"))
+        return await asyncio.to_thread(_write_file, jailed, data, create_parents, append)
+
+    async def file_stat(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """FILE_STAT ``{path, hash?}`` → FILE_STAT_RESPONSE ``{exists, is_file, is_dir,
+        is_symlink, size_bytes, mtime, mode, sha256?}``.
+
+        A missing path is ``exists: false`` (``size_bytes``, ``mtime``, ``mode`` null), not
+        an error. ``mtime`` is seconds since the epoch; ``mode`` the permission bits as an
+        int (0o644 → 420). ``sha256`` (hex; null for a non-file) only when ``hash: true``,
+        computed streaming.
+        """
+        want_hash = _flag(payload, "hash")
+        jailed = self.jail.check(payload.get("path"))
+        return await _cancellable(_stat_path, jailed, want_hash)
+
+    async def file_list(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """FILE_LIST ``{path, glob?, recursive?, include_hidden?, max_entries? (1000)}`` →
+        FILE_LIST_RESPONSE ``{entries: [{name, path, is_dir, size_bytes, mtime}], truncated}``.
+
+        Entries are sorted by name within each directory, depth first; ``path`` is
+        absolute (resolved). ``glob`` matches the name, or the path relative to the listed
+        directory when it contains ``/``. Hidden names (leading ``.``) are skipped unless
+        ``include_hidden``. Symlinks that resolve outside the allowed roots are left out,
+        and symlinked directories are listed but not descended into. ``truncated`` is true
+        when more than ``max_entries`` (1…100000) matched. Errors: ``PATH_NOT_FOUND``,
+        ``INVALID_REQUEST`` (not a directory, bad fields), ``PERMISSION_DENIED``.
+        """
+        pattern = payload.get("glob")
+        if pattern is not None and (not isinstance(pattern, str) or not pattern):
+            raise ShimError(ErrorCode.INVALID_REQUEST, "'glob' must be a non-empty string")
+        recursive = _flag(payload, "recursive")
+        include_hidden = _flag(payload, "include_hidden")
+        max_entries = _integer(payload, "max_entries", minimum=1, maximum=MAX_LIST_ENTRIES)
+        jailed = self.jail.check(payload.get("path"))
+        listing = _Listing(
+            jail=self.jail,
+            pattern=pattern,
+            recursive=recursive,
+            include_hidden=include_hidden,
+            max_entries=max_entries or DEFAULT_LIST_ENTRIES,
+        )
+        return await _cancellable(listing.run, jailed)
+
+    async def file_delete(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """FILE_DELETE ``{path, recursive?, missing_ok?}`` → ACK ``{}``.
+
+        A symlink is removed, never its target. Errors: ``PATH_NOT_FOUND`` (unless
+        ``missing_ok``), ``PATH_NOT_EMPTY`` (a non-empty directory without
+        ``recursive``), ``PERMISSION_DENIED``. An allowed root itself cannot be deleted
+        (its parent is outside the roots: ``PATH_OUTSIDE_ALLOWED_ROOT``).
+        """
+        recursive = _flag(payload, "recursive")
+        missing_ok = _flag(payload, "missing_ok")
+        jailed = self.jail.check_write(payload.get("path"))
+        await asyncio.to_thread(_delete_path, jailed, recursive, missing_ok)
+        return {}
+
+    async def file_move(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """FILE_MOVE ``{src, dst, overwrite?}`` → ACK ``{}``.
+
+        Both ends follow the write rules of the jail. ``dst`` is the new path (not a
+        directory to move into). Errors: ``PATH_NOT_FOUND`` (no ``src``, or no parent
+        directory of ``dst``), ``PATH_EXISTS`` (``dst`` exists and not ``overwrite``),
+        ``IS_A_DIRECTORY`` / ``PATH_NOT_EMPTY`` (what ``rename`` refuses with
+        ``overwrite``), ``INVALID_REQUEST`` (a directory into itself), ``PERMISSION_DENIED``.
+        """
+        overwrite = _flag(payload, "overwrite")
+        source = self.jail.check_write(payload.get("src"), "src")
+        destination = self.jail.check_write(payload.get("dst"), "dst")
+        await asyncio.to_thread(_move_path, source, destination, overwrite)
+        return {}
+
+    async def execute_command(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """EXECUTE_COMMAND ``{argv | command, cwd?, timeout_seconds?, env?}`` →
+        COMMAND_RESULT ``{stdout, stderr, exit_code, timed_out, duration_seconds,
+        output_truncated}``.
+
+        ``argv`` runs without a shell, ``command`` through ``<shell> -c``. The process
+        starts in its own session (so its own process group) in ``cwd`` (default: the
+        first root; must be inside a root), with stdin from /dev/null and ``env`` merged
+        over :func:`safe_environment`. ``timeout_seconds`` defaults to
+        ``command_timeout_seconds`` and may be up to ``max_command_timeout_seconds``; when
+        it runs out (or the operation is cancelled) the whole group gets SIGKILL and the
+        result is ``timed_out: true, exit_code: -1``. stdout + stderr together keep at
+        most ``max_file_size_bytes`` (``output_truncated``), decoded as UTF-8 with
+        replacement. A process killed by a signal has ``exit_code`` −signal.
+        Errors: ``INVALID_REQUEST``, ``PATH_NOT_FOUND`` (no such program or cwd),
+        ``PERMISSION_DENIED``, ``PATH_OUTSIDE_ALLOWED_ROOT`` (cwd).
+        """
+        args = self._command_args(payload)
+        timeout = self._command_timeout(payload)
+        environment = safe_environment(self.shell) | _environment(payload.get("env"))
+        cwd = self.jail.check(payload.get("cwd") or self.jail.roots[0], "cwd")
+        await asyncio.to_thread(_require_directory, cwd)
+        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        try:
+            # What create_subprocess_exec does, keeping the transport so that it can be
+            # closed even when a process that left the group still holds the pipes.
+            transport, protocol = await loop.subprocess_exec(
+                lambda: asyncio.subprocess.SubprocessStreamProtocol(limit=_PIPE_CHUNK, loop=loop),
+                *args,
+                cwd=cwd.real,
+                env=environment,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as error:
+            raise os_error(error, args[0]) from None
+        process = asyncio.subprocess.Process(transport, protocol, loop)
+        budget = _OutputBudget(self.limits.max_file_size_bytes)
+        stdout, stderr = bytearray(), bytearray()
+        timed_out = False
+        try:
+            async with asyncio.timeout(timeout):
+                assert process.stdout is not None and process.stderr is not None
+                await asyncio.gather(
+                    _collect(process.stdout, stdout, budget),
+                    _collect(process.stderr, stderr, budget),
+                )
+                await process.wait()
+        except TimeoutError:
+            # The leader may have exited while a background child holds the pipes open:
+            # kill the group either way.
+            timed_out = True
+            _kill_group(process.pid)
+            # wait() also waits for the pipes to close, which a process that left the
+            # group (setsid) may hold open for ever: bound it.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(process.wait(), _KILL_GRACE)
+        except BaseException:  # cancelled (the connection went away): leave nothing behind
+            _kill_group(process.pid)
+            raise
+        finally:
+            transport.close()
+        return {
+            "stdout": stdout.decode("utf-8", "replace"),
+            "stderr": stderr.decode("utf-8", "replace"),
+            "exit_code": -1 if timed_out else process.returncode,
+            "timed_out": timed_out,
+            "duration_seconds": round(time.monotonic() - started, 3),
+            "output_truncated": budget.truncated,
+        }
+
+    def _command_args(self, payload: Mapping[str, Any]) -> list[str]:
+        argv, command = payload.get("argv"), payload.get("command")
+        if (argv is None) == (command is None):
+            raise ShimError(ErrorCode.INVALID_REQUEST, "give exactly one of 'argv' and 'command'")
+        if argv is not None:
+            if (
+                not isinstance(argv, list)
+                or not argv
+                or not all(isinstance(part, str) and "\x00" not in part for part in argv)
+                or not argv[0]
+            ):
+                raise ShimError(
+                    ErrorCode.INVALID_REQUEST,
+                    "'argv' must be a non-empty list of strings without NUL bytes",
+                )
+            return list(argv)
+        if not isinstance(command, str) or not command.strip() or "\x00" in command:
+            raise ShimError(ErrorCode.INVALID_REQUEST, "'command' must be a non-empty string without NUL bytes")
+        return [self.shell, "-c", command]
+
+    def _command_timeout(self, payload: Mapping[str, Any]) -> float:
+        timeout = payload.get("timeout_seconds")
+        if timeout is None:
+            return float(self.limits.command_timeout_seconds)
+        ceiling = self.limits.max_command_timeout_seconds
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= ceiling:
+            raise ShimError(
+                ErrorCode.INVALID_REQUEST,
+                f"'timeout_seconds' must be a number above 0 and at most {ceiling}",
+                {"max_command_timeout_seconds": ceiling},
+            )
+        return float(timeout)
+
+
+def safe_environment(shell: str) -> dict[str, str]:
+    """The minimal environment commands start from (§5): ``PATH`` (the shim's, else the
+    system default), ``HOME``, ``LANG`` (else ``C.UTF-8``), ``USER``, ``SHELL`` and
+    ``TERM=dumb``. Nothing else of the shim's environment (tokens!) is passed on."""
+    try:
+        user = os.environ.get("USER") or getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (containers)
+        user = ""
+    return {
+        "PATH": os.environ.get("PATH") or _DEFAULT_PATH,
+        "HOME": os.environ.get("HOME") or os.path.expanduser("~"),
+        "LANG": os.environ.get("LANG") or "C.UTF-8",
+        "USER": user,
+        "SHELL": shell,
+        "TERM": "dumb",
+    }
+
+
+# -- payload fields -------------------------------------------------------------------------
+
+
+def _flag(payload: Mapping[str, Any], name: str) -> bool:
+    value = payload.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ShimError(ErrorCode.INVALID_REQUEST, f"'{name}' must be true or false")
+    return value
+
+
+def _integer(payload: Mapping[str, Any], name: str, *, minimum: int, maximum: int | None = None) -> int | None:
+    value = payload.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum and value > maximum):
+        bounds = f"at least {minimum}" + (f" and at most {maximum}" if maximum else "")
+        raise ShimError(ErrorCode.INVALID_REQUEST, f"'{name}' must be an integer {bounds}")
+    return value
+
+
+def _choice(payload: Mapping[str, Any], name: str, choices: tuple[str, ...], *, default: str) -> str:
+    value = payload.get(name, default)
+    if value is None:
+        return default
+    if value not in choices:
+        raise ShimError(ErrorCode.INVALID_REQUEST, f"'{name}' must be one of {', '.join(choices)}")
+    return str(value)
+
+
+def _environment(env: object) -> dict[str, str]:
+    if env is None:
+        return {}
+    if not isinstance(env, dict) or not all(
+        isinstance(key, str)
+        and key
+        and "=" not in key
+        and "\x00" not in key
+        and isinstance(value, str)
+        and "\x00" not in value
+        for key, value in env.items()
+    ):
+        raise ShimError(
+            ErrorCode.INVALID_REQUEST,
+            "'env' must map names (no '=' or NUL) to strings (no NUL)",
+        )
+    return dict(env)
+
+
+# -- blocking helpers (run in worker threads) ---------------------------------------------
+
+
+async def _cancellable(function: Callable[..., _T], *args: Any) -> _T:
+    """Run ``function(*args, cancelled)`` in a thread; set ``cancelled`` (a
+    ``threading.Event``) when the calling task is cancelled, so long walks stop early."""
+    cancelled = threading.Event()
+    try:
+        return await asyncio.to_thread(function, *args, cancelled)
+    except asyncio.CancelledError:
+        cancelled.set()
+        raise
+
+
+def _read_file(jailed: JailedPath, encoding: str, offset: int | None, length: int | None, limit: int) -> dict[str, Any]:
+    try:
+        descriptor = os.open(jailed.real, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        raise os_error(error, jailed.requested) from None
+    status = os.fstat(descriptor)
+    if not stat.S_ISREG(status.st_mode):
+        os.close(descriptor)
+        if stat.S_ISDIR(status.st_mode):
+            raise ShimError(ErrorCode.IS_A_DIRECTORY, f"{jailed.requested} is a directory", {"path": jailed.requested})
+        raise ShimError(
+            ErrorCode.INVALID_REQUEST, f"{jailed.requested} is not a regular file", {"path": jailed.requested}
+        )
+    with os.fdopen(descriptor, "rb") as file:
+        if offset is None and length is None and status.st_size > limit:
+            raise ShimError(
+                ErrorCode.FILE_TOO_LARGE,
+                f"{jailed.requested} has {status.st_size} bytes, over the {limit}-byte limit; "
+                "read it in ranges with offset/length",
+                {"path": jailed.requested, "size_bytes": status.st_size, "max_file_size_bytes": limit},
+            )
+        start = offset or 0
+        file.seek(start)
+        try:
+            data = file.read(limit if length is None else min(length, limit))
+        except OSError as error:
+            raise os_error(error, jailed.requested) from None
+        size = os.fstat(file.fileno()).st_size
+    more = start + len(data) < size
+    if encoding == "base64":
+        content = base64.b64encode(data).decode("ascii")
+    else:
+        decoder = codecs.getincrementaldecoder("utf-8")("strict")
+        try:
+            content = decoder.decode(data, final=not more)
+        except UnicodeDecodeError as error:
+            raise ShimError(
+                ErrorCode.ENCODING_ERROR,
+                f"{jailed.requested} is not UTF-8 at byte {start + error.start}; read it as base64",
+                {"path": jailed.requested, "byte_offset": start + error.start},
+            ) from None
+        more = more or bool(decoder.getstate()[0])  # a split character waits for the next page
+    return {"content": content, "encoding": encoding, "size_bytes": size, "offset": start, "truncated": more}
+
+
+def _write_file(jailed: JailedPath, data: bytes, create_parents: bool, append: bool) -> dict[str, Any]:
+    parent = os.path.dirname(jailed.entry)
+    try:
+        if create_parents:
+            os.makedirs(parent, exist_ok=True)
+        elif not os.path.isdir(parent):
+            raise ShimError(
+                ErrorCode.PATH_NOT_FOUND,
+                f"the directory of {jailed.requested} does not exist (create_parents creates it)",
+                {"path": jailed.requested},
+            )
+        if os.path.isdir(jailed.real):
+            raise ShimError(ErrorCode.IS_A_DIRECTORY, f"{jailed.requested} is a directory", {"path": jailed.requested})
+        flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_APPEND if append else os.O_TRUNC)
+        descriptor = os.open(jailed.real, flags, 0o666)
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(data)
+    except OSError as error:
+        raise os_error(error, jailed.requested) from None
+    return {"size_bytes_written": len(data)}
+
+
+def _stat_path(jailed: JailedPath, want_hash: bool, cancelled: threading.Event) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "exists": False,
+        "is_file": False,
+        "is_dir": False,
+        "is_symlink": False,
+        "size_bytes": None,
+        "mtime": None,
+        "mode": None,
+    }
+    if want_hash:
+        result["sha256"] = None
+    try:
+        link_status = os.lstat(jailed.entry)
+    except (FileNotFoundError, NotADirectoryError):
+        return result
+    except OSError as error:
+        raise os_error(error, jailed.requested) from None
+    result["is_symlink"] = stat.S_ISLNK(link_status.st_mode)
+    try:
+        status = os.stat(jailed.real)
+    except (FileNotFoundError, NotADirectoryError):
+        return result  # a dangling symlink
+    except OSError as error:
+        raise os_error(error, jailed.requested) from None
+    result.update(
+        exists=True,
+        is_file=stat.S_ISREG(status.st_mode),
+        is_dir=stat.S_ISDIR(status.st_mode),
+        size_bytes=status.st_size,
+        mtime=status.st_mtime,
+        mode=stat.S_IMODE(status.st_mode),
+    )
+    if want_hash and result["is_file"]:
+        result["sha256"] = _sha256(jailed, cancelled)
+    return result
+
+
+def _sha256(jailed: JailedPath, cancelled: threading.Event) -> str:
+    digest = hashlib.sha256()
+    try:
+        with open(jailed.real, "rb") as file:
+            while chunk := file.read(_READ_CHUNK):
+                if cancelled.is_set():
+                    raise asyncio.CancelledError
+                digest.update(chunk)
+    except OSError as error:
+        raise os_error(error, jailed.requested) from None
+    return digest.hexdigest()
+
+
+def _require_directory(jailed: JailedPath) -> None:
+    try:
+        status = os.stat(jailed.real)
+    except OSError as error:
+        raise os_error(error, jailed.requested) from None
+    if not stat.S_ISDIR(status.st_mode):
+        raise ShimError(ErrorCode.INVALID_REQUEST, f"{jailed.requested} is not a directory", {"path": jailed.requested})
+
+
+@dataclass
+class _Listing:
+    """One FILE_LIST walk (see :meth:`Operations.file_list`)."""
+
+    jail: PathJail
+    pattern: str | None
+    recursive: bool
+    include_hidden: bool
+    max_entries: int
+
+    def run(self, jailed: JailedPath, cancelled: threading.Event) -> dict[str, Any]:
+        _require_directory(jailed)
+        entries: list[dict[str, Any]] = []
+        try:
+            top = self._children(jailed.real)
+        except OSError as error:
+            raise os_error(error, jailed.requested) from None
+        stack: list[tuple[str, Iterator[os.DirEntry[str]]]] = [("", top)]
+        while stack:
+            if cancelled.is_set():
+                raise asyncio.CancelledError
+            prefix, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                stack.pop()
+                continue
+            entry = self._entry(child)
+            if entry is None:
+                continue
+            relative = prefix + child.name
+            if self._matches(child.name, relative):
+                if len(entries) == self.max_entries:
+                    return {"entries": entries, "truncated": True}
+                entries.append(entry)
+            if self.recursive and entry["is_dir"] and not child.is_symlink():
+                with contextlib.suppress(OSError):  # an unreadable subdirectory is skipped
+                    stack.append((relative + "/", self._children(child.path)))
+        return {"entries": entries, "truncated": False}
+
+    def _children(self, directory: str) -> Iterator[os.DirEntry[str]]:
+        with os.scandir(directory) as scan:
+            children = sorted(scan, key=lambda child: child.name)
+        return iter(child for child in children if self.include_hidden or not child.name.startswith("."))
+
+    def _entry(self, child: os.DirEntry[str]) -> dict[str, Any] | None:
+        try:
+            if child.is_symlink():
+                if not self.jail.contains(os.path.realpath(child.path)):
+                    return None  # never follow a link out of the roots
+                try:
+                    status = os.stat(child.path)
+                except OSError:
+                    status = child.stat(follow_symlinks=False)  # dangling inside the roots
+            else:
+                status = child.stat(follow_symlinks=False)
+        except OSError:
+            return None  # vanished while listing
+        return {
+            "name": child.name,
+            "path": child.path,
+            "is_dir": stat.S_ISDIR(status.st_mode),
+            "size_bytes": status.st_size,
+            "mtime": status.st_mtime,
+        }
+
+    def _matches(self, name: str, relative: str) -> bool:
+        if self.pattern is None:
+            return True
+        return fnmatch.fnmatchcase(relative if "/" in self.pattern else name, self.pattern)
+
+
+def _delete_path(jailed: JailedPath, recursive: bool, missing_ok: bool) -> None:
+    try:
+        status = os.lstat(jailed.entry)
+    except (FileNotFoundError, NotADirectoryError):
+        if missing_ok:
+            return
+        raise ShimError(ErrorCode.PATH_NOT_FOUND, f"{jailed.requested} does not exist", {"path": jailed.requested})
+    except OSError as error:
+        raise os_error(error, jailed.requested) from None
+    try:
+        if not stat.S_ISDIR(status.st_mode):
+            os.unlink(jailed.entry)
+        elif recursive:
+            shutil.rmtree(jailed.entry)
+        else:
+            os.rmdir(jailed.entry)
+    except OSError as error:
+        if error.errno == errno.EEXIST:  # some systems report a non-empty rmdir as EEXIST
+            error.errno = errno.ENOTEMPTY
+        raise os_error(error, jailed.requested) from None
+
+
+def _move_path(source: JailedPath, destination: JailedPath, overwrite: bool) -> None:
+    if not os.path.lexists(source.entry):
+        raise ShimError(ErrorCode.PATH_NOT_FOUND, f"{source.requested} does not exist", {"path": source.requested})
+    if not os.path.isdir(os.path.dirname(destination.entry)):
+        raise ShimError(
+            ErrorCode.PATH_NOT_FOUND,
+            f"the directory of {destination.requested} does not exist",
+            {"path": destination.requested},
+        )
+    if source.entry == destination.entry:
+        return
+    if os.path.lexists(destination.entry) and not overwrite:
+        raise ShimError(
+            ErrorCode.PATH_EXISTS,
+            f"{destination.requested} exists (pass overwrite to replace it)",
+            {"path": destination.requested},
+        )
+    try:
+        os.replace(source.entry, destination.entry)
+    except OSError as error:
+        if error.errno != errno.EXDEV:
+            raise os_error(error, destination.requested) from None
+        _move_across_devices(source, destination)
+
+
+def _move_across_devices(source: JailedPath, destination: JailedPath) -> None:
+    """``rename`` cannot cross filesystems: copy, then remove (what ``mv`` does)."""
+    try:
+        if os.path.lexists(destination.entry):
+            if os.path.isdir(destination.entry) and not os.path.islink(destination.entry):
+                os.rmdir(destination.entry)  # only an empty directory, as rename would
+            else:
+                os.unlink(destination.entry)
+        shutil.move(source.entry, destination.entry)
+    except OSError as error:
+        raise os_error(error, destination.requested) from None
+
+
+# -- commands ------------------------------------------------------------------------------
+
+
+class _OutputBudget:
+    """The combined stdout + stderr allowance of one command, in bytes."""
+
+    def __init__(self, limit: int) -> None:
+        self.remaining = limit
+        self.truncated = False
+
+    def take(self, size: int) -> int:
+        granted = min(size, self.remaining)
+        self.remaining -= granted
+        if granted < size:
+            self.truncated = True
+        return granted
+
+
+async def _collect(stream: asyncio.StreamReader, sink: bytearray, budget: _OutputBudget) -> None:
+    """Read ``stream`` to its end, keeping what the budget allows; the rest is drained and
+    dropped so the command never blocks on a full pipe."""
+    while chunk := await stream.read(_PIPE_CHUNK):
+        sink += chunk[: budget.take(len(chunk))]
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL the process group led by ``pid`` (the command started its own session)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+__all__ = [
+    "Capability",
+    "MachineIdentity",
+    "Operations",
+    "normalized_arch",
+    "normalized_platform",
+    "os_error",
+    "safe_environment",
+]

@@ -1,0 +1,291 @@
+"""Wire vocabulary of the shim protocol (spec/machines.md §2–§5).
+
+The envelope every frame carries, the message types, the error codes the shim answers
+with, the close codes it acts on and the limits negotiated in the handshake. Plain
+dicts on the wire; this module only builds, parses and checks them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from enum import IntEnum, StrEnum
+from typing import Any
+
+PROTOCOL_VERSION = "2.0"
+"""The protocol version this shim speaks, ``"major.minor"`` (§2)."""
+
+SHIM_VERSION = "0.1.0"
+"""This program's version, sent in ``HELLO.shim_version``."""
+
+MAX_FRAME_BYTES = 16 * 1024 * 1024
+"""Largest payload-carrying frame either side sends: 16 MiB (§2)."""
+
+MAX_MESSAGE_BYTES = MAX_FRAME_BYTES + 64 * 1024
+"""Websocket ``max_size`` the shim connects with: 16 MiB + 64 KiB of envelope slack (§2)."""
+
+MAX_FILE_SIZE_CEILING = 12 * 1024 * 1024
+"""Bytes: the largest ``max_file_size_bytes`` the shim accepts, so that a whole-limit read
+in base64 (4/3 of it: 16 MiB) still fits in one frame."""
+
+
+class MessageType(StrEnum):
+    """Every frame ``type`` of the protocol (§3–§5)."""
+
+    HELLO = "HELLO"
+    HELLO_ACK = "HELLO_ACK"
+    ERROR = "ERROR"
+    PING = "PING"
+    PONG = "PONG"
+    SESSION_REVOKED = "SESSION_REVOKED"
+    ACK = "ACK"
+    MACHINE_LIST_REQUEST = "MACHINE_LIST_REQUEST"
+    MACHINE_LIST_RESPONSE = "MACHINE_LIST_RESPONSE"
+    FILE_READ = "FILE_READ"
+    FILE_CONTENTS = "FILE_CONTENTS"
+    FILE_WRITE = "FILE_WRITE"
+    FILE_STAT = "FILE_STAT"
+    FILE_STAT_RESPONSE = "FILE_STAT_RESPONSE"
+    FILE_LIST = "FILE_LIST"
+    FILE_LIST_RESPONSE = "FILE_LIST_RESPONSE"
+    FILE_DELETE = "FILE_DELETE"
+    FILE_MOVE = "FILE_MOVE"
+    EXECUTE_COMMAND = "EXECUTE_COMMAND"
+    COMMAND_RESULT = "COMMAND_RESULT"
+
+
+class ErrorCode(StrEnum):
+    """``ERROR.payload.code`` values the shim sends (§5).
+
+    ``INTERNAL_ERROR`` is the shim's own addition for a bug in the shim (an exception no
+    rule maps); the platform should treat it like any failed operation.
+    """
+
+    PATH_OUTSIDE_ALLOWED_ROOT = "PATH_OUTSIDE_ALLOWED_ROOT"
+    PATH_NOT_FOUND = "PATH_NOT_FOUND"
+    PATH_EXISTS = "PATH_EXISTS"
+    PATH_NOT_EMPTY = "PATH_NOT_EMPTY"
+    IS_A_DIRECTORY = "IS_A_DIRECTORY"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    ENCODING_ERROR = "ENCODING_ERROR"
+    FILE_TOO_LARGE = "FILE_TOO_LARGE"
+    INVALID_REQUEST = "INVALID_REQUEST"
+    UNSUPPORTED_OPERATION = "UNSUPPORTED_OPERATION"
+    CAPABILITY_NOT_GRANTED = "CAPABILITY_NOT_GRANTED"
+    SHIM_OVERLOADED = "SHIM_OVERLOADED"
+    INTERNAL_ERROR = "INTERNAL_ERROR"
+
+
+class CloseCode(IntEnum):
+    """Websocket close codes of ``/ws/shim/`` (§2–§4)."""
+
+    NORMAL = 1000
+    MESSAGE_TOO_BIG = 1009
+    MALFORMED_HELLO = 4400
+    AUTH_FAILED = 4401
+    HELLO_TIMEOUT = 4408
+    PROTOCOL_VERSION_MISMATCH = 4426
+    SESSION_REVOKED = 4427
+
+
+NO_RECONNECT_CLOSE_CODES: Mapping[int, str] = {
+    CloseCode.AUTH_FAILED: "the platform refused the token",
+    CloseCode.PROTOCOL_VERSION_MISMATCH: "the platform speaks another major protocol version",
+    CloseCode.SESSION_REVOKED: "another shim with this machine_id connected and took over",
+}
+"""Close codes after which the shim must not reconnect (§3, §8), with the reason it prints."""
+
+
+class Capability(StrEnum):
+    """What a shim can be granted (§3, §5)."""
+
+    SHELL = "shell"
+    FILES = "files"
+
+
+OPERATIONS: Mapping[str, tuple[str, Capability | None]] = {
+    MessageType.MACHINE_LIST_REQUEST: (MessageType.MACHINE_LIST_RESPONSE, None),
+    MessageType.FILE_READ: (MessageType.FILE_CONTENTS, Capability.FILES),
+    MessageType.FILE_WRITE: (MessageType.ACK, Capability.FILES),
+    MessageType.FILE_STAT: (MessageType.FILE_STAT_RESPONSE, Capability.FILES),
+    MessageType.FILE_LIST: (MessageType.FILE_LIST_RESPONSE, Capability.FILES),
+    MessageType.FILE_DELETE: (MessageType.ACK, Capability.FILES),
+    MessageType.FILE_MOVE: (MessageType.ACK, Capability.FILES),
+    MessageType.EXECUTE_COMMAND: (MessageType.COMMAND_RESULT, Capability.SHELL),
+    MessageType.PING: (MessageType.PONG, None),
+}
+"""Operation type → (response type, the capability it needs or ``None``), the §5 table."""
+
+
+class ShimError(Exception):
+    """An operation failed with one of the §5 error codes; sent as an ``ERROR`` frame.
+
+    ``details`` is a JSON-serialisable dict (or ``None``); ``message`` is for humans and
+    never carries file contents, env values or tokens.
+    """
+
+    def __init__(self, code: ErrorCode, message: str, details: Mapping[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = dict(details) if details is not None else None
+
+    def payload(self) -> dict[str, Any]:
+        """The ``ERROR`` payload: ``{code, message, fatal: false, details?}``."""
+        body: dict[str, Any] = {"code": str(self.code), "message": self.message, "fatal": False}
+        if self.details is not None:
+            body["details"] = self.details
+        return body
+
+
+def new_id() -> str:
+    """A fresh frame id (a random UUID as a string)."""
+    return str(uuid.uuid4())
+
+
+def envelope(
+    message_type: str,
+    payload: Mapping[str, Any],
+    *,
+    frame_id: str | None = None,
+    session_id: str | None = None,
+    target_machine: str | None = None,
+) -> dict[str, Any]:
+    """Build one frame ``{type, id, ts, version, session_id, target_machine, payload}`` (§2).
+
+    ``frame_id`` defaults to a new UUID; a response passes its request's id. ``ts`` is
+    seconds since the epoch (float).
+    """
+    return {
+        "type": str(message_type),
+        "id": frame_id if frame_id is not None else new_id(),
+        "ts": time.time(),
+        "version": PROTOCOL_VERSION,
+        "session_id": session_id,
+        "target_machine": target_machine,
+        "payload": dict(payload),
+    }
+
+
+def response_to(request: Mapping[str, Any], message_type: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+    """The response frame to ``request``: its ``id`` and ``session_id``, a new ``payload``."""
+    request_id = request.get("id")
+    session_id = request.get("session_id")
+    return envelope(
+        message_type,
+        payload,
+        frame_id=request_id if isinstance(request_id, str) else None,
+        session_id=session_id if isinstance(session_id, str) else None,
+    )
+
+
+def error_to(request: Mapping[str, Any], error: ShimError) -> dict[str, Any]:
+    """The ``ERROR`` frame answering ``request`` with ``error`` (§5)."""
+    frame = response_to(request, MessageType.ERROR, error.payload())
+    if not isinstance(request.get("id"), str):
+        frame["id"] = None  # the request had no usable id: answer, but correlate with nothing
+    return frame
+
+
+def encode(frame: Mapping[str, Any]) -> str:
+    """One JSON text frame.
+
+    Non-ASCII characters stay as they are (``\\u`` escapes would make frames of non-English
+    text up to twice as large), unless the frame holds lone surrogates — file names that
+    are not UTF-8 — which only the escaped form can carry.
+    """
+    text = json.dumps(frame, ensure_ascii=False, separators=(",", ":"))
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            text = json.dumps(frame, separators=(",", ":"))
+    return text
+
+
+def decode(text: str | bytes) -> dict[str, Any]:
+    """Parse one incoming frame into a dict with a string ``type`` and a dict ``payload``.
+
+    A missing ``payload`` becomes ``{}``. Raises ``ShimError(INVALID_REQUEST)`` for a
+    binary frame, invalid JSON, a non-object, a missing/non-string ``type`` or a payload
+    that is not an object.
+    """
+    if isinstance(text, bytes):
+        raise ShimError(ErrorCode.INVALID_REQUEST, "binary frames are not part of the protocol")
+    try:
+        frame = json.loads(text)
+    except ValueError as error:
+        raise ShimError(ErrorCode.INVALID_REQUEST, f"the frame is not valid JSON: {error}") from None
+    if not isinstance(frame, dict):
+        raise ShimError(ErrorCode.INVALID_REQUEST, "a frame must be a JSON object")
+    if not isinstance(frame.get("type"), str):
+        raise ShimError(ErrorCode.INVALID_REQUEST, "the frame has no string 'type'")
+    if frame.get("payload") is None:
+        frame["payload"] = {}
+    if not isinstance(frame["payload"], dict):
+        raise ShimError(ErrorCode.INVALID_REQUEST, "the frame's 'payload' must be a JSON object")
+    return frame
+
+
+def major_version(version: object) -> int | None:
+    """The major part of a ``"major.minor"`` version string, or ``None`` if malformed."""
+    if not isinstance(version, str):
+        return None
+    major, _, minor = version.partition(".")
+    if not (major.isdigit() and minor.isdigit()):
+        return None
+    return int(major)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Operation limits (§3 ``HELLO_ACK.limits``); the shim uses the lower of its own and
+    the platform's.
+
+    Units: bytes, seconds, seconds, operations in flight. The defaults are the platform's
+    documented defaults.
+    """
+
+    max_file_size_bytes: int = 10 * 1024 * 1024
+    command_timeout_seconds: float = 30
+    max_command_timeout_seconds: float = 600
+    max_concurrent: int = 4
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                raise ValueError(f"limit {field.name} must be a positive number, got {value!r}")
+        if not isinstance(self.max_file_size_bytes, int) or not isinstance(self.max_concurrent, int):
+            raise ValueError("max_file_size_bytes and max_concurrent must be integers")
+        if self.max_file_size_bytes > MAX_FILE_SIZE_CEILING:
+            raise ValueError(f"max_file_size_bytes may be at most {MAX_FILE_SIZE_CEILING} (12 MiB)")
+
+    def lower(self, platform_limits: Mapping[str, Any]) -> Limits:
+        """These limits lowered by the platform's ``HELLO_ACK.limits`` (§3).
+
+        Fields the platform leaves out, or sends with a value that is not a positive
+        number, keep this side's value. ``command_timeout_seconds`` never ends up above
+        ``max_command_timeout_seconds``.
+        """
+        lowered: dict[str, Any] = {}
+        for field in fields(self):
+            own = getattr(self, field.name)
+            theirs = platform_limits.get(field.name)
+            if isinstance(theirs, bool) or not isinstance(theirs, int | float) or theirs <= 0:
+                lowered[field.name] = own
+            elif isinstance(own, int) and field.name in ("max_file_size_bytes", "max_concurrent"):
+                lowered[field.name] = min(own, int(theirs)) or 1
+            else:
+                lowered[field.name] = min(own, theirs)
+        limits = replace(self, **lowered)
+        if limits.command_timeout_seconds > limits.max_command_timeout_seconds:
+            limits = replace(limits, command_timeout_seconds=limits.max_command_timeout_seconds)
+        return limits
+
+    def as_payload(self) -> dict[str, Any]:
+        """The limits as the ``HELLO_ACK.limits`` dict shape."""
+        return {field.name: getattr(self, field.name) for field in fields(self)}
