@@ -38,9 +38,10 @@ lint: dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy .
 
-## bench: benchmarks against a bare websockets relay baseline (writes bench/results/latest.json)
+## bench: benchmarks against a bare websockets relay baseline (writes bench/results/*.json)
 bench: dev
 	$(PY) bench/remote_calls.py
+	$(PY) bench/machines.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
