@@ -9,6 +9,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from dispatch.authentication import authenticated_user
 from dispatch.errors import DispatchError
+from dispatch.views import htmx_login_required
 from machines import selectors
 from machines.services import connections, device, router
 
@@ -28,6 +29,7 @@ def machines_page(request: HttpRequest) -> HttpResponse:
     return render(request, "machines/machines.html", _context(request))
 
 
+@htmx_login_required
 @require_GET
 def machines_fragment(request: HttpRequest) -> HttpResponse:
     """The machine list and audit, polled by htmx so status changes show without reload."""

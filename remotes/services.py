@@ -29,6 +29,7 @@ from jsonschema.protocols import Validator
 from jsonschema.validators import validator_for
 
 from dispatch.errors import DispatchError
+from dispatch.models import ServerProcess
 from dispatch.presence import current_process_id
 from dispatch.services import server_process_ensure
 from remotes.models import Remote, WsSession
@@ -86,6 +87,8 @@ def ws_session_open(
 
 def ws_session_close(*, ws_session_id: str) -> None:
     """Forget a closed ws session and, by cascade, every remote it served (§2 "Lifetime")."""
+    for user_id, remotename in Remote.objects.filter(ws_session_id=ws_session_id).values_list("user_id", "name"):
+        forget_route(user_id, remotename)
     WsSession.objects.filter(pk=ws_session_id).delete()
 
 
@@ -186,6 +189,7 @@ def _validator(route: RemoteRoute, spec: dict[str, Any]) -> Validator:
 # is caught by the liveness check. Entries live ROUTE_CACHE_SECONDS at most.
 _ROUTES: dict[tuple[int, str], tuple[float, RemoteRoute]] = {}
 ROUTE_CACHE_SECONDS = 1.0
+REPLY_GRACE = 0.2  # seconds to wait for an in-flight answer once the serving row is gone
 _ROUTE_CACHE_SIZE = 4096
 
 
@@ -222,13 +226,18 @@ def forget_route(user_id: int, remotename: str) -> None:
 
 
 @database_sync_to_async
-def _still_served(route: RemoteRoute) -> bool:
-    """True while the remote's row exists and its server process is alive (§2.4)."""
-    rows = Remote.objects.filter(pk=route.remote_id)
-    if route.server_process_id != current_process_id():
+def _serving_state(route: RemoteRoute) -> str:
+    """``"served"`` while the remote's row exists and its process is alive (§2.4);
+    ``"closed"`` when the row is gone but its process lives (the session closed cleanly);
+    ``"lost"`` when its process is dead or gone."""
+    if route.server_process_id == current_process_id():
+        process_alive = True
+    else:
         cutoff = timezone.now() - timedelta(seconds=settings.PROCESS_TTL)
-        rows = rows.filter(server_process__heartbeat_at__gte=cutoff)
-    return rows.exists()
+        process_alive = ServerProcess.objects.filter(pk=route.server_process_id, heartbeat_at__gte=cutoff).exists()
+    if not process_alive:
+        return "lost"
+    return "served" if Remote.objects.filter(pk=route.remote_id).exists() else "closed"
 
 
 def check_arguments(route: RemoteRoute, remotename: str, function: str, args: dict[str, Any]) -> None:
@@ -269,7 +278,8 @@ async def remote_call(
     if timeout is None:
         timeout = settings.REMOTE_CALL_TIMEOUT
     deadline = asyncio.get_running_loop().time() + timeout
-    route, cached = await _route(user.pk, remotename)
+    route, _cached = await _route(user.pk, remotename)
+    reroutes_left = 1
     while True:
         if route is None:
             raise not_connected(remotename)
@@ -278,10 +288,12 @@ async def remote_call(
         if "error" not in reply:
             return reply.get("result")
         if reply.get("delivered") is False:
-            # The serving session no longer serves that remote row: nothing ran.
+            # The serving session no longer serves that remote row: nothing ran, so the
+            # call may go to the remote's current session, if it has one.
             forget_route(user.pk, remotename)
-            if cached:
-                route, cached = await _route(user.pk, remotename, fresh=True)
+            if reroutes_left:
+                reroutes_left -= 1
+                route, _cached = await _route(user.pk, remotename, fresh=True)
                 continue
         raise RemoteError(str(reply["error"]), reply.get("code", "REMOTE_ERROR"))
 
@@ -322,8 +334,19 @@ async def _deliver(
             done, _ = await asyncio.wait({receive}, timeout=min(remaining, settings.REMOTE_LIVENESS_INTERVAL))
             if done:
                 break
-            if not await _still_served(route):
-                raise disconnected(remotename)
+            state = await _serving_state(route)
+            if state == "served":
+                continue
+            # A session that closes cleanly answers every call it forwarded before its
+            # rows go; give such an answer a moment to arrive before concluding.
+            done, _ = await asyncio.wait({receive}, timeout=REPLY_GRACE)
+            if done:
+                break
+            if state == "closed":
+                # Never forwarded (the session was gone when the call reached its
+                # channel): the caller may re-route it.
+                return {"error": disconnected(remotename).message, "code": "REMOTE_DISCONNECTED", "delivered": False}
+            raise disconnected(remotename)
     finally:
         if not receive.done():
             receive.cancel()

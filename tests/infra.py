@@ -8,30 +8,38 @@ skipped with the reason, except under ``CI=true``, where it fails.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 import pytest
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-def unavailable(reason: str) -> None:
+def unavailable(reason: str) -> NoReturn:
     """Skip (locally) or fail (on CI) a test whose service is missing."""
     if ON_CI:
         pytest.fail(f"{reason} (CI=true: a missing service is a failure)")
@@ -132,16 +140,257 @@ def base_env(**overrides: str) -> dict[str, str]:
 def manage(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     """Run ``manage.py`` with ``args`` in ``env``; returns the completed process."""
     return subprocess.run(
-        [PYTHON, str(REPO / "manage.py"), *args], env=env, cwd=REPO, capture_output=True, text=True, check=check, timeout=120
+        [PYTHON, str(REPO / "manage.py"), *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=check,
+        timeout=120,
     )
+
+
+def wait_until(
+    condition: Callable[[], Any],
+    *,
+    timeout: float,
+    interval: float = 0.05,
+    what: str = "condition",
+    details: Callable[[], str] | None = None,
+) -> Any:
+    """Poll ``condition`` until it returns a truthy value (returned) or ``timeout`` seconds pass.
+
+    Raises ``AssertionError`` naming ``what`` (plus ``details()``, e.g. a server log) when
+    the deadline passes.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(_timed_out(timeout, what, details))
+        time.sleep(interval)
+
+
+async def eventually(
+    condition: Callable[[], Any],
+    *,
+    timeout: float,
+    interval: float = 0.05,
+    what: str = "condition",
+    details: Callable[[], str] | None = None,
+) -> Any:
+    """``wait_until`` for async tests: ``condition`` may be a coroutine function."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = condition()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if loop.time() >= deadline:
+            raise AssertionError(_timed_out(timeout, what, details))
+        await asyncio.sleep(interval)
+
+
+def _timed_out(timeout: float, what: str, details: Callable[[], str] | None) -> str:
+    message = f"timed out after {timeout:g}s waiting for {what}"
+    return f"{message}\n{details()}" if details is not None else message
+
+
+@dataclass
+class Process:
+    """A background subprocess (a client, a worker, a server) writing its output to a log file."""
+
+    proc: subprocess.Popen[str]
+    log_path: Path
+    terminated: bool = field(default=False, init=False)
+
+    @classmethod
+    def spawn(cls, env: dict[str, str], args: list[str], *, name: str) -> Process:
+        log_path = Path(tempfile.mkstemp(prefix=f"dispatch-{name}-", suffix=".log")[1])
+        with log_path.open("w") as log:
+            proc = subprocess.Popen(args, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True)
+        return cls(proc=proc, log_path=log_path)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_log(self, text: str, timeout: float = 30) -> None:
+        """Wait until ``text`` appears in the output; fail if the process exits first."""
+
+        def seen() -> bool:
+            if text in self.log():
+                return True
+            if not self.running:
+                raise RuntimeError(f"process exited with {self.proc.returncode} before {text!r}:\n{self.log()}")
+            return False
+
+        wait_until(seen, timeout=timeout, what=f"{text!r} in the log")
+
+    def kill(self) -> None:
+        """SIGKILL: the process gets no chance to clean up."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def terminate(self) -> None:
+        """Send SIGTERM once (a second SIGTERM would make ``serve`` skip its clean shutdown)."""
+        if self.proc.poll() is None and not self.terminated:
+            self.terminated = True
+            self.proc.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout: float = 15) -> int:
+        """SIGTERM and wait (SIGKILL after ``timeout`` seconds); returns the exit code."""
+        if self.proc.poll() is None:
+            self.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return int(self.proc.returncode)
+
+
+@dataclass
+class Server(Process):
+    """A running ``manage.py serve`` subprocess, healthy on ``port``."""
+
+    port: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/ws"
+
+    @classmethod
+    def start(cls, env: dict[str, str], *extra: str) -> Server:
+        """Start ``manage.py serve`` on a free port and wait until ``/healthz`` answers 200."""
+        return cls.spawn_serve(env, *extra).wait_healthy()
+
+    @classmethod
+    def spawn_serve(cls, env: dict[str, str], *extra: str) -> Server:
+        """Start ``manage.py serve`` on a free port without waiting (see ``wait_healthy``)."""
+        port = free_port()
+        started = Process.spawn(
+            env, [PYTHON, str(REPO / "manage.py"), "serve", "--port", str(port), *extra], name=f"serve-{port}"
+        )
+        return cls(proc=started.proc, log_path=started.log_path, port=port)
+
+    def wait_healthy(self, timeout: float = 30) -> Server:
+        """Wait until ``/healthz`` answers 200; stops the process and raises if it never does."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"serve exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"serve did not become healthy:\n{self.log()}")
+
+    def get(self, path: str, token: str | None = None) -> httpx.Response:
+        """``GET path`` on this server, with ``Authorization: Bearer token`` when given."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.get(f"{self.url}{path}", headers=headers, timeout=10)
+
+    def remote_names(self, token: str) -> list[str]:
+        """Names of the token owner's connected remotes, from ``GET /api/v1/remotes``."""
+        response = self.get("/api/v1/remotes", token)
+        response.raise_for_status()
+        return [remote["remotename"] for remote in response.json()["remotes"]]
+
+
+@dataclass
+class ShimProcess(Process):
+    """A ``python -m machines.shim run`` subprocess (spec/machines.md §8) and its state directory.
+
+    ``machine_id`` is read from ``<state_dir>/state.json``; ``audit()`` parses the shim's
+    own JSONL audit log (one record per operation it served, spec §5).
+    """
+
+    state_dir: Path = field(default_factory=Path)
+    name: str | None = None
+
+    @property
+    def machine_id(self) -> str:
+        return str(json.loads((self.state_dir / "state.json").read_text())["machine_id"])
+
+    def connections(self) -> int:
+        """How many handshakes this shim has completed (``connected to …`` log lines)."""
+        return self.log().count("INFO machines.shim: connected to ")
+
+    def wait_connected(self, count: int = 1, timeout: float = 30) -> ShimProcess:
+        """Wait until the shim has completed ``count`` handshakes; fail if it exits first."""
+
+        def connected() -> bool:
+            if self.connections() >= count:
+                return True
+            if not self.running:
+                raise RuntimeError(f"shim exited with {self.proc.returncode} before connecting:\n{self.log()}")
+            return False
+
+        wait_until(connected, timeout=timeout, what=f"shim {self.name!r} to connect", details=self.log)
+        return self
+
+    def audit(self) -> list[dict[str, Any]]:
+        """The records of the shim's audit log (``audit.jsonl``), oldest first."""
+        path = self.state_dir / "audit.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def audited_ops(self) -> list[str]:
+        """The ``op`` of every audit record."""
+        return [str(record["op"]) for record in self.audit()]
+
+
+@dataclass
+class ShimLogin(Process):
+    """A ``python -m machines.shim login`` subprocess waiting for its code to be approved."""
+
+    def user_code(self, timeout: float = 30) -> str:
+        """The ``XXXX-XXXX`` code the login printed (spec/machines.md §1)."""
+
+        def printed() -> str | None:
+            found = re.search(r"enter the code ([A-Z]{4}-[A-Z]{4})", self.log())
+            if found is None and not self.running:
+                raise RuntimeError(f"login exited with {self.proc.returncode} before printing a code:\n{self.log()}")
+            return found.group(1) if found else None
+
+        return str(wait_until(printed, timeout=timeout, what="the login's user code", details=self.log))
 
 
 @dataclass
 class Instance:
-    """One Dispatch deployment's configuration (data dir, database, channel layer)."""
+    """One Dispatch deployment's configuration (data dir, database, channel layer).
+
+    ``admin_password`` is the one-time password ``ensure_admin`` printed for ``admin``, and
+    ``admin_token`` an API token of ``admin`` issued at setup (``token()`` issues more).
+    Everything started through it (servers, workers, clients) is stopped by ``stop()``.
+    """
 
     env: dict[str, str]
     servers: list[Server] = field(default_factory=list)
+    processes: list[Process] = field(default_factory=list)
+    admin_password: str = ""
+    admin_token: str = ""
 
     def manage(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return manage(self.env, *args, check=check)
@@ -157,96 +406,131 @@ class Instance:
             f"get_user_model().objects.create_user({username!r}, password={password!r})",
         )
 
-    def serve(self, *extra: str) -> Server:
-        server = Server.start(self.env, *extra)
+    def serve(self, *extra: str, wait: bool = True, **env: Any) -> Server:
+        """Start ``manage.py serve`` (``extra`` arguments, ``env`` overrides).
+
+        Waits until it is healthy unless ``wait=False`` (then call ``Server.wait_healthy``:
+        servers started together come up in parallel).
+        """
+        server = Server.spawn_serve({**self.env, **{k: str(v) for k, v in env.items()}}, *extra)
         self.servers.append(server)
-        return server
+        return server.wait_healthy() if wait else server
+
+    def worker(self, **env: Any) -> Process:
+        """Start ``manage.py dispatch_worker`` and wait until it has registered its process."""
+        worker = self.spawn([PYTHON, str(REPO / "manage.py"), "dispatch_worker"], name="worker", **env)
+        worker.wait_for_log("Dispatch worker running")
+        return worker
+
+    def client(self, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        """Run ``python -m remotes.client ARGS`` to completion (output captured as text)."""
+        return subprocess.run(
+            [PYTHON, "-m", "remotes.client", *args],
+            env=self.env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def spawn(self, args: list[str], *, name: str, **env: Any) -> Process:
+        """Start a background process in this instance's environment; ``stop()`` ends it."""
+        process = Process.spawn({**self.env, **{k: str(v) for k, v in env.items()}}, args, name=name)
+        self.processes.append(process)
+        return process
+
+    def shim(
+        self,
+        name: str | None,
+        root: str | os.PathLike[str] | None,
+        *flags: str,
+        server: Server | None = None,
+        token: str | None = None,
+        stored_login: bool = False,
+        state_dir: str | os.PathLike[str] | None = None,
+        wait: bool = True,
+        **env: Any,
+    ) -> ShimProcess:
+        """Start ``python -m machines.shim run`` against ``server`` (default: the first one started).
+
+        ``name`` is its ``--name`` (display name), ``root`` its ``--root``, ``flags`` more
+        arguments (``--no-shell``, ``--session ID``…). It authenticates with ``token``
+        (default: ``admin``'s API token) unless ``stored_login`` (then the state dir's login
+        is used). ``state_dir`` defaults to a fresh directory in the instance's data dir, so
+        each shim has its own ``machine_id``; pass the same one twice for a takeover.
+        Reconnect delays are scaled by ``DISPATCH_SHIM_BACKOFF_SCALE=0.05`` unless ``env``
+        says otherwise. Waits for the ``HELLO_ACK`` unless ``wait=False``.
+        """
+        target = server or self.servers[0]
+        if state_dir is None:
+            state_dir = Path(self.env["DISPATCH_DATA_DIR"]) / "shims" / f"{name or 'shim'}-{uuid.uuid4().hex[:8]}"
+        args = [PYTHON, "-m", "machines.shim", "run", "--server", target.url, "--state-dir", str(state_dir)]
+        if not stored_login:
+            args += ["--token", token or self.admin_token]
+        if root is not None:
+            args += ["--root", str(root)]
+        if name is not None:
+            args += ["--name", name]
+        shim_env = {"DISPATCH_SHIM_BACKOFF_SCALE": "0.05", **{k: str(v) for k, v in env.items()}}
+        started = Process.spawn({**self.env, **shim_env}, [*args, *flags], name=f"shim-{name or 'anon'}")
+        shim = ShimProcess(proc=started.proc, log_path=started.log_path, state_dir=Path(state_dir), name=name)
+        self.processes.append(shim)
+        return shim.wait_connected() if wait else shim
+
+    def shim_login(self, server: Server | None = None, *, state_dir: str | os.PathLike[str]) -> ShimLogin:
+        """Start ``python -m machines.shim login --server URL --state-dir DIR`` (the device flow).
+
+        Read the code with ``ShimLogin.user_code()``; the process exits 0 once it is approved.
+        """
+        target = server or self.servers[0]
+        args = [PYTHON, "-m", "machines.shim", "login", "--server", target.url, "--state-dir", str(state_dir)]
+        started = Process.spawn(self.env, args, name="shim-login")
+        login = ShimLogin(proc=started.proc, log_path=started.log_path)
+        self.processes.append(login)
+        return login
 
     def stop(self) -> None:
-        for server in self.servers:
-            server.stop()
+        """SIGTERM every process started through this instance at once, then wait for each."""
+        everything = [*self.processes, *self.servers]
+        for process in everything:
+            process.terminate()
+        for process in everything:
+            process.stop()
 
 
-@dataclass
-class Server:
-    """A running ``manage.py serve`` subprocess."""
-
-    proc: subprocess.Popen[str]
-    port: int
-    log_path: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/ws"
-
-    @classmethod
-    def start(cls, env: dict[str, str], *extra: str) -> Server:
-        port = free_port()
-        log_path = Path(tempfile.mkstemp(prefix=f"dispatch-serve-{port}-", suffix=".log")[1])
-        log = log_path.open("w")
-        proc = subprocess.Popen(
-            [PYTHON, str(REPO / "manage.py"), "serve", "--port", str(port), *extra],
-            env=env,
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        server = cls(proc=proc, port=port, log_path=log_path)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"serve exited with {proc.returncode}:\n{server.log()}")
-            try:
-                if httpx.get(f"{server.url}/healthz", timeout=1).status_code == 200:
-                    return server
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        server.stop()
-        raise RuntimeError(f"serve did not become healthy:\n{server.log()}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def kill(self) -> None:
-        """SIGKILL: the process gets no chance to clean up."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self, timeout: float = 15) -> int:
-        """SIGTERM and wait; returns the exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        return int(self.proc.returncode)
+_SETUP = (
+    "from django.core.management import call_command; "
+    "call_command('migrate', verbosity=0); "
+    "call_command('ensure_admin'); "
+    "call_command('issue_token', 'admin', name='tests')"
+)
 
 
 @contextmanager
 def instance(*, postgres: bool = False, redis: bool = False, **env: Any) -> Iterator[Instance]:
     """A migrated Dispatch instance with an ``admin`` user, on SQLite or PostgreSQL (+ Redis)."""
     data_dir = tempfile.mkdtemp(prefix="dispatch-it-")
-    overrides = {"DISPATCH_DATA_DIR": data_dir, "SECRET_KEY": uuid.uuid4().hex * 2, **{k: str(v) for k, v in env.items()}}
-    with _maybe(postgres_database() if postgres else None) as database_url, _maybe(
-        redis_url() if redis else None
-    ) as redis_base:
+    overrides = {
+        "DISPATCH_DATA_DIR": data_dir,
+        "SECRET_KEY": uuid.uuid4().hex * 2,
+        **{k: str(v) for k, v in env.items()},
+    }
+    with (
+        _maybe(postgres_database() if postgres else None) as database_url,
+        _maybe(redis_url() if redis else None) as redis_base,
+    ):
         if database_url:
             overrides["DATABASE_URL"] = database_url
         if redis_base:
             overrides["REDIS_URL"] = redis_base
             overrides["DISPATCH_REDIS_PREFIX"] = f"dispatch-it-{uuid.uuid4().hex[:8]}"
         inst = Instance(env=base_env(**overrides))
-        inst.manage("migrate", "-v0")
-        inst.manage("ensure_admin")
+        # migrate, ensure_admin and issue_token in one process: each Django start costs a second or two.
+        created = inst.manage("shell", "-c", _SETUP).stdout
+        inst.admin_password = next(
+            (line.split(":", 1)[1].strip() for line in created.splitlines() if line.strip().startswith("password:")), ""
+        )
+        inst.admin_token = created.strip().splitlines()[-1]
         try:
             yield inst
         finally:
@@ -261,3 +545,223 @@ def _maybe(manager: Any) -> Iterator[Any]:
     else:
         with manager as value:
             yield value
+
+
+# --- raw /ws clients ---------------------------------------------------------------------
+
+
+class LiveSession:
+    """A raw ``websockets`` client of a live server's ``/ws`` (spec/sessions-and-remotes.md §1.2).
+
+    A reader task decodes every frame into ``frames`` (in arrival order); a frame with a
+    ``nonce`` resolves ``reply(nonce)`` (``reply_counts`` counts them, to catch duplicates),
+    any other frame (events, auth replies, nonce-less errors) queues for ``next_event()``.
+    Open one with ``async with LiveSession.open(ws_url, token) as session``.
+    """
+
+    def __init__(self, connection: ClientConnection) -> None:
+        self.connection = connection
+        self.frames: list[Any] = []
+        self.reply_counts: Counter[Any] = Counter()
+        self._nonces = itertools.count(1)
+        self._replies: dict[Any, asyncio.Future[dict[str, Any]]] = {}
+        self._events: asyncio.Queue[Any] = asyncio.Queue()
+        self._reader = asyncio.create_task(self._read())
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, url: str, token: str | None = None, **connect_options: Any) -> AsyncIterator[LiveSession]:
+        """Connect to ``url``; ``token`` goes in ``Authorization: Bearer`` (none: authenticate by first frame).
+
+        ``connect_options`` go to ``websockets.asyncio.client.connect`` (e.g. ``max_size``).
+        """
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else None
+        async with connect(url, additional_headers=headers, open_timeout=10, **connect_options) as connection:
+            session = cls(connection)
+            try:
+                yield session
+            finally:
+                session._reader.cancel()
+
+    async def send(self, message: dict[str, Any] | str) -> None:
+        """Send a message (a dict is JSON-encoded; a string goes as is, as one text frame)."""
+        await self.connection.send(message if isinstance(message, str) else json.dumps(message))
+
+    async def send_request(self, action: str, body: dict[str, Any] | None = None) -> int:
+        """Send ``{"action", "nonce", "body"}`` without waiting; return the nonce."""
+        nonce = next(self._nonces)
+        await self.send({"action": action, "nonce": nonce, "body": body or {}})
+        return nonce
+
+    async def request(self, action: str, body: dict[str, Any] | None = None, timeout: float = 10) -> dict[str, Any]:
+        """Send a request and return the whole reply frame (``timeout`` in seconds)."""
+        return await self.reply(await self.send_request(action, body), timeout)
+
+    async def reply(self, nonce: Any, timeout: float = 10) -> dict[str, Any]:
+        """The first frame carrying ``nonce`` (already received or within ``timeout`` seconds)."""
+        future = self._replies.setdefault(nonce, asyncio.get_running_loop().create_future())
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout)
+        except TimeoutError:
+            raise AssertionError(f"no reply to nonce {nonce!r} within {timeout:g}s; {self._seen()}") from None
+
+    async def next_event(self, timeout: float = 10) -> Any:
+        """The next frame without a nonce, within ``timeout`` seconds."""
+        try:
+            return await asyncio.wait_for(self._events.get(), timeout)
+        except TimeoutError:
+            raise AssertionError(f"no event within {timeout:g}s; {self._seen()}") from None
+
+    def _seen(self) -> str:
+        state = f"closed with {self.connection.close_code}" if self.is_closed else "open"
+        return f"connection {state}; last frames: {self.frames[-3:]!r}"
+
+    async def closed(self, timeout: float = 10) -> int | None:
+        """Wait until the connection closes (``timeout`` seconds); return the close code."""
+        await asyncio.wait_for(asyncio.shield(self._reader), timeout)
+        return self.connection.close_code
+
+    @property
+    def is_closed(self) -> bool:
+        return self._reader.done()
+
+    async def _read(self) -> None:
+        try:
+            async for frame in self.connection:
+                message = json.loads(frame)
+                self.frames.append(message)
+                if isinstance(message, dict) and "nonce" in message:
+                    nonce = message["nonce"]
+                    self.reply_counts[nonce] += 1
+                    future = self._replies.setdefault(nonce, asyncio.get_running_loop().create_future())
+                    if not future.done():
+                        future.set_result(message)
+                else:
+                    self._events.put_nowait(message)
+        except ConnectionClosed:
+            pass
+
+
+# --- machines: REST client, processes ------------------------------------------------------
+
+
+@dataclass
+class MachineApi:
+    """A keep-alive client of the machines REST API (spec/machines.md §6) of one server, as one user."""
+
+    url: str
+    token: str
+    client: httpx.Client = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.client = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=120)
+
+    def op(self, session: str, op: str, payload: dict[str, Any], target: str | None = None) -> httpx.Response:
+        body: dict[str, Any] = {"op": op, "payload": payload}
+        if target is not None:
+            body["target_machine"] = target
+        return self.client.post(f"/api/v1/sessions/{session}/ops", json=body)
+
+    def ok(self, session: str, op: str, payload: dict[str, Any], target: str | None = None) -> dict[str, Any]:
+        """The response of an operation that must succeed: ``{machine_id, type, payload}``."""
+        response = self.op(session, op, payload, target)
+        assert response.status_code == 200, response.text
+        return dict(response.json())
+
+    def run(self, session: str, argv: list[str], target: str | None = None) -> dict[str, Any]:
+        """``EXECUTE_COMMAND argv`` that must exit 0."""
+        answer = self.ok(session, "EXECUTE_COMMAND", {"argv": argv}, target)
+        assert answer["type"] == "COMMAND_RESULT"
+        assert answer["payload"]["exit_code"] == 0, answer
+        return answer
+
+    def machines(self, session: str) -> dict[str, dict[str, Any]]:
+        """``GET /api/v1/sessions/{session}/machines``, by ``machine_id``."""
+        response = self.client.get(f"/api/v1/sessions/{session}/machines")
+        assert response.status_code == 200, response.text
+        return {entry["machine_id"]: entry for entry in response.json()["machines"]}
+
+    def my_machines(self) -> dict[str, dict[str, Any]]:
+        """``GET /api/v1/machines``, by ``machine_id``."""
+        response = self.client.get("/api/v1/machines")
+        assert response.status_code == 200, response.text
+        return {entry["machine_id"]: entry for entry in response.json()["machines"]}
+
+    def copy(self, session: str, **body: Any) -> httpx.Response:
+        return self.client.post(f"/api/v1/sessions/{session}/copy", json=body)
+
+    def set_default(self, machine_id: str | None) -> httpx.Response:
+        return self.client.put("/api/v1/machines/default", json={"machine_id": machine_id})
+
+
+def api_error(response: httpx.Response) -> dict[str, Any]:
+    """The ``{"error": {code, message, details}}`` body of a failed call."""
+    body = response.json()
+    assert set(body) == {"error"}, body
+    return dict(body["error"])
+
+
+def children_of(pid: int) -> list[tuple[int, str]]:
+    """(pid, command name) of the processes whose parent is ``pid`` (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        if ppid == pid:
+            found.append((int(entry.name), name))
+    return found
+
+
+def wait_for_child(pid: int, command: str, timeout: float = 10) -> int:
+    """The pid of ``command`` once process ``pid`` has started it."""
+    found = wait_until(
+        lambda: [child for child, name in children_of(pid) if name == command],
+        timeout=timeout,
+        what=f"{command} to start under {pid}",
+    )
+    return int(found[0])
+
+
+class InFlight:
+    """A machine operation sent from a thread, so a test can act while it is pending.
+
+    ``result(timeout)`` joins it; ``answered_at`` is the ``time.monotonic()`` of the answer.
+    """
+
+    def __init__(
+        self, api: MachineApi, session: str, op: str, payload: dict[str, Any], target: str | None = None
+    ) -> None:
+        self.response: httpx.Response | None = None
+        self.answered_at = 0.0
+
+        def send() -> None:
+            body = {"op": op, "payload": payload, **({"target_machine": target} if target else {})}
+            self.response = httpx.post(
+                f"{api.url}/api/v1/sessions/{session}/ops",
+                json=body,
+                headers={"Authorization": f"Bearer {api.token}"},
+                timeout=120,
+            )
+            self.answered_at = time.monotonic()
+
+        self.thread = threading.Thread(target=send, daemon=True)
+        self.thread.start()
+
+    def result(self, timeout: float) -> httpx.Response:
+        self.thread.join(timeout)
+        assert self.response is not None, f"no answer within {timeout:g}s"
+        return self.response
+
+
+def kill_quietly(pid: int) -> None:
+    """SIGKILL ``pid`` if it still exists."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
