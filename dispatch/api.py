@@ -96,7 +96,9 @@ class TokenObtainView(DispatchAPIView):
 
     @extend_schema(
         request=TokenRequestSerializer,
-        responses={201: inline_serializer("IssuedToken", {"token": serializers.CharField(), "id": serializers.IntegerField()})},
+        responses={
+            201: inline_serializer("IssuedToken", {"token": serializers.CharField(), "id": serializers.IntegerField()})
+        },
     )
     def post(self, request: Request) -> Response:
         incoming = TokenRequestSerializer(data=request.data)

@@ -227,7 +227,9 @@ def server_process_reap() -> list[str]:
     """
     cutoff = timezone.now() - timedelta(seconds=settings.PROCESS_TTL)
     dead = list(
-        ServerProcess.objects.filter(heartbeat_at__lt=cutoff).exclude(pk=current_process_id()).values_list("pk", flat=True)
+        ServerProcess.objects.filter(heartbeat_at__lt=cutoff)
+        .exclude(pk=current_process_id())
+        .values_list("pk", flat=True)
     )
     if dead:
         ServerProcess.objects.filter(pk__in=dead, heartbeat_at__lt=cutoff).delete()

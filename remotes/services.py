@@ -71,9 +71,7 @@ def disconnected(remotename: str) -> RemoteError:
 # --- ws sessions ----------------------------------------------------------------------
 
 
-def ws_session_open(
-    *, user: User, channel_name: str, auth_method: str, client_address: str = ""
-) -> WsSession:
+def ws_session_open(*, user: User, channel_name: str, auth_method: str, client_address: str = "") -> WsSession:
     """Record an authenticated ``/ws`` connection held by this process."""
     process_id = server_process_ensure()
     return WsSession.objects.create(
@@ -250,10 +248,14 @@ def check_arguments(route: RemoteRoute, remotename: str, function: str, args: di
     if error is not None:
         where = "/".join(str(part) for part in error.absolute_path)
         suffix = f" (at '{where}')" if where else ""
-        raise RemoteError(f"invalid arguments for '{remotename}.{function}': {error.message}{suffix}", "INVALID_REQUEST")
+        raise RemoteError(
+            f"invalid arguments for '{remotename}.{function}': {error.message}{suffix}", "INVALID_REQUEST"
+        )
     # The serving client cannot read a frame over the /ws limit (§2.2); the request id
     # is at most the name, '#' and 20 digits.
-    frame = remote_call_event(request_id=f"{remotename}#{'9' * 20}", remotename=remotename, function=function, args=args)
+    frame = remote_call_event(
+        request_id=f"{remotename}#{'9' * 20}", remotename=remotename, function=function, args=args
+    )
     if len(frame) * 4 > settings.WS_MAX_MESSAGE_BYTES and len(frame.encode()) > settings.WS_MAX_MESSAGE_BYTES:
         raise RemoteError("arguments too large", "INVALID_REQUEST")
 

@@ -131,7 +131,7 @@ class Remote:
                 finally:
                     await session.close()
             delay = min(RECONNECT_DELAY * 2**attempt, RECONNECT_DELAY_MAX)
-            delay += random.uniform(0, delay / 2)
+            delay += random.uniform(0, delay / 2)  # noqa: S311 - jitter, not a secret
             attempt += 1
             logger.warning("%s; reconnecting in %.1fs", problem, delay)
             await asyncio.sleep(delay)

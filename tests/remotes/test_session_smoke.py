@@ -12,7 +12,13 @@ async def test_the_spec_example_exchange(ws_connect, owner_token, weather_tools)
         reply = await server.request("remote-connect", {"remotename": "weather-service", "tools": weather_tools})
         assert reply == {"message": "remote connected", "remotename": "weather-service", "nonce": "n1"}
 
-        await caller.send({"action": "remote-call", "nonce": "c1", "body": {"remotename": "weather-service", "function": "get_forecast", "args": {"city": "Rome"}}})
+        await caller.send(
+            {
+                "action": "remote-call",
+                "nonce": "c1",
+                "body": {"remotename": "weather-service", "function": "get_forecast", "args": {"city": "Rome"}},
+            }
+        )
         event = await server.next_event()
         assert event == {
             "action": "remote-call",
