@@ -10,6 +10,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from channels.db import database_sync_to_async
 from django.contrib.auth.models import User
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -21,12 +22,18 @@ from dispatch.services import AuthenticationFailed, api_token_authenticate
 class BearerCsrfExemptMiddleware:
     """Requests carrying a bearer token skip CSRF (no cookie can forge them), as in DRF.
 
-    Must come before ``CsrfViewMiddleware``.
+    Must come before ``CsrfViewMiddleware``. Sync- and async-capable: a sync-only
+    middleware would push every async view onto the process's shared sync thread.
     """
+
+    sync_capable = True
+    async_capable = True
 
     def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
         self.get_response = get_response
-        self.async_mode = False
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
 
     def __call__(self, request: HttpRequest) -> Any:
         if request.headers.get("Authorization", "").lower().startswith("bearer "):
@@ -82,7 +89,8 @@ def json_api(view: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
             return error_response(exc)
         if isinstance(result, HttpResponse):
             return result
-        return JsonResponse(result, safe=False, json_dumps_params={"ensure_ascii": False})
+        # ASCII escapes: a lone surrogate from a shim or remote must not make this a 500.
+        return JsonResponse(result, safe=False)
 
     wrapper.__name__ = view.__name__
     wrapper.__doc__ = view.__doc__

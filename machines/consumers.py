@@ -16,11 +16,10 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
-from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from pydantic import ValidationError
 
-from dispatch.presence import current_process_id, process_group
+from dispatch.consumers import DispatchConsumer
 from machines import protocol
 from machines.protocol import OPERATIONS, envelope, negotiate
 from machines.services import connections
@@ -42,7 +41,7 @@ class PendingOperation:
     expires_at: float
 
 
-class ShimConsumer(AsyncWebsocketConsumer):
+class ShimConsumer(DispatchConsumer):
     """One shim connection."""
 
     async def connect(self) -> None:
@@ -70,7 +69,6 @@ class ShimConsumer(AsyncWebsocketConsumer):
         for request_id in list(getattr(self, "pending", {})):
             await self._fail(request_id, "MACHINE_UNREACHABLE", "the machine disconnected")
         if getattr(self, "connection_id", None):
-            await self.channel_layer.group_discard(process_group(current_process_id()), self.channel_name)
             await database_sync_to_async(connections.shim_disconnected)(connection_id=self.connection_id)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
@@ -80,7 +78,7 @@ class ShimConsumer(AsyncWebsocketConsumer):
             return
         try:
             frame = json.loads(text_data) if text_data is not None else None
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: deeply nested arrays
             frame = None
         if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
             if self.connection_id is None:
@@ -127,7 +125,6 @@ class ShimConsumer(AsyncWebsocketConsumer):
         for task in self.tasks:
             task.cancel()
         self.tasks = [asyncio.ensure_future(self._ping_loop())]
-        await self.channel_layer.group_add(process_group(current_process_id()), self.channel_name)
         await self._send(
             envelope(
                 "HELLO_ACK",

@@ -130,5 +130,16 @@ def envelope(
 
 
 def encode(frame: dict[str, Any]) -> str:
-    """Serialise a frame as compact JSON."""
-    return json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
+    """Serialise a frame as compact JSON (UTF-8 kept as is).
+
+    A string may hold a lone surrogate (a ``"\\ud800"`` escape in a caller's or shim's
+    JSON decodes to one), which UTF-8 cannot carry: sending the frame would fail. Such a
+    frame is written with ``\\u`` escapes instead, which mean the same JSON.
+    """
+    text = json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            return json.dumps(frame, separators=(",", ":"))
+    return text

@@ -9,6 +9,8 @@ destination only with ``overwrite``). A failed copy removes the partial file.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -82,7 +84,7 @@ async def copy_between_machines(
                     "create_parents": first,
                 },
             )
-            read = int(chunk.get("size_bytes") or 0)
+            read = _chunk_length(chunk)
             first = False
             offset += read
             if progress is not None:
@@ -113,3 +115,18 @@ async def copy_between_machines(
             logger.warning("could not remove %s on %s after a failed copy", partial, destination_machine)
         raise
     return {"size_bytes": source_final.get("size_bytes"), "sha256": source_final.get("sha256")}
+
+
+def _chunk_length(chunk: dict[str, Any]) -> int:
+    """The number of bytes a base64 ``FILE_CONTENTS`` chunk holds.
+
+    Counted from the content itself: ``size_bytes`` is the whole file's size (the shim
+    reports it so), and a shim with a lower ``max_file_size_bytes`` returns less than asked.
+    """
+    content = chunk.get("content")
+    try:
+        if not isinstance(content, str):
+            raise ValueError("no content")
+        return len(base64.b64decode(content, validate=True))
+    except (binascii.Error, ValueError):
+        raise MachineError("INVALID_RESPONSE", "the source machine sent a chunk that is not base64") from None

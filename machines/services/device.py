@@ -126,7 +126,6 @@ def machine_token_create(*, user: User, machine_id: str) -> IssuedMachineToken:
     return IssuedMachineToken(token=token, raw=raw)
 
 
-@transaction.atomic
 def device_token_poll(*, device_code: object) -> IssuedMachineToken:
     """Poll for the token (RFC 8628 §3.4–3.5).
 
@@ -137,16 +136,26 @@ def device_token_poll(*, device_code: object) -> IssuedMachineToken:
     """
     if not isinstance(device_code, str) or not device_code or len(device_code) > 200:
         raise DeviceFlowError("invalid_request", "device_code is required")
+    outcome = _device_token_poll(device_code)
+    # Raised after the commit: the poll time and a grown interval must be kept even
+    # when the answer is an error (raising inside the transaction rolled them back).
+    if isinstance(outcome, DeviceFlowError):
+        raise outcome
+    return outcome
+
+
+@transaction.atomic
+def _device_token_poll(device_code: str) -> IssuedMachineToken | DeviceFlowError:
     authorization = (
         DeviceAuthorization.objects.select_for_update().filter(device_code_digest=_digest(device_code)).first()
     )
     if authorization is None or authorization.status == DeviceAuthorization.Status.CONSUMED:
-        raise DeviceFlowError("invalid_grant", "unknown or already used device_code")
+        return DeviceFlowError("invalid_grant", "unknown or already used device_code")
     now = timezone.now()
     if authorization.expires_at <= now:
-        raise DeviceFlowError("expired_token", "the device code expired; run login again")
+        return DeviceFlowError("expired_token", "the device code expired; run login again")
     if authorization.status == DeviceAuthorization.Status.DENIED:
-        raise DeviceFlowError("access_denied", "the request was denied")
+        return DeviceFlowError("access_denied", "the request was denied")
     if authorization.status == DeviceAuthorization.Status.APPROVED and authorization.user is not None:
         authorization.status = DeviceAuthorization.Status.CONSUMED
         authorization.last_polled_at = now
@@ -159,9 +168,9 @@ def device_token_poll(*, device_code: object) -> IssuedMachineToken:
     if too_soon:
         authorization.interval += SLOW_DOWN_STEP
         authorization.save(update_fields=["last_polled_at", "interval"])
-        raise DeviceFlowError("slow_down", f"poll at most every {authorization.interval} seconds")
+        return DeviceFlowError("slow_down", f"poll at most every {authorization.interval} seconds")
     authorization.save(update_fields=["last_polled_at"])
-    raise DeviceFlowError("authorization_pending", "waiting for the user to approve the code")
+    return DeviceFlowError("authorization_pending", "waiting for the user to approve the code")
 
 
 def device_authorization_find(*, user: User, user_code: str) -> DeviceAuthorization:

@@ -9,6 +9,7 @@ seconds (``MACHINE_UNREACHABLE``).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import re
 import time
@@ -54,7 +55,8 @@ def check_session_id(session_id: str) -> str:
 def operation_timeout(op: str, payload: dict[str, Any], limits: dict[str, int]) -> float:
     """Seconds to wait for a response: the command's own timeout (or the default) + 10 s."""
     timeout = float(limits.get("command_timeout_seconds", DEFAULT_LIMITS["command_timeout_seconds"]))
-    if op == "EXECUTE_COMMAND" and isinstance(payload.get("timeout_seconds"), (int, float)):
+    requested = payload.get("timeout_seconds")
+    if op == "EXECUTE_COMMAND" and isinstance(requested, (int, float)) and not isinstance(requested, bool):
         timeout = max(0.0, min(float(payload["timeout_seconds"]), limits.get("max_command_timeout_seconds", 600)))
     return float(timeout) + TIMEOUT_MARGIN
 
@@ -69,17 +71,24 @@ def _connection_alive(connection_id: str, server_process_id: str) -> bool:
 
 
 async def send_to_machine(
-    candidate: Candidate, *, op: str, payload: dict[str, Any], session_id: str, timeout: float
+    candidate: Candidate,
+    *,
+    op: str,
+    payload: dict[str, Any],
+    session_id: str,
+    timeout: float,
+    request_id: str | None = None,
 ) -> dict[str, Any]:
     """Send one operation to the chosen machine's connection and wait for its reply.
 
+    ``request_id`` is the envelope ``id`` the shim sees (a fresh uuid4 unless given).
     Returns ``{"response_type", "payload"}`` (``ERROR`` included); raises ``MachineError``
     ``MACHINE_UNREACHABLE`` (connection gone, its process dead, or its channel full) or
     ``TIMEOUT``.
     """
     layer = get_channel_layer()
     reply_channel = await layer.new_channel()
-    request_id = str(uuid.uuid4())
+    request_id = request_id or str(uuid.uuid4())
     try:
         await layer.send(
             candidate.channel_name,
@@ -147,6 +156,7 @@ async def machine_op(
     if target_machine is not None and not isinstance(target_machine, str):
         raise InvalidRequest("target_machine must be a string or null")
     started = time.monotonic()
+    request_id = str(uuid.uuid4())
     candidate: Candidate | None = None
     result: dict[str, Any] = {"ok": False}
     try:
@@ -162,6 +172,7 @@ async def machine_op(
             payload=payload,
             session_id=session_id,
             timeout=operation_timeout(op, payload, candidate.limits),
+            request_id=request_id,
         )
         if reply["response_type"] == "ERROR":
             error = reply["payload"]
@@ -172,6 +183,13 @@ async def machine_op(
         result = {"ok": True}
         if op == "EXECUTE_COMMAND":
             result["exit_code"] = reply["payload"].get("exit_code")
+        if router.operation_path(op, payload) is not None:
+            # Recency is a routing input: it must be visible to the very next operation
+            # (a write and the following read of one file go to one machine, §6 step 2),
+            # so unlike the audit record it is written before the reply is returned.
+            await database_sync_to_async(path_recency_record)(
+                user=user, session_id=session_id, machine_id=candidate.machine_id, op=op, payload=payload
+            )
         return response
     except MachineError as exc:
         result = {"ok": False, "error_code": exc.code}
@@ -182,6 +200,7 @@ async def machine_op(
             user=user,
             session_id=session_id,
             machine_id=candidate.machine_id if candidate else "",
+            request_id=request_id,
             op=op,
             payload=payload,
             result=result,
@@ -190,24 +209,50 @@ async def machine_op(
 
 
 def _after_reply(**record: Any) -> None:
-    """Write the audit record (and path recency) in the background, after the reply."""
-    task = asyncio.ensure_future(database_sync_to_async(audit_record_create)(**record))
+    """Write the audit record in the background, after the reply."""
+    _in_background(database_sync_to_async(audit_record_create)(**record))
+
+
+def _in_background(work: Any) -> None:
+    """Run ``work`` (a coroutine) as a task that outlives the caller.
+
+    The task starts from an empty context: one copied from an async view would send its
+    ``database_sync_to_async`` calls to that request's thread executor, which is gone
+    once the response is sent ("CurrentThreadExecutor already quit"), losing the work.
+    """
+    task = asyncio.get_running_loop().create_task(work, context=contextvars.Context())
     _background.add(task)
     task.add_done_callback(_background.discard)
 
 
-SECRET_ARG = re.compile(
-    r"(?i)^(--?(password|passwd|token|secret|api[-_]?key)[=:]|authorization:\s*|[A-Za-z0-9_]*(_KEY|_SECRET|_TOKEN|PASSWORD)=|token=)"
-)
+_SECRET_VALUE = r"[^\s'\"]+"
+# §7: values of ``--password=…``, ``Authorization: …``, ``token=…``, ``*_KEY=…``,
+# ``*_SECRET=…``, ``*_TOKEN=…`` (and ``*PASSWORD=…``), anywhere in an argument or command.
+SECRET_PATTERNS = [
+    re.compile(r"(?i)(authorization:\s*(?:(?:bearer|basic|token)\s+)?)" + _SECRET_VALUE),
+    re.compile(r"(?i)(--?(?:password|passwd|token|secret|api[-_]?key)[=:])" + _SECRET_VALUE),
+    re.compile(r"(?i)((?<![A-Za-z0-9_])[A-Za-z0-9_]*(?:_KEY|_SECRET|_TOKEN|PASSWORD)=)" + _SECRET_VALUE),
+    re.compile(r"(?i)((?<![A-Za-z0-9_])token=)" + _SECRET_VALUE),
+]
+# A flag whose value is the next argument (``--password hunter2``).
+SECRET_FLAG = re.compile(r"(?i)^--?(password|passwd|token|secret|api[-_]?key)$")
+
+
+def redact_text(text: str) -> str:
+    """``text`` with the values of secret-looking assignments replaced by ``***`` (§7)."""
+    for pattern in SECRET_PATTERNS:
+        text = pattern.sub(r"\1***", text)
+    return text
 
 
 def redact_argv(argv: list[Any]) -> list[str]:
     """Replace the values of secret-looking arguments with ``***`` (§7)."""
     redacted: list[str] = []
+    hide_next = False
     for item in argv:
         text = str(item)
-        match = SECRET_ARG.match(text)
-        redacted.append(text[: match.end()] + "***" if match else text)
+        redacted.append("***" if hide_next else redact_text(text))
+        hide_next = not hide_next and bool(SECRET_FLAG.match(text))
     return redacted
 
 
@@ -221,7 +266,7 @@ def audit_details(op: str, payload: dict[str, Any]) -> dict[str, Any]:
     if isinstance(payload.get("argv"), list):
         details["argv"] = redact_argv(payload["argv"])
     if isinstance(payload.get("command"), str):
-        details["command"] = " ".join(redact_argv(payload["command"].split(" ")))
+        details["command"] = redact_text(payload["command"])
     if isinstance(payload.get("env"), dict):
         details["env_keys"] = sorted(str(k) for k in payload["env"])
     if isinstance(payload.get("content"), str):
@@ -234,32 +279,40 @@ def audit_record_create(
     user: User,
     session_id: str,
     machine_id: str,
+    request_id: str,
     op: str,
     payload: dict[str, Any],
     result: dict[str, Any],
     caller: str,
 ) -> AuditRecord:
-    """Record one routed operation, and remember which machine touched its path."""
+    """Record one routed operation (``request_id``: the envelope id the shim saw, so the
+    record matches the shim's own audit log) and stamp the machine's last activity."""
     record = AuditRecord.objects.create(
         user=user,
         session_id=session_id,
         machine_id=machine_id,
-        request_id=str(uuid.uuid4()),
+        request_id=request_id,
         op=op,
         details=audit_details(op, payload),
         result=result,
         caller=caller[:200],
     )
+    if machine_id and result.get("ok"):
+        Machine.objects.filter(user=user, machine_id=machine_id).update(last_active_at=timezone.now())
+    return record
+
+
+def path_recency_record(*, user: User, session_id: str, machine_id: str, op: str, payload: dict[str, Any]) -> None:
+    """Remember that ``machine_id`` last operated on the operation's path in ``session_id``
+    (routing step 2, recency)."""
     path = router.operation_path(op, payload)
-    if machine_id and path and result.get("ok") and len(path) <= 1024:
+    if path and len(path) <= 1024:
         PathRecency.objects.update_or_create(
             user=user,
             session_id=session_id,
             path=path,
             defaults={"machine_id": machine_id, "updated_at": timezone.now()},
         )
-        Machine.objects.filter(user=user, machine_id=machine_id).update(last_active_at=timezone.now())
-    return record
 
 
 async def request_snapshots(*, user_id: int, connection_ids: list[str]) -> None:
@@ -287,9 +340,10 @@ async def request_snapshots(*, user_id: int, connection_ids: list[str]) -> None:
         except MachineError as exc:
             logger.info("no snapshot from %s: %s", candidate.name, exc.message)
 
-    task = asyncio.ensure_future(asyncio.gather(*(one(row) for row in rows)))
-    _background.add(task)
-    task.add_done_callback(_background.discard)
+    async def every() -> None:
+        await asyncio.gather(*(one(row) for row in rows))
+
+    _in_background(every())
 
 
 def list_machines(*, user: User, session_id: str) -> list[dict[str, Any]]:

@@ -108,7 +108,13 @@ def operation_path(op: str, payload: dict[str, Any]) -> str | None:
     if not op.startswith("FILE_"):
         return None
     path = payload.get("path") if op != "FILE_MOVE" else payload.get("src")
-    return posixpath.normpath(path) if isinstance(path, str) and path.startswith("/") else None
+    if not isinstance(path, str) or not path.startswith("/"):
+        return None
+    try:
+        path.encode()
+    except UnicodeEncodeError:  # a lone surrogate (a JSON "\ud800" escape): not storable
+        return None
+    return posixpath.normpath(path)
 
 
 def choose(*, user: User, session_id: str, op: str, payload: dict[str, Any], target_machine: str | None) -> Candidate:

@@ -1,0 +1,149 @@
+"""The Machines page and its forms (ui.md; spec/machines.md §1, §4, §7)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from machines.models import AuditRecord, DefaultMachine, Machine, MachineToken
+from machines.services.device import machine_token_create
+
+pytestmark = pytest.mark.django_db
+
+
+def machine(user: Any, machine_id: str, **fields: Any) -> Machine:
+    defaults: dict[str, Any] = {
+        "hostname": machine_id + "-host",
+        "platform": "linux",
+        "arch": "x86_64",
+        "granted_capabilities": ["files", "shell"],
+        "allowed_roots": ["/home/" + user.username],
+        "connection_status": Machine.Connection.CONNECTED,
+        "status_reason": "connected",
+    }
+    defaults.update(fields)
+    return Machine.objects.create(user=user, machine_id=machine_id, **defaults)
+
+
+@pytest.fixture
+def browser(owner: Any) -> Client:
+    client = Client()
+    client.force_login(owner)
+    return client
+
+
+def test_the_page_needs_a_login(client):
+    for path in ("/machines/", "/machines/fragment"):
+        response = client.get(path)
+        assert response.status_code == 302
+        assert response["Location"].startswith("/login/")
+
+
+def test_the_page_lists_the_users_machines_with_their_status(browser, owner, member):
+    machine(owner, "m-laptop", display_name="Work laptop")
+    machine(
+        owner,
+        "m-nas",
+        hostname="nas",
+        connection_status=Machine.Connection.DISCONNECTED,
+        status_reason="the shim disconnected",
+        health=Machine.Health.ERROR,
+    )
+    machine(member, "m-bob", hostname="bobs-secret-box")
+    page = browser.get("/machines/").content.decode()
+    assert 'data-machine="m-laptop"' in page and "Work laptop" in page
+    assert 'data-machine="m-nas"' in page
+    assert '<span class="machine-status">connected</span>' in page
+    assert '<span class="machine-status">disconnected</span>' in page
+    assert "the shim disconnected" in page and " · error" in page
+    assert "m-bob" not in page and "bobs-secret-box" not in page
+
+
+def test_revoked_machines_are_not_listed(browser, owner):
+    from django.utils import timezone
+
+    machine(owner, "m-old", revoked_at=timezone.now())
+    assert "m-old" not in browser.get("/machines/").content.decode()
+
+
+def test_the_fragment_is_the_list_without_the_layout(browser, owner):
+    machine(owner, "m-laptop")
+    response = browser.get("/machines/fragment")
+    assert response.status_code == 200
+    fragment = response.content.decode()
+    assert 'data-machine="m-laptop"' in fragment
+    assert "<html" not in fragment.lower()
+
+
+def test_the_page_shows_the_users_recent_operations_only(browser, owner, member):
+    AuditRecord.objects.create(
+        user=owner,
+        session_id="agt_1",
+        machine_id="m1",
+        request_id="r1",
+        op="FILE_READ",
+        details={"path": "/home/alice/plan.txt"},
+        result={"ok": True, "duration_ms": 3},
+        caller="agt_1",
+    )
+    AuditRecord.objects.create(
+        user=member,
+        session_id="s",
+        machine_id="m2",
+        request_id="r2",
+        op="FILE_DELETE",
+        details={"path": "/home/bob/private.txt"},
+        result={"ok": True},
+        caller="api",
+    )
+    page = browser.get("/machines/").content.decode()
+    assert "/home/alice/plan.txt" in page
+    assert "/home/bob/private.txt" not in page
+
+
+def test_the_revoke_form_revokes_the_machine_and_its_tokens(browser, owner):
+    machine(owner, "m-laptop")
+    machine_token_create(user=owner, machine_id="m-laptop")
+    response = browser.post("/machines/m-laptop/revoke", follow=True)
+    assert response.redirect_chain[-1][0] == "/machines/"
+    assert "revoked" in response.content.decode()
+    assert Machine.objects.get(machine_id="m-laptop").revoked_at is not None
+    assert not MachineToken.objects.filter(revoked_at__isnull=True).exists()
+    assert 'data-machine="m-laptop"' not in response.content.decode()
+
+
+def test_the_revoke_form_cannot_touch_another_users_machine(browser, member):
+    machine(member, "m-bob")
+    token = machine_token_create(user=member, machine_id="m-bob")
+    response = browser.post("/machines/m-bob/revoke", follow=True)
+    assert response.status_code == 200
+    assert "no machine" in response.content.decode()
+    assert Machine.objects.get(machine_id="m-bob").revoked_at is None
+    assert MachineToken.objects.get(pk=token.token.pk).revoked_at is None
+
+
+def test_the_revoke_form_only_accepts_post(browser, owner):
+    machine(owner, "m-laptop")
+    assert browser.get("/machines/m-laptop/revoke").status_code == 405
+    assert Machine.objects.get(machine_id="m-laptop").revoked_at is None
+
+
+def test_the_default_form_sets_the_default_machine(browser, owner):
+    machine(owner, "m-laptop")
+    machine(owner, "m-nas")
+    response = browser.post("/machines/default", {"machine_id": "m-nas"}, follow=True)
+    assert response.redirect_chain[-1][0] == "/machines/"
+    assert DefaultMachine.objects.get(user=owner).machine_id == "m-nas"
+    page = response.content.decode()
+    row = page[page.index('data-machine="m-nas"') :]
+    row = row[: row.index("</tr>")]
+    assert '<span class="badge">default</span>' in row
+
+
+def test_the_default_form_refuses_another_users_machine(browser, owner, member):
+    machine(member, "m-bob")
+    response = browser.post("/machines/default", {"machine_id": "m-bob"}, follow=True)
+    assert "no machine" in response.content.decode()
+    assert not DefaultMachine.objects.filter(user=owner).exists()

@@ -1,0 +1,143 @@
+"""The machine tools for agents and MCP (spec/machines.md §6 "Tools")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dispatch.errors import InvalidRequest
+from machines.tools import ROUTING_NOTE, machine_tools
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TOOL_NAMES = {
+    "list_machines",
+    "local_pc_execute_command",
+    "local_pc_file_read",
+    "local_pc_file_write",
+    "local_pc_file_list",
+    "local_pc_file_stat",
+    "local_pc_file_delete",
+    "local_pc_file_move",
+    "local_pc_file_copy",
+}
+
+
+async def tools_for(user: Any, session_id: str = "s1") -> dict[str, Any]:
+    return {tool.name: tool for tool in await machine_tools(user=user, session_id=session_id, caller="agt_1")}
+
+
+async def test_the_tool_set_is_list_machines_and_the_local_pc_tools(owner):
+    tools = await tools_for(owner)
+    assert set(tools) == TOOL_NAMES
+    for tool in tools.values():
+        assert tool.parameters["type"] == "object"
+    assert "target_machine" in tools["local_pc_file_read"].parameters["properties"]
+    assert tools["local_pc_file_read"].parameters["required"] == ["path"]
+
+
+async def test_with_two_machines_the_descriptions_list_them_and_explain_routing(shims, owner):
+    await shims.connect(owner, machine_id="m1", hostname="laptop")
+    await shims.connect(owner, machine_id="m2", hostname="nas", display_name="Home NAS", capabilities=["files"])
+    tools = await tools_for(owner)
+    for name in TOOL_NAMES - {"list_machines"}:
+        description = tools[name].description
+        assert ROUTING_NOTE in description, name
+        assert "laptop" in description and "Home NAS" in description, name
+
+
+async def test_with_one_machine_the_descriptions_do_not_explain_routing(shims, owner):
+    await shims.connect(owner, machine_id="m1", hostname="laptop")
+    tools = await tools_for(owner)
+    assert ROUTING_NOTE not in tools["local_pc_file_read"].description
+    assert "laptop" in tools["local_pc_file_read"].description
+
+
+async def test_descriptions_only_count_machines_of_the_session(shims, owner):
+    await shims.connect(owner, machine_id="m1", hostname="laptop", sessions=["s1"])
+    await shims.connect(owner, machine_id="m2", hostname="nas", sessions=["s2"])
+    tools = await tools_for(owner, "s1")
+    assert ROUTING_NOTE not in tools["local_pc_file_read"].description
+    assert "nas" not in tools["local_pc_file_read"].description
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments"),
+    [
+        ("local_pc_file_read", {}),
+        ("local_pc_file_read", {"path": 3}),
+        ("local_pc_file_read", {"path": "/x", "encoding": "latin-1"}),
+        ("local_pc_file_read", {"path": "/x", "unexpected": True}),
+        ("local_pc_file_write", {"path": "/x"}),
+        ("local_pc_execute_command", {"argv": []}),
+        ("local_pc_execute_command", {"argv": ["sleep"], "timeout_seconds": 601}),
+        ("local_pc_execute_command", {"argv": ["env"], "env": {"A": 1}}),
+        ("local_pc_file_move", {"src": "/a"}),
+        ("local_pc_file_copy", {"source_machine": "a", "source_path": "/x", "destination_machine": "b"}),
+        ("list_machines", {"session_id": 3}),
+        ("local_pc_file_stat", {"path": "/x", "target_machine": 5}),
+    ],
+)
+async def test_arguments_that_fail_the_schema_are_invalid_requests(shims, owner, name, arguments):
+    shim = await shims.connect(owner, machine_id="m1")
+    tools = await tools_for(owner)
+    with pytest.raises(InvalidRequest) as failure:
+        await tools[name](arguments)
+    assert name in failure.value.message
+    assert [r for r in shim.requests if r["type"] != "MACHINE_LIST_REQUEST"] == []
+
+
+async def test_a_tool_call_returns_the_payload_and_the_machine(shims, owner):
+    shim = await shims.connect(owner, machine_id="m1", hostname="laptop")
+    shim.files["/home/alice/a.txt"] = b"hi"
+    tools = await tools_for(owner)
+    result = await tools["local_pc_file_read"]({"path": "/home/alice/a.txt", "encoding": "utf-8"})
+    assert result == {
+        "content": "hi",
+        "encoding": "utf-8",
+        "size_bytes": 2,
+        "offset": 0,
+        "truncated": False,
+        "machine_id": "m1",
+    }
+    request = shim.ops("FILE_READ")[0]
+    assert request["payload"] == {"path": "/home/alice/a.txt", "encoding": "utf-8"}  # no routing arguments
+    assert request["session_id"] == "s1"
+
+
+async def test_tool_arguments_pick_the_machine_and_the_session(shims, owner):
+    await shims.connect(owner, machine_id="m1", hostname="laptop", sessions=["s1"])
+    server = await shims.connect(owner, machine_id="m2", hostname="server", sessions=["*"])
+    tools = await tools_for(owner)
+    result = await tools["local_pc_execute_command"]({"argv": ["uname"], "target_machine": "server"})
+    assert result["machine_id"] == "m2"
+    result = await tools["local_pc_execute_command"]({"argv": ["uname"], "session_id": "other"})
+    assert result["machine_id"] == "m2"
+    assert server.ops("EXECUTE_COMMAND")[-1]["session_id"] == "other"
+
+
+async def test_list_machines_returns_the_snapshots(shims, owner):
+    await shims.connect(owner, machine_id="m1", hostname="laptop")
+    tools = await tools_for(owner)
+    machines = await tools["list_machines"]({})
+    assert [m["machine_id"] for m in machines] == ["m1"]
+    assert machines[0]["status"]["connection"] == "connected"
+    assert machines[0]["is_default"] is False
+
+
+async def test_the_copy_tool_copies_between_machines(shims, owner):
+    laptop = await shims.connect(owner, machine_id="m1", hostname="laptop", allowed_roots=["/Users/alice"])
+    server = await shims.connect(owner, machine_id="m2", hostname="server", allowed_roots=["/srv"])
+    laptop.files["/Users/alice/a.csv"] = b"1,2,3\n"
+    tools = await tools_for(owner)
+    result = await tools["local_pc_file_copy"](
+        {
+            "source_machine": "laptop",
+            "source_path": "/Users/alice/a.csv",
+            "destination_machine": "server",
+            "destination_path": "/srv/a.csv",
+        }
+    )
+    assert result["size_bytes"] == 6
+    assert server.files == {"/srv/a.csv": b"1,2,3\n"}
