@@ -298,7 +298,14 @@ def audit_record_create(
         caller=caller[:200],
     )
     if machine_id and result.get("ok"):
-        Machine.objects.filter(user=user, machine_id=machine_id).update(last_active_at=timezone.now())
+        machines = Machine.objects.filter(user=user, machine_id=machine_id)
+        machines.update(last_active_at=timezone.now())
+        machines.filter(health=Machine.Health.OVERLOADED).update(health=Machine.Health.OK, status_reason="connected")
+    elif machine_id and result.get("error_code") == "SHIM_OVERLOADED":
+        # The second status axis (§4): shown until the machine completes an operation again.
+        Machine.objects.filter(user=user, machine_id=machine_id).update(
+            health=Machine.Health.OVERLOADED, status_reason="the shim refused work: too many operations in flight"
+        )
     return record
 
 

@@ -201,3 +201,28 @@ async def test_an_abandoned_rest_operation_is_still_audited(shims, owner, owner_
         await call
     (record,) = await records()
     assert (record.op, record.machine_id, record.result["ok"]) == ("FILE_STAT", "m1", False)
+
+
+async def test_an_overloaded_shim_shows_on_the_health_axis_until_it_works_again(shims, owner):
+    from machines.models import Machine
+
+    shim = await shims.connect(owner, machine_id="m1")
+    shim.files["/home/alice/a.txt"] = b"hello"
+
+    async def overloaded(request: dict[str, Any]) -> None:
+        raise ShimFailure("SHIM_OVERLOADED", "too many operations in flight")
+
+    shim.handler = overloaded
+    with pytest.raises(MachineError) as refused:
+        await machine_op(user=owner, session_id="s1", op="FILE_STAT", payload={"path": "/home/alice"}, caller="api")
+    assert refused.value.code == "SHIM_OVERLOADED"
+    await settle()
+    machine = await database_sync_to_async(Machine.objects.get)(user=owner, machine_id="m1")
+    assert (machine.connection_status, machine.health) == ("connected", "overloaded")
+    assert "too many" in machine.status_reason
+
+    shim.handler = shim.memory_handler
+    await machine_op(user=owner, session_id="s1", op="FILE_READ", payload={"path": "/home/alice/a.txt"}, caller="api")
+    await settle()
+    machine = await database_sync_to_async(Machine.objects.get)(user=owner, machine_id="m1")
+    assert (machine.health, machine.status_reason) == ("ok", "connected")
