@@ -227,12 +227,17 @@ class ShimConsumer(DispatchConsumer):
     # --- helpers -------------------------------------------------------------------------
 
     async def _ping_loop(self) -> None:
+        """PING every ``SHIM_PING_INTERVAL`` seconds (a fixed period, §4); drop the shim if
+        the PONG has not come ``SHIM_PONG_TIMEOUT`` seconds after a PING."""
+        loop = asyncio.get_running_loop()
+        next_ping = loop.time() + settings.SHIM_PING_INTERVAL
         while True:
-            await asyncio.sleep(settings.SHIM_PING_INTERVAL)
+            await asyncio.sleep(max(0.0, next_ping - loop.time()))
+            next_ping += settings.SHIM_PING_INTERVAL
             frame = envelope("PING", {})
             self.awaiting_pong = frame["id"]
             await self._send(frame)
-            await asyncio.sleep(settings.SHIM_PONG_TIMEOUT)
+            await asyncio.sleep(min(settings.SHIM_PONG_TIMEOUT, settings.SHIM_PING_INTERVAL))
             if self.awaiting_pong == frame["id"]:
                 logger.info("machine %s missed a PONG; dropping it", self.machine_id)
                 await self._close(1000)

@@ -132,21 +132,32 @@ async def announce_attachment(attachment: Attachment) -> None:
             await layer.send(channel_name, {"type": TAKEOVER_MESSAGE, "connection_id": connection_id})
         except ChannelFull:
             logger.warning("could not tell %s about its takeover: channel full", channel_name)
-    peers = await database_sync_to_async(_sharing_connections)(attachment)
-    if len(peers) >= 2:
-        await request_snapshots(user_id=attachment.user_id, connection_ids=peers)
+    targets = await database_sync_to_async(_snapshot_targets)(attachment)
+    if targets:
+        await request_snapshots(user_id=attachment.user_id, connection_ids=targets)
 
 
-def _sharing_connections(attachment: Attachment) -> list[str]:
-    """The user's connections sharing a session with the new one (itself included)."""
+def _snapshot_targets(attachment: Attachment) -> list[str]:
+    """Whom to ask for a ``MACHINE_LIST_RESPONSE`` after this attachment (§4 "N = 2").
+
+    Nobody while the new connection shares no session with another; else the newcomer,
+    plus the connections sharing a session with it whose snapshot is not cached yet (the
+    first machine, at the N = 1 → 2 transition). Machines already described are not
+    asked again, so N shims cost N requests, not N²/2.
+    """
     mine = set(attachment.sessions)
-    sharing = []
-    for connection_id, sessions in MachineConnection.objects.filter(user_id=attachment.user_id).values_list(
-        "connection_id", "sessions"
-    ):
-        if "*" in mine or "*" in sessions or mine & set(sessions):
-            sharing.append(connection_id)
-    return sharing
+    sharing: list[tuple[str, bool]] = []
+    rows = MachineConnection.objects.filter(user_id=attachment.user_id).values_list(
+        "connection_id", "sessions", "machine__snapshot"
+    )
+    for connection_id, sessions, snapshot in rows:
+        if connection_id == attachment.connection_id or "*" in mine or "*" in sessions or mine & set(sessions):
+            sharing.append((connection_id, snapshot is not None))
+    if len(sharing) < 2:
+        return []
+    return [attachment.connection_id] + [
+        connection_id for connection_id, described in sharing if connection_id != attachment.connection_id and not described
+    ]
 
 
 def shim_disconnected(*, connection_id: str) -> None:

@@ -1,0 +1,1146 @@
+"""Machine benchmarks B4, B5, B6 (spec/quality.md "Performance"), beside a bare relay.
+
+Usage: ``.venv/bin/python bench/machines.py [--quick]`` (``make bench``, after
+bench/remote_calls.py); ``.venv/bin/python bench/machines.py relay --port P`` runs the
+baseline server alone.
+
+- B4  ``FILE_STAT`` round trip through the router: a keep-alive HTTP client POSTs
+      ``/api/v1/sessions/bench/ops`` to one ``manage.py serve`` (SQLite, in-memory channel
+      layer); the router picks the machine (two attached, the path is under one root) and
+      a real shim (``python -m machines.shim run``) answers. Sequential, after a warm-up.
+- B5  ``POST /api/v1/sessions/bench/copy`` of a 100 MiB file between two real shims
+      (1 MiB base64 chunks through the platform), MiB/s, and the server's RSS growth
+      (peak during the copy minus before it, sampled every 20 ms).
+- B6  1,000 idle shims (raw websocket clients doing the HELLO handshake with a user token,
+      each with its own ``machine_id``, answering PINGs) and 1,000 idle ``/ws`` sessions on
+      one fresh process: all connected, memory per connection, the process heartbeat
+      (``ServerProcess.heartbeat_at``) and the shim PINGs on time, ``/healthz`` answering,
+      and every connection still alive at the end (each ``/ws`` session answers a ``ping``).
+- (B6') information: N shims of one user attached to every session (``"*"``) connect one
+        after another; how many ``MACHINE_LIST_REQUEST`` the platform sends.
+
+The baseline, measured in the same run and interleaved with Dispatch, is a bare
+``websockets`` server in one process (``relay`` below) that the **same real shims** connect
+to: it answers HELLO, then relays the same JSON envelopes between a caller and the shim,
+parsing and re-serialising each frame; for B5 it glues the copy itself (the same
+FILE_STAT / FILE_READ 1 MiB base64 / FILE_WRITE append / FILE_STAT hash / FILE_MOVE
+sequence as machines/services/copy.py). No auth, no database, no channel layer, no HTTP:
+its caller speaks websockets, while Dispatch's operations are REST calls, so B4's ratio
+includes HTTP (the ``(B4')`` row shows Dispatch's bare HTTP round trip on the same client).
+
+Prints a table and writes bench/results/machines.json. Bounded (aborts itself after
+230 s; ``--quick`` takes about a minute) and stops every process it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import binascii
+import contextlib
+import hashlib
+import json
+import os
+import resource
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(BENCH))
+
+from common import (  # noqa: E402
+    CpuMeter,
+    encode,
+    free_port,
+    latency_summary,
+    percentile,
+    process_rss_mib,
+    stop_process,
+    wait_for_port,
+    with_timeout,
+)
+
+RESULTS = BENCH / "results" / "machines.json"
+HARD_LIMIT = 230  # seconds: the whole run is aborted (and cleaned up) past this
+MiB = 1024 * 1024
+CHUNK_BYTES = MiB  # machines/services/copy.py
+MAX_MESSAGE = 16 * MiB + 64 * 1024  # spec/machines.md §2
+SESSION = "bench"
+
+# Targets from spec/quality.md "Performance".
+B4_MAX_RATIO = 3.0
+B5_MIN_SHARE = 0.40
+B5_MAX_GROWTH_MIB = 32.0
+B6_CONNECTIONS = 1000
+
+# Production intervals (tests shorten them), like bench/remote_calls.py.
+SERVER_ENV: dict[str, Any] = {
+    "DISPATCH_HEARTBEAT_INTERVAL": "2",
+    "DISPATCH_PROCESS_TTL": "10",
+    "DISPATCH_REAP_INTERVAL": "2",
+    "DISPATCH_REMOTE_LIVENESS_INTERVAL": "2",
+    "DISPATCH_REMOTE_CALL_TIMEOUT": "30",
+    "DISPATCH_LOG_LEVEL": "WARNING",
+}
+# B6 shortens the shim PING period so an idle window of seconds sees several PINGs.
+B6_PING_INTERVAL = 4.0
+B6_PONG_TIMEOUT = 2.0
+
+
+def envelope(message_type: str, payload: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """A frame in the spec/machines.md §2 envelope."""
+    return {
+        "type": message_type,
+        "id": fields.pop("id", None) or str(uuid.uuid4()),
+        "ts": time.time(),
+        "version": "2.0",
+        "session_id": fields.pop("session_id", None),
+        "target_machine": fields.pop("target_machine", None),
+        "payload": payload,
+    }
+
+
+# --- the baseline: a bare websockets relay between callers and shims ----------------------
+
+
+@dataclass
+class ShimLink:
+    """A shim connected to the relay."""
+
+    ws: Any
+    machine_id: str
+    display_name: str
+    roots: list[str]
+
+
+class RelayError(Exception):
+    def __init__(self, payload: dict[str, Any]) -> None:
+        super().__init__(payload.get("message"))
+        self.payload = payload
+
+
+class MachineRelay:
+    """Shims on ``/ws/shim/`` (HELLO → HELLO_ACK), callers anywhere else.
+
+    A caller sends ``{type, id, payload, target_machine?}`` (an operation, or ``COPY``); the
+    relay picks the shim (the target by id or display name, else the one whose root holds
+    the path, else the first), stamps ``target_machine``/``session_id``, forwards it, and
+    sends the shim's response back with the caller's ``id``. Every frame is parsed and
+    re-serialised. ``COPY`` runs the copy sequence of machines/services/copy.py here.
+    """
+
+    def __init__(self) -> None:
+        self.shims: dict[str, ShimLink] = {}
+        self.pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
+
+    async def handle(self, ws: Any) -> None:
+        if ws.request.path.startswith("/ws/shim"):
+            await self.serve_shim(ws)
+        else:
+            await self.serve_caller(ws)
+
+    async def serve_shim(self, ws: Any) -> None:
+        hello = json.loads(await ws.recv())
+        payload = hello["payload"]
+        link = ShimLink(ws, payload["machine_id"], payload.get("display_name") or "", list(payload["allowed_roots"]))
+        self.shims[link.machine_id] = link
+        ack = {
+            "protocol_version": "2.0",
+            "connection_id": f"relay_{uuid.uuid4().hex[:12]}",
+            "granted_capabilities": payload["capabilities"],
+            "limits": {
+                "max_file_size_bytes": 10 * MiB,
+                "command_timeout_seconds": 30,
+                "max_command_timeout_seconds": 600,
+                "max_concurrent": 4,
+            },
+        }
+        await ws.send(encode(envelope("HELLO_ACK", ack, id=hello["id"])))
+        try:
+            async for text in ws:
+                frame = json.loads(text)
+                if frame["type"] == "PING":
+                    await ws.send(encode(envelope("PONG", {}, id=frame["id"])))
+                    continue
+                waiting = self.pending.pop(frame.get("id"), None)
+                if waiting is not None and not waiting.done():
+                    waiting.set_result(frame)
+        finally:
+            if self.shims.get(link.machine_id) is link:
+                del self.shims[link.machine_id]
+
+    def choose(self, target: str | None, payload: dict[str, Any]) -> ShimLink:
+        links = list(self.shims.values())
+        if target:
+            for link in links:
+                if target in (link.machine_id, link.display_name):
+                    return link
+            raise RelayError({"code": "MACHINE_NOT_ATTACHED", "message": f"no machine {target!r}"})
+        path = payload.get("path") or payload.get("src") or ""
+        for link in links:
+            if any(path == root or path.startswith(root.rstrip("/") + "/") for root in link.roots):
+                return link
+        if not links:
+            raise RelayError({"code": "MACHINE_NOT_ATTACHED", "message": "no machine"})
+        return links[0]
+
+    async def op(self, link: ShimLink, message_type: str, payload: dict[str, Any], session_id: str) -> dict[str, Any]:
+        """Send one operation to ``link`` and return the shim's response frame (parsed)."""
+        frame = envelope(message_type, payload, session_id=session_id, target_machine=link.machine_id)
+        answer = asyncio.get_running_loop().create_future()
+        self.pending[frame["id"]] = answer
+        await link.ws.send(encode(frame))
+        return await answer
+
+    async def serve_caller(self, ws: Any) -> None:
+        tasks: set[asyncio.Task[None]] = set()
+        async for text in ws:
+            task = asyncio.create_task(self.answer(ws, json.loads(text)))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+    async def answer(self, ws: Any, request: dict[str, Any]) -> None:
+        session_id = request.get("session_id") or SESSION
+        try:
+            if request["type"] == "COPY":
+                reply = {"type": "COPY_RESULT", "payload": await self.copy(request["payload"], session_id)}
+            else:
+                link = self.choose(request.get("target_machine"), request["payload"])
+                response = await self.op(link, request["type"], request["payload"], session_id)
+                reply = {"type": response["type"], "payload": response["payload"], "machine_id": link.machine_id}
+        except RelayError as error:
+            reply = {"type": "ERROR", "payload": error.payload}
+        await ws.send(encode({**reply, "id": request["id"]}))
+
+    async def copy(self, request: dict[str, Any], session_id: str) -> dict[str, Any]:
+        source = self.choose(request["source_machine"], {})
+        destination = self.choose(request["destination_machine"], {})
+        source_path, destination_path = request["source_path"], request["destination_path"]
+
+        async def op(link: ShimLink, message_type: str, payload: dict[str, Any]) -> dict[str, Any]:
+            response = await self.op(link, message_type, payload, session_id)
+            if response["type"] == "ERROR":
+                raise RelayError(response["payload"])
+            result: dict[str, Any] = response["payload"]
+            return result
+
+        stat = await op(source, "FILE_STAT", {"path": source_path})
+        total = int(stat["size_bytes"])
+        if (await op(destination, "FILE_STAT", {"path": destination_path}))["exists"]:
+            raise RelayError({"code": "PATH_EXISTS", "message": destination_path})
+        partial = destination_path + ".dispatch-partial"
+        offset, first = 0, True
+        while first or offset < total:
+            chunk = await op(
+                source,
+                "FILE_READ",
+                {"path": source_path, "encoding": "base64", "offset": offset, "length": CHUNK_BYTES},
+            )
+            await op(
+                destination,
+                "FILE_WRITE",
+                {
+                    "path": partial,
+                    "content": chunk["content"],
+                    "encoding": "base64",
+                    "append": not first,
+                    "create_parents": first,
+                },
+            )
+            try:
+                read = len(base64.b64decode(chunk["content"], validate=True))
+            except binascii.Error:
+                raise RelayError({"code": "INVALID_RESPONSE", "message": "not base64"}) from None
+            first = False
+            offset += read
+            if read == 0:
+                break
+        source_final = await op(source, "FILE_STAT", {"path": source_path, "hash": True})
+        copied = await op(destination, "FILE_STAT", {"path": partial, "hash": True})
+        if (copied["size_bytes"], copied["sha256"]) != (source_final["size_bytes"], source_final["sha256"]):
+            raise RelayError({"code": "COPY_VERIFICATION_FAILED", "message": "mismatch"})
+        await op(destination, "FILE_MOVE", {"src": partial, "dst": destination_path, "overwrite": False})
+        return {"size_bytes": source_final["size_bytes"], "sha256": source_final["sha256"]}
+
+
+async def run_relay(port: int) -> None:
+    from websockets.asyncio.server import serve
+
+    relay = MachineRelay()
+    stop = asyncio.get_running_loop().create_future()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(signum, stop.set_result, None)
+    # No compression: daphne does not negotiate permessage-deflate, so both move the same bytes.
+    async with serve(relay.handle, "127.0.0.1", port, compression=None, max_size=MAX_MESSAGE):
+        print(f"listening on {port}", flush=True)
+        await stop
+
+
+@contextlib.contextmanager
+def relay_server() -> Iterator[tuple[str, int]]:
+    """Run the relay (this file, ``relay`` mode) on a free port; yields (base URL, pid)."""
+    port = free_port()
+    log = tempfile.NamedTemporaryFile(prefix="bench-machine-relay-", suffix=".log", delete=False)
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), "relay", "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+    )
+    try:
+        wait_for_port(port, proc)
+        yield f"http://127.0.0.1:{port}", proc.pid
+    finally:
+        stop_process(proc)
+        log.close()
+        os.unlink(log.name)
+
+
+class RelayCaller:
+    """A caller of the relay: one request at a time, replies matched by ``id``."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+
+    @classmethod
+    async def open(cls, base_url: str) -> RelayCaller:
+        from websockets.asyncio.client import connect
+
+        url = base_url.replace("http://", "ws://") + "/caller"
+        return cls(await connect(url, compression=None, max_size=MAX_MESSAGE, open_timeout=10))
+
+    async def request(self, message_type: str, payload: dict[str, Any], target: str | None = None) -> dict[str, Any]:
+        request_id = str(uuid.uuid4())
+        frame = {"type": message_type, "id": request_id, "session_id": SESSION, "payload": payload}
+        if target:
+            frame["target_machine"] = target
+        await self.ws.send(encode(frame))
+        while True:
+            reply: dict[str, Any] = json.loads(await self.ws.recv())
+            if reply.get("id") == request_id:
+                return reply
+
+    async def close(self) -> None:
+        await self.ws.close()
+
+
+# --- real shims ---------------------------------------------------------------------------
+
+
+def start_shim(server_url: str, token: str, name: str, root: Path, state_dir: Path) -> Any:
+    """A real ``python -m machines.shim run`` attached to SESSION; waits for its HELLO_ACK."""
+    from tests.infra import Process, ShimProcess
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DISPATCH_")}
+    env.update({"PYTHONUNBUFFERED": "1", "DISPATCH_SHIM_BACKOFF_SCALE": "0.05"})
+    args = [
+        sys.executable,
+        "-m",
+        "machines.shim",
+        "run",
+        "--server",
+        server_url,
+        "--token",
+        token,
+        "--state-dir",
+        str(state_dir),
+        "--root",
+        str(root),
+        "--name",
+        name,
+        "--session",
+        SESSION,
+    ]
+    started = Process.spawn(env, args, name=f"bench-shim-{name}")
+    shim = ShimProcess(proc=started.proc, log_path=started.log_path, state_dir=state_dir, name=name)
+    try:
+        return shim.wait_connected(timeout=20)
+    except BaseException:
+        shim.kill()
+        raise
+
+
+@dataclass
+class Sizes:
+    warmup: int
+    calls: int
+    rounds: int
+    copy_rounds: int
+    copy_mib: int
+    shims: int
+    sessions: int
+    idle_seconds: float
+    storm_shims: int
+
+
+@dataclass
+class Rig:
+    """Everything B4 and B5 drive: Dispatch and the relay, each with a source and a destination shim."""
+
+    dispatch_url: str
+    token: str
+    relay_url: str
+    work: Path
+    pids: dict[str, int]
+    source_file: Path = field(init=False)
+    source_sha256: str = ""
+    stat_path: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.source_file = self.work / "src" / "data.bin"
+        self.stat_path = self.work / "src" / "stat-me.txt"
+
+
+def make_source(path: Path, mib: int) -> str:
+    """Write ``mib`` MiB of random bytes to ``path``; returns their SHA-256."""
+    digest = hashlib.sha256()
+    with path.open("wb") as stream:
+        for _ in range(mib):
+            block = os.urandom(MiB)
+            digest.update(block)
+            stream.write(block)
+    return digest.hexdigest()
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(MiB), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class RssSampler:
+    """The peak RSS (MiB) of a process, sampled every ``interval`` seconds in a thread."""
+
+    def __init__(self, pid: int, interval: float = 0.02) -> None:
+        self.pid, self.interval = pid, interval
+        self.before = process_rss_mib(pid)
+        self.peak = self.before
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.after = process_rss_mib(self.pid)
+        self.peak = max(self.peak, self.after)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak = max(self.peak, process_rss_mib(self.pid))
+
+
+# --- B4 -------------------------------------------------------------------------------------
+
+
+async def sequential(send: Callable[[], Awaitable[None]], count: int) -> list[float]:
+    samples = []
+    clock = time.perf_counter_ns
+    for _ in range(count):
+        started = clock()
+        await send()
+        samples.append((clock() - started) / 1e6)
+    return samples
+
+
+async def b4(rig: Rig, sizes: Sizes) -> dict[str, Any]:
+    import httpx
+
+    http = httpx.AsyncClient(base_url=rig.dispatch_url, headers={"Authorization": f"Bearer {rig.token}"}, timeout=30)
+    caller = await RelayCaller.open(rig.relay_url)
+    stat = {"path": str(rig.stat_path)}
+    served: dict[str, set[str]] = {"dispatch": set(), "relay": set()}
+
+    async def dispatch_once() -> None:
+        response = await http.post(f"/api/v1/sessions/{SESSION}/ops", json={"op": "FILE_STAT", "payload": stat})
+        body = response.json()
+        if response.status_code != 200 or not body["payload"]["exists"]:
+            raise RuntimeError(f"Dispatch FILE_STAT failed: {response.status_code} {response.text[:300]}")
+        served["dispatch"].add(body["machine_id"])
+
+    async def relay_once() -> None:
+        reply = await caller.request("FILE_STAT", stat)
+        if reply["type"] != "FILE_STAT_RESPONSE" or not reply["payload"]["exists"]:
+            raise RuntimeError(f"relay FILE_STAT failed: {reply}")
+        served["relay"].add(reply["machine_id"])
+
+    async def healthz_once() -> None:
+        response = await http.get("/healthz")
+        if response.status_code != 200:
+            raise RuntimeError(f"/healthz answered {response.status_code}")
+
+    targets: dict[str, Callable[[], Awaitable[None]]] = {
+        "relay": relay_once,
+        "dispatch": dispatch_once,
+        "http_floor": healthz_once,
+    }
+    samples: dict[str, list[float]] = {name: [] for name in targets}
+    cpu: dict[str, dict[str, float]] = {name: {} for name in targets}
+    try:
+        for send in targets.values():
+            await with_timeout(sequential(send, sizes.warmup), 60, "B4 warm-up")
+        per_round = max(1, sizes.calls // sizes.rounds)
+        names = list(targets)
+        for round_index in range(sizes.rounds):
+            shift = round_index % len(names)
+            for name in names[shift:] + names[:shift]:
+                with CpuMeter(rig.pids) as meter:
+                    samples[name] += await with_timeout(sequential(targets[name], per_round), 90, f"B4 {name}")
+                for key, value in meter.percent.items():
+                    cpu[name][key] = round(cpu[name].get(key, 0.0) + value / sizes.rounds, 1)
+    finally:
+        await caller.close()
+        await http.aclose()
+    return {
+        **{name: latency_summary(values) for name, values in samples.items()},
+        "machines_used": {name: len(ids) for name, ids in served.items()},
+        "cpu": cpu,
+    }
+
+
+# --- B5 -------------------------------------------------------------------------------------
+
+
+async def b5(rig: Rig, sizes: Sizes, server_pid: int) -> dict[str, Any]:
+    import httpx
+
+    http = httpx.AsyncClient(base_url=rig.dispatch_url, headers={"Authorization": f"Bearer {rig.token}"}, timeout=300)
+    caller = await RelayCaller.open(rig.relay_url)
+    runs: dict[str, list[dict[str, float]]] = {"dispatch": [], "relay": []}
+    expected = {"size_bytes": sizes.copy_mib * MiB, "sha256": rig.source_sha256}
+
+    async def dispatch_copy(destination: Path) -> dict[str, float]:
+        with RssSampler(server_pid) as rss:
+            started = time.perf_counter()
+            response = await http.post(
+                f"/api/v1/sessions/{SESSION}/copy",
+                json={
+                    "source_machine": "src",
+                    "source_path": str(rig.source_file),
+                    "destination_machine": "dst",
+                    "destination_path": str(destination),
+                },
+            )
+            seconds = time.perf_counter() - started
+        if response.status_code != 200 or response.json() != expected:
+            raise RuntimeError(f"Dispatch copy failed: {response.status_code} {response.text[:300]}")
+        return {"seconds": seconds, "rss_before_mib": rss.before, "rss_peak_mib": rss.peak, "rss_after_mib": rss.after}
+
+    async def relay_copy(destination: Path) -> dict[str, float]:
+        started = time.perf_counter()
+        reply = await caller.request(
+            "COPY",
+            {
+                "source_machine": "src",
+                "source_path": str(rig.source_file),
+                "destination_machine": "dst",
+                "destination_path": str(destination),
+            },
+        )
+        seconds = time.perf_counter() - started
+        if reply["type"] != "COPY_RESULT" or reply["payload"] != expected:
+            raise RuntimeError(f"relay copy failed: {reply}")
+        return {"seconds": seconds}
+
+    copies = {"dispatch": (dispatch_copy, rig.work / "dst-dispatch"), "relay": (relay_copy, rig.work / "dst-relay")}
+    try:
+        for round_index in range(sizes.copy_rounds):
+            order = ["relay", "dispatch"] if round_index % 2 == 0 else ["dispatch", "relay"]
+            for name in order:
+                copy, directory = copies[name]
+                destination = directory / f"copy-{round_index}.bin"
+                run = await with_timeout(copy(destination), 150, f"B5 {name} copy")
+                if await asyncio.to_thread(sha256_of, destination) != rig.source_sha256:
+                    raise RuntimeError(f"B5 {name}: the copy on disk differs from the source")
+                if list(directory.glob("*.dispatch-partial")):
+                    raise RuntimeError(f"B5 {name}: a partial file was left behind")
+                destination.unlink()
+                run["mib_per_second"] = sizes.copy_mib / run["seconds"]
+                runs[name].append(run)
+    finally:
+        await caller.close()
+        await http.aclose()
+
+    def best(name: str) -> float:
+        return max(run["mib_per_second"] for run in runs[name])
+
+    def median(name: str) -> float:
+        return percentile(sorted(run["mib_per_second"] for run in runs[name]), 0.5)
+
+    growth = max(run["rss_peak_mib"] - run["rss_before_mib"] for run in runs["dispatch"])
+    return {
+        "file_mib": sizes.copy_mib,
+        "runs": runs,
+        "dispatch_mib_per_second": median("dispatch"),
+        "relay_mib_per_second": median("relay"),
+        "dispatch_best": best("dispatch"),
+        "relay_best": best("relay"),
+        "rss_growth_peak_mib": round(growth, 1),
+    }
+
+
+# --- B6 -------------------------------------------------------------------------------------
+
+
+def hello_frame(machine_id: str, sessions: list[str]) -> dict[str, Any]:
+    return envelope(
+        "HELLO",
+        {
+            "shim_version": "bench",
+            "protocol_version": "2.0",
+            "machine_id": machine_id,
+            "hostname": "bench-host",
+            "display_name": f"idle-{machine_id[:8]}",
+            "platform": "linux",
+            "arch": "x86_64",
+            "capabilities": ["files"],
+            "allowed_roots": ["/nonexistent/bench"],
+            "sessions": sessions,
+            "hardware_devices": [],
+        },
+    )
+
+
+class IdleShim:
+    """A raw shim client: HELLO, then answers PING and MACHINE_LIST_REQUEST, noting when they come."""
+
+    def __init__(self, ws: Any, machine_id: str, acked_at: float) -> None:
+        self.ws = ws
+        self.machine_id = machine_id
+        self.acked_at = acked_at
+        self.pings: list[float] = []
+        self.list_requests = 0
+        self.task = asyncio.create_task(self._serve())
+
+    @classmethod
+    async def open(cls, ws_base: str, token: str, sessions: list[str]) -> IdleShim:
+        from websockets.asyncio.client import connect
+
+        ws = await connect(
+            f"{ws_base}/ws/shim/",
+            additional_headers={"Authorization": f"Bearer {token}"},
+            compression=None,
+            max_size=MAX_MESSAGE,
+            open_timeout=60,
+        )
+        machine_id = str(uuid.uuid4())
+        hello = hello_frame(machine_id, sessions)
+        await ws.send(encode(hello))
+        ack = json.loads(await asyncio.wait_for(ws.recv(), 60))
+        if ack["type"] != "HELLO_ACK" or ack["id"] != hello["id"]:
+            await ws.close()
+            raise RuntimeError(f"no HELLO_ACK: {ack}")
+        return cls(ws, machine_id, time.monotonic())
+
+    async def _serve(self) -> None:
+        with contextlib.suppress(Exception):
+            async for text in self.ws:
+                frame = json.loads(text)
+                if frame["type"] == "PING":
+                    self.pings.append(time.monotonic())
+                    await self.ws.send(encode(envelope("PONG", {}, id=frame["id"])))
+                elif frame["type"] == "MACHINE_LIST_REQUEST":
+                    self.list_requests += 1
+                    payload = {
+                        "machine_id": self.machine_id,
+                        "hostname": "bench-host",
+                        "display_name": None,
+                        "platform": "linux",
+                        "arch": "x86_64",
+                        "capabilities": ["files"],
+                        "hardware_devices": [],
+                    }
+                    await self.ws.send(encode(envelope("MACHINE_LIST_RESPONSE", payload, id=frame["id"])))
+
+    @property
+    def alive(self) -> bool:
+        return not self.task.done()
+
+    async def close(self) -> None:
+        await self.ws.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.task, 5)
+
+
+class IdleSession:
+    """A raw ``/ws`` session authenticated by its bearer header (spec/sessions-and-remotes.md §1)."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+
+    @classmethod
+    async def open(cls, ws_base: str, token: str) -> IdleSession:
+        from websockets.asyncio.client import connect
+
+        ws = await connect(
+            f"{ws_base}/ws", additional_headers={"Authorization": f"Bearer {token}"}, compression=None, open_timeout=60
+        )
+        return cls(ws)
+
+    async def ping(self) -> float:
+        """One ``ping`` request; its round trip in ms (raises unless it answers ``pong``)."""
+        started = time.perf_counter()
+        await self.ws.send(encode({"action": "ping", "nonce": 1, "body": {}}))
+        while True:
+            reply = json.loads(await asyncio.wait_for(self.ws.recv(), 30))
+            if reply.get("nonce") == 1:
+                break
+        if reply.get("pong") is not True:
+            raise RuntimeError(f"ping answered {reply}")
+        return (time.perf_counter() - started) * 1000
+
+    async def close(self) -> None:
+        await self.ws.close()
+
+
+async def open_many(count: int, opener: Callable[[int], Awaitable[Any]], concurrency: int = 25) -> list[Any]:
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(index: int) -> Any:
+        async with gate:
+            return await opener(index)
+
+    return list(await asyncio.gather(*(one(index) for index in range(count))))
+
+
+def heartbeat_age(database: Path, process_id: str) -> float:
+    """Seconds since ``ServerProcess.heartbeat_at`` of ``process_id`` (read from SQLite)."""
+    with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=5)) as db:
+        row = db.execute("SELECT heartbeat_at FROM dispatch_serverprocess WHERE id = ?", (process_id,)).fetchone()
+    if row is None:
+        return float("inf")
+    stamp = datetime.fromisoformat(str(row[0]))
+    stamp = stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
+    return (datetime.now(UTC) - stamp).total_seconds()
+
+
+async def storm(ws_base: str, token: str, count: int) -> dict[str, Any]:
+    """(B6') ``count`` shims of one user on ``"*"``, one after another: MACHINE_LIST_REQUESTs sent."""
+    shims = []
+    try:
+        for _ in range(count):
+            shims.append(await IdleShim.open(ws_base, token, ["*"]))
+        await asyncio.sleep(2)  # the requests are sent in the background
+        return {
+            "shims": count,
+            "machine_list_requests": sum(shim.list_requests for shim in shims),
+            "to_the_first_shim": shims[0].list_requests if shims else 0,
+        }
+    finally:
+        await asyncio.gather(*(shim.close() for shim in shims), return_exceptions=True)
+
+
+async def b6(server: Any, token: str, storm_token: str, database: Path, sizes: Sizes) -> dict[str, Any]:
+    import httpx
+
+    ws_base = server.url.replace("http://", "ws://")
+    pid = server.proc.pid
+    http = httpx.AsyncClient(base_url=server.url, timeout=30)
+    process_id = (await http.get("/healthz")).json()["process_id"]
+    report: dict[str, Any] = {"ping_interval_s": B6_PING_INTERVAL, "pong_timeout_s": B6_PONG_TIMEOUT}
+    report["storm"] = await storm(ws_base, storm_token, sizes.storm_shims)
+    await asyncio.sleep(1)
+    rss0 = process_rss_mib(pid)
+    shims: list[IdleShim] = []
+    sessions: list[IdleSession] = []
+    try:
+        started = time.perf_counter()
+        shims = await with_timeout(
+            open_many(sizes.shims, lambda i: IdleShim.open(ws_base, token, [f"b6-{i}"])), 90, "B6 shim connections"
+        )
+        report["shims_connect_seconds"] = round(time.perf_counter() - started, 1)
+        rss1 = process_rss_mib(pid)
+        started = time.perf_counter()
+        sessions = await with_timeout(
+            open_many(sizes.sessions, lambda i: IdleSession.open(ws_base, token)), 60, "B6 /ws sessions"
+        )
+        report["sessions_connect_seconds"] = round(time.perf_counter() - started, 1)
+        rss2 = process_rss_mib(pid)
+
+        # Idle: sample the process heartbeat and /healthz while everything stays connected.
+        ages: list[float] = []
+        healthz: list[float] = []
+        window_started = time.monotonic()
+        while time.monotonic() - window_started < sizes.idle_seconds:
+            ages.append(await asyncio.to_thread(heartbeat_age, database, process_id))
+            began = time.perf_counter()
+            response = await http.get("/healthz")
+            healthz.append((time.perf_counter() - began) * 1000)
+            if response.status_code != 200:
+                raise RuntimeError(f"/healthz answered {response.status_code} under load")
+            await asyncio.sleep(0.5)
+        rss3 = process_rss_mib(pid)
+
+        ping_rtts = await with_timeout(
+            asyncio.gather(*(session.ping() for session in sessions), return_exceptions=True), 60, "B6 pings"
+        )
+        answered = [rtt for rtt in ping_rtts if isinstance(rtt, float)]
+        period = B6_PING_INTERVAL + B6_PONG_TIMEOUT  # machines/consumers.py _ping_loop: sleep, PING, wait for PONG
+        gaps = sorted(b - a for shim in shims for a, b in zip(shim.pings, shim.pings[1:], strict=False))
+        firsts = sorted(shim.pings[0] - shim.acked_at for shim in shims if shim.pings)
+        report.update(
+            {
+                "shims": sizes.shims,
+                "sessions": sizes.sessions,
+                "shims_alive": sum(shim.alive for shim in shims),
+                "sessions_answered_ping": len(answered),
+                "ws_ping_ms": latency_summary(answered),
+                "rss_mib": {"before": rss0, "after_shims": rss1, "after_sessions": rss2, "after_idle": rss3},
+                "kib_per_shim": round((rss1 - rss0) * 1024 / max(1, sizes.shims), 1),
+                "kib_per_session": round((rss2 - rss1) * 1024 / max(1, sizes.sessions), 1),
+                "kib_per_connection": round((rss2 - rss0) * 1024 / max(1, sizes.shims + sizes.sessions), 1),
+                "heartbeat_interval_s": float(SERVER_ENV["DISPATCH_HEARTBEAT_INTERVAL"]),
+                "heartbeat_max_age_s": round(max(ages), 2),
+                "heartbeat_samples": len(ages),
+                "healthz_ms": latency_summary(healthz),
+                "ping_period_s": period,
+                "shims_pinged": sum(1 for shim in shims if shim.pings),
+                "pings": sum(len(shim.pings) for shim in shims),
+                "ping_gap_s": {
+                    "p50": round(percentile(gaps, 0.5), 2),
+                    "p99": round(percentile(gaps, 0.99), 2),
+                    "max": round(gaps[-1], 2) if gaps else None,
+                },
+                "first_ping_after_ack_s": {
+                    "p50": round(percentile(firsts, 0.5), 2),
+                    "max": round(firsts[-1], 2) if firsts else None,
+                },
+            }
+        )
+    finally:
+        connections: list[IdleShim | IdleSession] = [*shims, *sessions]
+        await asyncio.gather(*(connection.close() for connection in connections), return_exceptions=True)
+        await http.aclose()
+    return report
+
+
+# --- the run --------------------------------------------------------------------------------
+
+
+def raise_fd_limit(wanted: int = 65536) -> int:
+    """Raise this process's open-file limit (children inherit it); returns the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def run(sizes: Sizes) -> dict[str, Any]:
+    from remote_calls import logs_on_failure
+
+    from tests.infra import instance
+
+    report: dict[str, Any] = {"notes": []}
+    with tempfile.TemporaryDirectory(prefix="bench-machines-") as scratch, relay_server() as (relay_url, relay_pid):
+        work = Path(scratch)
+        for directory in ("src", "dst-dispatch", "dst-relay"):
+            (work / directory).mkdir()
+        print("· starting Dispatch (SQLite, in-memory channel layer) and four real shims…", flush=True)
+        with instance(**SERVER_ENV) as inst, logs_on_failure(inst):
+            server = inst.serve()
+            token = inst.admin_token
+            shims = {
+                "dispatch-src": start_shim(server.url, token, "src", work / "src", work / "state-d-src"),
+                "dispatch-dst": start_shim(server.url, token, "dst", work / "dst-dispatch", work / "state-d-dst"),
+                "relay-src": start_shim(relay_url, "relay", "src", work / "src", work / "state-r-src"),
+                "relay-dst": start_shim(relay_url, "relay", "dst", work / "dst-relay", work / "state-r-dst"),
+            }
+            try:
+                rig = Rig(dispatch_url=server.url, token=token, relay_url=relay_url, work=work, pids={})
+                rig.pids = {"dispatch": server.proc.pid, "relay": relay_pid}
+                rig.pids.update({f"shim.{name}": shim.pid for name, shim in shims.items()})
+                rig.stat_path.write_text("stat me\n")
+                rig.source_sha256 = make_source(rig.source_file, sizes.copy_mib)
+
+                print(
+                    f"· B4: {sizes.warmup} warm-up + {sizes.calls} sequential FILE_STAT on each, "
+                    f"{sizes.rounds} interleaved rounds…",
+                    flush=True,
+                )
+                report["b4"] = asyncio.run(b4(rig, sizes))
+                print(f"· B5: {sizes.copy_rounds} x {sizes.copy_mib} MiB copy on each, interleaved…", flush=True)
+                report["b5"] = asyncio.run(b5(rig, sizes, server.proc.pid))
+                report["b5"]["relay_rss_mib_after"] = round(process_rss_mib(relay_pid), 1)
+            finally:
+                for shim in shims.values():
+                    shim.stop()
+
+            print(
+                f"· B6: a fresh process; {sizes.storm_shims} shims on '*' first (B6'), then {sizes.shims} idle "
+                f"shims + {sizes.sessions} idle /ws sessions, {sizes.idle_seconds:g} s idle…",
+                flush=True,
+            )
+            server.stop()
+            inst.create_user("storm")
+            storm_token = inst.token("storm")
+            b6_server = inst.serve(
+                DISPATCH_SHIM_PING_INTERVAL=B6_PING_INTERVAL, DISPATCH_SHIM_PONG_TIMEOUT=B6_PONG_TIMEOUT
+            )
+            database = Path(inst.env["DISPATCH_DATA_DIR"]) / "dispatch.sqlite3"
+            report["b6"] = asyncio.run(b6(b6_server, token, storm_token, database, sizes))
+    return report
+
+
+# --- the table ------------------------------------------------------------------------------
+
+
+def _lat(summary: dict[str, float]) -> str:
+    return f"{summary['p50_ms']:.2f} / {summary['p95_ms']:.2f} / {summary['p99_ms']:.2f}"
+
+
+def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    b4, b5, b6 = report["b4"], report["b5"], report["b6"]
+    relay_p50 = b4["relay"]["p50_ms"]
+    ratio = b4["dispatch"]["p50_ms"] / relay_p50
+    share = b5["dispatch_mib_per_second"] / b5["relay_mib_per_second"]
+    growth = b5["rss_growth_peak_mib"]
+    connected = b6["shims_alive"] + b6["sessions_answered_ping"]
+    wanted = b6["shims"] + b6["sessions"]
+    ping_max = b6["ping_gap_s"]["max"]
+    pings_on_time = b6["shims_pinged"] == b6["shims"] and ping_max is not None and ping_max <= b6["ping_period_s"] + 1.0
+    heartbeat_on_time = b6["heartbeat_max_age_s"] <= 2 * b6["heartbeat_interval_s"]
+    storm = b6["storm"]
+    return [
+        {
+            "id": "B4",
+            "what": "FILE_STAT round trip through the router, real shim (ms p50/p95/p99)",
+            "dispatch": f"{_lat(b4['dispatch'])} (HTTP)",
+            "bare_relay": f"{_lat(b4['relay'])} (ws)",
+            "ratio": f"{ratio:.1f}x",
+            "target": f"p50 <= {B4_MAX_RATIO:g}x bare",
+            "pass": ratio <= B4_MAX_RATIO,
+        },
+        {
+            "id": "(B4')",
+            "what": "info: GET /healthz on the same keep-alive client: HTTP + Django + 1 query, no shim (ms)",
+            "dispatch": _lat(b4["http_floor"]),
+            "bare_relay": "—",
+            "ratio": f"{b4['http_floor']['p50_ms'] / relay_p50:.1f}x",
+            "target": "—",
+            "pass": None,
+        },
+        {
+            "id": "B5",
+            "what": f"copy of a {b5['file_mib']} MiB file between two shims (MiB/s, median); server RSS growth",
+            "dispatch": f"{b5['dispatch_mib_per_second']:.1f} MiB/s, RSS +{growth:.1f} MiB (peak)",
+            "bare_relay": f"{b5['relay_mib_per_second']:.1f} MiB/s",
+            "ratio": f"{share:.0%}",
+            "target": f">= {B5_MIN_SHARE:.0%} of bare; growth <= {B5_MAX_GROWTH_MIB:g} MiB",
+            "pass": share >= B5_MIN_SHARE and growth <= B5_MAX_GROWTH_MIB,
+        },
+        {
+            "id": "B6",
+            "what": f"{b6['shims']} idle shims + {b6['sessions']} idle /ws sessions, one process",
+            "dispatch": f"{connected}/{wanted} alive; {b6['kib_per_connection']:.0f} KiB/conn; "
+            f"heartbeat max age {b6['heartbeat_max_age_s']:.1f} s; PING gap max {ping_max} s",
+            "bare_relay": "—",
+            "ratio": "—",
+            "target": "all connected; heartbeats on time",
+            "pass": connected == wanted and pings_on_time and heartbeat_on_time,
+        },
+        {
+            "id": "(B6')",
+            "what": f"info: {storm['shims']} shims of one user on '*', one by one: MACHINE_LIST_REQUESTs sent",
+            "dispatch": f"{storm['machine_list_requests']} ({storm['to_the_first_shim']} to the first shim)",
+            "bare_relay": "—",
+            "ratio": "—",
+            "target": f"— (~{storm['shims']} if only newcomers were asked)",
+            "pass": None,
+        },
+    ]
+
+
+def print_table(table: list[dict[str, Any]]) -> None:
+    headers = ["id", "what", "Dispatch", "bare relay", "ratio vs bare", "target", "result"]
+    lines = [
+        [
+            row["id"],
+            row["what"],
+            row["dispatch"],
+            row["bare_relay"],
+            row["ratio"],
+            row["target"],
+            {True: "PASS", False: "FAIL", None: "—"}[row["pass"]],
+        ]
+        for row in table
+    ]
+    widths = [max(len(str(x)) for x in column) for column in zip(headers, *lines, strict=False)]
+    print(" | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)))
+    print("-+-".join("-" * w for w in widths))
+    for line in lines:
+        print(" | ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)))
+
+
+def print_details(report: dict[str, Any], sizes: Sizes) -> None:
+    b4, b5, b6 = report["b4"], report["b5"], report["b6"]
+    print(
+        "B4: Dispatch is driven over HTTP (POST /api/v1/sessions/bench/ops, keep-alive), the bare relay over a "
+        "websocket: HTTP is not in the baseline. (B4') is Dispatch's cheapest real HTTP round trip (/healthz: "
+        "HTTP, Django, one query, no shim), a floor for any REST operation."
+    )
+    print(f"    machines that served: Dispatch {b4['machines_used']['dispatch']}, relay {b4['machines_used']['relay']}")
+    print("    CPU, % of one core, while each was measured (shims listed apart; 'others' is the rest of the machine):")
+    for name, cpu in b4["cpu"].items():
+        print(f"      {name}: " + ", ".join(f"{k} {v:.0f}%" for k, v in cpu.items()))
+    for name in ("dispatch", "relay"):
+        speeds = ", ".join(f"{run['mib_per_second']:.1f}" for run in b5["runs"][name])
+        print(f"B5: {name} MiB/s per copy: {speeds}")
+    for index, run in enumerate(b5["runs"]["dispatch"]):
+        print(
+            f"    Dispatch copy {index}: RSS {run['rss_before_mib']:.1f} MiB before, "
+            f"{run['rss_peak_mib']:.1f} peak, {run['rss_after_mib']:.1f} after"
+        )
+    rss = b6["rss_mib"]
+    print(
+        f"B6: shims connected in {b6['shims_connect_seconds']} s, /ws sessions in {b6['sessions_connect_seconds']} s; "
+        f"RSS {rss['before']:.0f} -> {rss['after_shims']:.0f} (shims) -> {rss['after_sessions']:.0f} (sessions) -> "
+        f"{rss['after_idle']:.0f} MiB after {sizes.idle_seconds:g} s idle: "
+        f"{b6['kib_per_shim']:.0f} KiB per shim, {b6['kib_per_session']:.0f} KiB per /ws session"
+    )
+    print(
+        f"    process heartbeat every {b6['heartbeat_interval_s']:g} s: max age {b6['heartbeat_max_age_s']} s over "
+        f"{b6['heartbeat_samples']} samples; /healthz ms p50/p95/p99 {_lat(b6['healthz_ms'])}"
+    )
+    print(
+        f"    shim PINGs (DISPATCH_SHIM_PING_INTERVAL={B6_PING_INTERVAL:g}, PONG_TIMEOUT={B6_PONG_TIMEOUT:g}: "
+        f"one every {b6['ping_period_s']:g} s as implemented): "
+        f"{b6['pings']} to {b6['shims_pinged']}/{b6['shims']} shims; "
+        f"gap s p50 {b6['ping_gap_s']['p50']}, p99 {b6['ping_gap_s']['p99']}, max {b6['ping_gap_s']['max']}; "
+        f"first PING after HELLO_ACK max {b6['first_ping_after_ack_s']['max']} s"
+    )
+    print(
+        f"    /ws sessions answering a ping at the end: {b6['sessions_answered_ping']}/{b6['sessions']} "
+        f"(ms p50/p95/p99 {_lat(b6['ws_ping_ms'])}, all sent at once); shims still connected: "
+        f"{b6['shims_alive']}/{b6['shims']}"
+    )
+
+
+def machine() -> dict[str, Any]:
+    from remote_calls import machine as describe
+
+    return describe()
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["relay"]:
+        parser = argparse.ArgumentParser(description="the bare websockets shim relay (baseline)")
+        parser.add_argument("kind", choices=["relay"])
+        parser.add_argument("--port", type=int, required=True)
+        asyncio.run(run_relay(parser.parse_args(argv).port))
+        return 0
+    parser = argparse.ArgumentParser(description="Machine benchmarks B4-B6 beside a bare relay.")
+    parser.add_argument("--quick", action="store_true", help="a short run (about a minute)")
+    parser.add_argument("--calls", type=int, help="sequential FILE_STATs per target for B4 (default 1500)")
+    parser.add_argument(
+        "--connections", type=int, help=f"B6 shims, and as many /ws sessions (default {B6_CONNECTIONS})"
+    )
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    parser.add_argument(
+        "--output", type=Path, default=RESULTS, help=f"JSON results (default {RESULTS.relative_to(REPO)})"
+    )
+    options = parser.parse_args(argv)
+    sizes = (
+        Sizes(warmup=30, calls=300, rounds=3, copy_rounds=1, copy_mib=100, shims=B6_CONNECTIONS,
+              sessions=B6_CONNECTIONS, idle_seconds=13, storm_shims=30)
+        if options.quick
+        else Sizes(warmup=100, calls=1500, rounds=5, copy_rounds=3, copy_mib=100, shims=B6_CONNECTIONS,
+                   sessions=B6_CONNECTIONS, idle_seconds=20, storm_shims=50)
+    )  # fmt: skip
+    if options.calls:
+        sizes.calls = options.calls
+    if options.connections:
+        sizes.shims = sizes.sessions = options.connections
+    fd_limit = raise_fd_limit()
+
+    def abort(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    def too_long(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"benchmark exceeded {HARD_LIMIT} s; aborted")
+
+    signal.signal(signal.SIGTERM, abort)
+    signal.signal(signal.SIGALRM, too_long)
+    signal.alarm(HARD_LIMIT)
+    info = machine()
+    started = time.monotonic()
+    print(
+        f"Machine benchmarks ({'quick' if options.quick else 'full'} run) on {info['cpus']} CPU(s), "
+        f"{info['cpu_model']}; open-file limit {fd_limit}.\n"
+        f"NOTE: servers, the relay, the shims and this client share these {info['cpus']} cores; "
+        "compare ratios, not absolutes.",
+        flush=True,
+    )
+    try:
+        report = run(sizes)
+    except (KeyboardInterrupt, TimeoutError) as exc:
+        print(f"aborted ({exc}); every process it started has been stopped", file=sys.stderr)
+        return 130 if isinstance(exc, KeyboardInterrupt) else 1
+    finally:
+        signal.alarm(0)
+    table = rows(report)
+    print()
+    print_table(table)
+    print()
+    print_details(report, sizes)
+    storm = report["b6"]["storm"]
+    if storm["machine_list_requests"] > 2 * storm["shims"]:
+        report["notes"].append(
+            f"(B6') {storm['shims']} shims of one user on '*' made the platform send "
+            f"{storm['machine_list_requests']} MACHINE_LIST_REQUESTs: every new attachment asks every attached "
+            "shim again (machines/services/connections.py announce_attachment), so it grows as N^2/2; "
+            "spec/machines.md §4 asks at the N = 2 transition"
+        )
+    if report["b6"]["ping_period_s"] != B6_PING_INTERVAL:
+        report["notes"].append(
+            f"shim PINGs come every PING_INTERVAL + PONG_TIMEOUT ({report['b6']['ping_period_s']:g} s here; 40 s with "
+            "the defaults), not every PING_INTERVAL (spec/machines.md §4: every 30 s)"
+        )
+    for note in report["notes"]:
+        print(f"NOTE: {note}")
+    elapsed = time.monotonic() - started
+    print(f"({elapsed:.0f} s)")
+    options.output.parent.mkdir(parents=True, exist_ok=True)
+    options.output.write_text(
+        json.dumps(
+            {
+                "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "mode": "quick" if options.quick else "full",
+                "machine": info,
+                "sizes": sizes.__dict__,
+                "server_env": SERVER_ENV,
+                "elapsed_seconds": round(elapsed, 1),
+                "table": table,
+                **report,
+            },
+            indent=2,
+        )
+    )
+    print(f"wrote {options.output}")
+    missed = [row["id"] for row in table if row["pass"] is False]
+    if missed:
+        print(f"targets missed: {', '.join(missed)}")
+    return 1 if missed and options.strict else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
