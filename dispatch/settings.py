@@ -231,6 +231,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Control plane for AI agents across several computers.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "dispatch.schema.add_async_routes",
+    ],
 }
 
 # --- static files ----------------------------------------------------------------------
@@ -272,12 +276,16 @@ SHIM_PONG_TIMEOUT = env_float("DISPATCH_SHIM_PONG_TIMEOUT", 10.0)
 # The daphne server's own websocket caps (serve): 16 MiB + 64 KiB (spec/overview.md "Stack").
 SERVER_WS_MAX_BYTES = 16 * 1024 * 1024 + 64 * 1024
 
+LOG_LEVEL = env_str("DISPATCH_LOG_LEVEL", "INFO").upper()
+if LOG_LEVEL not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+    raise ImproperlyConfigured(f"DISPATCH_LOG_LEVEL must be DEBUG, INFO, WARNING, ERROR or CRITICAL, got {LOG_LEVEL!r}")
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("DISPATCH_LOG_LEVEL", "INFO").upper()},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
         "daphne": {"level": "WARNING"},
         "django.channels.server": {"level": "WARNING"},

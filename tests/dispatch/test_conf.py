@@ -125,3 +125,18 @@ def test_env_secret_refuses_an_empty_file(monkeypatch, tmp_path):
     monkeypatch.setenv(f"{NAME}_FILE", str(secret_file))
     with pytest.raises(ImproperlyConfigured, match="empty"):
         env_secret(NAME)
+
+
+def test_a_bad_setting_stops_manage_py_with_a_one_line_message_naming_it():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "dispatch.settings", "DISPATCH_WS_RATE": "abc"}
+    done = subprocess.run(
+        [sys.executable, str(repo / "manage.py"), "check"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == "Configuration error: DISPATCH_WS_RATE must be a number, got 'abc'"

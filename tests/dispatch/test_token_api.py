@@ -125,3 +125,18 @@ def test_the_login_page_logs_in_with_the_right_password(owner):
     response = client.post("/login/", {"username": "alice", "password": PASSWORD})
     assert response.status_code == 302
     assert client.session["_auth_user_id"] == str(owner.pk)
+
+
+def test_the_openapi_schema_describes_the_async_routes_too(client, owner):
+    client.force_login(owner)
+    response = client.get("/api/schema/", HTTP_ACCEPT="application/json")
+    assert response.status_code == 200
+    paths = response.json()["paths"]
+    for path in (
+        "/api/v1/remotes/{remotename}/call",
+        "/api/v1/sessions/{session_id}/ops",
+        "/api/v1/sessions/{session_id}/copy",
+        "/api/v1/machines/device/code",
+        "/api/v1/machines/device/token",
+    ):
+        assert "post" in paths[path], path
