@@ -156,7 +156,9 @@ def _snapshot_targets(attachment: Attachment) -> list[str]:
     if len(sharing) < 2:
         return []
     return [attachment.connection_id] + [
-        connection_id for connection_id, described in sharing if connection_id != attachment.connection_id and not described
+        connection_id
+        for connection_id, described in sharing
+        if connection_id != attachment.connection_id and not described
     ]
 
 
