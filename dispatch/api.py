@@ -43,6 +43,8 @@ def _first_message(detail: Any) -> str:
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     """Render every API error as ``{"error": {"code", "message", "details"}}``."""
+    if isinstance(exc, RecursionError):  # a JSON body nested too deeply for the parser
+        exc = DispatchError("INVALID_REQUEST", "body is not valid JSON: nested too deeply")
     if isinstance(exc, DispatchError):
         response = Response(exc.as_dict(), status=exc.http_status)
         if exc.http_status == 401:

@@ -6,6 +6,7 @@ import logging
 from typing import Any
 
 from channels.consumer import get_handler_name
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
 
@@ -39,7 +40,21 @@ class DispatchConsumer(AsyncWebsocketConsumer):
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:
             raise ValueError(f"no handler for message type {message['type']}")
-        await handler(message)
+        try:
+            await handler(message)
+        except StopConsumer:
+            raise
+        except Exception:
+            # A consumer that dies never receives websocket.disconnect: clean up here, or
+            # its rows (remotes, machines) would outlive the socket as ghosts.
+            logger.exception("%s failed on %s; closing the connection", type(self).__name__, message["type"])
+            presence.connection_closed(self)
+            try:
+                await self.disconnect(1011)
+            except Exception:
+                logger.exception("cleanup after a failure failed too")
+            await self.close(code=1011)
+            raise StopConsumer() from None
 
     async def server_shutdown(self, event: dict[str, Any]) -> None:
         """``server.shutdown``: close with 1012 (service restart); subclasses fail work first."""

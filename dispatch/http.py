@@ -6,7 +6,6 @@ or a logged-in session (with CSRF, like DRF's SessionAuthentication).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -15,6 +14,7 @@ from channels.db import database_sync_to_async
 from django.contrib.auth.models import User
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
+from dispatch import wire
 from dispatch.errors import DispatchError, InvalidRequest
 from dispatch.services import AuthenticationFailed, api_token_authenticate
 
@@ -62,7 +62,7 @@ async def request_user(request: HttpRequest) -> User:
 def json_object(request: HttpRequest) -> dict[str, Any]:
     """The request body as a JSON object, or ``InvalidRequest`` saying what is wrong."""
     try:
-        body = json.loads(request.body or b"{}")
+        body = wire.loads(request.body or b"{}")
     except ValueError as exc:
         raise InvalidRequest(f"body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):

@@ -23,6 +23,7 @@ from limits import parse
 from limits.storage import storage_from_string
 from limits.strategies import MovingWindowRateLimiter
 
+from dispatch import wire
 from dispatch.errors import DispatchError, NotFound, RateLimited
 from dispatch.models import ApiToken, InstanceIdentity, ServerProcess
 from dispatch.presence import HOSTNAME, PID, current_process_id
@@ -45,8 +46,9 @@ class AuthenticationFailed(DispatchError):
 
 
 def token_digest(raw_token: str) -> str:
-    """SHA-256 hex digest of a token, the only form in which tokens are stored."""
-    return hashlib.sha256(raw_token.encode()).hexdigest()
+    """SHA-256 hex digest of a token, the only form in which tokens are stored (text that
+    is not valid UTF-8 digests to a value no token has)."""
+    return hashlib.sha256(raw_token.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def generate_token() -> str:
@@ -156,10 +158,11 @@ def password_authenticate(*, username: str, password: str, client_address: str |
     """
     limit = parse(f"{settings.LOGIN_FAILURE_LIMIT} per {settings.LOGIN_FAILURE_WINDOW} seconds")
     limiter = rate_limiter()
-    keys = _failure_keys(username, client_address)
+    keys = _failure_keys(username.encode("utf-8", "backslashreplace").decode(), client_address)
     if not all(limiter.test(limit, *key) for key in keys):
         raise RateLimited(TOO_MANY_ATTEMPTS)
-    user = authenticate(username=username, password=password)
+    readable = wire.encodable(username) and wire.encodable(password)
+    user = authenticate(username=username, password=password) if readable else None
     if user is None:
         for key in keys:
             limiter.hit(limit, *key)

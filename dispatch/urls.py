@@ -34,3 +34,6 @@ urlpatterns = [
     path("", include("remotes.urls")),
     path("", include("machines.urls")),
 ]
+
+handler404 = "dispatch.views.not_found"
+handler500 = "dispatch.views.server_error"

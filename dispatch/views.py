@@ -24,6 +24,7 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render, resolve_url
 from django.utils import timezone
+from django.views import defaults
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods
 from django_htmx.http import HttpResponseClientRedirect
@@ -202,3 +203,22 @@ async def healthz(request: HttpRequest) -> JsonResponse:
         },
         status=200 if healthy else 503,
     )
+
+
+def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """404: the API's error shape under ``/api/``, the 404 page elsewhere."""
+    if request.path.startswith("/api/"):
+        return JsonResponse(
+            {"error": {"code": "NOT_FOUND", "message": f"no API route {request.path}", "details": {}}}, status=404
+        )
+    return defaults.page_not_found(request, exception)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """500: the API's error shape under ``/api/``, the 500 page elsewhere."""
+    if request.path.startswith("/api/"):
+        return JsonResponse(
+            {"error": {"code": "INTERNAL_ERROR", "message": "internal error; see the server log", "details": {}}},
+            status=500,
+        )
+    return defaults.server_error(request)

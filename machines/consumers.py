@@ -8,7 +8,6 @@ own state is only this connection's: the operations pending on it.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from channels.exceptions import ChannelFull
 from django.conf import settings
 from pydantic import ValidationError
 
+from dispatch import wire
 from dispatch.consumers import DispatchConsumer
 from machines import protocol
 from machines.protocol import OPERATIONS, envelope, negotiate
@@ -77,8 +77,8 @@ class ShimConsumer(DispatchConsumer):
             await self._close(protocol.CLOSE_TOO_BIG)
             return
         try:
-            frame = json.loads(text_data) if text_data is not None else None
-        except (ValueError, RecursionError):  # RecursionError: deeply nested arrays
+            frame = wire.loads(text_data) if text_data is not None else None
+        except ValueError:
             frame = None
         if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
             if self.connection_id is None:
@@ -255,6 +255,11 @@ class ShimConsumer(DispatchConsumer):
             await self.channel_layer.send(reply_channel, {"type": REPLY_MESSAGE, **reply})
         except ChannelFull:
             logger.warning("dropping a machine reply: caller channel full")
+        except (TypeError, ValueError, RecursionError) as exc:
+            # The layer could not carry it (nested too deeply, not serialisable): the
+            # caller still gets an answer now, not a timeout.
+            error = _error_reply("INVALID_RESPONSE", f"the machine's response could not be relayed: {exc}")
+            await self.channel_layer.send(reply_channel, {"type": REPLY_MESSAGE, **error})
 
     async def _error(
         self, code: str, message: str, *, fatal: bool = False, details: dict[str, Any] | None = None

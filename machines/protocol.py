@@ -11,7 +11,9 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
+
+from dispatch import wire
 
 PROTOCOL_VERSION = "2.0"
 MAX_FRAME_BYTES = 16 * 1024 * 1024  # frames over this close with 1009 (§2)
@@ -74,6 +76,14 @@ class Hello(BaseModel):
     allowed_roots: list[StrictStr] = Field(max_length=64)
     sessions: list[StrictStr] = Field(min_length=1, max_length=256)
     hardware_devices: list[Any] = Field(default_factory=list, max_length=64)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _utf8(cls, value: Any) -> Any:
+        # Everything in a HELLO is stored and shown: text must be writable as UTF-8.
+        if not wire.encodable(json.dumps(value, ensure_ascii=False, default=str)):
+            raise ValueError("HELLO holds text that is not valid UTF-8 (a lone surrogate)")
+        return value
 
     @field_validator("protocol_version")
     @classmethod

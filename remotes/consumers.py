@@ -22,6 +22,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.http.request import validate_host
 
+from dispatch import wire
 from dispatch.consumers import DispatchConsumer
 from dispatch.errors import DispatchError, RateLimited
 from dispatch.ratelimit import TokenBucket
@@ -122,7 +123,7 @@ class SessionConsumer(DispatchConsumer):
             await self._send({"error": "binary frames are not supported; send JSON text"})
             return
         try:
-            message = json.loads(text_data or "")
+            message = wire.loads(text_data or "")
         except ValueError as exc:
             await self._limited_error(f"invalid JSON: {exc}")
             return
@@ -297,7 +298,7 @@ class SessionConsumer(DispatchConsumer):
     async def _first_frame(self, text_data: str | None) -> None:
         """Authenticate from the first frame: ``{"token"}`` or ``{"username", "password"}``."""
         try:
-            message = json.loads(text_data) if text_data is not None else None
+            message = wire.loads(text_data) if text_data is not None else None
         except ValueError:
             message = None
         if not isinstance(message, dict) or not ("token" in message or "username" in message):
@@ -362,7 +363,7 @@ class SessionConsumer(DispatchConsumer):
             await self.channel_layer.send(reply_channel, {"type": services.REPLY_MESSAGE, **reply})
         except ChannelFull:
             logger.warning("dropping a remote-call reply: caller channel full")
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             # The layer could not serialise it (e.g. msgpack and a lone surrogate): the
             # caller must still get an answer rather than wait for its timeout.
             error = f"the remote's answer could not be relayed: {exc}"

@@ -15,6 +15,7 @@ from jsonschema.validators import validator_for
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
 
 from dispatch.errors import InvalidRequest
+from remotes.schemas import non_local_refs
 
 REMOTENAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,63}$"
 FUNCTION_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
@@ -87,6 +88,9 @@ class FunctionSpec(BaseModel):
             raise ValueError(f"not a valid JSON Schema: {exc.message}") from None
         if value.get("type") != "object":
             raise ValueError('the schema\'s "type" must be "object"')
+        remote_refs = non_local_refs(value)
+        if remote_refs:
+            raise ValueError(f"only local $ref ('#/...') are allowed, got {remote_refs[0][:100]!r}")
         return value
 
 

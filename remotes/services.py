@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
@@ -23,10 +23,9 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
+from jsonschema.exceptions import ValidationError, best_match
 from jsonschema.protocols import Validator
-from jsonschema.validators import validator_for
+from referencing.exceptions import Unresolvable
 
 from dispatch.errors import DispatchError
 from dispatch.models import ServerProcess
@@ -34,6 +33,7 @@ from dispatch.presence import current_process_id
 from dispatch.services import server_process_ensure
 from remotes.models import Remote, WsSession
 from remotes.protocol import FunctionSpec, remote_call_event
+from remotes.schemas import compile_validator
 
 logger = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ def _validator(route: RemoteRoute, spec: dict[str, Any]) -> Validator:
     validator = _VALIDATORS.get(key)
     if validator is None:
         schema = spec["parameters"]
-        validator = validator_for(schema, default=Draft202012Validator)(schema)
+        validator = compile_validator(schema)
         _VALIDATORS[key] = validator
         if len(_VALIDATORS) > _VALIDATOR_CACHE_SIZE:
             _VALIDATORS.popitem(last=False)
@@ -244,7 +244,11 @@ def check_arguments(route: RemoteRoute, remotename: str, function: str, args: di
     if spec is None:
         raise RemoteError(f"remote '{remotename}' has no function '{function}'", "INVALID_REQUEST")
     validator = _validator(route, spec)
-    error = None if validator.is_valid(args) else best_match(validator.iter_errors(args))
+    try:
+        error = None if validator.is_valid(args) else best_match(validator.iter_errors(args))
+    except (ValidationError, Unresolvable, RecursionError) as exc:
+        problem = getattr(exc, "message", None) or f"the schema cannot be applied ({type(exc).__name__})"
+        raise RemoteError(f"invalid arguments for '{remotename}.{function}': {problem}", "INVALID_REQUEST") from None
     if error is not None:
         where = "/".join(str(part) for part in error.absolute_path)
         suffix = f" (at '{where}')" if where else ""
@@ -285,7 +289,8 @@ async def remote_call(
     while True:
         if route is None:
             raise not_connected(remotename)
-        check_arguments(route, remotename, function, args)
+        # Off the event loop: a schema may be slow to apply (see remotes.schemas).
+        await sync_to_async(check_arguments, thread_sensitive=False)(route, remotename, function, args)
         reply = await _deliver(route, remotename, function, args, timeout, deadline)
         if "error" not in reply:
             return reply.get("result")

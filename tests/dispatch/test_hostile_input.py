@@ -1,0 +1,85 @@
+"""Input built to crash parsers gets a clear error, never a crash or a ghost."""
+
+from __future__ import annotations
+
+import pytest
+
+from remotes.models import Remote, WsSession
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+DEEP = "[" * 100_000
+
+
+async def test_a_deeply_nested_frame_is_invalid_json_and_the_session_stays(ws_connect, owner_token, weather_tools):
+    async with ws_connect(token=owner_token) as ws:
+        await ws.request("remote-connect", {"remotename": "kept", "tools": weather_tools})
+        await ws.send(DEEP)
+        reply = await ws.recv()
+        assert reply["error"].startswith("invalid JSON")
+        assert (await ws.request("ping"))["pong"] is True
+
+
+async def test_a_deeply_nested_first_frame_is_refused_as_unauthenticated(ws_connect):
+    async with ws_connect() as ws:
+        await ws.send(DEEP)
+        assert (await ws.recv()) == {"error": "not authenticated"}
+        assert await ws.closed_with() == 4401
+
+
+@pytest.mark.parametrize("frame", ['{"action": "ping", "nonce": NaN}', '{"action": "ping", "nonce": 1e400}'])
+async def test_non_finite_numbers_are_not_json(ws_connect, owner_token, frame):
+    async with ws_connect(token=owner_token) as ws:
+        await ws.send(frame)
+        reply = await ws.recv()
+        assert reply["error"].startswith("invalid JSON")
+
+
+@pytest.mark.parametrize("first", ['{"token": "\\ud800"}', '{"username": "\\ud800", "password": "x"}'])
+async def test_a_lone_surrogate_in_credentials_is_an_ordinary_failure(ws_connect, first):
+    async with ws_connect() as ws:
+        await ws.send(first)
+        assert (await ws.recv()) == {"action": "auth", "error": "authentication failed"}
+        assert await ws.closed_with() == 4401
+
+
+async def test_a_failing_handler_closes_the_socket_and_leaves_no_ghost(
+    ws_connect, owner_token, weather_tools, count_rows, monkeypatch
+):
+    from remotes.consumers import SessionConsumer
+
+    async with ws_connect(token=owner_token) as ws:
+        await ws.request("remote-connect", {"remotename": "ghost", "tools": weather_tools})
+        assert await count_rows(Remote, name="ghost") == 1
+
+        async def broken(self, event):
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(SessionConsumer, "remote_call", broken)
+        async with ws_connect(token=owner_token) as caller:
+            await caller.send(
+                {
+                    "action": "remote-call",
+                    "nonce": 1,
+                    "body": {"remotename": "ghost", "function": "get_forecast", "args": {"city": "x"}},
+                }
+            )
+            assert await ws.closed_with() == 1011
+            assert await count_rows(Remote, name="ghost") == 0
+            assert await count_rows(WsSession) == 1  # only the caller's
+            reply = await caller.reply(1, timeout=5)
+            # The call never reached the remote, so it is re-routed: there is none left.
+            assert reply["error"] == "no connected remote named 'ghost'"
+
+
+def test_api_errors_keep_the_error_shape(client, owner_token):
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {owner_token}"}
+    response = client.post("/api/v1/auth/token", DEEP, content_type="application/json")
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "INVALID_REQUEST"
+    response = client.post("/api/v1/sessions/demo/ops", DEEP, content_type="application/json", **auth)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "INVALID_REQUEST"
+    response = client.get("/api/v1/no/such/route", **auth)
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "NOT_FOUND"
