@@ -1,8 +1,10 @@
 """Strict JSON for every wire Dispatch reads (``/ws``, ``/ws/shim/``, JSON bodies).
 
 RFC 8259 JSON only: ``NaN``/``Infinity`` and numbers too large for a float are refused
-(echoing them would produce frames strict parsers reject), and nesting deep enough to
-exhaust Python's recursion is refused as invalid rather than crashing the connection.
+(echoing them would produce frames strict parsers reject), strings holding a lone
+surrogate escape (``"\ud800"``, not Unicode; RFC 8259 §8.2) are refused because no
+UTF-8 wire or channel layer can carry them, and nesting deep enough to exhaust Python's
+recursion is refused as invalid rather than crashing the connection.
 """
 
 from __future__ import annotations
@@ -26,9 +28,13 @@ def _finite(text: str) -> float:
 def loads(text: str | bytes) -> Any:
     """Parse ``text`` as strict JSON. Raises ``ValueError`` saying what is wrong."""
     try:
-        return json.loads(text, parse_constant=_constant, parse_float=_finite)
+        value = json.loads(text, parse_constant=_constant, parse_float=_finite)
     except RecursionError:
         raise ValueError("nested too deeply") from None
+    escaped = b"\\u" in text if isinstance(text, bytes) else "\\u" in text
+    if escaped and not encodable(json.dumps(value, ensure_ascii=False)):
+        raise ValueError("a string holds a lone surrogate (\\ud800-\\udfff), which is not Unicode text")
+    return value
 
 
 def encodable(text: str) -> bool:

@@ -20,3 +20,8 @@ os.environ.setdefault("DISPATCH_WS_AUTH_TIMEOUT", "10")
 from dispatch.settings import *  # noqa: F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast test users
+
+if DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3":  # noqa: F405
+    # Connections held by the consumers' worker thread would otherwise keep the test
+    # database busy when pytest-django drops it at the end of the run.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0  # noqa: F405

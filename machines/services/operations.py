@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import json
 import logging
 import re
 import time
@@ -24,6 +25,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.utils import timezone
 
+from dispatch import wire
 from dispatch.errors import DispatchError, InvalidRequest
 from dispatch.presence import current_process_id
 from machines.models import AuditRecord, Machine, MachineConnection, PathRecency
@@ -153,6 +155,8 @@ async def machine_op(
         )
     if not isinstance(payload, dict):
         raise InvalidRequest("payload must be an object")
+    if not wire.encodable(json.dumps(payload, ensure_ascii=False, default=str)):
+        raise InvalidRequest("payload holds a lone surrogate (\\ud800-\\udfff), which is not Unicode text")
     if target_machine is not None and not isinstance(target_machine, str):
         raise InvalidRequest("target_machine must be a string or null")
     started = time.monotonic()

@@ -36,11 +36,18 @@ async def test_non_finite_numbers_are_not_json(ws_connect, owner_token, frame):
 
 
 @pytest.mark.parametrize("first", ['{"token": "\\ud800"}', '{"username": "\\ud800", "password": "x"}'])
-async def test_a_lone_surrogate_in_credentials_is_an_ordinary_failure(ws_connect, first):
+async def test_a_lone_surrogate_in_credentials_is_refused_like_invalid_json(ws_connect, first):
     async with ws_connect() as ws:
         await ws.send(first)
-        assert (await ws.recv()) == {"action": "auth", "error": "authentication failed"}
+        assert (await ws.recv()) == {"error": "not authenticated"}
         assert await ws.closed_with() == 4401
+
+
+def test_lone_surrogates_are_refused_by_the_password_check_itself():
+    from dispatch.services import AuthenticationFailed, password_authenticate
+
+    with pytest.raises(AuthenticationFailed):
+        password_authenticate(username="\ud800", password="x", client_address="127.0.0.1")
 
 
 async def test_a_failing_handler_closes_the_socket_and_leaves_no_ghost(

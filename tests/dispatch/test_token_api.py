@@ -7,7 +7,7 @@ from django.test import Client
 
 from dispatch.models import ApiToken
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.smoke]
 
 PASSWORD = "correct horse battery"
 TOKEN_URL = "/api/v1/auth/token"

@@ -14,7 +14,7 @@ from django.utils import timezone
 from machines.models import DeviceAuthorization, MachineToken
 from machines.services.connections import shim_authenticate
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.smoke]
 
 USER_CODE = re.compile(r"^[BCDFGHJKLMNPQRSTVWXZ]{4}-[BCDFGHJKLMNPQRSTVWXZ]{4}$")
 MACHINE = {

@@ -8,7 +8,7 @@ import pytest
 
 from remotes.models import Remote
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.smoke]
 
 WEATHER = "weather-service"
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import Any
 
@@ -16,7 +15,7 @@ from remotes import services
 from remotes.models import Remote
 from remotes.protocol import encode
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.smoke]
 
 WEATHER = "weather-service"
 
@@ -363,20 +362,31 @@ async def test_concurrent_service_calls_get_their_own_results(ws_connect, owner,
         assert results == [str(i) for i in range(50)]
 
 
-async def test_arguments_and_results_with_lone_surrogates_pass_through(ws_connect, owner_token, weather_tools):
-    # "\ud800" is valid JSON that decodes to a lone surrogate; the frames carrying it
-    # must still be sendable as UTF-8 text (they are escaped).
+async def test_arguments_and_results_with_lone_surrogates_are_refused_without_losing_the_call(
+    ws_connect, owner_token, weather_tools
+):
+    # "\ud800" decodes to a lone surrogate, which no UTF-8 wire or channel layer carries.
     async with ws_connect(token=owner_token) as server, ws_connect(token=owner_token) as caller:
         await connect_weather(server, weather_tools)
         await caller.send(
             '{"action": "remote-call", "nonce": "c1", "body": '
             '{"remotename": "weather-service", "function": "get_forecast", "args": {"city": "\\ud800"}}}'
         )
-        message = await server.communicator.receive_output(3)
-        message["text"].encode("utf-8")
-        event = json.loads(message["text"])
-        assert event["args"] == {"city": "\ud800"}
-        await server.send('{"action": "remote-call-result", "requestId": "weather-service#0", "result": "\\udfff"}')
-        message = await caller.communicator.receive_output(3)
-        message["text"].encode("utf-8")
-        assert json.loads(message["text"]) == {"result": "\udfff", "nonce": "c1"}
+        refused = await caller.recv()
+        assert refused["error"].startswith("invalid JSON: a string holds a lone surrogate")
+        assert await server.nothing_received()
+        await caller.send(
+            {
+                "action": "remote-call",
+                "nonce": "c2",
+                "body": {"remotename": "weather-service", "function": "get_forecast", "args": {"city": "Rome"}},
+            }
+        )
+        event = await server.next_event()
+        await server.send(
+            '{"action": "remote-call-result", "requestId": "' + event["requestId"] + '", "result": "\\udfff"}'
+        )
+        # The result frame is refused as well; the call still ends (here by the remote's
+        # proper answer), never by a crash.
+        await server.send({"action": "remote-call-result", "requestId": event["requestId"], "result": "ok"})
+        assert await caller.reply("c2") == {"result": "ok", "nonce": "c2"}

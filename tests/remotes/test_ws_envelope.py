@@ -262,13 +262,15 @@ async def utf8_frame(ws) -> dict[str, object]:
     return json.loads(message["text"])
 
 
-async def test_replies_quoting_a_lone_surrogate_are_still_valid_utf8(ws_connect, owner_token):
-    # "\ud800" is valid JSON but decodes to a lone surrogate, which UTF-8 cannot carry.
+async def test_a_lone_surrogate_is_refused_as_not_unicode_and_the_session_stays(ws_connect, owner_token):
+    # "\ud800" is valid JSON syntax but not Unicode text: no UTF-8 wire or channel layer
+    # can carry it, so the frame is refused, while a proper pair ("\ud83d\ude80") is fine.
     async with ws_connect(token=owner_token) as ws:
         await ws.send('{"action": "\\ud800", "nonce": "\\udfff"}')
-        assert await utf8_frame(ws) == {"error": "unknown action '\ud800'", "nonce": "\udfff"}
-        await ws.send('{"action": "ping", "nonce": "x\\ud83d"}')
-        assert await utf8_frame(ws) == {"pong": True, "nonce": "x\ud83d"}
+        reply = await utf8_frame(ws)
+        assert reply["error"].startswith("invalid JSON: a string holds a lone surrogate")
+        await ws.send('{"action": "ping", "nonce": "x\\ud83d\\ude80"}')
+        assert await utf8_frame(ws) == {"pong": True, "nonce": "x\U0001f680"}
         await assert_still_open(ws)
 
 

@@ -17,6 +17,8 @@ from channels.layers import channel_layers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dispatch import wire
+
 pytestmark = pytest.mark.django_db(transaction=True)
 
 PROPERTY_SETTINGS = settings(
@@ -119,7 +121,7 @@ def parsed_request(frame: str | bytes) -> dict[str, Any] | None:
     if isinstance(frame, bytes):
         return None
     try:
-        value = json.loads(frame)
+        value = wire.loads(frame)  # the consumer's own strict reading
     except ValueError:
         return None
     return value if isinstance(value, dict) else None
