@@ -64,6 +64,11 @@ class MachineToken(models.Model):
         return f"{self.prefix}… (machine {self.machine_id})"
 
 
+def default_allowed_capabilities() -> list[str]:
+    """A new machine may use every capability its shim offers until its owner says otherwise."""
+    return ["files", "shell"]
+
+
 class Machine(models.Model):
     """A user's computer as its shim last described it, with its shown status (§4)."""
 
@@ -84,8 +89,9 @@ class Machine(models.Model):
     platform = models.CharField(max_length=32, blank=True)
     arch = models.CharField(max_length=32, blank=True)
     shim_version = models.CharField(max_length=64, blank=True)
-    capabilities = models.JSONField(default=list)
-    granted_capabilities = models.JSONField(default=list)
+    capabilities = models.JSONField(default=list)  # what the shim advertised
+    allowed_capabilities = models.JSONField(default=default_allowed_capabilities)  # the user's setting
+    granted_capabilities = models.JSONField(default=list)  # advertised ∩ allowed
     allowed_roots = models.JSONField(default=list)
     hardware_devices = models.JSONField(default=list)
     snapshot = models.JSONField(null=True, blank=True)  # the cached MACHINE_LIST_RESPONSE payload

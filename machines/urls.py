@@ -10,6 +10,7 @@ urlpatterns = [
     path("machines/activate", views.activate_page, name="machines-activate"),
     path("machines/<str:machine_id>/revoke", views.machine_revoke, name="machine-revoke"),
     path("machines/default", views.machine_default, name="machine-default"),
+    path("machines/<str:machine_id>/capabilities", views.machine_capabilities, name="machine-capabilities"),
 ]
 
 api_urlpatterns = [

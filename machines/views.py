@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -16,11 +19,26 @@ from machines.services import connections, device, router
 
 def _context(request: HttpRequest) -> dict[str, object]:
     user = authenticated_user(request)
-    return {
+    context: dict[str, object] = {
         "machines": list(selectors.machines_for(user=user).prefetch_related("connections")),
         "default_machine_id": router.default_machine_id(user=user),
         "audit_records": list(selectors.audit_records_for(user=user, limit=30)),
     }
+    context["version"] = _version(context)
+    return context
+
+
+def _version(context: dict[str, object]) -> str:
+    """16 hex characters that change whenever the list would render differently."""
+    digest = hashlib.sha256()
+    for machine in context["machines"]:  # type: ignore[attr-defined]
+        fields = [machine.machine_id, machine.name, machine.connection_status, machine.health, machine.status_reason]
+        fields += [machine.granted_capabilities, machine.allowed_capabilities, machine.allowed_roots]
+        fields += [machine.last_active_at, [c.sessions for c in machine.connections.all()]]
+        digest.update(json.dumps(fields, default=str).encode())
+    records = context["audit_records"]
+    digest.update(f"{context['default_machine_id']}|{records[0].pk if records else 0}".encode())  # type: ignore[index]
+    return digest.hexdigest()[:16]
 
 
 @require_GET
@@ -32,8 +50,15 @@ def machines_page(request: HttpRequest) -> HttpResponse:
 @htmx_login_required
 @require_GET
 def machines_fragment(request: HttpRequest) -> HttpResponse:
-    """The machine list and audit, polled by htmx so status changes show without reload."""
-    return render(request, "machines/_machine_list.html", _context(request))
+    """The machine list and audit, polled by htmx so status changes show without reload.
+
+    ``version`` (the version the page shows) equal to the current one → 204: htmx swaps
+    nothing, so a form being edited in the list is left alone.
+    """
+    context = _context(request)
+    if request.GET.get("version") == context["version"]:
+        return HttpResponse(status=204)
+    return render(request, "machines/_machine_list.html", context)
 
 
 @require_POST
@@ -44,6 +69,23 @@ def machine_revoke(request: HttpRequest, machine_id: str) -> HttpResponse:
         messages.error(request, exc.message)
     else:
         messages.success(request, f"Machine {machine.name} revoked; its shim was disconnected.")
+    return redirect("machines")
+
+
+@require_POST
+def machine_capabilities(request: HttpRequest, machine_id: str) -> HttpResponse:
+    """Which capabilities the machine may be granted (checkboxes ``shell``, ``files``)."""
+    try:
+        machine = connections.machine_capabilities_set(
+            user=authenticated_user(request), machine_id=machine_id, allowed=request.POST.getlist("capability")
+        )
+    except DispatchError as exc:
+        messages.error(request, exc.message)
+    else:
+        allowed = ", ".join(machine.allowed_capabilities) or "nothing"
+        messages.success(
+            request, f"{machine.name} may use: {allowed} (a widened grant applies when its shim reconnects)."
+        )
     return redirect("machines")
 
 

@@ -75,12 +75,13 @@ class Attachment:
 def shim_connected(*, identity: ShimIdentity, hello: Hello, channel_name: str, protocol_version: str) -> Attachment:
     """Record a shim that completed its HELLO; take over older sockets of the same machine.
 
-    Granted capabilities are the advertised ones (a user's settings may narrow them in a
-    later version). Returns what the HELLO_ACK needs.
+    Granted capabilities are the advertised ones that the owner allows for this machine
+    (``Machine.allowed_capabilities``, set on the Machines page; §3). Returns what the
+    HELLO_ACK needs.
     """
     user = identity.user
     machine, _ = Machine.objects.select_for_update().get_or_create(user=user, machine_id=hello.machine_id)
-    granted: list[str] = sorted(set(hello.capabilities))
+    granted: list[str] = sorted(set(hello.capabilities) & set(machine.allowed_capabilities))
     machine.hostname = hello.hostname
     machine.display_name = hello.display_name or ""
     machine.platform = hello.platform
@@ -187,6 +188,33 @@ def machine_snapshot_store(*, connection_id: str | None, snapshot: dict[str, Any
     )
     if machine_pk is not None:
         Machine.objects.filter(pk=machine_pk).update(snapshot=snapshot)
+
+
+@transaction.atomic
+def machine_capabilities_set(*, user: User, machine_id: str, allowed: list[str]) -> Machine:
+    """Set which capabilities ``user``'s machine may be granted (subset of ``shell``, ``files``).
+
+    Narrowing applies at once (live connections lose the capability, so the router stops
+    sending such operations); widening applies when the shim next connects, since a shim
+    learns its grant in HELLO_ACK. Raises ``InvalidRequest`` for an unknown capability and
+    ``NotFound`` for another user's or an unknown machine.
+    """
+    from dispatch.errors import InvalidRequest, NotFound
+    from machines.protocol import CAPABILITIES
+
+    unknown = sorted(set(allowed) - CAPABILITIES)
+    if unknown:
+        raise InvalidRequest(f"unknown capability '{unknown[0]}'; expected shell and/or files")
+    machine = Machine.objects.select_for_update().filter(user=user, machine_id=machine_id).first()
+    if machine is None:
+        raise NotFound(f"no machine '{machine_id}'")
+    machine.allowed_capabilities = sorted(set(allowed))
+    machine.granted_capabilities = sorted(set(machine.granted_capabilities) & set(allowed))
+    machine.save(update_fields=["allowed_capabilities", "granted_capabilities"])
+    for connection in MachineConnection.objects.select_for_update().filter(machine=machine):
+        connection.granted_capabilities = sorted(set(connection.granted_capabilities) & set(allowed))
+        connection.save(update_fields=["granted_capabilities"])
+    return machine
 
 
 @transaction.atomic

@@ -147,3 +147,46 @@ def test_the_default_form_refuses_another_users_machine(browser, owner, member):
     response = browser.post("/machines/default", {"machine_id": "m-bob"}, follow=True)
     assert "no machine" in response.content.decode()
     assert not DefaultMachine.objects.filter(user=owner).exists()
+
+
+def test_the_fragment_answers_204_when_nothing_changed(browser, owner):
+    machine(owner, "m1")
+    first = browser.get("/machines/fragment")
+    version = first.context["version"]
+    assert browser.get("/machines/fragment", {"version": version}).status_code == 204
+    Machine.objects.filter(machine_id="m1").update(connection_status=Machine.Connection.DISCONNECTED)
+    changed = browser.get("/machines/fragment", {"version": version})
+    assert changed.status_code == 200
+    assert "disconnected" in changed.content.decode()
+
+
+def test_the_capabilities_form_narrows_the_grant_at_once(browser, owner):
+    from dispatch.services import server_process_ensure
+    from machines.models import MachineConnection
+
+    shim = machine(owner, "m1")
+    MachineConnection.objects.create(
+        machine=shim,
+        user=owner,
+        connection_id="conn_1",
+        channel_name="chan-1",
+        server_process_id=server_process_ensure(),
+        sessions=["*"],
+        granted_capabilities=["files", "shell"],
+        protocol_version="2.0",
+    )
+    response = browser.post("/machines/m1/capabilities", {"capability": ["files"]})
+    assert response.status_code == 302
+    shim.refresh_from_db()
+    assert (shim.allowed_capabilities, shim.granted_capabilities) == (["files"], ["files"])
+    assert MachineConnection.objects.get(connection_id="conn_1").granted_capabilities == ["files"]
+
+
+def test_the_capabilities_form_refuses_another_users_machine_and_unknown_capabilities(browser, owner, member):
+    machine(member, "theirs")
+    machine(owner, "mine")
+    browser.post("/machines/theirs/capabilities", {"capability": ["files"]})
+    assert Machine.objects.get(machine_id="theirs").allowed_capabilities == ["files", "shell"]
+    response = browser.post("/machines/mine/capabilities", {"capability": ["files", "root"]}, follow=True)
+    assert "unknown capability" in response.content.decode()
+    assert Machine.objects.get(machine_id="mine").allowed_capabilities == ["files", "shell"]

@@ -331,3 +331,13 @@ async def test_a_machine_id_is_scoped_to_its_user(shims, owner, member, count_ro
     await shims.connect(member, machine_id=machine_id)
     assert await count_rows(MachineConnection) == 2  # no takeover across users
     assert await count_rows(Machine, machine_id=machine_id) == 2
+
+
+async def test_the_grant_is_what_the_shim_offers_and_its_owner_allows(shims, owner):
+    from machines.services.connections import machine_capabilities_set
+
+    first = await shims.connect(owner, machine_id="m-allow", capabilities=["files", "shell"])
+    assert first.ack["payload"]["granted_capabilities"] == ["files", "shell"]
+    await database_sync_to_async(machine_capabilities_set)(user=owner, machine_id="m-allow", allowed=["files"])
+    again = await shims.connect(owner, machine_id="m-allow", capabilities=["files", "shell"])
+    assert again.ack["payload"]["granted_capabilities"] == ["files"]
