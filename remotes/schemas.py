@@ -9,8 +9,8 @@ must not let that client reach anything or stall the server:
 - ``pattern`` and ``patternProperties`` run with the ``regex`` module under a time limit,
   so a catastrophic pattern (``^(a+)+$``) fails the one call instead of freezing the
   process (Python's ``re`` holds the interpreter for as long as it backtracks);
-- validation runs in a worker thread (``check`` is sync; callers use ``sync_to_async``
-  with ``thread_sensitive=False``).
+- a schema with patterns is validated in a worker thread (``has_patterns``; the caller
+  uses ``sync_to_async(thread_sensitive=False)``), others inline, which is cheaper.
 """
 
 from __future__ import annotations
@@ -74,6 +74,21 @@ def non_local_refs(schema: Any) -> list[str]:
         elif isinstance(node, list):
             stack.extend(node)
     return found
+
+
+def has_patterns(schema: Any) -> bool:
+    """Whether ``schema`` uses ``pattern``, ``patternProperties`` or a ``format`` anywhere
+    (the keywords that run regular expressions)."""
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if {"pattern", "patternProperties", "format"} & node.keys():
+                return True
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
 
 
 def compile_validator(schema: dict[str, Any]) -> Validator:

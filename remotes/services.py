@@ -33,7 +33,7 @@ from dispatch.presence import current_process_id
 from dispatch.services import server_process_ensure
 from remotes.models import Remote, WsSession
 from remotes.protocol import FunctionSpec, remote_call_event
-from remotes.schemas import compile_validator
+from remotes.schemas import compile_validator, has_patterns
 
 logger = logging.getLogger(__name__)
 
@@ -238,6 +238,21 @@ def _serving_state(route: RemoteRoute) -> str:
     return "served" if Remote.objects.filter(pk=route.remote_id).exists() else "closed"
 
 
+def uses_patterns(route: RemoteRoute, function: str) -> bool:
+    """Whether the function's schema has regular expressions (cached per remote row)."""
+    key = (route.remote_id, function)
+    found = _PATTERNS.get(key)
+    if found is None:
+        spec = next((tool for tool in route.tools if tool["name"] == function), None)
+        found = _PATTERNS[key] = spec is not None and has_patterns(spec["parameters"])
+        if len(_PATTERNS) > _VALIDATOR_CACHE_SIZE:
+            _PATTERNS.clear()
+    return found
+
+
+_PATTERNS: dict[tuple[int, str], bool] = {}
+
+
 def check_arguments(route: RemoteRoute, remotename: str, function: str, args: dict[str, Any]) -> None:
     """Raise ``RemoteError`` unless ``function`` exists and ``args`` fit its schema (§2.2)."""
     spec = next((tool for tool in route.tools if tool["name"] == function), None)
@@ -289,8 +304,11 @@ async def remote_call(
     while True:
         if route is None:
             raise not_connected(remotename)
-        # Off the event loop: a schema may be slow to apply (see remotes.schemas).
-        await sync_to_async(check_arguments, thread_sensitive=False)(route, remotename, function, args)
+        if uses_patterns(route, function):
+            # Off the event loop: a pattern may be slow to apply (see remotes.schemas).
+            await sync_to_async(check_arguments, thread_sensitive=False)(route, remotename, function, args)
+        else:
+            check_arguments(route, remotename, function, args)
         reply = await _deliver(route, remotename, function, args, timeout, deadline)
         if "error" not in reply:
             return reply.get("result")
