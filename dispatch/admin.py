@@ -12,6 +12,16 @@ from dispatch import services
 from dispatch.models import ApiToken, InstanceIdentity, ServerProcess
 
 
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Admin for rows that mirror live state or records: viewable, never edited by hand."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
     list_display = ["prefix", "name", "user", "created_at", "last_used_at", "expires_at", "revoked_at"]

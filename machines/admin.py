@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
+from dispatch.admin import ReadOnlyAdmin
 from machines.models import AuditRecord, DeviceAuthorization, Machine, MachineConnection, MachineToken
 from machines.services import connections
-
-
-class ReadOnly(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(Machine)
@@ -40,7 +31,7 @@ class MachineAdmin(admin.ModelAdmin):
 
 
 @admin.register(MachineToken)
-class MachineTokenAdmin(ReadOnly):
+class MachineTokenAdmin(ReadOnlyAdmin):
     list_display = ["prefix", "machine_id", "user", "created_at", "last_used_at", "revoked_at"]
     list_filter = [("revoked_at", admin.EmptyFieldListFilter)]
     search_fields = ["prefix", "machine_id", "user__username"]
@@ -56,21 +47,21 @@ class MachineTokenAdmin(ReadOnly):
 
 
 @admin.register(MachineConnection)
-class MachineConnectionAdmin(ReadOnly):
+class MachineConnectionAdmin(ReadOnlyAdmin):
     list_display = ["connection_id", "machine", "user", "server_process", "connected_at", "last_seen_at"]
     list_filter = ["server_process"]
     search_fields = ["connection_id", "machine__machine_id", "user__username"]
 
 
 @admin.register(DeviceAuthorization)
-class DeviceAuthorizationAdmin(ReadOnly):
+class DeviceAuthorizationAdmin(ReadOnlyAdmin):
     list_display = ["hostname", "machine_id", "status", "user", "created_at", "expires_at"]
     list_filter = ["status"]
     exclude = ["device_code_digest", "user_code_digest"]
 
 
 @admin.register(AuditRecord)
-class AuditRecordAdmin(ReadOnly):
+class AuditRecordAdmin(ReadOnlyAdmin):
     list_display = ["ts", "user", "op", "machine_id", "session_id", "ok", "caller"]
     list_filter = ["op", "user", "session_id", "machine_id"]
     search_fields = ["session_id", "machine_id", "caller", "request_id"]

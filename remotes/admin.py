@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from dispatch.admin import ReadOnlyAdmin
 from dispatch.errors import DispatchError
 from remotes import services
 from remotes.models import Remote, WsSession
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(WsSession)

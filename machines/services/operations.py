@@ -333,17 +333,7 @@ async def request_snapshots(*, user_id: int, connection_ids: list[str]) -> None:
     )()
 
     async def one(row: MachineConnection) -> None:
-        candidate = Candidate(
-            machine_id=row.machine.machine_id,
-            hostname=row.machine.hostname,
-            display_name=row.machine.display_name,
-            channel_name=row.channel_name,
-            connection_id=row.connection_id,
-            server_process_id=row.server_process_id,
-            granted_capabilities=tuple(row.granted_capabilities),
-            allowed_roots=tuple(row.machine.allowed_roots),
-            limits=dict(row.limits),
-        )
+        candidate = Candidate.of(row)
         try:
             await send_to_machine(
                 candidate, op="MACHINE_LIST_REQUEST", payload={}, session_id="*", timeout=SNAPSHOT_TIMEOUT

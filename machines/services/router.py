@@ -42,15 +42,10 @@ class Candidate:
     def name(self) -> str:
         return self.display_name or self.hostname or self.machine_id
 
-    def describe(self) -> dict[str, str]:
-        return {"machine_id": self.machine_id, "hostname": self.hostname, "display_name": self.display_name}
-
-
-def attached_candidates(*, user: User, session_id: str) -> list[Candidate]:
-    """Every machine of ``user`` attached to ``session_id`` now, by name."""
-    rows = MachineConnection.objects.filter(user=user, machine__revoked_at__isnull=True).select_related("machine")
-    found = [
-        Candidate(
+    @classmethod
+    def of(cls, row: MachineConnection) -> Candidate:
+        """The candidate for a connection row (with its machine loaded)."""
+        return cls(
             machine_id=row.machine.machine_id,
             hostname=row.machine.hostname,
             display_name=row.machine.display_name,
@@ -61,6 +56,16 @@ def attached_candidates(*, user: User, session_id: str) -> list[Candidate]:
             allowed_roots=tuple(row.machine.allowed_roots),
             limits=dict(row.limits),
         )
+
+    def describe(self) -> dict[str, str]:
+        return {"machine_id": self.machine_id, "hostname": self.hostname, "display_name": self.display_name}
+
+
+def attached_candidates(*, user: User, session_id: str) -> list[Candidate]:
+    """Every machine of ``user`` attached to ``session_id`` now, by name."""
+    rows = MachineConnection.objects.filter(user=user, machine__revoked_at__isnull=True).select_related("machine")
+    found = [
+        Candidate.of(row)
         for row in rows
         if row.attached_to(session_id)
     ]
