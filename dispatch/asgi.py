@@ -1,4 +1,5 @@
-"""The ASGI application: Django for HTTP, Channels for websockets.
+"""The ASGI application: Django for HTTP (``/mcp`` excepted: the MCP endpoint,
+``dispatch.mcp.app``), Channels for websockets.
 
 No ``AllowedHostsOriginValidator``: shims, peers and scripts send no ``Origin``; the
 ``/ws`` consumer checks the origin itself for cookie-authenticated browsers
@@ -17,11 +18,12 @@ django_asgi_app = get_asgi_application()
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs the apps loaded)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
+from dispatch.mcp.app import with_mcp  # noqa: E402
 from dispatch.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": with_mcp(django_asgi_app),
         "websocket": AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
     }
 )

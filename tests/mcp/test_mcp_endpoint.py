@@ -1,0 +1,317 @@
+"""The MCP endpoint against a real ``manage.py serve``, driven by the SDK's own
+streamable-HTTP client (spec/agents.md §6, sessions-and-remotes.md §2.6).
+
+One server for the module; ``admin`` has the ``weather-service`` remote (served by the
+client library in a subprocess) and no machine; the machine tests use a user of their
+own with real shims.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS, CallToolResult, TextContent
+
+from examples.weather_service import get_forecast
+from tests.infra import PYTHON, Instance, Server, instance, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+MACHINE_TOOLS = {
+    "list_machines",
+    "local_pc_execute_command",
+    "local_pc_file_read",
+    "local_pc_file_write",
+    "local_pc_file_list",
+    "local_pc_file_stat",
+    "local_pc_file_delete",
+    "local_pc_file_move",
+    "local_pc_file_copy",
+}
+FORECAST_TOOL = "remote__weather-service__get_forecast"
+# "legacy": the initialize handshake (2025-11-25); "auto": server/discover, 2026-07-28.
+MODES = ["legacy", "auto"]
+
+
+@dataclass
+class Live:
+    instance: Instance
+    server: Server
+    token: str  # ``admin``'s, whose weather-service remote is connected
+
+    @property
+    def mcp_url(self) -> str:
+        return f"{self.server.url}/mcp"
+
+
+@pytest.fixture(scope="module")
+def live() -> Iterator[Live]:
+    with instance() as inst:
+        server = inst.serve()
+        token = inst.admin_token
+        connection = ["--url", server.ws_url, "--token", token]
+        serving = inst.spawn(
+            [PYTHON, "-m", "remotes.client", "serve", "examples/weather_service.py:remote", *connection],
+            name="weather-service",
+        )
+        wait_until(
+            lambda: server.remote_names(token) == ["weather-service"],
+            timeout=20,
+            what="the weather-service remote to connect",
+            details=serving.log,
+        )
+        yield Live(instance=inst, server=server, token=token)
+
+
+@asynccontextmanager
+async def mcp_client(url: str, token: str, mode: str = "legacy") -> AsyncIterator[Client]:
+    """The SDK's ``Client`` over its streamable-HTTP transport, with a bearer token."""
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=30) as http:
+        async with Client(streamable_http_client(url, http_client=http), mode=mode) as client:
+            yield client
+
+
+def text_of(result: CallToolResult) -> str:
+    [block] = result.content
+    assert isinstance(block, TextContent)
+    return block.text
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_it_lists_the_machine_tools_and_the_users_remote_functions(live: Live, mode: str) -> None:
+    async with mcp_client(live.mcp_url, live.token, mode) as client:
+        assert client.server_info is None or client.server_info.name == "dispatch"
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+    assert MACHINE_TOOLS <= set(tools)
+    assert set(tools) - MACHINE_TOOLS == {FORECAST_TOOL}
+    forecast = tools[FORECAST_TOOL]
+    assert forecast.input_schema["required"] == ["city"]
+    assert "weather-service" in (forecast.description or "")
+    assert "Retrieve weather forecast" in (forecast.description or "")
+    assert "No machine is attached" in (tools["local_pc_execute_command"].description or "")
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_it_calls_a_remote_function_and_returns_its_result(live: Live, mode: str) -> None:
+    async with mcp_client(live.mcp_url, live.token, mode) as client:
+        result = await client.call_tool(FORECAST_TOOL, {"city": "Rome"})
+    assert not result.is_error, result
+    assert json.loads(text_of(result)) == get_forecast("Rome")
+    assert result.structured_content == get_forecast("Rome")
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_machine_tool_without_a_machine_is_an_error_result_naming_the_code(live: Live, mode: str) -> None:
+    async with mcp_client(live.mcp_url, live.token, mode) as client:
+        result = await client.call_tool("local_pc_execute_command", {"argv": ["true"]})
+    assert result.is_error
+    assert text_of(result).startswith("MACHINE_NOT_ATTACHED: ")
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_arguments_failing_the_schema_are_an_invalid_request_error_result(live: Live, mode: str) -> None:
+    async with mcp_client(live.mcp_url, live.token, mode) as client:
+        machine = await client.call_tool("local_pc_execute_command", {"argv": "not-a-list"})
+        remote = await client.call_tool(FORECAST_TOOL, {"town": "Rome"})
+    assert machine.is_error and text_of(machine).startswith("INVALID_REQUEST: "), machine
+    assert "argv" in text_of(machine)
+    assert remote.is_error and text_of(remote).startswith("INVALID_REQUEST: "), remote
+    assert "'town' was unexpected" in text_of(remote)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_an_unknown_tool_is_a_json_rpc_invalid_params_error(live: Live, mode: str) -> None:
+    async with mcp_client(live.mcp_url, live.token, mode) as client:
+        with pytest.raises(MCPError) as raised:
+            await client.call_tool("remote__no-such-remote__get_forecast", {"city": "Rome"})
+    assert raised.value.code == INVALID_PARAMS
+    assert "no-such-remote" in raised.value.message
+
+
+async def test_another_users_remote_is_not_among_their_tools(live: Live) -> None:
+    live.instance.create_user("erin")
+    async with mcp_client(live.mcp_url, live.instance.token("erin")) as client:
+        names = {tool.name for tool in (await client.list_tools()).tools}
+        with pytest.raises(MCPError) as raised:
+            await client.call_tool(FORECAST_TOOL, {"city": "Rome"})
+    assert names == MACHINE_TOOLS
+    assert raised.value.code == INVALID_PARAMS
+
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+}
+
+
+@pytest.mark.parametrize(
+    ("authorization", "code"),
+    [
+        (None, "NOT_AUTHENTICATED"),
+        ("Bearer not-a-real-token", "AUTHENTICATION_FAILED"),
+        ("Basic YWRtaW46cHc=", "NOT_AUTHENTICATED"),
+        ("Bearer", "NOT_AUTHENTICATED"),
+    ],
+)
+def test_it_refuses_a_request_without_a_valid_token_with_401(live: Live, authorization: str | None, code: str) -> None:
+    headers = {"Accept": "application/json, text/event-stream"}
+    if authorization is not None:
+        headers["Authorization"] = authorization
+    response = httpx.post(live.mcp_url, json=INITIALIZE, headers=headers, timeout=10)
+    assert response.status_code == 401
+    assert response.headers["WWW-Authenticate"] == "Bearer"
+    assert response.json()["error"]["code"] == code
+
+
+def test_a_revoked_token_is_refused(live: Live) -> None:
+    token = live.instance.token("admin")
+    headers = {"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {token}"}
+    assert httpx.post(live.mcp_url, json=INITIALIZE, headers=headers, timeout=10).status_code == 200
+    live.instance.manage(
+        "shell", "-c", f"from dispatch.models import ApiToken; ApiToken.objects.filter(prefix={token[:8]!r}).delete()"
+    )
+    assert httpx.post(live.mcp_url, json=INITIALIZE, headers=headers, timeout=10).status_code == 401
+
+
+def test_a_browser_origin_outside_allowed_hosts_is_refused(live: Live) -> None:
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "Authorization": f"Bearer {live.token}",
+        "Origin": "http://evil.example",
+    }
+    assert httpx.post(live.mcp_url, json=INITIALIZE, headers=headers, timeout=10).status_code == 403
+    headers["Origin"] = live.server.url
+    assert httpx.post(live.mcp_url, json=INITIALIZE, headers=headers, timeout=10).status_code == 200
+
+
+def test_a_host_outside_allowed_hosts_is_refused(live: Live) -> None:
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "Authorization": f"Bearer {live.token}",
+        "Host": "rebound.example",
+    }
+    assert httpx.post(live.mcp_url, json=INITIALIZE, headers=headers, timeout=10).status_code == 421
+
+
+def test_the_rest_of_the_site_is_still_django(live: Live) -> None:
+    assert live.server.get("/healthz").status_code == 200
+    assert live.server.get("/mcpx").status_code == 404
+    assert live.server.get("/api/v1/remotes", live.token).json()["remotes"][0]["remotename"] == "weather-service"
+
+
+# --- machines ---------------------------------------------------------------------------
+
+
+def tool_descriptions(tools: Any) -> dict[str, str]:
+    return {tool.name: tool.description or "" for tool in tools.tools}
+
+
+async def test_descriptions_follow_the_machines_attached_at_each_request(live: Live, tmp_path: Path) -> None:
+    live.instance.create_user("dana")
+    token = live.instance.token("dana")
+    roots = {name: tmp_path / f"root-{name}" for name in ("alpha", "beta")}
+    for root in roots.values():
+        root.mkdir()
+
+    def start(name: str) -> Any:
+        return live.instance.shim(name, roots[name], "--session", "default", token=token, state_dir=tmp_path / name)
+
+    async with mcp_client(live.mcp_url, token) as client:
+        alpha = start("alpha")
+        try:
+            one = tool_descriptions(await client.list_tools())
+            assert "Attached machine: alpha." in one["local_pc_execute_command"]
+
+            listed = await client.call_tool("list_machines", {})
+            assert not listed.is_error, listed
+            assert [m["machine_id"] for m in json.loads(text_of(listed))] == [alpha.machine_id]
+
+            ran = await client.call_tool("local_pc_execute_command", {"argv": ["pwd"]})
+            assert not ran.is_error, ran
+            assert ran.structured_content is not None
+            assert ran.structured_content["machine_id"] == alpha.machine_id
+            assert ran.structured_content["stdout"].strip() == str(roots["alpha"].resolve())
+
+            beta = start("beta")
+            try:
+                two = tool_descriptions(await client.list_tools())
+                described = two["local_pc_execute_command"]
+                assert "Attached machines: alpha" in described and "beta" in described
+                assert described != one["local_pc_execute_command"]
+            finally:
+                beta.stop()
+        finally:
+            alpha.stop()
+
+
+# --- bad input (quality.md "Bad input, all entry points") --------------------------------
+
+
+def call(name: Any, arguments: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": name, "arguments": arguments}}
+
+
+BAD_BODIES: list[tuple[str, bytes, int, int | None]] = [
+    # (case, body, HTTP status, JSON-RPC error code)
+    ("invalid JSON", b"{not json", 400, -32700),
+    ("a lone surrogate", json.dumps(call("list_machines", {"session_id": "\ud800"})).encode(), 400, -32700),
+    ("a batch", json.dumps([INITIALIZE, INITIALIZE]).encode(), 400, -32602),
+    ("a bare string", b'"tools/list"', 400, -32602),
+    ("an unknown method", b'{"jsonrpc": "2.0", "id": 2, "method": "no/such"}', 200, -32601),
+    ("arguments that are not an object", json.dumps(call("list_machines", [1])).encode(), 200, -32602),
+    ("a tool name that is not a string", json.dumps(call(5, {})).encode(), 200, -32602),
+    ("a huge unknown tool name", json.dumps(call("x" * 100_000, {})).encode(), 200, -32602),
+    ("a body over 4 MiB", b"[" + b"1," * (2 * 1024 * 1024) + b"1]", 413, None),
+]
+
+
+@pytest.mark.parametrize(("case", "body", "status", "code"), BAD_BODIES, ids=[case[0] for case in BAD_BODIES])
+def test_it_answers_bad_input_with_a_clear_error_and_keeps_serving(
+    live: Live, case: str, body: bytes, status: int, code: int | None
+) -> None:
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+        "Authorization": f"Bearer {live.token}",
+    }
+    response = httpx.post(live.mcp_url, content=body, headers=headers, timeout=30)
+    assert response.status_code == status, response.text
+    if code is not None:
+        error = response.json()["error"]
+        assert error["code"] == code
+        assert len(error["message"]) < 2000
+    assert live.server.running, live.server.log()
+    assert live.server.remote_names(live.token) == ["weather-service"]
+
+
+def test_it_refuses_a_body_that_is_not_json_by_content_type(live: Live) -> None:
+    headers = {"Accept": "application/json", "Content-Type": "text/plain", "Authorization": f"Bearer {live.token}"}
+    assert httpx.post(live.mcp_url, json=INITIALIZE, headers=headers, timeout=10).status_code == 400
+
+
+@pytest.mark.parametrize("method", ["GET", "DELETE", "PUT"])
+def test_it_answers_405_to_everything_but_post_because_it_is_stateless(live: Live, method: str) -> None:
+    headers = {"Accept": "text/event-stream", "Authorization": f"Bearer {live.token}"}
+    response = httpx.request(method, live.mcp_url, headers=headers, timeout=10)
+    assert response.status_code == 405
+    assert response.headers["Allow"] == "POST"
+
+
+async def test_an_invalid_session_id_is_an_invalid_request_error_result(live: Live) -> None:
+    async with mcp_client(live.mcp_url, live.token) as client:
+        result = await client.call_tool("list_machines", {"session_id": "not a session!"})
+    assert result.is_error
+    assert text_of(result).startswith("INVALID_REQUEST: session_id must be")
