@@ -9,7 +9,9 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from dispatch import services
-from dispatch.models import ApiToken, InstanceIdentity, ServerProcess
+from dispatch.agents import services as agent_services
+from dispatch.errors import DispatchError
+from dispatch.models import Agent, AgentEvent, AgentMessage, ApiToken, InstanceIdentity, Run, ServerProcess
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -65,3 +67,57 @@ class InstanceIdentityAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+# --- agents (spec/agents.md §1) ----------------------------------------------------------
+
+
+@admin.register(Agent)
+class AgentAdmin(ReadOnlyAdmin):
+    list_display = ["id", "name", "owner", "type", "status", "host", "latest_event_type", "latest_event_at"]
+    list_filter = ["status", "type", "host", "full_access"]
+    search_fields = ["id", "name", "owner__username", "cwd"]
+    list_select_related = ["owner"]
+    actions = ["archive"]
+
+    @admin.action(description="Archive selected agents (cancels their queued and running runs)")
+    def archive(self, request: HttpRequest, queryset: QuerySet[Agent]) -> None:
+        for agent in queryset.select_related("owner"):
+            agent_services.agent_archive(agent=agent, note=f"archived by {request.user} in the admin")
+        self.message_user(request, "Archived the selected agents.", messages.SUCCESS)
+
+
+@admin.register(Run)
+class RunAdmin(ReadOnlyAdmin):
+    list_display = ["id", "agent", "status", "created_at", "started_at", "finished_at", "claimed_by"]
+    list_filter = ["status"]
+    search_fields = ["id", "agent__id", "agent__name", "agent__owner__username"]
+    list_select_related = ["agent"]
+    actions = ["cancel"]
+
+    @admin.action(description="Cancel selected queued or running runs")
+    def cancel(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        cancelled = 0
+        for run in queryset.filter(status__in=[Run.Status.QUEUED, Run.Status.RUNNING]).select_related("agent__owner"):
+            try:
+                agent_services.run_cancel(user=run.agent.owner, run_id=run.pk)
+                cancelled += 1
+            except DispatchError:  # finished meanwhile
+                pass
+        self.message_user(request, f"Cancelled {cancelled} run(s).", messages.SUCCESS)
+
+
+@admin.register(AgentEvent)
+class AgentEventAdmin(ReadOnlyAdmin):
+    list_display = ["created_at", "agent", "type", "message", "run", "mirrored"]
+    list_filter = ["type", "mirrored"]
+    search_fields = ["agent__id", "agent__name", "message"]
+    list_select_related = ["agent"]
+
+
+@admin.register(AgentMessage)
+class AgentMessageAdmin(ReadOnlyAdmin):
+    list_display = ["id", "recipient_agent", "sender_agent", "sender_user", "status", "created_at", "delivered_at"]
+    list_filter = ["status"]
+    search_fields = ["recipient_agent__id", "recipient_agent__name", "sender_user__username", "content"]
+    list_select_related = ["recipient_agent", "sender_agent", "sender_user"]

@@ -9,6 +9,7 @@ from django.views.generic import TemplateView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from dispatch import api, views
+from dispatch.agents.urls import api_urlpatterns as agent_api_urls
 from machines.urls import api_urlpatterns as machine_api_urls
 from remotes.urls import api_urlpatterns as remote_api_urls
 
@@ -18,6 +19,7 @@ api_v1 = [
     path("auth/tokens/<int:token_id>", api.TokenRevokeView.as_view(), name="api-token-revoke"),
     *remote_api_urls,
     *machine_api_urls,
+    *agent_api_urls,
 ]
 
 urlpatterns = [

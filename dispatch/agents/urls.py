@@ -1,0 +1,16 @@
+"""``/api/v1`` routes of agents and runs (spec/agents.md §5); wired in ``dispatch/urls.py``."""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from dispatch.agents import api
+
+api_urlpatterns = [
+    path("agents", api.AgentListView.as_view(), name="api-agents"),
+    path("agents/<str:agent_id>", api.AgentDetailView.as_view(), name="api-agent"),
+    path("agents/<str:agent_id>/events", api.AgentEventsView.as_view(), name="api-agent-events"),
+    path("agents/<str:agent_id>/runs", api.AgentRunsView.as_view(), name="api-agent-runs"),
+    path("runs/<str:run_id>", api.RunDetailView.as_view(), name="api-run"),
+    path("runs/<str:run_id>/cancel", api.RunCancelView.as_view(), name="api-run-cancel"),
+]
