@@ -20,7 +20,6 @@ from dispatch.consumers import shutdown_local_connections
 logger = logging.getLogger(__name__)
 
 
-
 def _db(function: Callable[..., object]) -> Callable[..., Awaitable[object]]:
     # Short queries only; thread_sensitive keeps them on the process's one DB thread.
     return sync_to_async(function, thread_sensitive=True)
@@ -43,11 +42,21 @@ async def heartbeat_loop(*, kind: str) -> None:
             await shutdown_local_connections()
 
 
+def reap_once() -> None:
+    """Reap dead server processes, then fail the runs they were executing ("worker lost";
+    never replayed, spec/agents.md §1)."""
+    from dispatch.agents.services import runs_fail_orphaned
+    from dispatch.selectors import alive_processes
+
+    services.server_process_reap()
+    runs_fail_orphaned(alive_process_ids=alive_processes().values_list("pk", flat=True))
+
+
 async def reaper_loop() -> None:
-    """Reap dead server processes every ``DISPATCH_REAP_INTERVAL`` seconds."""
+    """Reap every ``DISPATCH_REAP_INTERVAL`` seconds (``reap_once``)."""
     while True:
         try:
-            await _db(services.server_process_reap)()
+            await _db(reap_once)()
         except Exception:
             logger.exception("reaping failed")
         await asyncio.sleep(settings.REAP_INTERVAL)

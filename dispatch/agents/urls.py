@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from dispatch.agents import api
+from dispatch.agents import api, stream
 
 api_urlpatterns = [
     path("agents", api.AgentListView.as_view(), name="api-agents"),
@@ -13,4 +13,5 @@ api_urlpatterns = [
     path("agents/<str:agent_id>/runs", api.AgentRunsView.as_view(), name="api-agent-runs"),
     path("runs/<str:run_id>", api.RunDetailView.as_view(), name="api-run"),
     path("runs/<str:run_id>/cancel", api.RunCancelView.as_view(), name="api-run-cancel"),
+    path("events", stream.events_stream, name="api-events"),
 ]

@@ -308,3 +308,24 @@ def test_with_no_live_process_every_running_run_is_orphaned(owner, make_agent):
     runs_fail_orphaned(alive_process_ids=[])
 
     assert Run.objects.get(pk=run.pk).status == "failed"
+
+
+def test_the_reaper_fails_the_runs_of_a_dead_process(owner):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from dispatch.agents.services import agent_create, run_claim_next, run_enqueue
+    from dispatch.background import reap_once
+    from dispatch.models import Run, ServerProcess
+
+    dead = ServerProcess.objects.create(id="proc_dead", kind="serve", hostname="h", pid=1)
+    ServerProcess.objects.filter(pk=dead.pk).update(heartbeat_at=timezone.now() - timedelta(hours=1))
+    agent = agent_create(owner=owner, type="expert", name="a", cwd="/tmp")
+    run = run_enqueue(agent=agent, instruction="go")
+    claimed = run_claim_next(process_id="proc_dead")
+    assert claimed is not None and claimed.pk == run.pk
+    reap_once()
+    run.refresh_from_db()
+    assert (run.status, run.error) == (Run.Status.FAILED, "worker lost")
+    assert not ServerProcess.objects.filter(pk="proc_dead").exists()
