@@ -5,7 +5,6 @@ from __future__ import annotations
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
-from django.views.generic import TemplateView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from dispatch import api, views
@@ -23,7 +22,7 @@ api_v1 = [
 ]
 
 urlpatterns = [
-    path("", TemplateView.as_view(template_name="dispatch/agents.html"), name="agents"),
+    path("", include("dispatch.agents.page_urls")),
     path("login/", views.login_view, name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("settings/", views.settings_page, name="settings"),

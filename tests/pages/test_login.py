@@ -137,11 +137,11 @@ def test_a_section_of_a_later_release_is_marked_as_coming_until_its_page_exists(
         assert f"{label} <small>soon</small>" not in nav
 
 
-def test_the_agents_page_says_agents_come_later(client, owner):
+def test_the_agents_page_has_an_empty_state_and_a_launch_form(client, owner):
     client.force_login(owner)
     response = client.get("/")
-    assert 'id="agents-placeholder"' in response.content.decode()
-    assert "later release" in text_of(response)
+    assert "No agents yet" in text_of(response)
+    assert 'id="launch-form"' in response.content.decode()
 
 
 def test_an_unknown_page_gets_a_clear_not_found_page(client, owner):
