@@ -64,7 +64,9 @@ async def reaper_loop() -> None:
 
 def background_services() -> list[Callable[[], Awaitable[None]]]:
     """The background services of this version, each an endless coroutine function."""
-    return [reaper_loop]
+    from dispatch.agents.executor import executor_loop
+
+    return [reaper_loop, executor_loop]
 
 
 async def run_background_services() -> None:

@@ -273,6 +273,16 @@ SHIM_HELLO_TIMEOUT = env_float("DISPATCH_SHIM_HELLO_TIMEOUT", 10.0)
 SHIM_PING_INTERVAL = env_float("DISPATCH_SHIM_PING_INTERVAL", 30.0)
 SHIM_PONG_TIMEOUT = env_float("DISPATCH_SHIM_PONG_TIMEOUT", 10.0)
 
+# The expert agent's model (spec/agents.md §3): an OpenAI-compatible Chat Completions
+# endpoint. Unset base URL: expert runs fail at once with a clear error.
+LLM_BASE_URL = env_str("DISPATCH_LLM_BASE_URL", "")
+if LLM_BASE_URL and not LLM_BASE_URL.startswith(("http://", "https://")):
+    raise ImproperlyConfigured(f"DISPATCH_LLM_BASE_URL must be an http(s) URL, got {LLM_BASE_URL!r}")
+LLM_API_KEY = env_secret("DISPATCH_LLM_API_KEY") or ""
+LLM_MODEL = env_str("DISPATCH_LLM_MODEL", "gpt-4o-mini")
+TOOL_RESULT_MAX_CHARS = env_int("DISPATCH_TOOL_RESULT_MAX_CHARS", 20_000, minimum=100)
+MAX_TOOL_STEPS = env_int("DISPATCH_MAX_TOOL_STEPS", 25, minimum=1)
+
 # The daphne server's own websocket caps (serve): 16 MiB + 64 KiB (spec/overview.md "Stack").
 SERVER_WS_MAX_BYTES = 16 * 1024 * 1024 + 64 * 1024
 

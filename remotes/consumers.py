@@ -23,6 +23,8 @@ from django.contrib.auth.models import User
 from django.http.request import validate_host
 
 from dispatch import wire
+from dispatch.agents.prompting import agent_prompt_for
+from dispatch.agents.services import user_events_group
 from dispatch.consumers import DispatchConsumer
 from dispatch.errors import DispatchError, RateLimited
 from dispatch.ratelimit import TokenBucket
@@ -42,6 +44,7 @@ CLOSE_SERVICE_RESTART = 1012
 AUTH_FAILED = "authentication failed"
 UNLIMITED_ACTIONS = frozenset({"remote-call-result", "ping"})
 PENDING_GRACE = 5.0  # seconds a pending call is kept past its caller's timeout
+FINISHED_RUN_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 
 
 @dataclass
@@ -73,6 +76,7 @@ class SessionConsumer(DispatchConsumer):
         await self.accept()
         self.user = None
         self.ws_session_id = None
+        self.events_group: str | None = None
         self.served: dict[int, ServedRemote] = {}
         self.pending: dict[str, PendingCall] = {}
         self.calls: set[asyncio.Task[None]] = set()
@@ -106,6 +110,8 @@ class SessionConsumer(DispatchConsumer):
             task.cancel()
         for request_id in list(getattr(self, "pending", {})):
             await self._fail_pending(request_id)
+        if getattr(self, "events_group", None):
+            await self.channel_layer.group_discard(self.events_group, self.channel_name)
         if getattr(self, "ws_session_id", None):
             await database_sync_to_async(services.ws_session_close)(ws_session_id=self.ws_session_id)
 
@@ -234,6 +240,20 @@ class SessionConsumer(DispatchConsumer):
             reply = {"result": fields.get("result")}
         await self._answer(pending.reply_channel, reply)
 
+    async def do_send_agent_prompt(self, message: dict[str, Any], body: Any, nonce: Any) -> None:
+        """``send-agent-prompt`` (spec/agents.md §4): queue a run; progress arrives as events."""
+        if not isinstance(body, dict):
+            await self._reply(nonce, error="body must be a JSON object with agentId and instruction")
+            return
+        run = await database_sync_to_async(agent_prompt_for)(
+            user=self.user,
+            agent_id=body.get("agentId"),
+            instruction=body.get("instruction"),
+            input=body.get("input"),
+            options=body.get("options"),
+        )
+        await self._reply(nonce, message="prompt accepted", agentId=run.agent_id, runId=run.pk)
+
     ACTIONS: dict[str, Callable[[SessionConsumer, dict[str, Any], Any, Any], Awaitable[None]]] = {
         "ping": do_ping,
         "remote-connect": do_remote_connect,
@@ -241,6 +261,7 @@ class SessionConsumer(DispatchConsumer):
         "remote-list": do_remote_list,
         "remote-call": do_remote_call,
         "remote-call-result": do_remote_call_result,
+        "send-agent-prompt": do_send_agent_prompt,
     }
 
     # --- channel-layer messages ------------------------------------------------------
@@ -273,6 +294,28 @@ class SessionConsumer(DispatchConsumer):
             expires_at=now + float(event.get("timeout") or settings.REMOTE_CALL_TIMEOUT) + PENDING_GRACE,
         )
         await self.send(text_data=frame)
+
+    async def user_event(self, event: dict[str, Any]) -> None:
+        """``user.event``: the user's live events; agent progress becomes event frames (agents.md §4)."""
+        name, data = event.get("event"), event.get("data") or {}
+        if name == "agent.event":
+            frame: dict[str, Any] = {
+                "action": "agent-event",
+                "agentId": data.get("agent_id"),
+                "runId": data.get("run_id"),
+                "event": {key: data.get(key) for key in ("type", "message", "metadata", "created_at")},
+            }
+        elif name == "run.updated" and data.get("status") in FINISHED_RUN_STATUSES:
+            frame = {"action": "run-finished", "agentId": data.get("agent_id"), "runId": data.get("id")}
+            frame["status"] = data["status"]
+            if data["status"] == "succeeded":
+                frame["output"] = data.get("output", "")
+            else:
+                frame["error"] = data.get("error", "")
+        else:
+            return
+        if not self.closing:
+            await self._send(frame)
 
     async def remote_disconnected(self, event: dict[str, Any]) -> None:
         """``remote.disconnected``: a remote of this session was disconnected (maybe elsewhere)."""
@@ -334,6 +377,9 @@ class SessionConsumer(DispatchConsumer):
         )
         self.user = user
         self.ws_session_id = session.pk
+        # Agent progress reaches every ws session of the user (spec/agents.md §4).
+        self.events_group = user_events_group(user.pk)
+        await self.channel_layer.group_add(self.events_group, self.channel_name)
 
     async def _refuse(self, error: str, code: int = CLOSE_UNAUTHENTICATED) -> None:
         await self._send({"action": "auth", "error": error})

@@ -13,6 +13,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from dispatch.agents import selectors, services
+from dispatch.agents.prompting import agent_prompt_for
 from dispatch.agents.serializers import (
     AgentEventSerializer,
     AgentSerializer,
@@ -103,6 +104,35 @@ class AgentDetailView(DispatchAPIView):
     def delete(self, request: Request, agent_id: str) -> Response:
         agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
         return Response(agent_data(services.agent_archive(agent=agent, note="archived by its user")))
+
+
+class AgentPromptSerializer(serializers.Serializer):
+    instruction = serializers.CharField(trim_whitespace=False)
+    input = serializers.JSONField(required=False, allow_null=True, default=None)
+    options = serializers.DictField(required=False, allow_null=True, default=None)
+
+
+class AgentPromptView(DispatchAPIView):
+    """``POST /api/v1/agents/{id}/prompt`` (spec/agents.md §4, §5): 202 ``{run_id}``."""
+
+    @extend_schema(
+        request=AgentPromptSerializer,
+        responses={202: inline_serializer("PromptAccepted", {"run_id": serializers.CharField()})},
+    )
+    def post(self, request: Request, agent_id: str) -> Response:
+        user = authenticated_user(request)
+        selectors.agent_get_for(user=user, agent_id=agent_id)  # 404 before judging the body
+        incoming = AgentPromptSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        body = incoming.validated_data
+        run = agent_prompt_for(
+            user=user,
+            agent_id=agent_id,
+            instruction=body["instruction"],
+            input=body["input"],
+            options=body["options"],
+        )
+        return Response({"run_id": run.pk}, status=status.HTTP_202_ACCEPTED)
 
 
 class AgentEventsView(DispatchAPIView):

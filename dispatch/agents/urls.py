@@ -9,6 +9,7 @@ from dispatch.agents import api, stream
 api_urlpatterns = [
     path("agents", api.AgentListView.as_view(), name="api-agents"),
     path("agents/<str:agent_id>", api.AgentDetailView.as_view(), name="api-agent"),
+    path("agents/<str:agent_id>/prompt", api.AgentPromptView.as_view(), name="api-agent-prompt"),
     path("agents/<str:agent_id>/events", api.AgentEventsView.as_view(), name="api-agent-events"),
     path("agents/<str:agent_id>/runs", api.AgentRunsView.as_view(), name="api-agent-runs"),
     path("runs/<str:run_id>", api.RunDetailView.as_view(), name="api-run"),

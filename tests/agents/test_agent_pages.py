@@ -31,7 +31,9 @@ def test_the_launch_form_creates_an_expert_agent_with_its_first_prompt(browser, 
     response = browser.post("/", {"type": "expert", "name": "researcher", "cwd": str(tmp_path), "prompt": "hello"})
     agent = Agent.objects.get(owner=owner, name="researcher")
     assert response.status_code == 302 and response["Location"] == f"/agents/{agent.pk}/"
-    assert list(Run.objects.filter(agent=agent).values_list("input", flat=True)) == [{"instruction": "hello", "input": None}]
+    assert list(Run.objects.filter(agent=agent).values_list("input", flat=True)) == [
+        {"instruction": "hello", "input": None}
+    ]
 
 
 def test_the_launch_form_shows_what_was_wrong_and_creates_nothing(browser, owner, tmp_path):
