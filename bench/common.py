@@ -369,3 +369,45 @@ async def with_timeout(awaitable: Awaitable[Any], seconds: float, what: str) -> 
         return await asyncio.wait_for(awaitable, seconds)
     except TimeoutError:
         raise RuntimeError(f"{what} did not finish within {seconds:g}s") from None
+
+
+def finish_report(
+    *,
+    report: dict[str, Any],
+    table: list[dict[str, Any]],
+    info: dict[str, Any],
+    sizes: Any,
+    server_env: dict[str, str],
+    output: Path,
+    quick: bool,
+    strict: bool,
+    started: float,
+    footer: str = "",
+) -> int:
+    """Print the notes, write ``output`` (JSON) and return the exit code (1 on a missed
+    target only with ``strict``)."""
+    for note in report["notes"]:
+        print(f"NOTE: {note}")
+    elapsed = time.monotonic() - started
+    print(f"({elapsed:.0f} s{'; ' + footer if footer else ''})")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(
+        json.dumps(
+            {
+                "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "mode": "quick" if quick else "full",
+                "machine": info,
+                "sizes": sizes.__dict__,
+                "server_env": server_env,
+                "elapsed_seconds": round(elapsed, 1),
+                "table": table,
+                **report,
+            },
+            indent=2,
+        )
+    )
+    print(f"wrote {output}")
+    missed = [row["id"] for row in table if row["pass"] is False]
+    if missed:
+        print(f"targets missed: {', '.join(missed)}")
+    return 1 if missed and strict else 0

@@ -65,6 +65,7 @@ sys.path.insert(0, str(BENCH))
 from common import (  # noqa: E402
     CpuMeter,
     encode,
+    finish_report,
     free_port,
     latency_summary,
     percentile,
@@ -1110,31 +1111,18 @@ def main(argv: list[str]) -> int:
             "shim again (machines/services/connections.py announce_attachment), so it grows as N^2/2; "
             "spec/machines.md §4 asks at the N = 2 transition"
         )
-    for note in report["notes"]:
-        print(f"NOTE: {note}")
-    elapsed = time.monotonic() - started
-    print(f"({elapsed:.0f} s)")
-    options.output.parent.mkdir(parents=True, exist_ok=True)
-    options.output.write_text(
-        json.dumps(
-            {
-                "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "mode": "quick" if options.quick else "full",
-                "machine": info,
-                "sizes": sizes.__dict__,
-                "server_env": SERVER_ENV,
-                "elapsed_seconds": round(elapsed, 1),
-                "table": table,
-                **report,
-            },
-            indent=2,
-        )
+    return finish_report(
+        report=report,
+        table=table,
+        info=info,
+        sizes=sizes,
+        server_env=SERVER_ENV,
+        output=options.output,
+        quick=options.quick,
+        strict=options.strict,
+        started=started,
+        footer="",
     )
-    print(f"wrote {options.output}")
-    missed = [row["id"] for row in table if row["pass"] is False]
-    if missed:
-        print(f"targets missed: {', '.join(missed)}")
-    return 1 if missed and options.strict else 0
 
 
 if __name__ == "__main__":

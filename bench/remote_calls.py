@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import platform
 import signal
@@ -49,6 +48,7 @@ from common import (  # noqa: E402
     CpuMeter,
     FastRemote,
     ThroughputTally,
+    finish_report,
     free_port,
     latency_summary,
     process_rss_mib,
@@ -510,31 +510,18 @@ def main(argv: list[str]) -> int:
             f"other processes used up to {max(busy):.0f}% of a core while measuring (see 'others'): "
             "the machine was not quiet, so absolute numbers are inflated and noisy; the interleaved ratios less so"
         )
-    for note in report["notes"]:
-        print(f"NOTE: {note}")
-    elapsed = time.monotonic() - started
-    print(f"({elapsed:.0f} s; per-connection rate limit raised for the bench, production intervals otherwise)")
-    options.output.parent.mkdir(parents=True, exist_ok=True)
-    options.output.write_text(
-        json.dumps(
-            {
-                "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "mode": "quick" if options.quick else "full",
-                "machine": info,
-                "sizes": sizes.__dict__,
-                "server_env": SERVER_ENV,
-                "elapsed_seconds": round(elapsed, 1),
-                "table": table,
-                **report,
-            },
-            indent=2,
-        )
+    return finish_report(
+        report=report,
+        table=table,
+        info=info,
+        sizes=sizes,
+        server_env=SERVER_ENV,
+        output=options.output,
+        quick=options.quick,
+        strict=options.strict,
+        started=started,
+        footer="per-connection rate limit raised for the bench, production intervals otherwise",
     )
-    print(f"wrote {options.output}")
-    missed = [row["id"] for row in table if row["pass"] is False]
-    if missed:
-        print(f"targets missed: {', '.join(missed)}")
-    return 1 if missed and options.strict else 0
 
 
 if __name__ == "__main__":
