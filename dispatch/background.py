@@ -19,6 +19,8 @@ from dispatch.consumers import shutdown_local_connections
 
 logger = logging.getLogger(__name__)
 
+CLI_SUPERVISE_INTERVAL = 2.0  # seconds between two CLI agent reconciliations
+
 
 def _db(function: Callable[..., object]) -> Callable[..., Awaitable[object]]:
     # Short queries only; thread_sensitive keeps them on the process's one DB thread.
@@ -62,11 +64,26 @@ async def reaper_loop() -> None:
         await asyncio.sleep(settings.REAP_INTERVAL)
 
 
+async def cli_supervisor_loop() -> None:
+    """Reconcile this host's CLI agents with their tmux sessions every 2 s (spec/agents.md §2).
+
+    ``supervise_once`` blocks on tmux subprocesses, so it runs off the DB thread.
+    """
+    from dispatch.agents.cli import supervise_once
+
+    while True:
+        try:
+            await sync_to_async(supervise_once, thread_sensitive=False)()
+        except Exception:
+            logger.exception("CLI agent supervision failed")
+        await asyncio.sleep(CLI_SUPERVISE_INTERVAL)
+
+
 def background_services() -> list[Callable[[], Awaitable[None]]]:
     """The background services of this version, each an endless coroutine function."""
     from dispatch.agents.executor import executor_loop
 
-    return [reaper_loop, executor_loop]
+    return [reaper_loop, executor_loop, cli_supervisor_loop]
 
 
 async def run_background_services() -> None:

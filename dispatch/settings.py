@@ -275,6 +275,9 @@ SHIM_PONG_TIMEOUT = env_float("DISPATCH_SHIM_PONG_TIMEOUT", 10.0)
 
 # The expert agent's model (spec/agents.md §3): an OpenAI-compatible Chat Completions
 # endpoint. Unset base URL: expert runs fail at once with a clear error.
+# CLI agents: the tmux server (a ``tmux -L`` socket name; empty: the default server).
+TMUX_SOCKET = env_str("DISPATCH_TMUX_SOCKET", "")
+
 LLM_BASE_URL = env_str("DISPATCH_LLM_BASE_URL", "")
 if LLM_BASE_URL and not LLM_BASE_URL.startswith(("http://", "https://")):
     raise ImproperlyConfigured(f"DISPATCH_LLM_BASE_URL must be an http(s) URL, got {LLM_BASE_URL!r}")

@@ -22,6 +22,18 @@ from dispatch.services import api_token_create, password_throttle_reset
 PASSWORD = "correct horse battery"
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_tmux_server() -> Iterator[None]:
+    """Stop the tests' own tmux server (``DISPATCH_TMUX_SOCKET``) when the run ends."""
+    yield
+    import os
+    import subprocess
+
+    socket_name = os.environ.get("DISPATCH_TMUX_SOCKET")
+    if socket_name:
+        subprocess.run(["tmux", "-L", socket_name, "kill-server"], capture_output=True, check=False)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_runtime_state() -> Iterator[None]:
     """Each test starts with an empty channel layer and no recorded password failures."""

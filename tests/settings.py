@@ -16,6 +16,8 @@ os.environ.setdefault("DISPATCH_PROCESS_TTL", "4")
 os.environ.setdefault("DISPATCH_HEARTBEAT_INTERVAL", "0.5")
 os.environ.setdefault("DISPATCH_REAP_INTERVAL", "0.5")
 os.environ.setdefault("DISPATCH_WS_AUTH_TIMEOUT", "10")
+# Tests never touch the user's own tmux server (tests/conftest.py kills this one at the end).
+os.environ.setdefault("DISPATCH_TMUX_SOCKET", f"dispatch-tests-{os.getpid()}")
 
 from dispatch.settings import *  # noqa: F403
 

@@ -12,7 +12,7 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from dispatch.agents import selectors, services
+from dispatch.agents import cli, selectors, services
 from dispatch.agents.prompting import agent_prompt_for
 from dispatch.agents.serializers import (
     AgentEventSerializer,
@@ -25,8 +25,8 @@ from dispatch.api import DispatchAPIView
 from dispatch.authentication import authenticated_user
 from dispatch.errors import InvalidRequest
 
-# Launchable through the API in this slice; CLI types arrive with tmux (spec/agents.md §2).
-LAUNCHABLE_TYPES = (services.EXPERT,)
+# Launchable through the API in this slice: expert, and the CLI types cli.py runs (shell).
+LAUNCHABLE_TYPES = (services.EXPERT, *cli.LAUNCHABLE_CLI_TYPES)
 
 
 class AgentLaunchSerializer(serializers.Serializer):
@@ -83,6 +83,12 @@ class AgentListView(DispatchAPIView):
         if body["location"]:
             raise InvalidRequest("location: launching on a linked instance is not available yet; omit it")
         user = authenticated_user(request)
+        if body["type"] in cli.LAUNCHABLE_CLI_TYPES:
+            # Not in a transaction: the tmux session outlives the request either way.
+            agent = cli.agent_launch(
+                owner=user, type=body["type"], name=body["name"], prompt=body["prompt"], cwd=body["cwd"]
+            )
+            return Response(agent_data(agent), status=status.HTTP_201_CREATED)
         with transaction.atomic():
             agent = services.agent_create(
                 owner=user, type=body["type"], name=body["name"], cwd=body["cwd"], full_access=body["full_access"]
@@ -104,6 +110,26 @@ class AgentDetailView(DispatchAPIView):
     def delete(self, request: Request, agent_id: str) -> Response:
         agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
         return Response(agent_data(services.agent_archive(agent=agent, note="archived by its user")))
+
+
+class AgentStopView(DispatchAPIView):
+    """``POST /api/v1/agents/{id}/stop``: stop a running CLI agent (409 otherwise)."""
+
+    @extend_schema(request=None, responses={200: AgentSerializer})
+    def post(self, request: Request, agent_id: str) -> Response:
+        agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
+        if agent.type not in cli.LAUNCHABLE_CLI_TYPES:
+            raise InvalidRequest(f"agent '{agent.pk}' of type '{agent.type}' cannot be stopped here")
+        return Response(agent_data(cli.agent_stop(agent=agent)))
+
+
+class AgentStartView(DispatchAPIView):
+    """``POST /api/v1/agents/{id}/start``: start a stopped or failed CLI agent again (409 otherwise)."""
+
+    @extend_schema(request=None, responses={200: AgentSerializer})
+    def post(self, request: Request, agent_id: str) -> Response:
+        agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
+        return Response(agent_data(cli.agent_start(agent=agent)))
 
 
 class AgentPromptSerializer(serializers.Serializer):

@@ -9,6 +9,8 @@ from dispatch.agents import api, stream
 api_urlpatterns = [
     path("agents", api.AgentListView.as_view(), name="api-agents"),
     path("agents/<str:agent_id>", api.AgentDetailView.as_view(), name="api-agent"),
+    path("agents/<str:agent_id>/stop", api.AgentStopView.as_view(), name="api-agent-stop"),
+    path("agents/<str:agent_id>/start", api.AgentStartView.as_view(), name="api-agent-start"),
     path("agents/<str:agent_id>/prompt", api.AgentPromptView.as_view(), name="api-agent-prompt"),
     path("agents/<str:agent_id>/events", api.AgentEventsView.as_view(), name="api-agent-events"),
     path("agents/<str:agent_id>/runs", api.AgentRunsView.as_view(), name="api-agent-runs"),

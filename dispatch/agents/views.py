@@ -13,12 +13,12 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from dispatch.agents import selectors, services
+from dispatch.agents import cli, selectors, services
 from dispatch.authentication import authenticated_user
 from dispatch.errors import DispatchError
 from dispatch.views import htmx_login_required
 
-LAUNCHABLE = ("expert",)  # CLI types arrive with the tmux supervisor
+LAUNCHABLE = ("expert", "shell")  # the other CLI types follow
 
 
 def _list_context(request: HttpRequest) -> dict[str, object]:
@@ -38,9 +38,14 @@ def agents_page(request: HttpRequest) -> HttpResponse:
         try:
             if form["type"] not in LAUNCHABLE:
                 raise DispatchError("INVALID_REQUEST", f"type '{form['type']}' cannot be launched yet")
-            agent = services.agent_create(owner=user, type=form["type"], name=form["name"], cwd=form["cwd"])
-            if form["prompt"]:
-                services.run_enqueue(agent=agent, instruction=form["prompt"])
+            if form["type"] == "expert":
+                agent = services.agent_create(owner=user, type="expert", name=form["name"], cwd=form["cwd"])
+                if form["prompt"]:
+                    services.run_enqueue(agent=agent, instruction=form["prompt"])
+            else:
+                agent = cli.agent_launch(
+                    owner=user, type=form["type"], name=form["name"], prompt=form["prompt"], cwd=form["cwd"]
+                )
         except DispatchError as exc:
             messages.error(request, exc.message)
             status = 400

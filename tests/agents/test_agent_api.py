@@ -59,12 +59,12 @@ def test_a_launch_prompt_becomes_the_first_run(api, workdir):
 
 
 def test_it_refuses_a_type_not_available_yet_listing_the_available_ones(api, workdir):
-    response = api.post("/api/v1/agents", {"type": "shell", "name": "build", "cwd": workdir, "prompt": "make"})
+    response = api.post("/api/v1/agents", {"type": "claude", "name": "build", "cwd": workdir, "prompt": "make"})
 
     assert response.status_code == 400
     error = error_of(response)
-    assert error["message"] == "type 'shell' cannot be launched yet; available types: expert"
-    assert error["details"] == {"available_types": ["expert"]}
+    assert error["message"] == "type 'claude' cannot be launched yet; available types: expert, shell"
+    assert error["details"] == {"available_types": ["expert", "shell"]}
     assert not Agent.objects.exists()
 
 
