@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 from collections.abc import Awaitable, Callable
 
 from asgiref.sync import sync_to_async
@@ -71,6 +72,10 @@ async def cli_supervisor_loop() -> None:
     """
     from dispatch.agents.cli import supervise_once
 
+    if shutil.which("tmux") is None:
+        # Nothing to supervise without tmux (and no CLI agent can be launched here).
+        logger.info("tmux is not installed: CLI agents are unavailable on this host")
+        return
     while True:
         try:
             await sync_to_async(supervise_once, thread_sensitive=False)()
@@ -87,12 +92,14 @@ def background_services() -> list[Callable[[], Awaitable[None]]]:
 
 
 async def run_background_services() -> None:
-    """Run every background service until cancelled; a crashed service is restarted."""
+    """Run every background service until cancelled; a crashed service is restarted, one
+    that returns (nothing to do on this host) is left ended."""
 
     async def supervise(service: Callable[[], Awaitable[None]]) -> None:
         while True:
             try:
                 await service()
+                return  # a service that returns has nothing (more) to do here
             except asyncio.CancelledError:
                 raise
             except Exception:

@@ -151,3 +151,15 @@ async def test_a_pending_call_fails_when_its_remotes_process_stops_heartbeating_
     assert await database_sync_to_async(server_process_reap)() == [GHOST]
     elapsed = await expect_disconnected(pending)
     assert elapsed < 2 * settings.REMOTE_LIVENESS_INTERVAL + 1.0  # the call timeout is 60 s
+
+
+async def test_the_cli_supervisor_stands_down_without_tmux(monkeypatch, caplog):
+    import asyncio
+    import shutil
+
+    from dispatch import background
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    # Returns at once instead of failing every 2 s.
+    await asyncio.wait_for(background.cli_supervisor_loop(), 2)
+    assert "tmux is not installed" in caplog.text
