@@ -11,6 +11,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from channels.layers import get_channel_layer
 
 from dispatch import presence
+from dispatch.http import bearer_credentials
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,13 @@ class DispatchConsumer(AsyncWebsocketConsumer):
                 logger.exception("cleanup after a failure failed too")
             await self.close(code=1011)
             raise StopConsumer() from None
+
+    def bearer_token(self) -> str | None:
+        """The token of the upgrade request's ``Authorization: Bearer`` header, if any."""
+        for name, value in self.scope.get("headers", []):
+            if name == b"authorization":
+                return bearer_credentials(value.decode("latin-1"))
+        return None
 
     async def server_shutdown(self, event: dict[str, Any]) -> None:
         """``server.shutdown``: close with 1012 (service restart); subclasses fail work first."""

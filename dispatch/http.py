@@ -41,22 +41,38 @@ class BearerCsrfExemptMiddleware:
         return self.get_response(request)
 
 
+NOT_AUTHENTICATED = "authentication required: send 'Authorization: Bearer <token>'"
+
+
+def bearer_credentials(authorization: str) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header value (stripped, maybe
+    empty), or ``None`` when the header is absent or of another scheme."""
+    scheme, _, raw = authorization.partition(" ")
+    return raw.strip() if scheme.lower() == "bearer" else None
+
+
+async def bearer_user(raw_token: str) -> User:
+    """The active user of an API token; ``DispatchError`` ``AUTHENTICATION_FAILED`` (401)
+    for an unknown, revoked or expired token or an inactive user."""
+    try:
+        token = await database_sync_to_async(api_token_authenticate)(raw_token)
+    except AuthenticationFailed:
+        raise DispatchError("AUTHENTICATION_FAILED", "invalid, expired or revoked token") from None
+    return token.user
+
+
 async def request_user(request: HttpRequest) -> User:
     """The caller of an async API view: bearer token first, then the session.
 
     Raises ``DispatchError`` ``NOT_AUTHENTICATED`` / ``AUTHENTICATION_FAILED`` (401).
     """
-    scheme, _, raw = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() == "bearer":
-        try:
-            token = await database_sync_to_async(api_token_authenticate)(raw.strip())
-        except AuthenticationFailed:
-            raise DispatchError("AUTHENTICATION_FAILED", "invalid, expired or revoked token") from None
-        return token.user
+    raw = bearer_credentials(request.headers.get("Authorization", ""))
+    if raw is not None:
+        return await bearer_user(raw)
     user = await request.auser()
     if isinstance(user, User) and user.is_authenticated:
         return user
-    raise DispatchError("NOT_AUTHENTICATED", "authentication required: send 'Authorization: Bearer <token>'")
+    raise DispatchError("NOT_AUTHENTICATED", NOT_AUTHENTICATED)
 
 
 def json_object(request: HttpRequest) -> dict[str, Any]:

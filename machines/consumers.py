@@ -53,7 +53,7 @@ class ShimConsumer(DispatchConsumer):
         self.closing = False
         self.tasks: list[asyncio.Task[None]] = []
         self.awaiting_pong: str | None = None
-        token = self._bearer_token()
+        token = self.bearer_token()
         identity = await database_sync_to_async(connections.shim_authenticate)(token) if token else None
         if identity is None:
             await self._error("AUTH_FAILED", "invalid, expired or revoked token", fatal=True)
@@ -277,14 +277,6 @@ class ShimConsumer(DispatchConsumer):
         if not self.closing:
             self.closing = True
             await self.close(code=code)
-
-    def _bearer_token(self) -> str | None:
-        for name, value in self.scope.get("headers", []):
-            if name == b"authorization":
-                scheme, _, credentials = value.decode("latin-1").partition(" ")
-                if scheme.lower() == "bearer" and credentials.strip():
-                    return credentials.strip()
-        return None
 
 
 def _error_reply(code: str, message: str) -> dict[str, Any]:

@@ -84,7 +84,7 @@ class SessionConsumer(DispatchConsumer):
         self.closing = False
         self.auth_deadline: asyncio.Task[None] | None = None
 
-        header_token = self._bearer_token()
+        header_token = self.bearer_token()
         if header_token is not None:
             try:
                 token = await database_sync_to_async(api_token_authenticate)(header_token)
@@ -422,14 +422,6 @@ class SessionConsumer(DispatchConsumer):
 
     async def _send(self, message: dict[str, Any]) -> None:
         await self.send(text_data=encode(message))
-
-    def _bearer_token(self) -> str | None:
-        for name, value in self.scope.get("headers", []):
-            if name == b"authorization":
-                scheme, _, credentials = value.decode("latin-1").partition(" ")
-                if scheme.lower() == "bearer":
-                    return credentials.strip()
-        return None
 
     def _origin_allowed(self) -> bool:
         """Cookie-authenticated browsers only: the ``Origin`` host must be in ``ALLOWED_HOSTS``."""

@@ -19,7 +19,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from channels.db import database_sync_to_async
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.http.request import split_domain_port, validate_host
@@ -30,8 +29,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from dispatch.errors import DispatchError
+from dispatch.http import NOT_AUTHENTICATED, bearer_credentials, bearer_user
 from dispatch.mcp.server import USER_SCOPE_KEY, build_server
-from dispatch.services import AuthenticationFailed, api_token_authenticate
 
 logger = logging.getLogger(__name__)
 
@@ -115,14 +114,10 @@ async def authenticate(headers: Headers) -> User:
     Raises ``DispatchError`` ``NOT_AUTHENTICATED`` (no bearer token) or
     ``AUTHENTICATION_FAILED`` (unknown, revoked or expired token, inactive user).
     """
-    scheme, _, raw = headers.get("authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not raw.strip():
-        raise DispatchError("NOT_AUTHENTICATED", "authentication required: send 'Authorization: Bearer <token>'")
-    try:
-        token = await database_sync_to_async(api_token_authenticate)(raw.strip())
-    except AuthenticationFailed:
-        raise DispatchError("AUTHENTICATION_FAILED", "invalid, expired or revoked token") from None
-    return token.user
+    raw = bearer_credentials(headers.get("authorization", ""))
+    if not raw:
+        raise DispatchError("NOT_AUTHENTICATED", NOT_AUTHENTICATED)
+    return await bearer_user(raw)
 
 
 def _error_response(exc: DispatchError) -> Response:

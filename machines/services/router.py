@@ -64,11 +64,7 @@ class Candidate:
 def attached_candidates(*, user: User, session_id: str) -> list[Candidate]:
     """Every machine of ``user`` attached to ``session_id`` now, by name."""
     rows = MachineConnection.objects.filter(user=user, machine__revoked_at__isnull=True).select_related("machine")
-    found = [
-        Candidate.of(row)
-        for row in rows
-        if row.attached_to(session_id)
-    ]
+    found = [Candidate.of(row) for row in rows if row.attached_to(session_id)]
     return sorted(found, key=lambda c: (c.name.lower(), c.machine_id))
 
 

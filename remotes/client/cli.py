@@ -155,18 +155,14 @@ def _serve(target: str, url: str | None, token: str | None) -> int:
     remote.url = url or remote.url
     remote.token = token or remote.token
     if not remote.token:
-        raise _UsageError(
-            "no API token: pass --token, set DISPATCH_TOKEN, or give the Remote a token"
-        )
+        raise _UsageError("no API token: pass --token, set DISPATCH_TOKEN, or give the Remote a token")
     count = len(remote.specs)
     plural = "" if count == 1 else "s"
     print(
         f"serving remote {remote.name!r} ({count} function{plural}) on {remote.url}",
         file=sys.stderr,
     )
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         asyncio.run(remote.serve())
     except (AuthenticationError, RemoteCallError, InvalidURI) as error:

@@ -148,9 +148,7 @@ class Remote:
         delay = RECONNECT_DELAY
         while True:
             try:
-                await session.request(
-                    "remote-connect", {"remotename": self.name, "tools": self.specs}
-                )
+                await session.request("remote-connect", {"remotename": self.name, "tools": self.specs})
                 break
             except RemoteCallError as error:
                 if "already connected" not in str(error):
@@ -158,9 +156,7 @@ class Remote:
                 if loop.time() + delay > deadline:
                     if give_up:
                         raise
-                    raise TimeoutError(
-                        f"remote {self.name!r} is still connected elsewhere"
-                    ) from error
+                    raise TimeoutError(f"remote {self.name!r} is still connected elsewhere") from error
             logger.info("remote %r is still registered; retrying in %.1fs", self.name, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, RECONNECT_DELAY_MAX)
@@ -191,9 +187,7 @@ class Remote:
             frame = encode_message(reply | {"result": await self._invoke(call)})
         except Exception as error:
             logger.info("call %s failed: %r", request_id, error)
-            frame = encode_message(
-                reply | {"error": f"{type(error).__name__}: {error}"[:ERROR_MAX_CHARS]}
-            )
+            frame = encode_message(reply | {"error": f"{type(error).__name__}: {error}"[:ERROR_MAX_CHARS]})
         try:
             await session.send(frame)
         except (ConnectionClosed, AuthenticationError):

@@ -57,9 +57,7 @@ def function_spec(function: Callable[..., Any]) -> dict[str, Any]:
         prop = parameters["properties"].get(param.arg_name)
         if prop is not None and param.description:
             prop.setdefault("description", param.description)
-    description = "\n\n".join(
-        text for text in (docstring.short_description, docstring.long_description) if text
-    )
+    description = "\n\n".join(text for text in (docstring.short_description, docstring.long_description) if text)
     return {
         "name": function.__name__,
         "description": description,

@@ -159,9 +159,7 @@ class Session:
         code = self._connection.close_code
         if code in REFUSED_CLOSE_CODES:
             reason = self._server_error or REFUSED_CLOSE_CODES[code]
-            return AuthenticationError(
-                f"the server refused the session: {reason} (close code {code})"
-            )
+            return AuthenticationError(f"the server refused the session: {reason} (close code {code})")
         return self._connection.close_exc
 
     async def _read(self) -> None:
