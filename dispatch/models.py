@@ -244,3 +244,37 @@ class AgentMessage(models.Model):
 
     def __str__(self) -> str:
         return f"message {self.pk} to {self.recipient_agent_id} ({self.status})"
+
+
+class AgentToken(models.Model):
+    """An agent's ``DISPATCH_MCP_TOKEN`` (spec/agents.md §2, overview.md "Credentials").
+
+    Minted at each start of a CLI agent, given to it in its environment only, revoked at
+    stop and archive. Stored as SHA-256 plus an 8-character display prefix, like
+    ``ApiToken``; it authenticates as that agent (its owner's scope, the agent as caller).
+    """
+
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="tokens")
+    prefix = models.CharField(max_length=8)
+    digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"agent token {self.prefix}… of {self.agent_id}"
+
+
+class SupervisorLease(models.Model):
+    """The per-host CLI supervisor lease (spec/agents.md §2, overview.md "Processes").
+
+    One row per host; the process whose id is ``holder`` supervises that host's CLI agents
+    until ``expires_at``. Claimed and renewed with conditional UPDATEs, so a ``serve`` and
+    a ``dispatch_worker`` on one host never both correct the same agent.
+    """
+
+    host = models.CharField(primary_key=True, max_length=255)
+    holder = models.CharField(max_length=40)
+    expires_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"supervisor lease of {self.host} held by {self.holder}"

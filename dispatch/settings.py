@@ -21,6 +21,7 @@ from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
 from dotenv import load_dotenv
 
+from dispatch.agents.types import parse_agent_types
 from dispatch.conf import env_bool, env_float, env_int, env_list, env_secret, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -277,6 +278,13 @@ SHIM_PONG_TIMEOUT = env_float("DISPATCH_SHIM_PONG_TIMEOUT", 10.0)
 # endpoint. Unset base URL: expert runs fail at once with a clear error.
 # CLI agents: the tmux server (a ``tmux -L`` socket name; empty: the default server).
 TMUX_SOCKET = env_str("DISPATCH_TMUX_SOCKET", "")
+# CLI agent types (spec/agents.md §2): JSON, see dispatch/agents/types.py; empty = defaults.
+try:
+    AGENT_TYPES = parse_agent_types(env_str("DISPATCH_AGENT_TYPES", ""))
+except ValueError as exc:
+    raise ImproperlyConfigured(str(exc)) from None
+# Where agents launched without a cwd work (MCP dispatch_launch_agent with a user token).
+DEFAULT_CWD = env_str("DISPATCH_DEFAULT_CWD", "") or os.path.expanduser("~")
 
 LLM_BASE_URL = env_str("DISPATCH_LLM_BASE_URL", "")
 if LLM_BASE_URL and not LLM_BASE_URL.startswith(("http://", "https://")):

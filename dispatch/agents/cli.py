@@ -99,7 +99,16 @@ def _paste_prompt(*, agent: Agent, prompt: str, runner: TmuxRunner) -> None:
 
 
 def agent_launch(
-    *, owner: User, type: str, name: str, prompt: str, cwd: str, runner: TmuxRunner | None = None
+    *,
+    owner: User,
+    type: str,
+    name: str,
+    prompt: str,
+    cwd: str,
+    parent: Agent | None = None,
+    launched_by: Agent | None = None,
+    full_access: bool = False,
+    runner: TmuxRunner | None = None,
 ) -> Agent:
     """Launch a CLI agent (spec/agents.md §2 steps 1–4) and return it.
 
@@ -114,7 +123,9 @@ def agent_launch(
             f"type '{type}' cannot be launched here; CLI types available: {', '.join(LAUNCHABLE_CLI_TYPES)}"
         )
     tmux = _runner(runner)
-    agent = services.agent_create(owner=owner, type=type, name=name, cwd=cwd)
+    agent = services.agent_create(
+        owner=owner, type=type, name=name, cwd=cwd, parent=parent, launched_by=launched_by, full_access=full_access
+    )
     if _start_session(agent=agent, runner=tmux) and prompt.strip():
         _paste_prompt(agent=agent, prompt=prompt, runner=tmux)
     agent.refresh_from_db()

@@ -36,7 +36,6 @@ from dispatch.presence import HOSTNAME
 logger = logging.getLogger(__name__)
 
 EXPERT = "expert"
-DEFAULT_CLI_TYPES = ("claude", "codex", "opencode", "shell")
 MAX_NAME_LENGTH = 100
 MAX_EVENT_MESSAGE_LENGTH = 50_000
 MAX_INSTRUCTION_LENGTH = 200_000
@@ -97,12 +96,11 @@ def _publish_run(run: Run, owner_id: int) -> None:
 def agent_types() -> tuple[str, ...]:
     """Every agent type this instance knows: ``expert`` and the CLI types.
 
-    CLI types come from ``settings.AGENT_TYPES`` (``DISPATCH_AGENT_TYPES``) when it is
-    defined, the spec's defaults otherwise (spec/agents.md §2).
+    CLI types come from ``settings.AGENT_TYPES`` (``DISPATCH_AGENT_TYPES``, parsed by
+    ``dispatch.agents.types``; the spec's defaults when unset, spec/agents.md §2). A
+    type whose program is not on PATH is still known, only not launchable.
     """
-    configured = getattr(settings, "AGENT_TYPES", None)
-    cli_types = tuple(configured) if configured else DEFAULT_CLI_TYPES
-    return (EXPERT, *cli_types)
+    return (EXPERT, *settings.AGENT_TYPES)
 
 
 def storable_text(value: str, what: str) -> str:

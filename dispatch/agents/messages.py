@@ -1,0 +1,161 @@
+"""Messages to agents (spec/agents.md §1 "AgentMessage", §2 "Messages to a CLI agent").
+
+A message to an **expert** agent is a prompt: it queues a run whose instruction is the
+message and is ``delivered`` at once. A message to a **CLI** agent is ``queued`` until
+the supervisor on the agent's host pastes it into the pane (``message_mark_delivered``)
+or gives up (``message_mark_failed``). Rows are the truth; each new message is announced
+after commit as ``message.created`` and each later change as ``message.updated`` to the
+owner's live-events group.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.utils import timezone
+
+from dispatch.agents import services
+from dispatch.agents.serializers import AgentMessageSerializer
+from dispatch.errors import DispatchError, InvalidRequest, NotFound
+from dispatch.models import Agent, AgentEvent, AgentMessage
+
+MAX_MESSAGE_LENGTH = 200_000
+# A CLI agent accepts messages while its session is (or is about to be) up.
+CLI_ACCEPTING = frozenset({Agent.Status.CREATING, Agent.Status.RUNNING})
+
+Status = AgentMessage.Status
+
+
+def message_data(message: AgentMessage) -> dict[str, Any]:
+    """The message as a JSON-safe dict (REST and live frames share it)."""
+    return dict(AgentMessageSerializer(message).data)
+
+
+def _publish(message: AgentMessage, event: str) -> None:
+    owner_id = Agent.objects.values_list("owner_id", flat=True).get(pk=message.recipient_agent_id)
+    services.publish_on_commit(user_id=owner_id, event=event, data=message_data(message))
+
+
+def _content(content: Any) -> str:
+    if not isinstance(content, str) or not content.strip():
+        raise InvalidRequest("content must be a non-empty string")
+    if len(content) > MAX_MESSAGE_LENGTH:
+        raise InvalidRequest(f"content must be at most {MAX_MESSAGE_LENGTH} characters")
+    return services.storable_text(content, "content")
+
+
+@transaction.atomic
+def message_send(
+    *, recipient: Agent, content: str, sender_user: User | None = None, sender_agent: Agent | None = None
+) -> AgentMessage:
+    """Record a message to ``recipient`` from a user or one of the same user's agents.
+
+    Expert recipient: a run is queued with ``instruction = content`` (``run_enqueue``) and
+    the message is ``delivered``. CLI recipient: the message is ``queued`` for the
+    supervisor to paste (spec/agents.md §2). ``content``: 1–200,000 characters, no NUL.
+    Raises ``InvalidRequest`` (bad content, no sender or two, a shadow agent — messaging
+    peers comes with the peers issue), ``NotFound`` (a sender agent of another user, an
+    archived recipient) or ``CONFLICT`` (the recipient is not running).
+    """
+    if (sender_user is None) == (sender_agent is None):
+        raise InvalidRequest("a message has exactly one sender: a user or an agent")
+    text = _content(content)
+    current = Agent.objects.select_for_update().get(pk=recipient.pk)
+    owner_id = sender_user.pk if sender_user is not None else sender_agent.owner_id  # type: ignore[union-attr]
+    if current.owner_id != owner_id or current.status == Agent.Status.ARCHIVED:
+        raise NotFound(f"no agent '{recipient.pk}'")
+    if current.peer_agent_id:
+        raise InvalidRequest(f"agent '{current.pk}' is a shadow agent: it is messaged through its peer")
+    if current.type == services.EXPERT:
+        services.run_enqueue(agent=current, instruction=text)  # CONFLICT when not running
+        message = AgentMessage.objects.create(
+            sender_user=sender_user,
+            sender_agent=sender_agent,
+            recipient_agent=current,
+            content=text,
+            status=Status.DELIVERED,
+            delivered_at=timezone.now(),
+        )
+    else:
+        if current.status not in CLI_ACCEPTING:
+            raise DispatchError(
+                "CONFLICT",
+                f"agent '{current.pk}' is not running (status {current.status})",
+                {"status": current.status},
+            )
+        message = AgentMessage.objects.create(
+            sender_user=sender_user, sender_agent=sender_agent, recipient_agent=current, content=text
+        )
+    _publish(message, "message.created")
+    return message
+
+
+def messages_pending(*, agent: Agent) -> list[AgentMessage]:
+    """``agent``'s queued messages, oldest first (what the supervisor pastes next)."""
+    return list(AgentMessage.objects.filter(recipient_agent=agent, status=Status.QUEUED).order_by("created_at", "pk"))
+
+
+@transaction.atomic
+def message_mark_delivered(*, message: AgentMessage) -> bool:
+    """``queued`` → ``delivered`` (pasted into the pane); a ``system`` event on the recipient.
+
+    A conditional UPDATE: returns False (and records nothing) if the message was no
+    longer queued.
+    """
+    now = timezone.now()
+    if not AgentMessage.objects.filter(pk=message.pk, status=Status.QUEUED).update(
+        status=Status.DELIVERED, delivered_at=now
+    ):
+        return False
+    message.refresh_from_db()
+    recipient = Agent.objects.get(pk=message.recipient_agent_id)
+    services.agent_event_record(
+        agent=recipient,
+        type=AgentEvent.Type.SYSTEM,
+        message="message delivered",
+        metadata={"message_id": message.pk, "chars": len(message.content)},
+    )
+    _publish(message, "message.updated")
+    return True
+
+
+@transaction.atomic
+def message_mark_failed(*, message: AgentMessage, error: str, dead: bool = False) -> bool:
+    """``queued`` → ``failed`` (or ``dead`` when it can never be delivered) with ``error``.
+
+    Returns False if the message was no longer queued.
+    """
+    status = Status.DEAD if dead else Status.FAILED
+    if not AgentMessage.objects.filter(pk=message.pk, status=Status.QUEUED).update(status=status, error=error[:2000]):
+        return False
+    message.refresh_from_db()
+    _publish(message, "message.updated")
+    return True
+
+
+def messages_fail_pending(*, agent: Agent, error: str) -> int:
+    """Fail every queued message of ``agent`` (it stopped before they were pasted)."""
+    failed = 0
+    for message in messages_pending(agent=agent):
+        failed += message_mark_failed(message=message, error=error)
+    return failed
+
+
+def message_get(*, user: User, message_id: Any) -> AgentMessage:
+    """One of ``user``'s messages (sent to one of their agents, or by one of them).
+
+    Raises ``NotFound`` for an unknown id or another user's message (never tells them
+    apart).
+    """
+    try:
+        pk = int(message_id)
+    except (TypeError, ValueError):
+        raise NotFound("no such message") from None
+    if not 0 < pk < 2**63:
+        raise NotFound("no such message")
+    message = AgentMessage.objects.filter(pk=pk, recipient_agent__owner=user).first()
+    if message is None:
+        raise NotFound(f"no message {pk}")
+    return message
