@@ -69,7 +69,13 @@ def agent_launch_any(
         )
     with transaction.atomic():
         agent = services.agent_create(
-            owner=owner, type=type, name=name, cwd=where, parent=parent, launched_by=launched_by, full_access=full_access
+            owner=owner,
+            type=type,
+            name=name,
+            cwd=where,
+            parent=parent,
+            launched_by=launched_by,
+            full_access=full_access,
         )
         if prompt.strip():
             services.run_enqueue(agent=agent, instruction=prompt)

@@ -144,7 +144,9 @@ def parse_agent_types(raw: str | Mapping[str, Any] | None) -> dict[str, AgentTyp
     for name, entry in spec.items():
         where = f"DISPATCH_AGENT_TYPES[{name!r}]"
         if not isinstance(name, str) or not _TYPE_NAME.match(name) or name == EXPERT:
-            raise ValueError(f"{where}: a type name is 1-40 of a-z, 0-9, '_' or '-', starting with a letter, not 'expert'")
+            raise ValueError(
+                f"{where}: a type name is 1-40 of a-z, 0-9, '_' or '-', starting with a letter, not 'expert'"
+            )
         if not isinstance(entry, Mapping):
             raise ValueError(f"{where} must be an object with argv and kind")
         unknown = sorted(set(entry) - {"argv", "full_access_argv", "kind", "env"})
