@@ -1,0 +1,141 @@
+"""DISPATCH_AGENT_TYPES parsing and the launch entry point's type checks (spec/agents.md §2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import override_settings
+
+from dispatch.agents.launching import agent_launch_any, launchable_types
+from dispatch.agents.types import DEFAULT_AGENT_TYPES, parse_agent_types
+from dispatch.errors import InvalidRequest
+from dispatch.models import Agent, Run
+
+
+def test_the_defaults_are_claude_codex_opencode_and_an_interactive_shell() -> None:
+    types = parse_agent_types("")
+    assert list(types) == ["claude", "codex", "opencode", "shell"]
+    assert types["shell"].kind == "shell" and types["shell"].argv == ("bash", "--norc", "-i")
+    assert {types[name].kind for name in ("claude", "codex", "opencode")} == {"llm"}
+    assert parse_agent_types(None) == types
+
+
+def test_default_llm_types_wire_the_mcp_endpoint_without_putting_a_secret_in_argv() -> None:
+    types = parse_agent_types("")
+    for name in ("claude", "codex"):
+        argv = types[name].command(full_access=False, mcp_url="http://h:1/mcp", agent_id="agt_0123456789ab")
+        joined = " ".join(argv)
+        assert "http://h:1/mcp" in joined and "{mcp_url}" not in joined
+        assert "DISPATCH_MCP_TOKEN" in joined  # named, never its value
+    claude_config = json.loads(types["claude"].command(full_access=False, mcp_url="u", agent_id="a")[2])
+    assert claude_config["mcpServers"]["dispatch"]["url"] == "u"
+    opencode_env = types["opencode"].environment(mcp_url="http://h:1/mcp", agent_id="a")
+    assert json.loads(opencode_env["OPENCODE_CONFIG_CONTENT"])["mcp"]["dispatch"]["url"] == "http://h:1/mcp"
+
+
+def test_full_access_uses_the_full_access_argv() -> None:
+    claude = parse_agent_types("")["claude"]
+    assert "--dangerously-skip-permissions" in claude.command(full_access=True, mcp_url="u", agent_id="a")
+    assert "--dangerously-skip-permissions" not in claude.command(full_access=False, mcp_url="u", agent_id="a")
+
+
+def test_a_given_value_replaces_the_defaults_and_fills_only_the_two_placeholders() -> None:
+    types = parse_agent_types(json.dumps({"mine": {"argv": ["prog", "{agent_id}", "{x}", '{"a": 1}'], "kind": "llm"}}))
+    assert list(types) == ["mine"]
+    assert types["mine"].command(full_access=True, mcp_url="u", agent_id="agt_1") == [
+        "prog",
+        "agt_1",
+        "{x}",
+        '{"a": 1}',
+    ]
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[]", "non-empty JSON object"),
+        ("{}", "non-empty JSON object"),
+        ('{"expert": {"argv": ["x"]}}', "not 'expert'"),
+        ('{"Bad Name": {"argv": ["x"]}}', "type name"),
+        ('{"t": ["x"]}', "must be an object"),
+        ('{"t": {"argv": []}}', "non-empty list"),
+        ('{"t": {"argv": "bash -i"}}', "non-empty list"),
+        ('{"t": {"argv": ["x", 3]}}', "list of strings"),
+        ('{"t": {"argv": [""]}}', "first one a program"),
+        ('{"t": {"argv": ["x"], "kind": "robot"}}', "kind must be"),
+        ('{"t": {"argv": ["x"], "env": {"1BAD": "v"}}}', "env must be"),
+        ('{"t": {"argv": ["x"], "env": {"OK": 1}}}', "env must be"),
+        ('{"t": {"argv": ["x"], "shell": true}}', "unknown key 'shell'"),
+        ('{"t": {"argv": ["x"], "full_access_argv": []}}', "full_access_argv"),
+    ],
+)
+def test_a_bad_value_is_refused_with_what_is_wrong(raw: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says.replace("(", r"\(")):
+        parse_agent_types(raw)
+
+
+def test_a_bad_setting_stops_the_process_at_start(tmp_path: Path) -> None:
+    env = {**os.environ, "DISPATCH_AGENT_TYPES": '{"t": {"argv": []}}', "DISPATCH_DATA_DIR": str(tmp_path)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    done = subprocess.run(
+        [sys.executable, "manage.py", "check"], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+    assert done.returncode != 0
+    assert "Configuration error" in done.stderr and "argv must be a non-empty list" in done.stderr
+
+
+def _program(directory: Path, name: str) -> str:
+    path = directory / name
+    path.write_text("#!/bin/sh\nexec sleep 60\n")
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+def test_a_type_whose_program_is_missing_is_listed_unavailable_and_refused(
+    owner: Any, tmp_path: Path, workdir: str
+) -> None:
+    types = parse_agent_types({"ghost": {"argv": ["dispatch-no-such-program-xyz"]}, **DEFAULT_AGENT_TYPES})
+    with override_settings(AGENT_TYPES=types):
+        assert launchable_types()["ghost"] is False
+        assert launchable_types()["expert"] is True
+        with pytest.raises(InvalidRequest, match="unavailable here") as refused:
+            agent_launch_any(owner=owner, type="ghost", name="g", prompt="", cwd=workdir)
+        assert "ghost" not in refused.value.details["available_types"]
+    assert not Agent.objects.filter(type="ghost").exists()
+
+
+def test_an_absolute_program_path_counts_as_available(tmp_path: Path) -> None:
+    types = parse_agent_types({"mine": {"argv": [_program(tmp_path, "fake-cli")]}})
+    assert types["mine"].available()
+
+
+def test_an_unknown_type_is_refused_with_the_known_ones(owner: Any, workdir: str) -> None:
+    with pytest.raises(InvalidRequest, match="unknown agent type 'robot'"):
+        agent_launch_any(owner=owner, type="robot", name="r", prompt="", cwd=workdir)
+
+
+def test_an_expert_launch_queues_the_prompt_and_records_the_launcher_as_parent_when_child(
+    owner: Any, make_agent: Any, workdir: str
+) -> None:
+    launcher = make_agent(owner, name="boss")
+    child = agent_launch_any(owner=owner, type="expert", name="kid", prompt="do it", launched_by=launcher, child=True)
+    assert child.parent_id == launcher.pk and child.launched_by_id == launcher.pk
+    assert child.cwd == launcher.cwd  # the launcher's cwd by default
+    assert list(Run.objects.filter(agent=child).values_list("input__instruction", flat=True)) == ["do it"]
+    sibling = agent_launch_any(owner=owner, type="expert", name="sib", launched_by=launcher, child=False)
+    assert sibling.parent_id is None and sibling.launched_by_id == launcher.pk
+    assert not Run.objects.filter(agent=sibling).exists()
+
+
+def test_a_user_launch_without_cwd_uses_the_default_cwd(owner: Any, tmp_path: Path) -> None:
+    with override_settings(DEFAULT_CWD=str(tmp_path)):
+        agent = agent_launch_any(owner=owner, type="expert", name="home")
+    assert agent.cwd == str(tmp_path)
