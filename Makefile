@@ -42,6 +42,7 @@ lint: dev
 bench: dev
 	$(PY) bench/remote_calls.py
 	$(PY) bench/machines.py
+	$(PY) bench/agents.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -411,3 +411,17 @@ def finish_report(
     if missed:
         print(f"targets missed: {', '.join(missed)}")
     return 1 if missed and strict else 0
+
+
+def print_rows(table: list[dict[str, Any]], columns: list[tuple[str, str]]) -> None:
+    """Print ``table`` aligned: ``columns`` are (key, header) pairs, then a result column
+    from each row's ``pass`` (True → PASS, False → FAIL, None → —)."""
+    headers = [header for _, header in columns] + ["result"]
+    lines = [
+        [str(row[key]) for key, _ in columns] + [{True: "PASS", False: "FAIL", None: "—"}[row["pass"]]] for row in table
+    ]
+    widths = [max(len(x) for x in column) for column in zip(headers, *lines, strict=False)]
+    print(" | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)))
+    print("-+-".join("-" * w for w in widths))
+    for line in lines:
+        print(" | ".join(x.ljust(w) for x, w in zip(line, widths, strict=True)))
