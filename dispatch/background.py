@@ -11,6 +11,7 @@ import asyncio
 import logging
 import shutil
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -20,7 +21,7 @@ from dispatch.consumers import shutdown_local_connections
 
 logger = logging.getLogger(__name__)
 
-CLI_SUPERVISE_INTERVAL = 2.0  # seconds between two CLI agent reconciliations
+BUSY_PAUSE = 0.3  # seconds between CLI supervisor passes while messages wait for a quiet pane
 
 
 def _db(function: Callable[..., object]) -> Callable[..., Awaitable[object]]:
@@ -66,22 +67,59 @@ async def reaper_loop() -> None:
 
 
 async def cli_supervisor_loop() -> None:
-    """Reconcile this host's CLI agents with their tmux sessions every 2 s (spec/agents.md §2).
+    """Supervise this host's CLI agents (spec/agents.md §2) while holding the host's lease.
 
-    ``supervise_once`` blocks on tmux subprocesses, so it runs off the DB thread.
+    Runs ``cli.supervise_once`` every ``DISPATCH_CLI_SUPERVISE_INTERVAL`` seconds, sooner
+    when the host's doorbell group (``messages.doorbell_group``) rings for a new message,
+    and again after a short pause while messages still wait. Polling never stops: the
+    doorbell is at-most-once. ``supervise_once`` blocks on tmux subprocesses and short
+    sleeps, so it runs in a worker thread, never on the process's DB thread. On
+    cancellation (clean shutdown) the lease is released so another process takes over.
     """
-    from dispatch.agents.cli import supervise_once
+    from channels.layers import get_channel_layer
+
+    from dispatch.agents.cli import supervise_once, supervisor_lease_release
+    from dispatch.agents.messages import doorbell_group
+    from dispatch.presence import HOSTNAME, current_process_id
 
     if shutil.which("tmux") is None:
         # Nothing to supervise without tmux (and no CLI agent can be launched here).
         logger.info("tmux is not installed: CLI agents are unavailable on this host")
         return
-    while True:
+    layer = get_channel_layer()
+    group = doorbell_group(HOSTNAME)
+    channel = await layer.new_channel() if layer is not None else None
+    try:
+        while True:
+            busy = False
+            try:
+                outcome = await sync_to_async(supervise_once, thread_sensitive=False)()
+                busy = outcome.busy
+            except Exception:
+                logger.exception("CLI agent supervision failed")
+            await _doorbell_wait(layer, channel, group, BUSY_PAUSE if busy else settings.CLI_SUPERVISE_INTERVAL)
+    finally:
         try:
-            await sync_to_async(supervise_once, thread_sensitive=False)()
-        except Exception:
-            logger.exception("CLI agent supervision failed")
-        await asyncio.sleep(CLI_SUPERVISE_INTERVAL)
+            await asyncio.wait_for(_db(supervisor_lease_release)(holder=current_process_id()), 5)
+            if layer is not None and channel is not None:
+                await asyncio.wait_for(layer.group_discard(group, channel), 5)
+        except (Exception, asyncio.CancelledError):
+            logger.info("could not release the CLI supervisor lease; it expires by itself")
+
+
+async def _doorbell_wait(layer: Any, channel: str | None, group: str, timeout: float) -> None:
+    """Wait ``timeout`` seconds or until a doorbell arrives on ``channel`` (re-joining ``group``)."""
+    if layer is None or channel is None:
+        await asyncio.sleep(timeout)
+        return
+    try:
+        await layer.group_add(group, channel)  # renewed each time: groups expire
+        await asyncio.wait_for(layer.receive(channel), timeout)
+    except TimeoutError:
+        pass
+    except Exception:
+        logger.exception("CLI doorbell wait failed")
+        await asyncio.sleep(timeout)
 
 
 def background_services() -> list[Callable[[], Awaitable[None]]]:

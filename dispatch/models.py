@@ -135,6 +135,14 @@ class Agent(models.Model):
     last_error = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
+    # CLI supervisor state kept in the row so a new lease holder continues (spec/agents.md §2):
+    # the activity watcher's SHA-256 of the pane's last 100 lines and when it last changed,
+    # and when a stop was requested (the grace period and the 60 s limit count from it)
+    # and whether the interrupt was sent.
+    pane_hash = models.CharField(max_length=64, blank=True)
+    pane_changed_at = models.DateTimeField(null=True, blank=True)
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    stop_interrupted = models.BooleanField(default=False)
 
     class Meta:
         indexes = [models.Index(fields=["owner", "-created_at", "-id"], name="agent_owner_created")]

@@ -283,6 +283,14 @@ try:
     AGENT_TYPES = parse_agent_types(env_str("DISPATCH_AGENT_TYPES", ""))
 except ValueError as exc:
     raise ImproperlyConfigured(str(exc)) from None
+# The CLI supervisor (spec/agents.md §2), seconds: how often it reconciles (a doorbell wakes
+# it sooner for a new message), how long an agent reported working may stay silent before
+# the activity watcher marks it idle, the grace between a stop's interrupt and the kill,
+# and the hard limit on ``stopping``.
+CLI_SUPERVISE_INTERVAL = env_float("DISPATCH_CLI_SUPERVISE_INTERVAL", 2.0, minimum=0.1)
+AGENT_IDLE_AFTER = env_float("DISPATCH_AGENT_IDLE_AFTER", 180.0)
+AGENT_STOP_GRACE = env_float("DISPATCH_AGENT_STOP_GRACE", 5.0)
+AGENT_STOP_TIMEOUT = env_float("DISPATCH_AGENT_STOP_TIMEOUT", 60.0)
 # Where agents launched without a cwd work (MCP dispatch_launch_agent with a user token).
 DEFAULT_CWD = env_str("DISPATCH_DEFAULT_CWD", "") or os.path.expanduser("~")
 

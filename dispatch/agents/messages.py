@@ -10,8 +10,14 @@ owner's live-events group.
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import re
 from typing import Any
 
+from asgiref.sync import async_to_sync
+from channels.exceptions import ChannelFull
+from channels.layers import get_channel_layer
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
@@ -20,6 +26,8 @@ from dispatch.agents import services
 from dispatch.agents.serializers import AgentMessageSerializer
 from dispatch.errors import DispatchError, InvalidRequest, NotFound
 from dispatch.models import Agent, AgentEvent, AgentMessage
+
+logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_LENGTH = 200_000
 # A CLI agent accepts messages while its session is (or is about to be) up.
@@ -38,6 +46,30 @@ def _publish(message: AgentMessage, event: str) -> None:
     services.publish_on_commit(user_id=owner_id, event=event, data=message_data(message))
 
 
+def doorbell_group(host: str) -> str:
+    """The channel-layer group the CLI supervisor of ``host`` listens on for new messages.
+
+    ``cli-supervisor.<sanitised host>.<8 hex of its SHA-256>``: only ``[A-Za-z0-9._-]``,
+    under 100 characters, and distinct for hosts that sanitise alike.
+    """
+    safe = re.sub(r"[^A-Za-z0-9.-]", "-", host)[:60]
+    return f"cli-supervisor.{safe}.{hashlib.sha256(host.encode()).hexdigest()[:8]}"
+
+
+def doorbell_ring(host: str) -> None:
+    """Wake the CLI supervisor of ``host`` now (``{"type": "cli.doorbell"}`` to its group).
+
+    At most once and best effort: a lost ring only delays delivery to the next poll.
+    Call from sync code (it uses ``async_to_sync``); never raises.
+    """
+    try:
+        async_to_sync(get_channel_layer().group_send)(doorbell_group(host), {"type": "cli.doorbell"})
+    except ChannelFull:
+        logger.info("CLI doorbell of %s dropped: channel full", host)
+    except Exception:
+        logger.exception("CLI doorbell of %s failed", host)
+
+
 def _content(content: Any) -> str:
     if not isinstance(content, str) or not content.strip():
         raise InvalidRequest("content must be a non-empty string")
@@ -54,7 +86,8 @@ def message_send(
 
     Expert recipient: a run is queued with ``instruction = content`` (``run_enqueue``) and
     the message is ``delivered``. CLI recipient: the message is ``queued`` for the
-    supervisor to paste (spec/agents.md §2). ``content``: 1–200,000 characters, no NUL.
+    supervisor to paste (spec/agents.md §2), whose doorbell (``doorbell_ring``) is rung
+    after commit. ``content``: 1–200,000 characters, no NUL.
     Raises ``InvalidRequest`` (bad content, no sender or two, a shadow agent — messaging
     peers comes with the peers issue), ``NotFound`` (a sender agent of another user, an
     archived recipient) or ``CONFLICT`` (the recipient is not running).
@@ -88,6 +121,8 @@ def message_send(
         message = AgentMessage.objects.create(
             sender_user=sender_user, sender_agent=sender_agent, recipient_agent=current, content=text
         )
+        host = current.host
+        transaction.on_commit(lambda: doorbell_ring(host))
     _publish(message, "message.created")
     return message
 

@@ -52,6 +52,16 @@ def launch(owner, runner: TmuxRunner, workdir: str, prompt: str = "") -> Agent:
     return cli.agent_launch(owner=owner, type="shell", name="sh", prompt=prompt, cwd=workdir, runner=runner)
 
 
+def supervise_until(runner: TmuxRunner, condition: Callable[[], object], what: str, timeout: float = 10.0) -> None:
+    """Run supervisor passes (delivering messages, reconciling) until ``condition()`` holds."""
+
+    def check() -> object:
+        cli.supervise_once(runner=runner)
+        return condition()
+
+    wait_for(check, what, timeout)
+
+
 def wait_dead(runner: TmuxRunner, agent: Agent) -> None:
     wait_for(lambda: runner.pane_state(cli.session_name(agent)).dead, "the pane to die")
 
@@ -64,7 +74,7 @@ def test_it_launches_a_shell_agent_running_with_its_prompt_typed_in(owner, runne
     name = cli.session_name(agent)
     assert name == f"dispatch_{agent.pk}"
     assert runner.owned_sessions(instance_identity_get().instance_id) == [name]
-    wait_for(lambda: "hello-42" in runner.capture(name), "the prompt's output")
+    supervise_until(runner, lambda: "hello-42" in cli.pane_text(agent=agent, runner=runner), "the prompt's output")
     assert AgentEvent.objects.filter(agent=agent, type="system", message="session started").exists()
 
 
@@ -72,7 +82,7 @@ def test_it_gives_the_session_the_agent_id_and_url_in_its_environment(owner, run
     agent = launch(owner, runner, workdir, prompt='echo "id=$DISPATCH_AGENT_ID url=$DISPATCH_URL"')
 
     name = cli.session_name(agent)
-    wait_for(lambda: f"id={agent.pk} url={settings.PUBLIC_URL}" in runner.capture(name), "the environment")
+    supervise_until(runner, lambda: f"id={agent.pk} url={settings.PUBLIC_URL}" in runner.capture(name), "the env")
 
 
 def test_it_marks_an_agent_whose_shell_exits_0_stopped_and_kills_the_session(owner, runner, workdir):
@@ -90,7 +100,7 @@ def test_it_marks_an_agent_whose_shell_exits_0_stopped_and_kills_the_session(own
 def test_it_marks_an_agent_whose_shell_exits_non_zero_error_with_the_last_lines(owner, runner, workdir):
     agent = launch(owner, runner, workdir, prompt="echo last-words-$((6*7))")
     name = cli.session_name(agent)
-    wait_for(lambda: "last-words-42" in runner.capture(name), "the output")
+    supervise_until(runner, lambda: "last-words-42" in runner.capture(name), "the output")
     runner.paste(name, "exit 3")
     wait_dead(runner, agent)
 
@@ -114,13 +124,15 @@ def test_it_marks_an_agent_whose_session_vanished_stopped_with_a_note(owner, run
     assert agent.latest_event_message == "session missing; marked stopped"
 
 
-def test_it_stops_an_agent_and_removes_its_session_then_starts_it_again(owner, runner, workdir):
+def test_it_stops_an_agent_and_removes_its_session_then_starts_it_again(owner, runner, workdir, settings):
+    settings.AGENT_STOP_GRACE = 0.3
     agent = launch(owner, runner, workdir)
     name = cli.session_name(agent)
 
-    cli.agent_stop(agent=agent, runner=runner, grace=0.1)
+    cli.agent_stop(agent=agent, runner=runner)
     agent.refresh_from_db()
-    assert agent.status == "stopped"
+    assert agent.status == "stopping"  # returns at once; the supervisor finishes the stop
+    supervise_until(runner, lambda: Agent.objects.get(pk=agent.pk).status == "stopped", "stopped")
     assert not runner.exists(name)
 
     cli.agent_start(agent=agent, runner=runner)
@@ -179,17 +191,18 @@ def test_the_api_launches_a_shell_agent_running(api, runner, workdir):
     body = response.json()
     assert body["status"] == "running" and body["type"] == "shell"
     name = f"dispatch_{body['id']}"
-    wait_for(lambda: "api-2" in runner.capture(name), "the prompt's output")
+    supervise_until(runner, lambda: "api-2" in runner.capture(name), "the prompt's output")
 
 
-def test_the_api_stops_and_starts_a_shell_agent(api, runner, workdir, monkeypatch):
-    monkeypatch.setattr(cli, "STOP_GRACE", 0.1)
+def test_the_api_stops_and_starts_a_shell_agent(api, runner, workdir, settings):
+    settings.AGENT_STOP_GRACE = 0.1
     agent_id = api.post("/api/v1/agents", {"type": "shell", "name": "b", "cwd": workdir}).json()["id"]
 
     stopped = api.post(f"/api/v1/agents/{agent_id}/stop")
-    assert stopped.status_code == 200 and stopped.json()["status"] == "stopped"
-    assert not runner.exists(f"dispatch_{agent_id}")
+    assert stopped.status_code == 200 and stopped.json()["status"] == "stopping"
     assert api.post(f"/api/v1/agents/{agent_id}/stop").status_code == 409
+    supervise_until(runner, lambda: Agent.objects.get(pk=agent_id).status == "stopped", "stopped")
+    assert not runner.exists(f"dispatch_{agent_id}")
 
     started = api.post(f"/api/v1/agents/{agent_id}/start")
     assert started.status_code == 200 and started.json()["status"] == "running"
