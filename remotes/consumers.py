@@ -23,7 +23,7 @@ from django.contrib.auth.models import User
 from django.http.request import validate_host
 
 from dispatch import wire
-from dispatch.agents.prompting import agent_prompt_for
+from dispatch.agents.prompting import agent_prompt_any
 from dispatch.agents.services import user_events_group
 from dispatch.consumers import DispatchConsumer
 from dispatch.errors import DispatchError, RateLimited
@@ -241,18 +241,24 @@ class SessionConsumer(DispatchConsumer):
         await self._answer(pending.reply_channel, reply)
 
     async def do_send_agent_prompt(self, message: dict[str, Any], body: Any, nonce: Any) -> None:
-        """``send-agent-prompt`` (spec/agents.md §4): queue a run; progress arrives as events."""
+        """``send-agent-prompt`` (spec/agents.md §4): a run for an expert agent (progress arrives
+        as events), a message for a CLI agent; the reply names the run or the message."""
         if not isinstance(body, dict):
             await self._reply(nonce, error="body must be a JSON object with agentId and instruction")
             return
-        run = await database_sync_to_async(agent_prompt_for)(
+        accepted = await database_sync_to_async(agent_prompt_any)(
             user=self.user,
             agent_id=body.get("agentId"),
             instruction=body.get("instruction"),
             input=body.get("input"),
             options=body.get("options"),
         )
-        await self._reply(nonce, message="prompt accepted", agentId=run.agent_id, runId=run.pk)
+        if accepted.message_id is not None:
+            await self._reply(
+                nonce, message="prompt accepted", agentId=accepted.agent_id, messageId=accepted.message_id
+            )
+        else:
+            await self._reply(nonce, message="prompt accepted", agentId=accepted.agent_id, runId=accepted.run_id)
 
     ACTIONS: dict[str, Callable[[SessionConsumer, dict[str, Any], Any, Any], Awaitable[None]]] = {
         "ping": do_ping,

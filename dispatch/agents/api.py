@@ -6,27 +6,39 @@ Another user's agent or run is 404 on every route. Errors use the one error shap
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
+from django.conf import settings
 from django.db import transaction
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from dispatch.agents import cli, selectors, services
-from dispatch.agents.prompting import agent_prompt_for
+from dispatch.agents import cli, launching, messages, selectors, services
+from dispatch.agents.prompting import agent_prompt_any
 from dispatch.agents.serializers import (
     AgentEventSerializer,
+    AgentMessageSerializer,
     AgentSerializer,
     RunSerializer,
     agent_data,
     run_data,
 )
 from dispatch.api import DispatchAPIView
-from dispatch.authentication import authenticated_user
-from dispatch.errors import InvalidRequest
+from dispatch.authentication import authenticated_user, calling_agent
+from dispatch.errors import InvalidRequest, NotFound
+from dispatch.models import Agent, Run
 
-# Launchable through the API in this slice: expert, and the CLI types cli.py runs (shell).
-LAUNCHABLE_TYPES = (services.EXPERT, *cli.LAUNCHABLE_CLI_TYPES)
+
+class StrictCharField(serializers.CharField):
+    """A CharField that refuses numbers and booleans instead of turning them into text."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return str(super().to_internal_value(data))
 
 
 class AgentLaunchSerializer(serializers.Serializer):
@@ -39,9 +51,69 @@ class AgentLaunchSerializer(serializers.Serializer):
     full_access = serializers.BooleanField(required=False, default=False)
 
 
+MESSAGE_ID = re.compile(r"[0-9]{1,19}")
+
+
 def _query(request: Request, name: str) -> str | None:
     value = request.query_params.get(name)
     return value if value else None
+
+
+# --- lifecycle of any local agent (REST, pages and admin share these) ---------------------
+
+
+def _refuse_shadow(agent: Agent, what: str) -> None:
+    if agent.peer_agent_id:
+        raise InvalidRequest(f"agent '{agent.pk}' is a shadow agent: {what} it through its peer (not available yet)")
+
+
+def agent_stop_any(*, agent: Agent) -> Agent:
+    """Stop a local agent (spec/agents.md §1, §2) and return it.
+
+    CLI agent: ``cli.agent_stop`` (``stopping`` now; the supervisor finishes the stop).
+    Expert agent: its queued and running runs are cancelled and it goes ``stopped`` (a
+    stopped expert agent refuses prompts). Raises ``DispatchError("CONFLICT")`` when the
+    transition table refuses the stop (e.g. already stopped), ``InvalidRequest`` for a
+    shadow agent.
+    """
+    _refuse_shadow(agent, "stop")
+    if agent.type != services.EXPERT:
+        return cli.agent_stop(agent=agent)
+    with transaction.atomic():
+        stopped = services.agent_set_status(agent=agent, status=Agent.Status.STOPPED, note="stopped by its user")
+        for run_id in Run.objects.filter(agent=agent, status__in=[Run.Status.QUEUED, Run.Status.RUNNING]).values_list(
+            "pk", flat=True
+        ):
+            services.run_cancel(user=agent.owner, run_id=run_id)
+    return stopped
+
+
+def agent_start_any(*, agent: Agent) -> Agent:
+    """Start a ``stopped`` or ``error`` local agent again and return it.
+
+    CLI agent: ``cli.agent_start`` (same tmux session name). Expert agent: ``stopped`` →
+    ``creating`` → ``running`` (it has no process). Raises ``DispatchError("CONFLICT")``
+    from any other status, ``InvalidRequest`` for a shadow agent.
+    """
+    _refuse_shadow(agent, "start")
+    if agent.type != services.EXPERT:
+        return cli.agent_start(agent=agent)
+    with transaction.atomic():
+        services.agent_set_status(agent=agent, status=Agent.Status.CREATING, note="start requested")
+        return services.agent_set_status(agent=agent, status=Agent.Status.RUNNING, note="started")
+
+
+def agent_archive_any(*, agent: Agent) -> Agent:
+    """Archive a local agent (soft delete; idempotent) and return it.
+
+    CLI agent: ``cli.agent_archive`` (stops its session first). Expert agent:
+    ``services.agent_archive`` (cancels its runs). Raises ``InvalidRequest`` for a shadow
+    agent.
+    """
+    _refuse_shadow(agent, "archive")
+    if agent.type != services.EXPERT:
+        return cli.agent_archive(agent=agent)
+    return services.agent_archive(agent=agent, note="archived by its user")
 
 
 class AgentListView(DispatchAPIView):
@@ -72,30 +144,55 @@ class AgentListView(DispatchAPIView):
 
     @extend_schema(request=AgentLaunchSerializer, responses={201: AgentSerializer})
     def post(self, request: Request) -> Response:
+        """Launch any configured type (``launching.agent_launch_any``; an unavailable type is
+        refused with the list of available ones). With an agent token the caller is
+        ``launched_by`` and, with ``child: true``, the parent."""
         incoming = AgentLaunchSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
         body = incoming.validated_data
-        if body["type"] not in LAUNCHABLE_TYPES:
-            raise InvalidRequest(
-                f"type '{body['type']}' cannot be launched yet; available types: {', '.join(LAUNCHABLE_TYPES)}",
-                {"available_types": list(LAUNCHABLE_TYPES)},
-            )
         if body["location"]:
             raise InvalidRequest("location: launching on a linked instance is not available yet; omit it")
-        user = authenticated_user(request)
-        if body["type"] in cli.LAUNCHABLE_CLI_TYPES:
-            # Not in a transaction: the tmux session outlives the request either way.
-            agent = cli.agent_launch(
-                owner=user, type=body["type"], name=body["name"], prompt=body["prompt"], cwd=body["cwd"]
-            )
-            return Response(agent_data(agent), status=status.HTTP_201_CREATED)
-        with transaction.atomic():
-            agent = services.agent_create(
-                owner=user, type=body["type"], name=body["name"], cwd=body["cwd"], full_access=body["full_access"]
-            )
-            if body["prompt"].strip():
-                services.run_enqueue(agent=agent, instruction=body["prompt"])
+        launcher = calling_agent(request)
+        if body["child"] and launcher is None:
+            raise InvalidRequest("child: only an agent (calling with its own token) can launch a child agent")
+        agent = launching.agent_launch_any(
+            owner=authenticated_user(request),
+            type=body["type"],
+            name=body["name"],
+            prompt=body["prompt"],
+            cwd=body["cwd"],
+            launched_by=launcher,
+            child=body["child"],
+            full_access=body["full_access"],
+        )
         return Response(agent_data(agent), status=status.HTTP_201_CREATED)
+
+
+class AgentTypeSerializer(serializers.Serializer):
+    type = serializers.CharField()
+    kind = serializers.ChoiceField(choices=["expert", "llm", "shell"])
+    available = serializers.BooleanField()
+
+
+def agent_types_data() -> list[dict[str, Any]]:
+    """Every agent type: ``[{"type", "kind", "available"}]``, ``expert`` first (kind
+    ``expert``), then the configured CLI types in ``DISPATCH_AGENT_TYPES`` order."""
+    available = launching.launchable_types()
+    kinds = {services.EXPERT: "expert", **{name: spec.kind for name, spec in settings.AGENT_TYPES.items()}}
+    return [{"type": name, "kind": kinds[name], "available": ok} for name, ok in available.items()]
+
+
+class AgentTypesView(DispatchAPIView):
+    """``GET /api/v1/agent-types``: ``{"types": [{type, kind, available}]}``; an unavailable
+    CLI type (its program is not on PATH) is refused at launch."""
+
+    @extend_schema(
+        operation_id="v1_agent_types_list",
+        responses={200: inline_serializer("AgentTypeList", {"types": AgentTypeSerializer(many=True)})},
+    )
+    def get(self, request: Request) -> Response:
+        authenticated_user(request)
+        return Response({"types": agent_types_data()})
 
 
 class AgentDetailView(DispatchAPIView):
@@ -109,41 +206,49 @@ class AgentDetailView(DispatchAPIView):
     @extend_schema(responses={200: AgentSerializer})
     def delete(self, request: Request, agent_id: str) -> Response:
         agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
-        return Response(agent_data(services.agent_archive(agent=agent, note="archived by its user")))
+        return Response(agent_data(agent_archive_any(agent=agent)))
 
 
 class AgentStopView(DispatchAPIView):
-    """``POST /api/v1/agents/{id}/stop``: stop a running CLI agent (409 otherwise)."""
+    """``POST /api/v1/agents/{id}/stop``: a CLI agent goes ``stopping`` (the supervisor
+    finishes), an expert agent ``stopped`` with its runs cancelled; 409 when not running."""
 
     @extend_schema(request=None, responses={200: AgentSerializer})
     def post(self, request: Request, agent_id: str) -> Response:
         agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
-        if agent.type not in cli.LAUNCHABLE_CLI_TYPES:
-            raise InvalidRequest(f"agent '{agent.pk}' of type '{agent.type}' cannot be stopped here")
-        return Response(agent_data(cli.agent_stop(agent=agent)))
+        return Response(agent_data(agent_stop_any(agent=agent)))
 
 
 class AgentStartView(DispatchAPIView):
-    """``POST /api/v1/agents/{id}/start``: start a stopped or failed CLI agent again (409 otherwise)."""
+    """``POST /api/v1/agents/{id}/start``: start a stopped or failed agent again (409 otherwise)."""
 
     @extend_schema(request=None, responses={200: AgentSerializer})
     def post(self, request: Request, agent_id: str) -> Response:
         agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
-        return Response(agent_data(cli.agent_start(agent=agent)))
+        return Response(agent_data(agent_start_any(agent=agent)))
 
 
 class AgentPromptSerializer(serializers.Serializer):
-    instruction = serializers.CharField(trim_whitespace=False)
+    instruction = StrictCharField(trim_whitespace=False)
     input = serializers.JSONField(required=False, allow_null=True, default=None)
     options = serializers.DictField(required=False, allow_null=True, default=None)
 
 
 class AgentPromptView(DispatchAPIView):
-    """``POST /api/v1/agents/{id}/prompt`` (spec/agents.md §4, §5): 202 ``{run_id}``."""
+    """``POST /api/v1/agents/{id}/prompt`` (spec/agents.md §4, §5): 202 ``{run_id}`` for an
+    expert agent, 202 ``{message_id}`` for a CLI agent (its prompt is a message)."""
 
     @extend_schema(
         request=AgentPromptSerializer,
-        responses={202: inline_serializer("PromptAccepted", {"run_id": serializers.CharField()})},
+        responses={
+            202: inline_serializer(
+                "PromptAccepted",
+                {
+                    "run_id": serializers.CharField(required=False, help_text="expert agents"),
+                    "message_id": serializers.IntegerField(required=False, help_text="CLI agents"),
+                },
+            )
+        },
     )
     def post(self, request: Request, agent_id: str) -> Response:
         user = authenticated_user(request)
@@ -151,14 +256,78 @@ class AgentPromptView(DispatchAPIView):
         incoming = AgentPromptSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
         body = incoming.validated_data
-        run = agent_prompt_for(
+        accepted = agent_prompt_any(
             user=user,
             agent_id=agent_id,
             instruction=body["instruction"],
             input=body["input"],
             options=body["options"],
+            sender_agent=calling_agent(request),
         )
-        return Response({"run_id": run.pk}, status=status.HTTP_202_ACCEPTED)
+        if accepted.message_id is not None:
+            return Response({"message_id": accepted.message_id}, status=status.HTTP_202_ACCEPTED)
+        return Response({"run_id": accepted.run_id}, status=status.HTTP_202_ACCEPTED)
+
+
+class MessageSendSerializer(serializers.Serializer):
+    content = StrictCharField(trim_whitespace=False, max_length=messages.MAX_MESSAGE_LENGTH)
+
+
+class AgentMessagesView(DispatchAPIView):
+    """``GET /api/v1/agents/{id}/messages?limit=50&before=<cursor>`` (newest first, max 200;
+    messages the agent received or sent) and ``POST`` ``{content}`` → 201 with the message."""
+
+    @extend_schema(
+        operation_id="v1_agents_messages_list",
+        parameters=[OpenApiParameter("limit", int), OpenApiParameter("before", str)],
+        responses={
+            200: inline_serializer(
+                "AgentMessageList",
+                {"messages": AgentMessageSerializer(many=True), "next": serializers.CharField(allow_null=True)},
+            )
+        },
+    )
+    def get(self, request: Request, agent_id: str) -> Response:
+        agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
+        limit = selectors.page_limit(
+            request.query_params.get("limit"),
+            default=selectors.MESSAGES_DEFAULT_LIMIT,
+            maximum=selectors.MESSAGES_MAX_LIMIT,
+        )
+        page = selectors.messages_page(agent=agent, limit=limit, before=_query(request, "before"))
+        return Response({"messages": [messages.message_data(m) for m in page.items], "next": page.next})
+
+    @extend_schema(
+        operation_id="v1_agents_messages_create",
+        request=MessageSendSerializer,
+        responses={201: AgentMessageSerializer},
+    )
+    def post(self, request: Request, agent_id: str) -> Response:
+        """A CLI agent's message is ``queued`` until the supervisor pastes it; an expert
+        agent's queues a run and is ``delivered``. 409 when the agent is not running."""
+        user = authenticated_user(request)
+        agent = selectors.agent_get_for(user=user, agent_id=agent_id)
+        incoming = MessageSendSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        sender = calling_agent(request)
+        message = messages.message_send(
+            recipient=agent,
+            content=incoming.validated_data["content"],
+            sender_user=None if sender is not None else user,
+            sender_agent=sender,
+        )
+        return Response(messages.message_data(message), status=status.HTTP_201_CREATED)
+
+
+class MessageDetailView(DispatchAPIView):
+    """``GET /api/v1/messages/{id}``: one of the caller's messages (404 for anyone else's)."""
+
+    @extend_schema(operation_id="v1_messages_retrieve", responses={200: AgentMessageSerializer})
+    def get(self, request: Request, message_id: str) -> Response:
+        if MESSAGE_ID.fullmatch(message_id) is None:  # "abc", "-1", " 1", "1e3": names no message
+            raise NotFound("no such message")
+        message = messages.message_get(user=authenticated_user(request), message_id=message_id)
+        return Response(messages.message_data(message))
 
 
 class AgentEventsView(DispatchAPIView):

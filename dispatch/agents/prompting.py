@@ -15,7 +15,7 @@ from typing import Any
 
 from django.contrib.auth.models import User
 
-from dispatch.agents import services
+from dispatch.agents import messages, services
 from dispatch.agents.selectors import agent_get_for, not_found
 from dispatch.errors import InvalidRequest
 from dispatch.models import Agent, Run
@@ -134,3 +134,49 @@ def agent_prompt_for(*, user: User, agent_id: Any, instruction: Any, input: Any 
     # collide with ``instruction=`` or ``input=``.
     checked = prompt_options_check(options)
     return agent_prompt(user=user, agent=agent, instruction=instruction, input=input, **checked)
+
+
+@dataclass(frozen=True)
+class PromptAccepted:
+    """What a prompt became: a run (expert agent) or a message (CLI agent), never both."""
+
+    agent_id: str
+    run_id: str | None = None
+    message_id: int | None = None
+
+
+def agent_prompt_any(
+    *,
+    user: User,
+    agent_id: Any,
+    instruction: Any,
+    input: Any = None,
+    options: Any = None,
+    sender_agent: Agent | None = None,
+) -> PromptAccepted:
+    """Prompt any local agent of ``user`` as the edges receive it (spec/agents.md §4, §5).
+
+    An expert agent gets a run (``agent_prompt_for``; ``run_id`` set). A CLI agent gets
+    the instruction as a message (``messages.message_send``; ``message_id`` set) from
+    ``sender_agent`` when an agent's token made the call, else from ``user``; its options
+    are checked for shape and otherwise unused (CLI agents reach remotes through MCP),
+    and ``input`` must be absent or null. Raises ``NotFound`` ("no agent 'x'", another
+    user's agent), ``InvalidRequest`` (bad instruction/options/input) and ``CONFLICT``
+    (the agent is not running).
+    """
+    agent = agent_get_for(user=user, agent_id=agent_id)
+    if agent.type == services.EXPERT:
+        run = agent_prompt_for(user=user, agent_id=agent_id, instruction=instruction, input=input, options=options)
+        return PromptAccepted(agent_id=run.agent_id, run_id=run.pk)
+    if not isinstance(instruction, str) or not instruction.strip():
+        raise InvalidRequest("instruction must be a non-empty string")
+    prompt_options_check({} if options is None else options)
+    if input is not None:
+        raise InvalidRequest(f"agent '{agent.pk}' is a {agent.type} agent: its prompt is a message and takes no input")
+    message = messages.message_send(
+        recipient=agent,
+        content=instruction,
+        sender_user=None if sender_agent is not None else user,
+        sender_agent=sender_agent,
+    )
+    return PromptAccepted(agent_id=agent.pk, message_id=message.pk)

@@ -19,12 +19,14 @@ from django.contrib.auth.models import User
 from django.db.models import Model, Q, QuerySet
 
 from dispatch.errors import InvalidRequest, NotFound
-from dispatch.models import Agent, AgentEvent, Run
+from dispatch.models import Agent, AgentEvent, AgentMessage, Run
 
 EVENTS_DEFAULT_LIMIT = 200
 EVENTS_MAX_LIMIT = 500
 AGENTS_PAGE_SIZE = 100
 RUNS_PAGE_SIZE = 100
+MESSAGES_DEFAULT_LIMIT = 50
+MESSAGES_MAX_LIMIT = 200
 
 RowT = TypeVar("RowT", bound=Model)
 
@@ -158,3 +160,16 @@ def run_get_for(*, user: User, run_id: str) -> Run:
     if run is None:
         raise not_found("run", run_id)
     return run
+
+
+def messages_page(
+    *, agent: Agent, limit: int = MESSAGES_DEFAULT_LIMIT, before: str | None = None
+) -> Page[AgentMessage]:
+    """One page of the messages ``agent`` received or sent, newest first (spec/agents.md §5).
+
+    ``limit`` is 1–200 (``InvalidRequest`` otherwise); ``before`` a cursor from an earlier
+    page. One query per page (senders joined). The caller has already scoped ``agent``.
+    """
+    limit = page_limit(limit, default=MESSAGES_DEFAULT_LIMIT, maximum=MESSAGES_MAX_LIMIT)
+    rows = AgentMessage.objects.select_related("sender_user").filter(Q(recipient_agent=agent) | Q(sender_agent=agent))
+    return _page(rows, limit=limit, before=before, pk_type=int)

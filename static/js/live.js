@@ -1,9 +1,14 @@
 // One server-sent-event stream per tab (ui.md): when a page has live parts
 // ([data-live]), listen to /api/v1/events and let htmx re-fetch them on a change.
+// On a local CLI agent's page the same stream also carries its terminal pane
+// (?pane=<agent id>): each `pane` frame replaces the text of the read-only <pre>.
 (function () {
   if (!document.querySelector("[data-live]") || !window.EventSource) return;
-  var source = new EventSource("/api/v1/events");
-  var names = ["agent.upsert", "agent.deleted", "agent.event", "run.updated", "message.created"];
+  var pane = document.querySelector("[data-pane-agent]");
+  var url = "/api/v1/events";
+  if (pane) url += "?pane=" + encodeURIComponent(pane.getAttribute("data-pane-agent"));
+  var source = new EventSource(url);
+  var names = ["agent.upsert", "agent.deleted", "agent.event", "run.updated", "message.created", "message.updated"];
   names.forEach(function (name) {
     source.addEventListener(name, function (message) {
       var detail = {};
@@ -11,6 +16,16 @@
       document.body.dispatchEvent(new CustomEvent("dispatch:live", { detail: { event: name, data: detail } }));
     });
   });
+  if (pane) {
+    source.addEventListener("pane", function (message) {
+      var frame;
+      try { frame = JSON.parse(message.data); } catch (e) { return; }
+      if (!frame || frame.agent_id !== pane.getAttribute("data-pane-agent")) return;
+      var atBottom = pane.scrollTop + pane.clientHeight >= pane.scrollHeight - 4;
+      pane.textContent = frame.text || "(the terminal is empty)";
+      if (atBottom) pane.scrollTop = pane.scrollHeight;
+    });
+  }
   source.addEventListener("open", function () { document.body.classList.remove("offline"); });
   source.addEventListener("error", function () { document.body.classList.add("offline"); });
 })();

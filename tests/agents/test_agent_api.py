@@ -8,7 +8,8 @@ import pytest
 from django.utils import timezone
 
 from dispatch.agents.services import agent_event_record, run_claim_next, run_enqueue
-from dispatch.models import Agent, AgentEvent, Run
+from dispatch.agents.types import parse_agent_types
+from dispatch.models import Agent, AgentEvent, AgentMessage, Run
 from tests.agents.conftest import error_of
 
 pytestmark = [pytest.mark.django_db, pytest.mark.smoke]
@@ -58,14 +59,47 @@ def test_a_launch_prompt_becomes_the_first_run(api, workdir):
     assert run.status == "queued"
 
 
-def test_it_refuses_a_type_not_available_yet_listing_the_available_ones(api, workdir):
-    response = api.post("/api/v1/agents", {"type": "claude", "name": "build", "cwd": workdir, "prompt": "make"})
+def test_it_refuses_a_type_whose_program_is_missing_listing_the_available_ones(api, workdir, settings):
+    settings.AGENT_TYPES = parse_agent_types(
+        {"ghost": {"argv": ["no-such-program-here"], "kind": "llm"}, "shell": {"argv": ["bash"], "kind": "shell"}}
+    )
+
+    response = api.post("/api/v1/agents", {"type": "ghost", "name": "build", "cwd": workdir, "prompt": "make"})
 
     assert response.status_code == 400
     error = error_of(response)
-    assert error["message"] == "type 'claude' cannot be launched yet; available types: expert, shell"
+    assert error["message"] == "agent type 'ghost' is unavailable here: its program is not on PATH"
     assert error["details"] == {"available_types": ["expert", "shell"]}
     assert not Agent.objects.exists()
+
+
+def test_it_refuses_an_unknown_type(api, workdir):
+    response = api.post("/api/v1/agents", {"type": "nope", "name": "build", "cwd": workdir})
+
+    assert response.status_code == 400
+    assert error_of(response)["message"].startswith("unknown agent type 'nope'; known types: expert, ")
+    assert not Agent.objects.exists()
+
+
+def test_agent_types_lists_every_type_with_its_kind_and_availability(api, settings):
+    settings.AGENT_TYPES = parse_agent_types(
+        {"ghost": {"argv": ["no-such-program-here"], "kind": "llm"}, "shell": {"argv": ["bash"], "kind": "shell"}}
+    )
+
+    response = api.get("/api/v1/agent-types")
+
+    assert response.status_code == 200
+    assert response.json() == {
+        "types": [
+            {"type": "expert", "kind": "expert", "available": True},
+            {"type": "ghost", "kind": "llm", "available": False},
+            {"type": "shell", "kind": "shell", "available": True},
+        ]
+    }
+
+
+def test_agent_types_needs_authentication(client):
+    assert client.get("/api/v1/agent-types").status_code == 401
 
 
 @pytest.mark.parametrize(
@@ -283,6 +317,7 @@ def test_another_users_agent_is_404_on_every_route(outsider_api, owner, make_age
     running = run_enqueue(agent=agent, instruction="a")
     queued = run_enqueue(agent=agent, instruction="b")
     run_claim_next(process_id="p")
+    message = AgentMessage.objects.create(recipient_agent=agent, sender_user=owner, content="secret message")
 
     responses = {
         "show": outsider_api.get(f"/api/v1/agents/{agent.pk}"),
@@ -292,6 +327,12 @@ def test_another_users_agent_is_404_on_every_route(outsider_api, owner, make_age
         "run": outsider_api.get(f"/api/v1/runs/{running.pk}"),
         "cancel running": outsider_api.post(f"/api/v1/runs/{running.pk}/cancel"),
         "cancel queued": outsider_api.post(f"/api/v1/runs/{queued.pk}/cancel"),
+        "stop": outsider_api.post(f"/api/v1/agents/{agent.pk}/stop"),
+        "start": outsider_api.post(f"/api/v1/agents/{agent.pk}/start"),
+        "prompt": outsider_api.post(f"/api/v1/agents/{agent.pk}/prompt", {"instruction": "secret?"}),
+        "send message": outsider_api.post(f"/api/v1/agents/{agent.pk}/messages", {"content": "hi"}),
+        "messages": outsider_api.get(f"/api/v1/agents/{agent.pk}/messages"),
+        "message": outsider_api.get(f"/api/v1/messages/{message.pk}"),
     }
 
     for route, response in responses.items():
@@ -303,3 +344,14 @@ def test_another_users_agent_is_404_on_every_route(outsider_api, owner, make_age
     assert Agent.objects.get(pk=agent.pk).status == "running"
     assert dict(Run.objects.values_list("pk", "status")) == {running.pk: "running", queued.pk: "queued"}
     assert AgentEvent.objects.filter(agent=agent).count() == 1
+    assert list(AgentMessage.objects.values_list("pk", flat=True)) == [message.pk]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_another_users_agent_is_refused_as_a_pane_before_streaming(outsider_api, owner, make_agent):
+    agent = make_agent(owner, type="shell")
+
+    response = outsider_api.get("/api/v1/events", pane=agent.pk)
+
+    assert response.status_code == 404
+    assert error_of(response) == {"code": "NOT_FOUND", "message": f"no agent '{agent.pk}'", "details": {}}

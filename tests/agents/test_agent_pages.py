@@ -40,8 +40,8 @@ def test_the_launch_form_shows_what_was_wrong_and_creates_nothing(browser, owner
     response = browser.post("/", {"type": "expert", "name": "x", "cwd": str(tmp_path / "missing")})
     assert response.status_code == 400
     assert not Agent.objects.filter(owner=owner).exists()
-    response = browser.post("/", {"type": "claude", "name": "x", "cwd": str(tmp_path)})
-    assert response.status_code == 400 and "cannot be launched yet" in response.content.decode()
+    response = browser.post("/", {"type": "nope", "name": "x", "cwd": str(tmp_path)})
+    assert response.status_code == 400 and "unknown agent type &#x27;nope&#x27;" in response.content.decode()
 
 
 def test_the_agent_page_is_404_for_another_users_agent(browser, member, tmp_path):

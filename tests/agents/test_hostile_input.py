@@ -3,14 +3,16 @@ crash (runs on PostgreSQL too, which refuses NUL in text and jsonb)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.utils import timezone
 
 from dispatch.agents.selectors import encode_cursor
 from dispatch.agents.services import agent_create, agent_event_record, run_enqueue
 from dispatch.errors import DispatchError
-from dispatch.models import Agent, AgentEvent, Run
-from tests.agents.conftest import error_of
+from dispatch.models import Agent, AgentEvent, AgentMessage, Run
+from tests.agents.conftest import error_of, force_status
 
 pytestmark = [pytest.mark.django_db, pytest.mark.smoke]
 
@@ -74,6 +76,11 @@ def test_an_impossible_agent_id_is_404_on_every_route(api, agent_id):
         api.delete(f"/api/v1/agents/{agent_id}"),
         api.get(f"/api/v1/runs/{agent_id}"),
         api.post(f"/api/v1/runs/{agent_id}/cancel"),
+        api.post(f"/api/v1/agents/{agent_id}/stop"),
+        api.post(f"/api/v1/agents/{agent_id}/start"),
+        api.post(f"/api/v1/agents/{agent_id}/prompt", {"instruction": "x"}),
+        api.get(f"/api/v1/agents/{agent_id}/messages"),
+        api.post(f"/api/v1/agents/{agent_id}/messages", {"content": "x"}),
     ):
         assert response.status_code == 404, response.content
         assert error_of(response)["code"] == "NOT_FOUND"
@@ -102,3 +109,116 @@ def test_the_launch_route_refuses_nul_in_text(api, workdir, field):
 
     assert response.status_code == 400
     assert not Agent.objects.exists()
+
+
+# --- messages routes (spec/agents.md §5) ---------------------------------------------------
+
+
+@pytest.fixture
+def shell(owner, make_agent):
+    return force_status(make_agent(owner, type="shell"), Agent.Status.RUNNING)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"content": None},
+        {"content": 5},
+        {"content": ["x"]},
+        {"content": {"text": "x"}},
+        {"content": ""},
+        {"content": "   "},
+        {"content": "a\x00b"},
+        {"content": "lone \ud800"},
+        {"content": "x" * 200_001},
+        [],
+        "just text",
+    ],
+)
+def test_a_bad_message_body_is_400_and_nothing_is_stored(api, shell, body):
+    response = api.client.post(
+        f"/api/v1/agents/{shell.pk}/messages", json.dumps(body), content_type="application/json", headers=api.headers
+    )
+
+    assert response.status_code == 400, response.content
+    assert error_of(response)["code"] in {"INVALID_REQUEST", "VALIDATION_ERROR"}
+    assert not AgentMessage.objects.exists()
+
+
+def test_a_message_body_that_is_not_json_is_400(api, shell):
+    response = api.client.post(
+        f"/api/v1/agents/{shell.pk}/messages", "{nope", content_type="application/json", headers=api.headers
+    )
+
+    assert response.status_code == 400
+    assert error_of(response)["code"] == "INVALID_REQUEST"
+
+
+def test_a_message_of_exactly_the_maximum_length_is_accepted(api, shell):
+    response = api.post(f"/api/v1/agents/{shell.pk}/messages", {"content": "x" * 200_000})
+
+    assert response.status_code == 201
+    assert len(AgentMessage.objects.get().content) == 200_000
+
+
+@pytest.mark.parametrize(
+    "message_id", ["abc", "-1", "0", "1.5", "99999999999999999999999", "9223372036854775808", "%00", "1e3", " 1"]
+)
+def test_a_malformed_or_unknown_message_id_is_404(api, owner, shell, message_id):
+    AgentMessage.objects.create(recipient_agent=shell, sender_user=owner, content="there is one")
+
+    response = api.get(f"/api/v1/messages/{message_id}")
+
+    assert response.status_code == 404, (message_id, response.content)
+    assert error_of(response)["code"] == "NOT_FOUND"
+
+
+def test_another_users_message_is_404(outsider_api, owner, shell):
+    message = AgentMessage.objects.create(recipient_agent=shell, sender_user=owner, content="private")
+
+    response = outsider_api.get(f"/api/v1/messages/{message.pk}")
+
+    assert response.status_code == 404 and "private" not in response.content.decode()
+
+
+@pytest.mark.parametrize(
+    ("params", "says"),
+    [
+        ({"limit": "abc"}, "limit must be an integer from 1 to 200"),
+        ({"limit": "0"}, "limit must be an integer from 1 to 200"),
+        ({"limit": "-1"}, "limit must be an integer from 1 to 200"),
+        ({"limit": "201"}, "limit must be an integer from 1 to 200"),
+        ({"limit": "99999999999999999999999"}, "limit must be an integer from 1 to 200"),
+        ({"before": "garbage"}, "invalid cursor"),
+        ({"before": encode_cursor(timezone.now(), "agt_notanint")}, "invalid cursor"),
+    ],
+)
+def test_bad_message_paging_parameters_are_400(api, shell, params, says):
+    response = api.get(f"/api/v1/agents/{shell.pk}/messages", **params)
+
+    assert response.status_code == 400
+    assert error_of(response)["message"] == says
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("pane", "status"),
+    [("agt_ffffffffffff", 404), ("x\x00y", 404), ("a" * 65, 404)],
+)
+def test_a_pane_naming_no_agent_of_the_caller_is_refused_before_streaming(api, pane, status):
+    response = api.get("/api/v1/events", pane=pane)
+
+    assert response.status_code == status
+    assert error_of(response)["code"] == "NOT_FOUND"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pane_of_an_agent_without_a_local_terminal_is_400(api, owner, make_agent, shell):
+    expert = make_agent(owner)
+    Agent.objects.filter(pk=shell.pk).update(host="some-other-host")
+
+    for agent in (expert, shell):
+        response = api.get("/api/v1/events", pane=agent.pk)
+        assert response.status_code == 400
+        assert error_of(response)["code"] == "INVALID_REQUEST"
