@@ -71,6 +71,12 @@ SERVER_ENV: dict[str, Any] = {
 # --- prepare: runs in a child process with the server's environment ---------------------------
 
 
+def deep_pages_for(events: int) -> int:
+    """Pages of DEEP_LIMIT to follow to the deep cursor: DEEP_PAGES (halfway down 100,000
+    events), or halfway down a smaller history (at least one page)."""
+    return max(1, min(DEEP_PAGES, events // 2 // DEEP_LIMIT))
+
+
 def prepare(output: Path, *, agents: int, events: int) -> None:
     """Fill the database of ``DISPATCH_DATA_DIR``/``DATABASE_URL`` and count queries.
 
@@ -181,7 +187,8 @@ def prepare(output: Path, *, agents: int, events: int) -> None:
             cursor = response.json()["next"]
         return cursor
 
-    deep_cursor = walk(large, DEEP_PAGES, DEEP_LIMIT)
+    deep_pages = deep_pages_for(events)
+    deep_cursor = walk(large, deep_pages, DEEP_LIMIT)
     small_cursor = walk(small, 1, 20)  # 20 events down the small agent's history
 
     def measure(request: Callable[[], Any], check: Callable[[Any], None]) -> tuple[int, list[str]]:
@@ -285,7 +292,7 @@ def prepare(output: Path, *, agents: int, events: int) -> None:
                 "large": large,
                 "small": small,
                 "deep_cursor": deep_cursor,
-                "deep_offset": DEEP_PAGES * DEEP_LIMIT,
+                "deep_offset": deep_pages * DEEP_LIMIT,
                 "queries": queries,
                 "oldest_cursor": oldest_cursor,
                 "keyset_query": keyset_query,
@@ -421,20 +428,20 @@ def run_one(sizes: Sizes, *, postgres_url: str | None) -> dict[str, Any]:
             flush=True,
         )
         latencies = measure(server.url, server.proc.pid, prepared, sizes)
-    return {"database": label, "prepared": {k: v for k, v in prepared.items() if k not in ("large", "small")},
-            "latency": latencies}  # fmt: skip
+    return {"database": label, "agents": sizes.agents, "events": sizes.events, "latency": latencies,
+            "prepared": {k: v for k, v in prepared.items() if k not in ("large", "small")}}  # fmt: skip
 
 
 def _lat(summary: dict[str, float]) -> str:
     return f"{summary['p50_ms']:.2f} / {summary['p95_ms']:.2f}"
 
 
-_ROWS = [  # (key, what, a B9 target?)
-    ("events_first", "GET /api/v1/agents/{id}/events, 100,000 events, first page (200)", True),
-    ("events_deep", "same, deep page: `before` = the `next` cursor 50,000 events down", True),
-    ("events_oldest", "info: same, the oldest page (`before` 99,800 events down)", False),
-    ("agents_page", "agents page / (100 per page), 1,000 agents", True),
-    ("agents_api", "info: GET /api/v1/agents (100 per page), 1,000 agents", False),
+_ROWS = [  # (key, what, a B9 target?); formatted with the run's sizes
+    ("events_first", "GET /api/v1/agents/{{id}}/events, {events:,} events, first page (200)", True),
+    ("events_deep", "same, deep page: `before` = the `next` cursor {deep:,} events down", True),
+    ("events_oldest", "info: same, the oldest page (`before` {oldest:,} events down)", False),
+    ("agents_page", "agents page / (100 per page), {agents:,} agents", True),
+    ("agents_api", "info: GET /api/v1/agents (100 per page), {agents:,} agents", False),
 ]
 
 
@@ -444,7 +451,14 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
         lat, queries = run["latency"], run["prepared"]["queries"]
         floor = lat["http_floor"]["p50_ms"]
         suffix = "" if run["database"] == "SQLite" else f" [{run['database']}]"
-        for key, what, is_target in _ROWS:
+        numbers = {
+            "events": run["events"],
+            "agents": run["agents"],
+            "deep": run["prepared"]["deep_offset"],
+            "oldest": run["events"] - 200,
+        }
+        for key, template, is_target in _ROWS:
+            what = template.format(**numbers)
             counts = queries.get(key)
             same = counts is None or counts["small"] == counts["large"]
             p50 = lat[key]["p50_ms"]
@@ -500,6 +514,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--database-url", help="also run on a fresh database created on this PostgreSQL server (dropped after)"
     )
+    parser.add_argument("--agents", type=int, help=f"agents of the large user (default {LARGE_AGENTS:,}; min 101)")
+    parser.add_argument("--events", type=int, help=f"events of its agent (default {LARGE_EVENTS:,}; min 1,000)")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument(
         "--output", type=Path, default=RESULTS, help=f"JSON results (default {RESULTS.relative_to(REPO)})"
@@ -512,6 +528,10 @@ def main(argv: list[str]) -> int:
     )
     if options.requests:
         sizes.requests = options.requests
+    if options.agents:
+        sizes.agents = max(101, options.agents)
+    if options.events:
+        sizes.events = max(1000, options.events)
 
     def abort(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
