@@ -27,12 +27,13 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.contrib.auth.models import User
 
-from dispatch.agents import selectors, services
+from dispatch.agents import services
 from dispatch.agents.prompting import remote_entries, tool_names
+from dispatch.agents.tools import agent_tools
 from dispatch.errors import DispatchError, InvalidRequest
 from dispatch.mcp.tools import tool_name
 from dispatch.models import Agent, AgentEvent, Run
-from machines.tools import Tool, machine_tools
+from machines.tools import machine_tools
 from remotes.selectors import remote_list_for
 from remotes.services import remote_call
 
@@ -49,7 +50,6 @@ SYSTEM_PROMPT = (
 HISTORY_BUDGET = 20_000  # characters of earlier runs in a run's context
 HISTORY_RUNS = 20
 EVENT_TEXT_MAX = 2_000  # characters of a tool result or argument kept in an event
-AGENT_HISTORY_BUDGET = 20_000
 _SECRET_KEY = re.compile(r"token|secret|password|passwd|api[_-]?key|authorization|credential", re.IGNORECASE)
 
 ToolCall = Callable[[dict[str, Any]], Awaitable[Any]]
@@ -96,80 +96,6 @@ def error_text(exc: BaseException) -> str:
     if isinstance(exc, DispatchError):
         return f"error: {exc.code}: {exc.message}"
     return f"error: {type(exc).__name__}: {exc}"
-
-
-# --- native tools beyond the machine tools ------------------------------------------------
-
-
-def _agents_list(user: User) -> list[dict[str, Any]]:
-    page = selectors.agents_for(user=user)
-    return [
-        {
-            "id": agent.pk,
-            "name": agent.name,
-            "type": agent.type,
-            "status": agent.status,
-            "latest_event": agent.latest_event_message,
-        }
-        for agent in page.items
-    ]
-
-
-def _agent_history(user: User, agent_id: str) -> dict[str, Any]:
-    agent = selectors.agent_get_for(user=user, agent_id=agent_id)
-    budget = AGENT_HISTORY_BUDGET
-    runs = []
-    for run in selectors.runs_page(agent=agent).items:
-        entry = {
-            "id": run.pk,
-            "status": run.status,
-            "instruction": cap(str(run.input.get("instruction", "")), 4_000),
-            "output": cap(run.output or run.error, 4_000),
-        }
-        budget -= len(json.dumps(entry))
-        if budget < 0:
-            break
-        runs.append(entry)
-    events = []
-    for event in selectors.events_page(agent=agent, limit=50).items:
-        entry = {"type": event.type, "message": cap(event.message, 1_000), "created_at": event.created_at.isoformat()}
-        budget -= len(json.dumps(entry))
-        if budget < 0:
-            break
-        events.append(entry)
-    return {"agent": {"id": agent.pk, "name": agent.name, "status": agent.status}, "runs": runs, "events": events}
-
-
-def agent_tools(*, user: User, agent: Agent) -> list[Tool]:
-    """``list_agents`` and ``get_agent_history`` for ``agent`` acting for ``user``."""
-
-    async def list_agents(arguments: dict[str, Any]) -> Any:
-        return await database_sync_to_async(_agents_list)(user)
-
-    async def get_agent_history(arguments: dict[str, Any]) -> Any:
-        return await database_sync_to_async(_agent_history)(user, arguments.get("agent_id") or agent.pk)
-
-    return [
-        Tool(
-            name="list_agents",
-            description="List your agents (id, name, type, status, latest event), newest first.",
-            parameters={"type": "object", "properties": {}, "additionalProperties": False},
-            handler=list_agents,
-        ),
-        Tool(
-            name="get_agent_history",
-            description=(
-                "An agent's earlier runs (instruction, output, status) and its latest events, newest first. "
-                "Default: your own history."
-            ),
-            parameters={
-                "type": "object",
-                "properties": {"agent_id": {"type": "string", "description": "the agent (default: you)"}},
-                "additionalProperties": False,
-            },
-            handler=get_agent_history,
-        ),
-    ]
 
 
 # --- the run ------------------------------------------------------------------------------
@@ -237,7 +163,11 @@ class ExpertAgent:
     async def tools(self) -> list[RunTool]:
         """The run's tools, resolved once (spec/agents.md §3 "Native tools", §4).
 
-        Native tools first; ``run.input["tools"]``, when present, keeps only the named
+        Native tools first: the machine tools (session = the agent's id) and the agent
+        tools of ``dispatch.agents.tools`` (``list_agents``, ``get_agent_history``,
+        ``dispatch_launch_agent``, ``dispatch_send_message``, ``message_status``; the agent
+        is their caller, so its launches record it as ``launched_by``; ``dispatch_event`` is
+        left out, the loop records every step). ``run.input["tools"]``, when present, keeps only the named
         native tools and no remotes. Otherwise each entry of ``run.input["remotes"]`` adds
         every function of that remote of the run's user, named prefix + function (cut and
         hashed past 64 characters); a remote not connected now is skipped with a warning
@@ -245,7 +175,8 @@ class ExpertAgent:
         """
         native = [
             *await machine_tools(user=self.user, session_id=self.agent.pk, caller=self.agent.pk),
-            *agent_tools(user=self.user, agent=self.agent),
+            # The agent tools, without dispatch_event: the loop records every step itself.
+            *agent_tools(user=self.user, caller_agent=self.agent, event_tool=False),
         ]
         offered: dict[str, RunTool] = {}
         for tool in native:

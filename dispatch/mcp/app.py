@@ -1,8 +1,9 @@
 """The ASGI application for ``/mcp`` (spec/agents.md §6).
 
 Each request: ``Host`` (and ``Origin``, when a browser sends one) checked against
-``ALLOWED_HOSTS`` the way Django checks them; ``Authorization: Bearer <user API token>``
-authenticated (401 with ``WWW-Authenticate: Bearer`` otherwise, in the REST error shape);
+``ALLOWED_HOSTS`` the way Django checks them; ``Authorization: Bearer <user API token or agent token>``
+authenticated (401 with ``WWW-Authenticate: Bearer`` otherwise, in the REST error shape;
+an agent token makes that agent the caller, ``dispatch.agents.tokens``);
 then the SDK's ``StreamableHTTPSessionManager`` answers POSTs, **stateless** (any server
 process can answer any request) with JSON responses; other methods get 405.
 
@@ -19,8 +20,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+from channels.db import database_sync_to_async
 from django.conf import settings
-from django.contrib.auth.models import User
 from django.http.request import split_domain_port, validate_host
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
@@ -28,9 +29,10 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from dispatch.agents.tokens import agent_token_authenticate
 from dispatch.errors import DispatchError
 from dispatch.http import NOT_AUTHENTICATED, bearer_credentials, bearer_user
-from dispatch.mcp.server import USER_SCOPE_KEY, build_server
+from dispatch.mcp.server import CALLER_SCOPE_KEY, Caller, build_server
 
 logger = logging.getLogger(__name__)
 
@@ -108,16 +110,27 @@ def _refusal(headers: Headers) -> Response | None:
     return None
 
 
-async def authenticate(headers: Headers) -> User:
-    """The user of the request's ``Authorization: Bearer <user API token>``.
+async def authenticate(headers: Headers) -> Caller:
+    """The caller of the request's ``Authorization: Bearer <token>``: a user API token
+    gives ``Caller(user)``; an agent token (``DISPATCH_MCP_TOKEN``) gives
+    ``Caller(agent.owner, agent)`` (spec/agents.md §6).
 
     Raises ``DispatchError`` ``NOT_AUTHENTICATED`` (no bearer token) or
-    ``AUTHENTICATION_FAILED`` (unknown, revoked or expired token, inactive user).
+    ``AUTHENTICATION_FAILED`` (unknown, revoked or expired token, inactive user, an agent
+    that is not creating/running/stopping).
     """
     raw = bearer_credentials(headers.get("authorization", ""))
     if not raw:
         raise DispatchError("NOT_AUTHENTICATED", NOT_AUTHENTICATED)
-    return await bearer_user(raw)
+    try:
+        return Caller(user=await bearer_user(raw))
+    except DispatchError as exc:
+        if exc.code != "AUTHENTICATION_FAILED":
+            raise
+        agent = await database_sync_to_async(agent_token_authenticate)(raw)
+        if agent is None:
+            raise
+        return Caller(user=agent.owner, agent=agent)
 
 
 def _error_response(exc: DispatchError) -> Response:
@@ -138,7 +151,7 @@ async def mcp_app(scope: Scope, receive: Receive, send: Send) -> None:
         await refusal(scope, receive, send)
         return
     try:
-        user = await authenticate(headers)
+        caller = await authenticate(headers)
     except DispatchError as exc:
         await _error_response(exc)(scope, receive, send)
         return
@@ -148,7 +161,7 @@ async def mcp_app(scope: Scope, receive: Receive, send: Send) -> None:
         await Response(status_code=405, headers={"Allow": "POST"})(scope, receive, send)
         return
     manager = await ensure_started()
-    await manager.handle_request({**scope, USER_SCOPE_KEY: user}, receive, send)
+    await manager.handle_request({**scope, CALLER_SCOPE_KEY: caller}, receive, send)
 
 
 def with_mcp(django_app: Callable[..., Awaitable[None]]) -> ASGIApp:

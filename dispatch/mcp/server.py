@@ -2,7 +2,8 @@
 
 Tool lists differ per user and per request, so the handlers compute the catalogue
 (``dispatch.mcp.tools.tools_for``) on every ``tools/list`` and ``tools/call``. The
-caller is the Django user ``dispatch.mcp.app`` authenticated and put in the ASGI scope.
+caller (``Caller``: the user, and the agent of an agent token) is what ``dispatch.mcp.app``
+authenticated and put in the ASGI scope.
 
 Errors (spec/overview.md "Error shapes"): a ``DispatchError`` while running a tool, and
 arguments that fail the tool's schema, are tool results with ``isError: true`` whose text
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import mcp_types as types
@@ -25,25 +27,35 @@ from mcp_types import INVALID_PARAMS
 
 from dispatch import wire
 from dispatch.errors import DispatchError
-from dispatch.mcp.tools import DEFAULT_SESSION, tools_for
+from dispatch.mcp.tools import tools_for
+from dispatch.models import Agent
 
 logger = logging.getLogger(__name__)
 
 SERVER_NAME = "dispatch"
-USER_SCOPE_KEY = "dispatch.user"  # where dispatch.mcp.app puts the authenticated caller
+CALLER_SCOPE_KEY = "dispatch.caller"  # where dispatch.mcp.app puts the authenticated caller
 
 
-def caller_of(ctx: ServerRequestContext[Any, Any]) -> User:
-    """The authenticated user of the HTTP request behind ``ctx``.
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling: ``user``, and ``agent`` when the bearer token is an agent token
+    (the agent is then the caller of the tools, spec/agents.md §6)."""
+
+    user: User
+    agent: Agent | None = None
+
+
+def caller_of(ctx: ServerRequestContext[Any, Any]) -> Caller:
+    """The authenticated caller of the HTTP request behind ``ctx``.
 
     Raises ``PermissionError`` when there is none: every request reaching the server
-    passed ``dispatch.mcp.app``'s authentication, so a missing user is a bug.
+    passed ``dispatch.mcp.app``'s authentication, so a missing caller is a bug.
     """
     request = ctx.request
-    user = request.scope.get(USER_SCOPE_KEY) if request is not None else None
-    if not isinstance(user, User):
+    caller = request.scope.get(CALLER_SCOPE_KEY) if request is not None else None
+    if not isinstance(caller, Caller) or not isinstance(caller.user, User):
         raise PermissionError("MCP request without an authenticated caller")
-    return user
+    return caller
 
 
 def tool_result(value: Any) -> types.CallToolResult:
@@ -64,8 +76,10 @@ def error_result(code: str, message: str) -> types.CallToolResult:
 async def list_tools(
     ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
 ) -> types.ListToolsResult:
-    """``tools/list``: the caller's tools now, descriptions computed for the default session."""
-    tools = await tools_for(user=caller_of(ctx), session_id=DEFAULT_SESSION)
+    """``tools/list``: the caller's tools now, descriptions computed for the caller's own
+    machine session (the agent's id for an agent token, ``"default"`` for a user token)."""
+    caller = caller_of(ctx)
+    tools = await tools_for(user=caller.user, caller_agent=caller.agent)
     return types.ListToolsResult(
         tools=[
             types.Tool(name=tool.name, description=tool.description, input_schema=tool.input_schema)
@@ -81,8 +95,11 @@ async def call_tool(ctx: ServerRequestContext[Any, Any], params: types.CallToolR
     """
     arguments = params.arguments or {}
     session_id = arguments.get("session_id")
+    caller = caller_of(ctx)
     tools = await tools_for(
-        user=caller_of(ctx), session_id=session_id if isinstance(session_id, str) and session_id else DEFAULT_SESSION
+        user=caller.user,
+        session_id=session_id if isinstance(session_id, str) and session_id else None,
+        caller_agent=caller.agent,
     )
     tool = tools.get(params.name)
     if tool is None:
@@ -107,7 +124,10 @@ def build_server() -> Server[Any]:
     return Server(
         SERVER_NAME,
         version="1",
-        instructions="Dispatch: your machines (local_pc_* tools) and your connected remotes (remote__* tools).",
+        instructions=(
+            "Dispatch: your machines (local_pc_* tools), your agents (list_agents, dispatch_launch_agent, "
+            "dispatch_send_message ...) and your connected remotes (remote__* tools)."
+        ),
         on_list_tools=list_tools,
         on_call_tool=call_tool,
         get_tool_input_schema=lambda name: None,

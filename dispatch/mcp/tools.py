@@ -1,8 +1,13 @@
 """The tools an MCP caller sees, computed for each request (spec/agents.md §6).
 
-A user token gets ``list_machines`` and the ``local_pc_*`` tools (machines.md §6, via
-``machines.tools.machine_tools``) and one tool per function of each of the user's
-connected remotes, named by ``remote_tool_names`` (sessions-and-remotes.md §2.6). Nothing
+Every caller gets ``list_machines`` and the ``local_pc_*`` tools (machines.md §6, via
+``machines.tools.machine_tools``), the agent tools (``dispatch.agents.tools``:
+``list_agents``, ``get_agent_history``, ``dispatch_launch_agent``,
+``dispatch_send_message``, ``message_status``, and ``dispatch_event`` for an agent token
+only) and one tool per function of each of the user's connected remotes, named by
+``remote_tool_names`` (sessions-and-remotes.md §2.6); native tools first, the first tool of
+a name wins. With an agent token the agent is the caller: its id is the default machine
+session and the audit's caller, and its launches record it as ``launched_by``. Nothing
 is kept between requests: the remotes registry and the attached machines are read again
 each time, because tool descriptions are the only place a model learns what exists.
 """
@@ -19,6 +24,8 @@ from typing import Any
 from channels.db import database_sync_to_async
 from django.contrib.auth.models import User
 
+from dispatch.agents.tools import agent_tools
+from dispatch.models import Agent
 from machines.tools import machine_tools
 from remotes.selectors import remote_list_for
 from remotes.services import remote_call
@@ -111,15 +118,24 @@ async def remote_tools(*, user: User) -> list[McpTool]:
     return tools
 
 
-async def tools_for(*, user: User, session_id: str = DEFAULT_SESSION) -> dict[str, McpTool]:
-    """Every tool of a user-token caller, by name: machine tools first, then remote tools.
+async def tools_for(
+    *, user: User, session_id: str | None = None, caller_agent: Agent | None = None
+) -> dict[str, McpTool]:
+    """Every tool of an MCP caller, by name: machine tools, agent tools, then remote tools.
 
+    ``caller_agent`` is the agent of an agent token (``None`` for a user token).
     ``session_id`` is the machine session the descriptions are computed for (the
-    ``session_id`` argument of the call, ``"default"`` when it names none).
+    ``session_id`` argument of the call); ``None`` means the caller's own: the agent's id,
+    or ``"default"`` for a user token (machines.md §4). Names are unique: the first tool
+    of a name wins, so native tools shadow remote functions of the same name.
     """
+    own_session = caller_agent.pk if caller_agent is not None else DEFAULT_SESSION
+    audit_caller = caller_agent.pk if caller_agent is not None else CALLER
     tools: dict[str, McpTool] = {}
-    for tool in await machine_tools(user=user, session_id=session_id, caller=CALLER):
-        tools[tool.name] = McpTool(tool.name, tool.description, tool.parameters, tool)
+    for tool in await machine_tools(user=user, session_id=session_id or own_session, caller=audit_caller):
+        tools.setdefault(tool.name, McpTool(tool.name, tool.description, tool.parameters, tool))
+    for tool in agent_tools(user=user, caller_agent=caller_agent):
+        tools.setdefault(tool.name, McpTool(tool.name, tool.description, tool.parameters, tool))
     for remote in await remote_tools(user=user):
         tools.setdefault(remote.name, remote)
     return tools

@@ -39,6 +39,8 @@ MACHINE_TOOLS = {
     "local_pc_file_move",
     "local_pc_file_copy",
 }
+# The agent tools of a user token (dispatch_event is for agent tokens only).
+AGENT_TOOLS = {"list_agents", "get_agent_history", "dispatch_launch_agent", "dispatch_send_message", "message_status"}
 FORECAST_TOOL = "remote__weather-service__get_forecast"
 # "legacy": the initialize handshake (2025-11-25); "auto": server/discover, 2026-07-28.
 MODES = ["legacy", "auto"]
@@ -93,8 +95,9 @@ async def test_it_lists_the_machine_tools_and_the_users_remote_functions(live: L
     async with mcp_client(live.mcp_url, live.token, mode) as client:
         assert client.server_info is None or client.server_info.name == "dispatch"
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
-    assert MACHINE_TOOLS <= set(tools)
-    assert set(tools) - MACHINE_TOOLS == {FORECAST_TOOL}
+    assert MACHINE_TOOLS | AGENT_TOOLS <= set(tools)
+    assert set(tools) - MACHINE_TOOLS - AGENT_TOOLS == {FORECAST_TOOL}
+    assert list(tools)[-1] == FORECAST_TOOL  # native tools first
     forecast = tools[FORECAST_TOOL]
     assert forecast.input_schema["required"] == ["city"]
     assert "weather-service" in (forecast.description or "")
@@ -145,7 +148,7 @@ async def test_another_users_remote_is_not_among_their_tools(live: Live) -> None
         names = {tool.name for tool in (await client.list_tools()).tools}
         with pytest.raises(MCPError) as raised:
             await client.call_tool(FORECAST_TOOL, {"city": "Rome"})
-    assert names == MACHINE_TOOLS
+    assert names == MACHINE_TOOLS | AGENT_TOOLS
     assert raised.value.code == INVALID_PARAMS
 
 
