@@ -1,4 +1,5 @@
-"""Query counts of the agent reads do not grow with the data (spec/quality.md B9).
+"""Query counts of the agent reads (events, agents, runs, messages; the agents and agent
+pages) do not grow with the data (spec/quality.md B9).
 
 Each test measures a request with little data, adds many more rows (agents with parents,
 runs and events tied to runs, so a serializer or template that followed a relation per
@@ -181,4 +182,48 @@ def test_the_agent_page_costs_the_same_with_5_or_600_events(owner, browser):
     large = count_queries(lambda: browser.get(url))
     page = large[1].content.decode()
     assert large[1].status_code == 200 and f"event {_LARGE_EVENTS - 1}" in page
+    assert_same_count(small, large)
+
+
+def test_the_runs_list_costs_the_same_with_1_or_151_runs(owner, api_client):
+    agent = add_agents(owner, 1)[0]
+    add_events(agent, 100)  # one run
+    url = f"/api/v1/agents/{agent.pk}/runs"
+    small = count_queries(lambda: api_client.get(url))
+    assert small[1].status_code == 200 and len(small[1].json()["runs"]) == 1
+
+    add_events(agent, 15_000, start=1000)  # 150 more runs
+    large = count_queries(lambda: api_client.get(url))
+    body = large[1].json()
+    assert len(body["runs"]) == 100 and body["next"]
+    assert_same_count(small, large)
+
+
+def test_the_messages_list_costs_the_same_with_5_or_300_messages(owner, api_client):
+    from dispatch.models import AgentMessage
+
+    recipient, sender = add_agents(owner, 2)
+
+    def add_messages(count: int, start: int) -> None:
+        base = timezone.now() - timedelta(hours=1)
+        AgentMessage.objects.bulk_create(
+            AgentMessage(
+                recipient_agent=recipient,
+                sender_agent=sender if index % 2 else None,
+                sender_user=None if index % 2 else owner,
+                content=f"message {index}",
+                created_at=base + timedelta(milliseconds=index),
+            )
+            for index in range(start, start + count)
+        )
+
+    add_messages(5, 0)
+    url = f"/api/v1/agents/{recipient.pk}/messages"
+    small = count_queries(lambda: api_client.get(url))
+    assert small[1].status_code == 200 and len(small[1].json()["messages"]) == 5
+
+    add_messages(295, 5)
+    large = count_queries(lambda: api_client.get(url, {"limit": 200}))
+    body = large[1].json()
+    assert len(body["messages"]) == 200 and {m["sender_user"] for m in body["messages"]} == {"alice", None}
     assert_same_count(small, large)
