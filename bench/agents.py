@@ -297,6 +297,7 @@ def prepare(output: Path, *, agents: int, events: int) -> None:
                 "oldest_cursor": oldest_cursor,
                 "keyset_query": keyset_query,
                 "vendor": connection.vendor,
+                "session_cookie_name": settings.SESSION_COOKIE_NAME,
                 "fill_seconds": round(fill_seconds, 1),
             }
         )
@@ -349,7 +350,7 @@ def measure(server_url: str, server_pid: int, prepared: dict[str, Any], sizes: S
     events_url = f"/api/v1/agents/{large['agent']}/events"
     auth = {"Authorization": f"Bearer {large['token']}"}
     client = httpx.Client(base_url=server_url, timeout=30)
-    client.cookies.set("sessionid", large["session_cookie"], domain="127.0.0.1")
+    client.cookies.set(prepared["session_cookie_name"], large["session_cookie"], domain="127.0.0.1")
 
     def get(path: str, check: Callable[[httpx.Response], bool], **kwargs: Any) -> Callable[[], None]:
         def once() -> None:
