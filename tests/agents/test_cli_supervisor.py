@@ -1,0 +1,538 @@
+"""CLI agents in tmux, the second half (dispatch/agents/cli.py, spec/agents.md §2): message
+delivery through the supervisor, tokens in the environment, types from
+``DISPATCH_AGENT_TYPES``, the activity watcher, the supervisor lease, stopping.
+
+Real tmux on a private server per test (the ``runner`` fixture of test_cli_agents.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from dispatch.agents import cli, messages, services, tokens
+from dispatch.agents.types import parse_agent_types
+from dispatch.errors import DispatchError, InvalidRequest
+from dispatch.models import Agent, AgentEvent, AgentMessage, SupervisorLease
+from dispatch.presence import HOSTNAME
+from dispatch.tmux import TmuxRunner
+from tests.agents.test_cli_agents import launch, supervise_until, wait_dead, wait_for
+
+pytestmark = [
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
+    pytest.mark.django_db,
+]
+
+
+@pytest.fixture
+def runner(monkeypatch: pytest.MonkeyPatch) -> Iterator[TmuxRunner]:
+    """A private tmux server for this test (killed after), used by ``cli`` through ``runner_factory``."""
+    name = f"dispatch-test-{uuid.uuid4().hex[:12]}"
+    tmux = TmuxRunner(socket_name=name)
+    monkeypatch.setattr(cli, "runner_factory", lambda: tmux)
+    yield tmux
+    subprocess.run(["tmux", "-L", name, "kill-server"], capture_output=True, check=False)
+    (Path(os.environ.get("TMUX_TMPDIR", "/tmp")) / f"tmux-{os.getuid()}" / name).unlink(missing_ok=True)
+
+
+def status_of(agent: Agent) -> str:
+    return Agent.objects.get(pk=agent.pk).status
+
+
+def send(agent: Agent, content: str) -> AgentMessage:
+    return messages.message_send(recipient=agent, content=content, sender_user=agent.owner)
+
+
+def delivered(message: AgentMessage) -> bool:
+    message.refresh_from_db()
+    return message.status == "delivered"
+
+
+# --- messages --------------------------------------------------------------------------------
+
+
+def test_the_prompt_is_the_first_message_queued_then_pasted_by_the_supervisor(owner, runner, workdir):
+    agent = launch(owner, runner, workdir, prompt="echo first-$((20+1))")
+
+    prompt = AgentMessage.objects.get(recipient_agent=agent)
+    assert prompt.status == "queued" and prompt.sender_user == owner and prompt.content == "echo first-$((20+1))"
+    supervise_until(runner, lambda: delivered(prompt), "the prompt delivered")
+    wait_for(lambda: "first-21" in cli.pane_text(agent=agent, runner=runner), "its output in the pane view")
+    assert AgentEvent.objects.filter(agent=agent, message="message delivered").exists()
+
+
+def test_a_prompt_from_an_agent_is_sent_by_that_agent(owner, runner, workdir, make_agent):
+    parent = make_agent(owner)
+    agent = cli.agent_launch(
+        owner=owner, type="shell", name="c", prompt="true", cwd=workdir, launched_by=parent, runner=runner
+    )
+
+    prompt = AgentMessage.objects.get(recipient_agent=agent)
+    assert prompt.sender_agent == parent and prompt.sender_user is None
+
+
+def test_a_multi_line_message_arrives_whole(owner, runner, workdir):
+    agent = launch(owner, runner, workdir)
+    text = "cat > notes.txt <<'END'\nline one\n  line two; with $HOME unexpanded\nEND"
+
+    message = send(agent, text)
+    supervise_until(runner, lambda: delivered(message), "the message delivered")
+
+    target = Path(workdir) / "notes.txt"
+    expected = "line one\n  line two; with $HOME unexpanded\n"
+    wait_for(lambda: target.exists() and target.read_text() == expected, "the file written by the one command")
+
+
+def test_a_100_kb_message_arrives_whole(owner, runner, workdir):
+    agent = launch(owner, runner, workdir)
+    body = "\n".join(f"{i:05d}-" + "x" * 93 for i in range(1000))  # 1,000 lines of 99 characters
+    message = send(agent, f"cat > big.txt <<'END'\n{body}\nEND")
+    assert len(message.content) > 100_000
+
+    supervise_until(runner, lambda: delivered(message), "the message delivered")
+    target = Path(workdir) / "big.txt"
+    wait_for(lambda: target.exists() and target.stat().st_size == len(body) + 1, "the whole file", timeout=30)
+    assert target.read_text() == body + "\n"
+
+
+def test_queued_messages_fail_when_the_agent_stops_first(owner, runner, workdir):
+    agent = launch(owner, runner, workdir)
+    message = send(agent, "echo never")
+
+    cli.agent_stop(agent=agent, runner=runner)
+
+    message.refresh_from_db()
+    assert message.status == "failed" and message.error == "agent stopped"
+    with pytest.raises(DispatchError):
+        send(agent, "echo refused")
+
+
+def test_queued_messages_fail_when_the_pane_dies(owner, runner, workdir):
+    agent = launch(owner, runner, workdir)
+    runner.paste(cli.session_name(agent), "exit 0")
+    wait_dead(runner, agent)
+    message = send(agent, "echo too late")
+
+    cli.supervise_once(runner=runner)
+
+    message.refresh_from_db()
+    assert status_of(agent) == "stopped"
+    assert message.status == "failed" and message.error == "agent stopped"
+
+
+def test_sending_a_message_rings_the_hosts_doorbell(owner, workdir, make_agent, django_capture_on_commit_callbacks):
+    import asyncio
+
+    from channels.layers import get_channel_layer
+
+    agent = make_agent(owner, type="shell")  # creating: accepts messages
+    layer = get_channel_layer()
+    loop = asyncio.new_event_loop()
+    try:
+        channel = loop.run_until_complete(layer.new_channel())
+        group = messages.doorbell_group(HOSTNAME)
+        assert len(group) < 100 and all(c.isalnum() or c in "._-" for c in group)
+        loop.run_until_complete(layer.group_add(group, channel))
+        with django_capture_on_commit_callbacks(execute=True):
+            send(agent, "echo ring")
+        received = loop.run_until_complete(asyncio.wait_for(layer.receive(channel), 2))
+        assert received == {"type": "cli.doorbell"}
+    finally:
+        loop.close()
+
+
+# --- tokens and environment ------------------------------------------------------------------
+
+
+def test_the_token_is_in_the_environment_only_and_works_while_running(owner, runner, workdir):
+    agent = launch(owner, runner, workdir, prompt='echo "len=${#DISPATCH_MCP_TOKEN} mcp=$DISPATCH_MCP_URL"')
+    name = cli.session_name(agent)
+    supervise_until(runner, lambda: "len=43 mcp=" in runner.capture(name), "the token's length")
+    assert f"len=43 mcp={cli.mcp_url()}" in runner.capture(name)
+
+    # Read the token back from the pane's process environment, and check argv never had it.
+    pid = runner.pane_state(name).pid
+    assert pid is not None
+    environ = dict(
+        item.split("=", 1) for item in Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0") if "=" in item
+    )
+    token = environ["DISPATCH_MCP_TOKEN"]
+    assert len(token) == 43 and environ["DISPATCH_AGENT_ID"] == agent.pk
+    assert token not in Path(f"/proc/{pid}/cmdline").read_bytes().decode()
+    started = subprocess.run(
+        ["tmux", "-L", runner.socket_name, "list-panes", "-a", "-F", "#{pane_start_command}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert token not in started
+    authenticated = tokens.agent_token_authenticate(token)
+    assert authenticated is not None and authenticated.pk == agent.pk
+
+    cli.agent_stop(agent=agent, runner=runner)
+    supervise_until(runner, lambda: status_of(agent) == "stopped", "stopped", timeout=15)
+    assert tokens.agent_token_authenticate(token) is None
+
+
+def test_a_dead_pane_revokes_the_token(owner, runner, workdir):
+    agent = launch(owner, runner, workdir)
+    assert agent.tokens.filter(revoked_at__isnull=True).count() == 1
+    runner.paste(cli.session_name(agent), "exit 3")
+    wait_dead(runner, agent)
+
+    cli.supervise_once(runner=runner)
+
+    assert status_of(agent) == "error"
+    assert agent.tokens.filter(revoked_at__isnull=True).count() == 0
+
+
+# --- types from DISPATCH_AGENT_TYPES ---------------------------------------------------------
+
+
+@pytest.fixture
+def fake_llm(tmp_path: Path, settings) -> Path:
+    """A fake ``llm`` CLI on disk recording its argv and environment, configured as type ``fake``."""
+    record = tmp_path / "records"
+    record.mkdir()
+    script = tmp_path / "fake-llm"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'out="{record}/$DISPATCH_AGENT_ID"\n'
+        'printf "%s\\n" "$@" > "$out.argv"\n'
+        'env > "$out.env"\n'
+        "echo fake-llm ready\n"
+        "exec cat\n"
+    )
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    settings.AGENT_TYPES = parse_agent_types(
+        {
+            "fake": {
+                "argv": [str(script), "--mcp", "{mcp_url}", "--id={agent_id}", "printf a;"],
+                "full_access_argv": [str(script), "--yolo", "{agent_id}"],
+                "kind": "llm",
+                "env": {"FAKE_CONFIG": '{"url": "{mcp_url}"}'},
+            },
+            "ghost": {"argv": ["dispatch-no-such-program-xyz", "-i"], "kind": "llm"},
+            "shell": {"argv": ["bash", "--norc", "-i"], "kind": "shell"},
+        }
+    )
+    return record
+
+
+def _records(record: Path, agent: Agent) -> tuple[list[str], dict[str, str]]:
+    argv_file, env_file = record / f"{agent.pk}.argv", record / f"{agent.pk}.env"
+    wait_for(lambda: env_file.exists() and env_file.stat().st_size > 0, "the fake CLI's records")
+    time.sleep(0.1)
+    env = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line)
+    return argv_file.read_text().splitlines(), env
+
+
+def test_an_llm_type_runs_its_argv_with_placeholders_filled_and_the_env(owner, runner, workdir, fake_llm, settings):
+    agent = cli.agent_launch(owner=owner, type="fake", name="f", prompt="hello fake", cwd=workdir, runner=runner)
+
+    assert agent.status == "running"
+    argv, env = _records(fake_llm, agent)
+    mcp = f"{settings.PUBLIC_URL}/mcp"
+    assert argv == ["--mcp", mcp, f"--id={agent.pk}", "printf a;"]
+    assert env["DISPATCH_AGENT_ID"] == agent.pk and env["DISPATCH_MCP_URL"] == mcp
+    assert env["DISPATCH_URL"] == settings.PUBLIC_URL and len(env["DISPATCH_MCP_TOKEN"]) == 43
+    assert json.loads(env["FAKE_CONFIG"]) == {"url": mcp}
+    assert env["PWD"] == workdir
+    # The prompt is pasted into the CLI (cat echoes it back).
+    prompt = AgentMessage.objects.get(recipient_agent=agent)
+    supervise_until(runner, lambda: delivered(prompt), "the prompt delivered")
+    wait_for(lambda: cli.pane_text(agent=agent, runner=runner).count("hello fake") >= 1, "the prompt in the pane")
+
+
+def test_full_access_uses_the_full_access_argv(owner, runner, workdir, fake_llm):
+    agent = cli.agent_launch(
+        owner=owner, type="fake", name="f", prompt="", cwd=workdir, full_access=True, runner=runner
+    )
+
+    argv, _ = _records(fake_llm, agent)
+    assert argv == ["--yolo", agent.pk]
+
+
+def test_a_type_whose_program_is_missing_is_refused_at_launch(owner, runner, workdir, fake_llm):
+    with pytest.raises(InvalidRequest) as refused:
+        cli.agent_launch(owner=owner, type="ghost", name="g", prompt="hi", cwd=workdir, runner=runner)
+
+    assert "dispatch-no-such-program-xyz" in refused.value.message
+    assert not Agent.objects.filter(owner=owner).exists()
+    assert cli.is_cli_type("ghost") and not cli.is_cli_type("expert")
+
+
+def test_an_unknown_type_and_a_bad_prompt_create_nothing(owner, runner, workdir):
+    with pytest.raises(InvalidRequest):
+        cli.agent_launch(owner=owner, type="nope", name="g", prompt="hi", cwd=workdir, runner=runner)
+    with pytest.raises(InvalidRequest):
+        cli.agent_launch(owner=owner, type="shell", name="g", prompt="nul\x00here", cwd=workdir, runner=runner)
+    assert not Agent.objects.filter(owner=owner).exists()
+    assert runner.owned_sessions(services_instance_id()) == []
+
+
+def services_instance_id() -> str:
+    from dispatch.services import instance_identity_get
+
+    return instance_identity_get().instance_id
+
+
+# --- the activity watcher --------------------------------------------------------------------
+
+
+def watcher_events(agent: Agent) -> list[str]:
+    return list(
+        AgentEvent.objects.filter(agent=agent, metadata__source=cli.WATCHER)
+        .order_by("created_at", "pk")
+        .values_list("type", flat=True)
+    )
+
+
+def test_output_while_reported_idle_or_done_is_corrected_to_working(owner, runner, workdir):
+    agent = launch(owner, runner, workdir)
+    name = cli.session_name(agent)
+    wait_for(lambda: runner.capture(name).strip(), "the shell prompt")
+    cli.supervise_once(runner=runner)  # the watcher's first look: a baseline, no event
+    services.agent_event_record(agent=agent, type="done", message="finished (reported by the agent)")
+    cli.supervise_once(runner=runner)
+    assert watcher_events(agent) == []  # no output, no correction
+
+    runner.paste(name, "echo busy-again")
+    wait_for(lambda: runner.capture(name).count("busy-again") >= 2, "the command and its output")
+    cli.supervise_once(runner=runner)
+
+    assert watcher_events(agent) == ["working"]
+    event = AgentEvent.objects.get(agent=agent, metadata__source=cli.WATCHER)
+    assert event.metadata["reported"] == "done"
+    agent.refresh_from_db()
+    assert agent.latest_event_type == "working"
+
+    services.agent_event_record(agent=agent, type="idle", message="waiting (reported)")
+    runner.paste(name, "echo more")
+    wait_for(lambda: "more" in runner.capture(name), "more output")
+    time.sleep(0.1)
+    cli.supervise_once(runner=runner)
+    assert watcher_events(agent) == ["working", "working"]
+
+
+def test_silence_while_working_is_corrected_to_idle(owner, runner, workdir, settings):
+    settings.AGENT_IDLE_AFTER = 0.5
+    agent = launch(owner, runner, workdir)
+    wait_for(lambda: runner.capture(cli.session_name(agent)).strip(), "the shell prompt")
+    cli.supervise_once(runner=runner)
+    services.agent_event_record(agent=agent, type="working", message="on it (reported)")
+
+    cli.supervise_once(runner=runner)
+    assert watcher_events(agent) == []  # not silent long enough yet
+    time.sleep(0.6)
+    cli.supervise_once(runner=runner)
+    assert watcher_events(agent) == ["idle"]
+    cli.supervise_once(runner=runner)
+    assert watcher_events(agent) == ["idle"]  # once
+    assert Agent.objects.get(pk=agent.pk).latest_event_type == "idle"
+
+
+def test_the_watcher_state_is_in_the_row_so_another_holder_continues(owner, runner, workdir, settings):
+    settings.AGENT_IDLE_AFTER = 0.5
+    agent = launch(owner, runner, workdir)
+    wait_for(lambda: runner.capture(cli.session_name(agent)).strip(), "the shell prompt")
+    assert cli.supervise_once(runner=runner, holder="proc_first").held
+    services.agent_event_record(agent=agent, type="working", message="on it")
+    agent.refresh_from_db()
+    assert agent.pane_hash and agent.pane_changed_at is not None
+    SupervisorLease.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+    time.sleep(0.6)
+
+    assert cli.supervise_once(runner=runner, holder="proc_second").held
+    assert watcher_events(agent) == ["idle"]
+
+
+def test_shadow_agents_are_skipped(owner, runner, workdir, make_agent):
+    shadow = make_agent(owner, type="shell")
+    Agent.objects.filter(pk=shadow.pk).update(status="running", peer_agent_id="peer_agt_1")
+
+    cli.supervise_once(runner=runner)
+
+    assert status_of(shadow) == "running"  # no session here, yet not marked stopped
+
+
+# --- the lease --------------------------------------------------------------------------------
+
+
+def test_only_the_lease_holder_supervises_and_another_takes_over_after_expiry(owner, runner, workdir, settings):
+    settings.CLI_SUPERVISE_INTERVAL = 0.2  # lease of 0.6 s
+    agent = launch(owner, runner, workdir)
+    assert cli.supervise_once(runner=runner, holder="proc_aaaa").held
+    runner.paste(cli.session_name(agent), "exit 0")
+    wait_dead(runner, agent)
+
+    assert not cli.supervise_once(runner=runner, holder="proc_bbbb").held
+    assert status_of(agent) == "running"  # the non-holder did nothing
+    assert SupervisorLease.objects.get(host=HOSTNAME).holder == "proc_aaaa"
+
+    time.sleep(0.7)  # proc_aaaa stopped renewing: its lease expired
+    assert cli.supervise_once(runner=runner, holder="proc_bbbb").held
+    assert status_of(agent) == "stopped"
+    assert SupervisorLease.objects.get(host=HOSTNAME).holder == "proc_bbbb"
+    assert not cli.supervise_once(runner=runner, holder="proc_aaaa").held
+
+
+def test_the_lease_is_renewed_by_its_holder_and_released(db):
+    assert cli.supervisor_lease_claim(holder="proc_one", ttl=60)
+    first = SupervisorLease.objects.get(host=HOSTNAME).expires_at
+    assert cli.supervisor_lease_claim(holder="proc_one", ttl=120)
+    assert SupervisorLease.objects.get(host=HOSTNAME).expires_at > first
+    assert not cli.supervisor_lease_claim(holder="proc_two", ttl=60)
+    cli.supervisor_lease_release(holder="proc_two")  # not the holder: no effect
+    assert SupervisorLease.objects.get(host=HOSTNAME).holder == "proc_one"
+    cli.supervisor_lease_release(holder="proc_one")
+    assert cli.supervisor_lease_claim(holder="proc_two", ttl=60)
+
+
+# --- stopping, starting, archiving, the pane view ---------------------------------------------
+
+
+def test_stop_returns_stopping_and_the_supervisor_kills_after_the_grace(owner, runner, workdir, settings):
+    settings.AGENT_STOP_GRACE = 0.5
+    agent = launch(owner, runner, workdir)
+    name = cli.session_name(agent)
+    wait_for(lambda: runner.capture(name).strip(), "the shell prompt")
+
+    started = time.monotonic()
+    stopped = cli.agent_stop(agent=agent, runner=runner)
+    assert time.monotonic() - started < 0.5
+    assert stopped.status == "stopping" and Agent.objects.get(pk=agent.pk).stop_interrupted
+    cli.supervise_once(runner=runner)
+    assert status_of(agent) == "stopping" and runner.exists(name)  # bash survives C-c: grace not over
+
+    supervise_until(runner, lambda: status_of(agent) == "stopped", "stopped")
+    assert not runner.exists(name)
+    agent.refresh_from_db()
+    assert "grace" in agent.latest_event_message
+
+
+def test_stopping_for_longer_than_the_hard_limit_is_killed(owner, runner, workdir, settings):
+    settings.AGENT_STOP_GRACE = 1000.0
+    settings.AGENT_STOP_TIMEOUT = 0.5
+    agent = launch(owner, runner, workdir)
+    name = cli.session_name(agent)
+    cli.agent_stop(agent=agent, runner=runner)
+    cli.supervise_once(runner=runner)
+    assert status_of(agent) == "stopping" and runner.exists(name)
+
+    time.sleep(0.6)
+    cli.supervise_once(runner=runner)
+    assert status_of(agent) == "stopped"
+    assert not runner.exists(name)
+    assert "stopping for over 0.5 s" in Agent.objects.get(pk=agent.pk).latest_event_message
+
+
+def test_a_pane_that_exits_non_zero_while_stopping_ends_stopped(owner, runner, workdir, settings):
+    settings.AGENT_STOP_GRACE = 1000.0
+    agent = launch(owner, runner, workdir)
+    cli.agent_stop(agent=agent, runner=runner)
+    runner.paste(cli.session_name(agent), "exit 5")
+    wait_dead(runner, agent)
+
+    cli.supervise_once(runner=runner)
+
+    assert status_of(agent) == "stopped"
+
+
+def test_a_stop_for_another_host_only_changes_the_row(owner, runner, workdir):
+    agent = launch(owner, runner, workdir)
+    Agent.objects.filter(pk=agent.pk).update(host="elsewhere.example")
+    agent.refresh_from_db()
+
+    cli.agent_stop(agent=agent, runner=runner)
+
+    assert status_of(agent) == "stopping"
+    assert not Agent.objects.get(pk=agent.pk).stop_interrupted
+    with pytest.raises(DispatchError) as conflict:
+        cli.pane_text(agent=agent, runner=runner)
+    assert conflict.value.code == "CONFLICT"
+
+
+def test_a_start_requested_elsewhere_is_picked_up_by_the_hosts_supervisor(owner, runner, workdir):
+    agent = launch(owner, runner, workdir)
+    name = cli.session_name(agent)
+    runner.paste(name, "exit 0")
+    wait_dead(runner, agent)
+    cli.supervise_once(runner=runner)
+    assert status_of(agent) == "stopped" and not runner.exists(name)
+    # As another host's request would: only the row moves to creating.
+    services.agent_set_status(agent=agent, status="creating", note="start requested")
+    Agent.objects.filter(pk=agent.pk).update(updated_at=timezone.now() - timedelta(seconds=cli.CREATING_GRACE + 1))
+
+    cli.supervise_once(runner=runner)
+
+    assert status_of(agent) == "running"
+    assert runner.exists(name) and not runner.pane_state(name).dead
+
+
+def test_archive_kills_the_session_and_revokes_tokens(owner, runner, workdir):
+    agent = launch(owner, runner, workdir)
+    message = send(agent, "echo never")
+
+    archived = cli.agent_archive(agent=agent, runner=runner)
+
+    assert archived.status == "archived"
+    assert not runner.exists(cli.session_name(agent))
+    assert agent.tokens.filter(revoked_at__isnull=True).count() == 0
+    message.refresh_from_db()
+    assert message.status == "failed"
+    assert cli.agent_archive(agent=agent, runner=runner).status == "archived"  # idempotent
+
+
+def test_pane_text_is_empty_once_the_session_is_gone(owner, runner, workdir):
+    agent = launch(owner, runner, workdir, prompt="seq 1 300")
+    supervise_until(runner, lambda: "300" in cli.pane_text(agent=agent, runner=runner), "the output")
+    text = cli.pane_text(agent=agent, runner=runner, lines=120)
+    assert len(text.splitlines()) <= 120 and text.splitlines()[-2] == "300"
+
+    runner.kill(cli.session_name(agent))
+    assert cli.pane_text(agent=agent, runner=runner) == ""
+
+
+def test_start_again_mints_a_fresh_token(owner, runner, workdir, settings):
+    settings.AGENT_STOP_GRACE = 0.0
+    agent = launch(owner, runner, workdir)
+    first = agent.tokens.get()
+    cli.agent_stop(agent=agent, runner=runner)
+    supervise_until(runner, lambda: status_of(agent) == "stopped", "stopped")
+
+    cli.agent_start(agent=agent, runner=runner)
+
+    assert status_of(agent) == "running"
+    first.refresh_from_db()
+    assert first.revoked_at is not None
+    assert agent.tokens.filter(revoked_at__isnull=True).count() == 1
+
+
+def test_a_second_instance_id_never_touches_this_instances_sessions(owner, runner, workdir, tmp_path):
+    """A second instance on this computer (own database, same tmux server) lists only its own
+    sessions: its orphan cleanup and reconciliation leave ours alone."""
+    agent = launch(owner, runner, workdir)
+    name = cli.session_name(agent)
+    other = TmuxRunner(socket_name=runner.socket_name)
+    theirs = "inst_0123456789ab"
+    their_orphan = "dispatch_agt_0123456789ab"
+    other.start(session_name=their_orphan, instance_id=theirs, argv=["sleep", "600"], cwd=workdir, env={})
+    # The other instance's database has none of our rows (here: none on its host).
+    Agent.objects.filter(pk=agent.pk).update(host="not-this-host")
+
+    assert cli.supervise_once(runner=other, holder="proc_other", instance_id=theirs).held
+
+    assert not runner.exists(their_orphan)  # it cleaned up its own orphan...
+    assert runner.exists(name) and not runner.pane_state(name).dead  # ...and left ours alone
