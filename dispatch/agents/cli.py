@@ -416,7 +416,8 @@ def supervise_once(
     lease. For each CLI agent of this host (shadow agents skipped) that is creating,
     running or stopping:
 
-    - ``creating`` with no session for over ``CREATING_GRACE`` s: started here;
+    - ``creating`` for over ``CREATING_GRACE`` s: started here if it has no session,
+      else marked ``running`` (its launcher died half-way);
     - session missing (or not tagged ``instance_id``) → ``stopped`` with a note;
     - pane dead → ``stopped`` (exit status 0, or it was ``stopping``) or ``error`` with
       the pane's last lines in ``last_error``; the session is killed;
@@ -466,8 +467,12 @@ def _supervise_agent(*, agent: Agent, runner: TmuxRunner, owned: set[str], insta
     """One agent's share of a pass; True if it still has messages waiting."""
     name = session_name(agent)
     if agent.status == Status.CREATING:
-        if name not in owned and timezone.now() - agent.updated_at > timedelta(seconds=CREATING_GRACE):
+        if timezone.now() - agent.updated_at <= timedelta(seconds=CREATING_GRACE):
+            return False  # its launcher is (probably) starting it right now
+        if name not in owned:
             _start_session(agent=agent, runner=runner, instance_id=instance_id)
+        else:  # the launcher started the session but died before recording it
+            _settle(agent=agent, status=Status.RUNNING, note="session started")
         return False
     if name not in owned:
         _ended(agent=agent, status=Status.STOPPED, note="session missing; marked stopped")

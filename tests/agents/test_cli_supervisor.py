@@ -536,3 +536,15 @@ def test_a_second_instance_id_never_touches_this_instances_sessions(owner, runne
 
     assert not runner.exists(their_orphan)  # it cleaned up its own orphan...
     assert runner.exists(name) and not runner.pane_state(name).dead  # ...and left ours alone
+
+
+def test_a_creating_agent_whose_launcher_died_after_starting_it_is_marked_running(owner, runner, workdir):
+    agent = launch(owner, runner, workdir)
+    Agent.objects.filter(pk=agent.pk).update(
+        status="creating", updated_at=timezone.now() - timedelta(seconds=cli.CREATING_GRACE + 1)
+    )
+
+    cli.supervise_once(runner=runner)
+
+    assert status_of(agent) == "running"
+    assert runner.exists(cli.session_name(agent)) and not runner.pane_state(cli.session_name(agent)).dead
