@@ -9,19 +9,36 @@ Errors (spec/overview.md "Error shapes"): a ``DispatchError`` while running a to
 arguments that fail the tool's schema, are tool results with ``isError: true`` whose text
 starts with the code (``MACHINE_NOT_ATTACHED: …``, ``INVALID_REQUEST: …``); an unknown
 tool is a JSON-RPC error ``-32602`` (MCP 2025-11-25, "Error Handling").
+
+``notifications/tools/list_changed`` (spec/agents.md §6): the server cannot push anything
+at protocol versions before 2026-07-28 (stateless, no standing stream), so there it
+advertises ``tools.listChanged: false`` and the per-request descriptions are the truth. At
+2026-07-28 a client opens ``subscriptions/listen`` (the SDK's ``ListenHandler``, SSE even
+in JSON-response mode) and the server advertises ``tools.listChanged: true``: each
+user's listen streams in a process share one bus fed by the channel-layer group
+``tools_group(user_id)``; ``tools_changed`` sends to it, and does so on commit whenever
+one of the user's remotes connects or disconnects or a machine attaches or detaches
+(``post_save``/``post_delete`` of ``Remote`` and ``MachineConnection``, so every path that
+creates or removes those rows, reaping included, announces it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 import mcp_types as types
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
 from django.contrib.auth.models import User
+from django.db import transaction
+from django.db.models.signals import post_delete, post_save
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
@@ -29,6 +46,8 @@ from dispatch import wire
 from dispatch.errors import DispatchError
 from dispatch.mcp.tools import tools_for
 from dispatch.models import Agent
+from machines.models import MachineConnection
+from remotes.models import Remote
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +133,119 @@ async def call_tool(ctx: ServerRequestContext[Any, Any], params: types.CallToolR
     return tool_result(value)
 
 
+# --- tools/list_changed over subscriptions/listen (2026-07-28) ------------------------------------
+
+TOOLS_CHANGED_MESSAGE = "mcp.tools_changed"
+LISTEN_MAX_PER_USER = 64  # concurrent listen streams of one user in one process
+FEED_RETRY_SECONDS = 1.0
+
+
+def tools_group(user_id: int) -> str:
+    """The channel-layer group announcing changes of ``user_id``'s tool list."""
+    return f"mcp-tools.{int(user_id)}"
+
+
+async def tools_changed(user_id: int) -> None:
+    """Tell every listen stream of ``user_id`` (any process sharing the channel layer)
+    that their tool list changed; they send ``notifications/tools/list_changed``."""
+    await get_channel_layer().group_send(tools_group(user_id), {"type": TOOLS_CHANGED_MESSAGE})
+
+
+def tools_changed_on_commit(user_id: int) -> None:
+    """``tools_changed`` once the current transaction commits (from synchronous code)."""
+
+    def send() -> None:
+        try:
+            async_to_sync(tools_changed)(user_id)
+        except Exception:  # a notification is a hint: never fail the change itself
+            logger.exception("could not announce a tool-list change of user %s", user_id)
+
+    transaction.on_commit(send)
+
+
+def _row_changed(sender: Any, instance: Any, created: bool = True, **kwargs: Any) -> None:
+    if created and instance.user_id is not None:  # a save that is no creation changes no tool list
+        tools_changed_on_commit(instance.user_id)
+
+
+for _model in (Remote, MachineConnection):
+    post_save.connect(_row_changed, sender=_model, dispatch_uid=f"mcp-tools-created-{_model.__name__}")
+    post_delete.connect(_row_changed, sender=_model, dispatch_uid=f"mcp-tools-deleted-{_model.__name__}")
+
+
+class _UserFeed:
+    """One user's listen streams in this process: a bus, the SDK's ``ListenHandler`` on it,
+    and a task relaying the channel-layer group ``tools_group(user_id)`` onto the bus while
+    at least one stream is open."""
+
+    def __init__(self, user_id: int) -> None:
+        self.user_id = user_id
+        self.loop = asyncio.get_running_loop()
+        self.bus = InMemorySubscriptionBus()
+        self.handler = ListenHandler(self.bus, max_subscriptions=LISTEN_MAX_PER_USER)
+        self.streams = 0
+        self.joined: asyncio.Future[None] = self.loop.create_future()
+        self.task: asyncio.Task[None] | None = None
+
+    async def listen(
+        self, ctx: ServerRequestContext[Any, Any], params: types.SubscriptionsListenRequestParams
+    ) -> types.SubscriptionsListenResult:
+        """Serve one listen stream; the relay is in the group before the stream is acknowledged."""
+        self.streams += 1
+        try:
+            if self.task is None or self.task.done():
+                self.joined = self.loop.create_future()
+                self.task = self.loop.create_task(self._relay())
+            await asyncio.shield(self.joined)
+            return await self.handler(ctx, params)
+        finally:
+            self.streams -= 1
+            if self.streams == 0:
+                _feeds.pop(self.user_id, None)
+                if self.task is not None:
+                    self.task.cancel()
+
+    async def _relay(self) -> None:
+        layer = get_channel_layer()
+        group = tools_group(self.user_id)
+        while True:
+            channel = None
+            try:
+                channel = await layer.new_channel()
+                await layer.group_add(group, channel)
+                if not self.joined.done():
+                    self.joined.set_result(None)
+                while True:
+                    message = await layer.receive(channel)
+                    if message.get("type") == TOOLS_CHANGED_MESSAGE:
+                        await self.bus.publish(ToolsListChanged())
+            except asyncio.CancelledError:
+                if channel is not None:
+                    await asyncio.shield(layer.group_discard(group, channel))
+                raise
+            except Exception:
+                logger.exception("the tool-change relay of user %s failed; retrying", self.user_id)
+                if not self.joined.done():
+                    self.joined.set_result(None)  # serve the stream; events may come once the layer is back
+                await asyncio.sleep(FEED_RETRY_SECONDS)
+
+
+_feeds: dict[int, _UserFeed] = {}
+
+
+async def subscriptions_listen(
+    ctx: ServerRequestContext[Any, Any], params: types.SubscriptionsListenRequestParams
+) -> types.SubscriptionsListenResult:
+    """``subscriptions/listen`` (2026-07-28): a stream of ``notifications/tools/list_changed``
+    for the caller's user, open until the client goes away."""
+    user_id = caller_of(ctx).user.pk
+    loop = asyncio.get_running_loop()
+    feed = _feeds.get(user_id)
+    if feed is None or feed.loop is not loop:
+        feed = _feeds[user_id] = _UserFeed(user_id)
+    return await feed.listen(ctx, params)
+
+
 def build_server() -> Server[Any]:
     """A new low-level ``Server`` answering ``tools/list`` and ``tools/call``.
 
@@ -130,5 +262,6 @@ def build_server() -> Server[Any]:
         ),
         on_list_tools=list_tools,
         on_call_tool=call_tool,
+        on_subscriptions_listen=subscriptions_listen,
         get_tool_input_schema=lambda name: None,
     )
