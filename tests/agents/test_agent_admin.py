@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from dispatch.agents.services import agent_event_record, run_claim_next, run_enqueue
-from dispatch.models import Agent, AgentMessage, Run
+from dispatch.agents.tokens import agent_token_authenticate, agent_token_mint
+from dispatch.models import Agent, AgentMessage, AgentToken, Run
 
 pytestmark = pytest.mark.django_db
 
@@ -49,3 +50,41 @@ def test_the_cancel_action_cancels_queued_and_running_runs_only(admin_client, ow
         queued.pk: "cancelled",
         done.pk: "succeeded",
     }
+
+
+def test_the_stop_action_stops_through_the_service(admin_client, owner, make_agent):
+    agent = make_agent(owner)
+    run = run_enqueue(agent=agent, instruction="x")
+
+    admin_client.post("/admin/dispatch/agent/", {"action": "stop", "_selected_action": [agent.pk]})
+
+    assert Agent.objects.get(pk=agent.pk).status == "stopped"
+    assert Run.objects.get(pk=run.pk).status == "cancelled"
+
+
+def test_agent_tokens_show_prefixes_never_digests_and_revoke_through_the_service(admin_client, owner, make_agent):
+    agent = make_agent(owner, type="shell", name="tokened")
+    raw = agent_token_mint(agent=agent)
+    token = AgentToken.objects.get(agent=agent)
+
+    listing = admin_client.get("/admin/dispatch/agenttoken/").content.decode()
+    detail = admin_client.get(f"/admin/dispatch/agenttoken/{token.pk}/change/").content.decode()
+
+    assert token.prefix in listing and "tokened" in listing
+    assert token.digest not in listing + detail and raw not in listing + detail
+    assert admin_client.get("/admin/dispatch/agenttoken/add/").status_code == 403
+    admin_client.post("/admin/dispatch/agenttoken/", {"action": "revoke", "_selected_action": [token.pk]})
+    assert AgentToken.objects.get(pk=token.pk).revoked_at is not None
+    assert agent_token_authenticate(raw) is None
+
+
+def test_messages_are_searchable_and_filterable(admin_client, owner, make_agent):
+    agent = make_agent(owner)
+    AgentMessage.objects.create(recipient_agent=agent, sender_user=owner, content="needle in a haystack")
+    AgentMessage.objects.create(recipient_agent=agent, sender_user=owner, content="other", status="failed")
+
+    found = admin_client.get("/admin/dispatch/agentmessage/", {"q": "needle"}).content.decode()
+    failed = admin_client.get("/admin/dispatch/agentmessage/", {"status__exact": "failed"}).content.decode()
+
+    assert "needle in a haystack" in found and ">other<" not in found
+    assert ">other<" in failed and "needle" not in failed

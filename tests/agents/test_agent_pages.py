@@ -6,7 +6,9 @@ import pytest
 from django.test import Client
 
 from dispatch.agents.services import agent_create
-from dispatch.models import Agent, Run
+from dispatch.agents.types import parse_agent_types
+from dispatch.models import Agent, AgentMessage, Run
+from tests.agents.conftest import force_status
 
 pytestmark = pytest.mark.django_db
 
@@ -63,3 +65,88 @@ def test_the_prompt_and_archive_forms_act_on_the_users_agent(browser, owner, tmp
     assert browser.post(f"/agents/{agent.pk}/archive").status_code == 302
     agent.refresh_from_db()
     assert agent.status == "archived"
+
+
+def test_the_launch_form_lists_every_type_and_disables_missing_ones(browser, settings):
+    settings.AGENT_TYPES = parse_agent_types(
+        {"ghost": {"argv": ["no-such-program-here"], "kind": "llm"}, "shell": {"argv": ["bash"], "kind": "shell"}}
+    )
+    settings.DEFAULT_CWD = "/srv/default-cwd"
+
+    page = browser.get("/").content.decode()
+
+    assert '<option value="expert" data-kind="expert"' in page
+    assert '<option value="shell" data-kind="shell" >shell</option>' in page
+    assert '<option value="ghost" data-kind="llm" disabled>ghost (not installed)</option>' in page
+    assert 'value="/srv/default-cwd"' in page and 'name="full_access"' in page
+
+
+def test_the_launch_form_refuses_a_missing_program(browser, owner, tmp_path, settings):
+    settings.AGENT_TYPES = parse_agent_types({"ghost": {"argv": ["no-such-program-here"], "kind": "llm"}})
+
+    response = browser.post("/", {"type": "ghost", "name": "g", "cwd": str(tmp_path)})
+
+    assert response.status_code == 400
+    assert "its program is not on PATH" in response.content.decode()
+    assert not Agent.objects.exists()
+
+
+def test_a_local_cli_agents_page_has_the_pane_the_message_box_and_stop(browser, owner, tmp_path):
+    agent = force_status(agent_create(owner=owner, type="shell", name="sh", cwd=str(tmp_path)), "running")
+
+    page = browser.get(f"/agents/{agent.pk}/").content.decode()
+
+    assert f'data-pane-agent="{agent.pk}"' in page
+    assert 'id="message-form"' in page and 'id="stop"' in page and 'id="start"' not in page
+    assert "No messages yet." in page and "Runs" not in page
+
+
+def test_a_cli_agent_of_another_host_has_no_pane_view(browser, owner, tmp_path):
+    agent = force_status(agent_create(owner=owner, type="shell", name="sh", cwd=str(tmp_path)), "running")
+    Agent.objects.filter(pk=agent.pk).update(host="elsewhere")
+
+    page = browser.get(f"/agents/{agent.pk}/").content.decode()
+
+    assert "data-pane-agent" not in page and "runs on host <code>elsewhere</code>" in page
+
+
+def test_the_message_box_sends_a_message_that_shows_queued(browser, owner, member, tmp_path):
+    agent = force_status(agent_create(owner=owner, type="shell", name="sh", cwd=str(tmp_path)), "running")
+    theirs = force_status(agent_create(owner=member, type="shell", name="t", cwd=str(tmp_path)), "running")
+
+    response = browser.post(f"/agents/{agent.pk}/message", {"content": "echo hi"})
+    browser.post(f"/agents/{theirs.pk}/message", {"content": "intrusion"})
+
+    assert response.status_code == 302
+    message = AgentMessage.objects.get()
+    assert (message.recipient_agent_id, message.content, message.status) == (agent.pk, "echo hi", "queued")
+    fragment = browser.get(f"/agents/{agent.pk}/fragment").content.decode()
+    assert "echo hi" in fragment and "message-queued" in fragment
+
+
+def test_stop_and_start_forms_move_an_expert_agent(browser, owner, tmp_path):
+    agent = agent_create(owner=owner, type="expert", name="e", cwd=str(tmp_path))
+
+    browser.post(f"/agents/{agent.pk}/stop")
+    agent.refresh_from_db()
+    assert agent.status == "stopped"
+    page = browser.get(f"/agents/{agent.pk}/").content.decode()
+    assert 'id="start"' in page and 'id="prompt"' not in page
+
+    browser.post(f"/agents/{agent.pk}/start")
+    agent.refresh_from_db()
+    assert agent.status == "running"
+
+
+def test_the_prompt_form_enables_the_ticked_remotes(browser, owner, tmp_path):
+    agent = agent_create(owner=owner, type="expert", name="e", cwd=str(tmp_path))
+
+    page = browser.get(f"/agents/{agent.pk}/").content.decode()
+    browser.post(f"/agents/{agent.pk}/prompt", {"instruction": "forecast", "remotes": ["weather", "repo"]})
+
+    assert "No remotes connected." in page
+    assert Run.objects.get(agent=agent).input == {
+        "instruction": "forecast",
+        "input": None,
+        "remotes": ["weather", "repo"],
+    }

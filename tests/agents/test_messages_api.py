@@ -4,23 +4,33 @@
 ``GET /api/v1/messages/{id}``, ``POST /api/v1/agents/{id}/prompt`` on a CLI agent, the
 ``send-agent-prompt`` reply for a CLI agent, agent-token senders and launchers, and the
 stop/start of expert agents. CLI agents here have no tmux session (their messages stay
-``queued``); the end-to-end delivery into a real pane is in ``test_message_delivery``.
+``queued``) except in the last tests, which run a real ``shell`` agent on a private tmux
+server and call the supervisor (``cli.supervise_once``) as the background service would.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
+import libtmux
 import pytest
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
+from dispatch.agents import cli
 from dispatch.agents.services import run_claim_next, run_enqueue
 from dispatch.agents.tokens import agent_token_mint
 from dispatch.models import Agent, AgentMessage, Run
+from dispatch.tmux import TmuxRunner
 from tests.agents.conftest import Api, error_of, force_status
 
 pytestmark = pytest.mark.django_db
@@ -339,3 +349,75 @@ def test_any_send_agent_prompt_frame_for_a_cli_agent_gets_one_honest_reply(
         assert AgentMessage.objects.count() == before
     if target == "theirs":
         assert reply["error"] == f"no agent '{theirs.pk}'"
+
+
+# --- end to end with a real shell agent ------------------------------------------------------
+
+
+@pytest.fixture
+def runner(monkeypatch: pytest.MonkeyPatch) -> Iterator[TmuxRunner]:
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed")
+    name = f"dispatch-msg-test-{uuid.uuid4().hex[:12]}"
+    tmux = TmuxRunner(socket_name=name)
+    monkeypatch.setattr(cli, "runner_factory", lambda: tmux)
+    yield tmux
+    server = libtmux.Server(socket_name=name)
+    if server.is_alive():
+        server.kill()
+    (Path(os.environ.get("TMUX_TMPDIR", "/tmp")) / f"tmux-{os.getuid()}" / name).unlink(missing_ok=True)
+
+
+def supervise_until(runner: TmuxRunner, condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        cli.supervise_once(runner=runner)
+        if condition():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def test_a_message_to_a_real_shell_agent_is_pasted_by_the_supervisor_and_shows_delivered(
+    api: Api, runner: TmuxRunner, workdir: str
+) -> None:
+    launched = api.post(
+        "/api/v1/agents", {"type": "shell", "name": "sh", "cwd": workdir, "prompt": "echo first-$((1+1))"}
+    )
+    assert launched.status_code == 201, launched.content
+    agent_id = launched.json()["id"]
+    name = f"dispatch_{agent_id}"
+    supervise_until(runner, lambda: "first-2" in runner.capture(name), "the prompt's output")
+
+    sent = api.post(f"/api/v1/agents/{agent_id}/messages", {"content": "echo second-$((6*7)) \\\n  && echo whole"})
+    assert sent.status_code == 201 and sent.json()["status"] == "queued"
+    message_id = sent.json()["id"]
+
+    def delivered() -> bool:
+        return bool(api.get(f"/api/v1/messages/{message_id}").json()["status"] == "delivered")
+
+    supervise_until(runner, delivered, "the message to be delivered")
+    supervise_until(runner, lambda: "whole" in runner.capture(name), "the message's output")
+    screen = runner.capture(name)
+    assert "second-42" in screen and "whole" in screen
+    shown = api.get(f"/api/v1/messages/{message_id}").json()
+    assert shown["delivered_at"] is not None and shown["error"] == ""
+    listed = api.get(f"/api/v1/agents/{agent_id}/messages").json()["messages"]
+    assert [(m["content"], m["status"]) for m in listed] == [
+        ("echo second-$((6*7)) \\\n  && echo whole", "delivered"),
+        ("echo first-$((1+1))", "delivered"),
+    ]
+
+    stopping = api.post(f"/api/v1/agents/{agent_id}/stop")
+    assert stopping.status_code == 200 and stopping.json()["status"] == "stopping"
+    supervise_until(
+        runner, lambda: api.get(f"/api/v1/agents/{agent_id}").json()["status"] == "stopped", "the agent to stop"
+    )
+    refused = api.post(f"/api/v1/agents/{agent_id}/messages", {"content": "too late"})
+    assert refused.status_code == 409
+    started = api.post(f"/api/v1/agents/{agent_id}/start")
+    assert started.status_code == 200 and started.json()["status"] == "running"
+    archived = api.delete(f"/api/v1/agents/{agent_id}")
+    assert archived.status_code == 200 and archived.json()["status"] == "archived"
+    assert name not in runner.owned_sessions(cli.instance_identity_get().instance_id)
