@@ -22,7 +22,7 @@ from typing import Any
 
 import libtmux
 import pytest
-from hypothesis import HealthCheck, given
+from hypothesis import HealthCheck, event, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
@@ -289,12 +289,18 @@ json_leaf = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=
 
 
 @pytest.mark.django_db(transaction=True)
-@hypothesis_settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@hypothesis_settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    target=st.sampled_from(["mine", "theirs", "unknown", "junk"]),
-    instruction=st.one_of(st.text(max_size=200), st.sampled_from(["", "  ", "\x00", "ok"]), json_leaf),
-    options=st.sampled_from(OPTIONS_OK + OPTIONS_BAD),
-    input=st.one_of(st.none(), json_leaf),
+    # Weighted towards frames that should be accepted, so both outcomes are well exercised.
+    target=st.sampled_from(["mine", "mine", "mine", "theirs", "unknown", "junk"]),
+    instruction=st.one_of(
+        st.text(min_size=1, max_size=200).filter(lambda text: text.strip() != ""),
+        st.text(max_size=200),
+        st.sampled_from(["", "  ", "\x00", "ok"]),
+        json_leaf,
+    ),
+    options=st.one_of(st.sampled_from(OPTIONS_OK), st.sampled_from(OPTIONS_BAD)),
+    input=st.one_of(st.none(), st.none(), json_leaf),
 )
 def test_any_send_agent_prompt_frame_for_a_cli_agent_gets_one_honest_reply(
     owner: Any,
@@ -339,6 +345,7 @@ def test_any_send_agent_prompt_frame_for_a_cli_agent_gets_one_honest_reply(
         and options in OPTIONS_OK
         and input is None
     )
+    event("accepted" if should_accept else "refused")
     if should_accept:
         message = AgentMessage.objects.order_by("-pk").first()
         assert message is not None and AgentMessage.objects.count() == before + 1
