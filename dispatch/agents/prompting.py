@@ -1,7 +1,8 @@
 """Prompting an agent (spec/agents.md §4, "the prompt contract").
 
-``agent_prompt`` checks the options every edge accepts (``send-agent-prompt`` on ``/ws``,
-``POST /api/v1/agents/{id}/prompt``) and queues a run for an expert agent. The remote
+``agent_prompt_any`` is what the edges call (``send-agent-prompt`` on ``/ws``,
+``POST /api/v1/agents/{id}/prompt``): it checks the options every edge accepts, queues a
+run for an expert agent (``agent_prompt``) and records a message for a CLI agent. The remote
 entries of ``options.remotes`` are kept as given in ``run.input["remotes"]``; they are
 resolved into tools once, at run start (``remote_entries``, used by the ExpertAgent).
 """
@@ -106,7 +107,8 @@ def agent_prompt(*, user: User, agent: Agent, instruction: str, input: Any = Non
     For an expert agent, queues a run with ``input = {"instruction", "input", **options}``
     and returns it. ``agent`` must be ``user``'s (the edges scope it with
     ``agent_get_for``). Raises ``InvalidRequest`` for bad options, an empty instruction,
-    a stopped agent ("agent 'x' is not running") or a CLI agent (not available yet), and
+    a stopped agent ("agent 'x' is not running") or a CLI agent (its prompt is a message:
+    ``agent_prompt_any``), and
     ``NotFound`` for another user's agent.
     """
     if agent.owner_id != user.pk:
