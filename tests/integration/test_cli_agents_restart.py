@@ -116,3 +116,17 @@ def test_a_second_instance_on_this_computer_never_touches_the_first_ones_session
         assert not runner.exists(f"dispatch_{theirs}")
         assert runner.exists(f"dispatch_{ours}") and runner.pane_state(f"dispatch_{ours}").pid == pid
         assert status(server_one, one.admin_token, ours) == "running"
+
+
+def test_the_doorbell_wakes_the_supervisor_long_before_its_next_poll(tmux_socket: str, tmp_path: Path) -> None:
+    """With a 60 s poll, a prompt is still pasted at once: the launch rings the host's doorbell."""
+    runner = TmuxRunner(socket_name=tmux_socket)
+    with instance(DISPATCH_TMUX_SOCKET=tmux_socket, DISPATCH_CLI_SUPERVISE_INTERVAL="60") as inst:
+        server = inst.serve()
+        agent_id = launch_shell(server, inst.admin_token, tmp_path, "echo rang-$((3*3))")
+        wait_until(
+            lambda: "rang-9" in runner.capture(f"dispatch_{agent_id}"),
+            timeout=15,
+            what="the prompt pasted after the doorbell",
+            details=server.log,
+        )
