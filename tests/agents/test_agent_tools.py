@@ -360,7 +360,11 @@ async def test_an_agent_launches_a_shell_agent_in_tmux(owner, workdir, private_t
     agent = await database_sync_to_async(Agent.objects.get)(pk=launched["id"])
     name = cli.session_name(agent)
     assert private_tmux.exists(name)
-    for _ in range(100):
+    # The prompt is the agent's first message, from its launcher; the supervisor pastes it.
+    first = await database_sync_to_async(AgentMessage.objects.get)(recipient_agent=agent)
+    assert (first.sender_agent_id, first.content) == (caller.pk, "echo launched-$((6*7))")
+    for _ in range(200):
+        await database_sync_to_async(cli.supervise_once)(runner=private_tmux)
         if "launched-42" in private_tmux.capture(name):
             break
         await asyncio.sleep(0.05)
