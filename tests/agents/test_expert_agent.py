@@ -17,7 +17,7 @@ from channels.db import database_sync_to_async
 from dispatch.agents import executor
 from dispatch.agents.expert import NO_ENDPOINT
 from dispatch.agents.prompting import agent_prompt
-from dispatch.models import AgentEvent, Run
+from dispatch.models import AgentEvent, AgentMessage, Run
 from tests.agents.llm_double import LlmDouble, answer, tool_calls
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -125,6 +125,29 @@ async def test_native_tools_come_first_and_include_the_machine_and_agent_tools(l
     assert finished.status == "succeeded"
     assert names[0] == "list_machines"
     assert {"local_pc_execute_command", "local_pc_file_copy", "list_agents", "get_agent_history"} <= set(names)
+    assert {"dispatch_launch_agent", "dispatch_send_message", "message_status"} <= set(names)
+    assert "dispatch_event" not in names  # the loop records the expert's steps itself
+
+
+async def test_an_expert_launches_a_child_and_messages_it_as_itself(llm, expert, owner):
+    llm.script = [
+        tool_calls(("dispatch_launch_agent", {"name": "scout", "prompt": "", "type": "expert"})),
+        tool_calls(("dispatch_send_message", {"target": "scout", "message": "look around"})),
+        answer("scout launched and told"),
+    ]
+    await prompt(owner, expert, "Launch a scout and brief it.")
+
+    finished = await run_next()
+
+    assert finished.status == "succeeded", finished.error
+    launched = json.loads(llm.tool_results(1)[0])
+    assert (launched["parent"], launched["launched_by"], launched["cwd"]) == (expert.pk, expert.pk, expert.cwd)
+    sent = json.loads(llm.tool_results(2)[-1])
+    assert (sent["recipient"], sent["status"]) == (launched["id"], "delivered")
+    message = await database_sync_to_async(AgentMessage.objects.get)(pk=sent["message_id"])
+    assert message.sender_agent_id == expert.pk
+    queued = await database_sync_to_async(Run.objects.get)(agent_id=launched["id"])
+    assert (queued.status, queued.input["instruction"]) == ("queued", "look around")
 
 
 async def test_parallel_tool_calls_of_one_reply_all_reach_the_remote_and_the_model(
