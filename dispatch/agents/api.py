@@ -140,7 +140,7 @@ class AgentListView(DispatchAPIView):
             type=_query(request, "type"),
             before=_query(request, "before"),
         )
-        return Response({"agents": [agent_data(agent) for agent in page.items], "next": page.next})
+        return Response({"agents": AgentSerializer(page.items, many=True).data, "next": page.next})
 
     @extend_schema(request=AgentLaunchSerializer, responses={201: AgentSerializer})
     def post(self, request: Request) -> Response:
@@ -295,7 +295,7 @@ class AgentMessagesView(DispatchAPIView):
             maximum=selectors.MESSAGES_MAX_LIMIT,
         )
         page = selectors.messages_page(agent=agent, limit=limit, before=_query(request, "before"))
-        return Response({"messages": [messages.message_data(m) for m in page.items], "next": page.next})
+        return Response({"messages": AgentMessageSerializer(page.items, many=True).data, "next": page.next})
 
     @extend_schema(
         operation_id="v1_agents_messages_create",

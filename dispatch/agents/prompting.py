@@ -18,7 +18,7 @@ from django.contrib.auth.models import User
 
 from dispatch.agents import messages, services
 from dispatch.agents.selectors import agent_get_for, not_found
-from dispatch.errors import InvalidRequest
+from dispatch.errors import DispatchError, InvalidRequest
 from dispatch.models import Agent, Run
 
 PREFIX = re.compile(r"[A-Za-z0-9_-]{0,16}")
@@ -107,8 +107,8 @@ def agent_prompt(*, user: User, agent: Agent, instruction: str, input: Any = Non
     For an expert agent, queues a run with ``input = {"instruction", "input", **options}``
     and returns it. ``agent`` must be ``user``'s (the edges scope it with
     ``agent_get_for``). Raises ``InvalidRequest`` for bad options, an empty instruction,
-    a stopped agent ("agent 'x' is not running") or a CLI agent (its prompt is a message:
-    ``agent_prompt_any``), and
+    or a CLI agent (its prompt is a message: ``agent_prompt_any``), ``CONFLICT`` (409) for
+    a stopped agent ("agent 'x' is not running", as a message to it would), and
     ``NotFound`` for another user's agent.
     """
     if agent.owner_id != user.pk:
@@ -117,7 +117,7 @@ def agent_prompt(*, user: User, agent: Agent, instruction: str, input: Any = Non
     if agent.type != services.EXPERT:
         raise InvalidRequest("prompting CLI agents is not available yet")
     if agent.status != Agent.Status.RUNNING:
-        raise InvalidRequest(f"agent '{agent.pk}' is not running", {"status": agent.status})
+        raise DispatchError("CONFLICT", f"agent '{agent.pk}' is not running", {"status": agent.status})
     return services.run_enqueue(agent=agent, instruction=instruction, input=input, **checked)
 
 

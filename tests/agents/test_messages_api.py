@@ -232,7 +232,7 @@ def test_stopping_an_expert_cancels_its_runs_and_start_makes_it_running_again(ap
     assert stopped.status_code == 200 and stopped.json()["status"] == "stopped"
     assert set(Run.objects.filter(pk__in=[running.pk, queued.pk]).values_list("status", flat=True)) == {"cancelled"}
     refused = api.post(f"/api/v1/agents/{expert.pk}/prompt", {"instruction": "x"})
-    assert refused.status_code == 400 and error_of(refused)["message"] == f"agent '{expert.pk}' is not running"
+    assert refused.status_code == 409 and error_of(refused)["message"] == f"agent '{expert.pk}' is not running"
     assert api.post(f"/api/v1/agents/{expert.pk}/stop").status_code == 409
 
     started = api.post(f"/api/v1/agents/{expert.pk}/start")
