@@ -138,6 +138,7 @@ async def call_tool(ctx: ServerRequestContext[Any, Any], params: types.CallToolR
 TOOLS_CHANGED_MESSAGE = "mcp.tools_changed"
 LISTEN_MAX_PER_USER = 64  # concurrent listen streams of one user in one process
 FEED_RETRY_SECONDS = 1.0
+GROUP_REJOIN_SECONDS = 3600.0
 
 
 def tools_group(user_id: int) -> str:
@@ -210,9 +211,12 @@ class _UserFeed:
         group = tools_group(self.user_id)
         while True:
             channel = None
+            refresher = None
             try:
                 channel = await layer.new_channel()
                 await layer.group_add(group, channel)
+                # Group memberships expire (channels_redis: a day): rejoin while streams are open.
+                refresher = asyncio.create_task(self._rejoin(layer, group, channel))
                 if not self.joined.done():
                     self.joined.set_result(None)
                 while True:
@@ -221,13 +225,33 @@ class _UserFeed:
                         await self.bus.publish(ToolsListChanged())
             except asyncio.CancelledError:
                 if channel is not None:
-                    await asyncio.shield(layer.group_discard(group, channel))
+                    await asyncio.shield(self._leave(layer, group, channel, refresher))
                 raise
             except Exception:
                 logger.exception("the tool-change relay of user %s failed; retrying", self.user_id)
+                if channel is not None:
+                    await self._leave(layer, group, channel, refresher)
                 if not self.joined.done():
                     self.joined.set_result(None)  # serve the stream; events may come once the layer is back
                 await asyncio.sleep(FEED_RETRY_SECONDS)
+
+    @staticmethod
+    async def _rejoin(layer: Any, group: str, channel: str) -> None:
+        while True:
+            await asyncio.sleep(GROUP_REJOIN_SECONDS)
+            try:
+                await layer.group_add(group, channel)
+            except Exception:
+                logger.warning("could not renew the membership of %s in %s", channel, group, exc_info=True)
+
+    @staticmethod
+    async def _leave(layer: Any, group: str, channel: str, refresher: asyncio.Task[None] | None) -> None:
+        if refresher is not None:
+            refresher.cancel()
+        try:
+            await layer.group_discard(group, channel)
+        except Exception:
+            logger.warning("could not leave %s", group, exc_info=True)
 
 
 _feeds: dict[int, _UserFeed] = {}
