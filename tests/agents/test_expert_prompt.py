@@ -302,7 +302,8 @@ def test_post_prompt_refuses_a_stopped_agent(api, expert):
 
     response = api.post(f"/api/v1/agents/{expert.pk}/prompt", {"instruction": "hi"})
 
-    assert response.status_code == 400
+    assert response.status_code == 409  # CONFLICT, like a message to a stopped agent
+    assert error_of(response)["code"] == "CONFLICT"
     assert error_of(response)["message"] == f"agent '{expert.pk}' is not running"
 
 
