@@ -27,6 +27,7 @@ from dispatch import wire
 from dispatch.errors import DispatchError, NotFound, RateLimited
 from dispatch.models import ApiToken, InstanceIdentity, ServerProcess
 from dispatch.presence import HOSTNAME, PID, current_process_id
+from dispatch.tool_changes import tools_changed_on_commit
 
 logger = logging.getLogger(__name__)
 
@@ -235,6 +236,7 @@ def server_process_reap() -> list[str]:
         .values_list("pk", flat=True)
     )
     if dead:
+        _announce_tool_changes_of(dead)
         ServerProcess.objects.filter(pk__in=dead, heartbeat_at__lt=cutoff).delete()
         logger.info("reaped dead server processes: %s", ", ".join(dead))
     return dead
@@ -242,4 +244,16 @@ def server_process_reap() -> list[str]:
 
 def server_process_unregister() -> None:
     """Delete this process's row and, by cascade, every connection it held (clean shutdown)."""
+    _announce_tool_changes_of([current_process_id()])
     ServerProcess.objects.filter(pk=current_process_id()).delete()
+
+
+def _announce_tool_changes_of(process_ids: list[str]) -> None:
+    """Ring the tool-list doorbell of every user with a remote or machine held by these
+    processes (their rows go by cascade with the processes)."""
+    from machines.models import MachineConnection
+    from remotes.models import Remote
+
+    users = set(Remote.objects.filter(server_process_id__in=process_ids).values_list("user_id", flat=True))
+    users |= set(MachineConnection.objects.filter(server_process_id__in=process_ids).values_list("user_id", flat=True))
+    tools_changed_on_commit(users)

@@ -150,9 +150,12 @@ class Tool:
         """Validate ``arguments`` against ``parameters`` (``InvalidRequest``) and run the tool."""
         error = best_match(Draft202012Validator(self.parameters).iter_errors(arguments))
         if error is not None:
-            where = "/".join(str(p) for p in error.absolute_path)
+            where = "/".join(str(p) for p in error.absolute_path)[:200]
+            # jsonschema quotes the offending value whole: a 200,000-character argument
+            # must not come back as a 200,000-character error.
+            message = error.message if len(error.message) <= 500 else error.message[:500] + " …[cut]"
             raise InvalidRequest(
-                f"invalid arguments for {self.name}: {error.message}" + (f" (at '{where}')" if where else "")
+                f"invalid arguments for {self.name}: {message}" + (f" (at '{where}')" if where else "")
             )
         return await self.handler(arguments)
 

@@ -31,6 +31,7 @@ from dispatch.errors import DispatchError
 from dispatch.models import ServerProcess
 from dispatch.presence import current_process_id
 from dispatch.services import server_process_ensure
+from dispatch.tool_changes import tools_changed_on_commit
 from remotes.models import Remote, WsSession
 from remotes.protocol import FunctionSpec, remote_call_event
 from remotes.schemas import compile_validator, has_patterns
@@ -85,9 +86,11 @@ def ws_session_open(*, user: User, channel_name: str, auth_method: str, client_a
 
 def ws_session_close(*, ws_session_id: str) -> None:
     """Forget a closed ws session and, by cascade, every remote it served (§2 "Lifetime")."""
-    for user_id, remotename in Remote.objects.filter(ws_session_id=ws_session_id).values_list("user_id", "name"):
+    served = list(Remote.objects.filter(ws_session_id=ws_session_id).values_list("user_id", "name"))
+    for user_id, remotename in served:
         forget_route(user_id, remotename)
     WsSession.objects.filter(pk=ws_session_id).delete()
+    tools_changed_on_commit(user_id for user_id, _ in served)
 
 
 # --- the registry ---------------------------------------------------------------------
@@ -107,7 +110,7 @@ def remote_connect(
         raise RemoteError("ws session closed", "REMOTE_DISCONNECTED")
     try:
         with transaction.atomic():
-            return Remote.objects.create(
+            remote = Remote.objects.create(
                 user=user,
                 name=remotename,
                 ws_session_id=ws_session_id,
@@ -115,6 +118,8 @@ def remote_connect(
                 server_process_id=session.server_process_id,
                 tools=[spec.model_dump() for spec in tools],
             )
+            tools_changed_on_commit([user.pk])
+            return remote
     except IntegrityError:
         raise RemoteError(f"remote '{remotename}' is already connected", "REMOTE_ALREADY_CONNECTED") from None
     finally:
@@ -135,6 +140,7 @@ def remote_disconnect(*, user: User, remotename: str) -> Remote:
     remote_id, channel_name = remote.pk, remote.channel_name
     remote.delete()
     forget_route(user.pk, remotename)
+    tools_changed_on_commit([user.pk])
     layer = get_channel_layer()
 
     def announce() -> None:

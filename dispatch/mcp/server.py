@@ -16,10 +16,9 @@ advertises ``tools.listChanged: false`` and the per-request descriptions are the
 2026-07-28 a client opens ``subscriptions/listen`` (the SDK's ``ListenHandler``, SSE even
 in JSON-response mode) and the server advertises ``tools.listChanged: true``: each
 user's listen streams in a process share one bus fed by the channel-layer group
-``tools_group(user_id)``; ``tools_changed`` sends to it, and does so on commit whenever
-one of the user's remotes connects or disconnects or a machine attaches or detaches
-(``post_save``/``post_delete`` of ``Remote`` and ``MachineConnection``, so every path that
-creates or removes those rows, reaping included, announces it).
+``tools_group(user_id)`` (``dispatch.tool_changes``), which the services ring on commit
+whenever one of the user's remotes connects or disconnects, a machine attaches or
+detaches, a ws session closes or a dead process is reaped.
 """
 
 from __future__ import annotations
@@ -31,11 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import mcp_types as types
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.contrib.auth.models import User
-from django.db import transaction
-from django.db.models.signals import post_delete, post_save
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
@@ -46,8 +42,7 @@ from dispatch import wire
 from dispatch.errors import DispatchError
 from dispatch.mcp.tools import tools_for
 from dispatch.models import Agent
-from machines.models import MachineConnection
-from remotes.models import Remote
+from dispatch.tool_changes import TOOLS_CHANGED_MESSAGE, tools_group
 
 logger = logging.getLogger(__name__)
 
@@ -135,43 +130,9 @@ async def call_tool(ctx: ServerRequestContext[Any, Any], params: types.CallToolR
 
 # --- tools/list_changed over subscriptions/listen (2026-07-28) ------------------------------------
 
-TOOLS_CHANGED_MESSAGE = "mcp.tools_changed"
 LISTEN_MAX_PER_USER = 64  # concurrent listen streams of one user in one process
 FEED_RETRY_SECONDS = 1.0
 GROUP_REJOIN_SECONDS = 3600.0
-
-
-def tools_group(user_id: int) -> str:
-    """The channel-layer group announcing changes of ``user_id``'s tool list."""
-    return f"mcp-tools.{int(user_id)}"
-
-
-async def tools_changed(user_id: int) -> None:
-    """Tell every listen stream of ``user_id`` (any process sharing the channel layer)
-    that their tool list changed; they send ``notifications/tools/list_changed``."""
-    await get_channel_layer().group_send(tools_group(user_id), {"type": TOOLS_CHANGED_MESSAGE})
-
-
-def tools_changed_on_commit(user_id: int) -> None:
-    """``tools_changed`` once the current transaction commits (from synchronous code)."""
-
-    def send() -> None:
-        try:
-            async_to_sync(tools_changed)(user_id)
-        except Exception:  # a notification is a hint: never fail the change itself
-            logger.exception("could not announce a tool-list change of user %s", user_id)
-
-    transaction.on_commit(send)
-
-
-def _row_changed(sender: Any, instance: Any, created: bool = True, **kwargs: Any) -> None:
-    if created and instance.user_id is not None:  # a save that is no creation changes no tool list
-        tools_changed_on_commit(instance.user_id)
-
-
-for _model in (Remote, MachineConnection):
-    post_save.connect(_row_changed, sender=_model, dispatch_uid=f"mcp-tools-created-{_model.__name__}")
-    post_delete.connect(_row_changed, sender=_model, dispatch_uid=f"mcp-tools-deleted-{_model.__name__}")
 
 
 class _UserFeed:

@@ -17,6 +17,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from dispatch.services import AuthenticationFailed, api_token_authenticate, server_process_ensure
+from dispatch.tool_changes import tools_changed_on_commit
 from machines.models import Machine, MachineConnection, MachineToken
 from machines.protocol import DEFAULT_LIMITS, Hello
 
@@ -98,6 +99,7 @@ def shim_connected(*, identity: ShimIdentity, hello: Hello, channel_name: str, p
     machine.save()
     replaced = list(MachineConnection.objects.filter(machine=machine).values_list("channel_name", "connection_id"))
     MachineConnection.objects.filter(machine=machine).delete()
+    tools_changed_on_commit([user.pk])
     connection = MachineConnection.objects.create(
         machine=machine,
         user=user,
@@ -170,6 +172,7 @@ def shim_disconnected(*, connection_id: str) -> None:
         return
     machine = connection.machine
     connection.delete()
+    tools_changed_on_commit([connection.user_id])
     if not MachineConnection.objects.filter(machine=machine).exists():
         Machine.objects.filter(pk=machine.pk).update(
             connection_status=Machine.Connection.DISCONNECTED, status_reason="the shim disconnected"
@@ -233,6 +236,7 @@ def machine_revoke(*, user: User, machine_id: str) -> Machine:
     machine.save(update_fields=["revoked_at", "connection_status", "status_reason"])
     channels = list(MachineConnection.objects.filter(machine=machine).values_list("channel_name", flat=True))
     MachineConnection.objects.filter(machine=machine).delete()
+    tools_changed_on_commit([user.pk])
     layer = get_channel_layer()
 
     def announce() -> None:

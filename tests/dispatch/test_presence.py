@@ -163,3 +163,24 @@ async def test_the_cli_supervisor_stands_down_without_tmux(monkeypatch, caplog):
     # Returns at once instead of failing every 2 s.
     await asyncio.wait_for(background.cli_supervisor_loop(), 2)
     assert "tmux is not installed" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_reaping_a_process_rings_the_tool_list_doorbell_of_its_remotes_users(owner, member, weather_tools):
+    from channels.layers import get_channel_layer
+
+    from dispatch.tool_changes import TOOLS_CHANGED_MESSAGE, tools_group
+
+    dead = await database_sync_to_async(ghost_process)(age=settings.PROCESS_TTL + 1)
+    await database_sync_to_async(ghost_remote)(user=owner, process=dead, tools=weather_tools)
+    layer = get_channel_layer()
+    owner_channel, member_channel = await layer.new_channel(), await layer.new_channel()
+    await layer.group_add(tools_group(owner.pk), owner_channel)
+    await layer.group_add(tools_group(member.pk), member_channel)
+
+    assert await database_sync_to_async(server_process_reap)() == [GHOST]
+
+    rung = await asyncio.wait_for(layer.receive(owner_channel), timeout=2)
+    assert rung == {"type": TOOLS_CHANGED_MESSAGE}
+    with pytest.raises(asyncio.TimeoutError):  # nothing of the member's changed
+        await asyncio.wait_for(layer.receive(member_channel), timeout=0.3)

@@ -141,3 +141,12 @@ async def test_the_copy_tool_copies_between_machines(shims, owner):
     )
     assert result["size_bytes"] == 6
     assert server.files == {"/srv/a.csv": b"1,2,3\n"}
+
+
+async def test_a_huge_bad_argument_gives_a_short_error(shims, owner):
+    await shims.connect(owner, machine_id="m1")
+    tools = await tools_for(owner)
+    with pytest.raises(InvalidRequest) as failure:
+        await tools["local_pc_file_read"]({"path": "/x", "encoding": "e" * 200_000})
+    assert "local_pc_file_read" in failure.value.message and "…[cut]" in failure.value.message
+    assert len(failure.value.message) < 1_000

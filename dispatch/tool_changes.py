@@ -1,0 +1,52 @@
+"""Announcing that a user's tool list changed (spec/agents.md §6 ``list_changed``).
+
+A user's MCP tools are their machines and their remotes. The services that attach or
+detach a machine, connect or disconnect a remote, close a ws session or reap a dead
+process call ``tools_changed_on_commit(user_ids)``; after commit each user's channel-layer
+group ``mcp-tools.<user id>`` is rung, and the MCP endpoint's listen streams (any process)
+send ``notifications/tools/list_changed``. A doorbell only: a lost ring costs a client a
+stale list until its next ``tools/list``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+logger = logging.getLogger(__name__)
+
+TOOLS_CHANGED_MESSAGE = "tools.changed"
+
+
+def tools_group(user_id: int) -> str:
+    """The channel-layer group announcing changes of ``user_id``'s tool list."""
+    return f"mcp-tools.{int(user_id)}"
+
+
+async def tools_changed(user_id: int) -> None:
+    """Ring ``user_id``'s group now (async code, outside a transaction)."""
+    await get_channel_layer().group_send(tools_group(user_id), {"type": TOOLS_CHANGED_MESSAGE})
+
+
+def tools_changed_on_commit(user_ids: Iterable[int | None]) -> None:
+    """Ring each user's group once the current transaction commits (sync code).
+
+    ``None`` entries are ignored. A failure to ring is logged, never raised: the change
+    itself has happened.
+    """
+    wanted = sorted({int(user_id) for user_id in user_ids if user_id is not None})
+    if not wanted:
+        return
+
+    def send() -> None:
+        for user_id in wanted:
+            try:
+                async_to_sync(tools_changed)(user_id)
+            except Exception:
+                logger.exception("could not announce a tool-list change of user %s", user_id)
+
+    transaction.on_commit(send)
