@@ -251,8 +251,8 @@ def prepare(output: Path, *, agents: int, events: int) -> None:
         ),
     }
 
-    # Information for the lead: how the keyset query behaves deep down, as the selector
-    # builds it and with an extra `created_at <= cursor` bound an index can seek on.
+    # Why selectors._page adds a plain `created_at <= cursor` bound: the keyset query deep
+    # down with it (as built now) and without it (the index can then only seek on agent_id).
     from django.db.models import Q
 
     agent = Agent.objects.get(pk=large["agent"])
@@ -278,7 +278,7 @@ def prepare(output: Path, *, agents: int, events: int) -> None:
 
     keyset_query: dict[str, Any] = {}
     for bounded in (False, True):
-        name = "with_created_at_bound" if bounded else "as_built"
+        name = "as_built_with_created_at_bound" if bounded else "without_the_bound"
         keyset_query[name] = {
             "plan": [str(line) for line in keyset(deep_cursor, bounded=bounded).explain().splitlines()],
             "first_page_ms": median_ms(newest_first[: selectors.EVENTS_DEFAULT_LIMIT + 1]),
