@@ -26,6 +26,11 @@ class InstanceIdentity(models.Model):
     instance_id = models.CharField(max_length=17, unique=True, default=new_instance_id)
     display_name = models.CharField(max_length=100, default=default_instance_name)
     created_at = models.DateTimeField(default=timezone.now)
+    # The Ed25519 key pair of spec/peers.md §1, created on first use (peers.identity):
+    # the raw public key (base64url, no padding) and the raw private key encrypted with
+    # MultiFernet over DISPATCH_ENCRYPTION_KEYS.
+    public_key = models.CharField(max_length=64, blank=True)
+    private_key_encrypted = models.TextField(blank=True)
 
     class Meta:
         verbose_name = "instance identity"
@@ -130,6 +135,9 @@ class Agent(models.Model):
     latest_event_type = models.CharField(max_length=20, blank=True)
     latest_event_message = models.TextField(blank=True)
     latest_event_at = models.DateTimeField(null=True, blank=True)
+    peer = models.ForeignKey(  # set only on shadow agents (spec/peers.md §6-7)
+        "peers.Peer", null=True, blank=True, on_delete=models.SET_NULL, related_name="shadow_agents"
+    )
     peer_agent_id = models.CharField(max_length=64, blank=True)  # "" unless a shadow agent
     stale = models.BooleanField(default=False)
     last_error = models.TextField(blank=True)
@@ -241,6 +249,17 @@ class AgentMessage(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="agent_messages"
     )
     recipient_agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="received_messages")
+    # Cross-instance messages (spec/peers.md §5, §8): a message from a peer names its sender
+    # there (sender_peer + sender_address {instance_id, agent_id | null, name}); both sides
+    # record the peer and the idempotency key.
+    sender_peer = models.ForeignKey(
+        "peers.Peer", null=True, blank=True, on_delete=models.SET_NULL, related_name="messages_received"
+    )
+    sender_address = models.JSONField(null=True, blank=True)
+    peer = models.ForeignKey(
+        "peers.Peer", null=True, blank=True, on_delete=models.SET_NULL, related_name="messages"
+    )
+    idempotency_key = models.CharField(max_length=100, blank=True)
     content = models.TextField()
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
     error = models.TextField(blank=True)

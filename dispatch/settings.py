@@ -291,6 +291,8 @@ CLI_SUPERVISE_INTERVAL = env_float("DISPATCH_CLI_SUPERVISE_INTERVAL", 2.0, minim
 AGENT_IDLE_AFTER = env_float("DISPATCH_AGENT_IDLE_AFTER", 180.0)
 AGENT_STOP_GRACE = env_float("DISPATCH_AGENT_STOP_GRACE", 5.0)
 AGENT_STOP_TIMEOUT = env_float("DISPATCH_AGENT_STOP_TIMEOUT", 60.0)
+# Directories advertised to peers for incoming launches (spec/peers.md §1); none: refused.
+REPO_ROOTS = [os.path.realpath(os.path.expanduser(root)) for root in env_list("DISPATCH_REPO_ROOTS", [])]
 # Where agents launched without a cwd work (MCP dispatch_launch_agent with a user token).
 DEFAULT_CWD = env_str("DISPATCH_DEFAULT_CWD", "") or os.path.expanduser("~")
 

@@ -1,1 +1,1 @@
-"""Peers: linked Dispatch instances (to come)."""
+"""Peers: linked Dispatch instances (spec/peers.md)."""

@@ -4,6 +4,6 @@ from django.apps import AppConfig
 
 
 class PeersConfig(AppConfig):
-    """Linked instances (spec/peers.md); built in a later issue."""
+    """Linked instances (spec/peers.md)."""
 
     name = "peers"

@@ -115,7 +115,7 @@ def agent_get_for(*, user: User, agent_id: str) -> Agent:
     """``user``'s agent ``agent_id`` (archived included). ``NotFound`` for anyone else's."""
     agent = None
     if is_valid_id(agent_id):
-        agent = Agent.objects.select_related("owner").filter(owner=user, pk=agent_id).first()
+        agent = Agent.objects.select_related("owner", "peer").filter(owner=user, pk=agent_id).first()
     if agent is None:
         raise not_found("agent", agent_id)
     return agent
@@ -129,7 +129,7 @@ def agents_for(
     Archived agents are hidden unless ``status="archived"`` is asked for. An unknown
     ``status`` raises ``InvalidRequest``.
     """
-    rows = Agent.objects.select_related("owner").filter(owner=user)
+    rows = Agent.objects.select_related("owner", "peer").filter(owner=user)
     if status:
         if status not in Agent.Status.values:
             raise InvalidRequest(f"unknown status '{status}'; known: {', '.join(Agent.Status.values)}")

@@ -19,6 +19,7 @@ class AgentSerializer(serializers.ModelSerializer):
     # The metaclass moves declared fields off the class, so this never shadows Field.parent.
     parent = serializers.CharField(source="parent_id", allow_null=True, read_only=True)  # type: ignore[assignment]
     launched_by = serializers.CharField(source="launched_by_id", allow_null=True, read_only=True)
+    peer = serializers.SerializerMethodField(help_text="the peer's label on shadow agents, else null")
 
     class Meta:
         model = Agent
@@ -37,12 +38,17 @@ class AgentSerializer(serializers.ModelSerializer):
             "latest_event_type",
             "latest_event_message",
             "latest_event_at",
+            "peer",
             "peer_agent_id",
             "stale",
             "last_error",
             "created_at",
             "updated_at",
         ]
+
+
+    def get_peer(self, agent: Agent) -> str | None:
+        return agent.peer.label if agent.peer_id is not None and agent.peer is not None else None
 
 
 class RunSerializer(serializers.ModelSerializer):

@@ -314,7 +314,7 @@ def agent_event_record(
         updated_at=timezone.now(),
     )
     publish_on_commit(user_id=agent.owner_id, event="agent.event", data=event_data(event))
-    fresh = Agent.objects.select_related("owner").get(pk=agent.pk)
+    fresh = Agent.objects.select_related("owner", "peer").get(pk=agent.pk)
     _publish_agent(fresh)
     return event
 

@@ -29,6 +29,7 @@ AGENT_FIELDS = {
     "latest_event_type",
     "latest_event_message",
     "latest_event_at",
+    "peer",
     "peer_agent_id",
     "stale",
     "last_error",
