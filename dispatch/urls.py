@@ -10,6 +10,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from dispatch import api, views
 from dispatch.agents.urls import api_urlpatterns as agent_api_urls
 from machines.urls import api_urlpatterns as machine_api_urls
+from peers.urls import api_urlpatterns as peer_api_urls
 from remotes.urls import api_urlpatterns as remote_api_urls
 
 api_v1 = [
@@ -19,6 +20,7 @@ api_v1 = [
     *remote_api_urls,
     *machine_api_urls,
     *agent_api_urls,
+    *peer_api_urls,
 ]
 
 urlpatterns = [
@@ -34,6 +36,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("", include("remotes.urls")),
     path("", include("machines.urls")),
+    path("", include("peers.urls")),
 ]
 
 handler404 = "dispatch.views.not_found"
