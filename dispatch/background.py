@@ -125,8 +125,9 @@ async def _doorbell_wait(layer: Any, channel: str | None, group: str, timeout: f
 def background_services() -> list[Callable[[], Awaitable[None]]]:
     """The background services of this version, each an endless coroutine function."""
     from dispatch.agents.executor import executor_loop
+    from peers.mirror import mirror_loop
 
-    return [reaper_loop, executor_loop, cli_supervisor_loop]
+    return [reaper_loop, executor_loop, cli_supervisor_loop, mirror_loop]
 
 
 async def run_background_services() -> None:

@@ -8,5 +8,7 @@ from __future__ import annotations
 
 from django.urls import URLPattern, URLResolver
 
-api_urlpatterns: list[URLPattern | URLResolver] = []  # mounted under /api/v1/
+from peers import stream
+
+api_urlpatterns: list[URLPattern | URLResolver] = [*stream.api_urlpatterns]  # mounted under /api/v1/
 urlpatterns: list[URLPattern | URLResolver] = []  # pages

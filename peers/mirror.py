@@ -1,0 +1,364 @@
+"""The mirroring subscriber: one event stream per live peer, kept as shadows (spec/peers.md §7).
+
+``mirror_loop`` is a background service (``dispatch.background``). It scans the live
+peers every ``RESCAN_SECONDS`` and whenever its doorbell group ``peers.mirror`` rings
+(``mirror_rescan``, ``mirror_resnapshot``), and runs one subscriber task per peer whose
+``PeerLease`` of kind ``subscribe`` this process holds (so only one process subscribes to
+a given peer; the lease lasts ``LEASE_SECONDS`` and is renewed on every scan). A
+subscriber is restarted when the peer's url or outbound token changes, and stopped when
+the peer is revoked.
+
+A subscriber (``subscribe_peer``) opens ``GET /api/v1/peers/events`` with
+``peers.client.PeerClient.stream_events`` (read timeout ``READ_TIMEOUT`` seconds, so a
+peer that vanished without closing the connection is noticed) and applies each frame
+through ``peers.shadows``: ``snapshot`` → upsert every agent, reap the unlisted, clear
+``stale``; ``agent.upsert`` → upsert one. On each snapshot it stamps ``last_seen_at``
+and tells the outbox the peer is back (``peers.outbox.outbox_backoff_reset`` and the
+drain doorbell, when that module provides them); while connected ``last_seen_at`` is
+stamped at most once per ``LAST_SEEN_INTERVAL``. When the stream drops, the peer's
+shadows become stale (``shadows_mark_stale``) and it reconnects after
+``BACKOFF_BASE`` × 2^n seconds (max ``BACKOFF_MAX``, ±20 % jitter). ``DISPATCH_PEER_BACKOFF_SCALE``
+(environment, a float, default 1) scales these waits — for tests only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import logging
+import os
+import random
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+import httpx
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.exceptions import ChannelFull
+from channels.layers import get_channel_layer
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from dispatch.presence import current_process_id
+from peers import shadows
+from peers.models import Peer, PeerLease
+
+logger = logging.getLogger(__name__)
+
+DOORBELL_GROUP = "peers.mirror"
+RESCAN_SECONDS = 60.0
+READ_TIMEOUT = 45.0
+BACKOFF_BASE = 5.0
+BACKOFF_MAX = 60.0
+LEASE_SECONDS = 180.0
+LAST_SEEN_INTERVAL = 60.0
+LEASE_KIND = "subscribe"
+EVENTS_PATH = "/api/v1/peers/events"
+
+
+def backoff_scale() -> float:
+    """``DISPATCH_PEER_BACKOFF_SCALE`` (a test hook, default 1.0)."""
+    try:
+        return max(float(os.environ.get("DISPATCH_PEER_BACKOFF_SCALE", "1")), 0.0)
+    except ValueError:
+        return 1.0
+
+
+def reconnect_delay(failures: int) -> float:
+    """Seconds to wait before reconnect attempt ``failures`` (0-based): ``BACKOFF_BASE`` ×
+    2^failures capped at ``BACKOFF_MAX``, times a ±20 % jitter (the cap holds after it), scaled."""
+    delay = min(BACKOFF_BASE * 2 ** min(failures, 16), BACKOFF_MAX)
+    jitter = random.uniform(0.8, 1.2)  # noqa: S311  (jitter, not a secret)
+    return min(delay * jitter, BACKOFF_MAX) * backoff_scale()
+
+
+# --- doorbell ----------------------------------------------------------------------------
+
+
+def _ring(message: dict[str, Any]) -> None:
+    def send() -> None:
+        layer = get_channel_layer()
+        if layer is None:
+            return
+        try:
+            async_to_sync(layer.group_send)(DOORBELL_GROUP, message)
+        except ChannelFull:
+            logger.warning("mirror doorbell dropped: channel full (the next rescan catches up)")
+
+    transaction.on_commit(send)
+
+
+def mirror_rescan() -> None:
+    """Ask every process's subscriber to rescan the peer list now (after commit; sync code).
+
+    Call it after a link is created, changed or revoked (spec §7: rescanned on link/unlink).
+    """
+    _ring({"type": "mirror.rescan"})
+
+
+def mirror_resnapshot(peer_id: int) -> None:
+    """Ask the process subscribed to peer ``peer_id`` to reconnect now, which brings a fresh
+    snapshot (after commit; sync code). Used after launching an agent on the peer (spec §6)."""
+    _ring({"type": "mirror.resnapshot", "peer_id": int(peer_id)})
+
+
+# --- leases ------------------------------------------------------------------------------
+
+
+def subscribe_lease_claim(*, peer_id: int, holder: str, seconds: float = LEASE_SECONDS) -> bool:
+    """Take or renew the ``subscribe`` lease of peer ``peer_id`` for ``holder`` (a process id)
+    for ``seconds``. True when ``holder`` holds it now: it was free, expired or already its."""
+    now = timezone.now()
+    expires = now + timedelta(seconds=seconds)
+    claimed = (
+        PeerLease.objects.filter(peer_id=peer_id, kind=LEASE_KIND)
+        .filter(Q(holder=holder) | Q(expires_at__lt=now))
+        .update(holder=holder, expires_at=expires)
+    )
+    if claimed:
+        return True
+    try:
+        with transaction.atomic():
+            PeerLease.objects.create(peer_id=peer_id, kind=LEASE_KIND, holder=holder, expires_at=expires)
+    except IntegrityError:
+        return False
+    return True
+
+
+def subscribe_lease_release(*, peer_id: int, holder: str) -> None:
+    """Give up ``holder``'s ``subscribe`` lease of peer ``peer_id`` (nothing if it is not held)."""
+    PeerLease.objects.filter(peer_id=peer_id, kind=LEASE_KIND, holder=holder).delete()
+
+
+# --- one peer ----------------------------------------------------------------------------
+
+
+class StreamRefused(Exception):
+    """The peer answered the events request with another status than 200."""
+
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"events stream refused with HTTP {status}: {body}")
+        self.status = status
+
+
+def _live_peer(peer_id: int) -> Peer | None:
+    return Peer.objects.select_related("owner").filter(pk=peer_id, revoked_at__isnull=True).first()
+
+
+def _stamp_last_seen(peer_id: int) -> None:
+    Peer.objects.filter(pk=peer_id).update(last_seen_at=timezone.now())
+
+
+def _outbox_hooks() -> tuple[Callable[[Peer], Any] | None, Callable[..., Any] | None]:
+    """``peers.outbox.outbox_backoff_reset`` and the drain doorbell, when helper PC2's module has them."""
+    try:
+        outbox = importlib.import_module("peers.outbox")  # helper PC2's module
+    except ImportError:
+        return None, None
+    return getattr(outbox, "outbox_backoff_reset", None), getattr(outbox, "outbox_ring", None)
+
+
+def peer_reconnected(peer: Peer) -> None:
+    """A peer's stream (re)connected: stamp ``last_seen_at``; reset the outbox backoff and ring
+    its drain (spec §8) when ``peers.outbox`` provides those."""
+    _stamp_last_seen(peer.pk)
+    reset, ring = _outbox_hooks()
+    if reset is None:
+        logger.debug("peers.outbox.outbox_backoff_reset is not available; outbox not told")
+        return
+    reset(peer)
+    if ring is not None:
+        ring()
+
+
+def apply_event(peer: Peer, event: str, data: str) -> bool:
+    """Apply one server-sent event of a peer's stream; True for a ``snapshot``.
+
+    ``snapshot`` → ``shadows.shadows_apply_snapshot``; ``agent.upsert`` →
+    ``shadows.shadow_apply_frame``. Malformed frames are logged and skipped; other event
+    names are ignored.
+    """
+    seen_at = timezone.now()
+    try:
+        payload = json.loads(data)
+    except ValueError:
+        logger.warning("peer %s: %s frame is not JSON", peer.label, event)
+        return False
+    if event == "snapshot":
+        agents = payload.get("agents") if isinstance(payload, dict) else None
+        if not isinstance(agents, list):
+            logger.warning("peer %s: snapshot frame without an agents list", peer.label)
+            return False
+        shadows.shadows_apply_snapshot(peer=peer, agents=agents, seen_at=seen_at)
+        return True
+    if event == "agent.upsert":
+        try:
+            shadows.shadow_apply_frame(peer=peer, data=payload, seen_at=seen_at)
+        except ValueError as exc:
+            logger.warning("peer %s: agent frame rejected: %s", peer.label, exc)
+    return False
+
+
+def _client_for(peer: Peer) -> Any:
+    from peers.client import PeerClient
+
+    return PeerClient(peer)
+
+
+async def _stream_once(peer: Peer, on_snapshot: Callable[[], Awaitable[None]]) -> None:
+    """Read one connection of the peer's stream until it ends (raises when it fails)."""
+    from peers.client import PeerUnreachable
+
+    loop = asyncio.get_running_loop()
+    last_stamp = loop.time()
+    async with _client_for(peer).stream_events(EVENTS_PATH, read_timeout=READ_TIMEOUT) as events:
+        response: httpx.Response = events.response
+        if response.status_code != 200:
+            body = (await response.aread())[:300].decode("utf-8", "replace")
+            raise StreamRefused(response.status_code, body)
+        async for sse in events.aiter_sse():
+            is_snapshot = await database_sync_to_async(apply_event)(peer, sse.event, sse.data)
+            if is_snapshot:
+                last_stamp = loop.time()
+                await on_snapshot()
+            elif loop.time() - last_stamp >= LAST_SEEN_INTERVAL:
+                last_stamp = loop.time()
+                await database_sync_to_async(_stamp_last_seen)(peer.pk)
+    raise PeerUnreachable(f"peer {peer.label} closed its events stream")
+
+
+async def subscribe_peer(peer_id: int) -> None:
+    """Keep peer ``peer_id``'s event stream open and its shadows in step, until cancelled or
+    the peer is revoked (spec §7). Each drop marks its shadows stale, then reconnects with
+    ``reconnect_delay``; a snapshot resets the backoff."""
+    failures = 0
+    while True:
+        peer = await database_sync_to_async(_live_peer)(peer_id)
+        if peer is None:
+            return
+        connected = False
+
+        async def snapshot_arrived(peer: Peer = peer) -> None:
+            nonlocal connected, failures
+            if not connected:
+                connected = True
+                failures = 0
+                await database_sync_to_async(peer_reconnected)(peer)
+
+        try:
+            await _stream_once(peer, snapshot_arrived)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if isinstance(exc, StreamRefused) and exc.status in (401, 403):
+                logger.warning("peer %s refused our credential: %s", peer.label, exc)
+            else:
+                logger.info("peer %s events stream failed: %s", peer.label, exc)
+        try:
+            await database_sync_to_async(shadows.shadows_mark_stale)(peer=peer)
+        except Exception:
+            logger.exception("could not mark the shadows of peer %s stale", peer.label)
+        await asyncio.sleep(reconnect_delay(failures))
+        failures += 1
+
+
+# --- the service -------------------------------------------------------------------------
+
+
+def _live_peer_signatures() -> dict[int, tuple[str, str]]:
+    return {
+        pk: (url, token)
+        for pk, url, token in Peer.objects.filter(revoked_at__isnull=True).values_list(
+            "pk", "url", "outbound_token_encrypted"
+        )
+    }
+
+
+class _Subscriptions:
+    """This process's subscriber tasks, by peer id, with the (url, token) each started with."""
+
+    def __init__(self, holder: str) -> None:
+        self.holder = holder
+        self.tasks: dict[int, tuple[asyncio.Task[None], tuple[str, str]]] = {}
+
+    async def stop(self, peer_id: int, *, release: bool = True) -> None:
+        entry = self.tasks.pop(peer_id, None)
+        if entry is not None:
+            entry[0].cancel()
+            await asyncio.gather(entry[0], return_exceptions=True)
+        if release:
+            await database_sync_to_async(subscribe_lease_release)(peer_id=peer_id, holder=self.holder)
+
+    async def scan(self, *, restart: int | None = None) -> None:
+        live = await database_sync_to_async(_live_peer_signatures)()
+        for peer_id in [pk for pk in self.tasks if pk not in live]:
+            await self.stop(peer_id)
+        for peer_id, signature in live.items():
+            entry = self.tasks.get(peer_id)
+            claimed = await database_sync_to_async(subscribe_lease_claim)(peer_id=peer_id, holder=self.holder)
+            if not claimed:
+                if entry is not None:
+                    await self.stop(peer_id, release=False)
+                continue
+            if entry is not None and (entry[1] != signature or entry[0].done() or peer_id == restart):
+                await self.stop(peer_id, release=False)
+                entry = None
+            if entry is None:
+                task = asyncio.create_task(subscribe_peer(peer_id), name=f"mirror-peer-{peer_id}")
+                self.tasks[peer_id] = (task, signature)
+
+    async def close(self) -> None:
+        for peer_id in list(self.tasks):
+            await self.stop(peer_id)
+
+
+async def mirror_loop() -> None:
+    """Background service: subscribe to every live peer whose lease this process gets (spec §7).
+
+    Rescans every ``RESCAN_SECONDS`` and when ``peers.mirror`` rings; a ``mirror.resnapshot``
+    message restarts that peer's stream. On cancellation every stream is closed and every
+    lease released so another process takes over.
+    """
+    layer = get_channel_layer()
+    channel = await layer.new_channel() if layer is not None else None
+    subscriptions = _Subscriptions(current_process_id())
+    receive: asyncio.Future[dict[str, Any]] | None = None
+    try:
+        restart: int | None = None
+        while True:
+            try:
+                await subscriptions.scan(restart=restart)
+            except Exception:
+                logger.exception("peer mirror scan failed")
+            restart = None
+            if layer is None or channel is None:
+                await asyncio.sleep(RESCAN_SECONDS)
+                continue
+            try:
+                await layer.group_add(DOORBELL_GROUP, channel)  # renewed each pass: groups expire
+            except Exception:
+                logger.exception("peer mirror doorbell unavailable")
+            if receive is None:
+                receive = asyncio.ensure_future(layer.receive(channel))
+            done, _ = await asyncio.wait({receive}, timeout=RESCAN_SECONDS)
+            if done:
+                try:
+                    message = receive.result()
+                except Exception:
+                    logger.exception("peer mirror doorbell failed")
+                    message = {}
+                receive = None
+                if message.get("type") == "mirror.resnapshot":
+                    restart = message.get("peer_id")
+    finally:
+        if receive is not None:
+            receive.cancel()
+        try:
+            await asyncio.wait_for(subscriptions.close(), 5)
+            if layer is not None and channel is not None:
+                await asyncio.wait_for(layer.group_discard(DOORBELL_GROUP, channel), 5)
+        except (Exception, asyncio.CancelledError):
+            logger.info("could not release every mirror lease; they expire by themselves")

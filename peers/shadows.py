@@ -1,0 +1,253 @@
+"""Shadow agents: local rows mirroring a peer's agents (spec/peers.md §7, agents.md §1).
+
+A shadow is an ``Agent`` with ``peer`` set and ``peer_agent_id`` = the agent's id on the
+peer, owned by the link's local user (``peer.owner``). Shadows take whatever known
+status their peer reports: their status is written here directly, bypassing the local
+transition table (``dispatch.agents.services.TRANSITIONS``), and every change is
+announced as ``agent.upsert`` on the owner's live-events group after commit.
+
+Frames come from the peer's ``GET /api/v1/peers/events`` (``peers.stream``): each agent
+is ``{id, name, type, status, parent_id, launched_by, updated_at}`` plus, when the peer
+shares events, ``latest_event: {type, message, created_at} | null``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+
+from dispatch.agents.serializers import agent_data
+from dispatch.agents.services import MAX_EVENT_MESSAGE_LENGTH, MAX_NAME_LENGTH, agent_event_record, publish_on_commit
+from dispatch.models import Agent, AgentEvent
+from peers.models import Peer
+
+logger = logging.getLogger(__name__)
+
+Status = Agent.Status
+# Statuses a shadow keeps when its peer stops listing it or is unlinked.
+_AT_REST = (Status.STOPPED, Status.ARCHIVED)
+
+
+def parse_timestamp(value: Any) -> datetime:
+    """An ISO 8601 timestamp as an aware datetime (a naive one is taken as UTC).
+
+    Raises ``ValueError`` for anything that is not a parseable timestamp string.
+    """
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"not a timestamp: {value!r}")
+    parsed = parse_datetime(value)  # ValueError for a well-formed but impossible date
+    if parsed is None:
+        raise ValueError(f"not a timestamp: {value!r}")
+    return parsed if timezone.is_aware(parsed) else parsed.replace(tzinfo=UTC)
+
+
+def _validated_event(latest_event: Mapping[str, Any]) -> tuple[str, str, datetime]:
+    if not isinstance(latest_event, Mapping):
+        raise ValueError("latest_event must be an object")
+    event_type = latest_event.get("type")
+    if event_type not in AgentEvent.Type.values:
+        raise ValueError(f"unknown event type {event_type!r}")
+    message = latest_event.get("message") or ""
+    if not isinstance(message, str):
+        raise ValueError("latest_event.message must be text")
+    message = message.replace("\x00", "")[:MAX_EVENT_MESSAGE_LENGTH]
+    return str(event_type), message, parse_timestamp(latest_event.get("created_at"))
+
+
+def _publish(agent_id: str) -> Agent:
+    fresh = Agent.objects.select_related("owner", "peer").get(pk=agent_id)
+    publish_on_commit(user_id=fresh.owner_id, event="agent.upsert", data=agent_data(fresh))
+    return fresh
+
+
+@transaction.atomic
+def shadow_upsert(
+    *,
+    peer: Peer,
+    peer_agent_id: str,
+    name: str,
+    type: str,
+    status: str,
+    latest_event: Mapping[str, Any] | None = None,
+    parent_peer_agent_id: str | None = None,
+    seen_at: datetime,
+) -> Agent:
+    """Create or update the shadow of the peer's agent ``peer_agent_id`` (spec/peers.md §7).
+
+    The shadow is matched by ``(peer, peer_agent_id)`` and owned by ``peer.owner``.
+    ``status`` is any ``Agent.Status`` value (taken as is, no transition check);
+    ``latest_event`` ``{type, message, created_at}`` is appended to the shadow's timeline
+    with its original timestamp as a mirrored event (a replay adds nothing); ``None``
+    leaves the shadow's events alone. ``parent_peer_agent_id`` links a new shadow (or one
+    without a parent) to the shadow of its parent when that exists. Any frame clears
+    ``stale`` (the stream is connected). ``seen_at`` is when the frame arrived; it
+    becomes ``updated_at`` when something changed. Writes and announces ``agent.upsert``
+    only when something changed.
+
+    Raises ``ValueError`` (nothing written) for an unknown status, an unknown event type,
+    an unparseable event timestamp or an empty id.
+    """
+    if status not in Status.values:
+        raise ValueError(f"unknown status {status!r}")
+    if not isinstance(peer_agent_id, str) or not peer_agent_id or len(peer_agent_id) > 64:
+        raise ValueError(f"bad agent id {peer_agent_id!r}")
+    event = _validated_event(latest_event) if latest_event is not None else None
+    name = (name if isinstance(name, str) else "").replace("\x00", "").strip()[:MAX_NAME_LENGTH] or peer_agent_id
+    type = (type if isinstance(type, str) else "").replace("\x00", "")[:40] or "unknown"
+    parent = None
+    if parent_peer_agent_id:
+        parent = Agent.objects.filter(peer=peer, peer_agent_id=parent_peer_agent_id).order_by("created_at").first()
+    shadow = (
+        Agent.objects.select_for_update().filter(peer=peer, peer_agent_id=peer_agent_id).order_by("created_at").first()
+    )
+    if shadow is None:
+        shadow = Agent.objects.create(
+            owner_id=peer.owner_id,
+            name=name,
+            type=type,
+            status=status,
+            cwd="",
+            host="",
+            parent=parent,
+            peer=peer,
+            peer_agent_id=peer_agent_id,
+            created_at=seen_at,
+            updated_at=seen_at,
+        )
+        changed = True
+    else:
+        fields = []
+        for field, value in (("name", name), ("type", type), ("status", status), ("stale", False)):
+            if getattr(shadow, field) != value:
+                setattr(shadow, field, value)
+                fields.append(field)
+        if parent is not None and shadow.parent_id is None and parent.pk != shadow.pk:
+            shadow.parent = parent
+            fields.append("parent")
+        changed = bool(fields)
+        if changed:
+            shadow.updated_at = seen_at
+            shadow.save(update_fields=[*fields, "updated_at"])
+    recorded = None
+    if event is not None:
+        event_type, message, created_at = event
+        recorded = agent_event_record(
+            agent=shadow, type=event_type, message=message, created_at=created_at, mirrored=True
+        )
+    if changed and recorded is None:  # agent_event_record announced the agent already
+        return _publish(shadow.pk)
+    shadow.refresh_from_db()
+    return shadow
+
+
+def shadow_apply_frame(*, peer: Peer, data: Mapping[str, Any], seen_at: datetime) -> Agent:
+    """Apply one agent of a peer's events stream (a snapshot item or an ``agent.upsert``).
+
+    ``data`` is the scoped shape of ``peers.stream.peer_agent_data``; a missing
+    ``latest_event`` key leaves the shadow's event alone, ``null`` means "no event yet".
+    Raises ``ValueError`` for a malformed frame (see ``shadow_upsert``; also an
+    unparseable ``updated_at``).
+    """
+    if not isinstance(data, Mapping):
+        raise ValueError("an agent frame must be an object")
+    if data.get("updated_at") is not None:
+        parse_timestamp(data.get("updated_at"))
+    parent_id = data.get("parent_id")
+    return shadow_upsert(
+        peer=peer,
+        peer_agent_id=data.get("id"),  # type: ignore[arg-type]  # checked by shadow_upsert
+        name=data.get("name", ""),
+        type=data.get("type", ""),
+        status=data.get("status", ""),
+        latest_event=data.get("latest_event"),
+        parent_peer_agent_id=parent_id if isinstance(parent_id, str) else None,
+        seen_at=seen_at,
+    )
+
+
+def shadows_apply_snapshot(*, peer: Peer, agents: Iterable[Any], seen_at: datetime) -> dict[str, int]:
+    """Apply a ``snapshot`` frame's ``agents``: upsert each, reap the shadows it no longer
+    lists, clear ``stale`` on every shadow of the peer (spec/peers.md §7).
+
+    A malformed item is logged and skipped (its shadow, if any, is not reaped). Returns
+    ``{"applied", "rejected", "reaped"}`` counts.
+    """
+    listed: set[str] = set()
+    applied = rejected = 0
+    for item in agents:
+        if isinstance(item, Mapping) and isinstance(item.get("id"), str):
+            listed.add(item["id"])
+        try:
+            shadow_apply_frame(peer=peer, data=item, seen_at=seen_at)
+            applied += 1
+        except ValueError as exc:
+            rejected += 1
+            logger.warning("peer %s: agent frame rejected: %s", peer.label, exc)
+    reaped = shadows_reap_missing(peer=peer, listed_ids=listed)
+    shadows_clear_stale(peer=peer)
+    return {"applied": applied, "rejected": rejected, "reaped": reaped}
+
+
+def _set_status(shadow: Agent, status: str, note: str) -> None:
+    Agent.objects.filter(pk=shadow.pk).update(status=status, updated_at=timezone.now())
+    shadow.status = status
+    agent_event_record(agent=shadow, type=AgentEvent.Type.SYSTEM, message=note, metadata={"to": status})
+
+
+@transaction.atomic
+def shadows_reap_missing(*, peer: Peer, listed_ids: Iterable[str]) -> int:
+    """Stop the peer's shadows that a snapshot no longer lists (spec/peers.md §7).
+
+    Each one not already stopped or archived becomes ``stopped`` with a ``system`` event
+    "no longer reported by <peer label>". Returns how many were reaped.
+    """
+    listed = set(listed_ids)
+    missing = [
+        shadow
+        for shadow in Agent.objects.select_for_update().filter(peer=peer).exclude(status__in=_AT_REST)
+        if shadow.peer_agent_id not in listed
+    ]
+    for shadow in missing:
+        _set_status(shadow, Status.STOPPED, f"no longer reported by {peer.label}")
+    return len(missing)
+
+
+@transaction.atomic
+def shadows_mark_stale(*, peer: Peer) -> int:
+    """The peer's stream dropped: mark its shadows ``stale`` (spec/peers.md §7).
+
+    Only shadows not already stale (and not archived) change, each with one ``system``
+    event "lost contact with <peer label>": calling this again before the next snapshot
+    adds nothing. Returns how many were marked.
+    """
+    shadows = list(Agent.objects.select_for_update().filter(peer=peer, stale=False).exclude(status=Status.ARCHIVED))
+    for shadow in shadows:
+        Agent.objects.filter(pk=shadow.pk).update(stale=True, updated_at=timezone.now())
+        agent_event_record(agent=shadow, type=AgentEvent.Type.SYSTEM, message=f"lost contact with {peer.label}")
+    return len(shadows)
+
+
+@transaction.atomic
+def shadows_clear_stale(*, peer: Peer) -> int:
+    """Clear ``stale`` on every shadow of the peer (a snapshot arrived); announces each. Returns the count."""
+    ids = list(Agent.objects.select_for_update().filter(peer=peer, stale=True).values_list("pk", flat=True))
+    Agent.objects.filter(pk__in=ids).update(stale=False, updated_at=timezone.now())
+    for agent_id in ids:
+        _publish(agent_id)
+    return len(ids)
+
+
+@transaction.atomic
+def shadows_stop_for_unlink(*, peer: Peer) -> int:
+    """The link was revoked: every shadow of the peer not stopped or archived becomes
+    ``stopped`` with a ``system`` event saying why (spec/peers.md §7). Returns the count."""
+    shadows = list(Agent.objects.select_for_update().filter(peer=peer).exclude(status__in=_AT_REST))
+    for shadow in shadows:
+        _set_status(shadow, Status.STOPPED, f"the link to {peer.label} was removed; this agent is no longer mirrored")
+    return len(shadows)
