@@ -11,8 +11,10 @@ from typing import Any
 
 import httpx
 import pytest
-from django.http import HttpRequest
-from django.test import AsyncRequestFactory, RequestFactory
+from django.contrib.auth.decorators import login_not_required
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.test import AsyncClient, AsyncRequestFactory, Client, RequestFactory, override_settings
+from django.urls import path as url_path
 from django.utils import timezone
 from http_message_signatures import HTTPMessageSigner, algorithms
 
@@ -26,7 +28,7 @@ from peers.auth import (
 )
 from peers.models import Peer
 from tests.peers.conftest import FakePeer, new_key_pair
-from tests.peers.signing import json_body, signed_headers
+from tests.peers.signing import apeer_get, apeer_post, json_body, peer_get, peer_post, signed_headers
 
 MESSAGES = "/api/v1/peers/messages"
 BODY = json_body({"to_agent_id": "a1", "content": "hello", "from": {"instance_id": "inst_x", "agent_id": None}})
@@ -329,3 +331,62 @@ class _OneKey:
 
     def resolve_public_key(self, key_id: str) -> Any:
         return self.fake.private_key.public_key()
+
+
+# --- through Django's real request handlers (ASGI and WSGI), with this module as the URLconf ----
+
+
+@login_not_required
+async def _async_whoami(request: HttpRequest, rest: str) -> HttpResponse:
+    try:
+        peer = await peer_authenticate(request)
+    except PeerAuthError as exc:
+        return peer_error_response(exc)
+    return JsonResponse({"peer": peer.label})
+
+
+@login_not_required
+def _sync_whoami(request: HttpRequest, rest: str) -> HttpResponse:
+    try:
+        peer = peer_authenticate_sync(request)
+    except PeerAuthError as exc:
+        return peer_error_response(exc)
+    return JsonResponse({"peer": peer.label})
+
+
+urlpatterns = [
+    url_path("async/<path:rest>", _async_whoami),
+    url_path("sync/<path:rest>", _sync_whoami),
+]
+
+AWKWARD = "/agents/a%20b~c/stop?q=a%20b&r=%7E&s=1+2&empty="
+
+
+@pytest.mark.django_db(transaction=True)
+@override_settings(ROOT_URLCONF="tests.peers.test_auth")
+async def test_an_async_view_behind_the_asgi_handler_sees_path_and_query_as_signed(
+    make_peer: Callable[..., FakePeer],
+) -> None:
+    from channels.db import database_sync_to_async
+    from django.contrib.auth import get_user_model
+
+    user = await database_sync_to_async(get_user_model().objects.create_user)("erin")
+    fake = await database_sync_to_async(make_peer)(user, label="Asgi")
+    client = AsyncClient()
+    response = await apeer_get(client, fake, "/async" + AWKWARD)
+    assert (response.status_code, response.json()) == (200, {"peer": "Asgi"})
+    response = await apeer_post(client, fake, "/async/messages", {"content": "ünïcode"})
+    assert (response.status_code, response.json()) == (200, {"peer": "Asgi"})
+    response = await client.get("/async/messages", headers={"Authorization": f"Bearer {fake.inbound_token}"})
+    assert response.status_code == 401 and response["WWW-Authenticate"] == "Bearer"
+    assert response.json()["error"]["code"] == "AUTHENTICATION_FAILED"
+
+
+@override_settings(ROOT_URLCONF="tests.peers.test_auth")
+def test_a_sync_view_behind_the_wsgi_handler_sees_path_and_query_as_signed(cloud: FakePeer) -> None:
+    client = Client()
+    response = peer_get(client, cloud, "/sync" + AWKWARD)
+    assert (response.status_code, response.json()) == (200, {"peer": "Cloud"})
+    assert peer_post(client, cloud, "/sync/launch", {"name": "w"}).status_code == 200
+    response = client.get("/sync/messages")
+    assert response.status_code == 401 and response["WWW-Authenticate"] == 'Bearer error="invalid_token"'
