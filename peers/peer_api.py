@@ -1,0 +1,185 @@
+"""The peer API this instance serves to its linked peers (spec/peers.md §5, except events).
+
+| route | capability | answer |
+|---|---|---|
+| ``POST /api/v1/peers/launch`` | ``allow_launch`` | 201 ``{agent_id, name, status}`` |
+| ``POST /api/v1/peers/messages`` | ``allow_message`` | 200 ``{"delivered": true, "message_id"}`` |
+| ``GET /api/v1/peers/repos`` | — | 200 ``{"roots": [...]}`` |
+| ``POST /api/v1/peers/agents/{agent_id}/stop`` / ``archive`` | ``allow_launch`` | 200 ``{agent_id, name, status}`` |
+| ``POST /api/v1/peers/unlink`` | — | 200 ``{"unlinked": true}`` |
+
+Every request is authenticated as a peer (``peers.auth``: bearer token + RFC 9421
+signature, spec §4); then the route's own capability flag is checked (403
+``CAPABILITY_NOT_GRANTED``); every POST needs an ``Idempotency-Key`` (400 without) and is
+answered through a receipt (``peers.receipts``): a repeated key gets the first answer,
+another body under it 422. Errors: ``{"error": {code, message, details}}``; an
+unexpected failure delivering a message is 503 ``TEMPORARILY_UNAVAILABLE`` (the sender
+retries), any other route lets it be a 500.
+
+The views are sync (short database work and at most a tmux command, like the REST API);
+nothing here waits on the network.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.decorators import login_not_required
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import URLPattern, URLResolver, path
+from django.views.decorators.csrf import csrf_exempt
+
+from dispatch.errors import DispatchError
+from dispatch.http import json_object
+from peers import receipts, services
+from peers.auth import PeerAuthError, peer_authenticate_sync, peer_error_response
+from peers.models import Peer
+from peers.pairing import peer_mark_unlinked_by_peer
+from peers.receipts import Answer
+
+logger = logging.getLogger(__name__)
+
+PeerView = Callable[..., Answer]
+
+
+def _error(exc: DispatchError) -> JsonResponse:
+    return JsonResponse(exc.as_dict(), status=exc.http_status)
+
+
+def peer_route(*, method: str, capability: str | None = None) -> Callable[[PeerView], Callable[..., HttpResponse]]:
+    """Wrap ``view(request, peer, **kwargs) -> Answer`` as a peer API route.
+
+    Order of checks: method (405), peer authentication (401/403 from ``peers.auth``),
+    ``capability`` (an ``allow_*`` flag; 403 ``CAPABILITY_NOT_GRANTED``), then the view.
+    ``DispatchError`` renders as ``{"error": …}`` with its status.
+    """
+
+    def decorate(view: PeerView) -> Callable[..., HttpResponse]:
+        @wraps(view)
+        def wrapper(request: HttpRequest, **kwargs: Any) -> HttpResponse:
+            if request.method != method:
+                response = _error(DispatchError("METHOD_NOT_ALLOWED", f"use {method} on this route"))
+                response["Allow"] = method
+                return response
+            try:
+                peer = peer_authenticate_sync(request)
+                if capability is not None:
+                    services.capability_require(peer=peer, flag=capability)
+                answer = view(request, peer, **kwargs)
+            except PeerAuthError as exc:
+                return peer_error_response(exc)
+            except DispatchError as exc:
+                return _error(exc)
+            return JsonResponse(answer.body, status=answer.status)
+
+        return csrf_exempt(login_not_required(wrapper))
+
+    return decorate
+
+
+@peer_route(method="POST", capability="allow_launch")
+def launch(request: HttpRequest, peer: Peer) -> Answer:
+    """``POST /api/v1/peers/launch`` (spec §5 Launch): ``services.peer_launch_here`` once per key.
+
+    201 ``{agent_id, name, status}``; a repeated key returns the first answer. 400 for a
+    bad body or a ``cwd`` outside ``DISPATCH_REPO_ROOTS`` (or none configured); 403 for
+    ``full_access`` without ``allow_full_access``; 409 while a request under the key is
+    still being processed; 422 for another body under the key.
+    """
+    key = receipts.idempotency_key_of(request)
+    body = json_object(request)
+    return receipts.run_once(
+        peer=peer,
+        key=key,
+        route="launch",
+        body=body,
+        act=lambda: Answer(status=201, body=services.launch_answer(services.peer_launch_here(peer=peer, body=body))),
+    )
+
+
+@peer_route(method="POST", capability="allow_message")
+def messages(request: HttpRequest, peer: Peer) -> Answer:
+    """``POST /api/v1/peers/messages`` (spec §5 Messages): ``services.peer_message_deliver``.
+
+    200 ``{"delivered": true, "message_id"}``; a repeated key 200 ``{"delivered": true,
+    "duplicate": true}``; 409 when the agent is gone or not running (permanent; the
+    receipt is removed); 422 for another body under the key; 503 for any other failure
+    (retry).
+    """
+    key = receipts.idempotency_key_of(request)
+    body = json_object(request)
+    try:
+        return services.peer_message_deliver(peer=peer, idempotency_key=key, body=body)
+    except DispatchError:
+        raise
+    except Exception:
+        logger.exception("delivering a message from peer %s failed", peer.label)
+        return Answer(
+            status=503,
+            body={
+                "error": {
+                    "code": "TEMPORARILY_UNAVAILABLE",
+                    "message": "the message could not be delivered now; retry with the same Idempotency-Key",
+                    "details": {},
+                }
+            },
+        )
+
+
+@peer_route(method="GET")
+def repos(request: HttpRequest, peer: Peer) -> Answer:
+    """``GET /api/v1/peers/repos`` (spec §5): 200 ``{"roots": [absolute paths]}`` — the
+    ``DISPATCH_REPO_ROOTS`` a launch's ``cwd`` must be inside (``[]``: launches refused)."""
+    return Answer(status=200, body={"roots": list(settings.REPO_ROOTS)})
+
+
+def _agent_action(route: str, act: Callable[..., Any]) -> PeerView:
+    def view(request: HttpRequest, peer: Peer, agent_id: str) -> Answer:
+        key = receipts.idempotency_key_of(request)
+        body = json_object(request)
+        return receipts.run_once(
+            peer=peer,
+            key=key,
+            route=route,
+            body={"agent_id": agent_id, "body": body},
+            act=lambda: Answer(status=200, body=services.launch_answer(act(peer=peer, agent_id=agent_id))),
+        )
+
+    view.__name__ = f"agent_{route}"
+    view.__doc__ = (
+        f"``POST /api/v1/peers/agents/{{agent_id}}/{route}`` (spec §5): {route} an agent this peer launched.\n\n"
+        "200 ``{agent_id, name, status}``; 404 for any agent the peer did not launch here; 409 when its "
+        "status does not allow it (stop); a repeated key returns the first answer."
+    )
+    return view
+
+
+agent_stop = peer_route(method="POST", capability="allow_launch")(_agent_action("stop", services.peer_agent_stop))
+agent_archive = peer_route(method="POST", capability="allow_launch")(
+    _agent_action("archive", services.peer_agent_archive)
+)
+
+
+@peer_route(method="POST")
+def unlink(request: HttpRequest, peer: Peer) -> Answer:
+    """``POST /api/v1/peers/unlink`` (spec §5, §7): the peer unlinked us, so we revoke our side
+    too (``pairing.peer_mark_unlinked_by_peer``). Needs an ``Idempotency-Key`` like every
+    peer POST (no receipt is kept: once revoked, the peer cannot authenticate again).
+    200 ``{"unlinked": true}``."""
+    receipts.idempotency_key_of(request)
+    peer_mark_unlinked_by_peer(peer=peer)
+    return Answer(status=200, body={"unlinked": True})
+
+
+api_urlpatterns: list[URLPattern | URLResolver] = [
+    path("peers/launch", launch, name="peer-launch"),
+    path("peers/messages", messages, name="peer-messages"),
+    path("peers/repos", repos, name="peer-repos"),
+    path("peers/agents/<str:agent_id>/stop", agent_stop, name="peer-agent-stop"),
+    path("peers/agents/<str:agent_id>/archive", agent_archive, name="peer-agent-archive"),
+    path("peers/unlink", unlink, name="peer-unlink"),
+]

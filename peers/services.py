@@ -1,0 +1,354 @@
+"""Writes the peer API makes on this instance for a linked peer (spec/peers.md §5).
+
+Everything here acts as the link's user (``peer.owner``, spec §1 "Who a link acts as"):
+agents a peer launches are owned by them, messages reach only their local agents, and a
+peer may stop or archive only the agents it launched itself. Capabilities (spec §3) are
+checked by ``capability_require`` before any of these run; ``full_access`` launches are
+checked here.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from dispatch.agents import api as agents_api
+from dispatch.agents import launching, messages
+from dispatch.agents import services as agent_services
+from dispatch.agents.serializers import agent_data
+from dispatch.agents.tools import default_launch_type
+from dispatch.errors import DispatchError, InvalidRequest, NotFound
+from dispatch.models import Agent, AgentEvent, AgentMessage
+from peers import receipts
+from peers.models import Peer
+
+# Capability flag → the refusal's message (spec §3: each route checks its own flag).
+CAPABILITY_MESSAGES: dict[str, str] = {
+    "allow_launch": "launch is not permitted for this peer",
+    "allow_message": "messaging is not permitted for this peer",
+    "allow_full_access": "full access is not permitted for this peer",
+    "allow_events": "events are not permitted for this peer",
+}
+NAME_MAX = 100
+
+
+def capability_require(*, peer: Peer, flag: str) -> None:
+    """Refuse unless ``peer`` was granted ``flag`` (an ``allow_*`` field, spec §3).
+
+    Raises ``DispatchError("CAPABILITY_NOT_GRANTED")`` (403) with the spec's message,
+    e.g. "launch is not permitted for this peer". Reads the row as given: the caller
+    loads the peer per request, so a changed flag takes effect on the next request.
+    """
+    if not getattr(peer, flag):
+        raise DispatchError("CAPABILITY_NOT_GRANTED", CAPABILITY_MESSAGES[flag])
+
+
+# --- containment ---------------------------------------------------------------------------
+
+
+def _outside(cwd: str, roots: list[str]) -> DispatchError:
+    return DispatchError(
+        "PATH_OUTSIDE_ALLOWED_ROOT",
+        f"cwd '{cwd}' is outside the repo roots this instance advertises: {', '.join(roots)}",
+        {"cwd": cwd, "roots": roots},
+    )
+
+
+def launch_cwd_resolve(cwd: Any, *, roots: list[str] | None = None) -> str:
+    """The directory a peer's launch runs in (spec §5 Launch), or a 400 naming the roots.
+
+    ``cwd``: an absolute path, or one starting with ``~`` / ``~/`` (this instance's
+    home). Its realpath (symlinks and ``..`` resolved) must be one of ``roots`` (default
+    ``settings.REPO_ROOTS``, realpaths) or below one, compared segment by segment (``/a/bc``
+    is not inside ``/a/b``), and an existing directory. Raises ``InvalidRequest`` when no
+    roots are configured (incoming launches disabled) or for a malformed ``cwd``, and
+    ``DispatchError("PATH_OUTSIDE_ALLOWED_ROOT")`` (400, ``details.roots``) otherwise.
+    """
+    roots = list(settings.REPO_ROOTS if roots is None else roots)
+    if not roots:
+        raise InvalidRequest(
+            "incoming launches are disabled on this instance: DISPATCH_REPO_ROOTS is empty", {"roots": []}
+        )
+    if not isinstance(cwd, str) or not cwd.strip() or "\x00" in cwd or len(cwd) > 4096:
+        raise InvalidRequest(f"cwd must be an absolute directory inside one of: {', '.join(roots)}", {"roots": roots})
+    text = cwd.strip()
+    if text == "~" or text.startswith("~/"):
+        text = os.path.expanduser("~") + text[1:]
+    if not os.path.isabs(text):
+        raise InvalidRequest(
+            f"cwd must be an absolute path (or start with ~/), not '{cwd}'; repo roots: {', '.join(roots)}",
+            {"roots": roots},
+        )
+    real = os.path.realpath(text)
+    parts = _segments(real)
+    if not any(parts[: len(root_parts)] == root_parts for root_parts in map(_segments, roots)):
+        raise _outside(cwd, roots)
+    if not os.path.isdir(real):
+        raise InvalidRequest(f"cwd '{cwd}' is not an existing directory", {"roots": roots})
+    return real
+
+
+def _segments(path: str) -> list[str]:
+    return [part for part in os.path.normpath(path).split(os.sep) if part]
+
+
+# --- launch ---------------------------------------------------------------------------------
+
+
+def _text(value: Any, what: str, *, max_length: int, required: bool = True) -> str:
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str) or (required and not value.strip()):
+        raise InvalidRequest(f"{what} must be a non-empty string")
+    if len(value) > max_length:
+        raise InvalidRequest(f"{what} must be at most {max_length} characters")
+    return value
+
+
+def _flag(value: Any, what: str) -> bool:
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"{what} must be true or false")
+    return value
+
+
+def sender_address_parse(*, peer: Peer, value: Any, what: str) -> dict[str, Any]:
+    """``{instance_id, agent_id | null, name}`` naming who acts on ``peer`` (spec §5).
+
+    ``instance_id`` must be the peer's own (a peer speaks only for itself:
+    capabilities are never transitive, spec §3); ``agent_id`` a string of at most 64
+    characters or null (a person there); ``name`` 1–100 characters. Returns the three
+    keys only. Raises ``InvalidRequest`` naming ``what`` (``launched_by`` / ``from``).
+    """
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"{what} must be an object {{instance_id, agent_id, name}}")
+    if value.get("instance_id") != peer.instance_id:
+        raise InvalidRequest(f"{what}.instance_id must be the calling peer's instance id ({peer.instance_id})")
+    agent_id = value.get("agent_id")
+    if agent_id is not None and (not isinstance(agent_id, str) or not 0 < len(agent_id) <= 64 or ":" in agent_id):
+        raise InvalidRequest(f"{what}.agent_id must be an agent id (at most 64 characters, no colon) or null")
+    name = _text(value.get("name"), f"{what}.name", max_length=NAME_MAX)
+    return {"instance_id": peer.instance_id, "agent_id": agent_id, "name": name}
+
+
+def launch_preamble(*, peer: Peer, launched_by: dict[str, Any]) -> str:
+    """The text a peer-launched agent gets first (spec §5 Launch), ending in a blank line.
+
+    Names the linked instance by this instance's label for it and the launcher by its
+    address here, ``<label>:<agent id>`` (what ``dispatch_send_message`` takes, §6), or,
+    for a person (``agent_id`` null), by their name.
+    """
+    instance = f'the linked Dispatch instance "{peer.label}"'
+    if launched_by.get("agent_id"):
+        address = f"{peer.label}:{launched_by['agent_id']}"
+        return (
+            f'[Dispatch] You were launched from {instance} by its agent "{launched_by["name"]}" '
+            f"(address {address}). You share none of that agent's context: everything you need is in "
+            f"the instructions below. Send replies and results to {address} with dispatch_send_message.\n\n"
+        )
+    return (
+        f'[Dispatch] You were launched from {instance} by "{launched_by["name"]}", a person there. '
+        "You share none of their context: everything you need is in the instructions below.\n\n"
+    )
+
+
+def _kind(type: str) -> str:
+    if type == agent_services.EXPERT:
+        return "llm"
+    spec = settings.AGENT_TYPES.get(type)
+    return str(spec.kind) if spec is not None else "llm"
+
+
+def peer_launch_here(*, peer: Peer, body: dict[str, Any]) -> Agent:
+    """Launch an agent here for ``peer`` (``POST /api/v1/peers/launch``, spec §5) and return it.
+
+    ``body``: ``{name, prompt, type?, cwd, full_access?, child?, launched_by:
+    {instance_id, agent_id | null, name}}``. ``type`` defaults to what
+    ``dispatch_launch_agent`` launches locally (the first available CLI type of kind
+    ``llm``, else ``expert``). ``cwd`` as ``launch_cwd_resolve``. ``child`` is accepted
+    and has no effect here (the parent lives on the peer, as the shadow's parent). The
+    agent is owned by ``peer.owner`` and records ``launched_by_peer``; an ``llm``-kind
+    agent's prompt starts with ``launch_preamble`` (a ``shell`` agent is meant to get it
+    in ``DISPATCH_LAUNCH_CONTEXT``, which needs ``cli.agent_launch`` to take extra
+    environment — not available yet, so a shell agent gets the prompt alone).
+    Raises ``InvalidRequest`` / ``PATH_OUTSIDE_ALLOWED_ROOT`` (400, bad body, unknown or
+    unavailable type, cwd outside the roots), ``CAPABILITY_NOT_GRANTED`` (403,
+    ``full_access`` without ``allow_full_access``).
+    """
+    name = _text(body.get("name"), "name", max_length=NAME_MAX)
+    prompt = _text(body.get("prompt", ""), "prompt", max_length=messages.MAX_MESSAGE_LENGTH, required=False)
+    type = body.get("type") or default_launch_type()
+    if not isinstance(type, str):
+        raise InvalidRequest("type must be a string")
+    full_access = _flag(body.get("full_access"), "full_access")
+    _flag(body.get("child"), "child")
+    launched_by = sender_address_parse(peer=peer, value=body.get("launched_by"), what="launched_by")
+    if full_access:
+        capability_require(peer=peer, flag="allow_full_access")
+    cwd = launch_cwd_resolve(body.get("cwd"))
+    if _kind(type) == "llm":
+        prompt = launch_preamble(peer=peer, launched_by=launched_by) + prompt
+    # An expert launch commits with its launched_by_peer; a CLI launch is not in a
+    # transaction (its tmux session outlives the request), so the field follows at once.
+    if type != agent_services.EXPERT:
+        agent = launching.agent_launch_any(
+            owner=peer.owner, type=type, name=name, prompt=prompt, cwd=cwd, full_access=full_access
+        )
+        return _record_launched_by_peer(agent=agent, peer=peer, launched_by=launched_by)
+    with transaction.atomic():
+        agent = launching.agent_launch_any(
+            owner=peer.owner, type=type, name=name, prompt=prompt, cwd=cwd, full_access=full_access
+        )
+        return _record_launched_by_peer(agent=agent, peer=peer, launched_by=launched_by)
+
+
+@transaction.atomic
+def _record_launched_by_peer(*, agent: Agent, peer: Peer, launched_by: dict[str, Any]) -> Agent:
+    Agent.objects.filter(pk=agent.pk).update(launched_by_peer=launched_by, updated_at=timezone.now())
+    agent.refresh_from_db()
+    by = f"agent {peer.label}:{launched_by['agent_id']}" if launched_by["agent_id"] else launched_by["name"]
+    agent_services.agent_event_record(
+        agent=agent,
+        type=AgentEvent.Type.SYSTEM,
+        message=f"launched from linked instance {peer.label} by {by}",
+        metadata={"launched_by_peer": launched_by},
+    )
+    agent.refresh_from_db()
+    agent_services.publish_on_commit(user_id=agent.owner_id, event="agent.upsert", data=agent_data(agent))
+    return agent
+
+
+def launch_answer(agent: Agent) -> dict[str, Any]:
+    """The 201 body of a peer launch: ``{agent_id, name, status}`` (spec §5)."""
+    return {"agent_id": agent.pk, "name": agent.name, "status": agent.status}
+
+
+# --- messages -------------------------------------------------------------------------------
+
+
+def _undeliverable(agent_id: str, reason: str, status: str | None = None) -> DispatchError:
+    details: dict[str, Any] = {"to_agent_id": agent_id}
+    if status is not None:
+        details["status"] = status
+    return DispatchError("CONFLICT", f"agent '{agent_id}' cannot take messages: {reason}", details)
+
+
+def peer_message_here(*, peer: Peer, body: dict[str, Any], idempotency_key: str) -> AgentMessage:
+    """Deliver ``peer``'s message to one of the link user's local agents (spec §5 Messages).
+
+    ``body``: ``{to_agent_id, content, from: {instance_id, agent_id | null, name}}``;
+    ``content`` 1–200,000 characters. Records an ``AgentMessage`` with ``sender_peer`` /
+    ``peer`` = ``peer``, ``sender_address`` = ``from`` and the key, following
+    ``messages.message_send``: an expert recipient gets a queued run and the message is
+    ``delivered``; a CLI recipient's message is ``queued`` and its supervisor's doorbell
+    rung after commit; ``message.created`` is announced after commit. Call inside the
+    caller's transaction (with the receipt). Raises ``InvalidRequest`` (400, bad body) and
+    ``DispatchError("CONFLICT")`` (409, permanent: no such agent of the link user, a
+    shadow, archived or not running).
+    """
+    to_agent_id = body.get("to_agent_id")
+    if not isinstance(to_agent_id, str) or not 0 < len(to_agent_id) <= 64:
+        raise InvalidRequest("to_agent_id must be an agent id")
+    sender = sender_address_parse(peer=peer, value=body.get("from"), what="from")
+    content = body.get("content")
+    if not isinstance(content, str) or not content.strip():
+        raise InvalidRequest("content must be a non-empty string")
+    if len(content) > messages.MAX_MESSAGE_LENGTH:
+        raise InvalidRequest(f"content must be at most {messages.MAX_MESSAGE_LENGTH} characters")
+    text = agent_services.storable_text(content, "content")
+    recipient = Agent.objects.select_for_update().filter(pk=to_agent_id, owner=peer.owner).first()
+    if recipient is None:
+        raise _undeliverable(to_agent_id, "no such agent")
+    if recipient.peer_id is not None or recipient.peer_agent_id:
+        raise _undeliverable(to_agent_id, "it is a shadow agent")
+    if recipient.type == agent_services.EXPERT:
+        if recipient.status != Agent.Status.RUNNING:
+            raise _undeliverable(to_agent_id, f"it is not running (status {recipient.status})", recipient.status)
+        agent_services.run_enqueue(agent=recipient, instruction=text)
+        message = AgentMessage.objects.create(
+            sender_peer=peer,
+            sender_address=sender,
+            peer=peer,
+            idempotency_key=idempotency_key,
+            recipient_agent=recipient,
+            content=text,
+            status=AgentMessage.Status.DELIVERED,
+            delivered_at=timezone.now(),
+        )
+    else:
+        if recipient.status not in messages.CLI_ACCEPTING:
+            raise _undeliverable(to_agent_id, f"it is not running (status {recipient.status})", recipient.status)
+        message = AgentMessage.objects.create(
+            sender_peer=peer,
+            sender_address=sender,
+            peer=peer,
+            idempotency_key=idempotency_key,
+            recipient_agent=recipient,
+            content=text,
+        )
+        host = recipient.host
+        transaction.on_commit(lambda: messages.doorbell_ring(host))
+    agent_services.publish_on_commit(
+        user_id=recipient.owner_id, event="message.created", data=messages.message_data(message)
+    )
+    return message
+
+
+# --- stop / archive ---------------------------------------------------------------------------
+
+
+def peer_launched_agent(*, peer: Peer, agent_id: Any) -> Agent:
+    """A local agent ``peer`` launched here (``launched_by_peer.instance_id`` is the peer's,
+    owned by the link user), else ``NotFound`` (404, never telling other agents apart)."""
+    if not isinstance(agent_id, str) or not 0 < len(agent_id) <= 64:
+        raise NotFound("no such agent launched by this peer")
+    agent = Agent.objects.filter(
+        pk=agent_id, owner=peer.owner, launched_by_peer__instance_id=peer.instance_id, peer__isnull=True
+    ).first()
+    if agent is None:
+        raise NotFound(f"no agent '{agent_id}' launched by this peer")
+    return agent
+
+
+def peer_agent_stop(*, peer: Peer, agent_id: str) -> Agent:
+    """Stop an agent ``peer`` launched here (spec §5; ``agents_api.agent_stop_any``).
+
+    Raises ``NotFound`` (404) for any other agent and ``DispatchError("CONFLICT")`` (409)
+    when it cannot stop from its status (already stopped, archived).
+    """
+    agent = peer_launched_agent(peer=peer, agent_id=agent_id)
+    return agents_api.agent_stop_any(agent=agent)
+
+
+def peer_agent_archive(*, peer: Peer, agent_id: str) -> Agent:
+    """Archive an agent ``peer`` launched here (idempotent; ``agents_api.agent_archive_any``).
+
+    Raises ``NotFound`` (404) for any other agent.
+    """
+    agent = peer_launched_agent(peer=peer, agent_id=agent_id)
+    return agents_api.agent_archive_any(agent=agent)
+
+
+def peer_message_deliver(*, peer: Peer, idempotency_key: str, body: dict[str, Any]) -> receipts.Answer:
+    """``POST /api/v1/peers/messages`` (spec §5): the receipt and the message in one transaction.
+
+    New key → ``peer_message_here`` and 200 ``{"delivered": true, "message_id"}`` stored in
+    the receipt. Repeated key, same body → 200 ``{"delivered": true, "duplicate": true}``
+    without delivering again. Raises ``IdempotencyKeyReused`` (422) for another body under
+    the key, and what ``peer_message_here`` raises (400; 409 when the agent is gone or not
+    running) — the transaction rolls back, so the receipt is removed with the message and
+    a retry under the same key is judged afresh.
+    """
+    with transaction.atomic():
+        opened = receipts.receipt_open(peer=peer, key=idempotency_key, route="messages", body=body)
+        if isinstance(opened, receipts.Answer):
+            return receipts.Answer(status=200, body={"delivered": True, "duplicate": True}, replayed=True)
+        message = peer_message_here(peer=peer, body=body, idempotency_key=idempotency_key)
+        answer = receipts.Answer(status=200, body={"delivered": True, "message_id": message.pk})
+        receipts.receipt_close(receipt=opened, answer=answer)
+    return answer
