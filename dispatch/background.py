@@ -126,8 +126,9 @@ def background_services() -> list[Callable[[], Awaitable[None]]]:
     """The background services of this version, each an endless coroutine function."""
     from dispatch.agents.executor import executor_loop
     from peers.mirror import mirror_loop
+    from peers.outbox import outbox_drain_loop
 
-    return [reaper_loop, executor_loop, cli_supervisor_loop, mirror_loop]
+    return [reaper_loop, executor_loop, cli_supervisor_loop, mirror_loop, outbox_drain_loop]
 
 
 async def run_background_services() -> None:

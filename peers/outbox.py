@@ -1,0 +1,478 @@
+"""The durable outbox of messages to peers (spec/peers.md §8: messages are content, status is state).
+
+A message to an agent on a peer is written as an ``AgentMessage`` (status ``queued``) and
+an ``OutboxMessage`` in **one transaction** (``outbox_enqueue``); the drain doorbell is rung
+after commit. ``outbox_drain_loop`` (a background service) drains every 30 s and whenever
+rung: peers concurrently, each under a per-peer drain lease (``PeerLease`` kind
+``drain``), that peer's rows in order, at most 50 per pass, stopping at the first
+transient failure (so one closed laptop never holds another peer's mail).
+
+Outcomes of one POST ``/api/v1/peers/messages`` (header ``Idempotency-Key``):
+
+- 2xx → ``delivered`` (a repeated key answered ``{"duplicate": true}`` counts: the peer
+  had it already, e.g. after a crash between sending and marking);
+- 409 and every other 4xx except 408/429 → permanent: ``dead`` at once, the sending agent
+  gets a ``system`` event saying why, and the drain goes on with the next row;
+- anything else (unreachable, timeout, 408, 429, 5xx) → transient: ``attempts`` + 1 and
+  ``next_attempt_at`` = now + 30 s × 2^(earlier attempts) ±20 % jitter, capped at 15 min;
+  the peer's drain stops for this pass.
+
+A row older than ``DISPATCH_OUTBOX_MAX_AGE`` seconds (default 7 days) is dead-lettered
+instead of sent. The ``AgentMessage`` follows its row: ``queued`` / ``delivered`` /
+``dead``. Retention (``outbox_purge``): delivered rows 7 days, dead and discarded rows
+30 days, ``PeerReceipt`` rows 30 days.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import httpx
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.exceptions import ChannelFull
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from dispatch.agents import services as agent_services
+from dispatch.agents.messages import message_mark_delivered, message_mark_failed
+from dispatch.errors import DispatchError, NotFound
+from dispatch.models import Agent, AgentEvent, AgentMessage
+from peers.client import PeerClient, PeerUnreachable
+from peers.models import OutboxMessage, Peer, PeerLease, PeerReceipt
+
+logger = logging.getLogger(__name__)
+
+DOORBELL_GROUP = "peers.outbox"  # channel-layer group the drain loop listens on
+DRAIN_INTERVAL = 30.0  # seconds between drain passes when nobody rings
+BATCH = 50  # rows per peer per pass
+SEND_TIMEOUT = 30.0  # seconds for one POST /api/v1/peers/messages
+BACKOFF_BASE = 30.0  # seconds
+BACKOFF_CAP = 15 * 60.0  # seconds
+BACKOFF_JITTER = 0.2  # ±20 %
+LEASE_TTL = timedelta(seconds=SEND_TIMEOUT * 2)  # renewed before every row
+DELIVERED_RETENTION = timedelta(days=7)
+DEAD_RETENTION = timedelta(days=30)
+RECEIPT_RETENTION = timedelta(days=30)
+PURGE_INTERVAL = 3600.0  # seconds between retention purges of one drain loop
+MESSAGES_PATH = "/api/v1/peers/messages"
+LEASE_KIND = "drain"
+
+Status = OutboxMessage.Status
+
+
+# --- enqueueing and the doorbell ---------------------------------------------------------------
+
+
+def outbox_ring() -> None:
+    """Wake every drain loop now (``{"type": "outbox.doorbell"}`` to ``DOORBELL_GROUP``).
+
+    Best effort, at most once: a lost ring only delays delivery to the next 30 s pass.
+    Sync code only (``async_to_sync``); never raises.
+    """
+    try:
+        async_to_sync(get_channel_layer().group_send)(DOORBELL_GROUP, {"type": "outbox.doorbell"})
+    except ChannelFull:
+        logger.info("outbox doorbell dropped: channel full")
+    except Exception:
+        logger.exception("outbox doorbell failed")
+
+
+def outbox_enqueue(*, message: AgentMessage, peer: Peer, to_agent_id: str, payload: dict[str, Any]) -> OutboxMessage:
+    """Queue ``message`` for delivery to agent ``to_agent_id`` on ``peer`` (spec §8).
+
+    Must run inside the transaction that created ``message`` (raises ``RuntimeError``
+    otherwise: a message without its outbox row, or the reverse, must never commit).
+    ``payload`` is the ``POST /api/v1/peers/messages`` body ``{to_agent_id, content, from}``.
+    The row's ``idempotency_key`` is ``message.idempotency_key`` (a fresh UUID when empty,
+    written back to the message). Rings the drain doorbell after commit.
+    """
+    if not transaction.get_connection().in_atomic_block:
+        raise RuntimeError("outbox_enqueue must run in the transaction that writes the message")
+    fields: dict[str, Any] = {}
+    if message.idempotency_key:
+        fields["idempotency_key"] = message.idempotency_key
+    row = OutboxMessage.objects.create(message=message, peer=peer, to_agent_id=to_agent_id, payload=payload, **fields)
+    if not message.idempotency_key:
+        message.idempotency_key = row.idempotency_key
+        message.save(update_fields=["idempotency_key"])
+    transaction.on_commit(outbox_ring)
+    return row
+
+
+def backoff_delay(attempts: int, *, rand: Callable[[], float] | None = None) -> float:
+    """Seconds to wait before the next try of a row that failed ``attempts`` times before.
+
+    30 s × 2^attempts, capped at 15 minutes, then ±20 % jitter (``rand()`` in [0, 1),
+    default ``random.random``):
+    0 → 24–36 s, 1 → 48–72 s, …, ≥ 5 → 720–1080 s.
+    """
+    base = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** min(max(attempts, 0), 20))
+    draw = (rand or random.random)()
+    return base * (1 - BACKOFF_JITTER + 2 * BACKOFF_JITTER * draw)
+
+
+def outbox_backoff_reset(peer: Peer | int) -> int:
+    """Make ``peer``'s queued rows due now with their backoff forgotten (``attempts`` = 0),
+    then ring the drain doorbell. The mirroring subscriber calls this when the peer's
+    stream (re)connects (spec §8 "reset when the peer's stream reconnects").
+
+    Returns the number of rows reset.
+    """
+    peer_id = peer.pk if isinstance(peer, Peer) else int(peer)
+    reset = OutboxMessage.objects.filter(peer_id=peer_id, status=Status.QUEUED).update(
+        attempts=0, next_attempt_at=timezone.now()
+    )
+    transaction.on_commit(outbox_ring)
+    return reset
+
+
+# --- the per-peer drain lease ------------------------------------------------------------------
+
+
+def drain_lease_claim(*, peer_id: int, holder: str, ttl: timedelta = LEASE_TTL) -> bool:
+    """Take or renew the drain lease of ``peer_id`` for ``holder`` until now + ``ttl``.
+
+    A conditional UPDATE (held by ``holder`` already, or expired), else an INSERT; a
+    concurrent insert by another holder loses on the unique ``(peer, kind)``. Returns
+    whether ``holder`` holds the lease now.
+    """
+    now = timezone.now()
+    expires = now + ttl
+    taken = (
+        PeerLease.objects.filter(peer_id=peer_id, kind=LEASE_KIND)
+        .filter(Q(holder=holder) | Q(expires_at__lt=now))
+        .update(holder=holder, expires_at=expires)
+    )
+    if taken:
+        return True
+    try:
+        with transaction.atomic():
+            PeerLease.objects.create(peer_id=peer_id, kind=LEASE_KIND, holder=holder, expires_at=expires)
+    except IntegrityError:
+        return False
+    return True
+
+
+def drain_lease_release(*, peer_id: int, holder: str) -> None:
+    """Give up ``holder``'s drain lease of ``peer_id`` (nothing if another holds it)."""
+    PeerLease.objects.filter(peer_id=peer_id, kind=LEASE_KIND, holder=holder).delete()
+
+
+# --- one row's outcome -------------------------------------------------------------------------
+
+
+def _dead_letter(row: OutboxMessage, error: str) -> bool:
+    """``queued`` → ``dead`` for ``row`` and its message; a ``system`` event to the sending agent."""
+    now = timezone.now()
+    with transaction.atomic():
+        if not OutboxMessage.objects.filter(pk=row.pk, status=Status.QUEUED).update(
+            status=Status.DEAD, dead_at=now, last_error=error[:2000]
+        ):
+            return False
+        message = AgentMessage.objects.select_related("sender_agent").get(pk=row.message_id)
+        message_mark_failed(message=message, error=error, dead=True)
+        sender = message.sender_agent
+        if sender is not None and sender.status != Agent.Status.ARCHIVED:
+            peer = Peer.objects.get(pk=row.peer_id)
+            agent_services.agent_event_record(
+                agent=sender,
+                type=AgentEvent.Type.SYSTEM,
+                message=(f"message {message.pk} to {peer.label}:{row.to_agent_id} could not be delivered: {error}")[
+                    : agent_services.MAX_EVENT_MESSAGE_LENGTH
+                ],
+                metadata={"message_id": message.pk, "peer": peer.label, "to_agent_id": row.to_agent_id},
+            )
+    return True
+
+
+def _delivered(row: OutboxMessage) -> bool:
+    with transaction.atomic():
+        if not OutboxMessage.objects.filter(pk=row.pk, status=Status.QUEUED).update(
+            status=Status.DELIVERED, delivered_at=timezone.now(), last_error=""
+        ):
+            return False
+        message_mark_delivered(message=AgentMessage.objects.get(pk=row.message_id))
+    return True
+
+
+def _retry_later(row: OutboxMessage, error: str) -> None:
+    delay = backoff_delay(row.attempts)
+    OutboxMessage.objects.filter(pk=row.pk, status=Status.QUEUED).update(
+        attempts=row.attempts + 1,
+        next_attempt_at=timezone.now() + timedelta(seconds=delay),
+        last_error=error[:2000],
+    )
+
+
+def _error_text(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+        message = body["error"]["message"]
+        if isinstance(message, str) and message:
+            return f"{response.status_code}: {message}"
+    except (ValueError, KeyError, TypeError):
+        logger.debug("peer answered %s without an error body", response.status_code)
+    return f"{response.status_code}: {response.text[:300] or response.reason_phrase}"
+
+
+def is_permanent(status_code: int) -> bool:
+    """Whether an answer of ``status_code`` must never be retried: 409 and every 4xx but 408 and 429."""
+    return 400 <= status_code < 500 and status_code not in (408, 429)
+
+
+def _due_rows(peer_id: int) -> list[OutboxMessage]:
+    return list(
+        OutboxMessage.objects.filter(peer_id=peer_id, status=Status.QUEUED).order_by("created_at", "id")[:BATCH]
+    )
+
+
+def _live_peer(peer_id: int) -> Peer | None:
+    return Peer.objects.filter(pk=peer_id, revoked_at__isnull=True).first()
+
+
+def _peers_with_mail(now: datetime | None = None) -> list[int]:
+    now = now or timezone.now()
+    return sorted(
+        set(
+            OutboxMessage.objects.filter(
+                status=Status.QUEUED, peer__revoked_at__isnull=True, next_attempt_at__lte=now
+            ).values_list("peer_id", flat=True)
+        )
+    )
+
+
+# --- draining ----------------------------------------------------------------------------------
+
+
+@dataclass
+class PeerDrain:
+    """What one drain pass did for one peer: row ids per outcome, and why it stopped early."""
+
+    peer_id: int
+    delivered: list[int] = field(default_factory=list)
+    dead: list[int] = field(default_factory=list)
+    deferred: list[int] = field(default_factory=list)  # transient failure: retried later
+    skipped: str = ""  # "lease held elsewhere", "not due", "revoked"
+
+
+def _db(function: Callable[..., Any]) -> Callable[..., Any]:
+    return database_sync_to_async(function)
+
+
+async def outbox_drain_peer(peer_id: int, *, holder: str, now: datetime | None = None) -> PeerDrain:
+    """One pass over ``peer_id``'s queued rows, in order, under its drain lease (spec §8).
+
+    Takes the lease (another holder's live lease → ``skipped = "lease held elsewhere"``,
+    nothing sent), renews it before every row (lost → stop), sends at most ``BATCH``
+    rows, stops at the first transient failure or at the first row not yet due
+    (``next_attempt_at`` in the future: later rows never overtake it), releases the lease.
+    ``now`` (tests) replaces the clock for the age and due checks.
+    """
+    report = PeerDrain(peer_id=peer_id)
+    if not await _db(drain_lease_claim)(peer_id=peer_id, holder=holder):
+        report.skipped = "lease held elsewhere"
+        return report
+    try:
+        peer = await _db(_live_peer)(peer_id)
+        if peer is None:
+            report.skipped = "revoked"
+            return report
+        client = PeerClient(peer, timeout=SEND_TIMEOUT)
+        max_age = timedelta(seconds=settings.OUTBOX_MAX_AGE)
+        for row in await _db(_due_rows)(peer_id):
+            clock = now or timezone.now()
+            if row.created_at < clock - max_age:
+                why = f"not delivered within {_age_text(max_age)} (last error: {row.last_error or 'none'})"
+                if await _db(_dead_letter)(row, why):
+                    report.dead.append(row.pk)
+                continue
+            if row.next_attempt_at > clock:
+                report.skipped = "not due"
+                break
+            if not await _db(drain_lease_claim)(peer_id=peer_id, holder=holder):
+                report.skipped = "lease lost"
+                break
+            try:
+                response = await client.post(MESSAGES_PATH, row.payload, idempotency_key=row.idempotency_key)
+            except PeerUnreachable as exc:
+                await _db(_retry_later)(row, exc.message)
+                report.deferred.append(row.pk)
+                break
+            if 200 <= response.status_code < 300:
+                if await _db(_delivered)(row):
+                    report.delivered.append(row.pk)
+            elif is_permanent(response.status_code):
+                if await _db(_dead_letter)(row, _error_text(response)):
+                    report.dead.append(row.pk)
+            else:
+                await _db(_retry_later)(row, _error_text(response))
+                report.deferred.append(row.pk)
+                break
+    finally:
+        try:
+            await _db(drain_lease_release)(peer_id=peer_id, holder=holder)
+        except Exception:
+            logger.exception("could not release the drain lease of peer %s; it expires by itself", peer_id)
+    return report
+
+
+def _age_text(age: timedelta) -> str:
+    seconds = int(age.total_seconds())
+    if seconds % 86400 == 0:
+        return f"{seconds // 86400} days"
+    if seconds % 3600 == 0:
+        return f"{seconds // 3600} hours"
+    return f"{seconds} seconds"
+
+
+async def outbox_drain_once(*, holder: str, now: datetime | None = None) -> list[PeerDrain]:
+    """One drain pass: every live peer with a due queued row, drained **concurrently**
+    (``outbox_drain_peer``); a peer whose drain crashes is logged and does not affect the
+    others. Returns the per-peer reports, in peer id order."""
+    peer_ids = await _db(_peers_with_mail)(now)
+
+    async def one(peer_id: int) -> PeerDrain:
+        try:
+            return await outbox_drain_peer(peer_id, holder=holder, now=now)
+        except Exception:
+            logger.exception("draining the outbox of peer %s failed", peer_id)
+            return PeerDrain(peer_id=peer_id, skipped="crashed")
+
+    return list(await asyncio.gather(*(one(peer_id) for peer_id in peer_ids)))
+
+
+def outbox_purge(*, now: datetime | None = None) -> dict[str, int]:
+    """Delete what retention allows (spec §8): delivered rows after 7 days, dead and
+    discarded rows after 30, peer receipts after 30. Returns counts by kind."""
+    clock = now or timezone.now()
+    delivered, _ = OutboxMessage.objects.filter(
+        status=Status.DELIVERED, delivered_at__lt=clock - DELIVERED_RETENTION
+    ).delete()
+    dead, _ = OutboxMessage.objects.filter(
+        Q(status=Status.DEAD) | Q(status=Status.DISCARDED), dead_at__lt=clock - DEAD_RETENTION
+    ).delete()
+    receipts, _ = PeerReceipt.objects.filter(created_at__lt=clock - RECEIPT_RETENTION).delete()
+    return {"delivered": delivered, "dead": dead, "receipts": receipts}
+
+
+async def outbox_drain_loop() -> None:
+    """Background service (``dispatch.background.background_services``): drain every
+    ``DRAIN_INTERVAL`` seconds and whenever ``DOORBELL_GROUP`` rings; purge by retention
+    once an hour. The lease holder id is this process's id plus a random suffix."""
+    from dispatch.presence import current_process_id
+
+    holder = f"{current_process_id()}.{secrets.token_hex(3)}"
+    layer = get_channel_layer()
+    channel = await layer.new_channel() if layer is not None else None
+    last_purge = 0.0
+    loop = asyncio.get_running_loop()
+    try:
+        while True:
+            try:
+                await outbox_drain_once(holder=holder)
+                if loop.time() - last_purge >= PURGE_INTERVAL:
+                    await _db(outbox_purge)()
+                    last_purge = loop.time()
+            except Exception:
+                logger.exception("outbox drain pass failed")
+            await _doorbell_wait(layer, channel, DRAIN_INTERVAL)
+    finally:
+        if layer is not None and channel is not None:
+            try:
+                await asyncio.wait_for(layer.group_discard(DOORBELL_GROUP, channel), 5)
+            except (Exception, asyncio.CancelledError):
+                logger.info("could not leave the outbox doorbell group; it expires by itself")
+
+
+async def _doorbell_wait(layer: Any, channel: str | None, timeout: float) -> None:
+    if layer is None or channel is None:
+        await asyncio.sleep(timeout)
+        return
+    try:
+        await layer.group_add(DOORBELL_GROUP, channel)  # renewed each time: groups expire
+        await asyncio.wait_for(layer.receive(channel), timeout)
+    except TimeoutError:
+        pass
+    except Exception:
+        logger.exception("outbox doorbell wait failed")
+        await asyncio.sleep(timeout)
+
+
+# --- operators: retry and discard --------------------------------------------------------------
+
+
+def _row_for(user: User, outbox_id: Any) -> OutboxMessage:
+    try:
+        pk = int(outbox_id)
+    except (TypeError, ValueError):
+        raise NotFound("no such outbox row") from None
+    rows = OutboxMessage.objects.select_for_update().filter(pk=pk)
+    if not user.is_superuser:
+        rows = rows.filter(peer__owner=user)
+    row = rows.first()
+    if row is None:
+        raise NotFound(f"no outbox row {pk}")
+    return row
+
+
+@transaction.atomic
+def outbox_retry(*, user: User, outbox_id: Any) -> OutboxMessage:
+    """Queue a ``dead`` or ``discarded`` row again (UI and admin, spec §8): ``queued``,
+    attempts 0, due now, and a fresh age (``created_at`` = now, so it queues behind the
+    peer's current mail and is not dead-lettered by age at once); its message goes back
+    to ``queued``. Rings the doorbell after commit.
+
+    ``user``: the link's user (or a superuser). Raises ``NotFound`` for another user's or
+    an unknown row, ``DispatchError("CONFLICT")`` for a queued or delivered row or a
+    revoked peer.
+    """
+    row = _row_for(user, outbox_id)
+    if row.status not in (Status.DEAD, Status.DISCARDED):
+        raise DispatchError("CONFLICT", f"outbox row {row.pk} is {row.status}: only dead or discarded rows are retried")
+    if not Peer.objects.filter(pk=row.peer_id, revoked_at__isnull=True).exists():
+        raise DispatchError("CONFLICT", f"outbox row {row.pk} is for a revoked link")
+    now = timezone.now()
+    row.status = Status.QUEUED
+    row.attempts = 0
+    row.next_attempt_at = now
+    row.created_at = now
+    row.dead_at = None
+    row.last_error = ""
+    row.save(update_fields=["status", "attempts", "next_attempt_at", "created_at", "dead_at", "last_error"])
+    AgentMessage.objects.filter(pk=row.message_id).update(status=AgentMessage.Status.QUEUED, error="")
+    transaction.on_commit(outbox_ring)
+    return row
+
+
+@transaction.atomic
+def outbox_discard(*, user: User, outbox_id: Any) -> OutboxMessage:
+    """Give up a ``queued`` or ``dead`` row for good (UI and admin, spec §8): ``discarded``,
+    never sent; a queued message becomes ``dead`` with the error "discarded by <user>".
+
+    Raises ``NotFound`` for another user's or an unknown row, ``DispatchError("CONFLICT")``
+    for a delivered or already discarded row.
+    """
+    row = _row_for(user, outbox_id)
+    if row.status not in (Status.QUEUED, Status.DEAD):
+        raise DispatchError("CONFLICT", f"outbox row {row.pk} is {row.status}: only queued or dead rows are discarded")
+    error = f"discarded by {user.get_username()}"
+    row.status = Status.DISCARDED
+    row.dead_at = row.dead_at or timezone.now()
+    row.last_error = (row.last_error + "; " if row.last_error else "") + error
+    row.save(update_fields=["status", "dead_at", "last_error"])
+    message = AgentMessage.objects.get(pk=row.message_id)
+    if message.status == AgentMessage.Status.QUEUED:
+        message_mark_failed(message=message, error=error, dead=True)
+    return row
