@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from django.urls import URLPattern, URLResolver
 
-from peers import stream
+from peers import pairing_api, peer_api, stream, views
 
-api_urlpatterns: list[URLPattern | URLResolver] = [*stream.api_urlpatterns]  # mounted under /api/v1/
-urlpatterns: list[URLPattern | URLResolver] = []  # pages
+api_urlpatterns: list[URLPattern | URLResolver] = [  # mounted under /api/v1/
+    *stream.api_urlpatterns,
+    *pairing_api.api_urlpatterns,
+    *peer_api.api_urlpatterns,
+]
+urlpatterns: list[URLPattern | URLResolver] = [*views.urlpatterns]  # pages

@@ -1,0 +1,194 @@
+"""Pairing routes (spec/peers.md §2) and the staff-only peer management API.
+
+- ``POST /api/v1/peers/claim`` — open (no user, no CSRF: another instance's server calls
+  it), rate-limited; body and answer as spec §2.
+- ``POST /api/v1/peers/offers`` → ``{code, expires_at, address, fingerprint}``
+- ``POST /api/v1/peers/link`` ``{url, code, label?, allow_*?, as_user?}`` →
+  ``{peer, our_fingerprint, their_fingerprint}``
+- ``GET /api/v1/peers`` → ``{"peers": [...]}`` (the caller's live links)
+- ``PATCH /api/v1/peers/{id}`` ``{label?, allow_*?}`` → the peer
+- ``DELETE /api/v1/peers/{id}`` → the peer, revoked
+
+The user-facing routes take an API token or a session (+ CSRF) and answer 403 to
+non-staff users. Errors use the one shape ``{"error": {code, message, details}}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from channels.db import database_sync_to_async
+from django.contrib.auth.decorators import login_not_required
+from django.contrib.auth.models import User
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.urls import URLPattern, path
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_http_methods, require_POST
+
+from dispatch.errors import DispatchError, InvalidRequest
+from dispatch.http import error_response, json_api, json_object
+from peers import pairing
+from peers.models import Peer
+from peers.selectors import outbox_counts, peer_get_for, peers_for
+
+
+def peer_data(peer: Peer, outbox: dict[str, int] | None = None) -> dict[str, Any]:
+    """A peer as the API shows it (never a token: the inbound token's prefix only)."""
+    return {
+        "id": peer.pk,
+        "label": peer.label,
+        "reported_name": peer.reported_name,
+        "instance_id": peer.instance_id,
+        "url": peer.url,
+        "fingerprint": peer.fingerprint,
+        "owner": peer.owner.get_username(),
+        "capabilities": {name: getattr(peer, name) for name in pairing.CAPABILITIES},
+        "granted_by_peer": peer.granted_by_peer,
+        "inbound_prefix": peer.inbound_prefix,
+        "created_at": peer.created_at.isoformat(),
+        "last_seen_at": peer.last_seen_at.isoformat() if peer.last_seen_at else None,
+        "revoked_at": peer.revoked_at.isoformat() if peer.revoked_at else None,
+        "unlinked_by_peer": peer.unlinked_by_peer,
+        "outbox": outbox if outbox is not None else {"queued": 0, "dead": 0},
+    }
+
+
+def _client_address(request: HttpRequest) -> str:
+    return str(request.META.get("REMOTE_ADDR") or "")
+
+
+@csrf_exempt
+@login_not_required
+@require_POST
+async def claim_api(request: HttpRequest) -> HttpResponse:
+    """``POST /api/v1/peers/claim`` (spec §2 step 3): open, for another instance's server.
+
+    200 ``{protocol_version, instance_id, name, url, public_key, token_for_you,
+    capabilities}``; 429 rate limit, 400 protocol or body, 401 bad code, 409 slot taken.
+    """
+    try:
+        body = json_object(request)
+        answer = await database_sync_to_async(pairing.offer_claim)(body=body, client_address=_client_address(request))
+    except DispatchError as exc:
+        response = JsonResponse(exc.as_dict(), status=exc.http_status)
+        if exc.http_status == 429:
+            response["Retry-After"] = "60"
+        return response
+    return JsonResponse(answer)
+
+
+def _staff(user: User) -> None:
+    if not user.is_staff:
+        raise DispatchError("PERMISSION_DENIED", "pairing is for staff users only")
+
+
+def _flags(body: dict[str, Any]) -> dict[str, bool]:
+    return {name: body[name] for name in pairing.CAPABILITIES if name in body}
+
+
+def _as_user(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise InvalidRequest("as_user must be a username")
+    return value
+
+
+def _offer_for(user: User, body: dict[str, Any]) -> dict[str, Any]:
+    as_user = _as_user(body.get("as_user"))
+    link_user = None
+    if as_user is not None:
+        link_user = User.objects.filter(username=as_user).first()
+        if link_user is None:
+            raise DispatchError("NOT_FOUND", f"no user '{as_user}'")
+    return pairing.offer_create(user=user, link_user=link_user, **_flags(body)).as_dict()
+
+
+@require_POST
+@json_api
+async def offers_api(request: HttpRequest, user: User) -> dict[str, Any]:
+    """``POST /api/v1/peers/offers`` ``{allow_*?, as_user?}`` → 200 ``{code, expires_at,
+    address, fingerprint}`` (spec §2 step 1). 403 non-staff, 409 a sixth live offer."""
+    _staff(user)
+    return await database_sync_to_async(_offer_for)(user, json_object(request))
+
+
+@require_POST
+@json_api
+async def link_api(request: HttpRequest, user: User) -> dict[str, Any]:
+    """``POST /api/v1/peers/link`` ``{url, code, label?, allow_*?, as_user?}`` → 200
+    ``{peer, our_fingerprint, their_fingerprint}`` (spec §2 steps 2 and 4)."""
+    _staff(user)
+    body = json_object(request)
+    label = body.get("label")
+    if label == "":
+        label = None
+    result = await pairing.peer_link(
+        user=user,
+        url=str(body.get("url") or ""),
+        code=str(body.get("code") or ""),
+        label=label,
+        as_user=_as_user(body.get("as_user")),
+        **_flags(body),
+    )
+    data = await database_sync_to_async(peer_data)(result.peer)
+    return {"peer": data, "our_fingerprint": result.our_fingerprint, "their_fingerprint": result.their_fingerprint}
+
+
+def _list(user: User) -> dict[str, Any]:
+    peers = list(peers_for(user=user))
+    counts = outbox_counts(peer_ids=[peer.pk for peer in peers])
+    return {"peers": [peer_data(peer, counts[peer.pk]) for peer in peers]}
+
+
+@require_http_methods(["GET"])
+@json_api
+async def peers_api(request: HttpRequest, user: User) -> dict[str, Any]:
+    """``GET /api/v1/peers`` → ``{"peers": [...]}``: the caller's live links with outbox counts."""
+    _staff(user)
+    return await database_sync_to_async(_list)(user)
+
+
+def _update(user: User, peer_id: int, body: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(body) - {"label", *pairing.CAPABILITIES})
+    if unknown:
+        raise InvalidRequest(
+            f"unknown field {', '.join(unknown)}; you can change label and {', '.join(pairing.CAPABILITIES)}"
+        )
+    from django.db import transaction
+
+    with transaction.atomic():
+        if "label" in body:
+            pairing.peer_rename(user=user, peer_id=peer_id, label=body["label"])
+        flags = _flags(body)
+        if flags:
+            pairing.peer_capabilities_set(user=user, peer_id=peer_id, **flags)
+    peer = peer_get_for(user=user, peer_id=peer_id)
+    return peer_data(peer, outbox_counts(peer_ids=[peer.pk])[peer.pk])
+
+
+def _delete(user: User, peer_id: int) -> dict[str, Any]:
+    return peer_data(pairing.peer_unlink(user=user, peer_id=peer_id))
+
+
+@require_http_methods(["PATCH", "DELETE"])
+@json_api
+async def peer_api(request: HttpRequest, user: User, peer_id: int) -> dict[str, Any] | HttpResponse:
+    """``PATCH /api/v1/peers/{id}`` ``{label?, allow_*?}`` → the peer (409 a taken label);
+    ``DELETE /api/v1/peers/{id}`` → the peer, revoked (spec §7 unlink). 404 not the caller's."""
+    _staff(user)
+    try:
+        if request.method == "DELETE":
+            return await database_sync_to_async(_delete)(user, peer_id)
+        return await database_sync_to_async(_update)(user, peer_id, json_object(request))
+    except DispatchError as exc:
+        return error_response(exc)
+
+
+api_urlpatterns: list[URLPattern] = [
+    path("peers/claim", claim_api, name="api-peers-claim"),
+    path("peers/offers", offers_api, name="api-peers-offers"),
+    path("peers/link", link_api, name="api-peers-link"),
+    path("peers", peers_api, name="api-peers"),
+    path("peers/<int:peer_id>", peer_api, name="api-peer"),
+]

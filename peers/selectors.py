@@ -1,0 +1,88 @@
+"""Reads of the peers app (CONVENTIONS.md "selectors"): always for a caller, never a bare ``.get``.
+
+Spec: spec/peers.md §1 (who a link acts as: one user per side — no other user sees the
+link), §6 (locations: a label or an instance id, case-insensitive).
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import User
+from django.db.models import Count, Q, QuerySet
+from django.utils import timezone
+
+from dispatch.errors import InvalidRequest, NotFound
+from peers.models import OutboxMessage, PairingOffer, Peer
+
+
+def peers_for(*, user: User) -> QuerySet[Peer]:
+    """The live peers whose link acts as ``user`` (spec §1), by label (case-insensitive)."""
+    return Peer.objects.filter(owner=user, revoked_at__isnull=True).select_related("owner").order_by("label", "id")
+
+
+def peer_get_for(*, user: User, peer_id: int) -> Peer:
+    """One of ``user``'s live peers; ``NotFound`` (404) for another user's, a revoked or an unknown one."""
+    peer = peers_for(user=user).filter(pk=peer_id).first()
+    if peer is None:
+        raise NotFound(f"no linked instance {peer_id}")
+    return peer
+
+
+def peer_resolve_location(*, user: User, location: str) -> Peer:
+    """The peer a ``location`` names (spec §6): a label or an instance id, case-insensitive,
+    among ``user``'s live peers.
+
+    Raises ``NotFound`` (404) listing the user's labels when nothing matches, and
+    ``InvalidRequest`` (400) listing the matches when the text names two peers (one's
+    label is another's instance id).
+    """
+    text = (location or "").strip()
+    candidates = peers_for(user=user)
+    matches = list(candidates.filter(Q(label__iexact=text) | Q(instance_id__iexact=text)))
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        labels = [peer.label for peer in candidates]
+        known = ", ".join(labels) if labels else "none"
+        raise NotFound(f"no linked instance '{text}'; your linked instances: {known}", {"labels": labels})
+    named = [f"{peer.label} ({peer.instance_id})" for peer in matches]
+    raise InvalidRequest(
+        f"location '{text}' is ambiguous: it matches {', '.join(named)}; use the instance id",
+        {"matches": [{"label": peer.label, "instance_id": peer.instance_id} for peer in matches]},
+    )
+
+
+def label_taken(*, label: str, exclude_peer_id: int | None = None) -> bool:
+    """Whether a live peer (any user's: labels are unique per instance, spec §6) has ``label``, ignoring case."""
+    taken = Peer.objects.filter(revoked_at__isnull=True, label__iexact=label)
+    if exclude_peer_id is not None:
+        taken = taken.exclude(pk=exclude_peer_id)
+    return taken.exists()
+
+
+def live_offers() -> QuerySet[PairingOffer]:
+    """Pairing offers still usable: not used, not burned, not expired (spec §2 step 1)."""
+    return PairingOffer.objects.filter(used_at__isnull=True, burned_at__isnull=True, expires_at__gt=timezone.now())
+
+
+def outbox_counts(*, peer_ids: list[int]) -> dict[int, dict[str, int]]:
+    """``{peer_id: {"queued": n, "dead": n}}`` for the given peers (spec §8 "Operators see
+    queued and dead rows"); a peer without rows gets zeros."""
+    counts: dict[int, dict[str, int]] = {peer_id: {"queued": 0, "dead": 0} for peer_id in peer_ids}
+    rows = (
+        OutboxMessage.objects.filter(
+            peer_id__in=peer_ids, status__in=[OutboxMessage.Status.QUEUED, OutboxMessage.Status.DEAD]
+        )
+        .values("peer_id", "status")
+        .annotate(n=Count("id"))
+    )
+    for row in rows:
+        counts[row["peer_id"]][row["status"]] = row["n"]
+    return counts
+
+
+def outbox_rows_for(*, user: User, peer_id: int) -> QuerySet[OutboxMessage]:
+    """The queued and dead outbox rows of one of ``user``'s peers, oldest first (``NotFound`` otherwise)."""
+    peer = peer_get_for(user=user, peer_id=peer_id)
+    return OutboxMessage.objects.filter(
+        peer=peer, status__in=[OutboxMessage.Status.QUEUED, OutboxMessage.Status.DEAD]
+    ).order_by("created_at", "id")
