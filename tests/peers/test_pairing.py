@@ -86,7 +86,9 @@ def test_only_staff_can_make_an_offer(member: Any) -> None:
     assert refused.value.http_status == 403
 
 
-def test_a_claim_links_the_claimant_with_the_offers_user_and_capabilities(client: Client, owner: Any, member: Any) -> None:
+def test_a_claim_links_the_claimant_with_the_offers_user_and_capabilities(
+    client: Client, owner: Any, member: Any
+) -> None:
     issued = offer_create(user=owner, link_user=member, allow_launch=False, allow_full_access=True)
     body = claim_body(issued.code)
     response = claim(client, body)
@@ -178,9 +180,7 @@ def test_a_protocol_mismatch_is_400_naming_both_versions(client: Client, owner: 
     assert PairingOffer.objects.get().used_at is None
 
 
-def test_a_slot_takeover_is_409_and_leaves_the_existing_link_intact(
-    client: Client, owner: Any, make_peer: Any
-) -> None:
+def test_a_slot_takeover_is_409_and_leaves_the_existing_link_intact(client: Client, owner: Any, make_peer: Any) -> None:
     existing = make_peer(owner, label="Cloud")
     before = Peer.objects.values().get(pk=existing.peer.pk)
     issued = offer_create(user=owner)
