@@ -193,24 +193,23 @@ def peer_launch_here(*, peer: Peer, body: dict[str, Any]) -> Agent:
     cwd = launch_cwd_resolve(body.get("cwd"))
     if _kind(type) == "llm":
         prompt = launch_preamble(peer=peer, launched_by=launched_by) + prompt
-    # An expert launch commits with its launched_by_peer; a CLI launch is not in a
-    # transaction (its tmux session outlives the request), so the field follows at once.
-    if type != agent_services.EXPERT:
-        agent = launching.agent_launch_any(
-            owner=peer.owner, type=type, name=name, prompt=prompt, cwd=cwd, full_access=full_access
-        )
-        return _record_launched_by_peer(agent=agent, peer=peer, launched_by=launched_by)
-    with transaction.atomic():
-        agent = launching.agent_launch_any(
-            owner=peer.owner, type=type, name=name, prompt=prompt, cwd=cwd, full_access=full_access
-        )
-        return _record_launched_by_peer(agent=agent, peer=peer, launched_by=launched_by)
+    # The agent is created with its launched_by_peer (a shell agent's session reads it for
+    # DISPATCH_LAUNCH_CONTEXT); a CLI launch is not in a transaction (its tmux session
+    # outlives the request).
+    agent = launching.agent_launch_any(
+        owner=peer.owner,
+        type=type,
+        name=name,
+        prompt=prompt,
+        cwd=cwd,
+        full_access=full_access,
+        launched_by_peer=launched_by,
+    )
+    return _record_launched_by_peer(agent=agent, peer=peer, launched_by=launched_by)
 
 
 @transaction.atomic
 def _record_launched_by_peer(*, agent: Agent, peer: Peer, launched_by: dict[str, Any]) -> Agent:
-    Agent.objects.filter(pk=agent.pk).update(launched_by_peer=launched_by, updated_at=timezone.now())
-    agent.refresh_from_db()
     by = f"agent {peer.label}:{launched_by['agent_id']}" if launched_by["agent_id"] else launched_by["name"]
     agent_services.agent_event_record(
         agent=agent,

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -159,6 +160,21 @@ def _kill_own(runner: TmuxRunner, name: str, instance_id: str) -> None:
         logger.warning("could not list tmux sessions: %s", error)
 
 
+def _launch_context(agent: Agent) -> str | None:
+    """For an agent a peer launched (``launched_by_peer``), the preamble an ``llm`` agent
+    would get in its prompt, for a ``shell`` agent's ``DISPATCH_LAUNCH_CONTEXT``
+    (spec/peers.md §5 Launch); ``None`` otherwise or when the link is gone."""
+    if not agent.launched_by_peer:
+        return None
+    from peers.models import Peer
+    from peers.services import launch_preamble
+
+    peer = Peer.objects.filter(
+        owner_id=agent.owner_id, instance_id=agent.launched_by_peer.get("instance_id"), revoked_at__isnull=True
+    ).first()
+    return launch_preamble(peer=peer, launched_by=agent.launched_by_peer).strip() if peer is not None else None
+
+
 def _start_session(*, agent: Agent, runner: TmuxRunner, instance_id: str | None = None) -> bool:
     """Start the ``creating`` agent's session and mark it ``running``; ``error`` on failure.
 
@@ -179,6 +195,9 @@ def _start_session(*, agent: Agent, runner: TmuxRunner, instance_id: str | None 
         "DISPATCH_MCP_URL": url,
         "DISPATCH_MCP_TOKEN": token,
     }
+    context = _launch_context(agent) if spec.kind == "shell" else None
+    if context:
+        env["DISPATCH_LAUNCH_CONTEXT"] = context
     Agent.objects.filter(pk=agent.pk).update(
         pane_hash="", pane_changed_at=None, stop_requested_at=None, stop_interrupted=False
     )
@@ -212,6 +231,7 @@ def agent_launch(
     parent: Agent | None = None,
     launched_by: Agent | None = None,
     full_access: bool = False,
+    launched_by_peer: dict[str, Any] | None = None,
     runner: TmuxRunner | None = None,
 ) -> Agent:
     """Launch a CLI agent of ``type`` (spec/agents.md §2 steps 1–4) and return it.
@@ -230,7 +250,14 @@ def agent_launch(
     tmux = _runner(runner)
     with transaction.atomic():
         agent = services.agent_create(
-            owner=owner, type=type, name=name, cwd=cwd, parent=parent, launched_by=launched_by, full_access=full_access
+            owner=owner,
+            type=type,
+            name=name,
+            cwd=cwd,
+            parent=parent,
+            launched_by=launched_by,
+            full_access=full_access,
+            launched_by_peer=launched_by_peer,
         )
         if isinstance(prompt, str) and prompt.strip():
             messages.message_send(

@@ -6,6 +6,8 @@ spec/agents.md §5 ``POST /agents`` and §6 ``dispatch_launch_agent``. ``locatio
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
@@ -31,6 +33,7 @@ def agent_launch_any(
     launched_by: Agent | None = None,
     child: bool = False,
     full_access: bool = False,
+    launched_by_peer: dict[str, Any] | None = None,
 ) -> Agent:
     """Launch a local agent of ``type`` and return it (201 material).
 
@@ -40,6 +43,8 @@ def agent_launch_any(
     run; a CLI agent is started in tmux with ``prompt`` as its first message
     (``cli.agent_launch``). Raises ``InvalidRequest`` for an unknown type or one whose
     program is not on PATH (the message lists what is available), a bad name or cwd.
+    ``launched_by_peer`` (``{instance_id, agent_id | null, name}``) marks an agent a peer
+    launched (spec/peers.md §5): a ``shell`` agent then gets ``DISPATCH_LAUNCH_CONTEXT``.
     """
     types = launchable_types()
     if type not in types:
@@ -66,6 +71,7 @@ def agent_launch_any(
             parent=parent,
             launched_by=launched_by,
             full_access=full_access,
+            launched_by_peer=launched_by_peer,
         )
     with transaction.atomic():
         agent = services.agent_create(
@@ -76,6 +82,7 @@ def agent_launch_any(
             parent=parent,
             launched_by=launched_by,
             full_access=full_access,
+            launched_by_peer=launched_by_peer,
         )
         if prompt.strip():
             services.run_enqueue(agent=agent, instruction=prompt)

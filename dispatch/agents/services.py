@@ -153,13 +153,16 @@ def agent_create(
     parent: Agent | None = None,
     launched_by: Agent | None = None,
     full_access: bool = False,
+    launched_by_peer: Mapping[str, Any] | None = None,
 ) -> Agent:
     """Insert an agent (spec/agents.md §1) and announce it.
 
     ``type`` is one of ``agent_types()``; ``name`` 1–100 characters (trimmed); ``cwd`` as
     ``validate_cwd``; ``parent`` and ``launched_by`` must be ``owner``'s agents. An
     ``expert`` agent has no process and starts ``running``; a CLI agent starts
-    ``creating`` (its launcher starts tmux and moves it on). Raises ``InvalidRequest``,
+    ``creating`` (its launcher starts tmux and moves it on). ``launched_by_peer`` is
+    ``{instance_id, agent_id | null, name}`` for an agent a peer launched (peers.md §5).
+    Raises ``InvalidRequest``,
     or ``NotFound`` for another user's parent or launcher.
     """
     if type not in agent_types():
@@ -172,6 +175,7 @@ def agent_create(
         parent=_own_agent(owner, parent, "parent"),
         launched_by=_own_agent(owner, launched_by, "launched_by"),
         full_access=bool(full_access),
+        launched_by_peer=_json_object(launched_by_peer, "launched_by_peer") if launched_by_peer else None,
         status=Status.RUNNING if type == EXPERT else Status.CREATING,
         host=HOSTNAME,
     )

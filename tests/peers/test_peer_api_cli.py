@@ -115,10 +115,6 @@ def test_a_peer_stops_the_shell_agent_it_launched(client, cloud, repo_root, runn
     supervise_until(runner, lambda: Agent.objects.get(pk=agent.pk).status == "stopped", "the agent to stop")
 
 
-@pytest.mark.skip(
-    reason="LEAD: enable once dispatch/agents/cli.agent_launch takes extra_env (spec/peers.md §5: a shell agent "
-    "gets the launch preamble in DISPATCH_LAUNCH_CONTEXT) and peers.services.peer_launch_here passes it"
-)
 def test_a_peer_launched_shell_agent_has_the_launch_context_in_its_environment(client, cloud, repo_root, runner):
     agent = launch_shell(client, cloud, repo_root, 'echo "ctx=$DISPATCH_LAUNCH_CONTEXT"')
 
