@@ -530,7 +530,10 @@ def peer_rename(*, user: User, peer_id: int, label: str) -> Peer:
     Raises ``NotFound`` (404), ``InvalidRequest`` (400) for an invalid label, and
     ``CONFLICT`` (409) when another live peer has it, ignoring case.
     """
-    peer = peer_get_for(user=user, peer_id=peer_id)
+    return _rename(peer_get_for(user=user, peer_id=peer_id), label)
+
+
+def _rename(peer: Peer, label: Any) -> Peer:
     text = label_validate(label)
     if label_taken(label=text, exclude_peer_id=peer.pk):
         raise DispatchError(
@@ -642,6 +645,23 @@ def peer_revoke_admin(*, peer: Peer, actor: User) -> Peer:
             return row
         _revoke_locally(row, reason=f"revoked by {actor.get_username()} (admin)", by_peer=False)
         transaction.on_commit(lambda: _notify_unlinked(row))
+    return row
+
+
+@transaction.atomic
+def peer_admin_update(*, peer: Peer, label: str, **capabilities: bool) -> Peer:
+    """The admin's edit of any peer: its label (spec §6 rules, 409 when taken) and the
+    capability flags (spec §3), in one transaction; nothing is kept if either is refused."""
+    row = Peer.objects.select_for_update().get(pk=peer.pk)
+    if label != row.label:
+        row = _rename(row, label)
+    unknown = sorted(set(capabilities) - set(CAPABILITIES))
+    if unknown:
+        raise InvalidRequest(f"unknown capability {', '.join(unknown)}")
+    for name, value in _capabilities({**{n: getattr(row, n) for n in CAPABILITIES}, **capabilities}).items():
+        setattr(row, name, value)
+    row.updated_at = timezone.now()
+    row.save(update_fields=[*CAPABILITIES, "updated_at"])
     return row
 
 
