@@ -257,6 +257,8 @@ async def subscribe_peer(peer_id: int) -> None:
                 logger.warning("peer %s refused our credential: %s", peer.label, exc)
             else:
                 logger.info("peer %s events stream failed: %s", peer.label, exc)
+        if await database_sync_to_async(_live_peer)(peer_id) is None:
+            return  # unlinked meanwhile: its shadows were stopped, they are not "lost"
         try:
             await database_sync_to_async(shadows.shadows_mark_stale)(peer=peer)
         except Exception:

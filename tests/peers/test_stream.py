@@ -17,6 +17,7 @@ import httpx
 import pytest
 from channels.db import database_sync_to_async
 from django.contrib.auth.models import User
+from django.utils import timezone
 
 from dispatch.agents.services import agent_create, agent_event_record, agent_set_status
 from dispatch.models import Agent
@@ -232,3 +233,16 @@ def test_a_signed_peer_gets_the_snapshot_then_upserts_through_serve():
                 assert set(upsert["data"]) == AGENT_KEYS | {"latest_event"}
             finally:
                 response.close()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_revoked_link_ends_the_stream_at_the_next_keep_alive(owner, make_peer, monkeypatch):
+    monkeypatch.setattr(stream, "KEEPALIVE_SECONDS", 0.1)
+    fake = await database_sync_to_async(make_peer)(owner)
+    frames = await stream.peer_events_open(fake.peer)
+    assert parse(await asyncio.wait_for(anext(frames), 5))["event"] == "snapshot"
+    assert (await asyncio.wait_for(anext(frames), 5)).startswith(": keep-alive")
+    await database_sync_to_async(Peer.objects.filter(pk=fake.peer.pk).update)(revoked_at=timezone.now())
+    with pytest.raises(StopAsyncIteration):
+        while True:
+            await asyncio.wait_for(anext(frames), 5)
