@@ -597,7 +597,7 @@ def _notify_unlinked(peer: Peer) -> None:
             logger.warning("peers.client is missing: %s is not told it was unlinked", peer.label)
             return
         try:
-            response = await PeerClient(peer, timeout=10.0).post(
+            response = await PeerClient(peer, timeout=10.0, identity=identity).post(
                 UNLINK_PATH, {"instance_id": identity.instance_id}, idempotency_key=new_idempotency_key()
             )
             logger.info("told %s it was unlinked: HTTP %s", peer.label, response.status_code)

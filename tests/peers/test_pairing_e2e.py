@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import re
 
+import httpx
 import pytest
 
-from tests.infra import PYTHON, REPO, Instance, Process, Server, free_port, instance
+from tests.infra import PYTHON, REPO, Instance, Process, Server, free_port, instance, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -75,3 +76,22 @@ def test_two_instances_pair_with_the_commands_and_each_pins_the_others_key() -> 
             "print('status', asyncio.run(PeerClient(peer).get('/api/v1/peers/repos')).status_code)",
         ).stdout
         assert "status 200" in answer, answer
+
+        # Unlinking on A revokes A's side at once and tells B, which revokes its side too.
+        gone = httpx.delete(
+            f"{server_a.url}/api/v1/peers/{on_a[0]['id']}", headers={"Authorization": f"Bearer {a.admin_token}"}
+        )
+        assert gone.status_code == 200, gone.text
+        assert server_a.get("/api/v1/peers", a.admin_token).json()["peers"] == []
+        wait_until(
+            lambda: server_b.get("/api/v1/peers", b.admin_token).json()["peers"] == [],
+            timeout=20,
+            what="B to revoke the link A unlinked",
+            details=server_a.log,
+        )
+        told = b.manage(
+            "shell",
+            "-c",
+            "from peers.models import Peer; print('unlinked_by_peer', Peer.objects.get().unlinked_by_peer)",
+        ).stdout
+        assert "unlinked_by_peer True" in told

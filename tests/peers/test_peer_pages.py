@@ -138,3 +138,11 @@ def test_linking_through_the_page_to_a_real_instance_shows_both_fingerprints(own
         assert peer.granted_by_peer["allow_launch"] is False
         there = server.get("/api/v1/peers", b.admin_token).json()["peers"]
         assert [p["fingerprint"] for p in there] == [identity_get().fingerprint]
+
+
+def test_staff_rename_this_instance_and_others_cannot(owner: Any, member: Any) -> None:
+    assert logged_in(owner).post("/peers/name", {"name": "Studio Mac"}).status_code == 302
+    assert identity_get().name == "Studio Mac"
+    logged_in(member).post("/peers/name", {"name": "Hijacked"})
+    assert identity_get().name == "Studio Mac"
+    assert 'value="Studio Mac"' in logged_in(owner).get("/peers/").content.decode()
