@@ -146,3 +146,17 @@ def test_staff_rename_this_instance_and_others_cannot(owner: Any, member: Any) -
     logged_in(member).post("/peers/name", {"name": "Hijacked"})
     assert identity_get().name == "Studio Mac"
     assert 'value="Studio Mac"' in logged_in(owner).get("/peers/").content.decode()
+
+
+def test_the_outbox_buttons_discard_and_retry_a_row(owner: Any, make_peer: Any) -> None:
+    fake = make_peer(owner, label="Cloud")
+    shadow = Agent.objects.create(owner=owner, name="r", type="shell", cwd="/", peer=fake.peer, peer_agent_id="x")
+    message = AgentMessage.objects.create(recipient_agent=shadow, sender_user=owner, content="hi", peer=fake.peer)
+    row = OutboxMessage.objects.create(peer=fake.peer, message=message, to_agent_id="x", payload={})
+    client = logged_in(owner)
+    assert client.post(f"/peers/outbox/{row.pk}/discard").status_code == 302
+    row.refresh_from_db()
+    assert row.status == OutboxMessage.Status.DISCARDED
+    client.post(f"/peers/outbox/{row.pk}/retry")
+    row.refresh_from_db()
+    assert row.status == OutboxMessage.Status.QUEUED
