@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.db import transaction
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
@@ -30,6 +31,7 @@ from dispatch.api import DispatchAPIView
 from dispatch.authentication import authenticated_user, calling_agent
 from dispatch.errors import InvalidRequest, NotFound
 from dispatch.models import Agent, Run
+from peers import remote_launch
 
 
 class StrictCharField(serializers.CharField):
@@ -62,9 +64,11 @@ def _query(request: Request, name: str) -> str | None:
 # --- lifecycle of any local agent (REST, pages and admin share these) ---------------------
 
 
-def _refuse_shadow(agent: Agent, what: str) -> None:
-    if agent.peer_agent_id:
-        raise InvalidRequest(f"agent '{agent.pk}' is a shadow agent: {what} it through its peer (not available yet)")
+def _forward_shadow(agent: Agent, action: str) -> Agent:
+    """Forward ``action`` (stop, start, archive) of the shadow ``agent`` to its peer
+    (``peers.remote_launch.shadow_forward``; spec/agents.md §5). Sync callers only (a
+    request's thread, the admin): it waits for the peer (30 s at most) through ``async_to_sync``."""
+    return async_to_sync(remote_launch.shadow_forward)(agent=agent, action=action)
 
 
 def agent_stop_any(*, agent: Agent) -> Agent:
@@ -73,10 +77,11 @@ def agent_stop_any(*, agent: Agent) -> Agent:
     CLI agent: ``cli.agent_stop`` (``stopping`` now; the supervisor finishes the stop).
     Expert agent: its queued and running runs are cancelled and it goes ``stopped`` (a
     stopped expert agent refuses prompts). Raises ``DispatchError("CONFLICT")`` when the
-    transition table refuses the stop (e.g. already stopped), ``InvalidRequest`` for a
-    shadow agent.
+    transition table refuses the stop (e.g. already stopped). A shadow agent's stop is
+    forwarded to its peer (``_forward_shadow``; the peer's refusals as ``DispatchError``).
     """
-    _refuse_shadow(agent, "stop")
+    if agent.peer_agent_id:
+        return _forward_shadow(agent, "stop")
     if agent.type != services.EXPERT:
         return cli.agent_stop(agent=agent)
     with transaction.atomic():
@@ -93,9 +98,11 @@ def agent_start_any(*, agent: Agent) -> Agent:
 
     CLI agent: ``cli.agent_start`` (same tmux session name). Expert agent: ``stopped`` →
     ``creating`` → ``running`` (it has no process). Raises ``DispatchError("CONFLICT")``
-    from any other status, ``InvalidRequest`` for a shadow agent.
+    from any other status. A shadow agent: ``UNSUPPORTED_OPERATION`` (the peer API has no
+    start, spec/peers.md §5; ``_forward_shadow``).
     """
-    _refuse_shadow(agent, "start")
+    if agent.peer_agent_id:
+        return _forward_shadow(agent, "start")
     if agent.type != services.EXPERT:
         return cli.agent_start(agent=agent)
     with transaction.atomic():
@@ -107,10 +114,11 @@ def agent_archive_any(*, agent: Agent) -> Agent:
     """Archive a local agent (soft delete; idempotent) and return it.
 
     CLI agent: ``cli.agent_archive`` (stops its session first). Expert agent:
-    ``services.agent_archive`` (cancels its runs). Raises ``InvalidRequest`` for a shadow
-    agent.
+    ``services.agent_archive`` (cancels its runs). A shadow agent's archive is forwarded to
+    its peer, and the shadow archived once the peer accepted (``_forward_shadow``).
     """
-    _refuse_shadow(agent, "archive")
+    if agent.peer_agent_id:
+        return _forward_shadow(agent, "archive")
     if agent.type != services.EXPERT:
         return cli.agent_archive(agent=agent)
     return services.agent_archive(agent=agent, note="archived by its user")
@@ -150,11 +158,24 @@ class AgentListView(DispatchAPIView):
         incoming = AgentLaunchSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
         body = incoming.validated_data
-        if body["location"]:
-            raise InvalidRequest("location: launching on a linked instance is not available yet; omit it")
         launcher = calling_agent(request)
         if body["child"] and launcher is None:
             raise InvalidRequest("child: only an agent (calling with its own token) can launch a child agent")
+        if body["location"]:  # on a linked instance: a shadow here (spec/peers.md §6)
+            user = authenticated_user(request)
+            remote_launch.location_resolve(user=user, location=body["location"])  # a bad one is 400 before any wait
+            shadow = async_to_sync(remote_launch.peer_launch)(
+                user=user,
+                caller_agent=launcher,
+                location=body["location"],
+                name=body["name"],
+                prompt=body["prompt"],
+                type=body["type"],
+                cwd=body["cwd"],
+                child=body["child"],
+                full_access=body["full_access"],
+            )
+            return Response(agent_data(shadow), status=status.HTTP_201_CREATED)
         agent = launching.agent_launch_any(
             owner=authenticated_user(request),
             type=body["type"],
@@ -304,12 +325,25 @@ class AgentMessagesView(DispatchAPIView):
     )
     def post(self, request: Request, agent_id: str) -> Response:
         """A CLI agent's message is ``queued`` until the supervisor pastes it; an expert
-        agent's queues a run and is ``delivered``. 409 when the agent is not running."""
+        agent's queues a run and is ``delivered``. 409 when the agent is not running. A
+        shadow agent's goes to its peer through the outbox (``queued`` until the peer
+        answers; spec/peers.md §8)."""
         user = authenticated_user(request)
         agent = selectors.agent_get_for(user=user, agent_id=agent_id)
         incoming = MessageSendSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
         sender = calling_agent(request)
+        if agent.peer_agent_id:
+            if agent.peer is None:
+                raise InvalidRequest(f"agent '{agent.pk}' belongs to a link that was removed: it cannot be messaged")
+            message = remote_launch.peer_message_send(
+                user=user,
+                sender_agent=sender,
+                peer=agent.peer,
+                to_agent_id=agent.peer_agent_id,
+                content=incoming.validated_data["content"],
+            )
+            return Response(messages.message_data(message), status=status.HTTP_201_CREATED)
         message = messages.message_send(
             recipient=agent,
             content=incoming.validated_data["content"],

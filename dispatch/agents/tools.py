@@ -24,9 +24,11 @@ opened before returning.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
@@ -42,6 +44,8 @@ from dispatch.agents.serializers import agent_data, event_data
 from dispatch.errors import DispatchError, InvalidRequest, NotFound
 from dispatch.models import Agent
 from machines.tools import Tool
+from peers import remote_launch
+from peers.models import OutboxMessage, Peer
 
 T = TypeVar("T")
 
@@ -56,10 +60,9 @@ CANDIDATES_SHOWN = 20
 ERROR_MESSAGE_MAX = 500
 # Event types an agent reports about itself (spec/agents.md §1); ``system`` is Dispatch's own.
 REPORTED_EVENT_TYPES = ("working", "blocked", "waiting_user", "done", "idle")
-NO_LINKED_INSTANCES = "no linked instance: launching and messaging on other instances comes with peers"
 
 _AGENT_ID = re.compile(r"^agt_[0-9a-f]{12}$")
-_PEER_ADDRESS = re.compile(r"^(?P<peer>[^:]+):(?P<agent>agt_[0-9a-f]{12})$")
+_PEER_ADDRESS = remote_launch.PEER_ADDRESS
 
 
 def cap(text: str, limit: int) -> str:
@@ -134,19 +137,25 @@ def _agent_history(user: User, agent_id: str, limit: int) -> dict[str, Any]:
     }
 
 
-def _resolve_target(user: User, target: str) -> Agent:
+def _resolve_target(user: User, target: str) -> Agent | tuple[Peer, str]:
     """The recipient named by ``target`` (spec/agents.md §6 ``dispatch_send_message``).
 
-    An id of one of ``user``'s agents; else a unique name among ``user``'s running agents;
-    ``<label or instance id>:<agent id>`` (an agent on a peer) is refused until the peers
-    issue. Raises ``NotFound`` (unknown id or name; the message lists the running agents),
-    ``InvalidRequest`` (an ambiguous name, listing the candidates; a peer address).
+    An id of one of ``user``'s agents (a shadow agent included); else
+    ``<label or instance id>:<agent id>`` — recognised by shape: a label or instance id of
+    one of ``user``'s live peers, a colon, ``agt_`` + 12 hex — as ``(peer, agent id
+    there)``; else a unique name among ``user``'s running agents ("fix: sse race" is a
+    name). Raises ``NotFound`` (unknown id or name; the message lists the
+    running agents), ``InvalidRequest`` (an ambiguous name or location, listing the
+    candidates; a peer address whose linked instance is unknown).
     """
     if _AGENT_ID.match(target):
         agent = Agent.objects.filter(owner=user, pk=target).exclude(status=Agent.Status.ARCHIVED).first()
         if agent is None:
             raise NotFound(f"no agent '{target}'")
         return agent
+    address = remote_launch.peer_address_parse(user=user, target=target)
+    if address is not None:
+        return address
     running = Agent.objects.filter(owner=user, status__in=CLI_ACCEPTING)
     named = list(running.filter(name=target.strip()).order_by("-created_at")[:CANDIDATES_SHOWN])
     if len(named) == 1:
@@ -157,8 +166,11 @@ def _resolve_target(user: User, target: str) -> Agent:
             f"{len(named)} running agents are named '{cap(target, 100)}' ({listed}): send to one of them by id",
             {"candidates": [{"id": agent.pk, "name": agent.name, "type": agent.type} for agent in named]},
         )
-    if _PEER_ADDRESS.match(target):
-        raise InvalidRequest(f"'{cap(target, 100)}' names an agent on another instance; {NO_LINKED_INSTANCES}")
+    if _PEER_ADDRESS.match(target.strip()):
+        labels = ", ".join(peer.label for peer in remote_launch.peers_for(user=user)) or "none"
+        raise InvalidRequest(
+            f"'{cap(target, 100)}' names an agent on a linked instance you do not have; your linked instances: {labels}"
+        )
     candidates = list(running.order_by("-created_at")[:CANDIDATES_SHOWN])
     listed = ", ".join(f"{agent.name} ({agent.pk})" for agent in candidates) or "none"
     raise NotFound(
@@ -168,7 +180,26 @@ def _resolve_target(user: User, target: str) -> Agent:
 
 
 def _send(user: User, caller: Agent | None, target: str, content: str) -> dict[str, Any]:
-    recipient = _resolve_target(user, target)
+    resolved = _resolve_target(user, target)
+    if isinstance(resolved, tuple) or resolved.peer_agent_id:
+        # An agent on a peer: through the outbox (spec/peers.md §8); queued until the peer answers.
+        if isinstance(resolved, tuple):
+            peer, remote_id = resolved
+        elif resolved.peer is None or resolved.peer.revoked_at is not None:
+            raise InvalidRequest(f"agent '{resolved.pk}' belongs to a link that was removed: it cannot be messaged")
+        else:
+            peer, remote_id = resolved.peer, resolved.peer_agent_id
+        message = remote_launch.peer_message_send(
+            user=user, sender_agent=caller, peer=peer, to_agent_id=remote_id, content=content
+        )
+        return {
+            "message_id": message.pk,
+            "status": message.status,
+            "recipient": message.recipient_agent_id,
+            "peer": peer.label,
+            "remote_agent_id": remote_id,
+        }
+    recipient = resolved
     if caller is not None and recipient.pk == caller.pk:
         raise InvalidRequest("an agent cannot send a message to itself")
     if caller is not None:
@@ -180,12 +211,23 @@ def _send(user: User, caller: Agent | None, target: str, content: str) -> dict[s
 
 def _status(user: User, message_id: Any) -> dict[str, Any]:
     message = message_get(user=user, message_id=message_id)
-    return {
+    answer = {
         "message_id": message.pk,
         "status": message.status,
         "error": message.error or None,
         "delivered_at": message.delivered_at.isoformat() if message.delivered_at else None,
     }
+    if message.peer_id is not None and message.sender_peer_id is None:  # sent to an agent on a peer
+        outbox = OutboxMessage.objects.filter(message=message).select_related("peer").first()
+        if outbox is not None:
+            answer.update(
+                peer=outbox.peer.label,
+                remote_agent_id=outbox.to_agent_id,
+                attempts=outbox.attempts,
+                next_attempt_at=outbox.next_attempt_at.isoformat() if outbox.status == "queued" else None,
+                error=message.error or outbox.last_error or None,
+            )
+    return answer
 
 
 def _record(agent: Agent, type: str, message: str) -> dict[str, Any]:
@@ -253,7 +295,30 @@ def default_launch_type() -> str:
     return services.EXPERT
 
 
-def _launch_description() -> tuple[str, list[str], str]:
+def _linked_instances(user: User) -> str:
+    """``remote_launch.linked_instances_text`` for ``user``, also from a thread running an
+    event loop (``agent_tools`` is sync but called from async code): the short query then
+    runs on a worker thread whose connection is closed afterwards."""
+
+    def text() -> str:
+        try:
+            return remote_launch.linked_instances_text(user=user)
+        finally:
+            if in_loop:
+                connection.close()
+
+    try:
+        asyncio.get_running_loop()
+        in_loop = True
+    except RuntimeError:
+        in_loop = False
+    if not in_loop:
+        return text()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(text).result()
+
+
+def _launch_description(linked: str) -> tuple[str, list[str], str]:
     types = launchable_types()
     available = [name for name, ok in types.items() if ok]
     unavailable = [name for name, ok in types.items() if not ok]
@@ -264,8 +329,10 @@ def _launch_description() -> tuple[str, list[str], str]:
         + (f" (not installed here: {', '.join(unavailable)})" if unavailable else "")
         + f". Default type: {default}. 'expert' is Dispatch's built-in tool-calling agent; the others run in tmux. "
         "cwd defaults to the launching agent's directory (else the instance's default directory). "
-        "With child (default true) the new agent is your child. There are no linked instances: omit location "
-        "to launch locally. Returns the new agent (id, name, type, status ...)."
+        "With child (default true) the new agent is your child. "
+        + linked
+        + " Returns the new agent (id, name, type, status ...; for a launch on a linked instance, its shadow "
+        "here, with peer and peer_agent_id)."
     )
     return text, list(types), default
 
@@ -290,12 +357,24 @@ def agent_tools(*, user: User, caller_agent: Agent | None, event_tool: bool = Tr
         limit = int(arguments.get("limit", HISTORY_DEFAULT_LIMIT))
         return await database_sync_to_async(_agent_history)(user, agent_id, limit)
 
-    launch_text, known_types, default_type = _launch_description()
+    linked = _linked_instances(user)
+    launch_text, known_types, default_type = _launch_description(linked)
 
     async def dispatch_launch_agent(arguments: dict[str, Any]) -> Any:
         location = arguments.get("location")
-        if location:
-            raise InvalidRequest(f"no linked instance '{cap(str(location), 100)}': omit location to launch here")
+        if location:  # on a linked instance (spec/peers.md §6): its shadow here
+            shadow = await remote_launch.peer_launch(
+                user=user,
+                caller_agent=caller_agent,
+                location=str(location),
+                name=arguments["name"],
+                prompt=arguments.get("prompt", ""),
+                type=arguments.get("type") or None,
+                cwd=arguments.get("cwd") or None,
+                child=bool(arguments.get("child", True)) and caller_agent is not None,
+                full_access=bool(arguments.get("full_access", False)),
+            )
+            return await database_sync_to_async(agent_data)(shadow)
         type = arguments.get("type") or default_launch_type()
         if type == services.EXPERT:
             return await database_sync_to_async(_launch)(user, caller_agent, arguments, type)
@@ -352,7 +431,7 @@ def agent_tools(*, user: User, caller_agent: Agent | None, event_tool: bool = Tr
                     "location": {
                         "type": ["string", "null"],
                         "maxLength": 200,
-                        "description": "A linked instance; none is linked, so omit it.",
+                        "description": ("A linked instance's label or instance id; omit it to launch here. " + linked),
                     },
                     "child": {"type": "boolean", "default": True},
                     "full_access": {"type": "boolean", "default": False},
@@ -365,9 +444,10 @@ def agent_tools(*, user: User, caller_agent: Agent | None, event_tool: bool = Tr
         AgentTool(
             name="dispatch_send_message",
             description=(
-                "Send a message to one of your agents. target: an agent id, or the name of one running agent "
-                "(an expert agent gets it as a prompt; a CLI agent gets it typed into its terminal). "
-                "Returns message_id and status; follow it with message_status."
+                "Send a message to one of your agents. target: an agent id, the name of one running agent "
+                "(an expert agent gets it as a prompt; a CLI agent gets it typed into its terminal), or "
+                "<label or instance id>:<agent id> for an agent on a linked instance (queued until that instance "
+                "accepts it). Returns message_id and status; follow it with message_status."
             ),
             parameters={
                 "type": "object",
@@ -382,7 +462,10 @@ def agent_tools(*, user: User, caller_agent: Agent | None, event_tool: bool = Tr
         ),
         AgentTool(
             name="message_status",
-            description="The status of a message you sent: queued, delivered, failed or dead, with its error.",
+            description=(
+                "The status of a message you sent: queued, delivered, failed or dead, with its error (for an agent "
+                "on a linked instance also the instance, the attempts so far and the next attempt)."
+            ),
             parameters={
                 "type": "object",
                 "properties": {"message_id": {"type": ["integer", "string"], "maxLength": 20, "minimum": 1}},

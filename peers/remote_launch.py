@@ -1,0 +1,461 @@
+"""The launching side of peers (spec/peers.md §6, §8; agents.md §5–6): locations, launching
+on a peer with its local shadow, forwarding a shadow's stop and archive, and messages to
+agents on peers.
+
+- ``peer_launch`` (async): resolve ``location``, require ``cwd`` (the error lists the peer's
+  repo roots from ``GET /api/v1/peers/repos``), ``POST /api/v1/peers/launch`` (30 s,
+  ``Idempotency-Key``), then create the shadow seeded from the answer and ask the mirror
+  to re-snapshot the peer.
+- ``shadow_forward`` (async): ``stop`` / ``archive`` of a shadow sent to its peer as
+  ``POST /api/v1/peers/agents/{peer_agent_id}/stop|archive``.
+- ``peer_message_send`` (sync): the ``AgentMessage`` and its ``OutboxMessage`` in one
+  transaction (the drain delivers it, ``peers.outbox``).
+- ``peer_address_parse``: ``<label or instance id>:<agent id>`` recognised by shape.
+
+Peer HTTP calls are async (``peers.client.PeerClient``); database work runs through
+``database_sync_to_async`` in short steps, never across a network wait.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from datetime import timedelta
+from typing import Any
+
+import httpx
+from channels.db import database_sync_to_async
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.utils import timezone
+
+from dispatch.agents import services as agent_services
+from dispatch.agents.messages import MAX_MESSAGE_LENGTH, message_data
+from dispatch.errors import DispatchError, InvalidRequest, NotFound
+from dispatch.models import Agent, AgentEvent, AgentMessage
+from peers.client import PeerClient, PeerUnreachable
+from peers.identity import identity_get
+from peers.models import Peer, new_idempotency_key
+from peers.outbox import outbox_enqueue
+from peers.selectors import peer_resolve_location, peers_for
+from peers.shadows import shadow_upsert
+
+logger = logging.getLogger(__name__)
+
+LAUNCH_TIMEOUT = 30.0  # seconds (spec §6)
+FORWARD_TIMEOUT = 30.0
+NOT_RESPONDING_AFTER = timedelta(minutes=5)  # "not responding recently" in the launch tool's description
+AGENT_ID = re.compile(r"^agt_[0-9a-f]{12}$")
+PEER_ADDRESS = re.compile(r"^(?P<peer>[^:]{1,64}):(?P<agent>agt_[0-9a-f]{12})$")
+FORWARDED = ("stop", "archive")
+
+
+# --- locations and addresses -------------------------------------------------------------------
+
+
+def location_resolve(*, user: User, location: str) -> Peer:
+    """The live peer of ``user`` that ``location`` names: its label or its instance id,
+    case-insensitive (spec §6; ``peers.selectors.peer_resolve_location``).
+
+    Raises ``InvalidRequest`` (an argument that names nothing usable): no match (the
+    message lists the user's labels and says to omit location to launch here), or
+    ambiguous (listing the matches). Another user's peer is never matched.
+    """
+    try:
+        return peer_resolve_location(user=user, location=location)
+    except NotFound as exc:
+        raise InvalidRequest(f"{exc.message}; omit location to launch here", exc.details) from None
+
+
+def peer_address_parse(*, user: User, target: str) -> tuple[Peer, str] | None:
+    """``(peer, agent id there)`` when ``target`` has the shape ``<label or instance id>:agt_<12 hex>``
+    and the part before the colon names one of ``user``'s live peers; else ``None`` (the
+    target is then a local id or name: "fix: sse race" is a name).
+
+    Raises ``InvalidRequest`` when the prefix is ambiguous (spec §6).
+    """
+    matched = PEER_ADDRESS.match(target.strip())
+    if matched is None:
+        return None
+    try:
+        peer = peer_resolve_location(user=user, location=matched["peer"])
+    except NotFound:
+        return None
+    return peer, matched["agent"]
+
+
+def linked_instances_text(*, user: User) -> str:
+    """The linked-instances sentence of ``dispatch_launch_agent``'s description (agents.md §6):
+    each live peer of ``user`` as ``<label> (<instance id>)``, flagged "not responding
+    recently" (``last_seen_at`` older than 5 minutes, or never) and "launching not
+    permitted" (the peer reported ``allow_launch`` false); or, with none, that ``location``
+    is to be omitted."""
+    peers = list(peers_for(user=user))
+    if not peers:
+        return "There are no linked instances: omit location to launch locally."
+    cutoff = timezone.now() - NOT_RESPONDING_AFTER
+    items = []
+    for peer in peers:
+        flags = []
+        if peer.last_seen_at is None or peer.last_seen_at < cutoff:
+            flags.append("not responding recently")
+        if (peer.granted_by_peer or {}).get("allow_launch") is False:
+            flags.append("launching not permitted")
+        items.append(f"{peer.label} ({peer.instance_id}" + "".join(f", {flag}" for flag in flags) + ")")
+    return (
+        "location launches on a linked instance (its label or instance id; cwd is then required and is a "
+        "directory there); omit it to launch here. Linked instances: " + "; ".join(items) + "."
+    )
+
+
+# --- answers from the peer ---------------------------------------------------------------------
+
+
+def _peer_error(peer: Peer, response: httpx.Response, what: str) -> DispatchError:
+    """A ``DispatchError`` for a peer's non-2xx answer: its own code and message, prefixed
+    with the peer's label; an authentication refusal (401) becomes ``PERMISSION_DENIED``."""
+    code, message = "REMOTE_ERROR", ""
+    details: dict[str, Any] = {}
+    try:
+        error = response.json()["error"]
+        code = str(error.get("code") or code)
+        message = str(error.get("message") or "")
+        details = error.get("details") if isinstance(error.get("details"), dict) else {}
+    except Exception:
+        message = response.text[:300]
+    if response.status_code == 401:
+        return DispatchError(
+            "PERMISSION_DENIED",
+            f"{peer.label} refused this instance's credentials ({message or 'unauthorized'}): the link may have "
+            "been removed on the other side",
+            {"peer": peer.label},
+        )
+    if response.status_code >= 500 or code.upper() != code or " " in code:
+        code = "REMOTE_ERROR"
+    return DispatchError(
+        code,
+        f"{what} on {peer.label} failed: {message or response.reason_phrase} (HTTP {response.status_code})",
+        {**details, "peer": peer.label, "status": response.status_code},
+    )
+
+
+def _unreachable(peer: Peer, exc: PeerUnreachable) -> DispatchError:
+    return DispatchError("REMOTE_ERROR", exc.message, {"peer": peer.label})
+
+
+def _json_object(peer: Peer, response: httpx.Response, what: str) -> dict[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise DispatchError(
+            "INVALID_RESPONSE", f"{peer.label} answered {what} with something that is not a JSON object"
+        )
+    return body
+
+
+async def peer_repo_roots(peer: Peer) -> list[str]:
+    """The directories ``peer`` advertises for launches (``GET /api/v1/peers/repos``; the
+    answer is ``{"roots": [...]}``). Raises ``DispatchError`` when unreachable or refused."""
+    try:
+        response = await PeerClient(peer, timeout=LAUNCH_TIMEOUT).get("/api/v1/peers/repos")
+    except PeerUnreachable as exc:
+        raise _unreachable(peer, exc) from None
+    if not 200 <= response.status_code < 300:
+        raise _peer_error(peer, response, "listing repo roots")
+    body = _json_object(peer, response, "the repo roots")
+    roots = body.get("roots", body.get("repo_roots", []))
+    return [str(root) for root in roots] if isinstance(roots, list) else []
+
+
+# --- launching ---------------------------------------------------------------------------------
+
+
+def _launcher_address(user: User, caller_agent: Agent | None) -> dict[str, Any]:
+    identity = identity_get()
+    if caller_agent is not None:
+        return {"instance_id": identity.instance_id, "agent_id": caller_agent.pk, "name": caller_agent.name}
+    return {"instance_id": identity.instance_id, "agent_id": None, "name": user.get_username()}
+
+
+@transaction.atomic
+def shadow_record_launch(
+    *,
+    peer: Peer,
+    peer_agent_id: str,
+    name: str,
+    type: str,
+    status: str,
+    cwd: str,
+    launched_by: Agent | None,
+    child: bool,
+) -> Agent:
+    """The shadow of an agent just launched on ``peer`` (spec §6): created with the status of
+    the launch answer (``peers.shadows.shadow_upsert``), or — when the mirror created it
+    first — left at the mirror's status; either way ``cwd``, ``launched_by`` (always) and
+    ``parent`` (= the launcher when ``child``) are set. Owned by ``peer.owner``.
+    Raises ``ValueError`` for an unknown status or a bad id (nothing written).
+    """
+    existing = Agent.objects.select_for_update().filter(peer=peer, peer_agent_id=peer_agent_id).first()
+    if existing is None:
+        existing = shadow_upsert(
+            peer=peer, peer_agent_id=peer_agent_id, name=name, type=type, status=status, seen_at=timezone.now()
+        )
+    existing.cwd = cwd[:4096]
+    existing.launched_by = launched_by
+    fields = ["cwd", "launched_by", "updated_at"]
+    if child and launched_by is not None:
+        existing.parent = launched_by
+        fields.append("parent")
+    if type and existing.type in ("", "unknown"):
+        existing.type = type[:40]
+        fields.append("type")
+    existing.updated_at = timezone.now()
+    existing.save(update_fields=fields)
+    agent_services.agent_event_record(
+        agent=existing,
+        type=AgentEvent.Type.SYSTEM,
+        message=f"launched on {peer.label} as {peer_agent_id}",
+        metadata={"peer": peer.label, "peer_agent_id": peer_agent_id},
+    )
+    return Agent.objects.select_related("owner", "peer").get(pk=existing.pk)
+
+
+def _resnapshot(peer_id: int) -> None:
+    """Ask the mirroring subscriber to re-snapshot ``peer_id`` (``peers.mirror.mirror_resnapshot``
+    when that module provides it; otherwise the next snapshot comes with the next reconnect)."""
+    try:
+        import importlib
+
+        mirror = importlib.import_module("peers.mirror")
+        resnapshot = getattr(mirror, "mirror_resnapshot", None)
+        if resnapshot is not None:
+            resnapshot(peer_id)
+    except ImportError:
+        logger.info("no mirroring subscriber to re-snapshot peer %s", peer_id)
+    except Exception:
+        logger.exception("could not ask for a re-snapshot of peer %s", peer_id)
+
+
+async def peer_launch(
+    *,
+    user: User,
+    caller_agent: Agent | None,
+    location: str,
+    name: str,
+    prompt: str,
+    type: str | None,
+    cwd: str | None,
+    child: bool,
+    full_access: bool,
+) -> Agent:
+    """Launch an agent on the peer ``location`` names and return its local shadow (spec §6).
+
+    ``cwd`` is required (a directory on the peer; the refusal lists the peer's repo roots).
+    Posts ``{name, prompt, type?, cwd, full_access, child, launched_by: {instance_id,
+    agent_id | null, name}}`` to ``/api/v1/peers/launch`` with a fresh ``Idempotency-Key``
+    and a 30 s timeout; the answer ``{agent_id, name, status}`` seeds the shadow
+    (``shadow_record_launch``: ``launched_by`` = ``caller_agent``, ``parent`` too when
+    ``child``). Then asks the mirror to re-snapshot that peer.
+
+    Raises ``InvalidRequest`` (location unknown or ambiguous, no cwd, bad name),
+    ``DispatchError`` with the peer's code (``CAPABILITY_NOT_GRANTED``,
+    ``PATH_OUTSIDE_ALLOWED_ROOT`` …) for its refusals, ``PERMISSION_DENIED`` when it no
+    longer accepts our token, ``REMOTE_ERROR`` when unreachable or failing,
+    ``INVALID_RESPONSE`` for an answer without a proper agent id or status.
+    """
+    peer = await database_sync_to_async(location_resolve)(user=user, location=location)
+    if not isinstance(name, str) or not name.strip() or len(name.strip()) > agent_services.MAX_NAME_LENGTH:
+        raise InvalidRequest(f"name must be 1 to {agent_services.MAX_NAME_LENGTH} characters")
+    if not cwd or not str(cwd).strip():
+        roots = await peer_repo_roots(peer)
+        listed = ", ".join(roots) if roots else f"none ({peer.label} accepts no launches)"
+        raise InvalidRequest(
+            f"cwd is required to launch on {peer.label}: a directory inside one of its repo roots: {listed}",
+            {"peer": peer.label, "roots": roots},
+        )
+    launched_by = await database_sync_to_async(_launcher_address)(user, caller_agent)
+    body: dict[str, Any] = {
+        "name": name.strip(),
+        "prompt": prompt or "",
+        "cwd": str(cwd).strip(),
+        "full_access": bool(full_access),
+        "child": bool(child),
+        "launched_by": launched_by,
+    }
+    if type:
+        body["type"] = type
+    try:
+        response = await PeerClient(peer, timeout=LAUNCH_TIMEOUT).post(
+            "/api/v1/peers/launch", body, idempotency_key=new_idempotency_key()
+        )
+    except PeerUnreachable as exc:
+        raise _unreachable(peer, exc) from None
+    if not 200 <= response.status_code < 300:
+        raise _peer_error(peer, response, "launching")
+    answer = _json_object(peer, response, "the launch")
+    agent_id, status = answer.get("agent_id"), answer.get("status")
+    if not isinstance(agent_id, str) or not AGENT_ID.match(agent_id) or status not in Agent.Status.values:
+        raise DispatchError(
+            "INVALID_RESPONSE",
+            f"{peer.label} answered the launch without a proper agent id and status",
+            {"answer": answer},
+        )
+    shadow = await database_sync_to_async(shadow_record_launch)(
+        peer=peer,
+        peer_agent_id=agent_id,
+        name=str(answer.get("name") or name.strip()),
+        type=type or "",
+        status=status,
+        cwd=body["cwd"],
+        launched_by=caller_agent,
+        child=child,
+    )
+    await database_sync_to_async(_resnapshot)(peer.pk)
+    return shadow
+
+
+# --- forwarding a shadow's lifecycle -----------------------------------------------------------
+
+
+def _shadow_state(agent: Agent) -> tuple[Agent, Peer | None]:
+    current = Agent.objects.select_related("peer", "owner").get(pk=agent.pk)
+    peer = current.peer if current.peer is not None and current.peer.revoked_at is None else None
+    return current, peer
+
+
+@transaction.atomic
+def _shadow_settle(agent_id: str, status: str, note: str) -> Agent:
+    """Set a shadow's status directly (shadows take what their peer reports; no transition
+    table) with a ``system`` event ``note``; archiving also announces ``agent.deleted``."""
+    shadow = Agent.objects.select_for_update().get(pk=agent_id)
+    if shadow.status != status:
+        shadow.status = status
+        shadow.updated_at = timezone.now()
+        shadow.save(update_fields=["status", "updated_at"])
+    agent_services.agent_event_record(agent=shadow, type=AgentEvent.Type.SYSTEM, message=note)
+    if status == Agent.Status.ARCHIVED:
+        agent_services.publish_on_commit(user_id=shadow.owner_id, event="agent.deleted", data={"id": shadow.pk})
+    return Agent.objects.select_related("owner", "peer").get(pk=agent_id)
+
+
+async def shadow_forward(*, agent: Agent, action: str) -> Agent:
+    """Forward ``stop`` or ``archive`` of the shadow ``agent`` to its peer (agents.md §5,
+    spec §5: ``POST /api/v1/peers/agents/{peer_agent_id}/stop|archive``, needs
+    ``allow_launch`` there and only for agents this instance launched there).
+
+    ``stop``: the shadow takes the status the peer answers (``{status}``), else keeps its
+    own until the mirror reports. ``archive``: the shadow is archived locally once the peer
+    accepted — or at once, without asking, when its link is revoked or the peer no longer
+    knows the agent (404). ``start`` is not part of the peer API: ``UNSUPPORTED_OPERATION``.
+    Raises ``InvalidRequest`` for a local agent, the peer's refusals as ``DispatchError``
+    (e.g. 403 ``CAPABILITY_NOT_GRANTED``), ``REMOTE_ERROR`` when unreachable.
+    """
+    if action not in FORWARDED:
+        raise DispatchError(
+            "UNSUPPORTED_OPERATION",
+            f"agent '{agent.pk}' is a shadow agent: {action} it on its own instance (only stop and archive are "
+            "forwarded to a linked instance)",
+        )
+    current, peer = await database_sync_to_async(_shadow_state)(agent)
+    if not current.peer_agent_id:
+        raise InvalidRequest(f"agent '{current.pk}' is not a shadow agent")
+    if current.status == Agent.Status.ARCHIVED:
+        return current
+    if peer is None:
+        if action == "archive":
+            return await database_sync_to_async(_shadow_settle)(
+                current.pk, Agent.Status.ARCHIVED, "archived here (its link is gone)"
+            )
+        raise DispatchError(
+            "CONFLICT", f"agent '{current.pk}' belongs to a link that was removed: it cannot be stopped"
+        )
+    try:
+        response = await PeerClient(peer, timeout=FORWARD_TIMEOUT).post(
+            f"/api/v1/peers/agents/{current.peer_agent_id}/{action}", {}, idempotency_key=new_idempotency_key()
+        )
+    except PeerUnreachable as exc:
+        raise _unreachable(peer, exc) from None
+    if action == "archive" and (200 <= response.status_code < 300 or response.status_code == 404):
+        gone = response.status_code == 404
+        note = f"archived here ({peer.label} no longer knows it)" if gone else f"archived on {peer.label}"
+        return await database_sync_to_async(_shadow_settle)(current.pk, Agent.Status.ARCHIVED, note)
+    if not 200 <= response.status_code < 300:
+        raise _peer_error(peer, response, "stopping" if action == "stop" else "archiving")
+    status = None
+    try:
+        answer = response.json()
+        status = answer.get("status") if isinstance(answer, dict) else None
+    except ValueError:
+        pass
+    if status in Agent.Status.values and status != Agent.Status.ARCHIVED:
+        return await database_sync_to_async(_shadow_settle)(current.pk, status, f"stop forwarded to {peer.label}")
+    return current
+
+
+# --- messages ----------------------------------------------------------------------------------
+
+
+def _placeholder_shadow(peer: Peer, agent_id: str) -> Agent:
+    """A shadow for an agent of ``peer`` the mirror has not reported yet: named after its id,
+    type ``unknown``, ``creating`` and ``stale`` until the mirror's snapshot fills it in (or
+    reaps it when the peer does not list it)."""
+    shadow = shadow_upsert(
+        peer=peer, peer_agent_id=agent_id, name=agent_id, type="unknown", status="creating", seen_at=timezone.now()
+    )
+    Agent.objects.filter(pk=shadow.pk).update(stale=True)
+    shadow.stale = True
+    return shadow
+
+
+@transaction.atomic
+def peer_message_send(
+    *, user: User, sender_agent: Agent | None, peer: Peer, to_agent_id: str, content: str
+) -> AgentMessage:
+    """Send ``content`` to agent ``to_agent_id`` on ``peer`` (spec §8) and return the local message.
+
+    Writes, in one transaction, the ``AgentMessage`` (``queued``; recipient = the shadow
+    of ``(peer, to_agent_id)``, a placeholder shadow (``_placeholder_shadow``) when the
+    mirror has not reported that agent yet; ``peer`` and a fresh ``idempotency_key``) and
+    its ``OutboxMessage`` (payload ``{to_agent_id, content, from: {instance_id, agent_id |
+    null, name}}``); the drain doorbell rings after commit (delivery is attempted at once
+    by the drain loop). ``sender_agent`` ``None``: ``user`` sends it.
+
+    Raises ``NotFound`` (a peer of another user or a revoked one, a sender of another
+    user), ``InvalidRequest`` (content empty or over 200,000 characters or with a NUL, a
+    malformed agent id).
+    """
+    if not isinstance(content, str) or not content.strip():
+        raise InvalidRequest("content must be a non-empty string")
+    if len(content) > MAX_MESSAGE_LENGTH:
+        raise InvalidRequest(f"content must be at most {MAX_MESSAGE_LENGTH} characters")
+    agent_services.storable_text(content, "content")
+    if not AGENT_ID.match(to_agent_id or ""):
+        raise InvalidRequest(f"'{to_agent_id}' is not an agent id (agt_ and 12 hex digits)")
+    live = Peer.objects.filter(pk=peer.pk, owner=user, revoked_at__isnull=True).first()
+    if live is None:
+        raise NotFound(f"no linked instance '{peer.label}'")
+    if sender_agent is not None and sender_agent.owner_id != user.pk:
+        raise NotFound(f"no agent '{sender_agent.pk}'")
+    shadow = Agent.objects.filter(peer=live, peer_agent_id=to_agent_id).order_by(
+        "created_at"
+    ).first() or _placeholder_shadow(live, to_agent_id)
+    key = new_idempotency_key()
+    message = AgentMessage.objects.create(
+        sender_agent=sender_agent,
+        sender_user=None if sender_agent is not None else user,
+        recipient_agent=shadow,
+        content=content,
+        peer=live,
+        idempotency_key=key,
+    )
+    sender = _launcher_address(user, sender_agent)
+    outbox_enqueue(
+        message=message,
+        peer=live,
+        to_agent_id=to_agent_id,
+        payload={"to_agent_id": to_agent_id, "content": content, "from": sender},
+    )
+    agent_services.publish_on_commit(user_id=user.pk, event="message.created", data=message_data(message))
+    return message
