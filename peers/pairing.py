@@ -35,6 +35,7 @@ from dispatch.errors import DispatchError, InvalidRequest, NotFound, RateLimited
 from dispatch.models import AgentMessage
 from dispatch.services import generate_token, rate_limiter, token_digest
 from peers.identity import PEER_PROTOCOL_VERSION, Identity, fingerprint_of, identity_get, public_key_from
+from peers.mirror import mirror_rescan
 from peers.models import OutboxMessage, PairingOffer, Peer, new_idempotency_key
 from peers.selectors import label_taken, live_offers, peer_get_for, peer_resolve_location
 
@@ -380,6 +381,7 @@ def offer_claim(*, body: dict[str, Any], client_address: str) -> dict[str, Any]:
             offer.used_at = timezone.now()
             offer.peer = peer
             offer.save(update_fields=["used_at", "peer"])
+            mirror_rescan()  # after commit: subscribe to the new peer now, not at the next rescan
             logger.info("paired with %s (%s) as %s", peer.label, peer.instance_id, offer.link_user.get_username())
             return {
                 "protocol_version": PEER_PROTOCOL_VERSION,
@@ -439,6 +441,7 @@ def _link_store(
     peer.inbound_digest = token_digest(inbound)
     peer.inbound_prefix = inbound[:8]
     peer.save(update_fields=["inbound_digest", "inbound_prefix"])
+    mirror_rescan()  # after commit: subscribe to the new peer now, not at the next rescan
     return peer
 
 
@@ -583,6 +586,7 @@ def _revoke_locally(peer: Peer, *, reason: str, by_peer: bool) -> Peer:
         status=AgentMessage.Status.DEAD, error="peer revoked"
     )
     shadows_stop_for_unlink(peer=peer)
+    mirror_rescan()  # after commit: the peer's subscriber stops
     return peer
 
 
