@@ -112,17 +112,149 @@ ASYNC_ROUTES: dict[str, dict[str, Any]] = {
 }
 
 
+def _peer_operation(summary: str, request: dict[str, Any] | None, response: dict[str, Any]) -> dict[str, Any]:
+    """A peer route: bearer token + RFC 9421 signature, Idempotency-Key on POSTs (peers.md §4)."""
+    operation = _operation(summary, request, response, "peer API")
+    operation["security"] = [{"peerAuth": []}]
+    if request is not None:
+        operation["parameters"] = [
+            {"name": "Idempotency-Key", "in": "header", "required": True, "schema": _STRING},
+            {"name": "Signature", "in": "header", "required": True, "schema": _STRING},
+            {"name": "Signature-Input", "in": "header", "required": True, "schema": _STRING},
+            {"name": "Content-Digest", "in": "header", "required": True, "schema": _STRING},
+        ]
+    return operation
+
+
+_ADDRESS = _obj(instance_id=_STRING, agent_id={"type": "string", "nullable": True}, name=_STRING)
+_PEER_AGENT = _obj(agent_id=_STRING, name=_STRING, status=_STRING)
+_FLAGS = {
+    "allow_launch": {"type": "boolean"},
+    "allow_message": {"type": "boolean"},
+    "allow_full_access": {"type": "boolean"},
+    "allow_events": {"type": "boolean"},
+}
+_AGENT_ID_PARAM = {"name": "agent_id", "in": "path", "required": True, "schema": _STRING}
+
+# The peer API (spec/peers.md §5) and the pairing/management routes (§2, §6), served by
+# plain Django views.
+PEER_ROUTES: dict[str, dict[str, Any]] = {
+    "/api/v1/peers/claim": {
+        "post": {
+            **_operation(
+                "Pairing: claim an offer with its code (open, 5 a minute per address; 401 for any bad code)",
+                _obj(
+                    code=_STRING,
+                    protocol_version={"type": "integer"},
+                    instance_id=_STRING,
+                    name=_STRING,
+                    url=_STRING,
+                    public_key=_STRING,
+                    token_for_you=_STRING,
+                ),
+                _obj(
+                    protocol_version={"type": "integer"},
+                    instance_id=_STRING,
+                    name=_STRING,
+                    url=_STRING,
+                    public_key=_STRING,
+                    token_for_you=_STRING,
+                ),
+                "peers",
+            ),
+            "security": [],
+        }
+    },
+    "/api/v1/peers/offers": {
+        "post": _operation(
+            "Make a pairing offer (staff): its code, valid 10 minutes, usable once",
+            _obj(as_user=_STRING, **_FLAGS),
+            _obj(code=_STRING, expires_at=_STRING, address=_STRING, fingerprint=_STRING),
+            "peers",
+        )
+    },
+    "/api/v1/peers/link": {
+        "post": _operation(
+            "Link with another instance's pairing code (staff)",
+            _obj(url=_STRING, code=_STRING, label=_STRING, as_user=_STRING, **_FLAGS),
+            _obj(peer={"type": "object"}, our_fingerprint=_STRING, their_fingerprint=_STRING),
+            "peers",
+        )
+    },
+    "/api/v1/peers": {"get": _operation("Your linked instances", None, _obj(peers={"type": "array"}), "peers")},
+    "/api/v1/peers/{peer_id}": {
+        "parameters": [{"name": "peer_id", "in": "path", "required": True, "schema": {"type": "integer"}}],
+        "patch": _operation("Rename a link or change what it may do here", _obj(label=_STRING, **_FLAGS), {}, "peers"),
+        "delete": _operation("Unlink (revokes both directions)", None, {}, "peers"),
+    },
+    "/api/v1/peers/launch": {
+        "post": _peer_operation(
+            "Launch an agent here for the peer (allow_launch)",
+            _obj(
+                name=_STRING,
+                prompt=_STRING,
+                type=_STRING,
+                cwd=_STRING,
+                full_access={"type": "boolean"},
+                child={"type": "boolean"},
+                launched_by=_ADDRESS,
+            ),
+            _PEER_AGENT,
+        )
+    },
+    "/api/v1/peers/messages": {
+        "post": _peer_operation(
+            "Deliver a message to one of our agents (allow_message); a repeated key answers duplicate",
+            _obj(to_agent_id=_STRING, content=_STRING, **{"from": _ADDRESS}),
+            _obj(delivered={"type": "boolean"}, message_id={"type": "integer"}, duplicate={"type": "boolean"}),
+        )
+    },
+    "/api/v1/peers/events": {
+        "get": {
+            **_peer_operation("Server-sent events mirroring the link user's local agents", None, {}),
+            "responses": {"200": {"description": "text/event-stream: snapshot, then agent.upsert frames"}},
+        }
+    },
+    "/api/v1/peers/repos": {
+        "get": _peer_operation("The repo roots advertised for launches", None, _obj(roots={"type": "array"}))
+    },
+    "/api/v1/peers/agents/{agent_id}/stop": {
+        "parameters": [_AGENT_ID_PARAM],
+        "post": _peer_operation("Stop an agent this peer launched (allow_launch)", {}, _PEER_AGENT),
+    },
+    "/api/v1/peers/agents/{agent_id}/archive": {
+        "parameters": [_AGENT_ID_PARAM],
+        "post": _peer_operation("Archive an agent this peer launched (allow_launch)", {}, _PEER_AGENT),
+    },
+    "/api/v1/peers/unlink": {
+        "post": _peer_operation(
+            "The peer unlinked us: revoke the link here too", {}, _obj(unlinked={"type": "boolean"})
+        )
+    },
+}
+
+
 def add_async_routes(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
-    """drf-spectacular postprocessing hook: add ``ASYNC_ROUTES`` and the cookie scheme."""
+    """drf-spectacular postprocessing hook: add ``ASYNC_ROUTES``, ``PEER_ROUTES`` and the
+    cookie and peer security schemes."""
     paths = result.setdefault("paths", {})
-    for path, route in ASYNC_ROUTES.items():
+    for path, route in {**ASYNC_ROUTES, **PEER_ROUTES}.items():
         parameters = route.get("parameters", [])
         paths[path] = {}
         for method, operation in route.items():
             if method == "parameters":
                 continue
             operation_id = path.strip("/").replace("/", "_").replace("{", "").replace("}", "") + f"_{method}"
-            paths[path][method] = {"operationId": operation_id, "parameters": parameters, **operation}
+            merged = [*parameters, *operation.get("parameters", [])]
+            paths[path][method] = {**operation, "operationId": operation_id, "parameters": merged}
     schemes = result.setdefault("components", {}).setdefault("securitySchemes", {})
     schemes.setdefault("cookieAuth", {"type": "apiKey", "in": "cookie", "name": "sessionid"})
+    schemes.setdefault(
+        "peerAuth",
+        {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A linked instance's token plus an RFC 9421 Ed25519 signature (keyid: its fingerprint).",
+        },
+    )
     return result
