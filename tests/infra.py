@@ -57,12 +57,16 @@ def postgres_admin_url() -> str:
 
 
 @contextmanager
-def postgres_database() -> Iterator[str]:
-    """A fresh, empty PostgreSQL database for one test; yields its URL and drops it after."""
+def postgres_database(prefix: str = "dispatch_it_") -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test; yields its URL and drops it after.
+
+    Its name is ``prefix`` plus 12 random hex digits (``prefix`` tells whose leftovers a
+    database is; lowercase letters, digits and ``_`` only).
+    """
     import psycopg
 
     admin_url = postgres_admin_url()
-    name = f"dispatch_it_{uuid.uuid4().hex[:12]}"
+    name = f"{prefix}{uuid.uuid4().hex[:12]}"
     try:
         with psycopg.connect(admin_url, autocommit=True, connect_timeout=3) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
@@ -507,8 +511,13 @@ _SETUP = (
 
 
 @contextmanager
-def instance(*, postgres: bool = False, redis: bool = False, **env: Any) -> Iterator[Instance]:
-    """A migrated Dispatch instance with an ``admin`` user, on SQLite or PostgreSQL (+ Redis)."""
+def instance(
+    *, postgres: bool = False, redis: bool = False, database_prefix: str = "dispatch_it_", **env: Any
+) -> Iterator[Instance]:
+    """A migrated Dispatch instance with an ``admin`` user, on SQLite or PostgreSQL (+ Redis).
+
+    With ``postgres`` its database is a fresh one named ``database_prefix`` + random hex.
+    """
     data_dir = tempfile.mkdtemp(prefix="dispatch-it-")
     overrides = {
         "DISPATCH_DATA_DIR": data_dir,
@@ -516,7 +525,7 @@ def instance(*, postgres: bool = False, redis: bool = False, **env: Any) -> Iter
         **{k: str(v) for k, v in env.items()},
     }
     with (
-        _maybe(postgres_database() if postgres else None) as database_url,
+        _maybe(postgres_database(database_prefix) if postgres else None) as database_url,
         _maybe(redis_url() if redis else None) as redis_base,
     ):
         if database_url:

@@ -1,8 +1,11 @@
 """Two real Dispatch instances linked as peers (spec/peers.md): pair, launch on B from A,
 mirror B's agent on A as a shadow, survive B going away, unlink.
 
-Each instance has its own data dir, SQLite database, tmux server and port; each
-``DISPATCH_PUBLIC_URL`` is its real address, so each side can dial the other.
+Each instance has its own data dir, database, tmux server and port; each
+``DISPATCH_PUBLIC_URL`` is its real address, so each side can dial the other. The same
+scenario runs twice: on SQLite with the in-memory channel layer, and on PostgreSQL + Redis
+(each instance its own PostgreSQL database and its own Redis key prefix; marked
+``postgres`` and ``redis``, so it fails rather than skips under CI=true without them).
 """
 
 from __future__ import annotations
@@ -64,11 +67,39 @@ class Api:
         return response.json()
 
 
-def test_two_linked_instances_mirror_queue_and_unlink(tmp_path: Path, tmux_sockets: tuple[str, str]) -> None:
+STORES = [
+    pytest.param(False, id="sqlite"),
+    pytest.param(True, id="postgres-redis", marks=[pytest.mark.postgres, pytest.mark.redis]),
+]
+
+
+def backend_of(inst: Instance) -> tuple[str, str]:
+    """(database vendor, channel layer backend class name) as ``inst``'s own processes see them."""
+    out = inst.manage(
+        "shell",
+        "-c",
+        "from django.conf import settings; from django.db import connection; "
+        "print('backend', connection.vendor, settings.CHANNEL_LAYERS['default']['BACKEND'].rsplit('.', 1)[-1])",
+    ).stdout
+    found = re.search(r"backend (\S+) (\S+)", out)
+    assert found is not None, out
+    return found.group(1), found.group(2)
+
+
+@pytest.mark.parametrize("shared_services", STORES)
+def test_two_linked_instances_mirror_queue_and_unlink(
+    tmp_path: Path, tmux_sockets: tuple[str, str], shared_services: bool
+) -> None:
     repo = tmp_path / "repo"
     repo.mkdir()
     port_a, port_b = free_port(), free_port()
-    common = {"DISPATCH_CLI_SUPERVISE_INTERVAL": "0.3", "DISPATCH_PEER_BACKOFF_SCALE": "0.05"}
+    common: dict[str, Any] = {
+        "DISPATCH_CLI_SUPERVISE_INTERVAL": "0.3",
+        "DISPATCH_PEER_BACKOFF_SCALE": "0.05",
+        "postgres": shared_services,
+        "redis": shared_services,
+        "database_prefix": "dispatch_peers_it_",
+    }
     with (
         instance(DISPATCH_PUBLIC_URL=f"http://127.0.0.1:{port_a}", DISPATCH_TMUX_SOCKET=tmux_sockets[0], **common) as a,
         instance(
@@ -78,6 +109,13 @@ def test_two_linked_instances_mirror_queue_and_unlink(tmp_path: Path, tmux_socke
             **common,
         ) as b,
     ):
+        if shared_services:
+            # Two separate deployments: each its own PostgreSQL database and Redis prefix.
+            assert a.env["DATABASE_URL"] != b.env["DATABASE_URL"]
+            assert a.env["DISPATCH_REDIS_PREFIX"] != b.env["DISPATCH_REDIS_PREFIX"]
+            assert backend_of(b) == ("postgresql", "RedisChannelLayer")
+        else:
+            assert "DATABASE_URL" not in a.env and "REDIS_URL" not in b.env
         server_b = serve_at(b, port_b)
         # Pair with the headless commands: B offers, A links (A's server is not needed for that).
         offer = b.manage("peer_offer").stdout
