@@ -24,10 +24,15 @@ venv: $(VENV)/.installed
 dev: $(VENV)/.dev-installed
 
 ## run: set up, migrate, create the first admin (password printed once), serve on HOST:PORT
+##      (DISPATCH_PUBLIC_URL, when neither the environment nor .env sets it, is http://HOST:PORT,
+##      so agents, shims and peers are told the address actually served)
 run: venv
 	$(PY) manage.py migrate --noinput -v0
 	@$(PY) manage.py ensure_admin
-	$(PY) manage.py serve --host $(HOST) --port $(PORT)
+	@url="$${DISPATCH_PUBLIC_URL:-$$(sed -n 's/^DISPATCH_PUBLIC_URL=//p' .env 2>/dev/null | tail -n1)}"; \
+	  export DISPATCH_PUBLIC_URL="$${url:-http://$(HOST):$(PORT)}"; \
+	  echo "$(PY) manage.py serve --host $(HOST) --port $(PORT)  (public URL $$DISPATCH_PUBLIC_URL)"; \
+	  exec $(PY) manage.py serve --host $(HOST) --port $(PORT)
 
 ## test: the whole suite (browser tests need Debian's chromium; see README)
 test: dev

@@ -80,6 +80,28 @@ ASYNC_ROUTES: dict[str, dict[str, Any]] = {
             "machines",
         ),
     },
+    "/api/v1/events": {
+        "get": {
+            "summary": "Server-sent events for the UI: a snapshot, then agent, run and message frames",
+            "tags": ["agents"],
+            "security": [{"bearerAuth": []}, {"cookieAuth": []}],
+            "parameters": [
+                {
+                    "name": "pane",
+                    "in": "query",
+                    "required": False,
+                    "schema": _STRING,
+                    "description": "a local CLI agent's id: also send its terminal pane as `pane` frames",
+                }
+            ],
+            "responses": {
+                "200": {
+                    "description": "text/event-stream: snapshot, agent.upsert, agent.deleted, agent.event, "
+                    "run.updated, message.created, message.updated (and pane) frames, each with an id"
+                }
+            },
+        }
+    },
     "/api/v1/machines/device/code": {
         "post": {
             "summary": "Start a shim's device login (RFC 8628 §3.1); unauthenticated, rate-limited",

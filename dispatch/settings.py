@@ -232,6 +232,8 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Control plane for AI agents across several computers.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Like every other page and route: a login or a token (the README's promise).
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "dispatch.schema.add_async_routes",

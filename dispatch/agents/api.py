@@ -47,7 +47,15 @@ class AgentLaunchSerializer(serializers.Serializer):
     type = serializers.CharField(max_length=40)
     name = serializers.CharField(max_length=1000, trim_whitespace=False)
     prompt = serializers.CharField(required=False, allow_blank=True, default="", trim_whitespace=False)
-    cwd = serializers.CharField(max_length=4096, trim_whitespace=False)
+    cwd = serializers.CharField(
+        max_length=4096,
+        trim_whitespace=False,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="absolute directory (a leading ~ is expanded); default: the launching agent's cwd, else "
+        "DISPATCH_DEFAULT_CWD; required with location",
+    )
     location = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
     child = serializers.BooleanField(required=False, default=False)
     full_access = serializers.BooleanField(required=False, default=False)
@@ -181,7 +189,7 @@ class AgentListView(DispatchAPIView):
             type=body["type"],
             name=body["name"],
             prompt=body["prompt"],
-            cwd=body["cwd"],
+            cwd=body["cwd"] or None,
             launched_by=launcher,
             child=body["child"],
             full_access=body["full_access"],

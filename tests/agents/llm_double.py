@@ -4,7 +4,9 @@ Completions server (``POST /v1/chat/completions``) on a free loopback port.
 It answers each request with the next scripted reply — ``tool_calls(...)`` or
 ``answer(...)``, or a function of the request returning one — and records every request
 it got (``requests``: the JSON bodies, so the tools offered and the messages sent).
-Start it by hand for the walkthrough: ``python -m tests.agents.llm_double`` prints its URL.
+Start it by hand for the walkthrough: ``python -m tests.agents.llm_double --call get_forecast
+'{"city": "Rome"}'`` prints its URL and, for every prompt, first calls that tool (when the
+run offers it), then answers with the tool's result; without ``--call`` it only answers.
 """
 
 from __future__ import annotations
@@ -40,8 +42,9 @@ def tool_calls(*calls: tuple[str, dict[str, Any]]) -> Reply:
 class LlmDouble:
     """The scripted server; ``url`` is its OpenAI base URL (``http://127.0.0.1:<port>/v1``)."""
 
-    def __init__(self, script: list[Script] | None = None) -> None:
+    def __init__(self, script: list[Script] | None = None, *, fallback: Script | None = None) -> None:
         self.script: list[Script] = list(script or [])
+        self.fallback = fallback
         self.requests: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         self.ids = itertools.count(1)
@@ -78,7 +81,10 @@ class LlmDouble:
         """The completion for one request: the next scripted reply (an answer when none is left)."""
         with self.lock:
             self.requests.append(body)
-            step = self.script.pop(0) if self.script else answer("(script exhausted)")
+            if self.script:
+                step = self.script.pop(0)
+            else:
+                step = self.fallback if self.fallback is not None else answer("(script exhausted)")
             number = next(self.ids)
         message = step(body) if callable(step) else step
         return {
@@ -113,10 +119,58 @@ class LlmDouble:
         self.server.server_close()
 
 
-if __name__ == "__main__":  # pragma: no cover - a manual helper
+def call_then_answer(name: str, arguments: dict[str, Any]) -> Callable[[dict[str, Any]], Reply]:
+    """A stateless responder for the walkthrough: a request whose last message is a tool
+    result gets an answer quoting the results; otherwise, if the run offers a tool ending
+    in ``name`` (a prefix may have been added), a call to it with ``arguments``; else an
+    answer saying the tool was not offered."""
+
+    def respond(body: dict[str, Any]) -> Reply:
+        messages = body.get("messages", [])
+        if messages and messages[-1].get("role") == "tool":
+            results = [m["content"] for m in messages if m.get("role") == "tool"]
+            return answer("The tool said: " + " | ".join(results))
+        offered = [tool["function"]["name"] for tool in body.get("tools", [])]
+        match = next((tool for tool in offered if tool == name or tool.endswith(name)), None)
+        if match is None:
+            return answer(f"(the tool {name} is not offered to this run; offered: {', '.join(offered) or 'none'})")
+        return tool_calls((match, arguments))
+
+    return respond
+
+
+def main(argv: list[str] | None = None) -> None:  # pragma: no cover - a manual helper
+    """``python -m tests.agents.llm_double [--call NAME ARGS_JSON]``: serve until Ctrl-C."""
+    import argparse
     import time
 
-    double = LlmDouble().start()
-    print(f"DISPATCH_LLM_BASE_URL={double.url}  (answers '(script exhausted)' to every prompt)")
-    while True:
-        time.sleep(3600)
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.agents.llm_double",
+        description="A scripted OpenAI-compatible endpoint for trying the expert agent without a model.",
+    )
+    parser.add_argument(
+        "--call",
+        nargs=2,
+        metavar=("TOOL", "ARGS_JSON"),
+        help="for every prompt, call TOOL with these JSON arguments first, then answer with its result",
+    )
+    options = parser.parse_args(argv)
+    fallback: Script | None = None
+    what = "answers '(script exhausted)' to every prompt"
+    if options.call:
+        arguments = json.loads(options.call[1])
+        if not isinstance(arguments, dict):
+            parser.error("ARGS_JSON must be a JSON object")
+        fallback = call_then_answer(options.call[0], arguments)
+        what = f"calls {options.call[0]} then answers with its result"
+    double = LlmDouble(fallback=fallback).start()
+    print(f"DISPATCH_LLM_BASE_URL={double.url}  ({what})", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        double.stop()
+
+
+if __name__ == "__main__":  # pragma: no cover - a manual helper
+    main()

@@ -103,12 +103,21 @@ def test_agent_types_needs_authentication(client):
     assert client.get("/api/v1/agent-types").status_code == 401
 
 
+def test_without_cwd_an_agent_works_in_the_default_cwd(api, tmp_path, settings):
+    settings.DEFAULT_CWD = str(tmp_path)
+
+    response = api.post("/api/v1/agents", {"type": "expert", "name": "homebody"})
+
+    assert response.status_code == 201
+    assert response.json()["cwd"] == str(tmp_path)
+
+
 @pytest.mark.parametrize(
     ("body", "status", "code"),
     [
         ({"name": "a", "cwd": "/tmp"}, 400, "VALIDATION_ERROR"),
         ({"type": "expert", "cwd": "/tmp"}, 400, "VALIDATION_ERROR"),
-        ({"type": "expert", "name": "a"}, 400, "VALIDATION_ERROR"),
+        ({"type": "expert", "name": "a", "cwd": 3}, 400, "INVALID_REQUEST"),
         ({"type": "expert", "name": "", "cwd": "/tmp"}, 400, "VALIDATION_ERROR"),
         ({"type": "expert", "name": "a" * 101, "cwd": "/tmp"}, 400, "INVALID_REQUEST"),
         ({"type": "expert", "name": "a", "cwd": "relative"}, 400, "INVALID_REQUEST"),

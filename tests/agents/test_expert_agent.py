@@ -414,3 +414,17 @@ async def test_the_executor_loop_runs_queued_runs_of_several_agents(llm, owner, 
 
     assert statuses == {"succeeded"}
     assert len(llm.requests) == 2
+
+
+def test_the_walkthrough_responder_calls_the_offered_tool_then_answers_with_its_result():
+    from tests.agents.llm_double import call_then_answer
+
+    respond = call_then_answer("get_forecast", {"city": "Rome"})
+    offered = {"tools": [{"function": {"name": "list_machines"}}, {"function": {"name": "w_get_forecast"}}]}
+    first = respond({"messages": [{"role": "user", "content": "weather?"}], **offered})
+    assert first["tool_calls"][0]["function"]["name"] == "w_get_forecast"
+    assert first["tool_calls"][0]["function"]["arguments"] == '{"city": "Rome"}'
+    second = respond({"messages": [{"role": "user", "content": "weather?"}, {"role": "tool", "content": "sunny"}]})
+    assert second["content"] == "The tool said: sunny"
+    missing = respond({"messages": [{"role": "user", "content": "x"}], "tools": []})
+    assert "not offered" in missing["content"]

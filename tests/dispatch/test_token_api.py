@@ -140,3 +140,15 @@ def test_the_openapi_schema_describes_the_async_routes_too(client, owner):
         "/api/v1/machines/device/token",
     ):
         assert "post" in paths[path], path
+
+
+def test_the_schema_describes_the_event_stream(client, owner_token):
+    schema = client.get("/api/schema/", HTTP_ACCEPT="application/json", HTTP_AUTHORIZATION=f"Bearer {owner_token}")
+    stream = schema.json()["paths"]["/api/v1/events"]["get"]
+    assert [parameter["name"] for parameter in stream["parameters"]] == ["pane"]
+
+
+def test_the_schema_and_swagger_ui_need_a_login_or_a_token(client, owner_token):
+    assert client.get("/api/schema/").status_code == 401
+    assert client.get("/api/docs/").status_code == 401
+    assert client.get("/api/schema/", HTTP_AUTHORIZATION=f"Bearer {owner_token}").status_code == 200
