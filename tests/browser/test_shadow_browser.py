@@ -31,8 +31,9 @@ LIVE = 20_000  # ms
 
 
 class HeldStream:
-    """A TCP server that answers every HTTP request with event-stream headers and holds the
-    connection open until ``drop()`` closes every one of them."""
+    """A TCP server that answers every GET with event-stream headers and holds the connection
+    open until ``drop()`` closes every one of them, and refuses every POST (a launch) with
+    403 ``CAPABILITY_NOT_GRANTED``."""
 
     def __init__(self) -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
@@ -58,6 +59,15 @@ class HeldStream:
                     if not chunk:
                         break
                     head += chunk
+                if head.startswith(b"POST"):  # a launch: refused the way a real peer refuses it
+                    body = b'{"error": {"code": "CAPABILITY_NOT_GRANTED", "message": "launch is not permitted"}}'
+                    conn.sendall(
+                        b"HTTP/1.1 403 Forbidden\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                        + b"content-length: %d\r\n\r\n" % len(body)
+                        + body
+                    )
+                    conn.close()
+                    continue
                 conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n\r\n")
             except OSError:
                 conn.close()
@@ -169,6 +179,7 @@ def test_a_user_watches_a_shadow_agent_and_sees_the_link_go_down_live(live, stan
         page.click("#launch")
         expect(page.locator("#launch-error")).to_be_visible()
         expect(page.locator("#launch-error")).to_contain_text("Could not launch on Cloud:")
+        expect(page.locator("#launch-error")).to_contain_text("launch is not permitted")
         expect(page).to_have_url(f"{server.url}/")
 
         # The shadow's page: the Remote activity pane, live while the peer's stream is up.
