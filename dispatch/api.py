@@ -7,14 +7,14 @@ from typing import Any
 from django.contrib.auth.decorators import login_not_required
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import exceptions, serializers, status
-from rest_framework.permissions import AllowAny
+from rest_framework.permissions import AllowAny, BasePermission, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from dispatch import selectors, services
-from dispatch.authentication import authenticated_user
+from dispatch.authentication import authenticated_user, calling_agent
 from dispatch.errors import DispatchError
 from dispatch.models import ApiToken
 
@@ -116,8 +116,21 @@ class TokenObtainView(DispatchAPIView):
         return Response({"token": issued.raw, **TokenSerializer(issued.token).data}, status=status.HTTP_201_CREATED)
 
 
+class NotAnAgent(BasePermission):
+    """Refuses requests made with an agent token: an agent acts for its user but may not
+    manage the user's credentials (a prompt-injected agent could lock its user out)."""
+
+    message = "agent tokens cannot list or revoke API tokens; use a user token or the Settings page"
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return calling_agent(request) is None
+
+
 class TokenListView(DispatchAPIView):
-    """``GET /api/v1/auth/tokens``: the caller's tokens (prefixes only, never the secret)."""
+    """``GET /api/v1/auth/tokens``: the caller's tokens (prefixes only, never the secret).
+    A user's own token or session only (403 for an agent token)."""
+
+    permission_classes = [IsAuthenticated, NotAnAgent]
 
     @extend_schema(responses={200: inline_serializer("TokenList", {"tokens": TokenSerializer(many=True)})})
     def get(self, request: Request) -> Response:
@@ -126,7 +139,10 @@ class TokenListView(DispatchAPIView):
 
 
 class TokenRevokeView(DispatchAPIView):
-    """``DELETE /api/v1/auth/tokens/{id}``: revoke one of the caller's tokens."""
+    """``DELETE /api/v1/auth/tokens/{id}``: revoke one of the caller's tokens (403 for an
+    agent token)."""
+
+    permission_classes = [IsAuthenticated, NotAnAgent]
 
     @extend_schema(responses={200: TokenSerializer})
     def delete(self, request: Request, token_id: int) -> Response:

@@ -32,12 +32,14 @@ Targets are always written ``=NAME`` (session) or ``=NAME:`` (its current pane):
 
 from __future__ import annotations
 
+import json
 import os
 import re
-import shlex
 import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass
@@ -52,6 +54,36 @@ _IDENTIFIER = re.compile(r"[A-Za-z0-9_-]{1,100}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 INSTANCE_OPTION = "@dispatch_instance"
+# The pane's first process: reads the agent's environment file and execs its program.
+AGENT_EXEC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent_exec.py")
+# C0 controls and DEL except tab and newline (carriage returns become newlines first).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def pasteable(text: str) -> str:
+    """``text`` fit to paste: CRLF and CR become LF; every other control character but tab
+    and newline is removed — ESC above all, since ``ESC [201~`` inside a bracketed paste
+    would end it and make the rest keystrokes (Enter, Ctrl-U, a permission answer)."""
+    return _CONTROL.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
+
+
+def _write_env_file(env: dict[str, str]) -> str:
+    """Write ``env`` as JSON to a new mode-0600 file; its path."""
+    descriptor, path = tempfile.mkstemp(prefix="dispatch-agent-env-", suffix=".json")
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            json.dump(env, handle)
+    except BaseException:
+        _remove_quietly(path)
+        raise
+    return path
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 # Size of a detached session's window, in character cells (tmux's default is 80x24,
 # narrow for the full-screen CLIs agents run).
 PANE_WIDTH = 200
@@ -112,8 +144,13 @@ def _check_identifier(kind: str, value: str) -> None:
 
 
 def _is_server_down(stderr: str) -> bool:
-    """True for the two messages tmux gives when no server listens on the socket."""
-    return "no server running" in stderr or ("error connecting to" in stderr and "No such file" in stderr)
+    """True for the messages tmux gives when no server listens on the socket, or when the
+    server exited while the command connected (its last session just closed)."""
+    return (
+        "no server running" in stderr
+        or ("error connecting to" in stderr and "No such file" in stderr)
+        or "server exited unexpectedly" in stderr
+    )
 
 
 class TmuxRunner:
@@ -136,8 +173,12 @@ class TmuxRunner:
 
         ``argv``: the program and its arguments, each passed to tmux as its own argument
         (never joined into a shell string). ``env``: extra environment variables for the
-        process (secrets go here, never in ``argv``); they are given to the pane's process
-        only, not stored in the session environment. The session is tagged
+        process (secrets go here, never in ``argv``). They travel in a mode-0600 file that
+        ``dispatch/agent_exec.py`` (the pane's first process) reads, deletes and then
+        ``exec``s ``argv`` with — so no command line, not even tmux's, ever holds them —
+        and the program's environment loses Dispatch's own configuration (``SECRET_KEY``,
+        ``DATABASE_URL``, ``DISPATCH_*``, …) that a tmux server started by Dispatch would
+        otherwise pass on. The session is tagged
         ``@dispatch_instance=<instance_id>`` before the program starts, and keeps its pane
         after the program exits (``remain-on-exit on``).
 
@@ -157,13 +198,10 @@ class TmuxRunner:
         if self.exists(session_name):
             raise TmuxError(f"A tmux session named {session_name!r} already exists.")
 
-        if len(argv) == 1:
-            # tmux hands a lone argument to its ``default-shell -c`` (two or more are
-            # ``execvp``ed directly); quoting keeps it one word, and ``exec`` keeps the
-            # program as the pane's process (its pid and exit status).
-            command = [f"exec {shlex.quote(argv[0])}"]
-        else:
-            command = [_literal(arg) for arg in argv]
+        env_file = _write_env_file(env)
+        # Four or more arguments: tmux ``execvp``s them directly (no shell); the wrapper
+        # then ``exec``s the program, which stays the pane's process (pid, exit status).
+        command = [_literal(arg) for arg in (sys.executable, "-I", AGENT_EXEC, env_file, "--", *argv)]
         directory = _literal_format(cwd)
         pane = f"={session_name}:"
 
@@ -190,21 +228,12 @@ class TmuxRunner:
             # last lines out of ``capture``); the status is read from ``pane_state``
             # instead. tmux < 3.3 lacks the option: its failure is ignored.
             self._cmd("set-option", "-w", "-t", pane, "remain-on-exit-format", "")
-            environment = [arg for name, value in env.items() for arg in ("-e", _literal(f"{name}={value}"))]
             self._check(
-                "respawn-pane",
-                "-k",
-                "-t",
-                pane,
-                "-c",
-                directory,
-                *environment,
-                "--",
-                *command,
-                session_name=session_name,
+                "respawn-pane", "-k", "-t", pane, "-c", directory, "--", *command, session_name=session_name
             )
         except TmuxError:
             self._server.cmd("kill-session", "-t", f"={session_name}")
+            _remove_quietly(env_file)
             raise
 
     def kill(self, session_name: str) -> None:
@@ -322,11 +351,14 @@ class TmuxRunner:
         The text goes through a buffer of its own (loaded from stdin, deleted after),
         pasted with bracketed paste so a program that asks for it (readline, the agent
         CLIs) receives multi-line text whole. Any length; the text never passes through
-        a shell or tmux's parser. Raises ``TmuxSessionNotFound`` if the session is gone.
+        a shell or tmux's parser. Control characters are removed first (``pasteable``):
+        an ESC could end the bracketed paste early and turn the rest into keystrokes.
+        Raises ``TmuxSessionNotFound`` if the session is gone.
         """
         _check_identifier("session name", session_name)
         if not self.exists(session_name):
             raise TmuxSessionNotFound(f"No tmux session named {session_name!r}.")
+        text = pasteable(text)
         if text:
             buffer_name = f"dispatch-paste-{uuid.uuid4().hex}"
             self._load_buffer(buffer_name, text)

@@ -142,16 +142,25 @@ def base_env(**overrides: str) -> dict[str, str]:
 
 
 def manage(env: dict[str, str], *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run ``manage.py`` with ``args`` in ``env``; returns the completed process."""
-    return subprocess.run(
+    """Run ``manage.py`` with ``args`` in ``env``; returns the completed process.
+
+    With ``check``, a failure raises ``AssertionError`` carrying the command's stderr (a
+    bare ``CalledProcessError`` would hide why it failed).
+    """
+    done = subprocess.run(
         [PYTHON, str(REPO / "manage.py"), *args],
         env=env,
         cwd=REPO,
         capture_output=True,
         text=True,
-        check=check,
+        check=False,
         timeout=120,
     )
+    if check and done.returncode != 0:
+        raise AssertionError(
+            f"manage.py {' '.join(args[:2])} exited {done.returncode}:\n{done.stderr[-3000:]}{done.stdout[-1000:]}"
+        )
+    return done
 
 
 def wait_until(

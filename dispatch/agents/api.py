@@ -44,10 +44,10 @@ class StrictCharField(serializers.CharField):
 
 
 class AgentLaunchSerializer(serializers.Serializer):
-    type = serializers.CharField(max_length=40)
-    name = serializers.CharField(max_length=1000, trim_whitespace=False)
-    prompt = serializers.CharField(required=False, allow_blank=True, default="", trim_whitespace=False)
-    cwd = serializers.CharField(
+    type = StrictCharField(max_length=40)
+    name = StrictCharField(max_length=1000, trim_whitespace=False)
+    prompt = StrictCharField(required=False, allow_blank=True, default="", trim_whitespace=False)
+    cwd = StrictCharField(
         max_length=4096,
         trim_whitespace=False,
         required=False,
@@ -56,7 +56,7 @@ class AgentLaunchSerializer(serializers.Serializer):
         help_text="absolute directory (a leading ~ is expanded); default: the launching agent's cwd, else "
         "DISPATCH_DEFAULT_CWD; required with location",
     )
-    location = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None)
+    location = StrictCharField(required=False, allow_null=True, allow_blank=True, default=None)
     child = serializers.BooleanField(required=False, default=False)
     full_access = serializers.BooleanField(required=False, default=False)
 

@@ -58,6 +58,8 @@ ERROR_LINES = 20
 WATCH_LINES = 100
 # Seconds the pane must stay unchanged (and not blank) before a message is pasted.
 QUIET = 0.4
+# Seconds a queued message waits for a quiet pane before it is pasted anyway.
+PASTE_ANYWAY_AFTER = 10.0
 # Seconds a ``creating`` agent without a session is left to its launcher before the
 # supervisor starts it itself (a start requested for another host, or a launcher that died).
 CREATING_GRACE = 3.0
@@ -277,7 +279,7 @@ def agent_stop(*, agent: Agent, runner: TmuxRunner | None = None) -> Agent:
     Records ``stop_requested_at``, fails its queued messages ("agent stopped") and, on
     this host, sends the interrupt (C-c). The supervisor of the agent's host then kills
     the session after ``DISPATCH_AGENT_STOP_GRACE`` s (or once the pane dies) and marks
-    it ``stopped``, revoking its tokens; ``stopping`` never outlasts
+    it ``stopped``; its tokens are revoked at once, at the request; ``stopping`` never outlasts
     ``DISPATCH_AGENT_STOP_TIMEOUT`` s. A ``creating`` agent goes straight to ``stopped``.
     Raises ``DispatchError("CONFLICT")`` for any other status, ``InvalidRequest`` for an
     expert agent.
@@ -293,6 +295,7 @@ def agent_stop(*, agent: Agent, runner: TmuxRunner | None = None) -> Agent:
         return agent
     services.agent_set_status(agent=agent, status=Status.STOPPING, note="stop requested")
     Agent.objects.filter(pk=agent.pk).update(stop_requested_at=timezone.now(), stop_interrupted=False)
+    tokens.agent_tokens_revoke(agent=agent)  # "revoked at stop": not after the grace period
     messages.messages_fail_pending(agent=agent, error="agent stopped")
     if is_local(agent):
         _interrupt(agent=agent, runner=_runner(runner))
@@ -612,8 +615,11 @@ def _deliver(*, agent: Agent, runner: TmuxRunner) -> bool:
         return False
     name = session_name(agent)
     message = pending[0]
+    waited = (timezone.now() - message.created_at).total_seconds()
     try:
-        if not _quiet(runner, name):
+        # A pane that never goes quiet (a ticking clock, ``tail -f``) or stays blank still
+        # gets the message after PASTE_ANYWAY_AFTER seconds: waiting forever helps nobody.
+        if waited < PASTE_ANYWAY_AFTER and not _quiet(runner, name):
             return True
         runner.paste(name, message.content)
     except TmuxSessionNotFound:

@@ -88,17 +88,19 @@ def message_send(
     the message is ``delivered``. CLI recipient: the message is ``queued`` for the
     supervisor to paste (spec/agents.md §2), whose doorbell (``doorbell_ring``) is rung
     after commit. ``content``: 1–200,000 characters, no NUL.
-    Raises ``InvalidRequest`` (bad content, no sender or two, a shadow agent — messaging
-    peers comes with the peers issue), ``NotFound`` (a sender agent of another user, an
-    archived recipient) or ``CONFLICT`` (the recipient is not running).
+    Raises ``InvalidRequest`` (bad content, no sender or two, a shadow agent — those go
+    through the peer's outbox), ``NotFound`` (a recipient of another user) or ``CONFLICT``
+    (the recipient is archived or not running).
     """
     if (sender_user is None) == (sender_agent is None):
         raise InvalidRequest("a message has exactly one sender: a user or an agent")
     text = _content(content)
     current = Agent.objects.select_for_update().get(pk=recipient.pk)
     owner_id = sender_user.pk if sender_user is not None else sender_agent.owner_id  # type: ignore[union-attr]
-    if current.owner_id != owner_id or current.status == Agent.Status.ARCHIVED:
+    if current.owner_id != owner_id:
         raise NotFound(f"no agent '{recipient.pk}'")
+    if current.status == Agent.Status.ARCHIVED:  # visible (GET answers it), but gone: like start, 409
+        raise DispatchError("CONFLICT", f"agent '{current.pk}' is archived", {"status": current.status})
     if current.peer_agent_id:
         raise InvalidRequest(f"agent '{current.pk}' is a shadow agent: it is messaged through its peer")
     if current.type == services.EXPERT:

@@ -117,7 +117,10 @@ def test_without_cwd_an_agent_works_in_the_default_cwd(api, tmp_path, settings):
     [
         ({"name": "a", "cwd": "/tmp"}, 400, "VALIDATION_ERROR"),
         ({"type": "expert", "cwd": "/tmp"}, 400, "VALIDATION_ERROR"),
-        ({"type": "expert", "name": "a", "cwd": 3}, 400, "INVALID_REQUEST"),
+        ({"type": "expert", "name": "a", "cwd": 3}, 400, "VALIDATION_ERROR"),
+        ({"type": "expert", "name": 5, "cwd": "/tmp"}, 400, "VALIDATION_ERROR"),
+        ({"type": "expert", "name": "a", "cwd": "/tmp", "prompt": 5}, 400, "VALIDATION_ERROR"),
+        ({"type": 1, "name": "a", "cwd": "/tmp"}, 400, "VALIDATION_ERROR"),
         ({"type": "expert", "name": "", "cwd": "/tmp"}, 400, "VALIDATION_ERROR"),
         ({"type": "expert", "name": "a" * 101, "cwd": "/tmp"}, 400, "INVALID_REQUEST"),
         ({"type": "expert", "name": "a", "cwd": "relative"}, 400, "INVALID_REQUEST"),

@@ -60,3 +60,19 @@ def test_rest_accepts_an_agent_token_in_its_owners_scope(owner: Any, outsider: A
     agent_tokens_revoke(agent=agent)
     refused = api.get(f"/api/v1/agents/{agent.pk}")
     assert refused.status_code == 401 and refused.headers["WWW-Authenticate"] == "Bearer"
+
+
+def test_an_agent_token_cannot_list_or_revoke_its_users_api_tokens(
+    owner: Any, owner_token: str, make_agent: Any
+) -> None:
+    from dispatch.models import ApiToken
+
+    agent = make_agent(owner, name="me")
+    api = Api(agent_token_mint(agent=agent))
+    listed = api.get("/api/v1/auth/tokens")
+    assert listed.status_code == 403 and "agent tokens cannot" in listed.json()["error"]["message"]
+    token = ApiToken.objects.get(user=owner)
+    assert api.delete(f"/api/v1/auth/tokens/{token.pk}").status_code == 403
+    token.refresh_from_db()
+    assert token.revoked_at is None
+    assert Api(owner_token).get("/api/v1/auth/tokens").status_code == 200

@@ -106,6 +106,19 @@ def test_a_100_kb_message_arrives_whole(owner, runner, workdir):
     assert target.read_text() == body + "\n"
 
 
+def test_a_pane_that_never_goes_quiet_still_gets_its_message_after_the_wait(owner, runner, workdir, monkeypatch):
+    agent = launch(owner, runner, workdir)
+    supervise_until(runner, lambda: not messages.messages_pending(agent=agent), "the prompt pasted")
+    ticker = send(agent, "while true; do date +%s%N; sleep 0.1; done")
+    supervise_until(runner, lambda: delivered(ticker), "the ticking loop started")
+    waiting = send(agent, "echo never-quiet")
+    cli.supervise_once(runner=runner)
+    assert not delivered(waiting)  # the pane keeps changing: not quiet, not waited long enough
+
+    AgentMessage.objects.filter(pk=waiting.pk).update(created_at=timezone.now() - timedelta(seconds=11))
+    supervise_until(runner, lambda: delivered(waiting), "the message pasted anyway")
+
+
 def test_queued_messages_fail_when_the_agent_stops_first(owner, runner, workdir):
     agent = launch(owner, runner, workdir)
     message = send(agent, "echo never")
@@ -181,6 +194,8 @@ def test_the_token_is_in_the_environment_only_and_works_while_running(owner, run
     assert authenticated is not None and authenticated.pk == agent.pk
 
     cli.agent_stop(agent=agent, runner=runner)
+    assert status_of(agent) == "stopping"
+    assert tokens.agent_token_authenticate(token) is None  # at the stop request, not once stopped
     supervise_until(runner, lambda: status_of(agent) == "stopped", "stopped", timeout=15)
     assert tokens.agent_token_authenticate(token) is None
 

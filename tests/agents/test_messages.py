@@ -60,15 +60,16 @@ def test_bad_content_is_refused_and_nothing_is_stored(owner: Any, make_agent: An
     assert not AgentMessage.objects.exists() and not Run.objects.exists()
 
 
-def test_another_users_agent_and_archived_agents_are_not_found(owner: Any, outsider: Any, make_agent: Any) -> None:
+def test_another_users_agent_is_not_found_and_an_archived_one_is_a_conflict(owner: Any, outsider: Any, make_agent: Any) -> None:
     theirs = make_agent(outsider)
     with pytest.raises(NotFound):
         message_send(recipient=theirs, content="hi", sender_user=owner)
     with pytest.raises(NotFound):
         message_send(recipient=theirs, content="hi", sender_agent=make_agent(owner))
     archived = force_status(make_agent(owner), Agent.Status.ARCHIVED)
-    with pytest.raises(NotFound):
+    with pytest.raises(DispatchError, match="is archived") as refused:
         message_send(recipient=archived, content="hi", sender_user=owner)
+    assert refused.value.code == "CONFLICT"
     assert not AgentMessage.objects.exists()
 
 

@@ -90,3 +90,25 @@ def test_api_errors_keep_the_error_shape(client, owner_token):
     response = client.get("/api/v1/no/such/route", **auth)
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "NOT_FOUND"
+
+
+async def test_nesting_that_parses_but_is_deeper_than_the_limit_is_invalid_json(ws_connect, owner_token):
+    # 500 levels parse fine, but copying such a value (the channel layer deep-copies every
+    # message) would recurse past Python's limit far from the edge.
+    nested = "[" * 500 + "]" * 500
+    frame = '{"action": "send-agent-prompt", "nonce": "n", "body": {"agentId": "agt_0", "input": ' + nested + "}}"
+    async with ws_connect(token=owner_token) as ws:
+        await ws.send(frame)
+        reply = await ws.recv()
+        assert reply["error"].startswith("invalid JSON") and "nested too deeply" in reply["error"]
+        assert (await ws.request("ping"))["pong"] is True
+
+
+def test_the_wire_accepts_the_limit_and_refuses_one_more_level():
+    from dispatch import wire
+
+    assert wire.loads("[" * wire.MAX_DEPTH + "]" * wire.MAX_DEPTH) is not None
+    with pytest.raises(ValueError, match="nested too deeply"):
+        wire.loads("[" * (wire.MAX_DEPTH + 1) + "]" * (wire.MAX_DEPTH + 1))
+    with pytest.raises(ValueError, match="nested too deeply"):
+        wire.loads('{"a": ' * (wire.MAX_DEPTH + 1) + "1" + "}" * (wire.MAX_DEPTH + 1))

@@ -309,3 +309,12 @@ async def test_a_killed_no_background_server_leaves_no_ghost_remote(
             details=lambda: "\n".join(process.log() for process in [survivor, *inst.processes]),
         )
         assert survivor.running
+
+
+def test_it_warns_when_the_public_url_names_another_local_port() -> None:
+    with instance(DISPATCH_PUBLIC_URL="http://127.0.0.1:9") as inst:
+        server = inst.serve()
+        server.wait_for_log("Warning: DISPATCH_PUBLIC_URL is http://127.0.0.1:9", timeout=10)
+    with instance(DISPATCH_PUBLIC_URL="https://dispatch.example.org") as inst:  # a real name: no warning
+        server = inst.serve()
+        assert "Warning: DISPATCH_PUBLIC_URL" not in server.log()

@@ -11,6 +11,7 @@ import re
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -326,3 +327,90 @@ def test_it_refuses_bad_start_arguments(
 
     assert runner.owned_sessions(INSTANCE) == []
     assert os.listdir(tmp_path) == []
+
+
+# --- secrets and control characters ------------------------------------------------------
+
+
+def test_the_environment_reaches_the_program_through_a_deleted_file_never_a_command_line(
+    runner: TmuxRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "s3cret-" + uuid.uuid4().hex
+    commands: list[tuple[object, ...]] = []
+    real_cmd = runner._cmd
+
+    def recording(command: str, *args: str | int) -> object:
+        commands.append((command, *args))
+        return real_cmd(command, *args)
+
+    monkeypatch.setattr(runner, "_cmd", recording)
+    out = tmp_path / "env.out"
+    name = session()
+    runner.start(
+        session_name=name,
+        instance_id=INSTANCE,
+        argv=["sh", "-c", f"printf '%s' \"$DISPATCH_MCP_TOKEN\" > {out}"],
+        cwd=str(tmp_path),
+        env={"DISPATCH_MCP_TOKEN": secret},
+    )
+    wait_dead(runner, name)
+    assert out.read_text() == secret
+    assert not any(secret in str(arg) for command in commands for arg in command)  # no tmux argv held it
+    leftovers = [p for p in Path(tempfile.gettempdir()).glob("dispatch-agent-env-*")]
+    assert not [p for p in leftovers if secret in p.read_text(errors="replace")]
+
+
+def test_dispatch_configuration_in_the_tmux_servers_environment_does_not_reach_the_agent(
+    socket_name: str, tmp_path: Path
+) -> None:
+    # A tmux server started by Dispatch inherits its environment: start one that way.
+    tmux = shutil.which("tmux")
+    assert tmux is not None
+    leaky = {
+        **os.environ,
+        "SECRET_KEY": "django-secret",
+        "DATABASE_URL": "postgres://u:p@h/db",
+        "DISPATCH_LLM_API_KEY": "sk-secret",
+        "DJANGO_SETTINGS_MODULE": "dispatch.settings",
+        "USER_TOOL_TOKEN": "kept",
+    }
+    subprocess.run([tmux, "-L", socket_name, "new-session", "-d", "-s", "keeper"], env=leaky, check=True)
+    runner = TmuxRunner(socket_name=socket_name)
+    out = tmp_path / "env.out"
+    name = session()
+    runner.start(
+        session_name=name, instance_id=INSTANCE, argv=["sh", "-c", f"env > {out}"], cwd=str(tmp_path), env={"A": "b"}
+    )
+    wait_dead(runner, name)
+    seen = dict(line.split("=", 1) for line in out.read_text().splitlines() if "=" in line)
+    for name_ in ("SECRET_KEY", "DATABASE_URL", "DISPATCH_LLM_API_KEY", "DJANGO_SETTINGS_MODULE"):
+        assert name_ not in seen
+    assert seen["USER_TOOL_TOKEN"] == "kept" and seen["A"] == "b"
+
+
+def test_a_program_that_cannot_start_says_why_in_the_pane(runner: TmuxRunner, tmp_path: Path) -> None:
+    name = session()
+    runner.start(
+        session_name=name, instance_id=INSTANCE, argv=["dispatch-no-such-program-x"], cwd=str(tmp_path), env={}
+    )
+    state = wait_dead(runner, name)
+    assert state.exit_status == 127
+    assert "cannot start 'dispatch-no-such-program-x'" in runner.capture(name)
+
+
+def test_control_characters_cannot_break_out_of_the_paste(runner: TmuxRunner, tmp_path: Path) -> None:
+    name = start_shell(runner, tmp_path)
+    early = tmp_path / "EARLY"
+    # ESC [201~ would end the bracketed paste; Ctrl-U would then erase the line and the
+    # rest would run as typed keystrokes.
+    runner.paste(name, f"echo SAFE-$((20+22)) # \x1b[201~\x15touch {early}")
+    wait_for(lambda: "SAFE-42" in runner.capture(name), "the pasted command's output")
+    assert not early.exists() and not (tmp_path / "EARLY~").exists()
+
+
+def test_pasteable_keeps_text_tabs_and_newlines_and_drops_other_controls() -> None:
+    from dispatch.tmux import pasteable
+
+    assert pasteable("a\tb\r\nc\rd\n") == "a\tb\nc\nd\n"
+    assert pasteable("x\x1b[201~y\x15z\x00\x7f") == "x[201~yz"
+    assert pasteable("héllo ✓") == "héllo ✓"

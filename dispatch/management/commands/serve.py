@@ -13,6 +13,7 @@ import asyncio
 import logging
 import signal
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -90,6 +91,15 @@ class Command(BaseCommand):
                     f"{'off' if no_background else 'on'})",
                     flush=True,
                 )
+                public = urlsplit(settings.PUBLIC_URL)
+                public_port = public.port or (443 if public.scheme == "https" else 80)
+                if public.hostname in ("127.0.0.1", "localhost", "::1") and public_port != address.port:
+                    print(
+                        f"Warning: DISPATCH_PUBLIC_URL is {settings.PUBLIC_URL}, but this process serves port "
+                        f"{address.port}: agents, shims and peers are told the public URL. Set "
+                        "DISPATCH_PUBLIC_URL to the address they should use.",
+                        flush=True,
+                    )
 
         server = DispatchServer(
             application=get_default_application(),
