@@ -48,6 +48,7 @@ bench: dev
 	$(PY) bench/remote_calls.py
 	$(PY) bench/machines.py
 	$(PY) bench/agents.py
+	$(PY) bench/peers.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
