@@ -8,7 +8,8 @@ program with:
 - the pane's environment (the tmux server's, i.e. the user's shell environment, so the
   CLIs keep their own API keys and settings) **minus Dispatch's own configuration** —
   ``SECRET_KEY``, ``SECRET_KEY_FILE``, ``DATABASE_URL``, ``REDIS_URL``, ``ALLOWED_HOSTS``,
-  ``DEBUG``, and every ``DISPATCH_*`` and ``DJANGO_*`` variable — which a tmux server
+  ``DEBUG``, ``make``'s ``MAKEFLAGS``/``MAKELEVEL``/…, and every ``DISPATCH_*`` and
+  ``DJANGO_*`` variable — which a tmux server
   started by Dispatch inherits from it (spec/agents.md §2: the agent's environment
   carries its own ``DISPATCH_*`` variables, secrets never appear in argv);
 - plus the file's variables (``DISPATCH_AGENT_ID``, ``DISPATCH_MCP_TOKEN``, …).
@@ -20,12 +21,32 @@ status say so.
 
 from __future__ import annotations
 
-import json
-import os
-import sys
+import signal
+
+# A stop's Ctrl-C that lands while this wrapper starts was meant for the program: ignore it
+# here with a handler (not SIG_IGN, which the program would inherit; exec resets handlers).
+signal.signal(signal.SIGINT, lambda signum, frame: None)
+
+import json  # noqa: E402 - after the handler, to shorten the window
+import os  # noqa: E402
+import sys  # noqa: E402
 
 # Dispatch's own configuration, never handed to an agent.
-DENIED_NAMES = frozenset({"SECRET_KEY", "SECRET_KEY_FILE", "DATABASE_URL", "REDIS_URL", "ALLOWED_HOSTS", "DEBUG"})
+DENIED_NAMES = frozenset(
+    {
+        "SECRET_KEY",
+        "SECRET_KEY_FILE",
+        "DATABASE_URL",
+        "REDIS_URL",
+        "ALLOWED_HOSTS",
+        "DEBUG",
+        # ``make run``'s own variables: a ``make`` the agent runs would inherit its overrides.
+        "MAKEFLAGS",
+        "MFLAGS",
+        "MAKELEVEL",
+        "MAKEOVERRIDES",
+    }
+)
 DENIED_PREFIXES = ("DISPATCH_", "DJANGO_")
 
 

@@ -323,5 +323,9 @@ LOGGING = {
     "loggers": {
         "daphne": {"level": "WARNING"},
         "django.channels.server": {"level": "WARNING"},
+        # One "Terminating session: None" line per stateless MCP request, and one line per
+        # outgoing peer request, are noise at INFO.
+        "mcp.server.streamable_http": {"level": "WARNING"},
+        "httpx": {"level": "WARNING"},
     },
 }

@@ -220,6 +220,8 @@ async def _stream_once(peer: Peer, on_snapshot: Callable[[], Awaitable[None]]) -
             body = (await response.aread())[:300].decode("utf-8", "replace")
             raise StreamRefused(response.status_code, body)
         async for sse in events.aiter_sse():
+            if not sse.data:  # httpx-sse hands keep-alive comments on as empty "message" events
+                continue
             is_snapshot = await database_sync_to_async(apply_event)(peer, sse.event, sse.data)
             if is_snapshot:
                 last_stamp = loop.time()

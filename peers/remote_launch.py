@@ -397,16 +397,28 @@ async def shadow_forward(*, agent: Agent, action: str) -> Agent:
 # --- messages ----------------------------------------------------------------------------------
 
 
-def _placeholder_shadow(peer: Peer, agent_id: str) -> Agent:
-    """A shadow for an agent of ``peer`` the mirror has not reported yet: named after its id,
-    type ``unknown``, ``creating`` and ``stale`` until the mirror's snapshot fills it in (or
-    reaps it when the peer does not list it)."""
-    shadow = shadow_upsert(
-        peer=peer, peer_agent_id=agent_id, name=agent_id, type="unknown", status="creating", seen_at=timezone.now()
+def _shadow_for(peer: Peer, agent_id: str) -> Agent:
+    """The shadow of ``peer``'s agent ``agent_id`` — given as its id there, or as the
+    shadow's own local id. ``NotFound`` (listing what is known) for an agent the mirror has
+    not reported: a message to an id nobody knows would only be dead-lettered later."""
+    shadow = (
+        Agent.objects.filter(peer=peer, peer_agent_id=agent_id).order_by("created_at").first()
+        or Agent.objects.filter(peer=peer, pk=agent_id).first()
     )
-    Agent.objects.filter(pk=shadow.pk).update(stale=True)
-    shadow.stale = True
-    return shadow
+    if shadow is not None:
+        return shadow
+    known = list(
+        Agent.objects.filter(peer=peer)
+        .exclude(status=Agent.Status.ARCHIVED)
+        .order_by("-updated_at")
+        .values_list("name", "peer_agent_id")[:10]
+    )
+    listing = ", ".join(f"{name} ({remote_id})" for name, remote_id in known) or "none yet"
+    raise NotFound(
+        f"{peer.label} has no agent '{agent_id}' that this instance knows of; address an agent there by its id "
+        f"on {peer.label} (a shadow's peer_agent_id). Known agents of {peer.label}: {listing}",
+        {"peer": peer.label, "agent_id": agent_id},
+    )
 
 
 @transaction.atomic
@@ -416,15 +428,15 @@ def peer_message_send(
     """Send ``content`` to agent ``to_agent_id`` on ``peer`` (spec §8) and return the local message.
 
     Writes, in one transaction, the ``AgentMessage`` (``queued``; recipient = the shadow
-    of ``(peer, to_agent_id)``, a placeholder shadow (``_placeholder_shadow``) when the
-    mirror has not reported that agent yet; ``peer`` and a fresh ``idempotency_key``) and
+    of ``(peer, to_agent_id)`` — ``to_agent_id`` may also be the shadow's local id;
+    ``peer`` and a fresh ``idempotency_key``) and
     its ``OutboxMessage`` (payload ``{to_agent_id, content, from: {instance_id, agent_id |
     null, name}}``); the drain doorbell rings after commit (delivery is attempted at once
     by the drain loop). ``sender_agent`` ``None``: ``user`` sends it.
 
     Raises ``NotFound`` (a peer of another user or a revoked one, a sender of another
-    user), ``InvalidRequest`` (content empty or over 200,000 characters or with a NUL, a
-    malformed agent id).
+    user, an agent the mirror has not reported), ``InvalidRequest`` (content empty or
+    over 200,000 characters or with a NUL, a malformed agent id).
     """
     if not isinstance(content, str) or not content.strip():
         raise InvalidRequest("content must be a non-empty string")
@@ -438,9 +450,8 @@ def peer_message_send(
         raise NotFound(f"no linked instance '{peer.label}'")
     if sender_agent is not None and sender_agent.owner_id != user.pk:
         raise NotFound(f"no agent '{sender_agent.pk}'")
-    shadow = Agent.objects.filter(peer=live, peer_agent_id=to_agent_id).order_by(
-        "created_at"
-    ).first() or _placeholder_shadow(live, to_agent_id)
+    shadow = _shadow_for(live, to_agent_id)
+    to_agent_id = shadow.peer_agent_id
     key = new_idempotency_key()
     message = AgentMessage.objects.create(
         sender_agent=sender_agent,

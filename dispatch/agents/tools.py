@@ -93,6 +93,13 @@ def _agents_list(user: User) -> list[dict[str, Any]]:
                 else None
             ),
             "parent": agent.parent_id,
+            # Shadow agents: the linked instance's label and the agent's id there (the
+            # address for dispatch_send_message is "<peer>:<peer_agent_id>").
+            **(
+                {"peer": agent.peer.label, "peer_agent_id": agent.peer_agent_id, "stale": agent.stale}
+                if agent.peer
+                else {}
+            ),
         }
         for agent in selectors.agents_for(user=user).items
     ]
@@ -427,11 +434,16 @@ def agent_tools(*, user: User, caller_agent: Agent | None, event_tool: bool = Tr
                     "name": {"type": "string", "minLength": 1, "maxLength": 100},
                     "prompt": {"type": "string", "maxLength": MAX_PROMPT, "description": "Its first instruction."},
                     "type": {"enum": known_types, "description": f"Default: {default_type}."},
-                    "cwd": {"type": "string", "maxLength": 4096, "description": "Absolute directory."},
+                    "cwd": {
+                        "type": "string",
+                        "maxLength": 4096,
+                        "description": "Absolute directory; a leading ~ is the home directory (of the linked "
+                        "instance, with location).",
+                    },
                     "location": {
                         "type": ["string", "null"],
                         "maxLength": 200,
-                        "description": ("A linked instance's label or instance id; omit it to launch here. " + linked),
+                        "description": linked,
                     },
                     "child": {"type": "boolean", "default": True},
                     "full_access": {"type": "boolean", "default": False},

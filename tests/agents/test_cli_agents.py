@@ -49,7 +49,12 @@ def wait_for(condition: Callable[[], object], what: str, timeout: float = 10.0) 
 
 
 def launch(owner, runner: TmuxRunner, workdir: str, prompt: str = "") -> Agent:
-    return cli.agent_launch(owner=owner, type="shell", name="sh", prompt=prompt, cwd=workdir, runner=runner)
+    """Launch a shell agent and wait until its shell shows something (its prompt): a stop's
+    Ctrl-C sent while the pane's program is still starting would end it before bash runs."""
+    agent = cli.agent_launch(owner=owner, type="shell", name="sh", prompt=prompt, cwd=workdir, runner=runner)
+    if agent.status == "running":
+        wait_for(lambda: runner.capture(cli.session_name(agent)).strip(), "the shell to start")
+    return agent
 
 
 def supervise_until(runner: TmuxRunner, condition: Callable[[], object], what: str, timeout: float = 10.0) -> None:

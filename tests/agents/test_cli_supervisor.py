@@ -456,6 +456,7 @@ def test_stopping_for_longer_than_the_hard_limit_is_killed(owner, runner, workdi
 def test_a_pane_that_exits_non_zero_while_stopping_ends_stopped(owner, runner, workdir, settings):
     settings.AGENT_STOP_GRACE = 1000.0
     agent = launch(owner, runner, workdir)
+    wait_for(lambda: runner.capture(cli.session_name(agent)).strip(), "the shell's prompt")
     cli.agent_stop(agent=agent, runner=runner)
     runner.paste(cli.session_name(agent), "exit 5")
     wait_dead(runner, agent)
@@ -512,7 +513,8 @@ def test_archive_kills_the_session_and_revokes_tokens(owner, runner, workdir):
 
 def test_pane_text_is_empty_once_the_session_is_gone(owner, runner, workdir):
     agent = launch(owner, runner, workdir, prompt="seq 1 300")
-    supervise_until(runner, lambda: "300" in cli.pane_text(agent=agent, runner=runner), "the output")
+    # "\n300\n": the output's last line, not the typed command "seq 1 300" echoed.
+    supervise_until(runner, lambda: "\n300\n" in cli.pane_text(agent=agent, runner=runner), "the output")
     text = cli.pane_text(agent=agent, runner=runner, lines=120)
     assert len(text.splitlines()) <= 120 and text.splitlines()[-2] == "300"
 

@@ -60,7 +60,9 @@ def test_bad_content_is_refused_and_nothing_is_stored(owner: Any, make_agent: An
     assert not AgentMessage.objects.exists() and not Run.objects.exists()
 
 
-def test_another_users_agent_is_not_found_and_an_archived_one_is_a_conflict(owner: Any, outsider: Any, make_agent: Any) -> None:
+def test_another_users_agent_is_not_found_and_an_archived_one_is_a_conflict(
+    owner: Any, outsider: Any, make_agent: Any
+) -> None:
     theirs = make_agent(outsider)
     with pytest.raises(NotFound):
         message_send(recipient=theirs, content="hi", sender_user=owner)

@@ -37,6 +37,7 @@ from peers.outbox import (
     outbox_retry,
 )
 from peers.remote_launch import peer_message_send
+from peers.shadows import shadow_upsert
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -100,6 +101,11 @@ def laptop(owner: Any, make_peer: Any) -> Any:
 
 
 def send(owner: Any, sender: Agent, peer: Any, content: str, to: str = REMOTE_AGENT) -> AgentMessage:
+    """Send to agent ``to`` of ``peer``, which the mirror is made to have reported first."""
+    if not Agent.objects.filter(peer=peer, peer_agent_id=to).exists():
+        shadow_upsert(
+            peer=peer, peer_agent_id=to, name=f"far-{to[-4:]}", type="shell", status="running", seen_at=timezone.now()
+        )
     return peer_message_send(user=owner, sender_agent=sender, peer=peer, to_agent_id=to, content=content)
 
 

@@ -48,7 +48,9 @@ def test_two_instances_pair_with_the_commands_and_each_pins_the_others_key() -> 
         assert re.fullmatch(r"[BCDFGHJKLMNPQRSTVWXZ]{4}-[BCDFGHJKLMNPQRSTVWXZ]{4}", code)
         assert address == server_b.url
 
-        linked = a.manage("peer_link", address, code.lower(), "--label", "Bee", "--full-access").stdout
+        link = a.manage("peer_link", address, code.lower(), "--label", "Bee", "--full-access")
+        assert "nothing answers" not in link.stderr  # A serves on the DISPATCH_PUBLIC_URL it gave B
+        linked = link.stdout
         a_fingerprint, their = field(linked, "our fingerprint"), field(linked, "their fingerprint")
         assert their == b_fingerprint
 

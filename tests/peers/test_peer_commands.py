@@ -76,3 +76,13 @@ def test_peer_link_refuses_a_malformed_code_before_calling_anyone(admin_user: An
 def test_peer_link_names_an_unreachable_address(admin_user: Any) -> None:
     with pytest.raises(CommandError, match=r"could not reach http://127\.0\.0\.1:9"):
         call_command("peer_link", "http://127.0.0.1:9", "BBBB-BBBB", stdout=StringIO())
+
+
+def test_peer_link_warns_when_nothing_answers_on_this_instances_public_url(settings: Any) -> None:
+    from peers.management.commands.peer_link import Command
+
+    settings.PUBLIC_URL = "http://127.0.0.1:9"  # nothing listens on the discard port
+    err = StringIO()
+    command = Command(stdout=StringIO(), stderr=err)
+    command._check_public_url()
+    assert "nothing answers on this instance's DISPATCH_PUBLIC_URL (http://127.0.0.1:9)" in err.getvalue()

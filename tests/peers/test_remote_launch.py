@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from dispatch.agents.services import agent_create
 from dispatch.agents.tools import agent_tools
-from dispatch.errors import DispatchError, InvalidRequest
+from dispatch.errors import DispatchError, InvalidRequest, NotFound
 from dispatch.models import Agent, AgentMessage
 from peers import outbox, remote_launch
 from peers.client import PeerClient
@@ -83,6 +83,14 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakePeerApi:
 @pytest.fixture
 def cloud(owner: Any, make_peer: Any) -> Any:
     return make_peer(owner, label="Cloud", url="http://cloud.test", last_seen_at=timezone.now()).peer
+
+
+@pytest.fixture
+def reported(cloud: Any) -> Agent:
+    """The shadow of Cloud's agent ``REMOTE_ID``, as the mirror would have reported it."""
+    return shadow_upsert(
+        peer=cloud, peer_agent_id=REMOTE_ID, name="far", type="shell", status="running", seen_at=timezone.now()
+    )
 
 
 @pytest.fixture
@@ -239,7 +247,9 @@ async def test_the_description_is_built_from_async_code_too(owner: Any, make_pee
 # --- messages ----------------------------------------------------------------------------------
 
 
-async def test_a_peer_address_is_recognised_by_shape(owner: Any, cloud: Any, launcher: Agent, tmp_path: Any) -> None:
+async def test_a_peer_address_is_recognised_by_shape(
+    owner: Any, cloud: Any, launcher: Agent, tmp_path: Any, reported: Agent
+) -> None:
     local = await database_sync_to_async(agent_create)(
         owner=owner, type="expert", name="fix: sse race", cwd=str(tmp_path)
     )
@@ -250,7 +260,7 @@ async def test_a_peer_address_is_recognised_by_shape(owner: Any, cloud: Any, lau
     named = await send({"target": "fix: sse race", "message": "local"})
 
     assert (by_label["status"], by_label["peer"], by_label["remote_agent_id"]) == ("queued", "Cloud", REMOTE_ID)
-    assert by_id["peer"] == "Cloud" and by_id["recipient"] == by_label["recipient"]  # one (placeholder) shadow
+    assert by_id["peer"] == "Cloud" and by_id["recipient"] == by_label["recipient"] == reported.pk
     assert named["recipient"] == local.pk and "peer" not in named
     rows = await database_sync_to_async(
         lambda: list(OutboxMessage.objects.order_by("id").values_list("payload", flat=True))
@@ -273,7 +283,7 @@ async def test_a_shadow_agent_as_target_goes_to_its_peer(owner: Any, cloud: Any,
 
 
 async def test_message_status_follows_a_cross_instance_message(
-    owner: Any, cloud: Any, launcher: Agent, fake: FakePeerApi
+    owner: Any, cloud: Any, launcher: Agent, fake: FakePeerApi, reported: Agent
 ) -> None:
     agent_tools_now = tools(owner, launcher)
     sent = await agent_tools_now["dispatch_send_message"]({"target": f"Cloud:{REMOTE_ID}", "message": "hello"})
@@ -352,9 +362,33 @@ def test_archive_of_a_shadow_whose_link_is_gone_is_local(
     assert fake.requests == [] and Agent.objects.get(pk=shadow.pk).status == "archived"
 
 
-def test_the_drain_is_async_safe_from_sync_code(owner: Any, cloud: Any, launcher: Agent, fake: FakePeerApi) -> None:
+def test_the_drain_is_async_safe_from_sync_code(
+    owner: Any, cloud: Any, launcher: Agent, fake: FakePeerApi, reported: Agent
+) -> None:
     sent = remote_launch.peer_message_send(
         user=owner, sender_agent=launcher, peer=cloud, to_agent_id=REMOTE_ID, content="x"
     )
     async_to_sync(outbox_drain_once)(holder="t")
     assert AgentMessage.objects.get(pk=sent.pk).status == "dead"
+
+
+def test_a_message_to_an_agent_the_mirror_never_reported_is_refused_and_creates_nothing(
+    owner: Any, cloud: Any, launcher: Agent, reported: Agent
+) -> None:
+    before = Agent.objects.count()
+    with pytest.raises(NotFound) as refused:
+        remote_launch.peer_message_send(
+            user=owner, sender_agent=launcher, peer=cloud, to_agent_id="agt_ffffffffffff", content="x"
+        )
+    assert "far (agt_00000000abcd)" in refused.value.message  # what is known there is listed
+    assert Agent.objects.count() == before and not OutboxMessage.objects.exists()
+
+
+def test_the_shadows_own_id_is_understood_as_its_agent_there(
+    owner: Any, cloud: Any, launcher: Agent, reported: Agent
+) -> None:
+    sent = remote_launch.peer_message_send(
+        user=owner, sender_agent=launcher, peer=cloud, to_agent_id=reported.pk, content="x"
+    )
+    assert sent.recipient_agent_id == reported.pk
+    assert OutboxMessage.objects.get(message=sent).to_agent_id == REMOTE_ID

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 from asgiref.sync import async_to_sync
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from dispatch.errors import DispatchError
@@ -37,3 +39,18 @@ class Command(BaseCommand):
         self.stdout.write(f"linked: {result.peer.label} ({result.peer.instance_id}) as {link_user.get_username()}")
         self.stdout.write(f"our fingerprint: {result.our_fingerprint}")
         self.stdout.write(f"their fingerprint: {result.their_fingerprint}")
+        self._check_public_url()
+
+    def _check_public_url(self) -> None:
+        """Warn when nothing answers on this instance's ``DISPATCH_PUBLIC_URL``: the peer was
+        just told to call us back there (its mirror and messages would fail quietly)."""
+        try:
+            answered = httpx.get(f"{settings.PUBLIC_URL}/healthz", timeout=3.0).status_code == 200
+        except httpx.HTTPError:
+            answered = False
+        if not answered:
+            self.stderr.write(
+                f"warning: nothing answers on this instance's DISPATCH_PUBLIC_URL ({settings.PUBLIC_URL}); the "
+                "other instance will call it to mirror agents and deliver messages. Run this command with the "
+                "same DISPATCH_PUBLIC_URL as the server, or start the server there."
+            )
