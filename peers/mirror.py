@@ -39,7 +39,7 @@ from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
 from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db.models import Count, Max, Q
 from django.utils import timezone
 
 from dispatch.presence import current_process_id
@@ -139,9 +139,12 @@ def subscribe_lease_release(*, peer_id: int, holder: str) -> None:
 class StreamRefused(Exception):
     """The peer answered the events request with another status than 200."""
 
-    def __init__(self, status: int, body: str) -> None:
+    def __init__(self, status: int, body: str, *, invalid_token: bool = False) -> None:
         super().__init__(f"events stream refused with HTTP {status}: {body}")
         self.status = status
+        # 401 with ``WWW-Authenticate: Bearer error="invalid_token"``: the peer does not know
+        # our token any more (it unlinked us; spec §4) — not a signature or clock problem.
+        self.invalid_token = invalid_token
 
 
 def _live_peer(peer_id: int) -> Peer | None:
@@ -218,7 +221,10 @@ async def _stream_once(peer: Peer, on_snapshot: Callable[[], Awaitable[None]]) -
         response: httpx.Response = events.response
         if response.status_code != 200:
             body = (await response.aread())[:300].decode("utf-8", "replace")
-            raise StreamRefused(response.status_code, body)
+            challenge = response.headers.get("www-authenticate", "")
+            raise StreamRefused(
+                response.status_code, body, invalid_token=response.status_code == 401 and "invalid_token" in challenge
+            )
         async for sse in events.aiter_sse():
             if not sse.data:  # httpx-sse hands keep-alive comments on as empty "message" events
                 continue
@@ -255,6 +261,15 @@ async def subscribe_peer(peer_id: int) -> None:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if isinstance(exc, StreamRefused) and exc.invalid_token:
+                # spec §7: a peer that cannot present a live credential any more — here, one
+                # that no longer accepts ours — shows as "unlinked by the other side" (its
+                # unlink notice may never have arrived).
+                logger.warning("peer %s no longer knows our token: marking it unlinked by the other side", peer.label)
+                from peers.pairing import peer_mark_unlinked_by_peer
+
+                await database_sync_to_async(transaction.atomic(peer_mark_unlinked_by_peer))(peer=peer)
+                return
             if isinstance(exc, StreamRefused) and exc.status in (401, 403):
                 logger.warning("peer %s refused our credential: %s", peer.label, exc)
             else:
@@ -270,6 +285,18 @@ async def subscribe_peer(peer_id: int) -> None:
 
 
 # --- the service -------------------------------------------------------------------------
+
+
+# Seconds between two cheap looks at the peers table between scans: a link made by another
+# process whose doorbell never reaches us (``manage.py peer_link`` with the in-memory
+# channel layer) is picked up within this time instead of at the next rescan.
+PEEK_SECONDS = 5.0
+
+
+def _peers_marker() -> tuple[int, Any]:
+    """``(live links, newest updated_at)``: changes when a link is made, changed or removed."""
+    marker = Peer.objects.aggregate(live=Count("pk", filter=Q(revoked_at__isnull=True)), newest=Max("updated_at"))
+    return int(marker["live"]), marker["newest"]
 
 
 def _live_peer_signatures() -> dict[int, tuple[str, str]]:
@@ -332,11 +359,14 @@ async def mirror_loop() -> None:
     receive: asyncio.Future[dict[str, Any]] | None = None
     try:
         restart: int | None = None
+        loop = asyncio.get_running_loop()
         while True:
             try:
+                marker = await database_sync_to_async(_peers_marker)()
                 await subscriptions.scan(restart=restart)
             except Exception:
                 logger.exception("peer mirror scan failed")
+                marker = None
             restart = None
             if layer is None or channel is None:
                 await asyncio.sleep(RESCAN_SECONDS)
@@ -347,7 +377,16 @@ async def mirror_loop() -> None:
                 logger.exception("peer mirror doorbell unavailable")
             if receive is None:
                 receive = asyncio.ensure_future(layer.receive(channel))
-            done, _ = await asyncio.wait({receive}, timeout=RESCAN_SECONDS)
+            deadline = loop.time() + RESCAN_SECONDS
+            while True:
+                done, _ = await asyncio.wait({receive}, timeout=max(min(PEEK_SECONDS, deadline - loop.time()), 0.0))
+                if done or loop.time() >= deadline:
+                    break
+                try:
+                    if await database_sync_to_async(_peers_marker)() != marker:
+                        break  # a link changed without a doorbell reaching this process
+                except Exception:
+                    logger.exception("peer mirror could not look at the links")
             if done:
                 try:
                     message = receive.result()

@@ -271,7 +271,12 @@ def _peer_fields(body: dict[str, Any], our: Identity) -> _Claimant:
 
 def _protocol_check(body: dict[str, Any]) -> None:
     version = body.get("protocol_version")
-    if version != PEER_PROTOCOL_VERSION or isinstance(version, bool):
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise InvalidRequest(
+            f"protocol_version must be an integer (this instance speaks {PEER_PROTOCOL_VERSION})",
+            {"protocol_version": PEER_PROTOCOL_VERSION},
+        )
+    if version != PEER_PROTOCOL_VERSION:
         raise InvalidRequest(
             f"peer speaks protocol {version}, this instance speaks {PEER_PROTOCOL_VERSION}",
             {"protocol_version": PEER_PROTOCOL_VERSION},
@@ -289,9 +294,11 @@ def _wrong_code() -> None:
             logger.warning("5 wrong pairing codes within 10 minutes: burned %d live pairing offers", burned)
 
 
-def _slot_check(claimant: _Claimant) -> Peer | None:
+def _slot_check(claimant: _Claimant, owner: User | None = None) -> Peer | None:
     """The live peer of ``claimant.instance_id`` (a re-pair), or ``None``; ``CONFLICT`` (409)
-    when it is linked under another key — the existing link is left untouched (spec §2)."""
+    when it is linked under another key — the existing link is left untouched (spec §2) —
+    or, with ``owner``, when the link acts for another user here: re-pairing rotates tokens,
+    it never hands a user's link (shadows, messages, outbox) to someone else (spec §1)."""
     existing = (
         Peer.objects.select_for_update().filter(instance_id=claimant.instance_id, revoked_at__isnull=True).first()
     )
@@ -301,6 +308,13 @@ def _slot_check(claimant: _Claimant) -> Peer | None:
             f"instance {claimant.instance_id} is already linked here with a different key; "
             "unlink it first if that instance was reinstalled",
             {"instance_id": claimant.instance_id, "fingerprint": existing.fingerprint},
+        )
+    if existing is not None and owner is not None and existing.owner_id != owner.pk:
+        raise DispatchError(
+            "CONFLICT",
+            f"instance {claimant.instance_id} is already linked here for another user; that link must be "
+            "unlinked before it can be paired for someone else",
+            {"instance_id": claimant.instance_id},
         )
     return existing
 
@@ -373,7 +387,7 @@ def offer_claim(*, body: dict[str, Any], client_address: str) -> dict[str, Any]:
                 .first()
             )
         if offer is not None:
-            existing = _slot_check(claimant)
+            existing = _slot_check(claimant, offer.link_user)
             flags = {name: getattr(offer, name) for name in CAPABILITIES}
             peer, inbound = _store_peer(
                 existing=existing, owner=offer.link_user, claimant=claimant, label=None, flags=flags
@@ -427,7 +441,7 @@ def _link_prepare(*, user: User, as_user: User | str | None, label: str | None) 
 def _link_store(
     *, owner: User, answer: _Claimant, url: str, inbound: str, label: str | None, flags: dict[str, bool]
 ) -> Peer:
-    existing = _slot_check(answer)
+    existing = _slot_check(answer, owner)
     claimant = _Claimant(
         instance_id=answer.instance_id,
         name=answer.name,
@@ -443,6 +457,18 @@ def _link_store(
     peer.save(update_fields=["inbound_digest", "inbound_prefix"])
     mirror_rescan()  # after commit: subscribe to the new peer now, not at the next rescan
     return peer
+
+
+def _address_free_for(*, address: str, owner: User) -> None:
+    """``CONFLICT`` when a live link to ``address`` acts for another user here."""
+    taken = Peer.objects.filter(url=address, revoked_at__isnull=True).exclude(owner=owner).first()
+    if taken is not None:
+        raise DispatchError(
+            "CONFLICT",
+            f"{address} is already linked here for another user (as '{taken.label}'); that link must be "
+            "unlinked before it can be paired for someone else",
+            {"label": taken.label},
+        )
 
 
 def _peer_error(response: httpx.Response, url: str) -> DispatchError:
@@ -489,6 +515,9 @@ async def peer_link(
     flags = _capabilities(capabilities)
     link_user, identity = await database_sync_to_async(_link_prepare)(user=user, as_user=as_user, label=label)
     label = label_validate(label) if label is not None else None
+    # Refuse before the claim (which rotates B's side) when this address is already linked
+    # for another user here; _link_store checks again by instance id after the answer.
+    await database_sync_to_async(_address_free_for)(address=address, owner=link_user)
     inbound = generate_token()
     claim = {
         "code": code_display(normalized),

@@ -379,7 +379,12 @@ async def shadow_forward(*, agent: Agent, action: str) -> Agent:
         raise _unreachable(peer, exc) from None
     if action == "archive" and (200 <= response.status_code < 300 or response.status_code == 404):
         gone = response.status_code == 404
-        note = f"archived here ({peer.label} no longer knows it)" if gone else f"archived on {peer.label}"
+        note = (
+            f"archived here only: {peer.label} answered 404 (the agent is gone there, or it was not launched from "
+            "this instance, so only its own user can archive it there)"
+            if gone
+            else f"archived on {peer.label}"
+        )
         return await database_sync_to_async(_shadow_settle)(current.pk, Agent.Status.ARCHIVED, note)
     if not 200 <= response.status_code < 300:
         raise _peer_error(peer, response, "stopping" if action == "stop" else "archiving")

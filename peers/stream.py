@@ -121,6 +121,17 @@ def _link_is_live(peer_id: int) -> bool:
     return Peer.objects.filter(pk=peer_id, revoked_at__isnull=True).exists()
 
 
+# Seconds between two re-reads of the link while frames flow: a flag switched off or an
+# unlink takes effect on a busy stream within this time, not only at the next keep-alive.
+LINK_RECHECK_SECONDS = 1.0
+
+
+def _link_now(peer_id: int) -> tuple[bool, bool, int] | None:
+    """``(live, allow_events, owner_id)`` of the link, or ``None`` when it was deleted."""
+    row = Peer.objects.filter(pk=peer_id).values_list("revoked_at", "allow_events", "owner_id").first()
+    return None if row is None else (row[0] is None, bool(row[1]), int(row[2]))
+
+
 async def peer_frames(peer: Peer, channel: str) -> AsyncIterator[str]:
     """The frames of one peer's stream, read from ``channel`` (already in the owner's group).
 
@@ -141,6 +152,8 @@ async def peer_frames(peer: Peer, channel: str) -> AsyncIterator[str]:
         frame_id = 0
         yield sse_frame(frame_id=frame_id, event="snapshot", data=snapshot)
         last_sent = loop.time()
+        allow_events, owner_id = peer.allow_events, peer.owner_id
+        checked = loop.time()
         while True:
             if receive is None:  # one pending receive at a time: cancelling one could drop a message
                 receive = asyncio.ensure_future(layer.receive(channel))
@@ -150,7 +163,16 @@ async def peer_frames(peer: Peer, channel: str) -> AsyncIterator[str]:
                 receive = None
                 if message.get("event") != "agent.upsert" or not isinstance(message.get("data"), dict):
                     continue
-                scoped = peer_upsert_from_local(message["data"], allow_events=peer.allow_events)
+                if loop.time() - checked >= LINK_RECHECK_SECONDS:
+                    # spec §3: a changed flag takes effect on the next request — the stream is
+                    # one long request, so it re-reads the link; an unlink or a new link user
+                    # (re-pairing) ends it (the peer reconnects and is judged afresh).
+                    link = await database_sync_to_async(_link_now)(peer.pk)
+                    checked = loop.time()
+                    if link is None or not link[0] or link[2] != owner_id:
+                        return
+                    allow_events = link[1]
+                scoped = peer_upsert_from_local(message["data"], allow_events=allow_events)
                 if scoped is None:
                     continue
                 frame_id += 1

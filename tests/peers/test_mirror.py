@@ -218,3 +218,74 @@ async def test_the_loop_subscribes_only_with_the_lease_and_lets_go_of_a_revoked_
     finally:
         loop_task.cancel()
         await asyncio.gather(loop_task, return_exceptions=True)
+
+
+def _refusing_client(status: int, challenge: str | None, identity: Any) -> Any:
+    from peers.client import PeerClient
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        headers = {"WWW-Authenticate": challenge} if challenge else {}
+        return httpx.Response(
+            status, json={"error": {"code": "AUTHENTICATION_FAILED", "message": "no"}}, headers=headers
+        )
+
+    return lambda peer: PeerClient(peer, identity=identity, transport=httpx.MockTransport(handler))
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_peer_that_no_longer_knows_our_token_shows_as_unlinked_by_the_other_side(owner, make_peer, monkeypatch):
+    fake = await database_sync_to_async(make_peer)(owner)
+    identity = await database_sync_to_async(identity_get)()
+    monkeypatch.setattr(mirror, "_client_for", _refusing_client(401, 'Bearer error="invalid_token"', identity))
+
+    await asyncio.wait_for(mirror.subscribe_peer(fake.peer.pk), 10)  # returns: the link is gone
+
+    peer = await database_sync_to_async(Peer.objects.get)(pk=fake.peer.pk)
+    assert peer.revoked_at is not None and peer.unlinked_by_peer is True
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_signature_refusal_is_retried_and_does_not_unlink(owner, make_peer, monkeypatch):
+    monkeypatch.setenv("DISPATCH_PEER_BACKOFF_SCALE", "0.01")
+    fake = await database_sync_to_async(make_peer)(owner)
+    identity = await database_sync_to_async(identity_get)()
+    monkeypatch.setattr(mirror, "_client_for", _refusing_client(401, "Bearer", identity))
+
+    task = asyncio.ensure_future(mirror.subscribe_peer(fake.peer.pk))
+    await asyncio.sleep(0.5)
+    assert not task.done()  # still retrying (a clock or signature problem can pass)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    peer = await database_sync_to_async(Peer.objects.get)(pk=fake.peer.pk)
+    assert peer.revoked_at is None and peer.unlinked_by_peer is False
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_link_made_without_a_doorbell_is_picked_up_without_waiting_for_the_rescan(
+    owner, make_peer, monkeypatch
+):
+    subscribed: list[int] = []
+
+    async def fake_subscribe(peer_id: int) -> None:
+        subscribed.append(peer_id)
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr(mirror, "subscribe_peer", fake_subscribe)
+    monkeypatch.setattr(mirror, "RESCAN_SECONDS", 3600.0)
+    monkeypatch.setattr(mirror, "PEEK_SECONDS", 0.1)
+    loop_task = asyncio.ensure_future(mirror.mirror_loop())
+    try:
+        await asyncio.sleep(0.3)
+        assert subscribed == []
+        # As `manage.py peer_link` in another process would: a row, and a doorbell this
+        # process never hears (the in-memory channel layer is per process).
+        fake = await database_sync_to_async(make_peer)(owner)
+        for _ in range(50):
+            if subscribed:
+                break
+            await asyncio.sleep(0.1)
+        assert subscribed == [fake.peer.pk]
+    finally:
+        loop_task.cancel()
+        await asyncio.gather(loop_task, return_exceptions=True)

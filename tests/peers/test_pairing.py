@@ -217,3 +217,45 @@ def test_an_instance_cannot_claim_itself(client: Client, owner: Any) -> None:
     response = claim(client, claim_body(issued.code, instance_id=identity.instance_id, public_key=identity.public_key))
     assert response.status_code == 400
     assert PairingOffer.objects.get().used_at is None
+
+
+def test_re_pairing_for_another_user_is_refused_and_the_link_stays_with_its_user(
+    client: Client, owner: Any, member: Any, make_peer: Any
+) -> None:
+    existing = make_peer(owner, label="Cloud")
+    old_digest = existing.peer.inbound_digest
+    member.is_staff = True
+    member.save()
+    issued = offer_create(user=member)  # the new offer acts for member
+    body = claim_body(issued.code, instance_id=existing.instance_id, public_key=existing.public_key)
+    response = claim(client, body)
+    assert response.status_code == 409
+    assert "already linked here for another user" in response.json()["error"]["message"]
+    peer = Peer.objects.get()
+    assert (peer.owner, peer.inbound_digest) == (owner, old_digest)
+    assert PairingOffer.objects.get().used_at is None  # the code stays usable
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_linking_an_address_another_user_has_linked_is_refused_before_any_claim(
+    owner: Any, member: Any, make_peer: Any
+) -> None:
+    from channels.db import database_sync_to_async
+
+    from peers.pairing import peer_link
+
+    await database_sync_to_async(make_peer)(owner, label="Cloud", url="http://127.0.0.1:9")
+    member.is_staff = True
+    await database_sync_to_async(member.save)()
+    with pytest.raises(DispatchError) as refused:  # port 9 would be unreachable: no request is made
+        await peer_link(user=member, url="http://127.0.0.1:9/", code="BCDF-GHJK", label="Mine")
+    assert refused.value.code == "CONFLICT" and "already linked here for another user" in refused.value.message
+
+
+@pytest.mark.parametrize("version", ["2", 2.0, True, None])
+def test_a_protocol_version_that_is_not_an_integer_is_named_as_such(client: Client, owner: Any, version: Any) -> None:
+    issued = offer_create(user=owner)
+    response = claim(client, claim_body(issued.code, protocol_version=version))
+    assert response.status_code == 400
+    assert "protocol_version must be an integer" in response.json()["error"]["message"]
+    assert PairingOffer.objects.get().used_at is None

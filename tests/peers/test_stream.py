@@ -246,3 +246,27 @@ async def test_a_revoked_link_ends_the_stream_at_the_next_keep_alive(owner, make
     with pytest.raises(StopAsyncIteration):
         while True:
             await asyncio.wait_for(anext(frames), 5)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_switching_events_off_or_unlinking_takes_effect_on_a_busy_stream(owner, make_peer, monkeypatch):
+    monkeypatch.setattr(stream, "LINK_RECHECK_SECONDS", 0.0)  # re-read the link before every frame
+    fake = await database_sync_to_async(make_peer)(owner)
+    mine = await database_sync_to_async(make_local)(owner, "mine")
+    frames = await stream.peer_events_open(fake.peer)
+    try:
+        assert (await next_frame(frames))["event"] == "snapshot"
+        await database_sync_to_async(agent_event_record)(agent=mine, type="working", message="shared")
+        assert (await next_frame(frames))["data"]["latest_event"]["message"] == "shared"
+
+        await database_sync_to_async(Peer.objects.filter(pk=fake.peer.pk).update)(allow_events=False)
+        await database_sync_to_async(agent_event_record)(agent=mine, type="done", message="private now")
+        upsert = await next_frame(frames)
+        assert "latest_event" not in upsert["data"] and "private" not in json.dumps(upsert)
+
+        await database_sync_to_async(Peer.objects.filter(pk=fake.peer.pk).update)(revoked_at=timezone.now())
+        await database_sync_to_async(agent_event_record)(agent=mine, type="working", message="after unlink")
+        with pytest.raises(StopAsyncIteration):  # ends before sending anything more
+            await next_frame(frames)
+    finally:
+        await frames.aclose()  # type: ignore[attr-defined]
