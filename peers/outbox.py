@@ -289,43 +289,50 @@ async def outbox_drain_peer(peer_id: int, *, holder: str, now: datetime | None =
         if peer is None:
             report.skipped = "revoked"
             return report
-        client = PeerClient(peer, timeout=SEND_TIMEOUT)
-        max_age = timedelta(seconds=settings.OUTBOX_MAX_AGE)
-        for row in await _db(_due_rows)(peer_id):
-            clock = now or timezone.now()
-            if row.created_at < clock - max_age:
-                why = f"not delivered within {_age_text(max_age)} (last error: {row.last_error or 'none'})"
-                if await _db(_dead_letter)(row, why):
-                    report.dead.append(row.pk)
-                continue
-            if row.next_attempt_at > clock:
-                report.skipped = "not due"
-                break
-            if not await _db(drain_lease_claim)(peer_id=peer_id, holder=holder):
-                report.skipped = "lease lost"
-                break
-            try:
-                response = await client.post(MESSAGES_PATH, row.payload, idempotency_key=row.idempotency_key)
-            except PeerUnreachable as exc:
-                await _db(_retry_later)(row, exc.message)
-                report.deferred.append(row.pk)
-                break
-            if 200 <= response.status_code < 300:
-                if await _db(_delivered)(row):
-                    report.delivered.append(row.pk)
-            elif is_permanent(response.status_code):
-                if await _db(_dead_letter)(row, _error_text(response)):
-                    report.dead.append(row.pk)
-            else:
-                await _db(_retry_later)(row, _error_text(response))
-                report.deferred.append(row.pk)
-                break
+        async with PeerClient(peer, timeout=SEND_TIMEOUT).session() as client:  # one connection per pass
+            await _send_due_rows(peer_id, client=client, holder=holder, now=now, report=report)
     finally:
         try:
             await _db(drain_lease_release)(peer_id=peer_id, holder=holder)
         except Exception:
             logger.exception("could not release the drain lease of peer %s; it expires by itself", peer_id)
     return report
+
+
+async def _send_due_rows(
+    peer_id: int, *, client: PeerClient, holder: str, now: datetime | None, report: PeerDrain
+) -> None:
+    """The body of ``outbox_drain_peer``: send the due rows in order, recording outcomes."""
+    max_age = timedelta(seconds=settings.OUTBOX_MAX_AGE)
+    for row in await _db(_due_rows)(peer_id):
+        clock = now or timezone.now()
+        if row.created_at < clock - max_age:
+            why = f"not delivered within {_age_text(max_age)} (last error: {row.last_error or 'none'})"
+            if await _db(_dead_letter)(row, why):
+                report.dead.append(row.pk)
+            continue
+        if row.next_attempt_at > clock:
+            report.skipped = "not due"
+            break
+        if not await _db(drain_lease_claim)(peer_id=peer_id, holder=holder):
+            report.skipped = "lease lost"
+            break
+        try:
+            response = await client.post(MESSAGES_PATH, row.payload, idempotency_key=row.idempotency_key)
+        except PeerUnreachable as exc:
+            await _db(_retry_later)(row, exc.message)
+            report.deferred.append(row.pk)
+            break
+        if 200 <= response.status_code < 300:
+            if await _db(_delivered)(row):
+                report.delivered.append(row.pk)
+        elif is_permanent(response.status_code):
+            if await _db(_dead_letter)(row, _error_text(response)):
+                report.dead.append(row.pk)
+        else:
+            await _db(_retry_later)(row, _error_text(response))
+            report.deferred.append(row.pk)
+            break
 
 
 def _age_text(age: timedelta) -> str:
@@ -367,6 +374,20 @@ def outbox_purge(*, now: datetime | None = None) -> dict[str, int]:
     return {"delivered": delivered, "dead": dead, "receipts": receipts}
 
 
+async def _drain_until_idle(peer_id: int, *, holder: str) -> None:
+    """Drain ``peer_id`` pass after pass while each pass sends a full ``BATCH`` (a backlog
+    goes on at once instead of waiting for the next ring or ``DRAIN_INTERVAL``); stops at
+    a short pass, a transient failure, a row not yet due or a lease held elsewhere."""
+    while True:
+        try:
+            report = await outbox_drain_peer(peer_id, holder=holder)
+        except Exception:
+            logger.exception("draining the outbox of peer %s failed", peer_id)
+            return
+        if report.skipped or report.deferred or len(report.delivered) + len(report.dead) < BATCH:
+            return
+
+
 async def outbox_drain_loop() -> None:
     """Background service (``dispatch.background.background_services``): drain every
     ``DRAIN_INTERVAL`` seconds and whenever ``DOORBELL_GROUP`` rings; purge by retention
@@ -378,10 +399,18 @@ async def outbox_drain_loop() -> None:
     channel = await layer.new_channel() if layer is not None else None
     last_purge = 0.0
     loop = asyncio.get_running_loop()
+    drains: dict[int, asyncio.Task[None]] = {}
     try:
         while True:
             try:
-                await outbox_drain_once(holder=holder)
+                # Each peer drains in a task of its own: a peer that times out (30 s) never
+                # holds up another peer's mail, and a peer with a backlog goes on at once.
+                for peer_id in await _db(_peers_with_mail)():
+                    running = drains.get(peer_id)
+                    if running is None or running.done():
+                        drains[peer_id] = asyncio.create_task(_drain_until_idle(peer_id, holder=holder))
+                for peer_id in [pk for pk, task in drains.items() if task.done()]:
+                    del drains[peer_id]
                 if loop.time() - last_purge >= PURGE_INTERVAL:
                     await _db(outbox_purge)()
                     last_purge = loop.time()
@@ -389,6 +418,9 @@ async def outbox_drain_loop() -> None:
                 logger.exception("outbox drain pass failed")
             await _doorbell_wait(layer, channel, DRAIN_INTERVAL)
     finally:
+        for task in drains.values():
+            task.cancel()
+        await asyncio.gather(*drains.values(), return_exceptions=True)
         if layer is not None and channel is not None:
             try:
                 await asyncio.wait_for(layer.group_discard(DOORBELL_GROUP, channel), 5)

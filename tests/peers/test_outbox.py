@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
 from django.utils import timezone
 
 from dispatch.agents.services import agent_create
@@ -374,3 +375,53 @@ def test_a_revoked_peer_is_not_drained(owner: Any, sender: Agent, cloud: Any, re
     cloud.save()
     assert drain() == []
     assert remotes.received == []
+
+
+def test_a_backlog_drains_pass_after_pass_without_waiting_for_a_ring(
+    owner: Any, sender: Agent, cloud: Any, remotes: FakeRemotes
+) -> None:
+    for n in range(123):
+        send(owner, sender, cloud, f"m{n}")
+    async_to_sync(outbox._drain_until_idle)(cloud.pk, holder="worker-1")
+    assert [content for _, _, content in remotes.delivered] == [f"m{n}" for n in range(123)]
+
+
+def test_the_loop_drains_each_peer_in_its_own_task_so_a_hanging_peer_delays_no_other(
+    owner: Any, sender: Agent, cloud: Any, laptop: Any, remotes: FakeRemotes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hanging = asyncio.Event()
+    real_handler = remotes.handler
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "laptop.test":
+            await hanging.wait()  # a peer that accepts and never answers
+        return await real_handler(request)
+
+    monkeypatch.setattr(outbox, "PeerClient", functools.partial(PeerClient, transport=httpx.MockTransport(handler)))
+    send(owner, sender, laptop, "to the hanging laptop")
+    for n in range(3):
+        send(owner, sender, cloud, f"cloud {n}")
+
+    async def run() -> None:
+        loop_task = asyncio.ensure_future(outbox.outbox_drain_loop())
+        try:
+            for _ in range(100):
+                if len(remotes.delivered) == 3:
+                    break
+                await asyncio.sleep(0.05)
+            # The laptop still hangs; new mail for the cloud goes out on the next ring.
+            for n in range(3, 5):
+                await database_sync_to_async(send)(owner, sender, cloud, f"cloud {n}")
+            for _ in range(100):
+                if len(remotes.delivered) == 5:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            loop_task.cancel()
+            hanging.set()
+            await asyncio.gather(loop_task, return_exceptions=True)
+
+    async_to_sync(run)()
+    assert [content for host, _, content in remotes.delivered if host == "cloud.test"] == [
+        f"cloud {n}" for n in range(5)
+    ]
