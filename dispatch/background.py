@@ -22,6 +22,7 @@ from dispatch.consumers import shutdown_local_connections
 logger = logging.getLogger(__name__)
 
 BUSY_PAUSE = 0.3  # seconds between CLI supervisor passes while messages wait for a quiet pane
+PASS_FINISH_TIMEOUT = 10.0  # seconds a shutdown waits for an in-flight supervisor pass
 
 
 def _db(function: Callable[..., object]) -> Callable[..., Awaitable[object]]:
@@ -92,9 +93,16 @@ async def cli_supervisor_loop() -> None:
     try:
         while True:
             busy = False
+            supervising = asyncio.ensure_future(sync_to_async(supervise_once, thread_sensitive=False)())
             try:
-                outcome = await sync_to_async(supervise_once, thread_sensitive=False)()
+                outcome = await asyncio.shield(supervising)
                 busy = outcome.busy
+            except asyncio.CancelledError:
+                # The pass runs in a thread nothing can stop, and its after-commit
+                # broadcasts need this event loop: let it finish before the loop goes away
+                # (else the process hangs at exit, joining that thread).
+                await asyncio.wait({supervising}, timeout=PASS_FINISH_TIMEOUT)
+                raise
             except Exception:
                 logger.exception("CLI agent supervision failed")
             await _doorbell_wait(layer, channel, group, BUSY_PAUSE if busy else settings.CLI_SUPERVISE_INTERVAL)

@@ -270,6 +270,13 @@ class Process:
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
+                # A hung process: `serve` prints every thread's stack on SIGUSR1 (into its
+                # log, for the failure report), then it is killed.
+                try:
+                    self.proc.send_signal(signal.SIGUSR1)
+                    time.sleep(0.5)
+                except ProcessLookupError:
+                    pass
                 self.proc.kill()
                 self.proc.wait(5)
         return int(self.proc.returncode)

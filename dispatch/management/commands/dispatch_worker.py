@@ -12,6 +12,7 @@ from django.db import connection
 
 from dispatch import services
 from dispatch.background import heartbeat_loop, run_background_services
+from dispatch.management.commands.serve import exit_now
 from dispatch.models import ServerProcess
 from dispatch.presence import current_process_id
 
@@ -25,6 +26,7 @@ class Command(BaseCommand):
         self.stdout.write(f"Dispatch worker running (process {current_process_id()})")
         self.stdout.flush()
         asyncio.run(self._run())
+        exit_now(0)  # never join a worker thread left waiting for the stopped loop
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()

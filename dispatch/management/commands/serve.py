@@ -10,6 +10,7 @@ pending remote calls, close sockets, exit 0 within 10 s.
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import logging
 import signal
 from typing import Any
@@ -28,6 +29,7 @@ from dispatch.presence import current_process_id
 logger = logging.getLogger("dispatch.serve")
 
 SHUTDOWN_GRACE = 3.0  # seconds given to consumers to fail their calls and close
+TASKS_GRACE = 12.0  # seconds given to cancelled background services to wind down
 
 # RFC 6455 §7.4.1 codes a server may send that autobahn's sendClose() refuses (it allows
 # only 1000 and 3000-4999): 1009 (message too big) and 1012 (service restart) are
@@ -68,6 +70,8 @@ class Command(BaseCommand):
     def handle(self, *args: Any, host: str, port: int, no_background: bool, **options: Any) -> None:
         if not 0 < port < 65536:
             raise CommandError(f"--port must be between 1 and 65535, got {port}")
+        # `kill -USR1 <pid>` prints every thread's stack to stderr: for a process that hangs.
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
         # Importing daphne.server installs twisted's asyncio reactor: keep it inside handle.
         from channels.routing import get_default_application
         from daphne.endpoints import build_endpoint_description_strings
@@ -117,6 +121,29 @@ class Command(BaseCommand):
         server.run()
         if runtime.failed:
             raise CommandError(f"could not listen on {host}:{port}")
+        exit_now(0)
+
+
+def exit_now(code: int) -> None:
+    """End the process once the event loop has stopped, without joining worker threads.
+
+    A thread still running blocking work (a CLI supervisor pass, a tmux call) may be
+    waiting for the stopped loop to run an after-commit broadcast; Python would join it
+    at exit for ever. Its rows are committed (the broadcast is only a doorbell), so the
+    process flushes its output, closes its database connections and leaves.
+    """
+    import os
+    import sys
+
+    from django.db import connections
+
+    try:
+        connections.close_all()
+    except Exception:
+        logger.exception("closing database connections at exit failed")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 class _Runtime:
@@ -157,6 +184,8 @@ class _Runtime:
             task.cancel()
         try:
             await shutdown_local_connections()
+            # Background work in threads (a CLI supervisor pass) needs the loop to finish.
+            await asyncio.wait(self.tasks, timeout=TASKS_GRACE)
             await self._wait_for_sockets()
         except Exception:
             logger.exception("error while closing connections")
