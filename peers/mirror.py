@@ -38,13 +38,14 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import Count, Max, Q
 from django.utils import timezone
 
 from dispatch.presence import current_process_id
 from peers import shadows
-from peers.models import Peer, PeerLease
+from peers.leases import peer_lease_claim, peer_lease_release
+from peers.models import Peer
 
 logger = logging.getLogger(__name__)
 
@@ -111,26 +112,12 @@ def mirror_resnapshot(peer_id: int) -> None:
 def subscribe_lease_claim(*, peer_id: int, holder: str, seconds: float = LEASE_SECONDS) -> bool:
     """Take or renew the ``subscribe`` lease of peer ``peer_id`` for ``holder`` (a process id)
     for ``seconds``. True when ``holder`` holds it now: it was free, expired or already its."""
-    now = timezone.now()
-    expires = now + timedelta(seconds=seconds)
-    claimed = (
-        PeerLease.objects.filter(peer_id=peer_id, kind=LEASE_KIND)
-        .filter(Q(holder=holder) | Q(expires_at__lt=now))
-        .update(holder=holder, expires_at=expires)
-    )
-    if claimed:
-        return True
-    try:
-        with transaction.atomic():
-            PeerLease.objects.create(peer_id=peer_id, kind=LEASE_KIND, holder=holder, expires_at=expires)
-    except IntegrityError:
-        return False
-    return True
+    return peer_lease_claim(peer_id=peer_id, kind=LEASE_KIND, holder=holder, ttl=timedelta(seconds=seconds))
 
 
 def subscribe_lease_release(*, peer_id: int, holder: str) -> None:
     """Give up ``holder``'s ``subscribe`` lease of peer ``peer_id`` (nothing if it is not held)."""
-    PeerLease.objects.filter(peer_id=peer_id, kind=LEASE_KIND, holder=holder).delete()
+    peer_lease_release(peer_id=peer_id, kind=LEASE_KIND, holder=holder)
 
 
 # --- one peer ----------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import IntegrityError, transaction
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -50,7 +50,8 @@ from dispatch.agents.messages import message_mark_delivered, message_mark_failed
 from dispatch.errors import DispatchError, NotFound
 from dispatch.models import Agent, AgentEvent, AgentMessage
 from peers.client import PeerClient, PeerUnreachable
-from peers.models import OutboxMessage, Peer, PeerLease, PeerReceipt
+from peers.leases import peer_lease_claim, peer_lease_release
+from peers.models import OutboxMessage, Peer, PeerReceipt
 
 logger = logging.getLogger(__name__)
 
@@ -148,26 +149,12 @@ def drain_lease_claim(*, peer_id: int, holder: str, ttl: timedelta = LEASE_TTL) 
     concurrent insert by another holder loses on the unique ``(peer, kind)``. Returns
     whether ``holder`` holds the lease now.
     """
-    now = timezone.now()
-    expires = now + ttl
-    taken = (
-        PeerLease.objects.filter(peer_id=peer_id, kind=LEASE_KIND)
-        .filter(Q(holder=holder) | Q(expires_at__lt=now))
-        .update(holder=holder, expires_at=expires)
-    )
-    if taken:
-        return True
-    try:
-        with transaction.atomic():
-            PeerLease.objects.create(peer_id=peer_id, kind=LEASE_KIND, holder=holder, expires_at=expires)
-    except IntegrityError:
-        return False
-    return True
+    return peer_lease_claim(peer_id=peer_id, kind=LEASE_KIND, holder=holder, ttl=ttl)
 
 
 def drain_lease_release(*, peer_id: int, holder: str) -> None:
     """Give up ``holder``'s drain lease of ``peer_id`` (nothing if another holds it)."""
-    PeerLease.objects.filter(peer_id=peer_id, kind=LEASE_KIND, holder=holder).delete()
+    peer_lease_release(peer_id=peer_id, kind=LEASE_KIND, holder=holder)
 
 
 # --- one row's outcome -------------------------------------------------------------------------
