@@ -214,3 +214,27 @@ def count_rows() -> Callable[..., Any]:
         return int(await database_sync_to_async(model.objects.filter(**filters).count)())
 
     return count
+
+
+@pytest.fixture
+def private_tmux(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A private tmux server (``tmux -L dispatch-test-<hex>``) that ``dispatch.agents.cli``
+    uses through ``runner_factory`` for this test, killed afterwards with its socket file.
+    Skips when tmux is not installed (``.ci/run`` installs it)."""
+    import os
+    import shutil
+    import subprocess
+    import uuid
+    from pathlib import Path
+
+    from dispatch.agents import cli
+    from dispatch.tmux import TmuxRunner
+
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed")
+    name = f"dispatch-test-{uuid.uuid4().hex[:12]}"
+    tmux = TmuxRunner(socket_name=name)
+    monkeypatch.setattr(cli, "runner_factory", lambda: tmux)
+    yield tmux
+    subprocess.run(["tmux", "-L", name, "kill-server"], capture_output=True, check=False)
+    (Path(os.environ.get("TMUX_TMPDIR", "/tmp")) / f"tmux-{os.getuid()}" / name).unlink(missing_ok=True)

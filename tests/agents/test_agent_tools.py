@@ -7,14 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import libtmux
 import pytest
 from channels.db import database_sync_to_async
 
@@ -23,7 +18,6 @@ from dispatch.agents.tools import AGENT_HISTORY_BUDGET, agent_tools, default_lau
 from dispatch.agents.types import parse_agent_types
 from dispatch.errors import DispatchError
 from dispatch.models import Agent, AgentEvent, AgentMessage, Run
-from dispatch.tmux import TmuxRunner
 from tests.agents.conftest import force_status
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -50,19 +44,6 @@ def make(owner: Any, workdir: str, name: str = "helper", type: str = "expert", *
 
 
 amake = database_sync_to_async(make)
-
-
-@pytest.fixture
-def private_tmux(monkeypatch: pytest.MonkeyPatch) -> Iterator[TmuxRunner]:
-    """CLI launches go to a private tmux server, killed afterwards."""
-    name = f"dispatch-tools-{uuid.uuid4().hex[:12]}"
-    tmux = TmuxRunner(socket_name=name)
-    monkeypatch.setattr(cli, "runner_factory", lambda: tmux)
-    yield tmux
-    server = libtmux.Server(socket_name=name)
-    if server.is_alive():
-        server.kill()
-    (Path(os.environ.get("TMUX_TMPDIR", "/tmp")) / f"tmux-{os.getuid()}" / name).unlink(missing_ok=True)
 
 
 # --- the toolsets -------------------------------------------------------------------------

@@ -6,14 +6,10 @@ API is pointed at it through ``cli.runner_factory``. Waiting is polling with a d
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
-import libtmux
 import pytest
 
 from dispatch.agents import cli
@@ -29,15 +25,9 @@ pytestmark = [
 
 
 @pytest.fixture
-def runner(monkeypatch: pytest.MonkeyPatch) -> Iterator[TmuxRunner]:
-    name = f"dispatch-test-{uuid.uuid4().hex[:12]}"
-    tmux = TmuxRunner(socket_name=name)
-    monkeypatch.setattr(cli, "runner_factory", lambda: tmux)
-    yield tmux
-    server = libtmux.Server(socket_name=name)
-    if server.is_alive():
-        server.kill()
-    (Path(os.environ.get("TMUX_TMPDIR", "/tmp")) / f"tmux-{os.getuid()}" / name).unlink(missing_ok=True)
+def runner(private_tmux: TmuxRunner) -> TmuxRunner:
+    """The private tmux server ``cli`` uses in this test (``tests/conftest.py``)."""
+    return private_tmux
 
 
 def wait_for(condition: Callable[[], object], what: str, timeout: float = 10.0) -> None:

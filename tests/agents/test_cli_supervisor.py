@@ -8,13 +8,10 @@ Real tmux on a private server per test (the ``runner`` fixture of test_cli_agent
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import stat
 import subprocess
 import time
-import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -36,14 +33,9 @@ pytestmark = [
 
 
 @pytest.fixture
-def runner(monkeypatch: pytest.MonkeyPatch) -> Iterator[TmuxRunner]:
-    """A private tmux server for this test (killed after), used by ``cli`` through ``runner_factory``."""
-    name = f"dispatch-test-{uuid.uuid4().hex[:12]}"
-    tmux = TmuxRunner(socket_name=name)
-    monkeypatch.setattr(cli, "runner_factory", lambda: tmux)
-    yield tmux
-    subprocess.run(["tmux", "-L", name, "kill-server"], capture_output=True, check=False)
-    (Path(os.environ.get("TMUX_TMPDIR", "/tmp")) / f"tmux-{os.getuid()}" / name).unlink(missing_ok=True)
+def runner(private_tmux: TmuxRunner) -> TmuxRunner:
+    """The private tmux server ``cli`` uses in this test (``tests/conftest.py``)."""
+    return private_tmux
 
 
 def status_of(agent: Agent) -> str:

@@ -11,16 +11,11 @@ server and call the supervisor (``cli.supervise_once``) as the background servic
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
-import libtmux
 import pytest
 from hypothesis import HealthCheck, event, given
 from hypothesis import settings as hypothesis_settings
@@ -362,17 +357,9 @@ def test_any_send_agent_prompt_frame_for_a_cli_agent_gets_one_honest_reply(
 
 
 @pytest.fixture
-def runner(monkeypatch: pytest.MonkeyPatch) -> Iterator[TmuxRunner]:
-    if shutil.which("tmux") is None:
-        pytest.skip("tmux is not installed")
-    name = f"dispatch-msg-test-{uuid.uuid4().hex[:12]}"
-    tmux = TmuxRunner(socket_name=name)
-    monkeypatch.setattr(cli, "runner_factory", lambda: tmux)
-    yield tmux
-    server = libtmux.Server(socket_name=name)
-    if server.is_alive():
-        server.kill()
-    (Path(os.environ.get("TMUX_TMPDIR", "/tmp")) / f"tmux-{os.getuid()}" / name).unlink(missing_ok=True)
+def runner(private_tmux: TmuxRunner) -> TmuxRunner:
+    """The private tmux server ``cli`` uses in this test (``tests/conftest.py``)."""
+    return private_tmux
 
 
 def supervise_until(runner: TmuxRunner, condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import libtmux
 import pytest
 from django.test import Client
 
@@ -31,15 +28,9 @@ pytestmark = [
 
 
 @pytest.fixture
-def runner(monkeypatch: pytest.MonkeyPatch) -> Iterator[TmuxRunner]:
-    name = f"dispatch-test-{uuid.uuid4().hex[:12]}"
-    tmux = TmuxRunner(socket_name=name)
-    monkeypatch.setattr(cli, "runner_factory", lambda: tmux)
-    yield tmux
-    server = libtmux.Server(socket_name=name)
-    if server.is_alive():
-        server.kill()
-    (Path(os.environ.get("TMUX_TMPDIR", "/tmp")) / f"tmux-{os.getuid()}" / name).unlink(missing_ok=True)
+def runner(private_tmux: TmuxRunner) -> TmuxRunner:
+    """The private tmux server ``cli`` uses in this test (``tests/conftest.py``)."""
+    return private_tmux
 
 
 @pytest.fixture
