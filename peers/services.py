@@ -14,7 +14,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.utils import timezone
 
 from dispatch.agents import api as agents_api
 from dispatch.agents import launching, messages
@@ -242,7 +241,7 @@ def peer_message_here(*, peer: Peer, body: dict[str, Any], idempotency_key: str)
 
     ``body``: ``{to_agent_id, content, from: {instance_id, agent_id | null, name}}``;
     ``content`` 1–200,000 characters. Records an ``AgentMessage`` with ``sender_peer`` /
-    ``peer`` = ``peer``, ``sender_address`` = ``from`` and the key, following
+    ``peer`` = ``peer``, ``sender_address`` = ``from`` and the key, through
     ``messages.message_send``: an expert recipient gets a queued run and the message is
     ``delivered``; a CLI recipient's message is ``queued`` and its supervisor's doorbell
     rung after commit; ``message.created`` is announced after commit. Call inside the
@@ -265,37 +264,17 @@ def peer_message_here(*, peer: Peer, body: dict[str, Any], idempotency_key: str)
         raise _undeliverable(to_agent_id, "no such agent")
     if recipient.peer_id is not None or recipient.peer_agent_id:
         raise _undeliverable(to_agent_id, "it is a shadow agent")
-    if recipient.type == agent_services.EXPERT:
-        if recipient.status != Agent.Status.RUNNING:
-            raise _undeliverable(to_agent_id, f"it is not running (status {recipient.status})", recipient.status)
-        agent_services.run_enqueue(agent=recipient, instruction=text)
-        message = AgentMessage.objects.create(
-            sender_peer=peer,
-            sender_address=sender,
-            peer=peer,
-            idempotency_key=idempotency_key,
-            recipient_agent=recipient,
-            content=text,
-            status=AgentMessage.Status.DELIVERED,
-            delivered_at=timezone.now(),
-        )
-    else:
-        if recipient.status not in messages.CLI_ACCEPTING:
-            raise _undeliverable(to_agent_id, f"it is not running (status {recipient.status})", recipient.status)
-        message = AgentMessage.objects.create(
-            sender_peer=peer,
-            sender_address=sender,
-            peer=peer,
-            idempotency_key=idempotency_key,
-            recipient_agent=recipient,
-            content=text,
-        )
-        host = recipient.host
-        transaction.on_commit(lambda: messages.doorbell_ring(host))
-    agent_services.publish_on_commit(
-        user_id=recipient.owner_id, event="message.created", data=messages.message_data(message)
+    accepting = {Agent.Status.RUNNING} if recipient.type == agent_services.EXPERT else messages.CLI_ACCEPTING
+    if recipient.status not in accepting:
+        raise _undeliverable(to_agent_id, f"it is not running (status {recipient.status})", recipient.status)
+    # The same rules as every local message (a run for an expert, a paste for a CLI agent).
+    return messages.message_send(
+        recipient=recipient,
+        content=text,
+        sender_peer=peer,
+        sender_address=sender,
+        idempotency_key=idempotency_key,
     )
-    return message
 
 
 # --- stop / archive ---------------------------------------------------------------------------

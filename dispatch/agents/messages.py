@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import async_to_sync
 from channels.exceptions import ChannelFull
@@ -26,6 +26,9 @@ from dispatch.agents import services
 from dispatch.agents.serializers import AgentMessageSerializer
 from dispatch.errors import DispatchError, InvalidRequest, NotFound
 from dispatch.models import Agent, AgentEvent, AgentMessage
+
+if TYPE_CHECKING:
+    from peers.models import Peer
 
 logger = logging.getLogger(__name__)
 
@@ -80,9 +83,18 @@ def _content(content: Any) -> str:
 
 @transaction.atomic
 def message_send(
-    *, recipient: Agent, content: str, sender_user: User | None = None, sender_agent: Agent | None = None
+    *,
+    recipient: Agent,
+    content: str,
+    sender_user: User | None = None,
+    sender_agent: Agent | None = None,
+    sender_peer: Peer | None = None,
+    sender_address: dict[str, Any] | None = None,
+    idempotency_key: str = "",
 ) -> AgentMessage:
-    """Record a message to ``recipient`` from a user or one of the same user's agents.
+    """Record a message to ``recipient`` from a user, one of the same user's agents, or a
+    linked instance (``sender_peer``, acting for its link user, with the ``sender_address``
+    ``{instance_id, agent_id | null, name}`` there and its ``idempotency_key``; peers.md §5).
 
     Expert recipient: a run is queued with ``instruction = content`` (``run_enqueue``) and
     the message is ``delivered``. CLI recipient: the message is ``queued`` for the
@@ -92,11 +104,22 @@ def message_send(
     through the peer's outbox), ``NotFound`` (a recipient of another user) or ``CONFLICT``
     (the recipient is archived or not running).
     """
-    if (sender_user is None) == (sender_agent is None):
+    senders = [sender for sender in (sender_user, sender_agent, sender_peer) if sender is not None]
+    if len(senders) != 1:
         raise InvalidRequest("a message has exactly one sender: a user or an agent")
     text = _content(content)
     current = Agent.objects.select_for_update().get(pk=recipient.pk)
-    owner_id = sender_user.pk if sender_user is not None else sender_agent.owner_id  # type: ignore[union-attr]
+    if sender_user is not None:
+        owner_id = sender_user.pk
+    elif sender_agent is not None:
+        owner_id = sender_agent.owner_id
+    else:
+        owner_id = sender_peer.owner_id  # type: ignore[union-attr]
+    origin: dict[str, Any] = {"sender_user": sender_user, "sender_agent": sender_agent}
+    if sender_peer is not None:
+        origin.update(
+            sender_peer=sender_peer, sender_address=sender_address, peer=sender_peer, idempotency_key=idempotency_key
+        )
     if current.owner_id != owner_id:
         raise NotFound(f"no agent '{recipient.pk}'")
     if current.status == Agent.Status.ARCHIVED:  # visible (GET answers it), but gone: like start, 409
@@ -106,12 +129,7 @@ def message_send(
     if current.type == services.EXPERT:
         services.run_enqueue(agent=current, instruction=text)  # CONFLICT when not running
         message = AgentMessage.objects.create(
-            sender_user=sender_user,
-            sender_agent=sender_agent,
-            recipient_agent=current,
-            content=text,
-            status=Status.DELIVERED,
-            delivered_at=timezone.now(),
+            **origin, recipient_agent=current, content=text, status=Status.DELIVERED, delivered_at=timezone.now()
         )
     else:
         if current.status not in CLI_ACCEPTING:
@@ -120,9 +138,7 @@ def message_send(
                 f"agent '{current.pk}' is not running (status {current.status})",
                 {"status": current.status},
             )
-        message = AgentMessage.objects.create(
-            sender_user=sender_user, sender_agent=sender_agent, recipient_agent=current, content=text
-        )
+        message = AgentMessage.objects.create(**origin, recipient_agent=current, content=text)
         host = current.host
         transaction.on_commit(lambda: doorbell_ring(host))
     _publish(message, "message.created")
