@@ -176,14 +176,28 @@ REDIS_URL = env_str("REDIS_URL", "")
 _db_identity = DATABASE_URL or str(_default_db["NAME"])
 REDIS_PREFIX = env_str("DISPATCH_REDIS_PREFIX", "dispatch-" + hashlib.sha256(_db_identity.encode()).hexdigest()[:10])
 CHANNEL_CAPACITY = env_int("DISPATCH_CHANNEL_CAPACITY", 10_000, minimum=10_000)
+# Redis connections per process (and event loop) for the channel layer and the router's
+# cache; a caller that finds them all busy waits up to REDIS_POOL_TIMEOUT seconds.
+REDIS_MAX_CONNECTIONS = env_int("DISPATCH_REDIS_MAX_CONNECTIONS", 200, minimum=2)
+REDIS_POOL_TIMEOUT = env_float("DISPATCH_REDIS_POOL_TIMEOUT", 10.0)
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # channels-redis with a pool that waits for a free connection instead of
+            # failing the send (redis-py 8 caps a plain pool at 100 and raises).
+            "BACKEND": "dispatch.channel_layer.RedisChannelLayer",
             "CONFIG": {
                 # redis-py 8 defaults to a 5 s socket timeout, the length of the layer's
                 # own blocking reads: an idle consumer would die with TimeoutError.
-                "hosts": [{"address": REDIS_URL, "socket_timeout": 30, "socket_connect_timeout": 5}],
+                "hosts": [
+                    {
+                        "address": REDIS_URL,
+                        "socket_timeout": 30,
+                        "socket_connect_timeout": 5,
+                        "max_connections": REDIS_MAX_CONNECTIONS,
+                        "pool_timeout": REDIS_POOL_TIMEOUT,
+                    }
+                ],
                 "prefix": REDIS_PREFIX,
                 "capacity": CHANNEL_CAPACITY,
                 "expiry": 60,

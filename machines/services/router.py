@@ -207,7 +207,15 @@ def _redis() -> Any:
 
     global _REDIS_CLIENT
     if _REDIS_CLIENT is None:
-        _REDIS_CLIENT = redis.Redis.from_url(settings.REDIS_URL)
+        # Waits for a free connection rather than raising when all are busy.
+        pool = redis.BlockingConnectionPool.from_url(
+            settings.REDIS_URL,
+            max_connections=settings.REDIS_MAX_CONNECTIONS,
+            timeout=settings.REDIS_POOL_TIMEOUT,
+            socket_timeout=30,
+            socket_connect_timeout=5,
+        )
+        _REDIS_CLIENT = redis.Redis(connection_pool=pool)
     return _REDIS_CLIENT
 
 
