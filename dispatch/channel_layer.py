@@ -37,6 +37,4 @@ class RedisChannelLayer(_ChannelsRedisLayer):
         address = host.pop("address")
         max_connections = host.pop("max_connections", 200)
         timeout = host.pop("pool_timeout", 10.0)
-        return BlockingConnectionPool.from_url(
-            address, max_connections=max_connections, timeout=timeout, **host
-        )
+        return BlockingConnectionPool.from_url(address, max_connections=max_connections, timeout=timeout, **host)
