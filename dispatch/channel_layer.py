@@ -38,3 +38,23 @@ class RedisChannelLayer(_ChannelsRedisLayer):
         max_connections = host.pop("max_connections", 200)
         timeout = host.pop("pool_timeout", 10.0)
         return BlockingConnectionPool.from_url(address, max_connections=max_connections, timeout=timeout, **host)
+
+
+def sync_redis_pool(url: str) -> Any:
+    """A synchronous ``redis.BlockingConnectionPool`` for ``url`` with the same bounds.
+
+    For the router's default-machine cache and the password/device-code rate limiter:
+    at most ``settings.REDIS_MAX_CONNECTIONS`` connections, a caller waits up to
+    ``settings.REDIS_POOL_TIMEOUT`` seconds for one, then gets
+    ``redis.exceptions.ConnectionError``.
+    """
+    import redis
+    from django.conf import settings
+
+    return redis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=settings.REDIS_MAX_CONNECTIONS,
+        timeout=settings.REDIS_POOL_TIMEOUT,
+        socket_timeout=30,
+        socket_connect_timeout=5,
+    )

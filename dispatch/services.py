@@ -139,7 +139,12 @@ def rate_limiter() -> MovingWindowRateLimiter:
     Used for counts that must hold across processes: password failures, wrong device
     codes. Keys start with ``DISPATCH_REDIS_PREFIX`` so instances sharing a Redis differ.
     """
-    return MovingWindowRateLimiter(storage_from_string(settings.RATELIMIT_STORAGE_URL))
+    url = settings.RATELIMIT_STORAGE_URL
+    if url.startswith(("redis://", "rediss://")):
+        from dispatch.channel_layer import sync_redis_pool
+
+        return MovingWindowRateLimiter(storage_from_string(url, connection_pool=sync_redis_pool(url)))
+    return MovingWindowRateLimiter(storage_from_string(url))
 
 
 def _failure_keys(username: str, client_address: str | None) -> list[tuple[str, ...]]:

@@ -205,17 +205,11 @@ def default_machine_set(*, user: User, machine_id: str | None) -> str | None:
 def _redis() -> Any:
     import redis
 
+    from dispatch.channel_layer import sync_redis_pool
+
     global _REDIS_CLIENT
     if _REDIS_CLIENT is None:
-        # Waits for a free connection rather than raising when all are busy.
-        pool = redis.BlockingConnectionPool.from_url(
-            settings.REDIS_URL,
-            max_connections=settings.REDIS_MAX_CONNECTIONS,
-            timeout=settings.REDIS_POOL_TIMEOUT,
-            socket_timeout=30,
-            socket_connect_timeout=5,
-        )
-        _REDIS_CLIENT = redis.Redis(connection_pool=pool)
+        _REDIS_CLIENT = redis.Redis(connection_pool=sync_redis_pool(settings.REDIS_URL))
     return _REDIS_CLIENT
 
 
