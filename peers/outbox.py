@@ -62,7 +62,10 @@ SEND_TIMEOUT = 30.0  # seconds for one POST /api/v1/peers/messages
 BACKOFF_BASE = 30.0  # seconds
 BACKOFF_CAP = 15 * 60.0  # seconds
 BACKOFF_JITTER = 0.2  # ±20 %
-LEASE_TTL = timedelta(seconds=SEND_TIMEOUT * 2)  # renewed before every row
+LEASE_TTL = timedelta(seconds=SEND_TIMEOUT * 2)
+# Before a row is sent the lease is renewed if it was last claimed this long ago: a send
+# starts at most 15 s after a claim and ends 30 s later at most, well inside the 60 s TTL.
+LEASE_RENEW_AFTER = SEND_TIMEOUT / 2  # seconds
 DELIVERED_RETENTION = timedelta(days=7)
 DEAD_RETENTION = timedelta(days=30)
 RECEIPT_RETENTION = timedelta(days=30)
@@ -262,12 +265,14 @@ async def outbox_drain_peer(peer_id: int, *, holder: str, now: datetime | None =
     """One pass over ``peer_id``'s queued rows, in order, under its drain lease (spec §8).
 
     Takes the lease (another holder's live lease → ``skipped = "lease held elsewhere"``,
-    nothing sent), renews it before every row (lost → stop), sends at most ``BATCH``
+    nothing sent), renews it before a row once ``LEASE_RENEW_AFTER`` seconds have passed
+    since the last claim (lost → ``skipped = "lease lost"``, stop), sends at most ``BATCH``
     rows, stops at the first transient failure or at the first row not yet due
     (``next_attempt_at`` in the future: later rows never overtake it), releases the lease.
     ``now`` (tests) replaces the clock for the age and due checks.
     """
     report = PeerDrain(peer_id=peer_id)
+    claimed_at = asyncio.get_running_loop().time()  # before the claim: the lease lasts at least that long
     if not await _db(drain_lease_claim)(peer_id=peer_id, holder=holder):
         report.skipped = "lease held elsewhere"
         return report
@@ -277,7 +282,7 @@ async def outbox_drain_peer(peer_id: int, *, holder: str, now: datetime | None =
             report.skipped = "revoked"
             return report
         async with PeerClient(peer, timeout=SEND_TIMEOUT).session() as client:  # one connection per pass
-            await _send_due_rows(peer_id, client=client, holder=holder, now=now, report=report)
+            await _send_due_rows(peer_id, client=client, holder=holder, claimed_at=claimed_at, now=now, report=report)
     finally:
         try:
             await _db(drain_lease_release)(peer_id=peer_id, holder=holder)
@@ -287,10 +292,14 @@ async def outbox_drain_peer(peer_id: int, *, holder: str, now: datetime | None =
 
 
 async def _send_due_rows(
-    peer_id: int, *, client: PeerClient, holder: str, now: datetime | None, report: PeerDrain
+    peer_id: int, *, client: PeerClient, holder: str, claimed_at: float, now: datetime | None, report: PeerDrain
 ) -> None:
-    """The body of ``outbox_drain_peer``: send the due rows in order, recording outcomes."""
+    """The body of ``outbox_drain_peer``: send the due rows in order, recording outcomes.
+
+    ``claimed_at``: the event loop's clock (seconds) just before the pass claimed its lease.
+    """
     max_age = timedelta(seconds=settings.OUTBOX_MAX_AGE)
+    loop = asyncio.get_running_loop()
     for row in await _db(_due_rows)(peer_id):
         clock = now or timezone.now()
         if row.created_at < clock - max_age:
@@ -301,9 +310,11 @@ async def _send_due_rows(
         if row.next_attempt_at > clock:
             report.skipped = "not due"
             break
-        if not await _db(drain_lease_claim)(peer_id=peer_id, holder=holder):
-            report.skipped = "lease lost"
-            break
+        if loop.time() - claimed_at >= LEASE_RENEW_AFTER:
+            if not await _db(drain_lease_claim)(peer_id=peer_id, holder=holder):
+                report.skipped = "lease lost"
+                break
+            claimed_at = loop.time()
         try:
             response = await client.post(MESSAGES_PATH, row.payload, idempotency_key=row.idempotency_key)
         except PeerUnreachable as exc:

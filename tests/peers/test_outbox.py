@@ -307,6 +307,51 @@ def test_a_live_lease_of_another_worker_keeps_this_one_off(
     assert len(remotes.delivered) == 1
 
 
+def test_a_pass_that_loses_its_lease_stops_before_the_next_row(
+    owner: Any, sender: Agent, cloud: Any, remotes: FakeRemotes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The lease expired while a send hung, and another worker took it: this pass must not
+    # send another row (the other worker owns the order now).
+    monkeypatch.setattr(outbox, "LEASE_RENEW_AFTER", 0.0)  # renew before every row
+    first, second, third = (send(owner, sender, cloud, f"m{n}") for n in range(3))
+    real_handler = remotes.handler
+
+    async def then_steal(request: httpx.Request) -> httpx.Response:
+        response = await real_handler(request)
+        await database_sync_to_async(
+            lambda: PeerLease.objects.filter(peer=cloud, kind="drain").update(
+                holder="other", expires_at=timezone.now() + timedelta(minutes=1)
+            )
+        )()
+        return response
+
+    monkeypatch.setattr(remotes, "handler", then_steal)
+    monkeypatch.setattr(outbox, "PeerClient", functools.partial(PeerClient, transport=httpx.MockTransport(then_steal)))
+    report = async_to_sync(outbox_drain_peer)(cloud.pk, holder="worker-1")
+    assert report.skipped == "lease lost"
+    assert [content for _, _, content in remotes.received] == ["m0"]
+    assert statuses(first, second, third) == ["delivered", "queued", "queued"]
+    assert PeerLease.objects.get(peer=cloud, kind="drain").holder == "other"  # not released by the loser
+
+
+def test_a_fast_pass_does_not_renew_its_lease_before_every_row(
+    owner: Any, sender: Agent, cloud: Any, remotes: FakeRemotes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    claims: list[str] = []
+    real_claim = outbox.drain_lease_claim
+
+    def counting_claim(**kwargs: Any) -> bool:
+        claims.append(kwargs["holder"])
+        return real_claim(**kwargs)
+
+    monkeypatch.setattr(outbox, "drain_lease_claim", counting_claim)
+    for n in range(5):
+        send(owner, sender, cloud, f"m{n}")
+    report = async_to_sync(outbox_drain_peer)(cloud.pk, holder="worker-1")
+    assert len(report.delivered) == 5
+    assert claims == ["worker-1"]  # the claim at the start of the pass covers 15 s of sends
+
+
 def test_a_row_older_than_the_maximum_age_is_dead_lettered(
     owner: Any, sender: Agent, cloud: Any, remotes: FakeRemotes, settings: Any
 ) -> None:
