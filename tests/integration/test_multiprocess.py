@@ -348,3 +348,41 @@ async def test_the_client_library_re_registers_on_the_other_process_after_a_cras
             serving.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await serving
+
+
+async def test_hundreds_of_calls_across_processes_through_tiny_redis_pools_all_complete() -> None:
+    # redis-py 8's plain pool raised "Too many connections" past its cap and the call was
+    # lost; Dispatch's pool waits for a free connection (dispatch/channel_layer.py). Both
+    # processes get 3 connections for 240 calls in flight across Redis.
+    with instance(postgres=True, redis=True) as inst:
+        a = inst.serve(wait=False, DISPATCH_REDIS_MAX_CONNECTIONS=3)
+        b = inst.serve(wait=False, DISPATCH_REDIS_MAX_CONNECTIONS=3)
+        a, b = a.wait_healthy(), b.wait_healthy()
+        remote = Remote("weather-service", url=a.ws_url, token=inst.admin_token, functions=[get_forecast])
+        serving = asyncio.create_task(remote.serve())
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                callers = [
+                    await stack.enter_async_context(LiveSession.open(b.ws_url, inst.admin_token)) for _ in range(4)
+                ]
+
+                async def registered() -> bool:
+                    return await remote_list(callers[0]) == ["weather-service"]
+
+                await eventually(registered, timeout=10, interval=0.2, what="the remote on A")
+                cities = [f"City{n}" for n in range(60)]
+                sent = [
+                    (caller, city, await caller.send_request("remote-call", call_body(city)))
+                    for caller in callers
+                    for city in cities
+                ]
+                replies = await asyncio.gather(*(caller.reply(nonce, timeout=30) for caller, _, nonce in sent))
+                assert [reply.get("result") for reply in replies] == [get_forecast(city) for _, city, _ in sent]
+                assert all(count == 1 for caller in callers for count in caller.reply_counts.values())
+            for server in (a, b):
+                assert server.running, server.log()
+                assert "Too many connections" not in server.log()
+        finally:
+            serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await serving
