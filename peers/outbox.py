@@ -372,17 +372,25 @@ def outbox_purge(*, now: datetime | None = None) -> dict[str, int]:
     return {"delivered": delivered, "dead": dead, "receipts": receipts}
 
 
-async def _drain_until_idle(peer_id: int, *, holder: str) -> None:
+async def _drain_until_idle(peer_id: int, *, holder: str, rung: set[int] | None = None) -> None:
     """Drain ``peer_id`` pass after pass while each pass sends a full ``BATCH`` (a backlog
-    goes on at once instead of waiting for the next ring or ``DRAIN_INTERVAL``); stops at
-    a short pass, a transient failure, a row not yet due or a lease held elsewhere."""
+    goes on at once instead of waiting for the next ring or ``DRAIN_INTERVAL``), or while
+    the drain loop put ``peer_id`` in ``rung`` during the pass (new mail arrived after the
+    pass had read its rows: without another pass it would wait for the next ring or
+    ``DRAIN_INTERVAL``, up to 30 s). Stops at a short pass nobody rang for, a transient
+    failure, a row not yet due or a lease held elsewhere."""
     while True:
+        if rung is not None:
+            rung.discard(peer_id)
         try:
             report = await outbox_drain_peer(peer_id, holder=holder)
         except Exception:
             logger.exception("draining the outbox of peer %s failed", peer_id)
             return
-        if report.skipped or report.deferred or len(report.delivered) + len(report.dead) < BATCH:
+        if report.skipped or report.deferred:
+            return
+        full = len(report.delivered) + len(report.dead) >= BATCH
+        if not full and (rung is None or peer_id not in rung):
             return
 
 
@@ -398,6 +406,7 @@ async def outbox_drain_loop() -> None:
     last_purge = 0.0
     loop = asyncio.get_running_loop()
     drains: dict[int, asyncio.Task[None]] = {}
+    rung: set[int] = set()  # peers with mail that arrived while their drain was running
     try:
         while True:
             try:
@@ -406,7 +415,9 @@ async def outbox_drain_loop() -> None:
                 for peer_id in await _db(_peers_with_mail)():
                     running = drains.get(peer_id)
                     if running is None or running.done():
-                        drains[peer_id] = asyncio.create_task(_drain_until_idle(peer_id, holder=holder))
+                        drains[peer_id] = asyncio.create_task(_drain_until_idle(peer_id, holder=holder, rung=rung))
+                    else:
+                        rung.add(peer_id)  # the running drain makes one more pass
                 for peer_id in [pk for pk, task in drains.items() if task.done()]:
                     del drains[peer_id]
                 if loop.time() - last_purge >= PURGE_INTERVAL:

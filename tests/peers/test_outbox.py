@@ -470,3 +470,63 @@ def test_the_loop_drains_each_peer_in_its_own_task_so_a_hanging_peer_delays_no_o
     assert [content for host, _, content in remotes.delivered if host == "cloud.test"] == [
         f"cloud {n}" for n in range(5)
     ]
+
+
+def test_mail_that_arrives_while_its_peers_drain_is_running_goes_out_without_waiting_for_the_interval(
+    owner: Any, sender: Agent, cloud: Any, remotes: FakeRemotes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The ring for "second" comes while the drain is still sending "first" (its pass read
+    # its rows before "second" was queued): the loop must not swallow that ring, or
+    # "second" waits for the next ring or DRAIN_INTERVAL (found by bench/peers.py: 28 s gaps).
+    monkeypatch.setattr(outbox, "DRAIN_INTERVAL", 60.0)
+    gate = asyncio.Event()
+    entered: list[str] = []
+    real_handler = remotes.handler
+
+    async def slow_first(request: httpx.Request) -> httpx.Response:
+        entered.append(json.loads(request.content)["content"])
+        if entered[-1] == "first":
+            await gate.wait()
+        return await real_handler(request)
+
+    monkeypatch.setattr(outbox, "PeerClient", functools.partial(PeerClient, transport=httpx.MockTransport(slow_first)))
+    send(owner, sender, cloud, "first")
+
+    async def run() -> None:
+        loop_task = asyncio.ensure_future(outbox.outbox_drain_loop())
+        try:
+            for _ in range(200):  # the drain is inside its first POST
+                if entered:
+                    break
+                await asyncio.sleep(0.02)
+            assert entered == ["first"]
+            await database_sync_to_async(send)(owner, sender, cloud, "second")  # rings after commit
+            await asyncio.sleep(0.5)  # the loop hears the ring while the drain is still running
+            gate.set()
+            for _ in range(250):  # 5 s, against a 60 s DRAIN_INTERVAL
+                if len(remotes.delivered) == 2:
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            loop_task.cancel()
+            gate.set()
+            await asyncio.gather(loop_task, return_exceptions=True)
+
+    async_to_sync(run)()
+    assert [content for _, _, content in remotes.delivered] == ["first", "second"]
+
+
+def test_a_drain_the_loop_rang_during_a_short_pass_makes_one_more_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    rung: set[int] = set()
+    passes: list[int] = []
+
+    async def fake_pass(peer_id: int, *, holder: str) -> outbox.PeerDrain:
+        passes.append(peer_id)
+        if len(passes) == 1:
+            rung.add(peer_id)  # the loop heard a ring for this peer during the pass
+        return outbox.PeerDrain(peer_id=peer_id, delivered=[1])  # a short pass
+
+    monkeypatch.setattr(outbox, "outbox_drain_peer", fake_pass)
+    async_to_sync(outbox._drain_until_idle)(7, holder="worker-1", rung=rung)
+    assert passes == [7, 7]  # one more pass for the ring, then a short pass nobody rang for
+    assert rung == set()
