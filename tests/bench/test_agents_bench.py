@@ -15,7 +15,7 @@ import pytest
 
 from tests.infra import REPO
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(200)]  # the bench itself is cut at 170 s
 
 
 def test_the_b9_bench_runs_and_counts_the_same_queries_for_small_and_large_data(tmp_path: Path) -> None:

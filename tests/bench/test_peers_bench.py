@@ -17,7 +17,7 @@ import pytest
 
 from tests.infra import REPO
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]  # the bench itself is cut at 400 s
 
 
 def test_the_peers_bench_mirrors_every_change_and_delivers_each_message_once_in_order(tmp_path: Path) -> None:
