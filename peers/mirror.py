@@ -13,8 +13,8 @@ A subscriber (``subscribe_peer``) opens ``GET /api/v1/peers/events`` with
 peer that vanished without closing the connection is noticed) and applies each frame
 through ``peers.shadows``: ``snapshot`` → upsert every agent, reap the unlisted, clear
 ``stale``; ``agent.upsert`` → upsert one. On each snapshot it stamps ``last_seen_at``
-and tells the outbox the peer is back (``peers.outbox.outbox_backoff_reset`` and the
-drain doorbell, when that module provides them); while connected ``last_seen_at`` is
+and tells the outbox the peer is back (``peers.outbox.outbox_backoff_reset``, which
+also rings the drain doorbell); while connected ``last_seen_at`` is
 stamped at most once per ``LAST_SEEN_INTERVAL``. When the stream drops, the peer's
 shadows become stale (``shadows_mark_stale``) and it reconnects after
 ``BACKOFF_BASE`` × 2^n seconds (max ``BACKOFF_MAX``, ±20 % jitter). ``DISPATCH_PEER_BACKOFF_SCALE``
@@ -24,7 +24,6 @@ shadows become stale (``shadows_mark_stale``) and it reconnects after
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import logging
 import os
@@ -46,6 +45,7 @@ from dispatch.presence import current_process_id
 from peers import shadows
 from peers.leases import peer_lease_claim, peer_lease_release
 from peers.models import Peer
+from peers.outbox import outbox_backoff_reset
 
 logger = logging.getLogger(__name__)
 
@@ -142,26 +142,12 @@ def _stamp_last_seen(peer_id: int) -> None:
     Peer.objects.filter(pk=peer_id).update(last_seen_at=timezone.now())
 
 
-def _outbox_hooks() -> tuple[Callable[[Peer], Any] | None, Callable[..., Any] | None]:
-    """``peers.outbox.outbox_backoff_reset`` and the drain doorbell, when helper PC2's module has them."""
-    try:
-        outbox = importlib.import_module("peers.outbox")  # helper PC2's module
-    except ImportError:
-        return None, None
-    return getattr(outbox, "outbox_backoff_reset", None), getattr(outbox, "outbox_ring", None)
-
-
 def peer_reconnected(peer: Peer) -> None:
-    """A peer's stream (re)connected: stamp ``last_seen_at``; reset the outbox backoff and ring
-    its drain (spec §8) when ``peers.outbox`` provides those."""
+    """A peer's stream (re)connected: stamp ``last_seen_at``, make its queued outbox rows
+    due now with their backoff forgotten and ring the drain doorbell
+    (``peers.outbox.outbox_backoff_reset``; spec §8 "reset when the peer's stream reconnects")."""
     _stamp_last_seen(peer.pk)
-    reset, ring = _outbox_hooks()
-    if reset is None:
-        logger.debug("peers.outbox.outbox_backoff_reset is not available; outbox not told")
-        return
-    reset(peer)
-    if ring is not None:
-        ring()
+    outbox_backoff_reset(peer)
 
 
 def apply_event(peer: Peer, event: str, data: str) -> bool:

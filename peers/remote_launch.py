@@ -35,6 +35,7 @@ from dispatch.errors import DispatchError, InvalidRequest, NotFound
 from dispatch.models import Agent, AgentEvent, AgentMessage
 from peers.client import PeerClient, PeerUnreachable
 from peers.identity import identity_get
+from peers.mirror import mirror_resnapshot
 from peers.models import Peer, new_idempotency_key
 from peers.outbox import outbox_enqueue
 from peers.selectors import peer_resolve_location, peers_for
@@ -223,17 +224,10 @@ def shadow_record_launch(
 
 
 def _resnapshot(peer_id: int) -> None:
-    """Ask the mirroring subscriber to re-snapshot ``peer_id`` (``peers.mirror.mirror_resnapshot``
-    when that module provides it; otherwise the next snapshot comes with the next reconnect)."""
+    """Ask the mirroring subscriber to re-snapshot ``peer_id`` (``peers.mirror.mirror_resnapshot``);
+    a failure is logged, and the next snapshot then comes with the next reconnect."""
     try:
-        import importlib
-
-        mirror = importlib.import_module("peers.mirror")
-        resnapshot = getattr(mirror, "mirror_resnapshot", None)
-        if resnapshot is not None:
-            resnapshot(peer_id)
-    except ImportError:
-        logger.info("no mirroring subscriber to re-snapshot peer %s", peer_id)
+        mirror_resnapshot(peer_id)
     except Exception:
         logger.exception("could not ask for a re-snapshot of peer %s", peer_id)
 
