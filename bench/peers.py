@@ -80,6 +80,7 @@ B8_MIN_RATE = 100.0  # messages per second
 B8_NO_DELAY_RATIO = 0.9  # rate with C down / rate without C
 POSTERS = 4  # concurrent posters on A, one per expert agent on B
 C_MAIL_EVERY = 1000  # one message for the down peer C every this many messages for B
+DRAIN_HOLDER = "bench-drain-alone"  # the drain lease holder of the (B8') drain-alone phase
 
 SERVER_ENV: dict[str, Any] = {
     "DISPATCH_HEARTBEAT_INTERVAL": "2",
@@ -169,16 +170,27 @@ def dump_outbox(output: Path, *, prefix: str) -> None:
     output.write_text(json.dumps(out))
 
 
-def enqueue(output: Path, *, label: str, agent_id: str, count: int, prefix: str) -> None:
+def enqueue(output: Path, *, label: str, agent_id: str, count: int, prefix: str, holder: str = "") -> None:
     """In a child with A's settings: ``count`` messages from A's admin to agent ``agent_id``
     on peer ``label`` through the service (``peers.remote_launch.peer_message_send``: message
     and outbox row in one transaction). The doorbell rings in this process only, so A's
-    server is not woken. Writes ``{count, seconds}``."""
+    server is not woken. With ``holder``, the peer's drain lease is first taken for 10
+    minutes in that name (waiting up to 60 s for A's server to release it), so A's own drain
+    loop, which also polls every 30 s, stays off these rows. Writes ``{count, seconds}``."""
     _django()
+    from datetime import timedelta
+
     from peers.models import Peer
+    from peers.outbox import drain_lease_claim
     from peers.remote_launch import peer_message_send
 
     peer = Peer.objects.select_related("owner").get(label=label, revoked_at__isnull=True)
+    if holder:
+        deadline = time.monotonic() + 60
+        while not drain_lease_claim(peer_id=peer.pk, holder=holder, ttl=timedelta(minutes=10)):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the drain lease of {label} stayed held elsewhere for 60 s")
+            time.sleep(0.1)
     started = time.perf_counter()
     for index in range(count):
         peer_message_send(user=peer.owner, sender_agent=None, peer=peer, to_agent_id=agent_id,
@@ -186,9 +198,11 @@ def enqueue(output: Path, *, label: str, agent_id: str, count: int, prefix: str)
     output.write_text(json.dumps({"count": count, "seconds": time.perf_counter() - started}))
 
 
-def drain(output: Path, *, label: str) -> None:
+def drain(output: Path, *, label: str, holder: str) -> None:
     """In a child with A's settings: ``peers.outbox.outbox_drain_peer`` passes for peer
-    ``label``, back to back, until a pass delivers nothing; no REST load, no doorbell.
+    ``label``, back to back, until a pass delivers nothing; no REST load, no doorbell. The
+    passes hold the drain lease ``enqueue`` took as ``holder`` until the end (a pass would
+    release it, and A's own drain loop could take it between two passes).
     Each step of a row is timed by wrapping the outbox module's functions (the database
     steps run through ``database_sync_to_async``, so their time includes the thread hop).
     Writes ``{delivered, seconds, passes, skipped, steps: {name: {calls, seconds}}}``."""
@@ -211,6 +225,8 @@ def drain(output: Path, *, label: str) -> None:
 
         return wrapper
 
+    release_lease = outbox.drain_lease_release
+    outbox.drain_lease_release = lambda **kwargs: None  # kept until every pass is done
     for name in ("drain_lease_claim", "drain_lease_release", "_due_rows", "_live_peer", "_delivered"):
         setattr(outbox, name, timed(name, getattr(outbox, name)))
     original_db = outbox._db
@@ -248,7 +264,7 @@ def drain(output: Path, *, label: str) -> None:
         delivered, count, skipped = 0, 0, Counter[str]()
         began = time.perf_counter()
         while True:
-            report = await outbox.outbox_drain_peer(peer.pk, holder=f"bench-drain-{uuid.uuid4().hex[:6]}")
+            report = await outbox.outbox_drain_peer(peer.pk, holder=holder)
             count += 1
             if report.skipped:
                 skipped[report.skipped] += 1
@@ -263,6 +279,7 @@ def drain(output: Path, *, label: str) -> None:
                 "skipped": dict(skipped)}  # fmt: skip
 
     result = asyncio.run(passes())
+    release_lease(peer_id=peer.pk, holder=holder)
     output.write_text(json.dumps({**result, "steps": steps}))
 
 
@@ -671,8 +688,9 @@ async def run_b8(peers: Peers, sizes: Sizes) -> dict[str, Any]:
     queued = await asyncio.to_thread(
         run_child, peers.a.env, "enqueue",
         "--label", "Bee", "--agent", remotes_b[1], "--count", str(sizes.drain_messages), "--prefix", "b8-drain-",
+        "--holder", DRAIN_HOLDER,
     )  # fmt: skip
-    drained = await asyncio.to_thread(run_child, peers.a.env, "drain", "--label", "Bee")
+    drained = await asyncio.to_thread(run_child, peers.a.env, "drain", "--label", "Bee", "--holder", DRAIN_HOLDER)
     drain_phase = Phase(name="drain alone", prefix="b8-drain-", messages=sizes.drain_messages, c_mail=False)
     drain_phase.started_wall = time.time() - drained["seconds"]
     drain_check = await asyncio.to_thread(check_phase, peers, drain_phase)
@@ -920,15 +938,16 @@ def main(argv: list[str]) -> int:
         parser.add_argument("--label", default="")
         parser.add_argument("--agent", default="")
         parser.add_argument("--count", type=int, default=0)
+        parser.add_argument("--holder", default="")
         options = parser.parse_args(argv)
         if options.kind == "signed-loop":
             signed_loop(options.out, label=options.label, agent_id=options.agent, count=options.count,
                         prefix=options.prefix)  # fmt: skip
         elif options.kind == "enqueue":
             enqueue(options.out, label=options.label, agent_id=options.agent, count=options.count,
-                    prefix=options.prefix)  # fmt: skip
+                    prefix=options.prefix, holder=options.holder)  # fmt: skip
         elif options.kind == "drain":
-            drain(options.out, label=options.label)
+            drain(options.out, label=options.label, holder=options.holder)
         elif options.kind == "discard-queued":
             discard_queued(options.out, label=options.label)
         elif options.kind == "due-now":
