@@ -110,6 +110,14 @@ def send(owner: Any, sender: Agent, peer: Any, content: str, to: str = REMOTE_AG
     return peer_message_send(user=owner, sender_agent=sender, peer=peer, to_agent_id=to, content=content)
 
 
+async def until(condition: Any, seconds: float) -> None:
+    """Poll ``condition()`` every 20 ms for up to ``seconds``; the caller asserts the outcome."""
+    for _ in range(int(seconds / 0.02)):
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+
+
 def drain(holder: str = "worker-1", **kwargs: Any) -> list[outbox.PeerDrain]:
     return async_to_sync(outbox_drain_once)(holder=holder, **kwargs)
 
@@ -450,17 +458,11 @@ def test_the_loop_drains_each_peer_in_its_own_task_so_a_hanging_peer_delays_no_o
     async def run() -> None:
         loop_task = asyncio.ensure_future(outbox.outbox_drain_loop())
         try:
-            for _ in range(100):
-                if len(remotes.delivered) == 3:
-                    break
-                await asyncio.sleep(0.05)
+            await until(lambda: len(remotes.delivered) == 3, 5)
             # The laptop still hangs; new mail for the cloud goes out on the next ring.
             for n in range(3, 5):
                 await database_sync_to_async(send)(owner, sender, cloud, f"cloud {n}")
-            for _ in range(100):
-                if len(remotes.delivered) == 5:
-                    break
-                await asyncio.sleep(0.05)
+            await until(lambda: len(remotes.delivered) == 5, 5)
         finally:
             loop_task.cancel()
             hanging.set()
@@ -495,18 +497,12 @@ def test_mail_that_arrives_while_its_peers_drain_is_running_goes_out_without_wai
     async def run() -> None:
         loop_task = asyncio.ensure_future(outbox.outbox_drain_loop())
         try:
-            for _ in range(200):  # the drain is inside its first POST
-                if entered:
-                    break
-                await asyncio.sleep(0.02)
+            await until(lambda: bool(entered), 4)  # the drain is inside its first POST
             assert entered == ["first"]
             await database_sync_to_async(send)(owner, sender, cloud, "second")  # rings after commit
             await asyncio.sleep(0.5)  # the loop hears the ring while the drain is still running
             gate.set()
-            for _ in range(250):  # 5 s, against a 60 s DRAIN_INTERVAL
-                if len(remotes.delivered) == 2:
-                    break
-                await asyncio.sleep(0.02)
+            await until(lambda: len(remotes.delivered) == 2, 5)  # against a 60 s DRAIN_INTERVAL
         finally:
             loop_task.cancel()
             gate.set()
