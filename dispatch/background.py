@@ -122,7 +122,8 @@ async def _doorbell_wait(layer: Any, channel: str | None, group: str, timeout: f
         return
     try:
         await layer.group_add(group, channel)  # renewed each time: groups expire
-        await asyncio.wait_for(layer.receive(channel), timeout)
+        async with asyncio.timeout(timeout):  # not wait_for: on 3.11 it can swallow a cancel
+            await layer.receive(channel)
     except TimeoutError:
         pass
     except Exception:

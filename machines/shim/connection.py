@@ -366,7 +366,8 @@ class Shim:
             attempt += 1
             logger.info("reconnecting in %.1f s", delay)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), delay)
+                async with asyncio.timeout(delay):  # not wait_for: on 3.11 it can swallow a cancel
+                    await self._stopping.wait()
 
     async def connect_once(self) -> bool:
         """One connection, from the upgrade to its close. Returns whether the handshake

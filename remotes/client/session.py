@@ -119,7 +119,10 @@ class Session:
         self._pending[nonce] = reply_future
         try:
             await self.send({"action": action, "nonce": nonce, "body": dict(body or {})})
-            reply = await asyncio.wait_for(reply_future, timeout)
+            # Not asyncio.wait_for: on Python 3.11 a cancel that comes as the reply arrives
+            # is swallowed (the caller, e.g. a cancelled Remote.serve, would go on for ever).
+            async with asyncio.timeout(timeout):
+                reply = await reply_future
         finally:
             self._pending.pop(nonce, None)
             if reply_future.done() and not reply_future.cancelled():

@@ -39,9 +39,7 @@ def weather_remote(dispatch: FakeDispatch, token: str | None = None) -> Remote:
 
 
 @pytest.mark.asyncio
-async def test_it_registers_its_functions_and_answers_a_call(
-    dispatch: FakeDispatch, start_serving: Start
-) -> None:
+async def test_it_registers_its_functions_and_answers_a_call(dispatch: FakeDispatch, start_serving: Start) -> None:
     start_serving(weather_remote(dispatch))
 
     registration = await dispatch.wait_registered()
@@ -72,9 +70,7 @@ def test_the_decorator_returns_the_function_unchanged() -> None:
 
 
 @pytest.mark.asyncio
-async def test_it_runs_sync_functions_in_a_thread(
-    dispatch: FakeDispatch, start_serving: Start
-) -> None:
+async def test_it_runs_sync_functions_in_a_thread(dispatch: FakeDispatch, start_serving: Start) -> None:
     signal = threading.Event()
 
     def wait_for_signal() -> bool:
@@ -103,9 +99,7 @@ async def test_it_runs_sync_functions_in_a_thread(
 
 
 @pytest.mark.asyncio
-async def test_it_answers_fifty_concurrent_calls(
-    dispatch: FakeDispatch, start_serving: Start
-) -> None:
+async def test_it_answers_fifty_concurrent_calls(dispatch: FakeDispatch, start_serving: Start) -> None:
     everyone_started = asyncio.Barrier(50)  # only passes if all 50 calls run at once
     remote = Remote("busy", url=dispatch.url, token=dispatch.token)
 
@@ -153,9 +147,7 @@ async def test_failures_become_error_results(dispatch: FakeDispatch, start_servi
 
 
 @pytest.mark.asyncio
-async def test_args_are_validated_into_the_annotated_types(
-    dispatch: FakeDispatch, start_serving: Start
-) -> None:
+async def test_args_are_validated_into_the_annotated_types(dispatch: FakeDispatch, start_serving: Start) -> None:
     remote = Remote("geometry", url=dispatch.url, token=dispatch.token)
 
     @remote.function
@@ -171,9 +163,7 @@ async def test_args_are_validated_into_the_annotated_types(
 
 
 @pytest.mark.asyncio
-async def test_it_retries_while_the_server_still_holds_the_name(
-    dispatch: FakeDispatch, start_serving: Start
-) -> None:
+async def test_it_retries_while_the_server_still_holds_the_name(dispatch: FakeDispatch, start_serving: Start) -> None:
     dispatch.still_connected = 2
 
     start_serving(weather_remote(dispatch))
@@ -184,9 +174,7 @@ async def test_it_retries_while_the_server_still_holds_the_name(
 
 
 @pytest.mark.asyncio
-async def test_it_gives_up_when_the_name_stays_taken(
-    dispatch: FakeDispatch, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_it_gives_up_when_the_name_stays_taken(dispatch: FakeDispatch, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("remotes.client.remote.REGISTER_RETRY_WINDOW", 0.1)
     dispatch.still_connected = 1000
 
@@ -204,9 +192,7 @@ async def test_a_refused_spec_stops_serving(dispatch: FakeDispatch) -> None:
 
 
 @pytest.mark.asyncio
-async def test_it_reconnects_and_registers_again_after_a_drop(
-    dispatch: FakeDispatch, start_serving: Start
-) -> None:
+async def test_it_reconnects_and_registers_again_after_a_drop(dispatch: FakeDispatch, start_serving: Start) -> None:
     start_serving(weather_remote(dispatch))
     await dispatch.wait_registered()
 
@@ -219,9 +205,7 @@ async def test_it_reconnects_and_registers_again_after_a_drop(
 
 
 @pytest.mark.asyncio
-async def test_it_keeps_trying_while_the_server_is_down(
-    dispatch: FakeDispatch, start_serving: Start
-) -> None:
+async def test_it_keeps_trying_while_the_server_is_down(dispatch: FakeDispatch, start_serving: Start) -> None:
     good_url = dispatch.url
     remote = weather_remote(dispatch)
     remote.url = "ws://127.0.0.1:9/ws"  # nothing listens there
@@ -241,3 +225,47 @@ async def test_a_refused_token_stops_reconnecting(dispatch: FakeDispatch, close_
     with pytest.raises(AuthenticationError, match=f"close code {close_code}"):
         await asyncio.wait_for(weather_remote(dispatch, token="wrong").serve(), 5)
     assert dispatch.attempts == 1
+
+
+class SilentConnection:
+    """A connection that takes every frame and never answers or closes (until ``close``)."""
+
+    close_code = None
+    close_exc = None
+
+    def __init__(self) -> None:
+        self._closed = asyncio.Event()
+
+    async def send(self, frame: str) -> None:
+        pass
+
+    async def close(self) -> None:
+        self._closed.set()
+
+    def __aiter__(self) -> SilentConnection:
+        return self
+
+    async def __anext__(self) -> str:
+        await self._closed.wait()
+        raise StopAsyncIteration
+
+
+@pytest.mark.asyncio
+async def test_a_cancel_that_comes_with_a_reply_is_not_swallowed() -> None:
+    # On Python 3.11, asyncio.wait_for returns the result when its future completes as
+    # the task is cancelled, and the cancel is lost: a cancelled Remote.serve() went on
+    # serving for ever (CI: a test teardown hung for 180 s).
+    from remotes.client.session import Session
+
+    session = Session(SilentConnection())  # type: ignore[arg-type]
+    try:
+        request = asyncio.create_task(session.request("remote-list", timeout=5))
+        for _ in range(10):  # the request is sent and waits on its reply
+            await asyncio.sleep(0)
+        [(nonce, reply)] = list(session._pending.items())
+        reply.set_result({"remotes": [], "nonce": nonce})  # the reply arrives ...
+        request.cancel()  # ... in the same turn of the loop as the cancel
+        with pytest.raises(asyncio.CancelledError):
+            await request
+    finally:
+        await session.close()
