@@ -253,12 +253,7 @@ def peer_message_here(*, peer: Peer, body: dict[str, Any], idempotency_key: str)
     if not isinstance(to_agent_id, str) or not 0 < len(to_agent_id) <= 64:
         raise InvalidRequest("to_agent_id must be an agent id")
     sender = sender_address_parse(peer=peer, value=body.get("from"), what="from")
-    content = body.get("content")
-    if not isinstance(content, str) or not content.strip():
-        raise InvalidRequest("content must be a non-empty string")
-    if len(content) > messages.MAX_MESSAGE_LENGTH:
-        raise InvalidRequest(f"content must be at most {messages.MAX_MESSAGE_LENGTH} characters")
-    text = agent_services.storable_text(content, "content")
+    text = messages.message_content(body.get("content"))
     recipient = Agent.objects.select_for_update().filter(pk=to_agent_id, owner=peer.owner).first()
     if recipient is None:
         raise _undeliverable(to_agent_id, "no such agent")

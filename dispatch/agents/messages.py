@@ -73,7 +73,9 @@ def doorbell_ring(host: str) -> None:
         logger.exception("CLI doorbell of %s failed", host)
 
 
-def _content(content: Any) -> str:
+def message_content(content: Any) -> str:
+    """``content`` checked for a message: a non-blank string of at most
+    ``MAX_MESSAGE_LENGTH`` characters, made storable; else ``InvalidRequest`` saying which."""
     if not isinstance(content, str) or not content.strip():
         raise InvalidRequest("content must be a non-empty string")
     if len(content) > MAX_MESSAGE_LENGTH:
@@ -106,15 +108,10 @@ def message_send(
     """
     senders = [sender for sender in (sender_user, sender_agent, sender_peer) if sender is not None]
     if len(senders) != 1:
-        raise InvalidRequest("a message has exactly one sender: a user or an agent")
-    text = _content(content)
+        raise InvalidRequest("a message has exactly one sender: a user, an agent or a linked instance")
+    text = message_content(content)
     current = Agent.objects.select_for_update().get(pk=recipient.pk)
-    if sender_user is not None:
-        owner_id = sender_user.pk
-    elif sender_agent is not None:
-        owner_id = sender_agent.owner_id
-    else:
-        owner_id = sender_peer.owner_id  # type: ignore[union-attr]
+    owner_id = sender_user.pk if sender_user is not None else senders[0].owner_id  # type: ignore[union-attr]
     origin: dict[str, Any] = {"sender_user": sender_user, "sender_agent": sender_agent}
     if sender_peer is not None:
         origin.update(
