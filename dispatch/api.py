@@ -16,6 +16,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from dispatch import selectors, services
 from dispatch.authentication import authenticated_user, calling_agent
 from dispatch.errors import DispatchError
+from dispatch.http import unavailable_error
 from dispatch.models import ApiToken
 
 _DRF_CODES = {
@@ -45,6 +46,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     """Render every API error as ``{"error": {"code", "message", "details"}}``."""
     if isinstance(exc, RecursionError):  # a JSON body nested too deeply for the parser
         exc = DispatchError("INVALID_REQUEST", "body is not valid JSON: nested too deeply")
+    exc = unavailable_error(exc) or exc
     if isinstance(exc, DispatchError):
         response = Response(exc.as_dict(), status=exc.http_status)
         if exc.http_status == 401:

@@ -12,6 +12,7 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from channels.db import database_sync_to_async
 from django.contrib.auth.models import User
+from django.db import OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from dispatch import wire
@@ -86,6 +87,18 @@ def json_object(request: HttpRequest) -> dict[str, Any]:
     return body
 
 
+def unavailable_error(exc: BaseException) -> DispatchError | None:
+    """``TEMPORARILY_UNAVAILABLE`` (503) for a database wait that ran out: no pooled
+    connection free within ``DISPATCH_DB_POOL_TIMEOUT`` (psycopg_pool's ``PoolTimeout``,
+    which Django raises as ``django.db.OperationalError``); ``None`` for anything else."""
+    if isinstance(exc, OperationalError) and type(exc.__cause__).__name__ == "PoolTimeout":
+        return DispatchError(
+            "TEMPORARILY_UNAVAILABLE",
+            "every database connection of this server process is busy; retry in a moment",
+        )
+    return None
+
+
 def error_response(exc: DispatchError) -> JsonResponse:
     """``{"error": {code, message, details}}`` with the code's status (401 adds WWW-Authenticate)."""
     response = JsonResponse(exc.as_dict(), status=exc.http_status)
@@ -103,6 +116,11 @@ def json_api(view: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
             result = await view(request, user, **kwargs)
         except DispatchError as exc:
             return error_response(exc)
+        except OperationalError as exc:
+            mapped = unavailable_error(exc)
+            if mapped is None:
+                raise
+            return error_response(mapped)
         if isinstance(result, HttpResponse):
             return result
         # ASCII escapes: a lone surrogate from a shim or remote must not make this a 500.

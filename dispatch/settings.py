@@ -164,10 +164,41 @@ if _default_db["ENGINE"] == "django.db.backends.sqlite3":
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         }
     )
-# Keep connections open between queries: Channels closes "obsolete" connections around
-# every database_sync_to_async call, and with CONN_MAX_AGE=0 that is every call.
-_default_db["CONN_MAX_AGE"] = env_int("DISPATCH_DB_CONN_MAX_AGE", 300, minimum=0)
-_default_db["CONN_HEALTH_CHECKS"] = True
+# Connections per process (spec/quality.md, issue 11 item 2). PostgreSQL: psycopg's pool,
+# at most DISPATCH_DB_POOL_MAX per process (default 20: four processes fit the server's
+# default max_connections=100); a query that finds every connection busy waits up to
+# DISPATCH_DB_POOL_TIMEOUT seconds (on Channels' one shared sync thread, so briefly), then
+# fails with OperationalError, which the API answers 503 TEMPORARILY_UNAVAILABLE. Django
+# refuses a pool with persistent connections, so CONN_MAX_AGE is 0 (closing hands the
+# connection back to the pool) and DISPATCH_DB_CONN_MAX_AGE is refused; the pool only hands
+# out healthy connections, so no health-check round trip at every checkout.
+# Other databases (SQLite: file handles, not server slots) keep connections open between
+# queries: Channels closes "obsolete" connections around every database_sync_to_async
+# call, and with CONN_MAX_AGE=0 that is every call.
+DB_POOL_MIN = env_int("DISPATCH_DB_POOL_MIN", 2, minimum=0)
+DB_POOL_MAX = env_int("DISPATCH_DB_POOL_MAX", 20, minimum=1)
+DB_POOL_TIMEOUT = env_float("DISPATCH_DB_POOL_TIMEOUT", 5.0)  # seconds
+if DB_POOL_MIN > DB_POOL_MAX:
+    raise ImproperlyConfigured(
+        f"DISPATCH_DB_POOL_MIN ({DB_POOL_MIN}) must not exceed DISPATCH_DB_POOL_MAX ({DB_POOL_MAX})"
+    )
+if _default_db["ENGINE"] == "django.db.backends.postgresql":
+    if env_str("DISPATCH_DB_CONN_MAX_AGE", ""):
+        raise ImproperlyConfigured(
+            "DISPATCH_DB_CONN_MAX_AGE cannot be used with PostgreSQL: connections come from a pool "
+            "(Django requires CONN_MAX_AGE=0 with it); unset it and size the pool with "
+            "DISPATCH_DB_POOL_MAX / DISPATCH_DB_POOL_TIMEOUT"
+        )
+    _default_db.setdefault("OPTIONS", {})["pool"] = {
+        "min_size": DB_POOL_MIN,
+        "max_size": DB_POOL_MAX,
+        "timeout": DB_POOL_TIMEOUT,
+    }
+    _default_db["CONN_MAX_AGE"] = 0
+    _default_db["CONN_HEALTH_CHECKS"] = False
+else:
+    _default_db["CONN_MAX_AGE"] = env_int("DISPATCH_DB_CONN_MAX_AGE", 300, minimum=0)
+    _default_db["CONN_HEALTH_CHECKS"] = True
 DATABASES = {"default": _default_db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -23,7 +23,9 @@ from dispatch.settings import *  # noqa: F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast test users
 
-if DATABASES["default"]["ENGINE"] != "django.db.backends.sqlite3":  # noqa: F405
+_db = DATABASES["default"]  # noqa: F405
+if _db["ENGINE"] != "django.db.backends.sqlite3" and "pool" not in _db.get("OPTIONS", {}):
     # Connections held by the consumers' worker thread would otherwise keep the test
-    # database busy when pytest-django drops it at the end of the run.
-    DATABASES["default"]["CONN_MAX_AGE"] = 0  # noqa: F405
+    # database busy when pytest-django drops it at the end of the run. (PostgreSQL uses
+    # the pool, already with CONN_MAX_AGE=0; Django closes the pool before the drop.)
+    _db["CONN_MAX_AGE"] = 0
