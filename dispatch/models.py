@@ -305,3 +305,23 @@ class SupervisorLease(models.Model):
 
     def __str__(self) -> str:
         return f"supervisor lease of {self.host} held by {self.holder}"
+
+
+class McpStream(models.Model):
+    """One open MCP event stream (spec/agents.md §6): a ``GET /mcp`` stream (protocol
+    2025-11-25) or a ``subscriptions/listen`` stream (2026-07-28).
+
+    A row per stream, so the per-user limit holds across processes; it belongs to the
+    process holding the stream (reaping a dead process deletes it by cascade) and to the
+    credential that opened it — ``api_token`` or ``agent_token``, exactly one — so the
+    holder can see at a glance that the credential was revoked, expired or deleted.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="mcp_streams")
+    server_process = models.ForeignKey(ServerProcess, on_delete=models.CASCADE, related_name="mcp_streams")
+    api_token = models.ForeignKey(ApiToken, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    agent_token = models.ForeignKey(AgentToken, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    opened_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"MCP stream {self.pk} of user {self.user_id} on {self.server_process_id}"
