@@ -5,7 +5,9 @@ Each request: ``Host`` (and ``Origin``, when a browser sends one) checked agains
 authenticated (401 with ``WWW-Authenticate: Bearer`` otherwise, in the REST error shape;
 an agent token makes that agent the caller, ``dispatch.agents.tokens``);
 then the SDK's ``StreamableHTTPSessionManager`` answers POSTs, **stateless** (any server
-process can answer any request) with JSON responses; other methods get 405.
+process can answer any request) with JSON responses; ``GET`` is the 2025-11-25 event
+stream, answered by ``dispatch.mcp.events`` (the SDK serves none when stateless); other
+methods get 405.
 
 Daphne sends no ASGI lifespan events, so the session manager is started lazily by the
 first request on an event loop (``ensure_started``), and runs until ``shutdown`` or the
@@ -32,7 +34,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from dispatch.agents.tokens import agent_token_authenticate
 from dispatch.errors import DispatchError
 from dispatch.http import NOT_AUTHENTICATED, bearer_credentials, bearer_user
-from dispatch.mcp.server import CALLER_SCOPE_KEY, Caller, build_server
+from dispatch.mcp.events import event_stream
+from dispatch.mcp.server import CALLER_SCOPE_KEY, TOKEN_SCOPE_KEY, Caller, build_server
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +54,9 @@ class _Running:
             stateless=True,
             json_response=True,
             security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+            # serve's body cap (DISPATCH_MAX_REQUEST_BYTES), not the SDK's 4 MiB: a 10 MiB
+            # file write (base64 in JSON) must get through.
+            max_request_body_size=settings.MAX_REQUEST_BYTES,
         )
         self.ready: asyncio.Future[None] = loop.create_future()
         self.task = loop.create_task(self._hold())
@@ -155,13 +161,16 @@ async def mcp_app(scope: Scope, receive: Receive, send: Send) -> None:
     except DispatchError as exc:
         await _error_response(exc)(scope, receive, send)
         return
+    raw_token = bearer_credentials(headers.get("authorization", "")) or ""
+    if scope["method"] == "GET":
+        await event_stream(scope, receive, send, caller=caller, raw_token=raw_token)
+        return
     if scope["method"] != "POST":
-        # Stateless: no session to resume or DELETE, and no standalone GET stream (it
-        # would stay open with nothing ever sent on it); the spec's answer is 405.
-        await Response(status_code=405, headers={"Allow": "POST"})(scope, receive, send)
+        # Stateless: no session to resume or DELETE; the spec's answer is 405.
+        await Response(status_code=405, headers={"Allow": "GET, POST"})(scope, receive, send)
         return
     manager = await ensure_started()
-    await manager.handle_request({**scope, CALLER_SCOPE_KEY: caller}, receive, send)
+    await manager.handle_request({**scope, CALLER_SCOPE_KEY: caller, TOKEN_SCOPE_KEY: raw_token}, receive, send)
 
 
 def with_mcp(django_app: Callable[..., Awaitable[None]]) -> ASGIApp:

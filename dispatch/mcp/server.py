@@ -10,15 +10,15 @@ arguments that fail the tool's schema, are tool results with ``isError: true`` w
 starts with the code (``MACHINE_NOT_ATTACHED: …``, ``INVALID_REQUEST: …``); an unknown
 tool is a JSON-RPC error ``-32602`` (MCP 2025-11-25, "Error Handling").
 
-``notifications/tools/list_changed`` (spec/agents.md §6): the server cannot push anything
-at protocol versions before 2026-07-28 (stateless, no standing stream), so there it
-advertises ``tools.listChanged: false`` and the per-request descriptions are the truth. At
-2026-07-28 a client opens ``subscriptions/listen`` (the SDK's ``ListenHandler``, SSE even
-in JSON-response mode) and the server advertises ``tools.listChanged: true``: each
-user's listen streams in a process share one bus fed by the channel-layer group
-``tools_group(user_id)`` (``dispatch.tool_changes``), which the services ring on commit
-whenever one of the user's remotes connects or disconnects, a machine attaches or
-detaches, a ws session closes or a dead process is reaped.
+``notifications/tools/list_changed`` (spec/agents.md §6): ``tools.listChanged: true`` at
+every protocol version (``DispatchServer``). At 2026-07-28 a client opens
+``subscriptions/listen`` (the SDK's ``ListenHandler``, SSE even in JSON-response mode); at
+2025-11-25 it opens ``GET /mcp`` (``dispatch.mcp.events``). Both are fed by the user's
+relay (``dispatch.mcp.relay``) of the channel-layer group ``tools_group(user_id)``
+(``dispatch.tool_changes``), which the services ring on commit whenever one of the user's
+remotes connects or disconnects, a machine attaches or detaches, a ws session closes or
+a dead process is reaped; both are rows of ``dispatch.mcp.streams`` (the per-user limit,
+the end on revocation or shutdown).
 """
 
 from __future__ import annotations
@@ -30,24 +30,26 @@ from dataclasses import dataclass
 from typing import Any
 
 import mcp_types as types
-from channels.layers import get_channel_layer
 from django.contrib.auth.models import User
 from mcp.server.context import ServerRequestContext
-from mcp.server.lowlevel import Server
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.server.lowlevel import NotificationOptions, Server
+from mcp.server.models import InitializationOptions
+from mcp.server.subscriptions import ListenHandler
 from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS
+from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 
 from dispatch import wire
 from dispatch.errors import DispatchError
+from dispatch.mcp.relay import user_feed
+from dispatch.mcp.streams import stream_close, stream_open
 from dispatch.mcp.tools import tools_for
 from dispatch.models import Agent
-from dispatch.tool_changes import TOOLS_CHANGED_MESSAGE, tools_group
 
 logger = logging.getLogger(__name__)
 
 SERVER_NAME = "dispatch"
 CALLER_SCOPE_KEY = "dispatch.caller"  # where dispatch.mcp.app puts the authenticated caller
+TOKEN_SCOPE_KEY = "dispatch.token"  # ... and the bearer token it came with (for stream rows)
 
 
 @dataclass(frozen=True)
@@ -130,105 +132,63 @@ async def call_tool(ctx: ServerRequestContext[Any, Any], params: types.CallToolR
 
 # --- tools/list_changed over subscriptions/listen (2026-07-28) ------------------------------------
 
-LISTEN_MAX_PER_USER = 64  # concurrent listen streams of one user in one process
-FEED_RETRY_SECONDS = 1.0
-GROUP_REJOIN_SECONDS = 3600.0
 
-
-class _UserFeed:
-    """One user's listen streams in this process: a bus, the SDK's ``ListenHandler`` on it,
-    and a task relaying the channel-layer group ``tools_group(user_id)`` onto the bus while
-    at least one stream is open."""
-
-    def __init__(self, user_id: int) -> None:
-        self.user_id = user_id
-        self.loop = asyncio.get_running_loop()
-        self.bus = InMemorySubscriptionBus()
-        self.handler = ListenHandler(self.bus, max_subscriptions=LISTEN_MAX_PER_USER)
-        self.streams = 0
-        self.joined: asyncio.Future[None] = self.loop.create_future()
-        self.task: asyncio.Task[None] | None = None
-
-    async def listen(
-        self, ctx: ServerRequestContext[Any, Any], params: types.SubscriptionsListenRequestParams
-    ) -> types.SubscriptionsListenResult:
-        """Serve one listen stream; the relay is in the group before the stream is acknowledged."""
-        self.streams += 1
-        try:
-            if self.task is None or self.task.done():
-                self.joined = self.loop.create_future()
-                self.task = self.loop.create_task(self._relay())
-            await asyncio.shield(self.joined)
-            return await self.handler(ctx, params)
-        finally:
-            self.streams -= 1
-            if self.streams == 0:
-                _feeds.pop(self.user_id, None)
-                if self.task is not None:
-                    self.task.cancel()
-
-    async def _relay(self) -> None:
-        layer = get_channel_layer()
-        group = tools_group(self.user_id)
-        while True:
-            channel = None
-            refresher = None
-            try:
-                channel = await layer.new_channel()
-                await layer.group_add(group, channel)
-                # Group memberships expire (channels_redis: a day): rejoin while streams are open.
-                refresher = asyncio.create_task(self._rejoin(layer, group, channel))
-                if not self.joined.done():
-                    self.joined.set_result(None)
-                while True:
-                    message = await layer.receive(channel)
-                    if message.get("type") == TOOLS_CHANGED_MESSAGE:
-                        await self.bus.publish(ToolsListChanged())
-            except asyncio.CancelledError:
-                if channel is not None:
-                    await asyncio.shield(self._leave(layer, group, channel, refresher))
-                raise
-            except Exception:
-                logger.exception("the tool-change relay of user %s failed; retrying", self.user_id)
-                if channel is not None:
-                    await self._leave(layer, group, channel, refresher)
-                if not self.joined.done():
-                    self.joined.set_result(None)  # serve the stream; events may come once the layer is back
-                await asyncio.sleep(FEED_RETRY_SECONDS)
-
-    @staticmethod
-    async def _rejoin(layer: Any, group: str, channel: str) -> None:
-        while True:
-            await asyncio.sleep(GROUP_REJOIN_SECONDS)
-            try:
-                await layer.group_add(group, channel)
-            except Exception:
-                logger.warning("could not renew the membership of %s in %s", channel, group, exc_info=True)
-
-    @staticmethod
-    async def _leave(layer: Any, group: str, channel: str, refresher: asyncio.Task[None] | None) -> None:
-        if refresher is not None:
-            refresher.cancel()
-        try:
-            await layer.group_discard(group, channel)
-        except Exception:
-            logger.warning("could not leave %s", group, exc_info=True)
-
-
-_feeds: dict[int, _UserFeed] = {}
+def token_of(ctx: ServerRequestContext[Any, Any]) -> str:
+    """The bearer token of the HTTP request behind ``ctx`` (put in the scope by ``app``)."""
+    request = ctx.request
+    token = request.scope.get(TOKEN_SCOPE_KEY) if request is not None else None
+    return token if isinstance(token, str) else ""
 
 
 async def subscriptions_listen(
     ctx: ServerRequestContext[Any, Any], params: types.SubscriptionsListenRequestParams
 ) -> types.SubscriptionsListenResult:
     """``subscriptions/listen`` (2026-07-28): a stream of ``notifications/tools/list_changed``
-    for the caller's user, open until the client goes away."""
-    user_id = caller_of(ctx).user.pk
-    loop = asyncio.get_running_loop()
-    feed = _feeds.get(user_id)
-    if feed is None or feed.loop is not loop:
-        feed = _feeds[user_id] = _UserFeed(user_id)
-    return await feed.listen(ctx, params)
+    for the caller's user, open until the client goes away, its credential stops being
+    valid or the process shuts down (``dispatch.mcp.streams``; it counts towards the
+    user's ``STREAMS_PER_USER``).
+
+    Raises ``MCPError`` (``INTERNAL_ERROR``, as the SDK's own limit does) past the limit.
+    """
+    caller = caller_of(ctx)
+    try:
+        stream = await stream_open(user=caller.user, raw_token=token_of(ctx))
+    except DispatchError as exc:
+        raise MCPError(code=INTERNAL_ERROR, message=f"{exc.code}: {exc.message}") from None
+    try:
+        async with user_feed(stream.user_id).held() as bus:
+            # One handler per stream, so ending this stream ends no other (close() is graceful:
+            # the client gets the listen result, then re-listens).
+            handler = ListenHandler(bus, max_subscriptions=1)
+
+            async def end_when_told() -> None:
+                await stream.ended.wait()
+                handler.close()
+
+            watcher = asyncio.create_task(end_when_told())
+            try:
+                return await handler(ctx, params)
+            finally:
+                watcher.cancel()
+    finally:
+        await stream_close(stream)
+
+
+class DispatchServer(Server[Any]):
+    """The low-level ``Server`` advertising ``tools.listChanged: true`` at every protocol
+    version (spec/agents.md §6): at 2026-07-28 the SDK derives it from the
+    ``subscriptions/listen`` handler; before that the SDK takes it from
+    ``NotificationOptions``, and Dispatch delivers it on the ``GET /mcp`` stream."""
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        return super().create_initialization_options(
+            notification_options or NotificationOptions(tools_changed=True), experimental_capabilities, extensions
+        )
 
 
 def build_server() -> Server[Any]:
@@ -238,7 +198,7 @@ def build_server() -> Server[Any]:
     ``Mcp-Param-*`` headers, and without it the SDK would list every tool again before
     each 2026-07-28 ``tools/call`` to look for such declarations.
     """
-    return Server(
+    return DispatchServer(
         SERVER_NAME,
         version="1",
         instructions=(

@@ -1,8 +1,8 @@
 """``notifications/tools/list_changed`` over ``subscriptions/listen`` (2026-07-28), against a
 real ``manage.py serve`` with the SDK's own client (spec/agents.md §6): a remote connecting
 or disconnecting and a machine attaching reach the user's listen streams, and nobody
-else's; clients of 2025-11-25 (no push in a stateless server) are told ``listChanged:
-false``.
+else's; both protocol versions are told ``listChanged: true`` (2025-11-25 gets its push on
+``GET /mcp``, tests/mcp/test_mcp_event_stream.py).
 """
 
 from __future__ import annotations
@@ -54,10 +54,10 @@ async def next_change(subscription: Subscription, timeout: float = 10) -> object
     return await asyncio.wait_for(anext(subscription), timeout)
 
 
-async def test_capabilities_tell_each_protocol_version_the_truth(live: Live) -> None:
+async def test_both_protocol_versions_are_told_tools_list_changed(live: Live) -> None:
     async with mcp_client(live.mcp_url, live.bob, "legacy") as legacy:
         assert legacy.server_capabilities.tools is not None
-        assert not legacy.server_capabilities.tools.list_changed
+        assert legacy.server_capabilities.tools.list_changed is True  # delivered on GET /mcp
         with pytest.raises(ListenNotSupportedError):
             async with legacy.listen(tools_list_changed=True):
                 pass

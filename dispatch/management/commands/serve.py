@@ -23,6 +23,7 @@ from django.db import connection
 from dispatch import services
 from dispatch.background import heartbeat_loop, run_background_services
 from dispatch.consumers import shutdown_local_connections
+from dispatch.mcp.streams import close_all as close_mcp_streams
 from dispatch.models import ServerProcess
 from dispatch.presence import current_process_id
 
@@ -180,6 +181,7 @@ class _Runtime:
         logger.info("shutting down: no new connections; failing pending calls")
         for port in self.ports:
             port.stopListening()
+        close_mcp_streams()  # MCP event streams end now: their clients reconnect to another process
         for task in self.tasks:
             task.cancel()
         try:
