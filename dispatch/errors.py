@@ -92,3 +92,58 @@ class RateLimited(DispatchError):
 
     def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
         super().__init__("RATE_LIMITED", message, details)
+
+
+class TemporarilyUnavailable(DispatchError):
+    """A service this process needs (the database, the channel layer) cannot be reached (503).
+
+    The request did nothing that needs undoing; the client retries later (spec/quality.md
+    "Faults": REST answers 503, never 500, while Redis or the database is down).
+    """
+
+    def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__("TEMPORARILY_UNAVAILABLE", message, details)
+
+
+DATABASE_UNAVAILABLE = "the database cannot be reached; retry in a moment"
+DATABASE_BUSY = "every database connection of this server process is busy; retry in a moment"
+CHANNEL_LAYER_UNAVAILABLE = "the channel layer (Redis) cannot be reached; retry in a moment"
+
+
+def channel_layer_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` means the channel layer (Redis) cannot be reached right now:
+    ``redis.exceptions.ConnectionError`` (refused, reset, "No connection available.") or
+    ``redis.exceptions.TimeoutError``. Always False without the redis package."""
+    try:
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import TimeoutError as RedisTimeoutError
+    except ImportError:  # pragma: no cover - redis comes with channels-redis
+        return False
+    return isinstance(exc, (RedisConnectionError, RedisTimeoutError))
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` means the database cannot be reached or has no connection free:
+    ``django.db.OperationalError`` or ``InterfaceError`` (a refused or dropped
+    connection, a pool checkout that timed out)."""
+    from django.db import InterfaceError, OperationalError
+
+    return isinstance(exc, (OperationalError, InterfaceError))
+
+
+def unavailable_error(exc: BaseException) -> TemporarilyUnavailable | None:
+    """The 503 ``TEMPORARILY_UNAVAILABLE`` error for an outage exception, else ``None``.
+
+    Outages: the channel layer unreachable (``channel_layer_unavailable``), the database
+    unreachable or its connection pool exhausted (``database_unavailable``; a psycopg_pool
+    ``PoolTimeout`` arrives wrapped in ``OperationalError``). The message names which
+    service is missing; ``details.service`` is ``"channel_layer"`` or ``"database"``.
+    """
+    if isinstance(exc, TemporarilyUnavailable):
+        return exc
+    if channel_layer_unavailable(exc):
+        return TemporarilyUnavailable(CHANNEL_LAYER_UNAVAILABLE, {"service": "channel_layer"})
+    if database_unavailable(exc):
+        busy = type(exc.__cause__).__name__ == "PoolTimeout"
+        return TemporarilyUnavailable(DATABASE_BUSY if busy else DATABASE_UNAVAILABLE, {"service": "database"})
+    return None

@@ -10,6 +10,7 @@ import hashlib
 import hmac
 import logging
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import lru_cache
@@ -227,29 +228,49 @@ def server_process_heartbeat(*, kind: str) -> bool:
     return False
 
 
+# Functions called with the ids of server processes about to be deleted (reaped or
+# unregistered), in the deleting transaction, before their connection rows go by cascade:
+# each app above the core closes its connections of those processes as a clean disconnect
+# does (machines: the machine's status). Registered in the apps' ``AppConfig.ready``.
+PROCESSES_GONE_HOOKS: list[Callable[[list[str]], None]] = []
+
+
+def _processes_gone(process_ids: list[str]) -> None:
+    for hook in PROCESSES_GONE_HOOKS:
+        hook(process_ids)
+
+
+@transaction.atomic
 def server_process_reap() -> list[str]:
     """Delete every process whose heartbeat is older than ``DISPATCH_PROCESS_TTL``.
 
-    Deleting a process cascades to its connection rows (ws sessions, remotes, ...), so
-    nothing it held stays visible; callers waiting on those connections notice the missing
-    row on their next liveness check. Returns the reaped process ids.
+    The ``PROCESSES_GONE_HOOKS`` close what each held as a clean disconnect would
+    (a machine shows ``disconnected``); deleting a process then cascades to its
+    connection rows (ws sessions, remotes, ...), so nothing it held stays visible;
+    callers waiting on those connections notice the missing row on their next liveness
+    check. Returns the reaped process ids.
     """
     cutoff = timezone.now() - timedelta(seconds=settings.PROCESS_TTL)
+    # Locked: a process that heartbeats meanwhile waits, and is not half-reaped.
     dead = list(
-        ServerProcess.objects.filter(heartbeat_at__lt=cutoff)
+        ServerProcess.objects.select_for_update()
+        .filter(heartbeat_at__lt=cutoff)
         .exclude(pk=current_process_id())
         .values_list("pk", flat=True)
     )
     if dead:
         _announce_tool_changes_of(dead)
-        ServerProcess.objects.filter(pk__in=dead, heartbeat_at__lt=cutoff).delete()
+        _processes_gone(dead)
+        ServerProcess.objects.filter(pk__in=dead).delete()
         logger.info("reaped dead server processes: %s", ", ".join(dead))
     return dead
 
 
+@transaction.atomic
 def server_process_unregister() -> None:
     """Delete this process's row and, by cascade, every connection it held (clean shutdown)."""
     _announce_tool_changes_of([current_process_id()])
+    _processes_gone([current_process_id()])
     ServerProcess.objects.filter(pk=current_process_id()).delete()
 
 

@@ -7,3 +7,11 @@ class MachinesConfig(AppConfig):
     """Machines (spec/machines.md); built in a later issue."""
 
     name = "machines"
+
+    def ready(self) -> None:
+        from dispatch.services import PROCESSES_GONE_HOOKS
+        from machines.services.connections import shim_connections_of_processes_closed
+
+        # The reaper closes a dead process's machine connections as a clean disconnect does.
+        if shim_connections_of_processes_closed not in PROCESSES_GONE_HOOKS:
+            PROCESSES_GONE_HOOKS.append(shim_connections_of_processes_closed)

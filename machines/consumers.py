@@ -62,14 +62,21 @@ class ShimConsumer(DispatchConsumer):
         self.identity = identity
         self.tasks.append(asyncio.ensure_future(self._hello_deadline()))
 
-    async def disconnect(self, code: int) -> None:
+    async def delete_rows(self) -> None:
+        """Cleanup, first step (``DispatchConsumer``): stop local work, forget the connection
+        (the machine shows ``disconnected`` when none is left)."""
         self.closing = True
         for task in getattr(self, "tasks", []):
             task.cancel()
-        for request_id in list(getattr(self, "pending", {})):
-            await self._fail(request_id, "MACHINE_UNREACHABLE", "the machine disconnected")
         if getattr(self, "connection_id", None):
             await database_sync_to_async(connections.shim_disconnected)(connection_id=self.connection_id)
+
+    async def release_layer(self) -> None:
+        """Cleanup, second step: fail the operations pending on this shim."""
+        for request_id in list(getattr(self, "pending", {})):
+            await self.layer_quietly(
+                self._fail(request_id, "MACHINE_UNREACHABLE", "the machine disconnected"), "fail a pending operation"
+            )
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         size = len(bytes_data) if bytes_data is not None else len(text_data or "")

@@ -102,18 +102,25 @@ class SessionConsumer(DispatchConsumer):
             return
         self.auth_deadline = asyncio.ensure_future(self._expire_auth())
 
-    async def disconnect(self, code: int) -> None:
+    async def delete_rows(self) -> None:
+        """Cleanup, first step (``DispatchConsumer``): stop local work, delete the ws session
+        and, by cascade, the remotes it served."""
         self.closing = True
         if getattr(self, "auth_deadline", None) is not None and self.auth_deadline is not None:
             self.auth_deadline.cancel()
         for task in list(getattr(self, "calls", ())):
             task.cancel()
-        for request_id in list(getattr(self, "pending", {})):
-            await self._fail_pending(request_id)
-        if getattr(self, "events_group", None):
-            await self.channel_layer.group_discard(self.events_group, self.channel_name)
         if getattr(self, "ws_session_id", None):
             await database_sync_to_async(services.ws_session_close)(ws_session_id=self.ws_session_id)
+
+    async def release_layer(self) -> None:
+        """Cleanup, second step: answer the calls pending on this session, leave the events group."""
+        for request_id in list(getattr(self, "pending", {})):
+            await self.layer_quietly(self._fail_pending(request_id), "answer a pending call")
+        if getattr(self, "events_group", None):
+            await self.layer_quietly(
+                self.channel_layer.group_discard(self.events_group, self.channel_name), "leave the events group"
+            )
 
     # --- frames from the client -------------------------------------------------------
 

@@ -179,6 +179,19 @@ def shim_disconnected(*, connection_id: str) -> None:
         )
 
 
+def shim_connections_of_processes_closed(process_ids: list[str]) -> None:
+    """Close every connection held by these server processes as ``shim_disconnected``
+    closes one (their machines show ``disconnected`` when nothing else holds them).
+
+    Registered in ``dispatch.services.PROCESSES_GONE_HOOKS``: the reaper and a clean
+    shutdown delete processes, whose connection rows would otherwise go by cascade and
+    leave their machines ``connected`` for ever (issue 11, item 3).
+    """
+    held = MachineConnection.objects.filter(server_process_id__in=process_ids)
+    for connection_id in list(held.values_list("connection_id", flat=True)):
+        shim_disconnected(connection_id=connection_id)
+
+
 def shim_seen(*, connection_id: str) -> None:
     """Stamp a connection's ``last_seen_at`` (after each PONG)."""
     MachineConnection.objects.filter(connection_id=connection_id).update(last_seen_at=timezone.now())
