@@ -5,6 +5,7 @@ PY     := $(VENV)/bin/python
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 PYTEST_ARGS ?=
+CLIENTS := tests/clients
 
 .PHONY: run test lint bench venv dev clean
 
@@ -35,8 +36,18 @@ run: venv
 	  exec $(PY) manage.py serve --host $(HOST) --port $(PORT)
 
 ## test: the whole suite (browser tests need Debian's chromium; see README)
-test: dev
+test: dev $(CLIENTS)/node_modules/.installed
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The public clients the suite runs (tests/clients/package.json, pinned by its lock file),
+# installed once with `npm ci`. Without node/npm nothing is installed and the tests that
+# need them are skipped (failed under CI=true) with this command.
+$(CLIENTS)/node_modules/.installed: $(CLIENTS)/package.json $(CLIENTS)/package-lock.json
+	@if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then \
+	  npm ci --prefix $(CLIENTS) --no-audit --no-fund --loglevel=error && touch $@; \
+	else \
+	  echo "node/npm not found: the TypeScript MCP client test will be skipped (apt-get install nodejs npm)"; \
+	fi
 
 ## lint: ruff + mypy
 lint: dev
@@ -51,4 +62,4 @@ bench: dev
 	$(PY) bench/peers.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(CLIENTS)/node_modules
