@@ -25,11 +25,13 @@ import signal
 
 # A stop's Ctrl-C that lands while this wrapper starts was meant for the program: ignore it
 # here with a handler (not SIG_IGN, which the program would inherit; exec resets handlers).
-signal.signal(signal.SIGINT, lambda signum, frame: None)
+# Only when run as the pane's program: dispatch.tmux imports ``agent_environment``.
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, lambda signum, frame: None)
 
-import json  # noqa: E402 - after the handler, to shorten the window
-import os  # noqa: E402
-import sys  # noqa: E402
+import json  # after the handler, to shorten the window
+import os
+import sys
 
 # Dispatch's own configuration, never handed to an agent.
 DENIED_NAMES = frozenset(

@@ -48,6 +48,8 @@ import libtmux
 from libtmux import exc as libtmux_exc
 from libtmux.common import tmux_cmd
 
+from dispatch.agent_exec import agent_environment
+
 # Session names and instance ids are identifiers Dispatch mints (``dispatch_agt_<12 hex>``,
 # the instance id); anything else is refused so no tmux target or option rule applies.
 _IDENTIFIER = re.compile(r"[A-Za-z0-9_-]{1,100}")
@@ -138,6 +140,14 @@ def _literal_format(arg: str) -> str:
     return _literal(arg.replace("#", "##"))
 
 
+def server_environment() -> dict[str, str]:
+    """This process's environment without Dispatch's own configuration (``DATABASE_URL``,
+    ``REDIS_URL``, ``SECRET_KEY_FILE``, ``DISPATCH_*``, …; ``agent_exec.agent_environment``):
+    the environment a tmux server started by Dispatch gets as its global environment, which
+    every window on it inherits (issue 11 item 9)."""
+    return agent_environment(dict(os.environ), {})
+
+
 def _check_identifier(kind: str, value: str) -> None:
     if not isinstance(value, str) or not _IDENTIFIER.fullmatch(value):
         raise TmuxError(f"Invalid {kind} {value!r}: use 1-100 characters among A-Z a-z 0-9 _ -.")
@@ -205,7 +215,9 @@ class TmuxRunner:
         directory = _literal_format(cwd)
         pane = f"={session_name}:"
 
-        self._check(
+        # ``new-session`` starts the tmux server when none runs: with a clean environment,
+        # so Dispatch's settings never become the server's global environment.
+        self._check_clean(
             "new-session",
             "-d",
             "-s",
@@ -390,6 +402,31 @@ class TmuxRunner:
                 raise TmuxSessionNotFound(f"No tmux session named {session_name!r}.")
             raise TmuxError(f"tmux {command} failed: {stderr}")
         return proc
+
+    def _check_clean(self, command: str, *args: str | int, session_name: str | None) -> None:
+        """Run a tmux command that may start the server, with ``server_environment()``.
+
+        A tmux server takes its global environment from the client that starts it; libtmux
+        passes on this process's, so this one command runs as its own subprocess. Raises
+        as ``_check``.
+        """
+        tmux = shutil.which("tmux")
+        if tmux is None:
+            raise TmuxError("tmux is not installed (not found on PATH).")
+        socket = ["-L", self.socket_name] if self.socket_name else []
+        proc = subprocess.run(
+            [tmux, *socket, command, *(str(arg) for arg in args)],
+            env=server_environment(),
+            capture_output=True,
+            text=True,
+            timeout=_LOAD_BUFFER_TIMEOUT,
+            check=False,
+        )
+        if proc.returncode != 0:
+            stderr = proc.stderr.strip() or f"exit status {proc.returncode}"
+            if session_name is not None and ("can't find session" in stderr or _is_server_down(stderr)):
+                raise TmuxSessionNotFound(f"No tmux session named {session_name!r}.")
+            raise TmuxError(f"tmux {command} failed: {stderr}")
 
     def _load_buffer(self, buffer_name: str, text: str) -> None:
         """``load-buffer -b <name> -`` with ``text`` on stdin (libtmux's ``cmd`` has no stdin)."""

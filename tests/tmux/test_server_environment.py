@@ -1,0 +1,39 @@
+"""A tmux server started by Dispatch gets a clean global environment (issue 11 item 9)."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import pytest
+
+LEAKY = {
+    "DATABASE_URL": "postgres://dispatch:secret@db/dispatch",
+    "REDIS_URL": "redis://:secret@redis:6379/0",
+    "SECRET_KEY_FILE": "/run/secrets/dispatch-key",
+    "SECRET_KEY": "not-for-agents",
+    "DISPATCH_ENCRYPTION_KEYS": "k1",
+}
+
+
+def test_it_starts_the_tmux_server_without_dispatch_settings_in_its_global_environment(
+    private_tmux: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in LEAKY.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("DISPATCH_TEST_MARKER_KEPT_OUT", "1")
+    monkeypatch.setenv("AGENT_CLI_OWN_SETTING", "kept")
+
+    private_tmux.start(
+        session_name="dispatch_envcheck", instance_id="inst_test", argv=["sleep", "30"], cwd=str(tmp_path), env={}
+    )
+
+    shown = subprocess.run(
+        ["tmux", "-L", private_tmux.socket_name, "show-environment", "-g"], capture_output=True, text=True, check=True
+    ).stdout
+    names = {line.split("=", 1)[0] for line in shown.splitlines()}
+    leaked = sorted(name for name in names if name in LEAKY or name.startswith("DISPATCH_"))
+    assert leaked == []
+    # The user's own environment still reaches the server (the CLIs need their settings).
+    assert "AGENT_CLI_OWN_SETTING" in names
+    assert "PATH" in names
