@@ -87,6 +87,7 @@ ENCRYPTION_KEYS = _encryption_keys()
 _local_hosts = ["localhost", "127.0.0.1", "[::1]"]
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [*_local_hosts, _public.hostname])
 CSRF_TRUSTED_ORIGINS = [f"{_public.scheme}://{_public.netloc}"]
+CSRF_FAILURE_VIEW = "dispatch.views.csrf_failure"  # the JSON error shape under /api/
 
 # --- applications ----------------------------------------------------------------------
 INSTALLED_APPS = [
@@ -354,6 +355,11 @@ MAX_TOOL_STEPS = env_int("DISPATCH_MAX_TOOL_STEPS", 25, minimum=1)
 
 # The daphne server's own websocket caps (serve): 16 MiB + 64 KiB (spec/overview.md "Stack").
 SERVER_WS_MAX_BYTES = 16 * 1024 * 1024 + 64 * 1024
+# Largest HTTP request body, bytes (issue 11 item 8). ``serve`` refuses a bigger one (413
+# REQUEST_TOO_LARGE) before buffering it; Django's own in-memory limit and the MCP
+# endpoint's follow. Default 16 MiB: a 10 MiB file write, base64 inside JSON (~14 MiB), fits.
+MAX_REQUEST_BYTES = env_int("DISPATCH_MAX_REQUEST_BYTES", 16 * 1024 * 1024, minimum=64 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
 
 LOG_LEVEL = env_str("DISPATCH_LOG_LEVEL", "INFO").upper()
 if LOG_LEVEL not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):

@@ -39,5 +39,7 @@ urlpatterns = [
     path("", include("peers.urls")),
 ]
 
+handler400 = "dispatch.views.bad_request"
+handler403 = "dispatch.views.permission_denied"
 handler404 = "dispatch.views.not_found"
 handler500 = "dispatch.views.server_error"

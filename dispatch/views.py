@@ -19,12 +19,12 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_not_required
 from django.contrib.auth.forms import AuthenticationForm
 from django.contrib.auth.views import redirect_to_login
-from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.core.exceptions import NON_FIELD_ERRORS, RequestDataTooBig, ValidationError
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render, resolve_url
 from django.utils import timezone
-from django.views import defaults
+from django.views import csrf, defaults
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods
 from django_htmx.http import HttpResponseClientRedirect
@@ -203,6 +203,43 @@ async def healthz(request: HttpRequest) -> JsonResponse:
         },
         status=200 if healthy else 503,
     )
+
+
+def _api_error(code: str, message: str, status: int) -> JsonResponse:
+    return JsonResponse({"error": {"code": code, "message": message, "details": {}}}, status=status)
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """400 (Django's ``SuspiciousOperation``s): the API's error shape under ``/api/``, the
+    400 page elsewhere. A body over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (which follows
+    ``DISPATCH_MAX_REQUEST_BYTES``) is 413 ``REQUEST_TOO_LARGE``."""
+    if isinstance(exception, RequestDataTooBig):
+        if request.path.startswith("/api/"):
+            return _api_error(
+                "REQUEST_TOO_LARGE",
+                f"the request body is over this server's limit of {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes "
+                "(DISPATCH_MAX_REQUEST_BYTES)",
+                413,
+            )
+        return HttpResponse("Request body too large", status=413, content_type="text/plain")
+    if request.path.startswith("/api/"):
+        return _api_error("INVALID_REQUEST", "bad request", 400)
+    return defaults.bad_request(request, exception)
+
+
+def permission_denied(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """403: the API's error shape under ``/api/``, the 403 page elsewhere."""
+    if request.path.startswith("/api/"):
+        return _api_error("PERMISSION_DENIED", str(exception) or "permission denied", 403)
+    return defaults.permission_denied(request, exception)
+
+
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    """CSRF refusal (``CSRF_FAILURE_VIEW``): the API's error shape under ``/api/`` (a
+    session-authenticated write without the CSRF token), Django's page elsewhere."""
+    if request.path.startswith("/api/"):
+        return _api_error("PERMISSION_DENIED", f"CSRF check failed: {reason}", 403)
+    return csrf.csrf_failure(request, reason)
 
 
 def not_found(request: HttpRequest, exception: Exception) -> HttpResponse:

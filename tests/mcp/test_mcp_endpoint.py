@@ -277,7 +277,8 @@ BAD_BODIES: list[tuple[str, bytes, int, int | None]] = [
     ("arguments that are not an object", json.dumps(call("list_machines", [1])).encode(), 200, -32602),
     ("a tool name that is not a string", json.dumps(call(5, {})).encode(), 200, -32602),
     ("a huge unknown tool name", json.dumps(call("x" * 100_000, {})).encode(), 200, -32602),
-    ("a body over 4 MiB", b"[" + b"1," * (2 * 1024 * 1024) + b"1]", 413, None),
+    # serve's cap (DISPATCH_MAX_REQUEST_BYTES, 16 MiB) refuses it before MCP sees it.
+    ("a body over 16 MiB", b"[" + b"1," * (8 * 1024 * 1024) + b"1]", 413, None),
 ]
 
 

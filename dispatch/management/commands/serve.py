@@ -58,6 +58,104 @@ def allow_protocol_close_codes() -> None:
     WebSocketProtocol.serverClose = server_close
 
 
+# Seconds a connection whose request body was refused keeps reading (and dropping) what the
+# client still sends, so the client reads the 413 before the socket closes: closing with
+# unread data would reset the connection and could discard the answer.
+REFUSED_BODY_LINGER = 2.0
+
+
+def cap_request_bodies(max_bytes: int) -> None:
+    """Refuse HTTP request bodies over ``max_bytes`` inside daphne, before they are buffered.
+
+    daphne reads a whole body (to a temporary file, then into the application's queue)
+    before the ASGI application runs, so no middleware can stop a huge one. A
+    ``Content-Length`` over the cap is refused as soon as the headers are in; a chunked
+    body once its running size passes the cap. The answer is 413 with the API's error
+    shape (``{"error": {"code": "REQUEST_TOO_LARGE", …}}``) and ``Connection: close``;
+    the rest of the body is read and dropped for ``REFUSED_BODY_LINGER`` seconds at most,
+    then the connection closes. The application never sees the request.
+    """
+    from daphne.http_protocol import WebRequest
+
+    if getattr(WebRequest.gotLength, "dispatch_patched", False):
+        return
+    original_got_length = WebRequest.gotLength
+    original_chunk = WebRequest.handleContentChunk
+    original_received = WebRequest.requestReceived
+
+    def got_length(self: Any, length: int | None) -> None:
+        self.dispatch_body_bytes = 0
+        self.dispatch_refused = False
+        if length is not None and length > max_bytes:
+            _refuse_body(self, max_bytes)
+            return
+        original_got_length(self, length)
+
+    def handle_content_chunk(self: Any, data: bytes) -> None:
+        if getattr(self, "dispatch_refused", False):
+            return
+        self.dispatch_body_bytes = getattr(self, "dispatch_body_bytes", 0) + len(data)
+        if self.dispatch_body_bytes > max_bytes:
+            _refuse_body(self, max_bytes)
+            return
+        original_chunk(self, data)
+
+    def request_received(self: Any, command: bytes, path: bytes, version: bytes) -> None:
+        if getattr(self, "dispatch_refused", False):
+            return
+        original_received(self, command, path, version)
+
+    got_length.dispatch_patched = True  # type: ignore[attr-defined]
+    WebRequest.gotLength = got_length
+    WebRequest.handleContentChunk = handle_content_chunk
+    WebRequest.requestReceived = request_received
+
+
+def _refuse_body(request: Any, max_bytes: int) -> None:
+    """Answer 413 REQUEST_TOO_LARGE on ``request``'s connection, drop the rest, close."""
+    import json
+
+    request.dispatch_refused = True
+    # No "100 Continue" after the refusal (twisted sends it once the length is known).
+    request.requestHeaders.removeHeader(b"Expect")
+    channel = request.channel
+    transport = channel.transport if channel is not None else None
+    if transport is None:
+        return
+    body = json.dumps(
+        {
+            "error": {
+                "code": "REQUEST_TOO_LARGE",
+                "message": f"the request body is over this server's limit of {max_bytes} bytes "
+                "(DISPATCH_MAX_REQUEST_BYTES)",
+                "details": {"max_bytes": max_bytes},
+            }
+        }
+    ).encode()
+    head = (
+        b"HTTP/1.1 413 Content Too Large\r\n"
+        b"Content-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n".encode()
+        + b"Connection: close\r\n\r\n"
+    )
+
+    def drop(data: bytes) -> None:
+        return None
+
+    # Stop parsing this connection: what the client still sends is read and dropped.
+    channel.persistent = False
+    channel.dataReceived = drop
+    channel.rawDataReceived = drop
+    channel.lineReceived = drop
+    transport.write(head + body)
+    if hasattr(transport, "loseWriteConnection"):
+        transport.loseWriteConnection()
+    else:
+        transport.loseConnection()
+    abort = getattr(transport, "abortConnection", transport.loseConnection)
+    asyncio.get_event_loop().call_later(REFUSED_BODY_LINGER, abort)  # twisted runs on asyncio here
+
+
 class Command(BaseCommand):
     help = "Serve Dispatch (HTTP + websockets) with daphne, plus the background services."
 
@@ -80,6 +178,7 @@ class Command(BaseCommand):
         from twisted.internet import reactor
 
         allow_protocol_close_codes()
+        cap_request_bodies(settings.MAX_REQUEST_BYTES)
         services.server_process_register(kind=ServerProcess.Kind.SERVE)
         connection.close()  # the main thread does no more queries
 
