@@ -33,6 +33,7 @@ from machines.protocol import CALLER_OPERATIONS, DEFAULT_LIMITS, SESSION_ID_PATT
 from machines.services import router
 from machines.services.connections import OP_MESSAGE
 from machines.services.router import Candidate
+from machines.shim.redaction import redact, redact_argv
 
 logger = logging.getLogger(__name__)
 
@@ -229,37 +230,6 @@ def _in_background(work: Any) -> None:
     task.add_done_callback(_background.discard)
 
 
-_SECRET_VALUE = r"[^\s'\"]+"
-# §7: values of ``--password=…``, ``Authorization: …``, ``token=…``, ``*_KEY=…``,
-# ``*_SECRET=…``, ``*_TOKEN=…`` (and ``*PASSWORD=…``), anywhere in an argument or command.
-SECRET_PATTERNS = [
-    re.compile(r"(?i)(authorization:\s*(?:(?:bearer|basic|token)\s+)?)" + _SECRET_VALUE),
-    re.compile(r"(?i)(--?(?:password|passwd|token|secret|api[-_]?key)[=:])" + _SECRET_VALUE),
-    re.compile(r"(?i)((?<![A-Za-z0-9_])[A-Za-z0-9_]*(?:_KEY|_SECRET|_TOKEN|PASSWORD)=)" + _SECRET_VALUE),
-    re.compile(r"(?i)((?<![A-Za-z0-9_])token=)" + _SECRET_VALUE),
-]
-# A flag whose value is the next argument (``--password hunter2``).
-SECRET_FLAG = re.compile(r"(?i)^--?(password|passwd|token|secret|api[-_]?key)$")
-
-
-def redact_text(text: str) -> str:
-    """``text`` with the values of secret-looking assignments replaced by ``***`` (§7)."""
-    for pattern in SECRET_PATTERNS:
-        text = pattern.sub(r"\1***", text)
-    return text
-
-
-def redact_argv(argv: list[Any]) -> list[str]:
-    """Replace the values of secret-looking arguments with ``***`` (§7)."""
-    redacted: list[str] = []
-    hide_next = False
-    for item in argv:
-        text = str(item)
-        redacted.append("***" if hide_next else redact_text(text))
-        hide_next = not hide_next and bool(SECRET_FLAG.match(text))
-    return redacted
-
-
 def audit_details(op: str, payload: dict[str, Any]) -> dict[str, Any]:
     """What an audit record keeps of a payload: paths, argv (redacted), sizes, env keys —
     never contents or env values (§7)."""
@@ -270,7 +240,7 @@ def audit_details(op: str, payload: dict[str, Any]) -> dict[str, Any]:
     if isinstance(payload.get("argv"), list):
         details["argv"] = redact_argv(payload["argv"])
     if isinstance(payload.get("command"), str):
-        details["command"] = redact_text(payload["command"])
+        details["command"] = redact(payload["command"])
     if isinstance(payload.get("env"), dict):
         details["env_keys"] = sorted(str(k) for k in payload["env"])
     if isinstance(payload.get("content"), str):

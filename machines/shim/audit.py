@@ -11,52 +11,18 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from machines.shim.protocol import MessageType
+from machines.shim.redaction import REDACTED, redact, redact_argv
+
+__all__ = ["REDACTED", "AuditLog", "operation_details", "redact", "redact_argv"]
 
 logger = logging.getLogger("machines.shim")
-
-REDACTED = "[REDACTED]"
-"""What replaces a secret-looking value."""
-
-_SECRET_NAME = r"(?:password|passwd|secret|token|api[-_]?key|[A-Za-z0-9]_key)"
-_AUTHORIZATION = re.compile(r"(?i)\b((?:proxy-)?authorization\s*:\s*)[^\r\n'\"]+")
-_ASSIGNMENT = re.compile(
-    rf"(?i)((?<![A-Za-z0-9])-{{0,2}}[A-Za-z0-9_.-]*{_SECRET_NAME}\s*=\s*)(\"[^\"]*\"|'[^']*'|[^\s&;'\"]+)"
-)
-_SPACED_FLAG = re.compile(rf"(?i)((?<![A-Za-z0-9])--?[A-Za-z0-9_-]*{_SECRET_NAME}\s+)(\"[^\"]*\"|'[^']*'|[^\s'\"-]\S*)")
-_FLAG_ELEMENT = re.compile(rf"(?i)^--?[A-Za-z0-9_-]*{_SECRET_NAME}$")
-
-
-def redact(text: str) -> str:
-    """``text`` with secret-looking values replaced by ``[REDACTED]`` (§7).
-
-    Covers ``Authorization: …`` (to the end of the line or quote), ``NAME=value`` and
-    ``--name=value`` where the name ends in password/passwd/secret/token/api-key or is
-    ``*_KEY`` (so ``token=…``, ``*_TOKEN=…``, ``*_SECRET=…``, ``*_KEY=…``), and, in a
-    shell command string, ``--password value``.
-    """
-    text = _AUTHORIZATION.sub(rf"\1{REDACTED}", text)
-    text = _ASSIGNMENT.sub(rf"\1{REDACTED}", text)
-    return _SPACED_FLAG.sub(rf"\1{REDACTED}", text)
-
-
-def redact_argv(argv: Sequence[object]) -> list[str]:
-    """Each argument redacted with :func:`redact`; the argument after a bare secret flag
-    (``--password hunter2``, ``--token abc``) is replaced whole."""
-    redacted: list[str] = []
-    hide_next = False
-    for argument in argv:
-        text = str(argument)
-        redacted.append(REDACTED if hide_next else redact(text))
-        hide_next = bool(_FLAG_ELEMENT.match(text))
-    return redacted
 
 
 def operation_details(op: str, payload: Mapping[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,8 @@ import pytest
 from channels.db import database_sync_to_async
 
 from machines.models import AuditRecord
-from machines.services.operations import MachineError, machine_op, redact_argv
+from machines.services.operations import MachineError, machine_op
+from machines.shim.redaction import redact_argv
 from tests.machines.conftest import ShimFailure, settle, snapshots_stored
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -122,16 +123,16 @@ async def test_secret_looking_arguments_are_redacted(shims, owner):
         assert secret not in stored, secret
     assert with_argv.details["argv"] == [
         "deploy",
-        "--password=***",
-        "token=***",
-        "AWS_SECRET_KEY=***",
-        "Authorization: Bearer ***",
-        "GITHUB_TOKEN=***",
+        "--password=[REDACTED]",
+        "token=[REDACTED]",
+        "AWS_SECRET_KEY=[REDACTED]",
+        "Authorization: [REDACTED]",
+        "GITHUB_TOKEN=[REDACTED]",
         "--api-key",
-        "***",
+        "[REDACTED]",
         "--verbose",
     ]
-    assert with_command.details["command"].startswith("curl -H 'Authorization: Bearer ***'")
+    assert with_command.details["command"].startswith("curl -H 'Authorization: [REDACTED]'")
     # The shim itself still gets the real arguments.
     assert shim.ops("EXECUTE_COMMAND")[0]["payload"]["argv"] == argv
 
