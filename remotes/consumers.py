@@ -183,7 +183,8 @@ class SessionConsumer(DispatchConsumer):
 
     async def do_remote_connect(self, message: dict[str, Any], body: Any, nonce: Any) -> None:
         parsed = RemoteConnectBody.parse(body)
-        remote = await database_sync_to_async(services.remote_connect)(
+        assert self.user is not None and self.ws_session_id is not None
+        remote = await services.remote_connect_probing(
             user=self.user,
             ws_session_id=self.ws_session_id,
             channel_name=self.channel_name,
@@ -329,6 +330,12 @@ class SessionConsumer(DispatchConsumer):
             return
         if not self.closing:
             await self._send(frame)
+
+    async def remote_probe(self, event: dict[str, Any]) -> None:
+        """``remote.probe``: another session wants this remote's name; answer at once
+        whether this session still serves it (no answer within 1 s makes it stale)."""
+        serving = event.get("remote_id") in self.served and not self.closing
+        await self.channel_layer.send(event["reply_channel"], {"type": services.REPLY_MESSAGE, "serving": serving})
 
     async def remote_disconnected(self, event: dict[str, Any]) -> None:
         """``remote.disconnected``: a remote of this session was disconnected (maybe elsewhere)."""

@@ -30,6 +30,7 @@ from referencing.exceptions import Unresolvable
 from dispatch.errors import DispatchError
 from dispatch.models import ServerProcess
 from dispatch.presence import current_process_id
+from dispatch.realtime import layer_request
 from dispatch.services import server_process_ensure
 from dispatch.tool_changes import tools_changed_on_commit
 from remotes.models import Remote, WsSession
@@ -46,6 +47,8 @@ REMOTE_CALL_TIMEOUT = 30.0
 CALL_MESSAGE = "remote.call"
 REPLY_MESSAGE = "remote.reply"
 DISCONNECTED_MESSAGE = "remote.disconnected"
+PROBE_MESSAGE = "remote.probe"  # "do you still serve this remote?" (answered with REPLY_MESSAGE)
+REMOTE_PROBE_TIMEOUT = 1.0  # seconds a name's holder has to answer a probe before it is stale
 
 
 class RemoteError(DispatchError):
@@ -124,6 +127,81 @@ def remote_connect(
         raise RemoteError(f"remote '{remotename}' is already connected", "REMOTE_ALREADY_CONNECTED") from None
     finally:
         forget_route(user.pk, remotename)
+
+
+@dataclass(frozen=True)
+class RemoteHolder:
+    """Who holds a remote name: the row, its serving ws session and channel."""
+
+    remote_id: int
+    ws_session_id: str
+    channel_name: str
+
+
+def remote_holder(*, user: User, remotename: str) -> RemoteHolder | None:
+    """The row holding ``user``'s ``remotename``, if any."""
+    row = Remote.objects.filter(user=user, name=remotename).values_list("pk", "ws_session_id", "channel_name").first()
+    return None if row is None else RemoteHolder(*row)
+
+
+@transaction.atomic
+def remote_holder_forget(*, holder: RemoteHolder, session_stale: bool) -> None:
+    """Delete a stale registration found by ``remote_connect_probing``.
+
+    With ``session_stale`` (its consumer did not answer the probe) the whole ws session
+    goes, with every remote it served (``ws_session_close``); else (the consumer lives but
+    does not serve that row) only the remote row. Nothing happens when the row has
+    changed meanwhile (another connect took the name).
+    """
+    remote = Remote.objects.select_for_update().filter(pk=holder.remote_id, ws_session_id=holder.ws_session_id).first()
+    if remote is None:
+        return
+    logger.warning(
+        "remote '%s' of user %s was registered by a session that %s; forgetting it",
+        remote.name,
+        remote.user_id,
+        "did not answer" if session_stale else "no longer serves it",
+    )
+    if session_stale:
+        ws_session_close(ws_session_id=holder.ws_session_id)
+    else:
+        remote.delete()
+        forget_route(remote.user_id, remote.name)
+        tools_changed_on_commit([remote.user_id])
+
+
+async def remote_connect_probing(
+    *, user: User, ws_session_id: str, channel_name: str, remotename: str, tools: list[FunctionSpec]
+) -> Remote:
+    """``remote_connect``, taking over a name whose registration is stale (§2 "Lifetime").
+
+    When the name is taken by another session, that session's channel gets a
+    ``remote.probe``; a live consumer answers at once. Without an answer within
+    ``REMOTE_PROBE_TIMEOUT`` (1 s) the row and its ws session are stale (their consumer
+    died without its cleanup, e.g. in a Redis outage; its process being alive proves
+    nothing) and are deleted, and the connect proceeds. Raises ``RemoteError``
+    ``REMOTE_ALREADY_CONNECTED`` when the holder answers that it serves the name.
+    """
+    connect = database_sync_to_async(remote_connect)
+    try:
+        return await connect(
+            user=user, ws_session_id=ws_session_id, channel_name=channel_name, remotename=remotename, tools=tools
+        )
+    except RemoteError as exc:
+        if exc.code != "REMOTE_ALREADY_CONNECTED":
+            raise
+        holder = await database_sync_to_async(remote_holder)(user=user, remotename=remotename)
+        if holder is not None and holder.channel_name == channel_name:
+            raise  # this very session serves it
+        if holder is not None:
+            probe = {"type": PROBE_MESSAGE, "remote_id": holder.remote_id}
+            answer = await layer_request(holder.channel_name, probe, timeout=REMOTE_PROBE_TIMEOUT)
+            if answer is not None and answer.get("serving"):
+                raise
+            await database_sync_to_async(remote_holder_forget)(holder=holder, session_stale=answer is None)
+    return await connect(
+        user=user, ws_session_id=ws_session_id, channel_name=channel_name, remotename=remotename, tools=tools
+    )
 
 
 @transaction.atomic
