@@ -6,18 +6,20 @@ or a logged-in session (with CSRF, like DRF's SessionAuthentication).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from channels.db import database_sync_to_async
 from django.contrib.auth.models import User
-from django.db import OperationalError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from dispatch import wire
-from dispatch.errors import DispatchError, InvalidRequest
+from dispatch.errors import DispatchError, InvalidRequest, unavailable_error
 from dispatch.services import AuthenticationFailed, api_token_authenticate
+
+logger = logging.getLogger(__name__)
 
 
 class BearerCsrfExemptMiddleware:
@@ -87,16 +89,34 @@ def json_object(request: HttpRequest) -> dict[str, Any]:
     return body
 
 
-def unavailable_error(exc: BaseException) -> DispatchError | None:
-    """``TEMPORARILY_UNAVAILABLE`` (503) for a database wait that ran out: no pooled
-    connection free within ``DISPATCH_DB_POOL_TIMEOUT`` (psycopg_pool's ``PoolTimeout``,
-    which Django raises as ``django.db.OperationalError``); ``None`` for anything else."""
-    if isinstance(exc, OperationalError) and type(exc.__cause__).__name__ == "PoolTimeout":
-        return DispatchError(
-            "TEMPORARILY_UNAVAILABLE",
-            "every database connection of this server process is busy; retry in a moment",
-        )
-    return None
+class OutageMiddleware:
+    """A view that fails because the database or the channel layer cannot be reached
+    answers 503 ``TEMPORARILY_UNAVAILABLE``, never 500 (spec/quality.md "Faults").
+
+    ``process_exception`` only: it sees what a view raised (DRF views and ``json_api``
+    map these themselves, through the same ``unavailable_error``). Under ``/api/`` and
+    ``/mcp`` the answer is the JSON error shape, elsewhere a short text page.
+    """
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        mapped = unavailable_error(exception)
+        if mapped is None:
+            return None
+        logger.warning("%s %s: %s (%s)", request.method, request.path, mapped.message, exception)
+        if request.path.startswith(("/api/", "/mcp")):
+            return error_response(mapped)
+        return HttpResponse(mapped.message, status=503, content_type="text/plain; charset=utf-8")
 
 
 def error_response(exc: DispatchError) -> JsonResponse:
@@ -116,7 +136,7 @@ def json_api(view: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
             result = await view(request, user, **kwargs)
         except DispatchError as exc:
             return error_response(exc)
-        except OperationalError as exc:
+        except Exception as exc:  # the database or the channel layer unreachable: 503
             mapped = unavailable_error(exc)
             if mapped is None:
                 raise

@@ -119,6 +119,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Innermost, so its process_exception runs first: a view failing on an outage is a 503.
+    "dispatch.http.OutageMiddleware",
 ]
 
 ROOT_URLCONF = "dispatch.urls"
