@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.middleware.csrf import CsrfViewMiddleware
 from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.request import Request
@@ -60,3 +62,47 @@ def authenticated_user(request: HttpRequest | Request) -> User:
 def calling_agent(request: Request) -> Agent | None:
     """The agent whose token authenticated ``request``, or ``None`` for a user's request."""
     return request.auth if isinstance(request.auth, Agent) else None
+
+
+class _UpgradeRequest(HttpRequest):
+    """The websocket upgrade request of an ASGI ``scope``, as much of an ``HttpRequest`` as
+    Django's origin check reads: the headers in ``META``, the server address, the scheme
+    (``ws`` → ``http``, ``wss`` → ``https``)."""
+
+    def __init__(self, scope: Mapping[str, Any]) -> None:
+        super().__init__()
+        self._scope_scheme = "https" if scope.get("scheme") in ("wss", "https") else "http"
+        server = scope.get("server") or ("unknown", "0")  # as django.core.handlers.asgi
+        self.META["SERVER_NAME"] = str(server[0])
+        self.META["SERVER_PORT"] = str(server[1] if server[1] is not None else "0")
+        for raw_name, raw_value in scope.get("headers", ()):
+            name = "HTTP_" + raw_name.decode("latin-1").upper().replace("-", "_")
+            value = raw_value.decode("latin-1")
+            self.META[name] = f"{self.META[name]},{value}" if name in self.META else value
+
+    def _get_scheme(self) -> str:
+        return self._scope_scheme
+
+
+def websocket_origin_allowed(scope: Mapping[str, Any]) -> bool:
+    """Whether a cookie-authenticated websocket's ``Origin`` is the site's own
+    (spec/sessions-and-remotes.md §1.1), decided exactly as Django's CSRF check decides it
+    for a REST request: scheme, host **and port** of ``Origin`` equal the request's own
+    origin (``ws``→``http``, ``wss``→``https``; its ``Host`` valid under
+    ``ALLOWED_HOSTS``, port included in the comparison), or ``Origin`` is one of
+    ``CSRF_TRUSTED_ORIGINS`` (wildcard subdomains as Django allows them).
+
+    ``scope``: the ASGI websocket scope. A missing ``Origin`` (or ``null``) is refused:
+    browsers always send one on a websocket upgrade, and programs authenticate by token.
+    """
+    request = _UpgradeRequest(scope)
+    origin = request.META.get("HTTP_ORIGIN", "")
+    if not origin or origin == "null":
+        return False
+    # Django's own origin comparison (django.middleware.csrf), so /ws and REST agree.
+    csrf: Any = CsrfViewMiddleware(_unused_response)
+    return bool(csrf._origin_verified(request))
+
+
+def _unused_response(request: HttpRequest) -> HttpResponse:
+    return HttpResponse()

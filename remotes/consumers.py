@@ -14,17 +14,16 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.http.request import validate_host
 
 from dispatch import wire
 from dispatch.agents.prompting import agent_prompt_any
 from dispatch.agents.services import user_events_group
+from dispatch.authentication import websocket_origin_allowed
 from dispatch.consumers import DispatchConsumer
 from dispatch.errors import DispatchError, RateLimited
 from dispatch.ratelimit import TokenBucket
@@ -444,14 +443,9 @@ class SessionConsumer(DispatchConsumer):
         await self.send(text_data=encode(message))
 
     def _origin_allowed(self) -> bool:
-        """Cookie-authenticated browsers only: the ``Origin`` host must be in ``ALLOWED_HOSTS``."""
-        for name, value in self.scope.get("headers", []):
-            if name == b"origin":
-                host = urlsplit(value.decode("latin-1")).hostname or ""
-                if ":" in host:
-                    host = f"[{host}]"
-                return bool(host) and validate_host(host, settings.ALLOWED_HOSTS)
-        return False
+        """Cookie-authenticated browsers only: ``Origin`` is the site's own, scheme, host
+        and port, as Django's CSRF check decides it (§1.1; ``websocket_origin_allowed``)."""
+        return websocket_origin_allowed(self.scope)
 
     def _client_address(self) -> str:
         client = self.scope.get("client")
