@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import shutil
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,12 +18,97 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from dispatch import services
-from dispatch.consumers import shutdown_local_connections
+from dispatch.consumers import outage, shutdown_local_connections
 
 logger = logging.getLogger(__name__)
 
 BUSY_PAUSE = 0.3  # seconds between CLI supervisor passes while messages wait for a quiet pane
 PASS_FINISH_TIMEOUT = 10.0  # seconds a shutdown waits for an in-flight supervisor pass
+BACKOFF_JITTER = 0.2  # ± this fraction of a backoff delay, drawn at random
+SERVICE_STABLE_AFTER = 60.0  # seconds a restarted service runs before its crashes count anew
+
+
+class LoopHealth:
+    """How one background loop is doing: the delay after an error, and its log.
+
+    Every background loop reports each pass: ``ok()`` after one that worked, ``failed(exc)``
+    after one that raised, which returns the seconds to wait before the next pass: ``base``
+    × 2^(failures − 1), capped at ``cap``, ±20 % jitter (so a loop whose Redis or database
+    is down neither spins nor retries in step with every other process). It logs one line
+    per change of state — the first failure, with its error (and the traceback when it is
+    not an outage), and "recovered" when a pass works again — never one per pass
+    (spec/quality.md "Faults"; issue 11 item 4).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        base: float = 1.0,
+        cap: float = 30.0,
+        log: logging.Logger | None = None,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.name = name
+        self.base = base
+        self.cap = max(cap, base)
+        self.log = log or logger
+        self.rand = rand
+        self.failures = 0  # consecutive failed passes
+
+    def failed(self, exc: BaseException) -> float:
+        """Record a failed pass; return the seconds to wait before the next one."""
+        self.failures += 1
+        delay = min(self.cap, self.base * 2 ** min(self.failures - 1, 30))
+        delay *= 1 - BACKOFF_JITTER + 2 * BACKOFF_JITTER * self.rand()
+        if self.failures == 1:
+            self.log.warning(
+                "%s failing: %s: %s; retrying with backoff (up to %gs), logged again when it recovers",
+                self.name,
+                type(exc).__name__,
+                str(exc)[:300],
+                self.cap,
+                exc_info=None if outage(exc) else exc,
+            )
+        else:
+            self.log.debug("%s still failing (%d passes): %s", self.name, self.failures, exc)
+        return delay
+
+    async def pause(self, exc: BaseException) -> None:
+        """``failed(exc)``, then wait its delay."""
+        await asyncio.sleep(self.failed(exc))
+
+    def ok(self) -> None:
+        """Record a pass that worked (logs "recovered" after failures)."""
+        if self.failures:
+            self.log.warning("%s recovered after %d failed passes", self.name, self.failures)
+            self.failures = 0
+
+
+async def doorbell_wait(layer: Any, channel: str | None, group: str, timeout: float, health: LoopHealth) -> bool:
+    """Wait ``timeout`` seconds or until a ring arrives on ``channel``, re-joining ``group``
+    first (groups expire). Returns whether it rang.
+
+    The doorbell is at-most-once, so loops poll anyway: without a layer, or while the
+    layer fails (reported to ``health``, which logs the change of state), this just waits
+    ``timeout`` seconds — the loop goes on polling the database at its normal pace.
+    """
+    if layer is None or channel is None:
+        await asyncio.sleep(timeout)
+        return False
+    try:
+        await layer.group_add(group, channel)
+        async with asyncio.timeout(timeout):  # not wait_for: on 3.11 it can swallow a cancel
+            await layer.receive(channel)
+    except TimeoutError:
+        health.ok()
+        return False
+    except Exception as exc:
+        health.failed(exc)
+        await asyncio.sleep(timeout)
+        return False
+    health.ok()
+    return True
 
 
 def _db(function: Callable[..., object]) -> Callable[..., Awaitable[object]]:
@@ -36,13 +122,17 @@ async def heartbeat_loop(*, kind: str) -> None:
     If the row was reaped (this process looked dead to others), every socket of the
     process is closed so its clients reconnect and register again.
     """
+    # No backoff: a heartbeat that waited longer would make the process look dead.
+    interval = settings.PROCESS_HEARTBEAT_INTERVAL
+    health = LoopHealth("presence heartbeat", base=interval, cap=interval)
     while True:
-        await asyncio.sleep(settings.PROCESS_HEARTBEAT_INTERVAL)
+        await asyncio.sleep(interval)
         try:
             intact = await _db(services.server_process_heartbeat)(kind=kind)
-        except Exception:
-            logger.exception("heartbeat failed")
+        except Exception as exc:
+            health.failed(exc)
             continue
+        health.ok()
         if not intact:
             await shutdown_local_connections()
 
@@ -59,12 +149,16 @@ def reap_once() -> None:
 
 async def reaper_loop() -> None:
     """Reap every ``DISPATCH_REAP_INTERVAL`` seconds (``reap_once``)."""
+    interval = settings.REAP_INTERVAL
+    health = LoopHealth("reaper", base=interval, cap=max(interval, settings.PROCESS_TTL))
     while True:
         try:
             await _db(reap_once)()
-        except Exception:
-            logger.exception("reaping failed")
-        await asyncio.sleep(settings.REAP_INTERVAL)
+        except Exception as exc:
+            await health.pause(exc)
+            continue
+        health.ok()
+        await asyncio.sleep(interval)
 
 
 async def cli_supervisor_loop() -> None:
@@ -90,6 +184,8 @@ async def cli_supervisor_loop() -> None:
     layer = get_channel_layer()
     group = doorbell_group(HOSTNAME)
     channel = await layer.new_channel() if layer is not None else None
+    health = LoopHealth("CLI agent supervision")
+    doorbell = LoopHealth("CLI supervisor doorbell")
     try:
         while True:
             busy = False
@@ -103,9 +199,12 @@ async def cli_supervisor_loop() -> None:
                 # (else the process hangs at exit, joining that thread).
                 await asyncio.wait({supervising}, timeout=PASS_FINISH_TIMEOUT)
                 raise
-            except Exception:
-                logger.exception("CLI agent supervision failed")
-            await _doorbell_wait(layer, channel, group, BUSY_PAUSE if busy else settings.CLI_SUPERVISE_INTERVAL)
+            except Exception as exc:
+                await health.pause(exc)
+                continue
+            health.ok()
+            pause = BUSY_PAUSE if busy else settings.CLI_SUPERVISE_INTERVAL
+            await doorbell_wait(layer, channel, group, pause, doorbell)
     finally:
         try:
             await asyncio.wait_for(_db(supervisor_lease_release)(holder=current_process_id()), 5)
@@ -113,22 +212,6 @@ async def cli_supervisor_loop() -> None:
                 await asyncio.wait_for(layer.group_discard(group, channel), 5)
         except (Exception, asyncio.CancelledError):
             logger.info("could not release the CLI supervisor lease; it expires by itself")
-
-
-async def _doorbell_wait(layer: Any, channel: str | None, group: str, timeout: float) -> None:
-    """Wait ``timeout`` seconds or until a doorbell arrives on ``channel`` (re-joining ``group``)."""
-    if layer is None or channel is None:
-        await asyncio.sleep(timeout)
-        return
-    try:
-        await layer.group_add(group, channel)  # renewed each time: groups expire
-        async with asyncio.timeout(timeout):  # not wait_for: on 3.11 it can swallow a cancel
-            await layer.receive(channel)
-    except TimeoutError:
-        pass
-    except Exception:
-        logger.exception("CLI doorbell wait failed")
-        await asyncio.sleep(timeout)
 
 
 def background_services() -> list[Callable[[], Awaitable[None]]]:
@@ -145,14 +228,18 @@ async def run_background_services() -> None:
     that returns (nothing to do on this host) is left ended."""
 
     async def supervise(service: Callable[[], Awaitable[None]]) -> None:
+        health = LoopHealth(f"background service {service.__name__}", base=1.0, cap=60.0)
+        loop = asyncio.get_running_loop()
         while True:
+            started = loop.time()
             try:
                 await service()
                 return  # a service that returns has nothing (more) to do here
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                logger.exception("background service %s crashed; restarting in 1 s", service.__name__)
-                await asyncio.sleep(1)
+            except Exception as exc:
+                if loop.time() - started > SERVICE_STABLE_AFTER:
+                    health.ok()  # it had run well for a while: this is a new failure
+                await health.pause(exc)
 
     await asyncio.gather(*(supervise(service) for service in background_services()))

@@ -41,6 +41,7 @@ from django.db import transaction
 from django.db.models import Count, Max, Q
 from django.utils import timezone
 
+from dispatch.background import LoopHealth
 from dispatch.presence import current_process_id
 from peers import shadows
 from peers.leases import peer_lease_claim, peer_lease_release
@@ -330,6 +331,10 @@ async def mirror_loop() -> None:
     channel = await layer.new_channel() if layer is not None else None
     subscriptions = _Subscriptions(current_process_id())
     receive: asyncio.Future[dict[str, Any]] | None = None
+    # One health per step: a scan that works and a doorbell that fails (Redis down) must
+    # not log "recovered" and "failing" on every pass.
+    scanning = LoopHealth("peer mirror scan", log=logger, cap=RESCAN_SECONDS)
+    doorbell = LoopHealth("peer mirror wait (doorbell)", log=logger, cap=RESCAN_SECONDS)
     try:
         restart: int | None = None
         loop = asyncio.get_running_loop()
@@ -337,38 +342,38 @@ async def mirror_loop() -> None:
             try:
                 marker = await database_sync_to_async(_peers_marker)()
                 await subscriptions.scan(restart=restart)
-            except Exception:
-                logger.exception("peer mirror scan failed")
-                marker = None
+            except Exception as exc:
+                await scanning.pause(exc)  # never a busy loop (issue 11 item 4)
+                continue
+            scanning.ok()
             restart = None
             if layer is None or channel is None:
                 await asyncio.sleep(RESCAN_SECONDS)
                 continue
             try:
                 await layer.group_add(DOORBELL_GROUP, channel)  # renewed each pass: groups expire
-            except Exception:
-                logger.exception("peer mirror doorbell unavailable")
-            if receive is None:
-                receive = asyncio.ensure_future(layer.receive(channel))
-            deadline = loop.time() + RESCAN_SECONDS
-            while True:
-                done, _ = await asyncio.wait({receive}, timeout=max(min(PEEK_SECONDS, deadline - loop.time()), 0.0))
-                if done or loop.time() >= deadline:
-                    break
-                try:
+                if receive is None:
+                    receive = asyncio.ensure_future(layer.receive(channel))
+                deadline = loop.time() + RESCAN_SECONDS
+                while True:
+                    timeout = max(min(PEEK_SECONDS, deadline - loop.time()), 0.0)
+                    done, _ = await asyncio.wait({receive}, timeout=timeout)
+                    if done or loop.time() >= deadline:
+                        break
                     if await database_sync_to_async(_peers_marker)() != marker:
                         break  # a link changed without a doorbell reaching this process
-                except Exception:
-                    logger.exception("peer mirror could not look at the links")
-            if done:
-                try:
-                    message = receive.result()
-                except Exception:
-                    logger.exception("peer mirror doorbell failed")
-                    message = {}
-                receive = None
-                if message.get("type") == "mirror.resnapshot":
-                    restart = message.get("peer_id")
+                if done:
+                    finished, receive = receive, None
+                    message = finished.result()
+                    if message.get("type") == "mirror.resnapshot":
+                        restart = message.get("peer_id")
+            except Exception as exc:
+                if receive is not None and receive.done():
+                    receive = None
+                # Without its doorbell the loop still rescans, after a backoff.
+                await doorbell.pause(exc)
+                continue
+            doorbell.ok()
     finally:
         if receive is not None:
             receive.cancel()

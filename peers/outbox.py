@@ -47,6 +47,7 @@ from django.utils import timezone
 
 from dispatch.agents import services as agent_services
 from dispatch.agents.messages import message_mark_delivered, message_mark_failed
+from dispatch.background import LoopHealth, doorbell_wait
 from dispatch.errors import DispatchError, NotFound
 from dispatch.models import Agent, AgentEvent, AgentMessage
 from peers.client import PeerClient, PeerUnreachable
@@ -407,6 +408,8 @@ async def outbox_drain_loop() -> None:
     loop = asyncio.get_running_loop()
     drains: dict[int, asyncio.Task[None]] = {}
     rung: set[int] = set()  # peers with mail that arrived while their drain was running
+    health = LoopHealth("outbox drain pass", log=logger, cap=DRAIN_INTERVAL)
+    doorbell = LoopHealth("outbox doorbell", log=logger)
     try:
         while True:
             try:
@@ -423,9 +426,11 @@ async def outbox_drain_loop() -> None:
                 if loop.time() - last_purge >= PURGE_INTERVAL:
                     await _db(outbox_purge)()
                     last_purge = loop.time()
-            except Exception:
-                logger.exception("outbox drain pass failed")
-            await _doorbell_wait(layer, channel, DRAIN_INTERVAL)
+            except Exception as exc:
+                await health.pause(exc)
+                continue
+            health.ok()
+            await doorbell_wait(layer, channel, DOORBELL_GROUP, DRAIN_INTERVAL, doorbell)
     finally:
         for task in drains.values():
             task.cancel()
@@ -435,21 +440,6 @@ async def outbox_drain_loop() -> None:
                 await asyncio.wait_for(layer.group_discard(DOORBELL_GROUP, channel), 5)
             except (Exception, asyncio.CancelledError):
                 logger.info("could not leave the outbox doorbell group; it expires by itself")
-
-
-async def _doorbell_wait(layer: Any, channel: str | None, timeout: float) -> None:
-    if layer is None or channel is None:
-        await asyncio.sleep(timeout)
-        return
-    try:
-        await layer.group_add(DOORBELL_GROUP, channel)  # renewed each time: groups expire
-        async with asyncio.timeout(timeout):  # not wait_for: on 3.11 it can swallow a cancel
-            await layer.receive(channel)
-    except TimeoutError:
-        pass
-    except Exception:
-        logger.exception("outbox doorbell wait failed")
-        await asyncio.sleep(timeout)
 
 
 # --- operators: retry and discard --------------------------------------------------------------

@@ -43,7 +43,7 @@ from django.utils import timezone
 from dispatch import presence
 from dispatch.agents import messages, services, tokens
 from dispatch.agents.types import AgentType
-from dispatch.errors import DispatchError, InvalidRequest
+from dispatch.errors import DispatchError, InvalidRequest, database_unavailable
 from dispatch.models import Agent, AgentEvent, SupervisorLease
 from dispatch.services import instance_identity_get
 from dispatch.tmux import TmuxError, TmuxRunner, TmuxSessionNotFound
@@ -487,7 +487,9 @@ def supervise_once(
             renewed = time.monotonic()
         try:
             busy |= _supervise_agent(agent=agent, runner=tmux, owned=owned, instance_id=instance)
-        except Exception:
+        except Exception as exc:
+            if database_unavailable(exc):
+                raise  # the whole pass fails; the supervisor loop backs off and logs once
             logger.exception("supervising agent %s failed", agent.pk)
     _clean_orphans(runner=tmux, instance_id=instance)
     return SupervisePass(held=True, busy=busy)

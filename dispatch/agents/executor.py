@@ -16,6 +16,7 @@ from channels.db import database_sync_to_async
 
 from dispatch.agents import services
 from dispatch.agents.expert import ExpertAgent
+from dispatch.background import LoopHealth
 from dispatch.models import Run
 from dispatch.presence import current_process_id
 
@@ -61,13 +62,15 @@ async def run_next() -> Run | None:
 async def executor_loop() -> None:
     """Claim runs every ``POLL_INTERVAL`` seconds and execute each as its own task."""
     running: set[asyncio.Task[None]] = set()
+    health = LoopHealth("run executor (claiming runs)", base=POLL_INTERVAL, log=logger)
     try:
         while True:
             try:
                 run = await claim_next()
-            except Exception:
-                logger.exception("claiming a run failed")
-                run = None
+            except Exception as exc:
+                await health.pause(exc)  # backs off, logs once per change of state
+                continue
+            health.ok()
             if run is None:
                 await asyncio.sleep(POLL_INTERVAL)
                 continue
