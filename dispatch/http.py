@@ -119,6 +119,67 @@ class OutageMiddleware:
         return HttpResponse(mapped.message, status=503, content_type="text/plain; charset=utf-8")
 
 
+# The error code of a bare status under /api/ (ApiErrorShapeMiddleware).
+_STATUS_CODES = {
+    400: "INVALID_REQUEST",
+    401: "NOT_AUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    405: "METHOD_NOT_ALLOWED",
+    413: "REQUEST_TOO_LARGE",
+    429: "RATE_LIMITED",
+    503: "TEMPORARILY_UNAVAILABLE",
+}
+
+
+class ApiErrorShapeMiddleware:
+    """Every error under ``/api/`` is the JSON error shape (spec/overview.md "Error shapes").
+
+    Views and handlers answer in it themselves; this catches the rest: an error response
+    that is not JSON (Django's bare 405 from ``require_http_methods``, any HTML page) is
+    replaced by ``{"error": {code, message, details}}`` with the same status and headers
+    such as ``Allow``. The schema and docs pages keep their own formats.
+    """
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if self.is_async:
+            return self._acall(request)
+        return self._shape(request, self.get_response(request))
+
+    async def _acall(self, request: HttpRequest) -> HttpResponse:
+        return self._shape(request, await self.get_response(request))
+
+    @staticmethod
+    def _shape(request: HttpRequest, response: HttpResponse) -> HttpResponse:
+        if (
+            response.status_code < 400
+            or not request.path.startswith("/api/")
+            or request.path.startswith(("/api/schema/", "/api/docs/"))
+            or response.get("Content-Type", "").startswith("application/json")
+            or response.streaming
+        ):
+            return response
+        status = response.status_code
+        code = _STATUS_CODES.get(status, "INTERNAL_ERROR" if status >= 500 else "INVALID_REQUEST")
+        message = response.reason_phrase or "error"
+        if status == 405 and response.has_header("Allow"):
+            message = f"method {request.method} not allowed; allowed: {response['Allow']}"
+        shaped = JsonResponse({"error": {"code": code, "message": message, "details": {}}}, status=status)
+        for header in ("Allow", "WWW-Authenticate", "Retry-After"):
+            if response.has_header(header):
+                shaped[header] = response[header]
+        return shaped
+
+
 def error_response(exc: DispatchError) -> JsonResponse:
     """``{"error": {code, message, details}}`` with the code's status (401 adds WWW-Authenticate)."""
     response = JsonResponse(exc.as_dict(), status=exc.http_status)

@@ -280,3 +280,84 @@ def add_async_routes(result: dict[str, Any], generator: Any, request: Any, publi
         },
     )
     return result
+
+
+# --- error responses (spec/overview.md "Error shapes") ------------------------------------
+
+ERROR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["code", "message", "details"],
+            "properties": {
+                "code": {"type": "string", "description": "UPPER_SNAKE, e.g. VALIDATION_ERROR"},
+                "message": {"type": "string"},
+                "details": {"type": "object"},
+            },
+        }
+    },
+}
+
+_ERROR_DESCRIPTIONS = {
+    "400": "Invalid request (VALIDATION_ERROR, INVALID_REQUEST, …)",
+    "401": "Not authenticated: no, an unknown, a revoked or an expired token (WWW-Authenticate: Bearer)",
+    "403": "Permission denied (PERMISSION_DENIED, CAPABILITY_NOT_GRANTED, an agent token outside its scope, CSRF)",
+    "404": "Not found (NOT_FOUND, MACHINE_NOT_ATTACHED, PATH_NOT_FOUND, …)",
+    "409": "Conflict with the current state (CONFLICT, MACHINE_AMBIGUOUS, …)",
+    "413": "Request body over DISPATCH_MAX_REQUEST_BYTES (REQUEST_TOO_LARGE) or a file too large (FILE_TOO_LARGE)",
+    "429": "Rate limited (RATE_LIMITED)",
+    "503": "Temporarily unavailable: the database or channel layer is busy or unreachable (TEMPORARILY_UNAVAILABLE)",
+}
+
+# Routes with their own throttle (password checks, pairing claims, device login).
+THROTTLED_PATHS = frozenset(
+    {
+        "/api/v1/auth/token",
+        "/api/v1/peers/claim",
+        "/api/v1/machines/device/code",
+        "/api/v1/machines/device/token",
+    }
+)
+_WRITES = frozenset({"post", "put", "patch", "delete"})
+
+
+def error_statuses(path: str, method: str, operation: dict[str, Any], default_security: list[Any]) -> list[str]:
+    """The error statuses an operation can answer, by what it is: every route can be
+    refused as invalid (400), not found (404, a missing route or object) or temporarily
+    unavailable (503); an authenticated one 401/403; a write 409; one with a body 413; a
+    throttled one 429."""
+    statuses = ["400", "404", "503"]
+    if operation.get("security", default_security):
+        statuses += ["401", "403"]
+    if method in _WRITES:
+        statuses.append("409")
+    if "requestBody" in operation or method in ("post", "put", "patch"):
+        statuses.append("413")
+    if path in THROTTLED_PATHS:
+        statuses.append("429")
+    return sorted(statuses)
+
+
+def add_error_responses(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """drf-spectacular postprocessing hook (after ``add_async_routes``): every operation
+    lists the error statuses it can answer (``error_statuses``), each with the one error
+    shape ``{"error": {"code", "message", "details"}}`` (component ``Error``). A response
+    an operation already describes (the device-token endpoint's RFC 6749 400) is kept."""
+    result.setdefault("components", {}).setdefault("schemas", {})["Error"] = ERROR_SCHEMA
+    default_security = result.get("security", [{"bearerAuth": []}])
+    for path, route in result.get("paths", {}).items():
+        for method, operation in route.items():
+            if method not in ("get", "put", "post", "patch", "delete") or not isinstance(operation, dict):
+                continue
+            responses = operation.setdefault("responses", {})
+            for status in error_statuses(path, method, operation, default_security):
+                responses.setdefault(
+                    status,
+                    {
+                        "description": _ERROR_DESCRIPTIONS[status],
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+                    },
+                )
+    return result

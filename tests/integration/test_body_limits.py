@@ -144,24 +144,6 @@ def test_a_300_mb_chunked_body_is_cut_off_at_the_cap_with_413(live: Live) -> Non
     assert live.server.get("/healthz").status_code == 200
 
 
-def test_a_body_over_djangos_limit_is_refused_in_the_json_shape_not_an_html_page() -> None:
-    """Django's DATA_UPLOAD_MAX_MEMORY_SIZE follows the cap; under a lower cap than the
-    server's, Django's refusal is the same JSON 413 (here daphne's cap is the same value,
-    so this drives Django's check with a body that reaches the view: under the cap)."""
-    from django.core.exceptions import RequestDataTooBig
-    from django.test import RequestFactory
-
-    from dispatch import views
-
-    request = RequestFactory().post(CLAIM, data=b"{}", content_type="application/json")
-    response = views.bad_request(
-        request, RequestDataTooBig("Request body exceeded settings.DATA_UPLOAD_MAX_MEMORY_SIZE.")
-    )
-    assert response.status_code == 413
-    assert response["Content-Type"] == "application/json"
-    assert json.loads(response.content)["error"]["code"] == "REQUEST_TOO_LARGE"
-
-
 def _ten_mib() -> tuple[bytes, str]:
     data = os.urandom(10 * MiB)
     return data, base64.b64encode(data).decode()
