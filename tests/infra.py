@@ -89,6 +89,27 @@ def redis_answers(url: str) -> bool:
         return False
 
 
+def start_redis_server(port: int) -> subprocess.Popen[bytes]:
+    """Start a private ``redis-server`` on 127.0.0.1:``port`` (no persistence) and wait until
+    it answers; the caller stops it (``kill()`` for a crash). Skips (fails on CI) without
+    the binary or when it does not come up within 5 s."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        unavailable("no redis-server to start")
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    for _ in range(50):
+        if redis_answers(f"redis://127.0.0.1:{port}"):
+            return proc
+        time.sleep(0.1)
+    proc.kill()
+    proc.wait(5)
+    unavailable("redis-server did not start")
+
+
 @contextmanager
 def redis_url() -> Iterator[str]:
     """A Redis URL with a private key prefix's worth of isolation (a random db-less prefix).
@@ -99,24 +120,12 @@ def redis_url() -> Iterator[str]:
     if redis_answers(base):
         yield base
         return
-    binary = shutil.which("redis-server")
-    if binary is None:
+    if shutil.which("redis-server") is None:
         unavailable(f"Redis not reachable at {base} and no redis-server to start")
     port = free_port()
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}"
+    proc = start_redis_server(port)
     try:
-        for _ in range(50):
-            if redis_answers(url):
-                break
-            time.sleep(0.1)
-        else:
-            unavailable("redis-server did not start")
-        yield url
+        yield f"redis://127.0.0.1:{port}"
     finally:
         proc.terminate()
         proc.wait(5)
