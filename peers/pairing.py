@@ -34,6 +34,7 @@ from dispatch import secrets_at_rest
 from dispatch.errors import DispatchError, InvalidRequest, NotFound, RateLimited
 from dispatch.models import AgentMessage
 from dispatch.services import generate_token, rate_limiter, token_digest
+from dispatch.tool_changes import tools_changed_on_commit
 from peers.identity import PEER_PROTOCOL_VERSION, Identity, fingerprint_of, identity_get, public_key_from
 from peers.mirror import mirror_rescan
 from peers.models import OutboxMessage, PairingOffer, Peer, new_idempotency_key
@@ -325,6 +326,7 @@ def _store_peer(
     """Create or re-pair (rotate in place) the peer row; returns it and the raw inbound token issued."""
     inbound = generate_token()
     now = timezone.now()
+    tools_changed_on_commit([owner.pk])  # dispatch_launch_agent lists the linked instances
     fields: dict[str, Any] = {
         "owner": owner,
         "reported_name": claimant.name[:100],
@@ -576,6 +578,7 @@ def _rename(peer: Peer, label: Any) -> Peer:
     peer.label = text
     peer.updated_at = timezone.now()
     peer.save(update_fields=["label", "updated_at"])
+    tools_changed_on_commit([peer.owner_id])
     return peer
 
 
@@ -595,6 +598,7 @@ def peer_capabilities_set(*, user: User, peer_id: int, **capabilities: bool) -> 
         setattr(peer, name, value)
     peer.updated_at = timezone.now()
     peer.save(update_fields=[*capabilities, "updated_at"])
+    tools_changed_on_commit([peer.owner_id])
     return peer
 
 
@@ -608,6 +612,7 @@ def _revoke_locally(peer: Peer, *, reason: str, by_peer: bool) -> Peer:
     peer.unlinked_by_peer = by_peer
     peer.updated_at = now
     peer.save(update_fields=["revoked_at", "revoked_reason", "unlinked_by_peer", "updated_at"])
+    tools_changed_on_commit([peer.owner_id])
     queued = OutboxMessage.objects.select_for_update().filter(peer=peer, status=OutboxMessage.Status.QUEUED)
     message_ids = list(queued.values_list("message_id", flat=True))
     queued.update(status=OutboxMessage.Status.DEAD, last_error="peer revoked", dead_at=now)
