@@ -1,11 +1,14 @@
 """Announcing that a user's tool list changed (spec/agents.md §6 ``list_changed``).
 
-A user's MCP tools are their machines and their remotes. The services that attach or
-detach a machine, connect or disconnect a remote, close a ws session or reap a dead
-process call ``tools_changed_on_commit(user_ids)``; after commit each user's channel-layer
-group ``mcp-tools.<user id>`` is rung, and the MCP endpoint's listen streams (any process)
-send ``notifications/tools/list_changed``. A doorbell only: a lost ring costs a client a
-stale list until its next ``tools/list``.
+A user's MCP tools are their machines and their remotes, and ``dispatch_launch_agent``'s
+description lists their linked instances. The services that attach or detach a machine,
+connect or disconnect a remote, close a ws session, reap a dead process, or link, relabel,
+re-permission or unlink a peer call ``tools_changed_on_commit(user_ids)``; after commit
+each user's channel-layer group ``mcp-tools.<user id>`` is rung, and the MCP endpoint's
+event streams in any process (``GET /mcp`` for 2025-11-25, ``subscriptions/listen`` for
+2026-07-28; ``dispatch.mcp.relay``) send ``notifications/tools/list_changed``. A doorbell
+only: a lost ring costs a client a stale list until its next ``tools/list`` (a ``GET /mcp``
+reconnect always brings one).
 """
 
 from __future__ import annotations
