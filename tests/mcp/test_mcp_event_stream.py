@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from tests.infra import Instance, LiveSession, Server, instance
+from tests.mcp.test_mcp_endpoint import mcp_client
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -38,8 +39,8 @@ from django.contrib.auth import get_user_model
 from dispatch.services import api_token_create
 User = get_user_model()
 tokens = {}
-for name in ("bob", "carol", "dave", "erin"):
-    user = User.objects.create_user(name, password="pw-secret-123")
+for name in ("bob", "carol", "dave", "erin", "frank"):
+    user = User.objects.create_user(name)  # no password: hashing one costs a second
     tokens[name] = api_token_create(user=user).raw
     tokens[name + "_2"] = api_token_create(user=user, name="second").raw
 print(json.dumps(tokens))
@@ -127,6 +128,14 @@ async def open_status(server: Server, token: str) -> tuple[int, str]:
         http.stream("GET", f"{server.url}/mcp", headers={**STREAM_HEADERS, **bearer(token)}) as response,
     ):
         return response.status_code, "" if response.status_code == 200 else (await response.aread()).decode()
+
+
+async def revoke(server: Server, token: str, *, using: str) -> None:
+    """Revoke ``token`` with ``DELETE /api/v1/auth/tokens/{id}``, as its user (with ``using``)."""
+    async with httpx.AsyncClient(base_url=server.url, headers=bearer(using), timeout=10) as http:
+        listed = (await http.get("/api/v1/auth/tokens")).json()["tokens"]
+        [token_id] = [entry["id"] for entry in listed if token.startswith(entry["prefix"])]
+        assert (await http.delete(f"/api/v1/auth/tokens/{token_id}")).status_code in (200, 204)
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -220,14 +229,24 @@ async def test_revoking_the_token_ends_its_stream_within_seconds(live: Live) -> 
     token, other = live.tokens["dave"], live.tokens["dave_2"]
     async with opened(live.server, token) as stream, opened(live.server, other) as untouched:
         await stream.next_message()
-        async with httpx.AsyncClient(base_url=live.server.url, headers=bearer(other), timeout=10) as http:
-            listed = (await http.get("/api/v1/auth/tokens")).json()["tokens"]
-            [token_id] = [entry["id"] for entry in listed if token.startswith(entry["prefix"])]
-            assert (await http.delete(f"/api/v1/auth/tokens/{token_id}")).status_code in (200, 204)
+        await revoke(live.server, token, using=other)
         revoked_at = time.monotonic()
         ended = await stream.ended(timeout=5)
         print(f"stream ended {(ended - revoked_at) * 1000:.0f} ms after the revocation")
         assert untouched.ended_at is None  # the user's other token keeps its stream
+
+
+async def test_revoking_the_token_ends_its_2026_listen_stream_within_seconds(live: Live) -> None:
+    token, other = live.tokens["frank"], live.tokens["frank_2"]
+    async with mcp_client(f"{live.server.url}/mcp", token, "auto") as client:
+        async with client.listen(tools_list_changed=True) as subscription:
+            assert subscription.honored.tools_list_changed is True
+            await revoke(live.server, token, using=other)
+            revoked_at = time.monotonic()
+            async with asyncio.timeout(5):
+                async for _ in subscription:
+                    pass
+            print(f"listen stream ended {(time.monotonic() - revoked_at) * 1000:.0f} ms after the revocation")
 
 
 async def test_deactivating_the_user_ends_their_streams_within_seconds(live: Live) -> None:
