@@ -1,6 +1,9 @@
 """The MCP endpoint at ``/mcp`` (spec/agents.md §6, sessions-and-remotes.md §2.6).
 
 ``tools`` builds the caller's tool catalogue per request, ``server`` is the SDK's
-low-level ``Server`` with its ``tools/list`` and ``tools/call`` handlers, ``app`` the
-ASGI application (bearer auth, the SDK's stateless streamable-HTTP session manager).
+low-level ``Server`` with its ``tools/list``, ``tools/call`` and ``subscriptions/listen``
+handlers, ``app`` the ASGI application (bearer auth, the SDK's stateless streamable-HTTP
+session manager for POSTs, ``events`` for the ``GET /mcp`` event stream). ``relay`` brings
+each user's tool-change doorbell into the process, ``streams`` keeps the rows, the limit
+and the end of every open event stream.
 """
