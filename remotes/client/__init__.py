@@ -6,7 +6,7 @@ Imports nothing from Django; depends on ``websockets``, ``pydantic`` and
 
 from __future__ import annotations
 
-from remotes.client.remote import Remote
+from remotes.client.remote import Remote, RemoteDisconnected
 from remotes.client.schema import function_spec
 from remotes.client.session import (
     AuthenticationError,
@@ -20,6 +20,7 @@ __all__ = [
     "MessageTooLarge",
     "Remote",
     "RemoteCallError",
+    "RemoteDisconnected",
     "Session",
     "function_spec",
 ]

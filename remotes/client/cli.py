@@ -25,7 +25,7 @@ from typing import Any
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from remotes.client.remote import Remote
+from remotes.client.remote import Remote, RemoteDisconnected
 from remotes.client.session import AuthenticationError, RemoteCallError, Session
 
 DEFAULT_URL = "ws://127.0.0.1:8000/ws"
@@ -165,7 +165,7 @@ def _serve(target: str, url: str | None, token: str | None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         asyncio.run(remote.serve())
-    except (AuthenticationError, RemoteCallError, InvalidURI) as error:
+    except (AuthenticationError, RemoteCallError, RemoteDisconnected, InvalidURI) as error:
         print(f"error: {error}", file=sys.stderr)
     return 1
 

@@ -18,6 +18,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from remotes.client.schema import function_spec
 from remotes.client.session import (
     AuthenticationError,
+    MessageTooLarge,
     RemoteCallError,
     Session,
     encode_message,
@@ -36,6 +37,14 @@ REGISTER_RETRY_WINDOW = 30.0
 registration of this remote (§2: it has not noticed the old session close yet)."""
 ERROR_MAX_CHARS = 10_000
 """Longer error strings are cut so that an error result always fits in one frame."""
+
+
+class RemoteDisconnected(Exception):
+    """Another session of the user disconnected this remote (spec §2 ``remote-disconnected``).
+
+    The message names the remote and the server's reason. :meth:`Remote.serve` raises it
+    and does not register the name again: whoever disconnected it meant it to stop.
+    """
 
 
 @dataclass(frozen=True)
@@ -66,6 +75,8 @@ class Remote:
         self.token = token
         self._functions: dict[str, _Function] = {}
         self._calls: set[asyncio.Task[None]] = set()
+        self._disconnected: str | None = None  # the reason, once another session disconnected us
+        self._closing: set[asyncio.Task[None]] = set()
         for function in functions or ():
             self.function(function)
 
@@ -108,8 +119,11 @@ class Remote:
         Raises ``AuthenticationError`` when the server closes with 4401 or 4408 (a bad
         token: retrying cannot help), and ``RemoteCallError`` when ``remote-connect`` is
         refused for a reason retrying cannot fix: an invalid spec, or the name still
-        held by another session 30 s after the first attempt.
+        held by another session 30 s after the first attempt. Raises
+        ``RemoteDisconnected`` when another session of the user disconnected this remote
+        (the server's ``remote-disconnected`` event): it is not registered again.
         """
+        self._disconnected = None
         attempt = 0
         registered_before = False
         while True:
@@ -124,6 +138,10 @@ class Remote:
                     registered_before = True
                     attempt = 0
                     await session.wait_closed()
+                    if self._disconnected is not None:
+                        raise RemoteDisconnected(
+                            f"remote {self.name!r} was disconnected by another session: {self._disconnected}"
+                        )
                     problem = f"connection to {self.url} lost (code {session.close_code})"
                 except (ConnectionClosed, TimeoutError) as error:
                     reason = str(error) or "no reply in time"
@@ -169,6 +187,16 @@ class Remote:
         )
 
     def _on_event(self, session: Session, event: dict[str, Any]) -> None:
+        if event.get("action") == "remote-disconnected" and event.get("remotename") == self.name:
+            reason = str(event.get("reason") or "no reason given")
+            logger.warning(
+                "remote %r was disconnected by another session: %s; not serving it any more", self.name, reason
+            )
+            self._disconnected = reason
+            closing = asyncio.create_task(session.close())
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+            return
         if event.get("action") != "remote-call":
             logger.debug("ignoring event %r", event.get("action"))
             return
@@ -184,7 +212,13 @@ class Remote:
             "requestId": request_id,
         }
         try:
-            frame = encode_message(reply | {"result": await self._invoke(call)})
+            result = await self._invoke(call)
+            try:
+                frame = encode_message(reply | {"result": result})
+            except MessageTooLarge:
+                raise
+            except (TypeError, ValueError) as error:  # NaN/Infinity (allow_nan=False), unserialisable
+                raise ValueError(f"{call.get('function')!r} returned a value JSON cannot carry: {error}") from error
         except Exception as error:
             logger.info("call %s failed: %r", request_id, error)
             frame = encode_message(reply | {"error": f"{type(error).__name__}: {error}"[:ERROR_MAX_CHARS]})

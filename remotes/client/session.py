@@ -46,9 +46,10 @@ def encode_message(message: Mapping[str, Any]) -> str:
     """Encode ``message`` as one JSON text frame.
 
     Raises ``MessageTooLarge`` when the UTF-8 frame exceeds 1 MiB (the server would close
-    the connection with 1009, §1.2), and ``TypeError`` for values JSON cannot encode.
+    the connection with 1009, §1.2), ``TypeError`` for values JSON cannot encode and
+    ``ValueError`` for NaN or ±Infinity (``allow_nan=False``: not JSON, Dispatch refuses them).
     """
-    frame = json.dumps(message)
+    frame = json.dumps(message, allow_nan=False)
     size = len(frame.encode())
     if size > MAX_MESSAGE_BYTES:
         raise MessageTooLarge(f"message of {size} bytes exceeds the {MAX_MESSAGE_BYTES}-byte limit")
@@ -192,7 +193,8 @@ class Session:
                 logger.debug("ignoring a reply to no pending request: %.200r", message)
             return
         if "error" in message:
-            # e.g. {"action": "auth", "error": "authentication failed"} before close 4401
+            # e.g. {"error": "authentication failed"} before close 4401 (older servers added
+            # "action": "auth"; both shapes land here)
             self._server_error = str(message["error"])
             logger.warning("server error: %s", self._server_error)
             return

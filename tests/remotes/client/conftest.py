@@ -26,6 +26,8 @@ class FakeDispatch:
     def __init__(self) -> None:
         self.url = ""
         self.refusal_close_code = 4401
+        # The refusal frame before the close: Dispatch's (§1.1, no action) or an older server's.
+        self.refusal_frame: dict[str, Any] = {"error": "authentication failed"}
         self.still_connected = 0  # how many remote-connects to refuse as "already connected"
         self.connect_error: str | None = None  # refuse every remote-connect with this
         self.attempts = 0  # connections opened, authenticated or not
@@ -59,11 +61,17 @@ class FakeDispatch:
         async with asyncio.timeout(5):
             return await result
 
+    async def disconnect(self, remotename: str, reason: str) -> None:
+        """Another session disconnected ``remotename``: drop it and tell its holder (§2)."""
+        holder = self.serving.pop(remotename)
+        event = {"action": "remote-disconnected", "remotename": remotename, "reason": reason}
+        await holder.send(json.dumps(event))
+
     async def handle(self, connection: ServerConnection) -> None:
         self.attempts += 1
         assert connection.request is not None
         if connection.request.headers.get("Authorization") != f"Bearer {self.token}":
-            await connection.send(json.dumps({"action": "auth", "error": "authentication failed"}))
+            await connection.send(json.dumps(self.refusal_frame))
             await connection.close(self.refusal_close_code)
             return
         try:
