@@ -77,6 +77,9 @@ class SessionConsumer(DispatchConsumer):
         self.ws_session_id = None
         self.events_group: str | None = None
         self.served: dict[int, ServedRemote] = {}
+        # Per-name request counters for the life of this session: never reset on reconnect.
+        self.request_counters: dict[str, int] = {}
+        self.own_disconnects: set[int] = set()  # remote ids this session is disconnecting itself
         self.pending: dict[str, PendingCall] = {}
         self.calls: set[asyncio.Task[None]] = set()
         self.bucket = TokenBucket(rate=settings.WS_RATE, burst=settings.WS_BURST)
@@ -195,7 +198,14 @@ class SessionConsumer(DispatchConsumer):
 
     async def do_remote_disconnect(self, message: dict[str, Any], body: Any, nonce: Any) -> None:
         parsed: RemoteNameBody = parse_body(RemoteNameBody, body)
-        await database_sync_to_async(services.remote_disconnect)(user=self.user, remotename=parsed.remotename)
+        # A remote this session serves itself: no remote-disconnected event back to it.
+        own = {remote_id for remote_id, served in self.served.items() if served.name == parsed.remotename}
+        self.own_disconnects |= own
+        try:
+            await database_sync_to_async(services.remote_disconnect)(user=self.user, remotename=parsed.remotename)
+        except BaseException:
+            self.own_disconnects -= own
+            raise
         await self._reply(nonce, message="remote disconnected", remotename=parsed.remotename)
 
     async def do_remote_list(self, message: dict[str, Any], body: Any, nonce: Any) -> None:
@@ -290,8 +300,9 @@ class SessionConsumer(DispatchConsumer):
                 {"error": f"remote '{remotename}' disconnected", "code": "REMOTE_DISCONNECTED", "delivered": False},
             )
             return
-        request_id = f"{served.name}#{served.next_request}"
-        served.next_request += 1
+        number = self.request_counters.get(served.name, 0)
+        self.request_counters[served.name] = number + 1
+        request_id = f"{served.name}#{number}"
         frame = remote_call_event(
             request_id=request_id, remotename=remotename, function=event["function"], args=event["args"]
         )
@@ -344,6 +355,12 @@ class SessionConsumer(DispatchConsumer):
         for request_id, pending in list(self.pending.items()):
             if pending.remote_id == event["remote_id"]:
                 await self._fail_pending(request_id)
+        if event["remote_id"] in self.own_disconnects:
+            self.own_disconnects.discard(event["remote_id"])
+        elif not self.closing:
+            # §2: another session (maybe in another process) disconnected it; tell the client.
+            reason = event.get("reason") or "disconnected by another session of the user"
+            await self._send({"action": "remote-disconnected", "remotename": served.name, "reason": reason})
 
     async def server_shutdown(self, event: dict[str, Any]) -> None:
         """``server.shutdown``: this process is stopping (or was reaped): fail calls, close."""
@@ -385,7 +402,8 @@ class SessionConsumer(DispatchConsumer):
             await self._refuse(exc.message)
             return
         await self._authenticated(user, method)
-        await self._send({"action": "auth", "ok": True, "user": user.get_username()})
+        # Spec §1.1: the auth reply carries no ``action``.
+        await self._send({"ok": True, "user": user.get_username()})
 
     async def _authenticated(self, user: User, method: str) -> None:
         if self.auth_deadline is not None:
@@ -401,7 +419,7 @@ class SessionConsumer(DispatchConsumer):
         await self.channel_layer.group_add(self.events_group, self.channel_name)
 
     async def _refuse(self, error: str, code: int = CLOSE_UNAUTHENTICATED) -> None:
-        await self._send({"action": "auth", "error": error})
+        await self._send({"error": error})
         await self._close(code)
 
     async def _expire_auth(self) -> None:

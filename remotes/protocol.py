@@ -110,8 +110,8 @@ class RemoteConnectBody(BaseModel):
     @field_validator("tools")
     @classmethod
     def _tools(cls, value: list[FunctionSpec]) -> list[FunctionSpec]:
-        if not 1 <= len(value) <= MAX_FUNCTIONS:
-            raise ValueError(f"a remote needs 1 to {MAX_FUNCTIONS} functions, got {len(value)}")
+        if len(value) > MAX_FUNCTIONS:
+            raise ValueError(f"a remote has 0 to {MAX_FUNCTIONS} functions, got {len(value)}")
         seen: set[str] = set()
         for spec in value:
             if spec.name in seen:

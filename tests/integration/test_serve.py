@@ -167,25 +167,25 @@ async def test_it_closes_1009_on_a_frame_over_1_mib_through_daphne(live: Live) -
 async def test_it_authenticates_a_first_frame_token_or_password(live: Live) -> None:
     async with LiveSession.open(live.server.ws_url) as session:
         await session.send({"token": live.token})
-        assert await session.next_event() == {"action": "auth", "ok": True, "user": "admin"}
+        assert await session.next_event() == {"ok": True, "user": "admin"}
         assert await session.request("remote-list") == {"remotes": [], "nonce": 1}
 
     async with LiveSession.open(live.server.ws_url) as session:
         await session.send({"username": "admin", "password": live.instance.admin_password})
-        assert await session.next_event() == {"action": "auth", "ok": True, "user": "admin"}
+        assert await session.next_event() == {"ok": True, "user": "admin"}
         assert await session.request("ping") == {"pong": True, "nonce": 1}
 
 
 async def test_it_closes_4401_after_a_bad_first_frame_token(live: Live) -> None:
     async with LiveSession.open(live.server.ws_url) as session:
         await session.send({"token": live.token + "x"})
-        assert await session.next_event() == {"action": "auth", "error": "authentication failed"}
+        assert await session.next_event() == {"error": "authentication failed"}
         assert await session.closed(timeout=5) == 4401
 
 
 async def test_it_closes_4401_after_a_bad_header_token(live: Live) -> None:
     async with LiveSession.open(live.server.ws_url, "not-a-token") as session:
-        assert await session.next_event() == {"action": "auth", "error": "authentication failed"}
+        assert await session.next_event() == {"error": "authentication failed"}
         assert await session.closed(timeout=5) == 4401
 
 

@@ -213,7 +213,7 @@ BAD_INPUT = [
             (CONNECT, {"remotename": "", "tools": [{"name": "f"}]}),
             (CONNECT, {"remotename": WEATHER, "tools": [{"name": "get_forecast"}]}),
             (CONNECT, {"remotename": "ok", "tools": [{"name": "f", "parameters": {"type": 5}}]}),
-            (CONNECT, {"remotename": "ok", "tools": []}),
+            (CONNECT, {"remotename": "ok", "tools": [{"name": f"f{i}"} for i in range(129)]}),
             (CONNECT, [1]),
             ("remote-disconnect", {"remotename": "nope"}),
             ("remote-disconnect", {"remotename": 7}),

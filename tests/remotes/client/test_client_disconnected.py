@@ -48,7 +48,7 @@ async def test_serve_ends_with_remote_disconnected_and_does_not_register_again(
 
     with caplog.at_level(logging.WARNING, logger="remotes.client"):
         await dispatch.disconnect("math", "disconnected by another session of the user")
-        with pytest.raises(RemoteDisconnected, match="'math'.*disconnected by another session of the user"):
+        with pytest.raises(RemoteDisconnected, match=r"'math'.*disconnected by another session of the user"):
             await asyncio.wait_for(serving, 5)
 
     assert len(dispatch.registrations) == 1  # never registered again
