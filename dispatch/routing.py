@@ -1,8 +1,36 @@
-"""Every websocket route of the project, gathered from the apps."""
+"""Every websocket route of the project, gathered from the apps, then a catch-all that
+refuses any other path at the upgrade (HTTP 403, logged at INFO, no traceback)."""
 
 from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from django.urls import re_path
 
 from machines.routing import websocket_urlpatterns as machine_routes
 from remotes.routing import websocket_urlpatterns as remote_routes
 
-websocket_urlpatterns = [*remote_routes, *machine_routes]
+logger = logging.getLogger("dispatch.routing")
+
+Message = MutableMapping[str, Any]
+
+
+async def refuse_unknown_path(
+    scope: MutableMapping[str, Any],
+    receive: Callable[[], Awaitable[Message]],
+    send: Callable[[Message], Awaitable[None]],
+) -> None:
+    """ASGI app for a websocket path no route serves (e.g. ``/ws/ws``, a client whose base
+    URL already ends in ``/ws``): close before ``accept``, which daphne answers with HTTP
+    403 (it has no other refusal before accept). Without it Channels' ``URLRouter`` raises
+    ``ValueError("No route found")``: an HTTP 500 and an ERROR traceback per attempt."""
+    message = await receive()
+    if message.get("type") != "websocket.connect":
+        return
+    logger.info("refused a websocket upgrade for unknown path %.200r (403)", scope.get("path", ""))
+    await send({"type": "websocket.close", "code": 1000})
+
+
+websocket_urlpatterns = [*remote_routes, *machine_routes, re_path(r"", refuse_unknown_path)]
