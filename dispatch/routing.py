@@ -33,4 +33,5 @@ async def refuse_unknown_path(
     await send({"type": "websocket.close", "code": 1000})
 
 
-websocket_urlpatterns = [*remote_routes, *machine_routes, re_path(r"", refuse_unknown_path)]
+# Channels routes ASGI apps through Django's re_path, whose stubs expect a view.
+websocket_urlpatterns = [*remote_routes, *machine_routes, re_path(r"", refuse_unknown_path)]  # type: ignore[arg-type]
