@@ -48,19 +48,87 @@ def _too_deep(value: Any, limit: int) -> bool:
     return False
 
 
+INT_MIN = -(2**63)
+INT_MAX = 2**63 - 1
+"""The channel layer (msgpack) carries signed 64-bit integers only (its unsigned range is
+refused too: the in-memory layer would accept it and Redis would not)."""
+
+
+def _path(parts: tuple[Any, ...]) -> str:
+    """``("args", "xs", 2)`` -> ``args.xs[2]``; the root is ``(root)``."""
+    text = ""
+    if len(parts) > 8:
+        parts = (*parts[:8], "…")
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(root)"
+
+
+def problem(value: Any, limit: int = MAX_DEPTH) -> str | None:
+    """The first thing in a parsed JSON ``value`` the channel layer cannot carry, naming
+    its path (``args.n: integer 18446744073709551616 is outside the signed 64-bit range``),
+    or ``None``. Checks integers outside ``INT_MIN``..``INT_MAX``, non-finite floats,
+    strings and keys holding a lone surrogate, and nesting deeper than ``limit``.
+    Iterative: any depth is safe to check."""
+    stack: list[tuple[Any, tuple[Any, ...], int]] = [(value, (), 0)]
+    while stack:
+        item, where, depth = stack.pop()
+        if isinstance(item, bool) or item is None:
+            continue
+        if isinstance(item, int):
+            if not INT_MIN <= item <= INT_MAX:
+                shown = str(item) if abs(item) < 10**40 else f"{str(item)[:20]}… ({len(str(abs(item)))} digits)"
+                return f"{_path(where)}: integer {shown} is outside the signed 64-bit range"
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return f"{_path(where)}: {item} is not a finite number"
+        elif isinstance(item, str):
+            if not encodable(item):
+                return f"{_path(where)}: a string holds a lone surrogate (\\ud800-\\udfff), which is not Unicode text"
+        elif isinstance(item, dict | list):
+            if depth + 1 > limit:
+                return f"{_path(where)}: nested too deeply (more than {limit} levels)"
+            if isinstance(item, dict):
+                for key, child in item.items():
+                    if isinstance(key, str) and not encodable(key):
+                        return (
+                            f"{_path(where)}: a key holds a lone surrogate (\\ud800-\\udfff), which is not Unicode text"
+                        )
+                    stack.append((child, (*where, key), depth + 1))
+            else:
+                stack.extend((child, (*where, index), depth + 1) for index, child in enumerate(item))
+    return None
+
+
 def loads(text: str | bytes) -> Any:
-    """Parse ``text`` as strict JSON. Raises ``ValueError`` saying what is wrong (including
-    nesting deeper than ``MAX_DEPTH``)."""
+    """Parse ``text`` as strict JSON that the channel layer can carry. Raises ``ValueError``
+    saying what is wrong and where: not JSON, NaN/Infinity, a number too large for a float
+    (``1e400``), an integer outside the signed 64-bit range, a lone surrogate, nesting
+    deeper than ``MAX_DEPTH`` (see :func:`problem`)."""
     try:
         value = json.loads(text, parse_constant=_constant, parse_float=_finite)
     except RecursionError:
         raise ValueError("nested too deeply") from None
-    if isinstance(value, dict | list) and _too_deep(value, MAX_DEPTH):
-        raise ValueError(f"nested too deeply (more than {MAX_DEPTH} levels)")
-    escaped = b"\\u" in text if isinstance(text, bytes) else "\\u" in text
-    if escaped and not encodable(json.dumps(value, ensure_ascii=False)):
-        raise ValueError("a string holds a lone surrogate (\\ud800-\\udfff), which is not Unicode text")
+    found = problem(value)
+    if found is not None:
+        raise ValueError(found)
     return value
+
+
+def lenient_field(text: str | bytes, field: str) -> Any:
+    """Read one top-level ``field`` (or ``body.field``) of a frame :func:`loads` refused,
+    e.g. a ``remote-call-result``'s ``requestId``; ``None`` when it cannot be read. Accepts
+    what the strict parse refuses (NaN, big integers, lone surrogates, deep nesting)."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(value, dict):
+        return None
+    if field in value:
+        return value[field]
+    body = value.get("body")
+    return body.get(field) if isinstance(body, dict) else None
 
 
 def encodable(text: str) -> bool:

@@ -140,6 +140,8 @@ class SessionConsumer(DispatchConsumer):
         try:
             message = wire.loads(text_data or "")
         except ValueError as exc:
+            if await self._fail_refused_result(text_data or "", str(exc)):
+                return
             await self._limited_error(f"invalid JSON: {exc}")
             return
         if not isinstance(message, dict):
@@ -431,6 +433,21 @@ class SessionConsumer(DispatchConsumer):
     async def _close(self, code: int) -> None:
         self.closing = True
         await self.close(code=code)
+
+    async def _fail_refused_result(self, text: str, reason: str) -> bool:
+        """A ``remote-call-result`` the strict parse refused (NaN, 1e400, an integer outside
+        64 bits, a lone surrogate, nesting over the limit): when its ``requestId`` can still
+        be read and is pending here, fail that call at once rather than let it time out."""
+        if wire.lenient_field(text, "action") != "remote-call-result":
+            return False
+        request_id = wire.lenient_field(text, "requestId")
+        pending = self.pending.pop(request_id, None) if isinstance(request_id, str) else None
+        if pending is None:
+            return False
+        error = f"remote '{pending.remotename}' returned a result Dispatch cannot carry: {reason}"
+        await self._answer(pending.reply_channel, {"error": error})
+        await self._send({"error": f"invalid JSON: {reason}"})
+        return True
 
     async def _fail_pending(self, request_id: str) -> None:
         pending = self.pending.pop(request_id, None)
