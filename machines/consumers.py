@@ -85,7 +85,14 @@ class ShimConsumer(DispatchConsumer):
             return
         try:
             frame = wire.loads(text_data) if text_data is not None else None
-        except ValueError:
+        except ValueError as exc:
+            # An answer Dispatch cannot carry (e.g. an integer outside 64 bits): its
+            # operation fails at once, naming why; the shim stays connected.
+            message_id = wire.lenient_field(text_data or "", "id") if self.connection_id is not None else None
+            if isinstance(message_id, str) and message_id in self.pending:
+                reason = f"the machine answered with a value Dispatch cannot carry: {exc}"
+                await self._fail(message_id, "INVALID_RESPONSE", reason)
+                return
             frame = None
         if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
             if self.connection_id is None:
