@@ -211,3 +211,21 @@ def json_api(view: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
     wrapper.__doc__ = view.__doc__
     wrapper.login_required = False  # type: ignore[attr-defined]  # answers 401 itself
     return wrapper
+
+
+class WireJSONParser:
+    """DRF's JSON parser through :func:`dispatch.wire.loads`, so REST refuses what the
+    channel layer cannot carry (integers outside 64 bits, NaN, lone surrogates, nesting
+    over 64) with 400 naming the field, like every other edge (issue 10)."""
+
+    media_type = "application/json"
+    renderer_class = None
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        """Parse the request body; raises DRF's ``ParseError`` (400) saying what is wrong."""
+        from rest_framework.exceptions import ParseError
+
+        try:
+            return wire.loads(stream.read())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ParseError(f"JSON parse error - {exc}") from None

@@ -273,6 +273,12 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "EXCEPTION_HANDLER": "dispatch.api.exception_handler",
+    # Strict JSON through dispatch.wire (issue 10): what the channel layer cannot carry is a 400.
+    "DEFAULT_PARSER_CLASSES": [
+        "dispatch.http.WireJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }

@@ -112,3 +112,24 @@ def test_the_wire_accepts_the_limit_and_refuses_one_more_level():
         wire.loads("[" * (wire.MAX_DEPTH + 1) + "]" * (wire.MAX_DEPTH + 1))
     with pytest.raises(ValueError, match="nested too deeply"):
         wire.loads('{"a": ' * (wire.MAX_DEPTH + 1) + "1" + "}" * (wire.MAX_DEPTH + 1))
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ('{"username": "alice", "password": "x", "n": 18446744073709551616}', "n: integer 18446744073709551616"),
+        ('{"username": "alice", "password": "x", "n": [-9223372036854775809]}', "n[0]: integer"),
+        ('{"username": "\\ud800", "password": "x"}', "username: a string holds a lone surrogate"),
+        ('{"username": "alice", "password": 1e400}', "1e400"),
+        ('{"username": "alice", "password": NaN}', "NaN"),
+    ],
+)
+def test_rest_refuses_values_the_channel_layer_cannot_carry_with_400_naming_the_field(body, named):
+    from django.test import Client
+
+    response = Client().post("/api/v1/auth/token", body, content_type="application/json")
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "INVALID_REQUEST"
+    assert named in error["message"]
