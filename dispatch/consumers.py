@@ -184,6 +184,11 @@ class DispatchConsumer(AsyncWebsocketConsumer):
         """``server.shutdown``: close with 1012 (service restart); subclasses fail work first."""
         await self.close(code=CLOSE_SERVICE_RESTART)
 
+    async def credential_ended(self, event: dict[str, Any]) -> None:
+        """``credential.ended`` (``dispatch.revocation``): the token, user or session this
+        connection stands on ended: close 4401; the usual disconnect path cleans up."""
+        await self.close(code=4401)
+
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:300]

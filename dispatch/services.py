@@ -28,6 +28,7 @@ from dispatch import wire
 from dispatch.errors import DispatchError, NotFound, RateLimited
 from dispatch.models import ApiToken, InstanceIdentity, ServerProcess
 from dispatch.presence import HOSTNAME, PID, current_process_id
+from dispatch.revocation import credentials_ended_on_commit
 from dispatch.tool_changes import tools_changed_on_commit
 
 logger = logging.getLogger(__name__)
@@ -97,13 +98,18 @@ def api_token_create(*, user: User, name: str = "", expires_at: datetime | None 
 
 @transaction.atomic
 def api_token_revoke(*, user: User, token_id: int) -> ApiToken:
-    """Revoke one of ``user``'s tokens (idempotent). ``NotFound`` for another user's token."""
+    """Revoke one of ``user``'s tokens (idempotent). ``NotFound`` for another user's token.
+
+    Live connections opened with it close 4401 (``dispatch.revocation``; its doorbell is
+    rung after commit)."""
     token = ApiToken.objects.select_for_update().filter(user=user, pk=token_id).first()
     if token is None:
         raise NotFound(f"no token {token_id}")
     if token.revoked_at is None:
         token.revoked_at = timezone.now()
         token.save(update_fields=["revoked_at"])
+        # Sockets and streams opened with it close within seconds, on every process.
+        credentials_ended_on_commit()
     return token
 
 

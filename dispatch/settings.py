@@ -255,6 +255,8 @@ LOGOUT_REDIRECT_URL = "/login/"
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    # Not a rule: its password_changed hook closes the user's cookie websockets.
+    {"NAME": "dispatch.revocation.EndSessionsOnPasswordChange"},
 ]
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SECURE = _public.scheme == "https"

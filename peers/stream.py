@@ -39,6 +39,7 @@ from django.views.decorators.http import require_GET
 from dispatch.agents.services import user_events_group
 from dispatch.agents.stream import sse_frame
 from dispatch.models import Agent
+from dispatch.revocation import CREDENTIAL_ENDED, StreamCredential, stream_closed, stream_opened
 from peers.models import Peer
 
 logger = logging.getLogger(__name__)
@@ -143,6 +144,8 @@ async def peer_frames(peer: Peer, channel: str) -> AsyncIterator[str]:
     group = user_events_group(peer.owner_id)
     receive: asyncio.Future[dict[str, Any]] | None = None
     loop = asyncio.get_running_loop()
+    # An unlink ends the stream within seconds even while it is idle (dispatch.revocation).
+    stream_opened(channel, StreamCredential(peer_id=peer.pk))
     try:
         try:
             snapshot = await database_sync_to_async(peer_snapshot)(peer)
@@ -161,6 +164,8 @@ async def peer_frames(peer: Peer, channel: str) -> AsyncIterator[str]:
             if done:
                 message = receive.result()
                 receive = None
+                if message.get("type") == CREDENTIAL_ENDED:
+                    return
                 if message.get("event") != "agent.upsert" or not isinstance(message.get("data"), dict):
                     continue
                 if loop.time() - checked >= LINK_RECHECK_SECONDS:
@@ -184,6 +189,7 @@ async def peer_frames(peer: Peer, channel: str) -> AsyncIterator[str]:
             last_sent = loop.time()
             yield ": keep-alive\n\n"
     finally:
+        stream_closed(channel)
         if receive is not None:
             receive.cancel()
         await layer.group_discard(group, channel)

@@ -93,14 +93,15 @@ class SessionConsumer(DispatchConsumer):
             except AuthenticationFailed:
                 await self._refuse(AUTH_FAILED)
                 return
-            await self._authenticated(token.user, "header")
+            await self._authenticated(token.user, "header", api_token_id=token.pk)
             return
         cookie_user = self.scope.get("user")
         if cookie_user is not None and cookie_user.is_authenticated:
             if not self._origin_allowed():
                 await self._refuse("origin not allowed", code=CLOSE_ORIGIN_REFUSED)
                 return
-            await self._authenticated(cookie_user, "cookie")
+            session = self.scope.get("session")
+            await self._authenticated(cookie_user, "cookie", session_key=getattr(session, "session_key", None) or "")
             return
         self.auth_deadline = asyncio.ensure_future(self._expire_auth())
 
@@ -386,12 +387,13 @@ class SessionConsumer(DispatchConsumer):
             await self._send({"error": "not authenticated"})
             await self._close(CLOSE_UNAUTHENTICATED)
             return
+        api_token_id: int | None = None
         try:
             if "token" in message:
                 if not isinstance(message["token"], str):
                     raise AuthenticationFailed()
                 token = await database_sync_to_async(api_token_authenticate)(message["token"])
-                user, method = token.user, "token"
+                user, method, api_token_id = token.user, "token", token.pk
             else:
                 username, password = message.get("username"), message.get("password")
                 if not isinstance(username, str) or not isinstance(password, str):
@@ -403,16 +405,24 @@ class SessionConsumer(DispatchConsumer):
         except (AuthenticationFailed, RateLimited) as exc:
             await self._refuse(exc.message)
             return
-        await self._authenticated(user, method)
+        await self._authenticated(user, method, api_token_id=api_token_id)
         # Spec §1.1: the auth reply carries no ``action``.
         await self._send({"ok": True, "user": user.get_username()})
 
-    async def _authenticated(self, user: User, method: str) -> None:
+    async def _authenticated(
+        self, user: User, method: str, *, api_token_id: int | None = None, session_key: str = ""
+    ) -> None:
         if self.auth_deadline is not None:
             self.auth_deadline.cancel()
             self.auth_deadline = None
+        # The credential goes on the row: ending it closes this socket (dispatch.revocation).
         session = await database_sync_to_async(services.ws_session_open)(
-            user=user, channel_name=self.channel_name, auth_method=method, client_address=self._client_address()
+            user=user,
+            channel_name=self.channel_name,
+            auth_method=method,
+            client_address=self._client_address(),
+            api_token_id=api_token_id,
+            session_key=session_key,
         )
         self.user = user
         self.ws_session_id = session.pk

@@ -75,8 +75,18 @@ def disconnected(remotename: str) -> RemoteError:
 # --- ws sessions ----------------------------------------------------------------------
 
 
-def ws_session_open(*, user: User, channel_name: str, auth_method: str, client_address: str = "") -> WsSession:
-    """Record an authenticated ``/ws`` connection held by this process."""
+def ws_session_open(
+    *,
+    user: User,
+    channel_name: str,
+    auth_method: str,
+    client_address: str = "",
+    api_token_id: int | None = None,
+    session_key: str = "",
+) -> WsSession:
+    """Record an authenticated ``/ws`` connection held by this process, with the credential
+    it stands on (``api_token_id`` for header/token logins, ``session_key`` for cookie
+    logins) so that ending the credential closes it (``dispatch.revocation``)."""
     process_id = server_process_ensure()
     return WsSession.objects.create(
         user=user,
@@ -84,6 +94,8 @@ def ws_session_open(*, user: User, channel_name: str, auth_method: str, client_a
         server_process_id=process_id,
         auth_method=auth_method,
         client_address=client_address[:64],
+        api_token_id=api_token_id,
+        session_key=session_key or "",
     )
 
 

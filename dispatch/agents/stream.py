@@ -34,9 +34,11 @@ from dispatch.agents.selectors import agent_get_for, agents_for
 from dispatch.agents.serializers import agent_data
 from dispatch.agents.services import EXPERT, user_events_group
 from dispatch.errors import DispatchError, InvalidRequest
-from dispatch.http import error_response, request_user
+from dispatch.http import bearer_credentials, error_response, request_user
 from dispatch.models import Agent
 from dispatch.presence import HOSTNAME
+from dispatch.revocation import CREDENTIAL_ENDED, StreamCredential, stream_closed, stream_opened
+from dispatch.services import api_token_authenticate
 
 logger = logging.getLogger(__name__)
 
@@ -79,8 +81,12 @@ async def _pane_text(agent: Agent) -> str | None:
     return text
 
 
-async def _frames(user: User, channel: str, pane: Agent | None = None) -> AsyncIterator[str]:
+async def _frames(
+    user: User, channel: str, pane: Agent | None = None, credential: StreamCredential | None = None
+) -> AsyncIterator[str]:
     layer = get_channel_layer()
+    # The stream ends when its token, user or session does (dispatch.revocation).
+    stream_opened(channel, credential or StreamCredential(user_id=user.pk))
     group = user_events_group(user.pk)
     frame_id = 0
     receive: asyncio.Future[dict[str, Any]] | None = None
@@ -104,6 +110,8 @@ async def _frames(user: User, channel: str, pane: Agent | None = None) -> AsyncI
             if done:
                 message = receive.result()
                 receive = None
+                if message.get("type") == CREDENTIAL_ENDED:
+                    return
                 frame_id += 1
                 last_sent = loop.time()
                 yield sse_frame(frame_id=frame_id, event=str(message.get("event")), data=message.get("data"))
@@ -121,9 +129,19 @@ async def _frames(user: User, channel: str, pane: Agent | None = None) -> AsyncI
                 last_sent = loop.time()
                 yield ": keep-alive\n\n"
     finally:
+        stream_closed(channel)
         if receive is not None:
             receive.cancel()
         await layer.group_discard(group, channel)
+
+
+async def _credential(request: HttpRequest, user: User) -> StreamCredential:
+    """What the stream stands on: the bearer token's id, or the Django session's key."""
+    raw = bearer_credentials(request.headers.get("Authorization", ""))
+    if raw is not None:
+        token = await database_sync_to_async(api_token_authenticate)(raw)
+        return StreamCredential(user_id=user.pk, api_token_id=token.pk)
+    return StreamCredential(user_id=user.pk, session_key=request.session.session_key or "")
 
 
 @login_not_required  # answers 401 itself (bearer token or session)
@@ -139,13 +157,14 @@ async def events_stream(request: HttpRequest) -> HttpResponseBase:
         user = await request_user(request)
         pane_id = request.GET.get("pane")
         pane = await database_sync_to_async(pane_agent_for)(user=user, agent_id=pane_id) if pane_id else None
+        credential = await _credential(request, user)
     except DispatchError as exc:
         return error_response(exc)
     layer = get_channel_layer()
     channel = await layer.new_channel()
     # Subscribe before the snapshot is read: nothing that happens in between is lost.
     await layer.group_add(user_events_group(user.pk), channel)
-    response = StreamingHttpResponse(_frames(user, channel, pane), content_type="text/event-stream")
+    response = StreamingHttpResponse(_frames(user, channel, pane, credential), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response

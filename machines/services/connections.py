@@ -37,6 +37,9 @@ class ShimIdentity:
 
     user: User
     machine_id: str | None
+    # The credential itself, recorded on the connection row (dispatch.revocation).
+    machine_token_id: int | None = None
+    api_token_id: int | None = None
 
 
 def shim_authenticate(raw_token: str) -> ShimIdentity | None:
@@ -51,12 +54,12 @@ def shim_authenticate(raw_token: str) -> ShimIdentity | None:
         now = timezone.now()
         if token.last_used_at is None or (now - token.last_used_at).total_seconds() >= 60:
             MachineToken.objects.filter(pk=token.pk).update(last_used_at=now)
-        return ShimIdentity(user=token.user, machine_id=token.machine_id)
+        return ShimIdentity(user=token.user, machine_id=token.machine_id, machine_token_id=token.pk)
     try:
         api_token = api_token_authenticate(raw_token)
     except AuthenticationFailed:
         return None
-    return ShimIdentity(user=api_token.user, machine_id=None)
+    return ShimIdentity(user=api_token.user, machine_id=None, api_token_id=api_token.pk)
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,8 @@ def shim_connected(*, identity: ShimIdentity, hello: Hello, channel_name: str, p
         granted_capabilities=granted,
         limits=dict(DEFAULT_LIMITS),
         protocol_version=protocol_version,
+        machine_token_id=identity.machine_token_id,
+        api_token_id=identity.api_token_id,
     )
     return Attachment(
         user_id=user.pk,

@@ -26,6 +26,7 @@ from dispatch.consumers import shutdown_local_connections
 from dispatch.mcp.streams import close_all as close_mcp_streams
 from dispatch.models import ServerProcess
 from dispatch.presence import current_process_id
+from dispatch.revocation import revocation_loop
 
 logger = logging.getLogger("dispatch.serve")
 
@@ -265,6 +266,8 @@ class _Runtime:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, lambda: asyncio.ensure_future(self.shutdown()))
         self.tasks.append(asyncio.ensure_future(heartbeat_loop(kind=ServerProcess.Kind.SERVE)))
+        # Like the heartbeat, on every process that holds connections (even --no-background).
+        self.tasks.append(asyncio.ensure_future(revocation_loop()))
         if self.background:
             self.tasks.append(asyncio.ensure_future(run_background_services()))
 
