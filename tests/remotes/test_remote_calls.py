@@ -373,7 +373,9 @@ async def test_arguments_and_results_with_lone_surrogates_are_refused_without_lo
             '{"remotename": "weather-service", "function": "get_forecast", "args": {"city": "\\ud800"}}}'
         )
         refused = await caller.recv()
-        assert refused["error"].startswith("invalid JSON: a string holds a lone surrogate")
+        assert refused["error"] == (
+            "invalid JSON: body.args.city: a string holds a lone surrogate (\\ud800-\\udfff), which is not Unicode text"
+        )
         assert await server.nothing_received()
         await caller.send(
             {
@@ -386,7 +388,9 @@ async def test_arguments_and_results_with_lone_surrogates_are_refused_without_lo
         await server.send(
             '{"action": "remote-call-result", "requestId": "' + event["requestId"] + '", "result": "\\udfff"}'
         )
-        # The result frame is refused as well; the call still ends (here by the remote's
-        # proper answer), never by a crash.
+        # The result frame is refused as well, and its requestId can be read: the call fails
+        # at once (issue 10), and a later answer for it is ignored.
+        reply = await caller.reply("c2")
+        assert reply["error"].startswith("remote 'weather-service' returned a result Dispatch cannot carry: result: ")
         await server.send({"action": "remote-call-result", "requestId": event["requestId"], "result": "ok"})
-        assert await caller.reply("c2") == {"result": "ok", "nonce": "c2"}
+        assert await caller.nothing_received(0.3)
