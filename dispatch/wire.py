@@ -115,8 +115,8 @@ def loads(text: str | bytes) -> Any:
     return value
 
 
-def lenient_field(text: str | bytes, field: str) -> Any:
-    """Read one top-level ``field`` (or ``body.field``) of a frame :func:`loads` refused,
+def lenient_field(text: str | bytes, field: str, *, nested: bool = True) -> Any:
+    """Read one top-level ``field`` (or, with ``nested``, ``body.field``) of a frame :func:`loads` refused,
     e.g. a ``remote-call-result``'s ``requestId``; ``None`` when it cannot be read. Accepts
     what the strict parse refuses (NaN, big integers, lone surrogates, deep nesting)."""
     try:
@@ -125,8 +125,8 @@ def lenient_field(text: str | bytes, field: str) -> Any:
         return None
     if not isinstance(value, dict):
         return None
-    if field in value:
-        return value[field]
+    if field in value or not nested:
+        return value.get(field)
     body = value.get("body")
     return body.get(field) if isinstance(body, dict) else None
 

@@ -143,7 +143,8 @@ class SessionConsumer(DispatchConsumer):
         except ValueError as exc:
             if await self._fail_refused_result(text_data or "", str(exc)):
                 return
-            await self._limited_error(f"invalid JSON: {exc}")
+            # §1 robustness rules: the error carries the nonce when one can be read.
+            await self._limited_error(f"invalid JSON: {exc}", nonce=_readable_nonce(text_data or ""))
             return
         if not isinstance(message, dict):
             await self._limited_error(f"a message must be a JSON object, got {_json_type(message)}")
@@ -176,10 +177,10 @@ class SessionConsumer(DispatchConsumer):
             logger.exception("action %s failed", action)
             await self._reply(nonce, error="internal error")
 
-    async def _limited_error(self, error: str) -> None:
+    async def _limited_error(self, error: str, nonce: Any = None) -> None:
         if not self.bucket.take():
             error = "rate limited"
-        await self._send({"error": error})
+        await self._reply(nonce, error=error)
 
     # --- actions (spec §2.1) ----------------------------------------------------------
 
@@ -495,6 +496,15 @@ class SessionConsumer(DispatchConsumer):
     def _client_address(self) -> str:
         client = self.scope.get("client")
         return str(client[0]) if client else ""
+
+
+def _readable_nonce(text: str) -> str | int | float | None:
+    """The ``nonce`` of a frame the strict parse refused, when it can be read and echoed
+    (a string, or a number the channel layer and strict parsers accept); else ``None``."""
+    nonce = wire.lenient_field(text, "nonce", nested=False)
+    if isinstance(nonce, bool) or not isinstance(nonce, str | int | float):
+        return None
+    return nonce if wire.problem(nonce) is None else None
 
 
 def _utf8_length(text: str) -> int:

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, event, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
+from dispatch import wire
 from dispatch.agents import cli
 from dispatch.agents.services import run_claim_next, run_enqueue
 from dispatch.agents.tokens import agent_token_mint
@@ -349,7 +350,11 @@ def test_any_send_agent_prompt_frame_for_a_cli_agent_gets_one_honest_reply(
     else:
         assert set(reply) == {"error", "nonce"} and isinstance(reply["error"], str) and reply["error"], reply
         assert AgentMessage.objects.count() == before
-    if target == "theirs":
+    if wire.problem(body) is not None:
+        # A value the channel layer cannot carry (an integer outside 64 bits) is refused at
+        # the JSON edge, naming it, before anything else is looked at.
+        assert reply["error"] == f"invalid JSON: {wire.problem({'body': body})}"
+    elif target == "theirs":
         assert reply["error"] == f"no agent '{theirs.pk}'"
 
 

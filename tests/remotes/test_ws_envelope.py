@@ -96,6 +96,23 @@ async def test_every_reply_echoes_the_nonce_unchanged(ws_connect, owner_token):
         }
 
 
+async def test_a_frame_refused_at_the_edge_gets_its_error_with_the_nonce_when_one_can_be_read(ws_connect, owner_token):
+    # §1 robustness rules: "with the nonce when one could be read" — a request whose body
+    # holds a value the channel layer cannot carry still gets a reply its client can match.
+    async with ws_connect(token=owner_token) as ws:
+        await ws.send('{"action": "remote-list", "nonce": "n7", "body": {"n": 18446744073709551616}}')
+        assert await ws.recv() == {
+            "error": "invalid JSON: body.n: integer 18446744073709551616 is outside the signed 64-bit range",
+            "nonce": "n7",
+        }
+        await ws.send('{"action": "remote-list", "nonce": 3, "body": {"x": NaN}}')
+        assert await ws.recv() == {"error": "invalid JSON: NaN is not valid JSON", "nonce": 3}
+        # A nonce only inside the body is not the request's nonce.
+        await ws.send('{"action": "remote-list", "body": {"nonce": "b", "x": NaN}}')
+        assert await ws.recv() == {"error": "invalid JSON: NaN is not valid JSON"}
+        await assert_still_open(ws)
+
+
 async def test_a_request_without_nonce_gets_a_reply_without_nonce(ws_connect, owner_token):
     async with ws_connect(token=owner_token) as ws:
         await ws.send({"action": "ping"})
