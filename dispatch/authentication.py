@@ -59,9 +59,13 @@ def authenticated_user(request: HttpRequest | Request) -> User:
     return user
 
 
-def calling_agent(request: Request) -> Agent | None:
-    """The agent whose token authenticated ``request``, or ``None`` for a user's request."""
-    return request.auth if isinstance(request.auth, Agent) else None
+def calling_agent(request: Request | HttpRequest) -> Agent | None:
+    """The agent whose token authenticated ``request``, or ``None`` for a user's request.
+
+    Works for DRF requests (``BearerTokenAuthentication`` puts the agent in ``auth``) and
+    for the async JSON views (``dispatch.http.request_user`` does the same)."""
+    auth = getattr(request, "auth", None)
+    return auth if isinstance(auth, Agent) else None
 
 
 class _UpgradeRequest(HttpRequest):

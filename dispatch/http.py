@@ -16,7 +16,9 @@ from django.contrib.auth.models import User
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from dispatch import wire
+from dispatch.agents.tokens import agent_token_authenticate
 from dispatch.errors import DispatchError, InvalidRequest, unavailable_error
+from dispatch.models import Agent
 from dispatch.services import AuthenticationFailed, api_token_authenticate
 
 logger = logging.getLogger(__name__)
@@ -64,14 +66,34 @@ async def bearer_user(raw_token: str) -> User:
     return token.user
 
 
+async def bearer_caller(raw_token: str) -> tuple[User, Agent | None]:
+    """Who a bearer token is: ``(user, None)`` for a user API token, ``(owner, agent)`` for
+    an agent token (its ``DISPATCH_MCP_TOKEN``; spec/overview.md "Credentials").
+
+    Raises ``DispatchError`` ``AUTHENTICATION_FAILED`` (401) for an unknown, revoked or
+    expired token, an inactive user, an agent that is not creating/running/stopping.
+    """
+    try:
+        return await bearer_user(raw_token), None
+    except DispatchError as exc:
+        agent = await database_sync_to_async(agent_token_authenticate)(raw_token)
+        if agent is None:
+            raise exc from None
+        return agent.owner, agent
+
+
 async def request_user(request: HttpRequest) -> User:
-    """The caller of an async API view: bearer token first, then the session.
+    """The caller of an async API view: bearer token (a user's or an agent's) first, then
+    the session. For an agent token, ``request.auth`` is set to the calling agent, which
+    ``dispatch.authentication.calling_agent`` reads (as for DRF views).
 
     Raises ``DispatchError`` ``NOT_AUTHENTICATED`` / ``AUTHENTICATION_FAILED`` (401).
     """
     raw = bearer_credentials(request.headers.get("Authorization", ""))
     if raw is not None:
-        return await bearer_user(raw)
+        caller, agent = await bearer_caller(raw)
+        request.auth = agent  # type: ignore[attr-defined]
+        return caller
     user = await request.auser()
     if isinstance(user, User) and user.is_authenticated:
         return user

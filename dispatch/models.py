@@ -121,6 +121,9 @@ class Agent(models.Model):
         ERROR = "error"
         ARCHIVED = "archived"
 
+    # Statuses in which the agent's token authenticates: an agent that is up (or coming up).
+    TOKEN_STATUSES = frozenset({Status.CREATING, Status.RUNNING, Status.STOPPING})
+
     id = models.CharField(primary_key=True, max_length=16, default=new_agent_id, editable=False)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="agents")
     name = models.CharField(max_length=100)
@@ -157,6 +160,12 @@ class Agent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.id}, {self.type}, {self.status})"
+
+    def manages(self, other: Agent) -> bool:
+        """Whether this agent, calling with its token, may stop, start, archive or cancel
+        the runs of ``other``: itself, or an agent it launched (``launched_by``). The agent
+        token scope (issue 11 item 10; docs/agent-tokens in the README)."""
+        return other.pk == self.pk or other.launched_by_id == self.pk
 
 
 class Run(models.Model):

@@ -40,7 +40,7 @@ from django.db.models import CharField, Exists, OuterRef, Q, QuerySet, Value
 from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
-from dispatch.models import ApiToken
+from dispatch.models import Agent, AgentToken, ApiToken
 from dispatch.presence import current_process_id
 
 logger = logging.getLogger(__name__)
@@ -59,12 +59,14 @@ _DB_SESSIONS = ("django.contrib.sessions.backends.db", "django.contrib.sessions.
 @dataclass(frozen=True)
 class StreamCredential:
     """What an event stream was opened with: its user, and the API token (``api_token_id``)
-    or the Django session (``session_key``) or the peer link (``peer_id``) it stands on."""
+    or the agent token (``agent_token_id``) or the Django session (``session_key``) or the
+    peer link (``peer_id``) it stands on."""
 
     user_id: int | None = None
     api_token_id: int | None = None
     session_key: str = ""
     peer_id: int | None = None
+    agent_token_id: int | None = None
 
 
 _streams: dict[str, StreamCredential] = {}  # channel name → credential, this process's open streams
@@ -145,8 +147,8 @@ def _keyed(queryset: QuerySet[Any], prefix: str, field: str) -> QuerySet[Any]:
 
 def ended_stream_channels(streams: dict[str, StreamCredential]) -> list[str]:
     """The channels of ``streams`` whose credential ended: a revoked, expired or deleted
-    token, an inactive user, a gone or expired Django session, a revoked or deleted peer
-    link. One query (a union of primary-key lookups) for all of them."""
+    token, a revoked agent token or a stopped agent, an inactive user, a gone or expired
+    Django session, a revoked or deleted peer link. One query (a union of primary-key lookups) for all of them."""
     from peers.models import Peer
 
     if not streams:
@@ -156,6 +158,7 @@ def ended_stream_channels(streams: dict[str, StreamCredential]) -> list[str]:
     user_ids = {c.user_id for c in streams.values() if c.user_id is not None}
     session_keys = {c.session_key for c in streams.values() if c.session_key}
     peer_ids = {c.peer_id for c in streams.values() if c.peer_id is not None}
+    agent_token_ids = {c.agent_token_id for c in streams.values() if c.agent_token_id is not None}
     # Live credentials are listed, so a deleted row counts as ended too.
     parts = [
         _keyed(
@@ -167,6 +170,13 @@ def ended_stream_channels(streams: dict[str, StreamCredential]) -> list[str]:
         ),
         _keyed(User.objects.filter(pk__in=user_ids, is_active=True), "u:", "pk"),
         _keyed(Peer.objects.filter(pk__in=peer_ids, revoked_at__isnull=True), "p:", "pk"),
+        _keyed(
+            AgentToken.objects.filter(
+                pk__in=agent_token_ids, revoked_at__isnull=True, agent__status__in=Agent.TOKEN_STATUSES
+            ),
+            "a:",
+            "pk",
+        ),
     ]
     if settings.SESSION_ENGINE in _DB_SESSIONS:
         from django.contrib.sessions.models import Session
@@ -181,6 +191,8 @@ def ended_stream_channels(streams: dict[str, StreamCredential]) -> list[str]:
             needed.append(f"t:{credential.api_token_id}")
         if credential.peer_id is not None:
             needed.append(f"p:{credential.peer_id}")
+        if credential.agent_token_id is not None:
+            needed.append(f"a:{credential.agent_token_id}")
         if credential.session_key and settings.SESSION_ENGINE in _DB_SESSIONS:
             needed.append(f"s:{credential.session_key}")
         if not all(key in live for key in needed):

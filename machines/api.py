@@ -21,8 +21,9 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from dispatch.agents.tokens import agent_scope_forbid, agent_scope_session
 from dispatch.api import DispatchAPIView
-from dispatch.authentication import authenticated_user
+from dispatch.authentication import authenticated_user, calling_agent
 from dispatch.errors import InvalidRequest
 from dispatch.http import json_api, json_object
 from dispatch.services import rate_limiter
@@ -135,6 +136,7 @@ class MachineDetailView(DispatchAPIView):
 
     @extend_schema(responses={200: MachineSerializer})
     def delete(self, request: Request, machine_id: str) -> Response:
+        agent_scope_forbid(calling_agent(request), "revoke machines")
         machine = connections.machine_revoke(user=authenticated_user(request), machine_id=machine_id)
         return Response(MachineSerializer(machine, context={}).data)
 
@@ -147,6 +149,7 @@ class DefaultMachineView(DispatchAPIView):
         responses={200: inline_serializer("DefaultMachineSet", {"machine_id": serializers.CharField(allow_null=True)})},
     )
     def put(self, request: Request) -> Response:
+        agent_scope_forbid(calling_agent(request), "set the default machine")
         if not isinstance(request.data, dict) or "machine_id" not in request.data:
             raise InvalidRequest("machine_id is required (a machine id, or null to clear)")
         machine_id = request.data["machine_id"]
@@ -162,6 +165,7 @@ class SessionMachinesView(DispatchAPIView):
 
     @extend_schema(responses={200: inline_serializer("SessionMachines", {"machines": serializers.ListField()})})
     def get(self, request: Request, session_id: str) -> Response:
+        agent_scope_session(calling_agent(request), session_id)
         return Response({"machines": list_machines(user=authenticated_user(request), session_id=session_id)})
 
 
@@ -173,6 +177,7 @@ async def session_op(request: HttpRequest, user: User, session_id: str) -> dict[
     200 ``{"machine_id", "type", "payload"}`` (the shim's response); errors carry the
     spec's code (``MACHINE_NOT_ATTACHED`` 404, ``PATH_OUTSIDE_ALLOWED_ROOT`` 400, …).
     """
+    agent_scope_session(calling_agent(request), session_id)
     body = json_object(request)
     payload = body.get("payload", {})
     if not isinstance(body.get("op"), str):
@@ -191,6 +196,7 @@ async def session_op(request: HttpRequest, user: User, session_id: str) -> dict[
 @json_api
 async def session_copy(request: HttpRequest, user: User, session_id: str) -> dict[str, Any]:
     """``POST /api/v1/sessions/{session_id}/copy`` → ``{"size_bytes", "sha256"}`` (§6 cross-machine copy)."""
+    agent_scope_session(calling_agent(request), session_id)
     body = json_object(request)
     for field in ("source_machine", "source_path", "destination_machine", "destination_path"):
         if not isinstance(body.get(field), str) or not body[field]:

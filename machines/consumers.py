@@ -183,7 +183,8 @@ class ShimConsumer(DispatchConsumer):
         payload = frame.get("payload")
         if message_type not in (expected, "ERROR") or not isinstance(payload, dict):
             # Rejected without touching the operation: the shim may still answer it.
-            await self._error("INVALID_REQUEST", f"expected {expected} or ERROR for {pending.op}, got {message_type[:64]!r}")
+            refused = f"expected {expected} or ERROR for {pending.op}, got {message_type[:64]!r}"
+            await self._error("INVALID_REQUEST", refused)
             return
         del self.pending[message_id]
         await self._answer(pending.reply_channel, {"response_type": message_type, "payload": payload})

@@ -160,8 +160,14 @@ class Tool:
         return await self.handler(arguments)
 
 
-async def machine_tools(*, user: User, session_id: str, caller: str) -> list[Tool]:
+async def machine_tools(
+    *, user: User, session_id: str, caller: str, session_guard: Callable[[str], None] | None = None
+) -> list[Tool]:
     """``list_machines`` and the ``local_pc_*`` tools for ``user`` acting in ``session_id``.
+
+    A call's ``session_id`` argument picks another session of the user; ``session_guard``,
+    when given, is called with it first and may refuse it by raising ``DispatchError``
+    (an agent acts only in its own session: ``dispatch.agents.tokens.agent_scope_session``).
 
     Descriptions are computed now: with two or more machines attached they say how the
     router decides and list the machines by name.
@@ -177,7 +183,10 @@ async def machine_tools(*, user: User, session_id: str, caller: str) -> list[Too
         note = " No machine is attached to this session right now."
 
     def session_of(arguments: dict[str, Any]) -> str:
-        return str(arguments.get("session_id") or session_id)
+        chosen = str(arguments.get("session_id") or session_id)
+        if session_guard is not None:
+            session_guard(chosen)
+        return chosen
 
     tools = [
         Tool(

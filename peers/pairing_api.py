@@ -25,6 +25,8 @@ from django.urls import URLPattern, path
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods, require_POST
 
+from dispatch.agents.tokens import agent_scope_forbid
+from dispatch.authentication import calling_agent
 from dispatch.errors import DispatchError, InvalidRequest
 from dispatch.http import error_response, json_api, json_object
 from peers import pairing
@@ -77,7 +79,8 @@ async def claim_api(request: HttpRequest) -> HttpResponse:
     return JsonResponse(answer)
 
 
-def _staff(user: User) -> None:
+def _staff(request: HttpRequest, user: User) -> None:
+    agent_scope_forbid(calling_agent(request), "pair, link, relabel or unlink instances")
     if not user.is_staff:
         raise DispatchError("PERMISSION_DENIED", "pairing is for staff users only")
 
@@ -109,7 +112,7 @@ def _offer_for(user: User, body: dict[str, Any]) -> dict[str, Any]:
 async def offers_api(request: HttpRequest, user: User) -> dict[str, Any]:
     """``POST /api/v1/peers/offers`` ``{allow_*?, as_user?}`` → 200 ``{code, expires_at,
     address, fingerprint}`` (spec §2 step 1). 403 non-staff, 409 a sixth live offer."""
-    _staff(user)
+    _staff(request, user)
     return await database_sync_to_async(_offer_for)(user, json_object(request))
 
 
@@ -118,7 +121,7 @@ async def offers_api(request: HttpRequest, user: User) -> dict[str, Any]:
 async def link_api(request: HttpRequest, user: User) -> dict[str, Any]:
     """``POST /api/v1/peers/link`` ``{url, code, label?, allow_*?, as_user?}`` → 200
     ``{peer, our_fingerprint, their_fingerprint}`` (spec §2 steps 2 and 4)."""
-    _staff(user)
+    _staff(request, user)
     body = json_object(request)
     label = body.get("label")
     if label == "":
@@ -145,7 +148,7 @@ def _list(user: User) -> dict[str, Any]:
 @json_api
 async def peers_api(request: HttpRequest, user: User) -> dict[str, Any]:
     """``GET /api/v1/peers`` → ``{"peers": [...]}``: the caller's live links with outbox counts."""
-    _staff(user)
+    _staff(request, user)
     return await database_sync_to_async(_list)(user)
 
 
@@ -176,7 +179,7 @@ def _delete(user: User, peer_id: int) -> dict[str, Any]:
 async def peer_api(request: HttpRequest, user: User, peer_id: int) -> dict[str, Any] | HttpResponse:
     """``PATCH /api/v1/peers/{id}`` ``{label?, allow_*?}`` → the peer (409 a taken label);
     ``DELETE /api/v1/peers/{id}`` → the peer, revoked (spec §7 unlink). 404 not the caller's."""
-    _staff(user)
+    _staff(request, user)
     try:
         if request.method == "DELETE":
             return await database_sync_to_async(_delete)(user, peer_id)

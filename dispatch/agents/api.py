@@ -27,6 +27,7 @@ from dispatch.agents.serializers import (
     agent_data,
     run_data,
 )
+from dispatch.agents.tokens import agent_scope_manage
 from dispatch.api import DispatchAPIView
 from dispatch.authentication import authenticated_user, calling_agent
 from dispatch.errors import InvalidRequest, NotFound
@@ -235,6 +236,7 @@ class AgentDetailView(DispatchAPIView):
     @extend_schema(responses={200: AgentSerializer})
     def delete(self, request: Request, agent_id: str) -> Response:
         agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
+        agent_scope_manage(calling_agent(request), agent)
         return Response(agent_data(agent_archive_any(agent=agent)))
 
 
@@ -245,6 +247,7 @@ class AgentStopView(DispatchAPIView):
     @extend_schema(request=None, responses={200: AgentSerializer})
     def post(self, request: Request, agent_id: str) -> Response:
         agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
+        agent_scope_manage(calling_agent(request), agent)
         return Response(agent_data(agent_stop_any(agent=agent)))
 
 
@@ -254,6 +257,7 @@ class AgentStartView(DispatchAPIView):
     @extend_schema(request=None, responses={200: AgentSerializer})
     def post(self, request: Request, agent_id: str) -> Response:
         agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
+        agent_scope_manage(calling_agent(request), agent)
         return Response(agent_data(agent_start_any(agent=agent)))
 
 
@@ -427,5 +431,7 @@ class RunCancelView(DispatchAPIView):
 
     @extend_schema(request=None, responses={200: RunSerializer})
     def post(self, request: Request, run_id: str) -> Response:
-        run = services.run_cancel(user=authenticated_user(request), run_id=run_id)
+        user = authenticated_user(request)
+        agent_scope_manage(calling_agent(request), selectors.run_get_for(user=user, run_id=run_id).agent)
+        run = services.run_cancel(user=user, run_id=run_id)
         return Response(run_data(run))

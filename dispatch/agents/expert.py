@@ -20,6 +20,7 @@ import logging
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import openai
@@ -29,6 +30,7 @@ from django.contrib.auth.models import User
 
 from dispatch.agents import services
 from dispatch.agents.prompting import remote_entries, tool_names
+from dispatch.agents.tokens import agent_scope_session
 from dispatch.agents.tools import agent_tools
 from dispatch.errors import DispatchError, InvalidRequest
 from dispatch.mcp.tools import tool_name
@@ -174,7 +176,12 @@ class ExpertAgent:
         and an event. The first tool of a name wins.
         """
         native = [
-            *await machine_tools(user=self.user, session_id=self.agent.pk, caller=self.agent.pk),
+            *await machine_tools(
+                user=self.user,
+                session_id=self.agent.pk,
+                caller=self.agent.pk,
+                session_guard=partial(agent_scope_session, self.agent),
+            ),
             # The agent tools, without dispatch_event: the loop records every step itself.
             *agent_tools(user=self.user, caller_agent=self.agent, event_tool=False),
         ]

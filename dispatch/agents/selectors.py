@@ -160,7 +160,8 @@ def runs_page(*, agent: Agent, before: str | None = None) -> Page[Run]:
 
 def run_get_for(*, user: User, run_id: str) -> Run:
     """``user``'s run ``run_id``. ``NotFound`` for another user's run."""
-    run = Run.objects.filter(agent__owner=user, pk=run_id).first() if is_valid_id(run_id) else None
+    runs = Run.objects.select_related("agent").filter(agent__owner=user, pk=run_id)
+    run = runs.first() if is_valid_id(run_id) else None
     if run is None:
         raise not_found("run", run_id)
     return run

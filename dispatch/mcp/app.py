@@ -22,7 +22,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from channels.db import database_sync_to_async
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -31,9 +30,8 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from dispatch.agents.tokens import agent_token_authenticate
 from dispatch.errors import DispatchError
-from dispatch.http import NOT_AUTHENTICATED, bearer_credentials, bearer_user
+from dispatch.http import NOT_AUTHENTICATED, bearer_caller, bearer_credentials
 from dispatch.mcp.events import event_stream
 from dispatch.mcp.server import CALLER_SCOPE_KEY, TOKEN_SCOPE_KEY, Caller, build_server
 
@@ -128,15 +126,8 @@ async def authenticate(headers: Headers) -> Caller:
     raw = bearer_credentials(headers.get("authorization", ""))
     if not raw:
         raise DispatchError("NOT_AUTHENTICATED", NOT_AUTHENTICATED)
-    try:
-        return Caller(user=await bearer_user(raw))
-    except DispatchError as exc:
-        if exc.code != "AUTHENTICATION_FAILED":
-            raise
-        agent = await database_sync_to_async(agent_token_authenticate)(raw)
-        if agent is None:
-            raise
-        return Caller(user=agent.owner, agent=agent)
+    user, agent = await bearer_caller(raw)
+    return Caller(user=user, agent=agent)
 
 
 def _error_response(exc: DispatchError) -> Response:

@@ -19,11 +19,13 @@ import re
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from channels.db import database_sync_to_async
 from django.contrib.auth.models import User
 
+from dispatch.agents.tokens import agent_scope_session
 from dispatch.agents.tools import agent_tools
 from dispatch.models import Agent
 from machines.tools import machine_tools
@@ -131,8 +133,13 @@ async def tools_for(
     """
     own_session = caller_agent.pk if caller_agent is not None else DEFAULT_SESSION
     audit_caller = caller_agent.pk if caller_agent is not None else CALLER
+    guard = partial(agent_scope_session, caller_agent) if caller_agent is not None else None
+    if caller_agent is not None:
+        session_id = own_session  # an agent acts only in its own session; a call naming another is refused
     tools: dict[str, McpTool] = {}
-    for tool in await machine_tools(user=user, session_id=session_id or own_session, caller=audit_caller):
+    for tool in await machine_tools(
+        user=user, session_id=session_id or own_session, caller=audit_caller, session_guard=guard
+    ):
         tools.setdefault(tool.name, McpTool(tool.name, tool.description, tool.parameters, tool))
     for tool in agent_tools(user=user, caller_agent=caller_agent):
         tools.setdefault(tool.name, McpTool(tool.name, tool.description, tool.parameters, tool))

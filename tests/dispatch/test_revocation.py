@@ -190,3 +190,22 @@ def test_it_finds_event_streams_whose_credential_ended(owner: Any, member: Any, 
         ended = revocation.ended_stream_channels(dict(revocation._streams))
     assert sorted(ended) == ["gone-session", "inactive", "revoked"]
     assert len(queries) == 1
+
+
+def test_an_event_stream_on_an_agent_token_ends_when_the_agent_stops(owner: Any, tmp_path: Any) -> None:
+    from dispatch.agents.services import agent_create
+    from dispatch.agents.tokens import agent_token_id, agent_token_mint, agent_tokens_revoke
+
+    running = agent_create(owner=owner, type="expert", name="a", cwd=str(tmp_path))
+    stopped = agent_create(owner=owner, type="expert", name="b", cwd=str(tmp_path))
+    live_id = agent_token_id(agent_token_mint(agent=running))
+    revoked_id = agent_token_id(agent_token_mint(agent=stopped))
+    assert live_id is not None and revoked_id is not None
+    revocation._streams.clear()
+    revocation.stream_opened("agent-live", StreamCredential(user_id=owner.pk, agent_token_id=live_id))
+    revocation.stream_opened("agent-revoked", StreamCredential(user_id=owner.pk, agent_token_id=revoked_id))
+    agent_tokens_revoke(agent=stopped)
+    try:
+        assert revocation.ended_stream_channels(dict(revocation._streams)) == ["agent-revoked"]
+    finally:
+        revocation._streams.clear()

@@ -374,7 +374,8 @@ async def test_arguments_and_results_with_lone_surrogates_are_refused_without_lo
         )
         refused = await caller.recv()
         assert refused == {
-            "error": "invalid JSON: body.args.city: a string holds a lone surrogate (\\ud800-\\udfff), which is not Unicode text",
+            "error": "invalid JSON: body.args.city: a string holds a lone surrogate (\\ud800-\\udfff), "
+            "which is not Unicode text",
             "nonce": "c1",
         }
         assert await server.nothing_received()

@@ -1,0 +1,472 @@
+"""The scope of an agent token (issue 11 item 10; README "What an agent token may do").
+
+One table with a row for every route under ``/api/v1`` (and each of its methods) and
+one for every MCP tool an agent token is offered. A row says what the agent token gets
+and the test checks it, plus that a refused write changed nothing. The agent ``me``
+(alice's) calls; ``child`` is an agent ``me`` launched, ``sibling`` one it did not, and
+``theirs`` carol's. Both tables are checked against the routes and tools that exist, so
+a new route or tool without a row fails here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.test import AsyncClient
+from django.urls import URLPattern, URLResolver, get_resolver
+
+from dispatch.agents.tokens import agent_token_mint
+from dispatch.errors import DispatchError
+from dispatch.mcp.tools import tools_for
+from dispatch.models import Agent, AgentMessage, ApiToken, Run
+from machines.models import DefaultMachine, Machine
+from peers.models import Peer
+from tests.agents.conftest import Api, error_of, force_status
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ALLOWED = "allowed"  # the scope lets it through: the answer is the route's own (exact status below)
+FORBIDDEN = "forbidden"  # 403 PERMISSION_DENIED: the agent token may not do this
+PEER_ONLY = "peer only"  # a peer route: only a linked instance's signed request is accepted (401)
+OPEN = "open"  # needs no credential (pairing claim, device login, token from a password)
+
+
+@dataclass
+class World:
+    owner: Any
+    me: Agent
+    child: Agent
+    sibling: Agent
+    theirs: Agent
+    api: Api
+    token: str
+    machine: Machine
+    user_token: ApiToken
+    peer: Peer
+    message: AgentMessage
+    child_run: Run
+    sibling_run: Run
+
+
+@pytest.fixture
+def world(owner: Any, outsider: Any, owner_token: str, make_agent: Any) -> World:
+    me = make_agent(owner, name="me")
+    force_status(me, Agent.Status.RUNNING)
+    child = make_agent(owner, name="child", launched_by=me)
+    sibling = make_agent(owner, name="sibling")
+    theirs = make_agent(outsider, name="theirs")
+    for agent in (child, sibling, theirs):
+        force_status(agent, Agent.Status.RUNNING)
+    machine = Machine.objects.create(user=owner, machine_id="laptop", hostname="laptop")
+    peer = Peer.objects.create(owner=owner, label="cloud", instance_id="inst_cloud", url="http://127.0.0.1:9")
+    message = AgentMessage.objects.create(recipient_agent=sibling, content="hello", sender_user=owner)
+    token = agent_token_mint(agent=me)
+    return World(
+        owner=owner,
+        me=me,
+        child=child,
+        sibling=sibling,
+        theirs=theirs,
+        api=Api(token),
+        token=token,
+        machine=machine,
+        user_token=ApiToken.objects.get(user=owner),
+        peer=peer,
+        message=message,
+        child_run=Run.objects.create(agent=child, input={"instruction": "x", "input": None}),
+        sibling_run=Run.objects.create(agent=sibling, input={"instruction": "x", "input": None}),
+    )
+
+
+@dataclass(frozen=True)
+class Row:
+    route: str  # the route as Django spells it under /api/v1/
+    method: str
+    path: Callable[[World], str]
+    outcome: str
+    status: int
+    body: Any = None
+    unchanged: Callable[[World], Any] | None = None  # a refused write: this reads the same before and after
+
+
+def _run_status(run: Run) -> str:
+    run.refresh_from_db()
+    return run.status
+
+
+def _agent_status(agent: Agent) -> str:
+    agent.refresh_from_db()
+    return agent.status
+
+
+REST: list[Row] = [
+    # --- credentials: never an agent's business -------------------------------------------------
+    Row("auth/token", "POST", lambda w: "auth/token", OPEN, 400, {}),
+    Row("auth/tokens", "GET", lambda w: "auth/tokens", FORBIDDEN, 403),
+    Row(
+        "auth/tokens/<int:token_id>",
+        "DELETE",
+        lambda w: f"auth/tokens/{w.user_token.pk}",
+        FORBIDDEN,
+        403,
+        unchanged=lambda w: ApiToken.objects.get(pk=w.user_token.pk).revoked_at,
+    ),
+    # --- remotes: its owner's, to list and call --------------------------------------------------
+    Row("remotes", "GET", lambda w: "remotes", ALLOWED, 200),
+    Row(
+        "remotes/<path:remotename>/call",
+        "POST",
+        lambda w: "remotes/weather/call",
+        ALLOWED,
+        404,  # REMOTE_NOT_CONNECTED: the scope let it reach the remote registry
+        {"function": "get_forecast", "args": {}},
+    ),
+    # --- machines -------------------------------------------------------------------------------
+    Row("machines/device/code", "POST", lambda w: "machines/device/code", OPEN, 400, {}),
+    Row("machines/device/token", "POST", lambda w: "machines/device/token", OPEN, 400, {}),
+    Row("machines", "GET", lambda w: "machines", ALLOWED, 200),
+    Row(
+        "machines/default",
+        "PUT",
+        lambda w: "machines/default",
+        FORBIDDEN,
+        403,
+        {"machine_id": "laptop"},
+        unchanged=lambda w: DefaultMachine.objects.filter(user=w.owner).count(),
+    ),
+    Row(
+        "machines/<str:machine_id>",
+        "DELETE",
+        lambda w: "machines/laptop",
+        FORBIDDEN,
+        403,
+        unchanged=lambda w: Machine.objects.get(pk=w.machine.pk).revoked_at,
+    ),
+    Row("sessions/<str:session_id>/machines", "GET", lambda w: f"sessions/{w.me.pk}/machines", ALLOWED, 200),
+    Row("sessions/<str:session_id>/machines", "GET", lambda w: f"sessions/{w.sibling.pk}/machines", FORBIDDEN, 403),
+    Row(
+        "sessions/<str:session_id>/ops",
+        "POST",
+        lambda w: f"sessions/{w.me.pk}/ops",
+        ALLOWED,
+        404,  # MACHINE_NOT_ATTACHED: routed in its own session, where no shim is attached
+        {"op": "FILE_STAT", "payload": {"path": "/tmp"}},
+    ),
+    Row(
+        "sessions/<str:session_id>/ops",
+        "POST",
+        lambda w: "sessions/default/ops",
+        FORBIDDEN,
+        403,
+        {"op": "FILE_STAT", "payload": {"path": "/tmp"}},
+    ),
+    Row(
+        "sessions/<str:session_id>/copy",
+        "POST",
+        lambda w: f"sessions/{w.me.pk}/copy",
+        ALLOWED,
+        404,
+        {"source_machine": "a", "source_path": "/a", "destination_machine": "b", "destination_path": "/b"},
+    ),
+    Row(
+        "sessions/<str:session_id>/copy",
+        "POST",
+        lambda w: f"sessions/{w.sibling.pk}/copy",
+        FORBIDDEN,
+        403,
+        {"source_machine": "a", "source_path": "/a", "destination_machine": "b", "destination_path": "/b"},
+    ),
+    # --- agents: read all of its owner's; stop/start/archive itself and those it launched --------
+    Row("agents", "GET", lambda w: "agents", ALLOWED, 200),
+    Row("agents", "POST", lambda w: "agents", ALLOWED, 201, {"type": "expert", "name": "helper2"}),
+    Row("agent-types", "GET", lambda w: "agent-types", ALLOWED, 200),
+    Row("messages/<str:message_id>", "GET", lambda w: f"messages/{w.message.pk}", ALLOWED, 200),
+    Row("agents/<str:agent_id>", "GET", lambda w: f"agents/{w.sibling.pk}", ALLOWED, 200),
+    Row("agents/<str:agent_id>", "GET", lambda w: f"agents/{w.theirs.pk}", ALLOWED, 404),  # not its owner's
+    Row("agents/<str:agent_id>", "DELETE", lambda w: f"agents/{w.child.pk}", ALLOWED, 200),
+    Row(
+        "agents/<str:agent_id>",
+        "DELETE",
+        lambda w: f"agents/{w.sibling.pk}",
+        FORBIDDEN,
+        403,
+        unchanged=lambda w: _agent_status(w.sibling),
+    ),
+    Row("agents/<str:agent_id>/stop", "POST", lambda w: f"agents/{w.child.pk}/stop", ALLOWED, 200),
+    Row(
+        "agents/<str:agent_id>/stop",
+        "POST",
+        lambda w: f"agents/{w.sibling.pk}/stop",
+        FORBIDDEN,
+        403,
+        unchanged=lambda w: _agent_status(w.sibling),
+    ),
+    Row("agents/<str:agent_id>/start", "POST", lambda w: f"agents/{w.child.pk}/start", ALLOWED, 409),  # running
+    Row(
+        "agents/<str:agent_id>/start",
+        "POST",
+        lambda w: f"agents/{w.sibling.pk}/start",
+        FORBIDDEN,
+        403,
+        unchanged=lambda w: _agent_status(w.sibling),
+    ),
+    Row(
+        "agents/<str:agent_id>/prompt",
+        "POST",
+        lambda w: f"agents/{w.sibling.pk}/prompt",
+        ALLOWED,
+        202,
+        {"instruction": "hi"},
+    ),
+    Row("agents/<str:agent_id>/events", "GET", lambda w: f"agents/{w.sibling.pk}/events", ALLOWED, 200),
+    Row("agents/<str:agent_id>/messages", "GET", lambda w: f"agents/{w.sibling.pk}/messages", ALLOWED, 200),
+    Row(
+        "agents/<str:agent_id>/messages",
+        "POST",
+        lambda w: f"agents/{w.sibling.pk}/messages",
+        ALLOWED,
+        201,
+        {"content": "hi"},
+    ),
+    Row("agents/<str:agent_id>/runs", "GET", lambda w: f"agents/{w.sibling.pk}/runs", ALLOWED, 200),
+    Row("runs/<str:run_id>", "GET", lambda w: f"runs/{w.sibling_run.pk}", ALLOWED, 200),
+    Row("runs/<str:run_id>/cancel", "POST", lambda w: f"runs/{w.child_run.pk}/cancel", ALLOWED, 200),
+    Row(
+        "runs/<str:run_id>/cancel",
+        "POST",
+        lambda w: f"runs/{w.sibling_run.pk}/cancel",
+        FORBIDDEN,
+        403,
+        unchanged=lambda w: _run_status(w.sibling_run),
+    ),
+    Row("events", "GET", lambda w: "events", ALLOWED, 200),  # the SSE stream
+    # --- peers: no pairing, linking, relabelling or unlinking ------------------------------------
+    Row("peers/claim", "POST", lambda w: "peers/claim", OPEN, 400, {}),
+    Row("peers/offers", "POST", lambda w: "peers/offers", FORBIDDEN, 403, {}),
+    Row(
+        "peers/link",
+        "POST",
+        lambda w: "peers/link",
+        FORBIDDEN,
+        403,
+        {"url": "http://127.0.0.1:9", "code": "ABCD-EFGH"},
+        unchanged=lambda w: Peer.objects.count(),
+    ),
+    Row("peers", "GET", lambda w: "peers", FORBIDDEN, 403),
+    Row(
+        "peers/<int:peer_id>",
+        "PATCH",
+        lambda w: f"peers/{w.peer.pk}",
+        FORBIDDEN,
+        403,
+        {"label": "renamed"},
+        unchanged=lambda w: Peer.objects.get(pk=w.peer.pk).label,
+    ),
+    Row(
+        "peers/<int:peer_id>",
+        "DELETE",
+        lambda w: f"peers/{w.peer.pk}",
+        FORBIDDEN,
+        403,
+        unchanged=lambda w: Peer.objects.get(pk=w.peer.pk).revoked_at,
+    ),
+    # --- the peer API: signed requests of a linked instance only --------------------------------
+    Row("peers/events", "GET", lambda w: "peers/events", PEER_ONLY, 401),
+    Row("peers/launch", "POST", lambda w: "peers/launch", PEER_ONLY, 401, {}),
+    Row("peers/messages", "POST", lambda w: "peers/messages", PEER_ONLY, 401, {}),
+    Row("peers/repos", "GET", lambda w: "peers/repos", PEER_ONLY, 401),
+    Row("peers/agents/<str:agent_id>/stop", "POST", lambda w: f"peers/agents/{w.me.pk}/stop", PEER_ONLY, 401, {}),
+    Row(
+        "peers/agents/<str:agent_id>/archive",
+        "POST",
+        lambda w: f"peers/agents/{w.me.pk}/archive",
+        PEER_ONLY,
+        401,
+        {},
+    ),
+    Row("peers/unlink", "POST", lambda w: "peers/unlink", PEER_ONLY, 401, {}),
+]
+
+
+def api_v1_routes() -> set[str]:
+    """Every route under ``/api/v1/``, as Django spells it (``agents/<str:agent_id>``)."""
+    found: set[str] = set()
+
+    def walk(patterns: list[Any], prefix: str) -> None:
+        for entry in patterns:
+            if isinstance(entry, URLResolver):
+                walk(entry.url_patterns, prefix + str(entry.pattern))
+            elif isinstance(entry, URLPattern):
+                found.add(prefix + str(entry.pattern))
+
+    walk(get_resolver().url_patterns, "")
+    return {route.removeprefix("api/v1/") for route in found if route.startswith("api/v1/")}
+
+
+def test_the_table_has_a_row_for_every_route_under_api_v1() -> None:
+    assert api_v1_routes() == {row.route for row in REST}
+
+
+def _request(world: World, row: Row) -> tuple[int, Any]:
+    path = "/api/v1/" + row.path(world)
+    headers = {"authorization": f"Bearer {world.token}"}
+    if row.route == "events":  # a stream: read its status, then let it go
+        response = async_to_sync(AsyncClient().get)(path, headers=headers)
+        return response.status_code, None
+    client = world.api.client
+    data = json.dumps(row.body) if row.body is not None else None
+    response = client.generic(row.method, path, data or "", content_type="application/json", headers=headers)
+    body = response.json() if response.get("Content-Type", "").startswith("application/json") else None
+    return response.status_code, body
+
+
+@pytest.mark.parametrize("row", REST, ids=[f"{row.method} {row.route} {row.outcome} {i}" for i, row in enumerate(REST)])
+def test_an_agent_token_gets_what_its_scope_says_on_every_route(world: World, row: Row, settings: Any) -> None:
+    settings.DEFAULT_CWD = "/tmp"
+    before = row.unchanged(world) if row.unchanged else None
+    status, body = _request(world, row)
+    assert status == row.status, (row, body)
+    if row.outcome == FORBIDDEN:
+        error = error_of_body(body)
+        assert error["code"] == "PERMISSION_DENIED", body
+        assert "agent" in error["message"], body
+    elif row.outcome == ALLOWED and body is not None and status >= 400:
+        assert error_of_body(body)["code"] not in ("PERMISSION_DENIED", "NOT_AUTHENTICATED", "AUTHENTICATION_FAILED")
+    if row.unchanged is not None:
+        assert row.unchanged(world) == before, "a refused request changed state"
+
+
+def error_of_body(body: Any) -> dict[str, Any]:
+    assert isinstance(body, dict) and set(body) == {"error"}, body
+    error: dict[str, Any] = body["error"]
+    return error
+
+
+def test_a_launch_with_an_agent_token_records_the_launcher_and_that_agent_may_stop_it(world: World) -> None:
+    launched = world.api.post("/api/v1/agents", {"type": "expert", "name": "worker", "cwd": "/tmp"})
+    assert launched.status_code == 201, launched.content
+    agent = Agent.objects.get(pk=launched.json()["id"])
+    assert agent.launched_by_id == world.me.pk
+    assert world.api.post(f"/api/v1/agents/{agent.pk}/stop").status_code == 200
+    assert _agent_status(agent) == Agent.Status.STOPPED
+
+
+def test_a_user_token_still_manages_every_agent_and_machine(world: World, owner_token: str) -> None:
+    user = Api(owner_token)
+    assert user.post(f"/api/v1/agents/{world.sibling.pk}/stop").status_code == 200
+    assert user.client.put(
+        "/api/v1/machines/default",
+        {"machine_id": "laptop"},
+        content_type="application/json",
+        headers=user.headers,
+    ).status_code == 200
+    assert user.get(f"/api/v1/sessions/{world.sibling.pk}/machines").status_code == 200
+    assert user.delete("/api/v1/machines/laptop").status_code == 200
+
+
+def test_a_refusal_names_the_rule(world: World) -> None:
+    refused = world.api.post(f"/api/v1/agents/{world.sibling.pk}/stop")
+    assert error_of(refused)["message"] == (
+        f"agent '{world.me.pk}' may stop, start or archive only itself and the agents it launched, "
+        f"not '{world.sibling.pk}'"
+    )
+    other = world.api.get("/api/v1/sessions/default/machines")
+    assert error_of(other)["message"] == (
+        f"an agent token acts only in its own session ('{world.me.pk}'), not in 'default'"
+    )
+
+
+# --- MCP: every tool an agent token is offered ---------------------------------------------------
+
+MACHINE_OP_TOOLS = {
+    "local_pc_file_read": {"path": "/tmp/x"},
+    "local_pc_file_write": {"path": "/tmp/x", "content": "x"},
+    "local_pc_file_list": {"path": "/tmp"},
+    "local_pc_file_stat": {"path": "/tmp"},
+    "local_pc_file_delete": {"path": "/tmp/x"},
+    "local_pc_file_move": {"src": "/tmp/x", "dst": "/tmp/y"},
+    "local_pc_execute_command": {"command": "true"},
+    "local_pc_file_copy": {
+        "source_machine": "a",
+        "source_path": "/a",
+        "destination_machine": "b",
+        "destination_path": "/b",
+    },
+}
+
+
+@dataclass(frozen=True)
+class ToolRow:
+    tool: str
+    arguments: Callable[[World], dict[str, Any]]
+    outcome: str  # ALLOWED: no PERMISSION_DENIED (the tool's own answer or error); FORBIDDEN: refused
+    code: str | None = None  # the DispatchError code an allowed call ends with, None for a result
+
+
+def _tool_rows() -> list[ToolRow]:
+    rows = [
+        ToolRow("dispatch_event", lambda w: {"type": "working", "message": "on it"}, ALLOWED),
+        ToolRow("list_agents", lambda w: {}, ALLOWED),
+        ToolRow("get_agent_history", lambda w: {"agent_id": w.sibling.pk, "limit": 5}, ALLOWED),
+        ToolRow("dispatch_launch_agent", lambda w: {"name": "kid", "prompt": "go", "type": "expert"}, ALLOWED),
+        ToolRow("dispatch_send_message", lambda w: {"target": w.sibling.pk, "message": "hi"}, ALLOWED),
+        ToolRow("message_status", lambda w: {"message_id": w.message.pk}, ALLOWED),
+        ToolRow("list_machines", lambda w: {}, ALLOWED),
+        ToolRow("list_machines", lambda w: {"session_id": w.me.pk}, ALLOWED),
+        ToolRow("list_machines", lambda w: {"session_id": "default"}, FORBIDDEN),
+    ]
+    for name, arguments in MACHINE_OP_TOOLS.items():
+        rows.append(ToolRow(name, lambda w, a=arguments: dict(a), ALLOWED, "MACHINE_NOT_ATTACHED"))
+        rows.append(ToolRow(name, lambda w, a=arguments: {**a, "session_id": w.sibling.pk}, FORBIDDEN))
+    return rows
+
+
+TOOLS = _tool_rows()
+
+
+def test_the_tool_table_has_a_row_for_every_tool_an_agent_token_is_offered(world: World) -> None:
+    offered = async_to_sync(tools_for)(user=world.owner, caller_agent=world.me)
+    assert set(offered) == {row.tool for row in TOOLS}
+
+
+@pytest.mark.parametrize("row", TOOLS, ids=[f"{row.tool} {row.outcome} {i}" for i, row in enumerate(TOOLS)])
+def test_an_agent_token_gets_what_its_scope_says_from_every_mcp_tool(world: World, row: ToolRow, settings: Any) -> None:
+    settings.DEFAULT_CWD = "/tmp"
+
+    async def call() -> Any:
+        tools = await tools_for(user=world.owner, caller_agent=world.me)
+        return await asyncio.wait_for(tools[row.tool].run(row.arguments(world)), 10)
+
+    try:
+        value, code, message = async_to_sync(call)(), None, ""
+    except DispatchError as exc:
+        value, code, message = None, exc.code, exc.message
+    if row.outcome == FORBIDDEN:
+        assert code == "PERMISSION_DENIED" and "acts only in its own session" in message, (code, message)
+    else:
+        assert code == row.code, (code, message, value)
+
+
+def test_a_remote_function_is_offered_to_an_agent_token_as_to_its_owner(world: World) -> None:
+    # Remote functions are the last kind of MCP tool: an agent token gets its owner's.
+    from remotes.protocol import FunctionSpec
+    from remotes.services import remote_connect, ws_session_open
+
+    session = ws_session_open(user=world.owner, channel_name="test.remote!x", auth_method="token")
+    remote_connect(
+        user=world.owner,
+        ws_session_id=session.pk,
+        channel_name="test.remote!x",
+        remotename="weather",
+        tools=[FunctionSpec(name="get_forecast")],
+    )
+    offered = async_to_sync(tools_for)(user=world.owner, caller_agent=world.me)
+    users = async_to_sync(tools_for)(user=world.owner)
+    remote_tools = set(offered) - {row.tool for row in TOOLS}
+    assert remote_tools == set(users) - set(MACHINE_OP_TOOLS) - {row.tool for row in TOOLS} != set()
