@@ -391,7 +391,7 @@ MACHINE_OP_TOOLS = {
     "local_pc_file_stat": {"path": "/tmp"},
     "local_pc_file_delete": {"path": "/tmp/x"},
     "local_pc_file_move": {"src": "/tmp/x", "dst": "/tmp/y"},
-    "local_pc_execute_command": {"command": "true"},
+    "local_pc_execute_command": {"argv": ["true"]},
     "local_pc_file_copy": {
         "source_machine": "a",
         "source_path": "/a",

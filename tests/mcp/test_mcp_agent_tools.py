@@ -143,12 +143,15 @@ async def test_an_agent_tokens_machine_session_is_the_agent(live: Live, tmp_path
         async with mcp_client(live.mcp_url, live.boss_token) as client:
             described = {tool.name: tool.description or "" for tool in (await client.list_tools()).tools}
             ran = await client.call_tool("local_pc_execute_command", {"argv": ["pwd"]})
+            # An agent token acts only in its own session (issue 11 item 10).
+            elsewhere = await client.call_tool("local_pc_execute_command", {"argv": ["pwd"], "session_id": "default"})
     finally:
         shim.stop()
     assert [machine["machine_id"] for machine in as_agent] == [shim.machine_id]
     assert as_user == []  # the user token's own session is "default"
     assert "Attached machine: agent-box." in described["local_pc_execute_command"]
     assert not ran.is_error, ran
+    assert elsewhere.is_error and text_of(elsewhere).startswith("PERMISSION_DENIED: an agent token acts only in its own")
     assert ran.structured_content is not None
     assert ran.structured_content["stdout"].strip() == str(tmp_path.resolve())
 
