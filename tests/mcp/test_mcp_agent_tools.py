@@ -151,7 +151,8 @@ async def test_an_agent_tokens_machine_session_is_the_agent(live: Live, tmp_path
     assert as_user == []  # the user token's own session is "default"
     assert "Attached machine: agent-box." in described["local_pc_execute_command"]
     assert not ran.is_error, ran
-    assert elsewhere.is_error and text_of(elsewhere).startswith("PERMISSION_DENIED: an agent token acts only in its own")
+    assert elsewhere.is_error
+    assert text_of(elsewhere).startswith("PERMISSION_DENIED: an agent token acts only in its own session")
     assert ran.structured_content is not None
     assert ran.structured_content["stdout"].strip() == str(tmp_path.resolve())
 
