@@ -128,6 +128,10 @@ class SessionConsumer(DispatchConsumer):
     # --- frames from the client -------------------------------------------------------
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self.closing:
+            # Frames that arrive after we closed (e.g. right behind a refused header token)
+            # have no one to answer: sending would fail on the closed socket.
+            return
         size = len(bytes_data) if bytes_data is not None else _utf8_length(text_data or "")
         if size > settings.WS_MAX_MESSAGE_BYTES:
             await self.close(code=CLOSE_TOO_BIG)

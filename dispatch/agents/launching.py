@@ -13,6 +13,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 
 from dispatch.agents import cli, services
+from dispatch.agents.tokens import agent_scope_launch
 from dispatch.errors import InvalidRequest
 from dispatch.models import Agent
 
@@ -42,7 +43,8 @@ def agent_launch_any(
     An expert agent is created ``running`` and ``prompt`` (if any) queued as its first
     run; a CLI agent is started in tmux with ``prompt`` as its first message
     (``cli.agent_launch``). Raises ``InvalidRequest`` for an unknown type or one whose
-    program is not on PATH (the message lists what is available), a bad name or cwd.
+    program is not on PATH (the message lists what is available), a bad name or cwd;
+    ``PERMISSION_DENIED`` for a full-access launch by an agent that is not full-access.
     ``launched_by_peer`` (``{instance_id, agent_id | null, name}``) marks an agent a peer
     launched (spec/peers.md §5): a ``shell`` agent then gets ``DISPATCH_LAUNCH_CONTEXT``.
     """
@@ -58,6 +60,7 @@ def agent_launch_any(
         )
     if not isinstance(prompt, str):
         raise InvalidRequest("prompt must be a string")
+    agent_scope_launch(launched_by, full_access=full_access)
     where = cwd if cwd else (launched_by.cwd if launched_by is not None else settings.DEFAULT_CWD)
     parent = launched_by if child else None
     if type != services.EXPERT:

@@ -122,3 +122,19 @@ def agent_scope_manage(agent: Agent | None, target: Agent) -> None:
             f"not '{target.pk}'",
             {"agent_id": agent.pk, "target": target.pk},
         )
+
+
+def agent_scope_launch(launcher: Agent | None, *, full_access: bool) -> None:
+    """Refuse an agent giving a new agent more than it has: a ``full_access`` launch by
+    an agent that is not full-access itself (as a linked instance needs
+    ``allow_full_access``, spec/peers.md §3).
+
+    ``launcher``: the launching agent, ``None`` for a user. Raises ``DispatchError``
+    ``PERMISSION_DENIED`` (403).
+    """
+    if launcher is not None and full_access and not launcher.full_access:
+        raise DispatchError(
+            "PERMISSION_DENIED",
+            f"agent '{launcher.pk}' is not full-access, so it cannot launch a full-access agent",
+            {"agent_id": launcher.pk},
+        )

@@ -185,6 +185,15 @@ REST: list[Row] = [
     # --- agents: read all of its owner's; stop/start/archive itself and those it launched --------
     Row("agents", "GET", lambda w: "agents", ALLOWED, 200),
     Row("agents", "POST", lambda w: "agents", ALLOWED, 201, {"type": "expert", "name": "helper2"}),
+    Row(  # no giving a new agent more than it has
+        "agents",
+        "POST",
+        lambda w: "agents",
+        FORBIDDEN,
+        403,
+        {"type": "expert", "name": "helper3", "full_access": True},
+        unchanged=lambda w: Agent.objects.count(),
+    ),
     Row("agent-types", "GET", lambda w: "agent-types", ALLOWED, 200),
     Row("messages/<str:message_id>", "GET", lambda w: f"messages/{w.message.pk}", ALLOWED, 200),
     Row("agents/<str:agent_id>", "GET", lambda w: f"agents/{w.sibling.pk}", ALLOWED, 200),
@@ -357,15 +366,27 @@ def test_a_launch_with_an_agent_token_records_the_launcher_and_that_agent_may_st
     assert _agent_status(agent) == Agent.Status.STOPPED
 
 
+def test_a_full_access_agent_may_launch_a_full_access_agent(world: World) -> None:
+    Agent.objects.filter(pk=world.me.pk).update(full_access=True)
+    launched = world.api.post("/api/v1/agents", {"type": "expert", "name": "w", "cwd": "/tmp", "full_access": True})
+    assert launched.status_code == 201, launched.content
+    assert launched.json()["full_access"] is True
+
+
 def test_a_user_token_still_manages_every_agent_and_machine(world: World, owner_token: str) -> None:
     user = Api(owner_token)
+    full = user.post("/api/v1/agents", {"type": "expert", "name": "w", "cwd": "/tmp", "full_access": True})
+    assert full.status_code == 201, full.content
     assert user.post(f"/api/v1/agents/{world.sibling.pk}/stop").status_code == 200
-    assert user.client.put(
-        "/api/v1/machines/default",
-        {"machine_id": "laptop"},
-        content_type="application/json",
-        headers=user.headers,
-    ).status_code == 200
+    assert (
+        user.client.put(
+            "/api/v1/machines/default",
+            {"machine_id": "laptop"},
+            content_type="application/json",
+            headers=user.headers,
+        ).status_code
+        == 200
+    )
     assert user.get(f"/api/v1/sessions/{world.sibling.pk}/machines").status_code == 200
     assert user.delete("/api/v1/machines/laptop").status_code == 200
 
@@ -406,7 +427,7 @@ class ToolRow:
     tool: str
     arguments: Callable[[World], dict[str, Any]]
     outcome: str  # ALLOWED: no PERMISSION_DENIED (the tool's own answer or error); FORBIDDEN: refused
-    code: str | None = None  # the DispatchError code an allowed call ends with, None for a result
+    code: str | None = None  # allowed: the DispatchError code it ends with (None: a result); forbidden: the message
 
 
 def _tool_rows() -> list[ToolRow]:
@@ -415,6 +436,12 @@ def _tool_rows() -> list[ToolRow]:
         ToolRow("list_agents", lambda w: {}, ALLOWED),
         ToolRow("get_agent_history", lambda w: {"agent_id": w.sibling.pk, "limit": 5}, ALLOWED),
         ToolRow("dispatch_launch_agent", lambda w: {"name": "kid", "prompt": "go", "type": "expert"}, ALLOWED),
+        ToolRow(
+            "dispatch_launch_agent",
+            lambda w: {"name": "kid2", "prompt": "go", "type": "expert", "full_access": True},
+            FORBIDDEN,
+            "is not full-access, so it cannot launch a full-access agent",
+        ),
         ToolRow("dispatch_send_message", lambda w: {"target": w.sibling.pk, "message": "hi"}, ALLOWED),
         ToolRow("message_status", lambda w: {"message_id": w.message.pk}, ALLOWED),
         ToolRow("list_machines", lambda w: {}, ALLOWED),
@@ -448,7 +475,7 @@ def test_an_agent_token_gets_what_its_scope_says_from_every_mcp_tool(world: Worl
     except DispatchError as exc:
         value, code, message = None, exc.code, exc.message
     if row.outcome == FORBIDDEN:
-        assert code == "PERMISSION_DENIED" and "acts only in its own session" in message, (code, message)
+        assert code == "PERMISSION_DENIED" and (row.code or "acts only in its own session") in message, (code, message)
     else:
         assert code == row.code, (code, message, value)
 

@@ -47,6 +47,17 @@ async def test_it_refuses_a_bad_header_token(ws_connect, owner_token, count_rows
     assert await count_rows(WsSession) == 0
 
 
+async def test_a_frame_right_behind_a_refused_header_token_is_not_answered(ws_connect, owner_token):
+    # The socket is closed once refused: answering a frame that was already on its way
+    # meant sending on a closed socket (an ERROR traceback in the server log per frame,
+    # which anyone could cause without a credential).
+    async with ws_connect(token=owner_token + "x") as ws:
+        await ws.send({"token": owner_token})
+        assert await ws.recv() == AUTH_FAILED
+        assert await ws.closed_with() == 4401
+        assert await ws.nothing_received()
+
+
 async def test_it_refuses_a_revoked_header_token(ws_connect, owner, token_for):
     raw = await database_sync_to_async(token_for)(owner)
     token = await database_sync_to_async(ApiToken.objects.get)(user=owner)
