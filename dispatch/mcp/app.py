@@ -17,23 +17,27 @@ end of the process.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+import pydantic_core
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp_types import INVALID_PARAMS, INVALID_REQUEST
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from dispatch import wire
 from dispatch.errors import DispatchError
 from dispatch.http import NOT_AUTHENTICATED, bearer_caller, bearer_credentials
 from dispatch.mcp.events import event_stream
-from dispatch.mcp.server import CALLER_SCOPE_KEY, TOKEN_SCOPE_KEY, Caller, build_server
+from dispatch.mcp.server import CALLER_SCOPE_KEY, TOKEN_SCOPE_KEY, Caller, build_server, error_result, uncarriable
 
 logger = logging.getLogger(__name__)
 
@@ -160,8 +164,87 @@ async def mcp_app(scope: Scope, receive: Receive, send: Send) -> None:
         # Stateless: no session to resume or DELETE; the spec's answer is 405.
         await Response(status_code=405, headers={"Allow": "GET, POST"})(scope, receive, send)
         return
+    body = await _request_body(receive)
+    refusal = refused_at_the_edge(body, protocol_version=headers.get("mcp-protocol-version", ""))
+    if refusal is not None:
+        await JSONResponse(refusal[1], status_code=refusal[0])(scope, receive, send)
+        return
     manager = await ensure_started()
-    await manager.handle_request({**scope, CALLER_SCOPE_KEY: caller, TOKEN_SCOPE_KEY: raw_token}, receive, send)
+    await manager.handle_request(
+        {**scope, CALLER_SCOPE_KEY: caller, TOKEN_SCOPE_KEY: raw_token}, _replay(body, receive), send
+    )
+
+
+async def _request_body(receive: Receive) -> bytes:
+    """The whole request body (``serve`` caps it at ``DISPATCH_MAX_REQUEST_BYTES`` before
+    the app runs, and the SDK reads it whole too)."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands ``body`` over once, then waits on the real one (for the
+    client's disconnect)."""
+    sent = False
+
+    async def replayed() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        message: dict[str, Any] = await receive()
+        return message
+
+    return replayed
+
+
+def refused_at_the_edge(body: bytes, *, protocol_version: str = "") -> tuple[int, dict[str, Any]] | None:
+    """The answer to a JSON-RPC request the SDK's own parser would refuse as a bare
+    ``-32700`` although it is JSON — a lone surrogate (``"\\ud800"``), which the 2025-11-25
+    parser rejects as "unexpected end of hex escape" — so that it names the field like
+    every other value the channel layer cannot carry (issue 10 item 7): a ``tools/call``
+    whose ``arguments`` hold it gets ``(200, result)`` with an ``isError`` result
+    ``INVALID_REQUEST: arguments.<field>: …``; anything else ``(400, error)`` with
+    ``-32602`` (in ``params``) or ``-32600``. ``None``: let the SDK answer. The result
+    carries ``resultType`` only for ``protocol_version`` 2026-07-28 and later (older
+    clients may reject keys they do not know).
+    """
+    try:
+        pydantic_core.from_json(body)
+        return None
+    except ValueError:
+        pass
+    try:
+        message = json.loads(body)
+    except (ValueError, RecursionError):
+        return None  # not JSON at all: the SDK's own parse error says so
+    if not isinstance(message, dict):
+        return None
+    request_id = message.get("id")
+    if isinstance(request_id, bool) or not isinstance(request_id, str | int) or wire.problem(request_id):
+        request_id = None
+    params = message.get("params")
+    arguments = params.get("arguments") if isinstance(params, dict) else None
+    if message.get("method") == "tools/call" and isinstance(arguments, dict) and request_id is not None:
+        found = uncarriable(arguments)
+        if found is not None:
+            result = error_result("INVALID_REQUEST", found).model_dump(by_alias=True, exclude_none=True)
+            if protocol_version < "2026-07-28":
+                result.pop("resultType", None)
+            return 200, {"jsonrpc": "2.0", "id": request_id, "result": result}
+    problem = wire.problem(message)
+    if problem is None:
+        return None
+    code = INVALID_PARAMS if problem.startswith("params") else INVALID_REQUEST
+    error = {"code": code, "message": f"Invalid request: {problem}"}
+    return 400, {"jsonrpc": "2.0", "id": request_id, "error": error}
 
 
 def with_mcp(django_app: Callable[..., Awaitable[None]]) -> ASGIApp:

@@ -270,7 +270,8 @@ def call(name: Any, arguments: Any) -> dict[str, Any]:
 BAD_BODIES: list[tuple[str, bytes, int, int | None]] = [
     # (case, body, HTTP status, JSON-RPC error code)
     ("invalid JSON", b"{not json", 400, -32700),
-    ("a lone surrogate", json.dumps(call("list_machines", {"session_id": "\ud800"})).encode(), 400, -32700),
+    # a lone surrogate in the arguments: an isError result naming the field (below)
+    ("a lone surrogate", json.dumps(call("list_machines", {"session_id": "\ud800"})).encode(), 200, None),
     ("a batch", json.dumps([INITIALIZE, INITIALIZE]).encode(), 400, -32602),
     ("a bare string", b'"tools/list"', 400, -32602),
     ("an unknown method", b'{"jsonrpc": "2.0", "id": 2, "method": "no/such"}', 200, -32601),
@@ -297,6 +298,10 @@ def test_it_answers_bad_input_with_a_clear_error_and_keeps_serving(
         error = response.json()["error"]
         assert error["code"] == code
         assert len(error["message"]) < 2000
+    if case == "a lone surrogate":
+        result = response.json()["result"]
+        assert result["isError"] is True
+        assert result["content"][0]["text"].startswith("INVALID_REQUEST: arguments.session_id: the string holds a")
     assert live.server.running, live.server.log()
     assert live.server.remote_names(live.token) == ["weather-service"]
 

@@ -18,7 +18,6 @@ import httpx2
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.exceptions import MCPError
 
 from dispatch.mcp.server import uncarriable
 from tests.infra import Instance, LiveSession, Server, instance
@@ -92,6 +91,22 @@ async def test_a_tool_call_with_an_uncarriable_argument_is_an_error_result_namin
         await remote.request("remote-disconnect", {"remotename": "anything"})
 
 
+async def test_a_lone_surrogate_outside_the_arguments_is_a_json_rpc_error_naming_it(live: Live) -> None:
+    body = '{"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "x\\ud800", "arguments": {}}}'
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+        "Authorization": f"Bearer {live.instance.admin_token}",
+        "MCP-Protocol-Version": "2025-11-25",
+    }
+    async with httpx.AsyncClient(timeout=30) as http:
+        response = await http.post(f"{live.server.url}/mcp", content=body, headers=headers)
+    assert response.status_code == 400, response.text
+    error = response.json()
+    assert error["id"] == 3 and error["error"]["code"] == -32602
+    assert error["error"]["message"].startswith("Invalid request: params.name: a string holds a lone surrogate")
+
+
 class LoneSurrogate(httpx2.AsyncBaseTransport):
     """Rewrites ``MARK`` in request bodies into the JSON escape ``\\ud800`` (no client sends one)."""
 
@@ -122,13 +137,11 @@ async def test_a_lone_surrogate_argument_is_refused_at_both_protocol_versions(li
             httpx2.AsyncClient(transport=LoneSurrogate(), headers=headers, timeout=30) as http,
             Client(streamable_http_client(f"{live.server.url}/mcp", http_client=http), mode=mode) as client,
         ):
-            try:
-                result = await client.call_tool(TOOL, {"text": f"a{LoneSurrogate.MARK}b"})
-            except MCPError as exc:  # 2025-11-25: the SDK's parser refuses it first
-                assert mode == "legacy" and exc.error.code == -32700, exc
-            else:
-                assert result.is_error, result
-                assert text_of(result).startswith("INVALID_REQUEST: arguments.text: the string holds a lone")
+            # At 2025-11-25 the SDK's own parser used to refuse it first, as a bare -32700
+            # "unexpected end of hex escape"; Dispatch's edge now names the field there too.
+            result = await client.call_tool(TOOL, {"text": f"a{LoneSurrogate.MARK}b"})
+            assert result.is_error, result
+            assert text_of(result).startswith("INVALID_REQUEST: arguments.text: the string holds a lone")
         await asyncio.sleep(0.2)
         assert not [frame for frame in remote.frames if frame.get("action") == "remote-call"]
         await remote.request("remote-disconnect", {"remotename": "anything"})
