@@ -31,7 +31,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types import INVALID_PARAMS, INVALID_REQUEST
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dispatch import wire
 from dispatch.errors import DispatchError
@@ -165,9 +165,9 @@ async def mcp_app(scope: Scope, receive: Receive, send: Send) -> None:
         await Response(status_code=405, headers={"Allow": "GET, POST"})(scope, receive, send)
         return
     body = await _request_body(receive)
-    refusal = refused_at_the_edge(body, protocol_version=headers.get("mcp-protocol-version", ""))
-    if refusal is not None:
-        await JSONResponse(refusal[1], status_code=refusal[0])(scope, receive, send)
+    edge = refused_at_the_edge(body, protocol_version=headers.get("mcp-protocol-version", ""))
+    if edge is not None:
+        await JSONResponse(edge[1], status_code=edge[0])(scope, receive, send)
         return
     manager = await ensure_started()
     await manager.handle_request(
@@ -194,13 +194,12 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     client's disconnect)."""
     sent = False
 
-    async def replayed() -> dict[str, Any]:
+    async def replayed() -> Message:
         nonlocal sent
         if not sent:
             sent = True
             return {"type": "http.request", "body": body, "more_body": False}
-        message: dict[str, Any] = await receive()
-        return message
+        return await receive()
 
     return replayed
 
