@@ -204,31 +204,47 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replayed
 
 
-def refused_at_the_edge(body: bytes, *, protocol_version: str = "") -> tuple[int, dict[str, Any]] | None:
-    """The answer to a JSON-RPC request the SDK's own parser would refuse as a bare
-    ``-32700`` although it is JSON — a lone surrogate (``"\\ud800"``), which the 2025-11-25
-    parser rejects as "unexpected end of hex escape" — so that it names the field like
-    every other value the channel layer cannot carry (issue 10 item 7): a ``tools/call``
-    whose ``arguments`` hold it gets ``(200, result)`` with an ``isError`` result
-    ``INVALID_REQUEST: arguments.<field>: …``; anything else ``(400, error)`` with
-    ``-32602`` (in ``params``) or ``-32600``. ``None``: let the SDK answer. The result
-    carries ``resultType`` only for ``protocol_version`` 2026-07-28 and later (older
-    clients may reject keys they do not know).
-    """
-    try:
-        pydantic_core.from_json(body)
+def _readable_id(value: Any) -> str | int | None:
+    """A JSON-RPC request id as MCP allows it (a string or an integer, never null; one the
+    channel layer and strict parsers accept), else ``None``."""
+    if isinstance(value, bool) or not isinstance(value, str | int) or wire.problem(value) is not None:
         return None
-    except ValueError:
-        pass
+    return value
+
+
+def refused_at_the_edge(body: bytes, *, protocol_version: str = "") -> tuple[int, dict[str, Any]] | None:
+    """The answer to a JSON-RPC message the SDK would mishandle, as ``(status, body)``;
+    ``None``: let the SDK answer.
+
+    - A request whose ``id`` MCP does not allow (null, a fraction, an object, NaN, an
+      integer outside 64 bits): the SDK took it for a notification and answered 202 with
+      nothing, so its client waited for ever. ``(400, -32600)`` with ``id: null``.
+    - JSON the SDK's own parser refuses as a bare ``-32700`` — a lone surrogate
+      (``"\\ud800"``), "unexpected end of hex escape" at 2025-11-25 — so that it names the
+      field like every other value the channel layer cannot carry (issue 10 item 7): a
+      ``tools/call`` whose ``arguments`` hold it gets ``(200, result)`` with an ``isError``
+      result ``INVALID_REQUEST: arguments.<field>: …``; anything else ``(400, error)``
+      with ``-32602`` (in ``params``) or ``-32600``. The result carries ``resultType``
+      only for ``protocol_version`` 2026-07-28 and later (older clients may reject keys
+      they do not know).
+    """
+    strict = True
     try:
-        message = json.loads(body)
-    except (ValueError, RecursionError):
-        return None  # not JSON at all: the SDK's own parse error says so
+        message = pydantic_core.from_json(body)
+    except ValueError:
+        strict = False
+        try:
+            message = json.loads(body)
+        except (ValueError, RecursionError):
+            return None  # not JSON at all: the SDK's own parse error says so
     if not isinstance(message, dict):
         return None
-    request_id = message.get("id")
-    if isinstance(request_id, bool) or not isinstance(request_id, str | int) or wire.problem(request_id):
-        request_id = None
+    request_id = _readable_id(message.get("id"))
+    if "method" in message and "id" in message and request_id is None:
+        error = {"code": INVALID_REQUEST, "message": "Invalid request: id must be a string or an integer (64-bit)"}
+        return 400, {"jsonrpc": "2.0", "id": None, "error": error}
+    if strict:
+        return None
     params = message.get("params")
     arguments = params.get("arguments") if isinstance(params, dict) else None
     if message.get("method") == "tools/call" and isinstance(arguments, dict) and request_id is not None:

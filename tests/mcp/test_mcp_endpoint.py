@@ -278,6 +278,12 @@ BAD_BODIES: list[tuple[str, bytes, int, int | None]] = [
     ("arguments that are not an object", json.dumps(call("list_machines", [1])).encode(), 200, -32602),
     ("a tool name that is not a string", json.dumps(call(5, {})).encode(), 200, -32602),
     ("a huge unknown tool name", json.dumps(call("x" * 100_000, {})).encode(), 200, -32602),
+    # ids MCP does not allow: the SDK took these for notifications (202, no answer)
+    ("a fractional id", b'{"jsonrpc": "2.0", "id": 1.5, "method": "tools/list"}', 400, -32600),
+    ("an object id", b'{"jsonrpc": "2.0", "id": {"x": 1}, "method": "tools/list"}', 400, -32600),
+    ("a NaN id", b'{"jsonrpc": "2.0", "id": NaN, "method": "tools/list"}', 400, -32600),
+    ("a null id", b'{"jsonrpc": "2.0", "id": null, "method": "tools/list"}', 400, -32600),
+    ("an id over 64 bits", b'{"jsonrpc": "2.0", "id": 99999999999999999999999, "method": "tools/list"}', 400, -32600),
     # serve's cap (DISPATCH_MAX_REQUEST_BYTES, 16 MiB) refuses it before MCP sees it.
     ("a body over 16 MiB", b"[" + b"1," * (8 * 1024 * 1024) + b"1]", 413, None),
 ]
