@@ -36,6 +36,20 @@ def test_a_wrong_method_on_a_plain_api_view_is_a_json_405_with_allow() -> None:
     assert response["Allow"] == "POST"
 
 
+@pytest.mark.parametrize("accept", ["c>Dh", "image/png", "text/csv;q=1"])
+def test_an_accept_header_no_renderer_satisfies_gets_json_not_an_undocumented_406(
+    owner_token: str, accept: str
+) -> None:
+    # What schemathesis sent (ST103: 406 undocumented); RFC 9110 §12.5.1 lets us disregard it.
+    headers = {"Authorization": f"Bearer {owner_token}", "Accept": accept}
+    response = Client().get("/api/v1/agents", headers=headers)
+    assert response.status_code == 200, response.content[:300]
+    assert response["Content-Type"].startswith("application/json")
+    assert "agents" in json.loads(response.content)
+    missing = Client().get("/api/v1/agents/agt_ffffffffffff/events", headers=headers)
+    assert_error_shape(missing, 404, "NOT_FOUND")
+
+
 def test_a_session_write_without_csrf_is_a_json_403(owner: Any) -> None:
     client = Client(enforce_csrf_checks=True)
     client.force_login(owner)
