@@ -136,6 +136,7 @@ def test_it_stays_within_the_pool_under_200_concurrent_requests() -> None:
         finally:
             done.set()
             sampler.join(5)
+        print(f"200 concurrent requests: peak {peak} PostgreSQL connections (pool max {pool_max}), {after} after")
         assert all(status < 500 for status in statuses), sorted(set(statuses))
         assert statuses.count(200) == 200, sorted(set(statuses))
         assert peak <= pool_max, f"{peak} connections to the database, pool max {pool_max}"

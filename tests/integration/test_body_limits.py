@@ -103,6 +103,12 @@ def _check_refusal(answer: bytes) -> None:
     assert "DISPATCH_MAX_REQUEST_BYTES" in error["message"]
 
 
+def _grew(before: dict[str, int], after: dict[str, int]) -> str:
+    rss = (after["VmRSS"] - before["VmRSS"]) / MiB
+    peak = (after["VmHWM"] - max(before["VmHWM"], before["VmRSS"])) / MiB
+    return f"{rss:.1f} MiB (peak +{peak:.1f} MiB)"
+
+
 def _chunks(total: int, size: int = MiB) -> Iterator[bytes]:
     block = b"x" * size
     for _ in range(total // size):
@@ -124,6 +130,7 @@ def test_a_300_mb_body_with_a_content_length_is_refused_413_before_it_is_read(li
     _check_refusal(answer)
     assert sent < HUGE
     after = _memory(live.server.pid)
+    print(f"Content-Length 300 MB: refused after {sent / MiB:.1f} MiB sent, RSS +{_grew(before, after)}")
     assert after["VmRSS"] - before["VmRSS"] < 32 * MiB, (before, after)
     assert after["VmHWM"] - max(before["VmHWM"], before["VmRSS"]) < 32 * MiB, (before, after)
     assert live.server.get("/healthz").status_code == 200
@@ -139,6 +146,7 @@ def test_a_300_mb_chunked_body_is_cut_off_at_the_cap_with_413(live: Live) -> Non
     _check_refusal(answer)
     assert sent < 64 * MiB  # cut off near the 16 MiB cap, not read to the end
     after = _memory(live.server.pid)
+    print(f"chunked 300 MB: cut off after {sent / MiB:.1f} MiB sent, RSS +{_grew(before, after)}")
     assert after["VmRSS"] - before["VmRSS"] < 32 * MiB, (before, after)
     assert after["VmHWM"] - max(before["VmHWM"], before["VmRSS"]) < 32 * MiB, (before, after)
     assert live.server.get("/healthz").status_code == 200
