@@ -44,6 +44,17 @@ class StrictCharField(serializers.CharField):
         return str(super().to_internal_value(data))
 
 
+class StrictBooleanField(serializers.BooleanField):
+    """A BooleanField that takes JSON ``true``/``false`` only (DRF's also turns ``"yes"``,
+    ``"on"``, ``1`` and friends into booleans: a flag as strong as ``full_access`` must be
+    meant)."""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
 class AgentLaunchSerializer(serializers.Serializer):
     type = StrictCharField(max_length=40)
     name = StrictCharField(max_length=1000, trim_whitespace=False)
@@ -58,8 +69,8 @@ class AgentLaunchSerializer(serializers.Serializer):
         "DISPATCH_DEFAULT_CWD; required with location",
     )
     location = StrictCharField(required=False, allow_null=True, allow_blank=True, default=None)
-    child = serializers.BooleanField(required=False, default=False)
-    full_access = serializers.BooleanField(required=False, default=False)
+    child = StrictBooleanField(required=False, default=False)
+    full_access = StrictBooleanField(required=False, default=False)
 
 
 MESSAGE_ID = re.compile(r"[0-9]{1,19}")

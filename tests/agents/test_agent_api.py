@@ -126,6 +126,8 @@ def test_without_cwd_an_agent_works_in_the_default_cwd(api, tmp_path, settings):
         ({"type": "expert", "name": "a", "cwd": "relative"}, 400, "INVALID_REQUEST"),
         ({"type": "expert", "name": "a", "cwd": "/no/such/dir"}, 400, "INVALID_REQUEST"),
         ({"type": "expert", "name": "a", "cwd": "/tmp", "full_access": "maybe"}, 400, "VALIDATION_ERROR"),
+        ({"type": "expert", "name": "a", "cwd": "/tmp", "full_access": "yes"}, 400, "VALIDATION_ERROR"),
+        ({"type": "expert", "name": "a", "cwd": "/tmp", "child": 1}, 400, "VALIDATION_ERROR"),
         ({"type": "expert", "name": "a", "cwd": "/tmp", "location": "lab"}, 400, "INVALID_REQUEST"),
         ({"type": ["expert"], "name": "a", "cwd": "/tmp"}, 400, "VALIDATION_ERROR"),
     ],
