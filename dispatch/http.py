@@ -24,21 +24,34 @@ from dispatch.services import AuthenticationFailed, api_token_authenticate
 logger = logging.getLogger(__name__)
 
 
-class BearerCsrfExemptMiddleware:
-    """Requests carrying a bearer token skip CSRF (no cookie can forge them), as in DRF.
+def adapt_to_chain(middleware: Any, get_response: Callable[[HttpRequest], Any]) -> bool:
+    """Mark ``middleware`` a coroutine function when ``get_response`` is one (Django then
+    awaits it) and return whether it is: the one way Dispatch's middlewares stay sync- and
+    async-capable, since a sync-only middleware would push every async view onto the
+    process's shared sync thread."""
+    is_async = iscoroutinefunction(get_response)
+    if is_async:
+        markcoroutinefunction(middleware)
+    return is_async
 
-    Must come before ``CsrfViewMiddleware``. Sync- and async-capable: a sync-only
-    middleware would push every async view onto the process's shared sync thread.
-    """
+
+class AsyncCapableMiddleware:
+    """Base of Dispatch's own middlewares: sync- and async-capable (``adapt_to_chain``);
+    ``is_async`` says which kind of chain it sits in."""
 
     sync_capable = True
     async_capable = True
 
     def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
         self.get_response = get_response
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
+        self.is_async = adapt_to_chain(self, get_response)
+
+
+class BearerCsrfExemptMiddleware(AsyncCapableMiddleware):
+    """Requests carrying a bearer token skip CSRF (no cookie can forge them), as in DRF.
+
+    Must come before ``CsrfViewMiddleware``.
+    """
 
     def __call__(self, request: HttpRequest) -> Any:
         if request.headers.get("Authorization", "").lower().startswith("bearer "):
@@ -111,7 +124,7 @@ def json_object(request: HttpRequest) -> dict[str, Any]:
     return body
 
 
-class OutageMiddleware:
+class OutageMiddleware(AsyncCapableMiddleware):
     """A view that fails because the database or the channel layer cannot be reached
     answers 503 ``TEMPORARILY_UNAVAILABLE``, never 500 (spec/quality.md "Faults").
 
@@ -119,14 +132,6 @@ class OutageMiddleware:
     map these themselves, through the same ``unavailable_error``). Under ``/api/`` and
     ``/mcp`` the answer is the JSON error shape, elsewhere a short text page.
     """
-
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
-        self.get_response = get_response
-        if iscoroutinefunction(get_response):
-            markcoroutinefunction(self)
 
     def __call__(self, request: HttpRequest) -> Any:
         return self.get_response(request)
@@ -154,7 +159,7 @@ _STATUS_CODES = {
 }
 
 
-class ApiErrorShapeMiddleware:
+class ApiErrorShapeMiddleware(AsyncCapableMiddleware):
     """Every error under ``/api/`` is the JSON error shape (spec/overview.md "Error shapes").
 
     Views and handlers answer in it themselves; this catches the rest: an error response
@@ -162,15 +167,6 @@ class ApiErrorShapeMiddleware:
     replaced by ``{"error": {code, message, details}}`` with the same status and headers
     such as ``Allow``. The schema and docs pages keep their own formats.
     """
-
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
-        self.get_response = get_response
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
 
     def __call__(self, request: HttpRequest) -> Any:
         if self.is_async:

@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponseBase
 from whitenoise.middleware import WhiteNoiseMiddleware
+
+from dispatch.http import adapt_to_chain
 
 
 class AsyncWhiteNoiseMiddleware(WhiteNoiseMiddleware):
@@ -25,9 +27,7 @@ class AsyncWhiteNoiseMiddleware(WhiteNoiseMiddleware):
 
     def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
         super().__init__(get_response)
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
+        self.is_async = adapt_to_chain(self, get_response)
 
     def __call__(self, request: HttpRequest) -> Any:
         if self.is_async:

@@ -64,13 +64,14 @@ def _path(parts: tuple[Any, ...]) -> str:
     return text or "(root)"
 
 
-def problem(value: Any, limit: int = MAX_DEPTH) -> str | None:
+def problem(value: Any, limit: int = MAX_DEPTH, *, root: tuple[Any, ...] = ()) -> str | None:
     """The first thing in a parsed JSON ``value`` the channel layer cannot carry, naming
     its path (``args.n: integer 18446744073709551616 is outside the signed 64-bit range``),
     or ``None``. Checks integers outside ``INT_MIN``..``INT_MAX``, non-finite floats,
     strings and keys holding a lone surrogate, and nesting deeper than ``limit``.
+    ``root`` names where ``value`` sits (``("arguments",)``: paths read ``arguments.n``).
     Iterative: any depth is safe to check."""
-    stack: list[tuple[Any, tuple[Any, ...], int]] = [(value, (), 0)]
+    stack: list[tuple[Any, tuple[Any, ...], int]] = [(value, root, 0)]
     while stack:
         item, where, depth = stack.pop()
         if isinstance(item, bool) or item is None:

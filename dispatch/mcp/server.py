@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,42 +89,15 @@ def error_result(code: str, message: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(text=f"{code}: {message}")], is_error=True)
 
 
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-
-
 def uncarriable(arguments: dict[str, Any]) -> str | None:
     """What in a tool's ``arguments`` the channel layer cannot carry, or ``None`` (issue 10
-    item 7): an integer outside the signed 64-bit range (msgpack, the Redis layer), NaN or
-    Infinity (not JSON), a string or key holding a lone surrogate (not UTF-8), nesting over
-    ``wire.MAX_DEPTH``. The SDK's JSON parsers let all of these through (2025-11-25 refuses
-    only lone surrogates), so ``call_tool`` checks before a tool runs; the answer names the
-    field, e.g. ``arguments.limit: integer 2361183241434822606848 is outside the signed
-    64-bit range``.
+    item 7): :func:`dispatch.wire.problem` (integers outside the signed 64-bit range,
+    NaN/Infinity, lone surrogates in strings or keys, nesting over ``wire.MAX_DEPTH``),
+    its path under ``arguments``. The SDK's JSON parsers let most of these through, so
+    ``call_tool`` checks before a tool runs; the answer names the field, e.g.
+    ``arguments.limit: integer 2361183241434822606848 is outside the signed 64-bit range``.
     """
-    stack: list[tuple[Any, str, int]] = [(arguments, "arguments", 1)]
-    while stack:
-        value, where, depth = stack.pop()
-        if isinstance(value, bool) or value is None:
-            continue
-        if isinstance(value, int):
-            if not INT64_MIN <= value <= INT64_MAX:
-                return f"{where}: integer {str(value)[:40]} is outside the signed 64-bit range"
-        elif isinstance(value, float):
-            if math.isnan(value) or math.isinf(value):
-                return f"{where}: {value!r} is not a JSON number (NaN and Infinity are not allowed)"
-        elif isinstance(value, str):
-            if not wire.encodable(value):
-                return f"{where}: the string holds a lone surrogate (\\ud800-\\udfff), which is not Unicode text"
-        elif isinstance(value, dict | list):
-            if depth > wire.MAX_DEPTH:
-                return f"{where}: nested more than {wire.MAX_DEPTH} levels"
-            items = value.items() if isinstance(value, dict) else enumerate(value)
-            for key, child in items:
-                if isinstance(key, str) and not wire.encodable(key):
-                    return f"{where}: a key holds a lone surrogate (\\ud800-\\udfff), which is not Unicode text"
-                label = f"{where}.{key}" if isinstance(key, str) else f"{where}[{key}]"
-                stack.append((child, label[:200], depth + 1))
-    return None
+    return wire.problem(arguments, root=("arguments",))
 
 
 async def list_tools(

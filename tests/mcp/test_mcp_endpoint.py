@@ -307,7 +307,7 @@ def test_it_answers_bad_input_with_a_clear_error_and_keeps_serving(
     if case == "a lone surrogate":
         result = response.json()["result"]
         assert result["isError"] is True
-        assert result["content"][0]["text"].startswith("INVALID_REQUEST: arguments.session_id: the string holds a")
+        assert result["content"][0]["text"].startswith("INVALID_REQUEST: arguments.session_id: a string holds a")
     assert live.server.running, live.server.log()
     assert live.server.remote_names(live.token) == ["weather-service"]
 

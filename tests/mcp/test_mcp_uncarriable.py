@@ -33,10 +33,10 @@ DEEP = "[" * 70 + "]" * 70
 BAD_ARGUMENTS = [
     ("an integer over 2**63-1", '{"n": 9223372036854775808}', "arguments.n: integer 9223372036854775808"),
     ("an integer under -2**63", '{"a": [1, -9223372036854775809]}', "arguments.a[1]: integer"),
-    ("NaN", '{"x": {"y": NaN}}', "arguments.x.y: nan is not a JSON number"),
-    ("Infinity", '{"x": Infinity}', "arguments.x: inf is not a JSON number"),
-    ("1e400", '{"x": -1e400}', "arguments.x: -inf is not a JSON number"),
-    ("nesting over 64 levels", '{"deep": ' + DEEP + "}", "nested more than 64 levels"),
+    ("NaN", '{"x": {"y": NaN}}', "arguments.x.y: nan is not a finite number"),
+    ("Infinity", '{"x": Infinity}', "arguments.x: inf is not a finite number"),
+    ("1e400", '{"x": -1e400}', "arguments.x: -inf is not a finite number"),
+    ("nesting over 64 levels", '{"deep": ' + DEEP + "}", "nested too deeply (more than 64 levels)"),
 ]
 
 
@@ -58,7 +58,7 @@ def test_the_edge_check_names_the_field() -> None:
         "arguments.k: a key holds a lone surrogate (\\ud800-\\udfff), which is not Unicode text"
     )
     assert uncarriable({"s": ["ok", "\udfff"]}) == (
-        "arguments.s[1]: the string holds a lone surrogate (\\ud800-\\udfff), which is not Unicode text"
+        "arguments.s[1]: a string holds a lone surrogate (\\ud800-\\udfff), which is not Unicode text"
     )
 
 
@@ -141,7 +141,7 @@ async def test_a_lone_surrogate_argument_is_refused_at_both_protocol_versions(li
             # "unexpected end of hex escape"; Dispatch's edge now names the field there too.
             result = await client.call_tool(TOOL, {"text": f"a{LoneSurrogate.MARK}b"})
             assert result.is_error, result
-            assert text_of(result).startswith("INVALID_REQUEST: arguments.text: the string holds a lone")
+            assert text_of(result).startswith("INVALID_REQUEST: arguments.text: a string holds a lone")
         await asyncio.sleep(0.2)
         assert not [frame for frame in remote.frames if frame.get("action") == "remote-call"]
         await remote.request("remote-disconnect", {"remotename": "anything"})
