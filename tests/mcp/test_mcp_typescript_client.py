@@ -104,6 +104,7 @@ def test_the_typescript_sdk_client_lists_calls_and_hears_a_remote_connect(tmp_pa
             assert machine["machine_id"] == shim.machine_id, machine
 
             client.until("waiting_for_remote")
+            spawned_at = time.monotonic()
             inst.spawn(
                 [
                     PYTHON,
@@ -119,6 +120,8 @@ def test_the_typescript_sdk_client_lists_calls_and_hears_a_remote_connect(tmp_pa
                 name="weather-service",
             )
             client.until("list_changed", timeout=20)
+            # Includes starting the remote client's Python process (the push itself: test_mcp_event_stream).
+            print(f"TypeScript client heard list_changed {time.monotonic() - spawned_at:.2f}s after the remote started")
             assert REMOTE_TOOL in client.until("tools_after")["names"]
             called = client.until("remote_tool")
             assert called["isError"] is False, called
