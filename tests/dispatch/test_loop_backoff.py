@@ -29,6 +29,20 @@ async def _run_for(seconds: float, coroutine: Any) -> None:
     await asyncio.gather(task, return_exceptions=True)
 
 
+async def _run_until(done: Any, coroutine: Any, timeout: float = 15.0) -> None:
+    """Run ``coroutine`` until ``done()`` holds (polled every 10 ms) or ``timeout`` seconds
+    pass, then cancel it: a loaded machine only makes it take longer."""
+    task = asyncio.ensure_future(coroutine)
+    try:
+        async with asyncio.timeout(timeout):
+            while not done():
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        pass
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
 def test_the_delay_doubles_from_base_up_to_the_cap_with_jitter_within_20_percent() -> None:
     low = LoopHealth("x", base=0.5, cap=4.0, rand=lambda: 0.0)
     high = LoopHealth("x", base=0.5, cap=4.0, rand=lambda: 0.999999)
@@ -78,7 +92,7 @@ async def test_the_outbox_drain_loop_logs_a_failing_doorbell_once(
     outage = LayerOutage(get_channel_layer())
     outage.start()
     with caplog.at_level(logging.INFO):
-        await _run_for(1.0, outbox.outbox_drain_loop())
+        await _run_until(lambda: outage.failures >= 5, outbox.outbox_drain_loop())
     assert outage.failures >= 5  # it still polls the database at its own pace
     assert len(_warnings(caplog, "peers.outbox")) == 1, _warnings(caplog, "peers.outbox")
 
@@ -97,7 +111,7 @@ async def test_the_heartbeat_logs_a_database_outage_once_and_its_recovery_once(
 
     monkeypatch.setattr(background.services, "server_process_heartbeat", heartbeat)
     with caplog.at_level(logging.INFO):
-        await _run_for(0.6, background.heartbeat_loop(kind="serve"))
+        await _run_until(lambda: calls["count"] > 21, background.heartbeat_loop(kind="serve"))
     assert calls["count"] > 21
     assert [m.split(":")[0] for m in _warnings(caplog, "dispatch.background")] == [
         "presence heartbeat failing",
