@@ -137,6 +137,30 @@ async def heartbeat_loop(*, kind: str) -> None:
             await shutdown_local_connections()
 
 
+async def revocation_loop() -> None:
+    """Sweep for connections whose credential ended (``revocation.revocation_sweep_once``)
+    every ``revocation.SWEEP_INTERVAL`` seconds, and at once when
+    ``revocation.DOORBELL_GROUP`` rings. Runs in every process that holds connections
+    (``serve``); after a failure it backs off up to ``revocation.MAX_BACKOFF`` and logs
+    once per change of state (``LoopHealth``)."""
+    from channels.layers import get_channel_layer
+
+    from dispatch import revocation
+
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    health = LoopHealth("revocation sweep", base=revocation.SWEEP_INTERVAL, cap=revocation.MAX_BACKOFF)
+    doorbell = LoopHealth("revocation doorbell")
+    while True:
+        try:
+            await revocation.revocation_sweep_once()
+        except Exception as exc:
+            await health.pause(exc)
+            continue
+        health.ok()
+        await doorbell_wait(layer, channel, revocation.DOORBELL_GROUP, revocation.SWEEP_INTERVAL, doorbell)
+
+
 def reap_once() -> None:
     """Reap dead server processes, then fail the runs they were executing ("worker lost";
     never replayed, spec/agents.md §1)."""

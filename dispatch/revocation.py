@@ -7,7 +7,7 @@ cookie login (logout, a password change — ``EndSessionsOnPasswordChange``) mus
 within seconds, whichever process holds it. The state is in rows: every connection row
 records its credential (``WsSession.api_token`` / ``session_key``,
 ``MachineConnection.api_token`` / ``machine_token``), and each process sweeps **its own**
-rows every ``SWEEP_INTERVAL`` seconds (``revocation_loop``, started by ``serve`` beside
+rows every ``SWEEP_INTERVAL`` seconds (``dispatch.background.revocation_loop``, started by ``serve`` beside
 the heartbeat). A sweep is one indexed query (``ended_connection_channels``: the rows of
 this process, by ``server_process``, joined to their credential by primary key); each
 channel it finds gets ``CREDENTIAL_ENDED`` and its consumer closes with 4401
@@ -23,9 +23,7 @@ checks their credentials with one more query, only while this process streams.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -51,7 +49,7 @@ DOORBELL_GROUP = "dispatch.credentials"
 """Rung after commit by the services that revoke; every process's sweep listens."""
 SWEEP_INTERVAL = 2.0  # seconds between two sweeps of a process (the guarantee, doorbell or not)
 RETELL_AFTER = 10.0  # seconds before a channel told once is told again (its close may be slow)
-MAX_BACKOFF = 30.0  # seconds: the longest pause after repeated sweep failures
+MAX_BACKOFF = 30.0  # seconds: the longest pause after repeated sweep failures (``background.revocation_loop``)
 
 _DB_SESSIONS = ("django.contrib.sessions.backends.db", "django.contrib.sessions.backends.cached_db")
 
@@ -231,37 +229,6 @@ async def revocation_sweep_once() -> int:
     if told:
         logger.info("closing %d connection(s) whose credential ended", told)
     return told
-
-
-async def revocation_loop() -> None:
-    """Sweep every ``SWEEP_INTERVAL`` seconds, and at once when ``DOORBELL_GROUP`` rings.
-
-    Runs in every process that holds connections (``serve``). After a failure it backs off
-    (capped exponential with jitter) and logs once per change of state, not per pass.
-    """
-    layer = get_channel_layer()
-    channel = await layer.new_channel()
-    failures = 0
-    while True:
-        try:
-            await layer.group_add(DOORBELL_GROUP, channel)  # renewed each pass: groups expire
-            await revocation_sweep_once()
-            if failures:
-                logger.info("revocation sweep works again")
-            failures = 0
-            wait = SWEEP_INTERVAL
-        except Exception:
-            if not failures:
-                logger.exception("revocation sweep failed; backing off")
-            failures += 1
-            wait = min(MAX_BACKOFF, SWEEP_INTERVAL * 2**failures) * random.uniform(0.5, 1.0)  # noqa: S311 - jitter
-        try:
-            async with asyncio.timeout(wait):  # not wait_for: on 3.11 it can swallow a cancel
-                await layer.receive(channel)
-        except TimeoutError:
-            pass
-        except Exception:
-            await asyncio.sleep(wait)
 
 
 # --- the doorbell ----------------------------------------------------------------------------

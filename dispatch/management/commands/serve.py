@@ -21,12 +21,11 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
 from dispatch import services
-from dispatch.background import heartbeat_loop, run_background_services
+from dispatch.background import heartbeat_loop, revocation_loop, run_background_services
 from dispatch.consumers import shutdown_local_connections
 from dispatch.mcp.streams import close_all as close_mcp_streams
 from dispatch.models import ServerProcess
 from dispatch.presence import current_process_id
-from dispatch.revocation import revocation_loop
 
 logger = logging.getLogger("dispatch.serve")
 
