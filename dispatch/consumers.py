@@ -49,6 +49,10 @@ def outage(exc: BaseException) -> bool:
     return channel_layer_unavailable(exc) or database_unavailable(exc)
 
 
+# The credential's close code, 4401 on both /ws (sessions-and-remotes §1.1) and /ws/shim/.
+CLOSE_CREDENTIAL_ENDED = 4401
+
+
 class DispatchConsumer(AsyncWebsocketConsumer):
     """A websocket consumer known to its process (for shutdown), cleaned up on every exit,
     without Channels' per-message database hop.
@@ -187,7 +191,7 @@ class DispatchConsumer(AsyncWebsocketConsumer):
     async def credential_ended(self, event: dict[str, Any]) -> None:
         """``credential.ended`` (``dispatch.revocation``): the token, user or session this
         connection stands on ended: close 4401; the usual disconnect path cleans up."""
-        await self.close(code=4401)
+        await self.close(code=CLOSE_CREDENTIAL_ENDED)
 
 
 def _describe(exc: BaseException) -> str:

@@ -116,19 +116,27 @@ def loads(text: str | bytes) -> Any:
     return value
 
 
-def lenient_field(text: str | bytes, field: str, *, nested: bool = True) -> Any:
-    """Read one top-level ``field`` (or, with ``nested``, ``body.field``) of a frame :func:`loads` refused,
-    e.g. a ``remote-call-result``'s ``requestId``; ``None`` when it cannot be read. Accepts
-    what the strict parse refuses (NaN, big integers, lone surrogates, deep nesting)."""
+def lenient_object(text: str | bytes) -> dict[str, Any] | None:
+    """Parse a frame :func:`loads` refused, accepting what the strict parse refuses (NaN,
+    big integers, lone surrogates, deep nesting), so that a field of it (a
+    ``remote-call-result``'s ``requestId``, a request's ``nonce``) can still be read with
+    :func:`lenient_field`; ``None`` when it is not a JSON object at all. Parse once per
+    frame: the text can be up to the frame limit."""
     try:
         value = json.loads(text)
     except (ValueError, RecursionError):
         return None
-    if not isinstance(value, dict):
+    return value if isinstance(value, dict) else None
+
+
+def lenient_field(frame: dict[str, Any] | None, field: str, *, nested: bool = True) -> Any:
+    """The top-level ``field`` of a :func:`lenient_object` (or, with ``nested``, its
+    ``body.field``); ``None`` when absent or when there is no object."""
+    if frame is None:
         return None
-    if field in value or not nested:
-        return value.get(field)
-    body = value.get("body")
+    if field in frame or not nested:
+        return frame.get(field)
+    body = frame.get("body")
     return body.get(field) if isinstance(body, dict) else None
 
 

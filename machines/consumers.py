@@ -88,7 +88,8 @@ class ShimConsumer(DispatchConsumer):
         except ValueError as exc:
             # An answer Dispatch cannot carry (e.g. an integer outside 64 bits): its
             # operation fails at once, naming why; the shim stays connected.
-            message_id = wire.lenient_field(text_data or "", "id") if self.connection_id is not None else None
+            refused = wire.lenient_object(text_data or "") if self.connection_id is not None else None
+            message_id = wire.lenient_field(refused, "id", nested=False)
             if isinstance(message_id, str) and message_id in self.pending:
                 reason = f"the machine answered with a value Dispatch cannot carry: {exc}"
                 await self._fail(message_id, "INVALID_RESPONSE", reason)

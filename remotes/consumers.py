@@ -145,10 +145,11 @@ class SessionConsumer(DispatchConsumer):
         try:
             message = wire.loads(text_data or "")
         except ValueError as exc:
-            if await self._fail_refused_result(text_data or "", str(exc)):
+            refused = wire.lenient_object(text_data or "")
+            if await self._fail_refused_result(refused, str(exc)):
                 return
             # §1 robustness rules: the error carries the nonce when one can be read.
-            await self._limited_error(f"invalid JSON: {exc}", nonce=_readable_nonce(text_data or ""))
+            await self._limited_error(f"invalid JSON: {exc}", nonce=_readable_nonce(refused))
             return
         if not isinstance(message, dict):
             await self._limited_error(f"a message must be a JSON object, got {_json_type(message)}")
@@ -449,13 +450,13 @@ class SessionConsumer(DispatchConsumer):
         self.closing = True
         await self.close(code=code)
 
-    async def _fail_refused_result(self, text: str, reason: str) -> bool:
+    async def _fail_refused_result(self, refused: dict[str, Any] | None, reason: str) -> bool:
         """A ``remote-call-result`` the strict parse refused (NaN, 1e400, an integer outside
         64 bits, a lone surrogate, nesting over the limit): when its ``requestId`` can still
         be read and is pending here, fail that call at once rather than let it time out."""
-        if wire.lenient_field(text, "action") != "remote-call-result":
+        if wire.lenient_field(refused, "action") != "remote-call-result":
             return False
-        request_id = wire.lenient_field(text, "requestId")
+        request_id = wire.lenient_field(refused, "requestId")
         pending = self.pending.pop(request_id, None) if isinstance(request_id, str) else None
         if pending is None:
             return False
@@ -502,10 +503,10 @@ class SessionConsumer(DispatchConsumer):
         return str(client[0]) if client else ""
 
 
-def _readable_nonce(text: str) -> str | int | float | None:
-    """The ``nonce`` of a frame the strict parse refused, when it can be read and echoed
-    (a string, or a number the channel layer and strict parsers accept); else ``None``."""
-    nonce = wire.lenient_field(text, "nonce", nested=False)
+def _readable_nonce(refused: dict[str, Any] | None) -> str | int | float | None:
+    """The ``nonce`` of a frame the strict parse refused (``wire.lenient_object``), when it
+    can be echoed (a string, or a number the channel layer and strict parsers accept)."""
+    nonce = wire.lenient_field(refused, "nonce", nested=False)
     if isinstance(nonce, bool) or not isinstance(nonce, str | int | float):
         return None
     return nonce if wire.problem(nonce) is None else None
