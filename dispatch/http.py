@@ -18,7 +18,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from dispatch import wire
 from dispatch.agents.tokens import agent_token_authenticate
 from dispatch.errors import DispatchError, InvalidRequest, unavailable_error
-from dispatch.models import Agent
+from dispatch.models import Agent, ApiToken
 from dispatch.services import AuthenticationFailed, api_token_authenticate
 
 logger = logging.getLogger(__name__)
@@ -69,43 +69,37 @@ def bearer_credentials(authorization: str) -> str | None:
     return raw.strip() if scheme.lower() == "bearer" else None
 
 
-async def bearer_user(raw_token: str) -> User:
-    """The active user of an API token; ``DispatchError`` ``AUTHENTICATION_FAILED`` (401)
-    for an unknown, revoked or expired token or an inactive user."""
-    try:
-        token = await database_sync_to_async(api_token_authenticate)(raw_token)
-    except AuthenticationFailed:
-        raise DispatchError("AUTHENTICATION_FAILED", "invalid, expired or revoked token") from None
-    return token.user
-
-
-async def bearer_caller(raw_token: str) -> tuple[User, Agent | None]:
-    """Who a bearer token is: ``(user, None)`` for a user API token, ``(owner, agent)`` for
-    an agent token (its ``DISPATCH_MCP_TOKEN``; spec/overview.md "Credentials").
+async def bearer_caller(raw_token: str) -> tuple[User, ApiToken | Agent]:
+    """Who a bearer token is, with the credential it is: ``(user, ApiToken)`` for a user
+    API token, ``(owner, Agent)`` for an agent token (its ``DISPATCH_MCP_TOKEN``;
+    spec/overview.md "Credentials") — the same pair DRF's ``BearerTokenAuthentication``
+    gives as ``(request.user, request.auth)``.
 
     Raises ``DispatchError`` ``AUTHENTICATION_FAILED`` (401) for an unknown, revoked or
     expired token, an inactive user, an agent that is not creating/running/stopping.
     """
     try:
-        return await bearer_user(raw_token), None
-    except DispatchError as exc:
+        token = await database_sync_to_async(api_token_authenticate)(raw_token)
+    except AuthenticationFailed:
         agent = await database_sync_to_async(agent_token_authenticate)(raw_token)
         if agent is None:
-            raise exc from None
+            raise DispatchError("AUTHENTICATION_FAILED", "invalid, expired or revoked token") from None
         return agent.owner, agent
+    return token.user, token
 
 
 async def request_user(request: HttpRequest) -> User:
     """The caller of an async API view: bearer token (a user's or an agent's) first, then
-    the session. For an agent token, ``request.auth`` is set to the calling agent, which
-    ``dispatch.authentication.calling_agent`` reads (as for DRF views).
+    the session. For a bearer token, ``request.auth`` is set to its credential (the
+    ``ApiToken``, or the calling ``Agent``), as DRF does, so
+    ``dispatch.authentication.calling_agent`` reads it for both kinds of view.
 
     Raises ``DispatchError`` ``NOT_AUTHENTICATED`` / ``AUTHENTICATION_FAILED`` (401).
     """
     raw = bearer_credentials(request.headers.get("Authorization", ""))
     if raw is not None:
-        caller, agent = await bearer_caller(raw)
-        request.auth = agent  # type: ignore[attr-defined]
+        caller, credential = await bearer_caller(raw)
+        request.auth = credential  # type: ignore[attr-defined]
         return caller
     user = await request.auser()
     if isinstance(user, User) and user.is_authenticated:

@@ -34,13 +34,11 @@ from dispatch.agents.selectors import agent_get_for, agents_for
 from dispatch.agents.serializers import agent_data
 from dispatch.agents.services import EXPERT, user_events_group
 from dispatch.agents.tokens import agent_token_id
-from dispatch.authentication import calling_agent
 from dispatch.errors import DispatchError, InvalidRequest
 from dispatch.http import bearer_credentials, error_response, request_user
-from dispatch.models import Agent
+from dispatch.models import Agent, ApiToken
 from dispatch.presence import HOSTNAME
 from dispatch.revocation import CREDENTIAL_ENDED, StreamCredential, stream_closed, stream_opened
-from dispatch.services import api_token_authenticate
 
 logger = logging.getLogger(__name__)
 
@@ -138,14 +136,15 @@ async def _frames(
 
 
 async def _credential(request: HttpRequest, user: User) -> StreamCredential:
-    """What the stream stands on: the bearer token's id, or the Django session's key."""
-    raw = bearer_credentials(request.headers.get("Authorization", ""))
-    if raw is not None:
-        if calling_agent(request) is not None:  # an agent token: the stream ends when it is revoked
-            token_id = await database_sync_to_async(agent_token_id)(raw)
-            return StreamCredential(user_id=user.pk, agent_token_id=token_id if token_id is not None else -1)
-        token = await database_sync_to_async(api_token_authenticate)(raw)
-        return StreamCredential(user_id=user.pk, api_token_id=token.pk)
+    """What the stream stands on (``request_user`` already authenticated it): the API
+    token, the agent token (the stream ends when the agent stops), or the Django session."""
+    credential = getattr(request, "auth", None)
+    if isinstance(credential, ApiToken):
+        return StreamCredential(user_id=user.pk, api_token_id=credential.pk)
+    if isinstance(credential, Agent):
+        raw = bearer_credentials(request.headers.get("Authorization", "")) or ""
+        token_id = await database_sync_to_async(agent_token_id)(raw)
+        return StreamCredential(user_id=user.pk, agent_token_id=token_id if token_id is not None else -1)
     return StreamCredential(user_id=user.pk, session_key=request.session.session_key or "")
 
 

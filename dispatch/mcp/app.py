@@ -38,6 +38,7 @@ from dispatch.errors import DispatchError
 from dispatch.http import NOT_AUTHENTICATED, bearer_caller, bearer_credentials
 from dispatch.mcp.events import event_stream
 from dispatch.mcp.server import CALLER_SCOPE_KEY, TOKEN_SCOPE_KEY, Caller, build_server, error_result, uncarriable
+from dispatch.models import Agent
 
 logger = logging.getLogger(__name__)
 
@@ -130,8 +131,8 @@ async def authenticate(headers: Headers) -> Caller:
     raw = bearer_credentials(headers.get("authorization", ""))
     if not raw:
         raise DispatchError("NOT_AUTHENTICATED", NOT_AUTHENTICATED)
-    user, agent = await bearer_caller(raw)
-    return Caller(user=user, agent=agent)
+    user, credential = await bearer_caller(raw)
+    return Caller(user=user, agent=credential if isinstance(credential, Agent) else None)
 
 
 def _error_response(exc: DispatchError) -> Response:
