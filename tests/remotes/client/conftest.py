@@ -7,7 +7,9 @@ import asyncio
 import contextlib
 import itertools
 import json
+import sys
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
@@ -95,9 +97,7 @@ class FakeDispatch:
             reply = self._answer(connection, action, body)
             await connection.send(json.dumps(reply | {"nonce": message["nonce"]}))
 
-    def _answer(
-        self, connection: ServerConnection, action: Any, body: dict[str, Any]
-    ) -> dict[str, Any]:
+    def _answer(self, connection: ServerConnection, action: Any, body: dict[str, Any]) -> dict[str, Any]:
         if action == "ping":
             return {"pong": True}
         if action == "remote-list":
@@ -161,3 +161,17 @@ async def start_serving() -> AsyncIterator[Callable[[Remote], asyncio.Task[NoRet
 def _quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
     """Reconnect and re-register after 10 ms instead of 0.5 s."""
     monkeypatch.setattr("remotes.client.remote.RECONNECT_DELAY", 0.01)
+
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+async def serve_weather_example(dispatch: FakeDispatch) -> asyncio.subprocess.Process:
+    """``python -m remotes.client serve examples/weather_service.py:remote`` against
+    ``dispatch``, as a user runs it (stderr piped for the test to read)."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "remotes.client", "serve", "examples/weather_service.py:remote",
+        "--url", dispatch.url, "--token", dispatch.token,
+        cwd=ROOT,
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip

@@ -6,19 +6,18 @@ import asyncio
 import json
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import pytest
 
 from remotes.client import Remote
 from remotes.client.cli import main
+from tests.remotes.client.conftest import ROOT, serve_weather_example
 
 if TYPE_CHECKING:
     from conftest import FakeDispatch
 
 Start = Callable[[Remote], "asyncio.Task[NoReturn]"]
-ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(autouse=True)
@@ -88,9 +87,7 @@ async def test_call_takes_url_and_token_from_the_environment_and_passes_the_time
 async def test_a_failed_call_prints_the_error_and_exits_1(
     dispatch: FakeDispatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = await run_cli(
-        "call", "nowhere", "f", "{}", "--url", dispatch.url, "--token", dispatch.token
-    )
+    code = await run_cli("call", "nowhere", "f", "{}", "--url", dispatch.url, "--token", dispatch.token)
 
     captured = capsys.readouterr()
     assert code == 1
@@ -99,9 +96,7 @@ async def test_a_failed_call_prints_the_error_and_exits_1(
 
 
 @pytest.mark.asyncio
-async def test_a_refused_token_exits_1(
-    dispatch: FakeDispatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+async def test_a_refused_token_exits_1(dispatch: FakeDispatch, capsys: pytest.CaptureFixture[str]) -> None:
     code = await run_cli("list", "--url", dispatch.url, "--token", "wrong")
 
     assert code == 1
@@ -147,12 +142,7 @@ def test_call_refuses_args_that_are_not_a_json_object() -> None:
 
 @pytest.mark.asyncio
 async def test_serve_runs_the_example_weather_service(dispatch: FakeDispatch) -> None:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "remotes.client", "serve", "examples/weather_service.py:remote",
-        "--url", dispatch.url, "--token", dispatch.token,
-        cwd=ROOT,
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    process = await serve_weather_example(dispatch)
     try:
         assert process.stderr is not None
         banner = (await asyncio.wait_for(process.stderr.readline(), 10)).decode()

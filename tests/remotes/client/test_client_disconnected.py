@@ -6,20 +6,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import pytest
 
 from remotes.client import AuthenticationError, Remote, RemoteDisconnected
+from tests.remotes.client.conftest import serve_weather_example
 
 if TYPE_CHECKING:
     from conftest import FakeDispatch
 
 Start = Callable[[Remote], "asyncio.Task[NoReturn]"]
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def adder(dispatch: FakeDispatch) -> Remote:
@@ -68,12 +66,7 @@ async def test_an_event_for_another_name_is_ignored(dispatch: FakeDispatch, star
 
 @pytest.mark.asyncio
 async def test_the_cli_exits_1_with_the_message_when_its_remote_is_disconnected(dispatch: FakeDispatch) -> None:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "remotes.client", "serve", "examples/weather_service.py:remote",
-        "--url", dispatch.url, "--token", dispatch.token,
-        cwd=ROOT,
-        stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    process = await serve_weather_example(dispatch)
     try:
         await dispatch.wait_registered()
         await dispatch.disconnect("weather-service", "removed on the Remotes page")

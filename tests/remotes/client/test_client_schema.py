@@ -48,9 +48,7 @@ def test_the_spec_has_the_name_and_both_descriptions() -> None:
     spec = function_spec(ship)
 
     assert spec["name"] == "ship"
-    assert (
-        spec["description"] == "Ship an item.\n\nBooks a courier and returns the tracking number."
-    )
+    assert spec["description"] == "Ship an item.\n\nBooks a courier and returns the tracking number."
 
 
 def test_parameters_are_an_object_schema_of_the_type_hints() -> None:
@@ -140,9 +138,7 @@ def test_reST_style_docstrings_work_too() -> None:
         """
         return name
 
-    assert (
-        function_spec(greet)["parameters"]["properties"]["name"]["description"] == "Who to greet."
-    )
+    assert function_spec(greet)["parameters"]["properties"]["name"]["description"] == "Who to greet."
 
 
 def test_parameters_that_cannot_be_keywords_are_refused() -> None:
