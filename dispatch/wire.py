@@ -31,23 +31,6 @@ def _finite(text: str) -> float:
 MAX_DEPTH = 64
 
 
-def _too_deep(value: Any, limit: int) -> bool:
-    """Whether ``value`` nests arrays/objects more than ``limit`` levels (iterative walk)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
-    return False
-
-
 INT_MIN = -(2**63)
 INT_MAX = 2**63 - 1
 """The channel layer (msgpack) carries signed 64-bit integers only (its unsigned range is
