@@ -101,9 +101,9 @@ def prepare(output: Path, *, agents: int, events: int) -> None:
     from django.test.utils import CaptureQueriesContext
     from django.utils import timezone
 
-    from dispatch.agents import selectors
-    from dispatch.models import Agent, AgentEvent, Run
-    from dispatch.services import api_token_create
+    from agents import selectors
+    from agents.models import Agent, AgentEvent, Run
+    from core.services import api_token_create
 
     started = time.monotonic()
     users = get_user_model()

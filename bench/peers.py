@@ -111,7 +111,7 @@ def signed_loop(output: Path, *, label: str, agent_id: str, count: int, prefix: 
     _django()
     import httpx
 
-    from dispatch import secrets_at_rest
+    from core import secrets_at_rest
     from peers.auth import sign_request_with_key
     from peers.identity import identity_get
     from peers.models import Peer
@@ -146,7 +146,7 @@ def dump_received(output: Path, *, prefix: str) -> None:
     """In a child with B's settings: every ``AgentMessage`` whose content starts with
     ``prefix``, by id: ``[[id, idempotency_key, content, created_at epoch seconds], ...]``."""
     _django()
-    from dispatch.models import AgentMessage
+    from agents.models import AgentMessage
 
     rows = AgentMessage.objects.filter(content__startswith=prefix).order_by("id")
     output.write_text(

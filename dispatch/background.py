@@ -17,8 +17,8 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from dispatch import services
-from dispatch.consumers import outage, shutdown_local_connections
+from core import services
+from core.consumers import outage, shutdown_local_connections
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ async def revocation_loop() -> None:
     once per change of state (``LoopHealth``)."""
     from channels.layers import get_channel_layer
 
-    from dispatch import revocation
+    from core import revocation
 
     layer = get_channel_layer()
     channel = await layer.new_channel()
@@ -164,8 +164,8 @@ async def revocation_loop() -> None:
 def reap_once() -> None:
     """Reap dead server processes, then fail the runs they were executing ("worker lost";
     never replayed, spec/agents.md §1)."""
-    from dispatch.agents.services import runs_fail_orphaned
-    from dispatch.selectors import alive_processes
+    from agents.services import runs_fail_orphaned
+    from core.selectors import alive_processes
 
     services.server_process_reap()
     runs_fail_orphaned(alive_process_ids=alive_processes().values_list("pk", flat=True))
@@ -197,9 +197,9 @@ async def cli_supervisor_loop() -> None:
     """
     from channels.layers import get_channel_layer
 
-    from dispatch.agents.cli import supervise_once, supervisor_lease_release
-    from dispatch.agents.messages import doorbell_group
-    from dispatch.presence import HOSTNAME, current_process_id
+    from agents.cli import supervise_once, supervisor_lease_release
+    from agents.messages import doorbell_group
+    from core.presence import HOSTNAME, current_process_id
 
     if shutil.which("tmux") is None:
         # Nothing to supervise without tmux (and no CLI agent can be launched here).
@@ -240,7 +240,7 @@ async def cli_supervisor_loop() -> None:
 
 def background_services() -> list[Callable[[], Awaitable[None]]]:
     """The background services of this version, each an endless coroutine function."""
-    from dispatch.agents.executor import executor_loop
+    from agents.executor import executor_loop
     from peers.mirror import mirror_loop
     from peers.outbox import outbox_drain_loop
 

@@ -10,7 +10,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 class BearerTokenScheme(OpenApiAuthenticationExtension):
     """``Authorization: Bearer <api token>`` in the OpenAPI schema."""
 
-    target_class = "dispatch.authentication.BearerTokenAuthentication"
+    target_class = "core.authentication.BearerTokenAuthentication"
     name = "bearerAuth"
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, str]:

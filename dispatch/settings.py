@@ -1,7 +1,7 @@
 """Dispatch settings, read once from the environment (and ``.env``).
 
 Every variable is listed in ``.env.example`` and in the README. Helpers in
-``dispatch.conf`` raise ``ImproperlyConfigured`` on a bad value (spec/overview.md
+``core.conf`` raise ``ImproperlyConfigured`` on a bad value (spec/overview.md
 "Configuration").
 """
 
@@ -21,8 +21,8 @@ from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
 from dotenv import load_dotenv
 
-from dispatch.agents.types import parse_agent_types
-from dispatch.conf import env_bool, env_float, env_int, env_list, env_secret, env_str
+from agents.types import parse_agent_types
+from core.conf import env_bool, env_float, env_int, env_list, env_secret, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 load_dotenv(BASE_DIR / ".env", override=False)
@@ -87,7 +87,7 @@ ENCRYPTION_KEYS = _encryption_keys()
 _local_hosts = ["localhost", "127.0.0.1", "[::1]"]
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [*_local_hosts, _public.hostname])
 CSRF_TRUSTED_ORIGINS = [f"{_public.scheme}://{_public.netloc}"]
-CSRF_FAILURE_VIEW = "dispatch.views.csrf_failure"  # the JSON error shape under /api/
+CSRF_FAILURE_VIEW = "core.views.csrf_failure"  # the JSON error shape under /api/
 
 # --- applications ----------------------------------------------------------------------
 INSTALLED_APPS = [
@@ -101,19 +101,21 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "django_htmx",
-    "dispatch",
+    "core",
     "remotes",
     "machines",
+    "agents",
     "peers",
+    "dispatch",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "dispatch.http.ApiErrorShapeMiddleware",  # every error under /api/ in the JSON shape
-    "dispatch.static.AsyncWhiteNoiseMiddleware",
+    "core.http.ApiErrorShapeMiddleware",  # every error under /api/ in the JSON shape
+    "core.static.AsyncWhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
-    "dispatch.http.BearerCsrfExemptMiddleware",
+    "core.http.BearerCsrfExemptMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.auth.middleware.LoginRequiredMiddleware",
@@ -121,7 +123,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     # Innermost, so its process_exception runs first: a view failing on an outage is a 503.
-    "dispatch.http.OutageMiddleware",
+    "core.http.OutageMiddleware",
 ]
 
 ROOT_URLCONF = "dispatch.urls"
@@ -220,7 +222,7 @@ if REDIS_URL:
         "default": {
             # channels-redis with a pool that waits for a free connection instead of
             # failing the send (redis-py 8 caps a plain pool at 100 and raises).
-            "BACKEND": "dispatch.channel_layer.RedisChannelLayer",
+            "BACKEND": "core.channel_layer.RedisChannelLayer",
             "CONFIG": {
                 # redis-py 8 defaults to a 5 s socket timeout, the length of the layer's
                 # own blocking reads: an idle consumer would die with TimeoutError.
@@ -256,7 +258,7 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     # Not a rule: its password_changed hook closes the user's cookie websockets.
-    {"NAME": "dispatch.revocation.EndSessionsOnPasswordChange"},
+    {"NAME": "core.revocation.EndSessionsOnPasswordChange"},
 ]
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SECURE = _public.scheme == "https"
@@ -270,19 +272,19 @@ RATELIMIT_STORAGE_URL = REDIS_URL or "memory://"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "dispatch.authentication.BearerTokenAuthentication",
+        "core.authentication.BearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "EXCEPTION_HANDLER": "dispatch.api.exception_handler",
-    # Strict JSON through dispatch.wire (issue 10): what the channel layer cannot carry is a 400.
+    "EXCEPTION_HANDLER": "core.api.exception_handler",
+    # Strict JSON through core.wire (issue 10): what the channel layer cannot carry is a 400.
     "DEFAULT_PARSER_CLASSES": [
-        "dispatch.http.WireJSONParser",
+        "core.http.WireJSONParser",
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "dispatch.negotiation.JsonFallbackNegotiation",
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "core.negotiation.JsonFallbackNegotiation",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 SPECTACULAR_SETTINGS = {
@@ -339,7 +341,7 @@ SHIM_PONG_TIMEOUT = env_float("DISPATCH_SHIM_PONG_TIMEOUT", 10.0)
 # endpoint. Unset base URL: expert runs fail at once with a clear error.
 # CLI agents: the tmux server (a ``tmux -L`` socket name; empty: the default server).
 TMUX_SOCKET = env_str("DISPATCH_TMUX_SOCKET", "")
-# CLI agent types (spec/agents.md §2): JSON, see dispatch/agents/types.py; empty = defaults.
+# CLI agent types (spec/agents.md §2): JSON, see agents/types.py; empty = defaults.
 try:
     AGENT_TYPES = parse_agent_types(env_str("DISPATCH_AGENT_TYPES", ""))
 except ValueError as exc:

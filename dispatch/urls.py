@@ -7,8 +7,8 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from dispatch import api, views
-from dispatch.agents.urls import api_urlpatterns as agent_api_urls
+from agents.urls import api_urlpatterns as agent_api_urls
+from core import api, views
 from machines.urls import api_urlpatterns as machine_api_urls
 from peers.urls import api_urlpatterns as peer_api_urls
 from remotes.urls import api_urlpatterns as remote_api_urls
@@ -24,7 +24,7 @@ api_v1 = [
 ]
 
 urlpatterns = [
-    path("", include("dispatch.agents.page_urls")),
+    path("", include("agents.page_urls")),
     path("login/", views.login_view, name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("settings/", views.settings_page, name="settings"),
@@ -39,7 +39,7 @@ urlpatterns = [
     path("", include("peers.urls")),
 ]
 
-handler400 = "dispatch.views.bad_request"
-handler403 = "dispatch.views.permission_denied"
-handler404 = "dispatch.views.not_found"
-handler500 = "dispatch.views.server_error"
+handler400 = "core.views.bad_request"
+handler403 = "core.views.permission_denied"
+handler404 = "core.views.not_found"
+handler500 = "core.views.server_error"

@@ -7,7 +7,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from dispatch.admin import ReadOnlyAdmin
+from core.admin import ReadOnlyAdmin
 from machines.models import AuditRecord, DeviceAuthorization, Machine, MachineConnection, MachineToken
 from machines.services import connections
 

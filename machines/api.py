@@ -21,12 +21,12 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from dispatch.agents.tokens import agent_scope_forbid, agent_scope_session
-from dispatch.api import DispatchAPIView
-from dispatch.authentication import authenticated_user, calling_agent
-from dispatch.errors import InvalidRequest
-from dispatch.http import json_api, json_object
-from dispatch.services import rate_limiter
+from agents.tokens import agent_scope_forbid, agent_scope_session
+from core.api import DispatchAPIView
+from core.authentication import authenticated_user, calling_agent
+from core.errors import InvalidRequest
+from core.http import json_api, json_object
+from core.services import rate_limiter
 from machines import selectors
 from machines.services import connections, device, router
 from machines.services.copy import copy_between_machines

@@ -9,7 +9,7 @@ class MachinesConfig(AppConfig):
     name = "machines"
 
     def ready(self) -> None:
-        from dispatch.services import PROCESSES_GONE_HOOKS
+        from core.services import PROCESSES_GONE_HOOKS
         from machines.services.connections import shim_connections_of_processes_closed
 
         # The reaper closes a dead process's machine connections as a clean disconnect does.

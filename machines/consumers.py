@@ -18,8 +18,8 @@ from channels.exceptions import ChannelFull
 from django.conf import settings
 from pydantic import ValidationError
 
-from dispatch import wire
-from dispatch.consumers import DispatchConsumer
+from core import wire
+from core.consumers import DispatchConsumer
 from machines import protocol
 from machines.protocol import OPERATIONS, envelope, negotiate
 from machines.services import connections

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from dispatch.models import ApiToken, ServerProcess
+from core.models import ApiToken, ServerProcess
 
 
 class DeviceAuthorization(models.Model):
@@ -127,7 +127,7 @@ class MachineConnection(models.Model):
     channel_name = models.CharField(max_length=200, unique=True)
     server_process = models.ForeignKey(ServerProcess, on_delete=models.CASCADE, related_name="machine_connections")
     # The credential the connection stands on, so revoking it closes the socket
-    # (dispatch.revocation): a machine token, or a user API token (development).
+    # (core.revocation): a machine token, or a user API token (development).
     machine_token = models.ForeignKey(
         "machines.MachineToken", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )

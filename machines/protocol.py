@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
 
-from dispatch import wire
+from core import wire
 
 PROTOCOL_VERSION = "2.0"
 MAX_FRAME_BYTES = 16 * 1024 * 1024  # frames over this close with 1009 (§2)

@@ -18,7 +18,7 @@ from django.contrib.auth.models import User
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import best_match
 
-from dispatch.errors import InvalidRequest
+from core.errors import InvalidRequest
 from machines.services import router
 from machines.services.copy import copy_between_machines
 from machines.services.operations import list_machines, machine_op
@@ -167,7 +167,7 @@ async def machine_tools(
 
     A call's ``session_id`` argument picks another session of the user; ``session_guard``,
     when given, is called with it first and may refuse it by raising ``DispatchError``
-    (an agent acts only in its own session: ``dispatch.agents.tokens.agent_scope_session``).
+    (an agent acts only in its own session: ``agents.tokens.agent_scope_session``).
 
     Descriptions are computed now: with two or more machines attached they say how the
     router decides and list the machines by name.

@@ -10,9 +10,9 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from dispatch.authentication import authenticated_user
-from dispatch.errors import DispatchError
-from dispatch.views import htmx_login_required
+from core.authentication import authenticated_user
+from core.errors import DispatchError
+from core.views import htmx_login_required
 from machines import selectors
 from machines.services import connections, device, router
 

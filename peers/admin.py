@@ -20,7 +20,7 @@ from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from dispatch.errors import DispatchError
+from core.errors import DispatchError
 from peers import pairing
 from peers.models import OutboxMessage, PairingOffer, Peer, PeerLease, PeerReceipt
 

@@ -35,8 +35,8 @@ from http_message_signatures import (
 )
 from http_message_signatures.exceptions import HTTPMessageSignaturesException
 
-from dispatch.http import bearer_credentials
-from dispatch.services import token_digest
+from core.http import bearer_credentials
+from core.services import token_digest
 from peers.identity import Identity, identity_get, public_key_from
 from peers.models import Peer
 

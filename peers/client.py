@@ -21,7 +21,7 @@ import httpx
 import httpx_sse
 from channels.db import database_sync_to_async
 
-from dispatch import secrets_at_rest
+from core import secrets_at_rest
 from peers.auth import sign_request
 from peers.identity import Identity, identity_get
 from peers.models import Peer, new_idempotency_key

@@ -2,7 +2,7 @@
 
 The key pair is created on first use and kept in the ``InstanceIdentity`` row: the raw
 public key as base64url without padding, the raw private key encrypted at rest
-(``dispatch.secrets_at_rest``). The fingerprint is the SHA-256 of the raw public key as
+(``core.secrets_at_rest``). The fingerprint is the SHA-256 of the raw public key as
 8 groups of 4 lowercase hex characters (the first 32 hex digits), shown on both pairing
 cards so a person can compare them.
 """
@@ -18,9 +18,9 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 from django.conf import settings
 from django.db import transaction
 
-from dispatch import secrets_at_rest
-from dispatch.models import InstanceIdentity
-from dispatch.services import instance_identity_get
+from core import secrets_at_rest
+from core.models import InstanceIdentity
+from core.services import instance_identity_get
 
 PEER_PROTOCOL_VERSION = 2
 

@@ -41,8 +41,8 @@ from django.db import transaction
 from django.db.models import Count, Max, Q
 from django.utils import timezone
 
+from core.presence import current_process_id
 from dispatch.background import LoopHealth
-from dispatch.presence import current_process_id
 from peers import shadows
 from peers.leases import peer_lease_claim, peer_lease_release
 from peers.models import Peer

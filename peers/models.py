@@ -124,7 +124,7 @@ class OutboxMessage(models.Model):
         DISCARDED = "discarded"
 
     peer = models.ForeignKey(Peer, on_delete=models.CASCADE, related_name="outbox")
-    message = models.OneToOneField("dispatch.AgentMessage", on_delete=models.CASCADE, related_name="outbox")
+    message = models.OneToOneField("agents.AgentMessage", on_delete=models.CASCADE, related_name="outbox")
     idempotency_key = models.CharField(max_length=100, default=new_idempotency_key, unique=True)
     to_agent_id = models.CharField(max_length=64)  # the agent's id on the peer
     payload = models.JSONField()  # the POST /api/v1/peers/messages body

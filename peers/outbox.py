@@ -45,11 +45,11 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from dispatch.agents import services as agent_services
-from dispatch.agents.messages import message_mark_delivered, message_mark_failed
+from agents import services as agent_services
+from agents.messages import message_mark_delivered, message_mark_failed
+from agents.models import Agent, AgentEvent, AgentMessage
+from core.errors import DispatchError, NotFound
 from dispatch.background import LoopHealth, doorbell_wait
-from dispatch.errors import DispatchError, NotFound
-from dispatch.models import Agent, AgentEvent, AgentMessage
 from peers.client import PeerClient, PeerUnreachable
 from peers.leases import peer_lease_claim, peer_lease_release
 from peers.models import OutboxMessage, Peer, PeerReceipt
@@ -399,7 +399,7 @@ async def outbox_drain_loop() -> None:
     """Background service (``dispatch.background.background_services``): drain every
     ``DRAIN_INTERVAL`` seconds and whenever ``DOORBELL_GROUP`` rings; purge by retention
     once an hour. The lease holder id is this process's id plus a random suffix."""
-    from dispatch.presence import current_process_id
+    from core.presence import current_process_id
 
     holder = f"{current_process_id()}.{secrets.token_hex(3)}"
     layer = get_channel_layer()

@@ -30,11 +30,11 @@ from django.db import transaction
 from django.utils import timezone
 from limits import parse
 
-from dispatch import secrets_at_rest
-from dispatch.errors import DispatchError, InvalidRequest, NotFound, RateLimited
-from dispatch.models import AgentMessage
-from dispatch.services import generate_token, rate_limiter, token_digest
-from dispatch.tool_changes import tools_changed_on_commit
+from agents.models import AgentMessage
+from core import secrets_at_rest
+from core.errors import DispatchError, InvalidRequest, NotFound, RateLimited
+from core.services import generate_token, rate_limiter, token_digest
+from core.tool_changes import tools_changed_on_commit
 from peers.identity import PEER_PROTOCOL_VERSION, Identity, fingerprint_of, identity_get, public_key_from
 from peers.mirror import mirror_rescan
 from peers.models import OutboxMessage, PairingOffer, Peer, new_idempotency_key
@@ -720,8 +720,8 @@ def peer_credentials_rotate(*, peer: Peer) -> Peer:
 def instance_rename(*, user: User, name: str) -> str:
     """Set this instance's display name (spec §1: editable; it seeds the label peers give
     this instance). Staff only (403); 1–100 characters (400). Returns the stored name."""
-    from dispatch.models import InstanceIdentity
-    from dispatch.services import instance_identity_get
+    from core.models import InstanceIdentity
+    from core.services import instance_identity_get
 
     _require_staff(user)
     text = name.strip() if isinstance(name, str) else ""

@@ -25,10 +25,10 @@ from django.urls import URLPattern, path
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods, require_POST
 
-from dispatch.agents.tokens import agent_scope_forbid
-from dispatch.authentication import calling_agent
-from dispatch.errors import DispatchError, InvalidRequest
-from dispatch.http import error_response, json_api, json_object
+from agents.tokens import agent_scope_forbid
+from core.authentication import calling_agent
+from core.errors import DispatchError, InvalidRequest
+from core.http import error_response, json_api, json_object
 from peers import pairing
 from peers.models import Peer
 from peers.selectors import outbox_counts, peer_get_for, peers_for

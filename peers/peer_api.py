@@ -33,8 +33,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import URLPattern, URLResolver, path
 from django.views.decorators.csrf import csrf_exempt
 
-from dispatch.errors import DispatchError
-from dispatch.http import json_object
+from core.errors import DispatchError
+from core.http import json_object
 from peers import receipts, services
 from peers.auth import PeerAuthError, peer_authenticate_sync, peer_error_response
 from peers.models import Peer

@@ -33,7 +33,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.http import HttpRequest
 
-from dispatch.errors import DispatchError, InvalidRequest
+from core.errors import DispatchError, InvalidRequest
 from peers.models import Peer, PeerReceipt
 
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
@@ -49,7 +49,7 @@ class IdempotencyKeyReused(DispatchError):
 
     @property
     def http_status(self) -> int:
-        """Always 422 (Unprocessable Content), whatever ``dispatch.errors.HTTP_STATUS`` says."""
+        """Always 422 (Unprocessable Content), whatever ``core.errors.HTTP_STATUS`` says."""
         return 422
 
 

@@ -29,10 +29,10 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
-from dispatch.agents import services as agent_services
-from dispatch.agents.messages import MAX_MESSAGE_LENGTH, message_data
-from dispatch.errors import DispatchError, InvalidRequest, NotFound
-from dispatch.models import Agent, AgentEvent, AgentMessage
+from agents import services as agent_services
+from agents.messages import MAX_MESSAGE_LENGTH, message_data
+from agents.models import Agent, AgentEvent, AgentMessage
+from core.errors import DispatchError, InvalidRequest, NotFound
 from peers.client import PeerClient, PeerUnreachable
 from peers.identity import identity_get
 from peers.mirror import mirror_resnapshot

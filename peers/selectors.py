@@ -10,7 +10,7 @@ from django.contrib.auth.models import User
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
-from dispatch.errors import InvalidRequest, NotFound
+from core.errors import InvalidRequest, NotFound
 from peers.models import OutboxMessage, PairingOffer, Peer
 
 

@@ -15,13 +15,13 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from dispatch.agents import api as agents_api
-from dispatch.agents import launching, messages
-from dispatch.agents import services as agent_services
-from dispatch.agents.serializers import agent_data
-from dispatch.agents.tools import default_launch_type
-from dispatch.errors import DispatchError, InvalidRequest, NotFound
-from dispatch.models import Agent, AgentEvent, AgentMessage
+from agents import api as agents_api
+from agents import launching, messages
+from agents import services as agent_services
+from agents.models import Agent, AgentEvent, AgentMessage
+from agents.serializers import agent_data
+from agents.tools import default_launch_type
+from core.errors import DispatchError, InvalidRequest, NotFound
 from peers import receipts
 from peers.models import Peer
 

@@ -3,7 +3,7 @@
 A shadow is an ``Agent`` with ``peer`` set and ``peer_agent_id`` = the agent's id on the
 peer, owned by the link's local user (``peer.owner``). Shadows take whatever known
 status their peer reports: their status is written here directly, bypassing the local
-transition table (``dispatch.agents.services.TRANSITIONS``), and every change is
+transition table (``agents.services.TRANSITIONS``), and every change is
 announced as ``agent.upsert`` on the owner's live-events group after commit.
 
 Frames come from the peer's ``GET /api/v1/peers/events`` (``peers.stream``): each agent
@@ -22,9 +22,9 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from dispatch.agents.serializers import agent_data
-from dispatch.agents.services import MAX_EVENT_MESSAGE_LENGTH, MAX_NAME_LENGTH, agent_event_record, publish_on_commit
-from dispatch.models import Agent, AgentEvent
+from agents.models import Agent, AgentEvent
+from agents.serializers import agent_data
+from agents.services import MAX_EVENT_MESSAGE_LENGTH, MAX_NAME_LENGTH, agent_event_record, publish_on_commit
 from peers.models import Peer
 
 logger = logging.getLogger(__name__)

@@ -36,10 +36,10 @@ from django.utils.dateparse import parse_datetime
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET
 
-from dispatch.agents.services import user_events_group
-from dispatch.agents.stream import sse_frame
-from dispatch.models import Agent
-from dispatch.revocation import CREDENTIAL_ENDED, StreamCredential, stream_closed, stream_opened
+from agents.models import Agent
+from agents.services import user_events_group
+from agents.stream import sse_frame
+from core.revocation import CREDENTIAL_ENDED, StreamCredential, stream_closed, stream_opened
 from peers.models import Peer
 
 logger = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ def peer_agent_data(agent: Agent, *, allow_events: bool) -> dict[str, Any]:
 
 
 def peer_upsert_from_local(data: dict[str, Any], *, allow_events: bool) -> dict[str, Any] | None:
-    """Convert a local ``agent.upsert`` payload (``dispatch.agents.serializers.agent_data``)
+    """Convert a local ``agent.upsert`` payload (``agents.serializers.agent_data``)
     to the scoped shape of ``peer_agent_data``; ``None`` for a shadow agent's (never shown)."""
     if data.get("peer") is not None or data.get("peer_agent_id"):
         return None
@@ -144,7 +144,7 @@ async def peer_frames(peer: Peer, channel: str) -> AsyncIterator[str]:
     group = user_events_group(peer.owner_id)
     receive: asyncio.Future[dict[str, Any]] | None = None
     loop = asyncio.get_running_loop()
-    # An unlink ends the stream within seconds even while it is idle (dispatch.revocation).
+    # An unlink ends the stream within seconds even while it is idle (core.revocation).
     stream_opened(channel, StreamCredential(peer_id=peer.pk))
     try:
         try:

@@ -28,7 +28,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
-from dispatch.errors import DispatchError
+from core.errors import DispatchError
 from peers import pairing
 from peers.identity import identity_get
 from peers.models import OutboxMessage, Peer

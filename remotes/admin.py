@@ -6,8 +6,8 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from dispatch.admin import ReadOnlyAdmin
-from dispatch.errors import DispatchError
+from core.admin import ReadOnlyAdmin
+from core.errors import DispatchError
 from remotes import services
 from remotes.models import Remote, WsSession
 

@@ -12,9 +12,9 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from dispatch.api import DispatchAPIView
-from dispatch.authentication import authenticated_user
-from dispatch.http import json_api, json_object
+from core.api import DispatchAPIView
+from core.authentication import authenticated_user
+from core.http import json_api, json_object
 from remotes.calls import call_from_body
 from remotes.selectors import remotes_for
 

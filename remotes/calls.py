@@ -7,7 +7,7 @@ from typing import Any
 
 from django.contrib.auth.models import User
 
-from dispatch.errors import InvalidRequest
+from core.errors import InvalidRequest
 from remotes import services
 from remotes.protocol import RemoteCallBody, parse_body
 

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from dispatch.models import ApiToken, ServerProcess
+from core.models import ApiToken, ServerProcess
 
 
 def new_ws_session_id() -> str:
@@ -35,7 +35,7 @@ class WsSession(models.Model):
     server_process = models.ForeignKey(ServerProcess, on_delete=models.CASCADE, related_name="ws_sessions")
     auth_method = models.CharField(max_length=10, choices=AuthMethod.choices)
     # The credential the session stands on, so revoking it closes the socket
-    # (dispatch.revocation): the API token of a header/token login (null once the token row
+    # (core.revocation): the API token of a header/token login (null once the token row
     # is deleted — the session then counts as revoked), the Django session of a cookie login.
     api_token = models.ForeignKey(ApiToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     session_key = models.CharField(max_length=40, blank=True)

@@ -14,7 +14,7 @@ from jsonschema import Draft202012Validator, SchemaError
 from jsonschema.validators import validator_for
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
 
-from dispatch.errors import InvalidRequest
+from core.errors import InvalidRequest
 from remotes.schemas import non_local_refs
 
 REMOTENAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,63}$"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import re_path
 
-from remotes.consumers import SessionConsumer
+from dispatch.ws.consumer import SessionConsumer
 
 websocket_urlpatterns = [
     re_path(r"^ws/?$", SessionConsumer.as_asgi()),

@@ -27,12 +27,12 @@ from jsonschema.exceptions import ValidationError, best_match
 from jsonschema.protocols import Validator
 from referencing.exceptions import Unresolvable
 
-from dispatch.errors import DispatchError
-from dispatch.models import ServerProcess
-from dispatch.presence import current_process_id
-from dispatch.realtime import layer_request
-from dispatch.services import server_process_ensure
-from dispatch.tool_changes import tools_changed_on_commit
+from core.errors import DispatchError
+from core.models import ServerProcess
+from core.presence import current_process_id
+from core.realtime import layer_request
+from core.services import server_process_ensure
+from core.tool_changes import tools_changed_on_commit
 from remotes.models import Remote, WsSession
 from remotes.protocol import FunctionSpec, remote_call_event
 from remotes.schemas import compile_validator, has_patterns
@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 # DISPATCH_REMOTE_CALL_TIMEOUT and per call.
 REMOTE_CALL_TIMEOUT = 30.0
 
-# Channel-layer message types (handled by remotes.consumers.SessionConsumer).
+# Channel-layer message types (handled by dispatch.ws.consumer.SessionConsumer).
 CALL_MESSAGE = "remote.call"
 REPLY_MESSAGE = "remote.reply"
 DISCONNECTED_MESSAGE = "remote.disconnected"
@@ -86,7 +86,7 @@ def ws_session_open(
 ) -> WsSession:
     """Record an authenticated ``/ws`` connection held by this process, with the credential
     it stands on (``api_token_id`` for header/token logins, ``session_key`` for cookie
-    logins) so that ending the credential closes it (``dispatch.revocation``)."""
+    logins) so that ending the credential closes it (``core.revocation``)."""
     process_id = server_process_ensure()
     return WsSession.objects.create(
         user=user,

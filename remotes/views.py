@@ -20,9 +20,9 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_GET, require_POST
 
-from dispatch.authentication import authenticated_user
-from dispatch.errors import DispatchError
-from dispatch.views import htmx_login_required, ws_url
+from core.authentication import authenticated_user
+from core.errors import DispatchError
+from core.views import htmx_login_required, ws_url
 from remotes.calls import call_from_body, parse_args_json
 from remotes.models import Remote
 from remotes.selectors import remotes_for

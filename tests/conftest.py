@@ -17,7 +17,7 @@ from channels.layers import channel_layers
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
 
-from dispatch.services import api_token_create, password_throttle_reset
+from core.services import api_token_create, password_throttle_reset
 
 PASSWORD = "correct horse battery"
 
@@ -218,7 +218,7 @@ def count_rows() -> Callable[..., Any]:
 
 @pytest.fixture
 def private_tmux(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """A private tmux server (``tmux -L dispatch-test-<hex>``) that ``dispatch.agents.cli``
+    """A private tmux server (``tmux -L dispatch-test-<hex>``) that ``agents.cli``
     uses through ``runner_factory`` for this test, killed afterwards with its socket file.
     Skips when tmux is not installed (``.ci/run`` installs it)."""
     import os
@@ -227,8 +227,8 @@ def private_tmux(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     import uuid
     from pathlib import Path
 
-    from dispatch.agents import cli
-    from dispatch.tmux import TmuxRunner
+    from agents import cli
+    from agents.tmux import TmuxRunner
 
     if shutil.which("tmux") is None:
         pytest.skip("tmux is not installed")

@@ -12,7 +12,7 @@ import uuid
 import pytest
 from redis.asyncio import BlockingConnectionPool
 
-from dispatch.channel_layer import RedisChannelLayer
+from core.channel_layer import RedisChannelLayer
 from tests.infra import redis_url
 
 pytestmark = [pytest.mark.redis]
@@ -89,5 +89,5 @@ def test_settings_use_the_blocking_layer_when_redis_is_configured(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     layer = json.loads(out.stdout.strip().splitlines()[-1])
-    assert layer["BACKEND"] == "dispatch.channel_layer.RedisChannelLayer"
+    assert layer["BACKEND"] == "core.channel_layer.RedisChannelLayer"
     assert layer["CONFIG"]["hosts"][0]["max_connections"] == 33

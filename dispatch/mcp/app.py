@@ -3,7 +3,7 @@
 Each request: ``Host`` (and ``Origin``, when a browser sends one) checked against
 ``ALLOWED_HOSTS`` the way Django checks them; ``Authorization: Bearer <user API token or agent token>``
 authenticated (401 with ``WWW-Authenticate: Bearer`` otherwise, in the REST error shape;
-an agent token makes that agent the caller, ``dispatch.agents.tokens``);
+an agent token makes that agent the caller, ``agents.tokens``);
 then the SDK's ``StreamableHTTPSessionManager`` answers POSTs, **stateless** (any server
 process can answer any request) with JSON responses; ``GET`` is the 2025-11-25 event
 stream, answered by ``dispatch.mcp.events`` (the SDK serves none when stateless); other
@@ -33,12 +33,12 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from dispatch import wire
-from dispatch.errors import DispatchError
-from dispatch.http import NOT_AUTHENTICATED, bearer_caller, bearer_credentials
+from agents.models import Agent
+from core import wire
+from core.errors import DispatchError
+from core.http import NOT_AUTHENTICATED, bearer_caller, bearer_credentials
 from dispatch.mcp.events import event_stream
 from dispatch.mcp.server import CALLER_SCOPE_KEY, TOKEN_SCOPE_KEY, Caller, build_server, error_result, uncarriable
-from dispatch.models import Agent
 
 logger = logging.getLogger(__name__)
 

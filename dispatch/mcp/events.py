@@ -27,7 +27,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
-from dispatch.errors import DispatchError
+from core.errors import DispatchError
 from dispatch.mcp.relay import user_feed
 from dispatch.mcp.server import Caller
 from dispatch.mcp.streams import OpenStream, stream_close, stream_open

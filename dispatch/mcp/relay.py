@@ -1,6 +1,6 @@
 """Each user's tool-change doorbell, relayed into this process (spec/agents.md §6).
 
-``dispatch.tool_changes`` rings the channel-layer group ``tools_group(user_id)`` after a
+``core.tool_changes`` rings the channel-layer group ``tools_group(user_id)`` after a
 change of the user's remotes or machines commits. While at least one MCP event stream of
 the user is open in this process (a ``GET /mcp`` stream or a ``subscriptions/listen``
 stream), one relay task holds a channel in that group and publishes each ring as a
@@ -19,7 +19,7 @@ from typing import Any
 from channels.layers import get_channel_layer
 from mcp.server.subscriptions import InMemorySubscriptionBus, ToolsListChanged
 
-from dispatch.tool_changes import TOOLS_CHANGED_MESSAGE, tools_group
+from core.tool_changes import TOOLS_CHANGED_MESSAGE, tools_group
 
 logger = logging.getLogger(__name__)
 

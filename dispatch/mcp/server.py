@@ -15,7 +15,7 @@ every protocol version (``DispatchServer``). At 2026-07-28 a client opens
 ``subscriptions/listen`` (the SDK's ``ListenHandler``, SSE even in JSON-response mode); at
 2025-11-25 it opens ``GET /mcp`` (``dispatch.mcp.events``). Both are fed by the user's
 relay (``dispatch.mcp.relay``) of the channel-layer group ``tools_group(user_id)``
-(``dispatch.tool_changes``), which the services ring on commit whenever one of the user's
+(``core.tool_changes``), which the services ring on commit whenever one of the user's
 remotes connects or disconnects, a machine attaches or detaches, a ws session closes or
 a dead process is reaped; both are rows of ``dispatch.mcp.streams`` (the per-user limit,
 the end on revocation or shutdown).
@@ -38,12 +38,12 @@ from mcp.server.subscriptions import ListenHandler
 from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 
-from dispatch import wire
-from dispatch.errors import DispatchError
+from agents.models import Agent
+from core import wire
+from core.errors import DispatchError
 from dispatch.mcp.relay import user_feed
 from dispatch.mcp.streams import stream_close, stream_open
 from dispatch.mcp.tools import tools_for
-from dispatch.models import Agent
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def error_result(code: str, message: str) -> types.CallToolResult:
 
 def uncarriable(arguments: dict[str, Any]) -> str | None:
     """What in a tool's ``arguments`` the channel layer cannot carry, or ``None`` (issue 10
-    item 7): :func:`dispatch.wire.problem` (integers outside the signed 64-bit range,
+    item 7): :func:`core.wire.problem` (integers outside the signed 64-bit range,
     NaN/Infinity, lone surrogates in strings or keys, nesting over ``wire.MAX_DEPTH``),
     its path under ``arguments``. The SDK's JSON parsers let most of these through, so
     ``call_tool`` checks before a tool runs; the answer names the field, e.g.

@@ -29,11 +29,13 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from dispatch import services
-from dispatch.agents.tokens import ACTIVE_STATUSES
-from dispatch.errors import DispatchError
-from dispatch.models import AgentToken, ApiToken, McpStream
-from dispatch.services import token_digest
+from agents.models import AgentToken
+from agents.tokens import ACTIVE_STATUSES
+from core import services
+from core.errors import DispatchError
+from core.models import ApiToken
+from core.services import token_digest
+from dispatch.models import McpStream
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The tools an MCP caller sees, computed for each request (spec/agents.md §6).
 
 Every caller gets ``list_machines`` and the ``local_pc_*`` tools (machines.md §6, via
-``machines.tools.machine_tools``), the agent tools (``dispatch.agents.tools``:
+``machines.tools.machine_tools``), the agent tools (``agents.tools``:
 ``list_agents``, ``get_agent_history``, ``dispatch_launch_agent``,
 ``dispatch_send_message``, ``message_status``, and ``dispatch_event`` for an agent token
 only) and one tool per function of each of the user's connected remotes, named by
@@ -25,9 +25,9 @@ from typing import Any
 from channels.db import database_sync_to_async
 from django.contrib.auth.models import User
 
-from dispatch.agents.tokens import agent_scope_session
-from dispatch.agents.tools import agent_tools
-from dispatch.models import Agent
+from agents.models import Agent
+from agents.tokens import agent_scope_session
+from agents.tools import agent_tools
 from machines.tools import machine_tools
 from remotes.selectors import remote_list_for
 from remotes.services import remote_call

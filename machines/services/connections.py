@@ -16,8 +16,8 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
-from dispatch.services import AuthenticationFailed, api_token_authenticate, server_process_ensure
-from dispatch.tool_changes import tools_changed_on_commit
+from core.services import AuthenticationFailed, api_token_authenticate, server_process_ensure
+from core.tool_changes import tools_changed_on_commit
 from machines.models import Machine, MachineConnection, MachineToken
 from machines.protocol import DEFAULT_LIMITS, Hello
 
@@ -37,7 +37,7 @@ class ShimIdentity:
 
     user: User
     machine_id: str | None
-    # The credential itself, recorded on the connection row (dispatch.revocation).
+    # The credential itself, recorded on the connection row (core.revocation).
     machine_token_id: int | None = None
     api_token_id: int | None = None
 
@@ -188,7 +188,7 @@ def shim_connections_of_processes_closed(process_ids: list[str]) -> None:
     """Close every connection held by these server processes as ``shim_disconnected``
     closes one (their machines show ``disconnected`` when nothing else holds them).
 
-    Registered in ``dispatch.services.PROCESSES_GONE_HOOKS``: the reaper and a clean
+    Registered in ``core.services.PROCESSES_GONE_HOOKS``: the reaper and a clean
     shutdown delete processes, whose connection rows would otherwise go by cascade and
     leave their machines ``connected`` for ever (issue 11, item 3).
     """
@@ -220,7 +220,7 @@ def machine_capabilities_set(*, user: User, machine_id: str, allowed: list[str])
     learns its grant in HELLO_ACK. Raises ``InvalidRequest`` for an unknown capability and
     ``NotFound`` for another user's or an unknown machine.
     """
-    from dispatch.errors import InvalidRequest, NotFound
+    from core.errors import InvalidRequest, NotFound
     from machines.protocol import CAPABILITIES
 
     unknown = sorted(set(allowed) - CAPABILITIES)
@@ -241,7 +241,7 @@ def machine_capabilities_set(*, user: User, machine_id: str, allowed: list[str])
 @transaction.atomic
 def machine_revoke(*, user: User, machine_id: str) -> Machine:
     """Revoke a machine: its tokens stop working and its live sockets close with 4401 (§1)."""
-    from dispatch.errors import NotFound
+    from core.errors import NotFound
 
     machine = Machine.objects.select_for_update().filter(user=user, machine_id=machine_id).first()
     if machine is None:

@@ -19,8 +19,8 @@ from django.db import transaction
 from django.utils import timezone
 from limits import parse
 
-from dispatch.errors import DispatchError, InvalidRequest, RateLimited
-from dispatch.services import generate_token, rate_limiter
+from core.errors import DispatchError, InvalidRequest, RateLimited
+from core.services import generate_token, rate_limiter
 from machines.models import DeviceAuthorization, MachineToken
 
 USER_CODE_ALPHABET = "BCDFGHJKLMNPQRSTVWXZ"

@@ -25,9 +25,9 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from dispatch import wire
-from dispatch.errors import DispatchError, InvalidRequest
-from dispatch.presence import current_process_id
+from core import wire
+from core.errors import DispatchError, InvalidRequest
+from core.presence import current_process_id
 from machines.models import AuditRecord, Machine, MachineConnection, PathRecency
 from machines.protocol import CALLER_OPERATIONS, DEFAULT_LIMITS, SESSION_ID_PATTERN
 from machines.services import router

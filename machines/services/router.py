@@ -19,7 +19,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import F
 
-from dispatch.errors import DispatchError
+from core.errors import DispatchError
 from machines.models import DefaultMachine, Machine, MachineConnection, PathRecency, RoutingCounter
 from machines.protocol import OPERATIONS
 
@@ -205,7 +205,7 @@ def default_machine_set(*, user: User, machine_id: str | None) -> str | None:
 def _redis() -> Any:
     import redis
 
-    from dispatch.channel_layer import sync_redis_pool
+    from core.channel_layer import sync_redis_pool
 
     global _REDIS_CLIENT
     if _REDIS_CLIENT is None:

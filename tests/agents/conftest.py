@@ -11,8 +11,8 @@ import pytest
 from channels.layers import get_channel_layer
 from django.test import Client
 
-from dispatch.agents import services
-from dispatch.models import Agent
+from agents import services
+from agents.models import Agent
 
 
 @pytest.fixture

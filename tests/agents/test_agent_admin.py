@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from dispatch.agents.services import agent_event_record, run_claim_next, run_enqueue
-from dispatch.agents.tokens import agent_token_authenticate, agent_token_mint
-from dispatch.models import Agent, AgentMessage, AgentToken, Run
+from agents.models import Agent, AgentMessage, AgentToken, Run
+from agents.services import agent_event_record, run_claim_next, run_enqueue
+from agents.tokens import agent_token_authenticate, agent_token_mint
 
 pytestmark = pytest.mark.django_db
 
@@ -18,7 +18,7 @@ def test_the_admin_lists_each_agent_model(admin_client, owner, make_agent, model
     agent_event_record(agent=agent, type="working", message="busy")
     AgentMessage.objects.create(recipient_agent=agent, sender_user=owner, content="hello")
 
-    response = admin_client.get(f"/admin/dispatch/{model}/")
+    response = admin_client.get(f"/admin/agents/{model}/")
 
     assert response.status_code == 200
     assert "visible-agent" in response.content.decode()
@@ -28,7 +28,7 @@ def test_the_archive_action_archives_through_the_service(admin_client, owner, ma
     agent = make_agent(owner)
     run = run_enqueue(agent=agent, instruction="x")
 
-    admin_client.post("/admin/dispatch/agent/", {"action": "archive", "_selected_action": [agent.pk]})
+    admin_client.post("/admin/agents/agent/", {"action": "archive", "_selected_action": [agent.pk]})
 
     assert Agent.objects.get(pk=agent.pk).status == "archived"
     assert Run.objects.get(pk=run.pk).status == "cancelled"  # the service's rule, not a bare update
@@ -42,7 +42,7 @@ def test_the_cancel_action_cancels_queued_and_running_runs_only(admin_client, ow
     done = Run.objects.create(agent=agent, input={}, status="succeeded")
 
     admin_client.post(
-        "/admin/dispatch/run/", {"action": "cancel", "_selected_action": [running.pk, queued.pk, done.pk]}
+        "/admin/agents/run/", {"action": "cancel", "_selected_action": [running.pk, queued.pk, done.pk]}
     )
 
     assert dict(Run.objects.values_list("pk", "status")) == {
@@ -56,7 +56,7 @@ def test_the_stop_action_stops_through_the_service(admin_client, owner, make_age
     agent = make_agent(owner)
     run = run_enqueue(agent=agent, instruction="x")
 
-    admin_client.post("/admin/dispatch/agent/", {"action": "stop", "_selected_action": [agent.pk]})
+    admin_client.post("/admin/agents/agent/", {"action": "stop", "_selected_action": [agent.pk]})
 
     assert Agent.objects.get(pk=agent.pk).status == "stopped"
     assert Run.objects.get(pk=run.pk).status == "cancelled"
@@ -67,13 +67,13 @@ def test_agent_tokens_show_prefixes_never_digests_and_revoke_through_the_service
     raw = agent_token_mint(agent=agent)
     token = AgentToken.objects.get(agent=agent)
 
-    listing = admin_client.get("/admin/dispatch/agenttoken/").content.decode()
-    detail = admin_client.get(f"/admin/dispatch/agenttoken/{token.pk}/change/").content.decode()
+    listing = admin_client.get("/admin/agents/agenttoken/").content.decode()
+    detail = admin_client.get(f"/admin/agents/agenttoken/{token.pk}/change/").content.decode()
 
     assert token.prefix in listing and "tokened" in listing
     assert token.digest not in listing + detail and raw not in listing + detail
-    assert admin_client.get("/admin/dispatch/agenttoken/add/").status_code == 403
-    admin_client.post("/admin/dispatch/agenttoken/", {"action": "revoke", "_selected_action": [token.pk]})
+    assert admin_client.get("/admin/agents/agenttoken/add/").status_code == 403
+    admin_client.post("/admin/agents/agenttoken/", {"action": "revoke", "_selected_action": [token.pk]})
     assert AgentToken.objects.get(pk=token.pk).revoked_at is not None
     assert agent_token_authenticate(raw) is None
 
@@ -83,8 +83,8 @@ def test_messages_are_searchable_and_filterable(admin_client, owner, make_agent)
     AgentMessage.objects.create(recipient_agent=agent, sender_user=owner, content="needle in a haystack")
     AgentMessage.objects.create(recipient_agent=agent, sender_user=owner, content="other", status="failed")
 
-    found = admin_client.get("/admin/dispatch/agentmessage/", {"q": "needle"}).content.decode()
-    failed = admin_client.get("/admin/dispatch/agentmessage/", {"status__exact": "failed"}).content.decode()
+    found = admin_client.get("/admin/agents/agentmessage/", {"q": "needle"}).content.decode()
+    failed = admin_client.get("/admin/agents/agentmessage/", {"status__exact": "failed"}).content.decode()
 
     assert "needle in a haystack" in found and ">other<" not in found
     assert ">other<" in failed and "needle" not in failed

@@ -7,9 +7,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from dispatch.agents.services import agent_event_record, run_claim_next, run_enqueue
-from dispatch.agents.types import parse_agent_types
-from dispatch.models import Agent, AgentEvent, AgentMessage, Run
+from agents.models import Agent, AgentEvent, AgentMessage, Run
+from agents.services import agent_event_record, run_claim_next, run_enqueue
+from agents.types import parse_agent_types
 from tests.agents.conftest import error_of
 
 pytestmark = [pytest.mark.django_db, pytest.mark.smoke]

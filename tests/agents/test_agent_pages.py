@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from dispatch.agents.services import agent_create
-from dispatch.agents.types import parse_agent_types
-from dispatch.models import Agent, AgentMessage, Run
+from agents.models import Agent, AgentMessage, Run
+from agents.services import agent_create
+from agents.types import parse_agent_types
 from tests.agents.conftest import force_status
 
 pytestmark = pytest.mark.django_db

@@ -21,10 +21,11 @@ from asgiref.sync import async_to_sync
 from django.test import AsyncClient
 from django.urls import URLPattern, URLResolver, get_resolver
 
-from dispatch.agents.tokens import agent_token_mint
-from dispatch.errors import DispatchError
+from agents.models import Agent, AgentMessage, Run
+from agents.tokens import agent_token_mint
+from core.errors import DispatchError
+from core.models import ApiToken
 from dispatch.mcp.tools import tools_for
-from dispatch.models import Agent, AgentMessage, ApiToken, Run
 from machines.models import DefaultMachine, Machine
 from peers.models import Peer
 from tests.agents.conftest import Api, error_of, force_status

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dispatch.agents.tokens import agent_token_authenticate, agent_token_mint, agent_tokens_revoke
-from dispatch.models import Agent, AgentToken
+from agents.models import Agent, AgentToken
+from agents.tokens import agent_token_authenticate, agent_token_mint, agent_tokens_revoke
 from tests.agents.conftest import Api, force_status
 
 
@@ -65,7 +65,7 @@ def test_rest_accepts_an_agent_token_in_its_owners_scope(owner: Any, outsider: A
 def test_an_agent_token_cannot_list_or_revoke_its_users_api_tokens(
     owner: Any, owner_token: str, make_agent: Any
 ) -> None:
-    from dispatch.models import ApiToken
+    from core.models import ApiToken
 
     agent = make_agent(owner, name="me")
     api = Api(agent_token_mint(agent=agent))

@@ -1,4 +1,4 @@
-"""The agent tools shared by the expert agent and MCP (dispatch/agents/tools.py,
+"""The agent tools shared by the expert agent and MCP (agents/tools.py,
 spec/agents.md §3 "Native tools", §6), called in process the way both edges call them:
 ``await tool(arguments)`` (schema check, then the handler). Hostile arguments included.
 """
@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from channels.db import database_sync_to_async
 
-from dispatch.agents import cli, services
-from dispatch.agents.tools import AGENT_HISTORY_BUDGET, agent_tools, default_launch_type
-from dispatch.agents.types import parse_agent_types
-from dispatch.errors import DispatchError
-from dispatch.models import Agent, AgentEvent, AgentMessage, Run
+from agents import cli, services
+from agents.models import Agent, AgentEvent, AgentMessage, Run
+from agents.tools import AGENT_HISTORY_BUDGET, agent_tools, default_launch_type
+from agents.types import parse_agent_types
+from core.errors import DispatchError
 from tests.agents.conftest import force_status
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from dispatch.agents.launching import agent_launch_any, launchable_types
-from dispatch.agents.types import DEFAULT_AGENT_TYPES, parse_agent_types
-from dispatch.errors import InvalidRequest
-from dispatch.models import Agent, Run
+from agents.launching import agent_launch_any, launchable_types
+from agents.models import Agent, Run
+from agents.types import DEFAULT_AGENT_TYPES, parse_agent_types
+from core.errors import InvalidRequest
 
 
 def test_the_defaults_are_claude_codex_opencode_and_an_interactive_shell() -> None:

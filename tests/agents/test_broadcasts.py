@@ -8,7 +8,7 @@ import json
 import pytest
 from django.db import transaction
 
-from dispatch.agents.services import (
+from agents.services import (
     agent_archive,
     agent_event_record,
     agent_set_status,

@@ -1,4 +1,4 @@
-"""CLI agents in tmux (dispatch/agents/cli.py, spec/agents.md §2), against real tmux.
+"""CLI agents in tmux (agents/cli.py, spec/agents.md §2), against real tmux.
 
 Every test runs a private tmux server (``tmux -L <unique name>``) killed afterwards; the
 API is pointed at it through ``cli.runner_factory``. Waiting is polling with a deadline.
@@ -12,10 +12,10 @@ from collections.abc import Callable
 
 import pytest
 
-from dispatch.agents import cli
-from dispatch.models import Agent, AgentEvent
-from dispatch.services import instance_identity_get
-from dispatch.tmux import TmuxError, TmuxRunner
+from agents import cli
+from agents.models import Agent, AgentEvent
+from agents.tmux import TmuxError, TmuxRunner
+from core.services import instance_identity_get
 from tests.agents.conftest import force_status
 
 pytestmark = [

@@ -1,4 +1,4 @@
-"""CLI agents in tmux, the second half (dispatch/agents/cli.py, spec/agents.md §2): message
+"""CLI agents in tmux, the second half (agents/cli.py, spec/agents.md §2): message
 delivery through the supervisor, tokens in the environment, types from
 ``DISPATCH_AGENT_TYPES``, the activity watcher, the supervisor lease, stopping.
 
@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from dispatch.agents import cli, messages, services, tokens
-from dispatch.agents.types import parse_agent_types
-from dispatch.errors import DispatchError, InvalidRequest
-from dispatch.models import Agent, AgentEvent, AgentMessage, SupervisorLease
-from dispatch.presence import HOSTNAME
-from dispatch.tmux import TmuxRunner
+from agents import cli, messages, services, tokens
+from agents.models import Agent, AgentEvent, AgentMessage, SupervisorLease
+from agents.tmux import TmuxRunner
+from agents.types import parse_agent_types
+from core.errors import DispatchError, InvalidRequest
+from core.presence import HOSTNAME
 from tests.agents.test_cli_agents import launch, supervise_until, wait_dead, wait_for
 
 pytestmark = [
@@ -290,7 +290,7 @@ def test_an_unknown_type_and_a_bad_prompt_create_nothing(owner, runner, workdir)
 
 
 def services_instance_id() -> str:
-    from dispatch.services import instance_identity_get
+    from core.services import instance_identity_get
 
     return instance_identity_get().instance_id
 

@@ -10,10 +10,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from dispatch.agents.selectors import encode_cursor, events_page
-from dispatch.agents.services import agent_event_record, run_enqueue
-from dispatch.errors import DispatchError
-from dispatch.models import Agent, AgentEvent
+from agents.models import Agent, AgentEvent
+from agents.selectors import encode_cursor, events_page
+from agents.services import agent_event_record, run_enqueue
+from core.errors import DispatchError
 
 pytestmark = [pytest.mark.django_db, pytest.mark.smoke]
 

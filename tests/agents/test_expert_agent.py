@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from channels.db import database_sync_to_async
 
-from dispatch.agents import executor
-from dispatch.agents.expert import NO_ENDPOINT
-from dispatch.agents.prompting import agent_prompt
-from dispatch.models import AgentEvent, AgentMessage, Run
+from agents import executor
+from agents.expert import NO_ENDPOINT
+from agents.models import AgentEvent, AgentMessage, Run
+from agents.prompting import agent_prompt
 from tests.agents.llm_double import LlmDouble, answer, tool_calls
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -317,7 +317,7 @@ async def test_a_tool_raising_an_unexpected_exception_gives_an_error_string(llm,
     def broken(user: Any) -> Any:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("dispatch.agents.tools._agents_list", broken)
+    monkeypatch.setattr("agents.tools._agents_list", broken)
     llm.script = [tool_calls(("list_agents", {})), answer("it broke")]
     await prompt(owner, expert)
 

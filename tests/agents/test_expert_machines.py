@@ -25,8 +25,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 _SETUP = """
 import json
 from django.contrib.auth import get_user_model
-from dispatch.agents import services
-from dispatch.services import api_token_create
+from agents import services
+from core.services import api_token_create
 bob = get_user_model().objects.create_user("bob", password="pw-secret-123")
 agents = [services.agent_create(owner=bob, type="expert", name=name, cwd={cwd!r}).pk for name in ("hands", "idle")]
 print(json.dumps({{"token": api_token_create(user=bob).raw, "hands": agents[0], "idle": agents[1]}}))

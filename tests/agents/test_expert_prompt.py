@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from dispatch.agents import executor
-from dispatch.agents.prompting import agent_prompt
-from dispatch.errors import DispatchError
-from dispatch.models import Run
+from agents import executor
+from agents.models import Run
+from agents.prompting import agent_prompt
+from core.errors import DispatchError
 from tests.agents.conftest import error_of, force_status
 from tests.agents.llm_double import LlmDouble, answer, tool_calls
 

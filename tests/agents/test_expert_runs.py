@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from dispatch.agents.services import (
+from agents.models import AgentEvent, Run
+from agents.services import (
     WORKER_LOST,
     agent_archive,
     agent_create,
@@ -20,8 +21,7 @@ from dispatch.agents.services import (
     run_finish,
     runs_fail_orphaned,
 )
-from dispatch.errors import DispatchError
-from dispatch.models import AgentEvent, Run
+from core.errors import DispatchError
 
 pytestmark = [pytest.mark.django_db, pytest.mark.smoke]
 
@@ -315,9 +315,10 @@ def test_the_reaper_fails_the_runs_of_a_dead_process(owner):
 
     from django.utils import timezone
 
-    from dispatch.agents.services import agent_create, run_claim_next, run_enqueue
+    from agents.models import Run
+    from agents.services import agent_create, run_claim_next, run_enqueue
+    from core.models import ServerProcess
     from dispatch.background import reap_once
-    from dispatch.models import Run, ServerProcess
 
     dead = ServerProcess.objects.create(id="proc_dead", kind="serve", hostname="h", pid=1)
     ServerProcess.objects.filter(pk=dead.pk).update(heartbeat_at=timezone.now() - timedelta(hours=1))

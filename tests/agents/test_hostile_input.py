@@ -8,10 +8,10 @@ import json
 import pytest
 from django.utils import timezone
 
-from dispatch.agents.selectors import encode_cursor
-from dispatch.agents.services import agent_create, agent_event_record, run_enqueue
-from dispatch.errors import DispatchError
-from dispatch.models import Agent, AgentEvent, AgentMessage, Run
+from agents.models import Agent, AgentEvent, AgentMessage, Run
+from agents.selectors import encode_cursor
+from agents.services import agent_create, agent_event_record, run_enqueue
+from core.errors import DispatchError
 from tests.agents.conftest import error_of, force_status
 
 pytestmark = [pytest.mark.django_db, pytest.mark.smoke]

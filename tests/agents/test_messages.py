@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dispatch.agents.messages import (
+from agents.messages import (
     message_get,
     message_mark_delivered,
     message_mark_failed,
@@ -14,8 +14,8 @@ from dispatch.agents.messages import (
     messages_fail_pending,
     messages_pending,
 )
-from dispatch.errors import DispatchError, InvalidRequest, NotFound
-from dispatch.models import Agent, AgentEvent, AgentMessage, Run
+from agents.models import Agent, AgentEvent, AgentMessage, Run
+from core.errors import DispatchError, InvalidRequest, NotFound
 from tests.agents.conftest import force_status
 
 

@@ -21,12 +21,12 @@ from hypothesis import HealthCheck, event, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from dispatch import wire
-from dispatch.agents import cli
-from dispatch.agents.services import run_claim_next, run_enqueue
-from dispatch.agents.tokens import agent_token_mint
-from dispatch.models import Agent, AgentMessage, Run
-from dispatch.tmux import TmuxRunner
+from agents import cli
+from agents.models import Agent, AgentMessage, Run
+from agents.services import run_claim_next, run_enqueue
+from agents.tmux import TmuxRunner
+from agents.tokens import agent_token_mint
+from core import wire
 from tests.agents.conftest import Api, error_of, force_status
 
 pytestmark = pytest.mark.django_db
@@ -309,7 +309,7 @@ def test_any_send_agent_prompt_frame_for_a_cli_agent_gets_one_honest_reply(
     options: Any,
     input: Any,
 ) -> None:
-    from dispatch.agents.services import agent_create
+    from agents.services import agent_create
 
     mine = Agent.objects.filter(owner=owner, type="shell").first() or force_status(
         agent_create(owner=owner, type="shell", name="mine", cwd=workdir), "running"

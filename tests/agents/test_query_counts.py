@@ -19,7 +19,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from dispatch.models import Agent, AgentEvent, Run
+from agents.models import Agent, AgentEvent, Run
 
 pytestmark = pytest.mark.django_db
 
@@ -200,7 +200,7 @@ def test_the_runs_list_costs_the_same_with_1_or_151_runs(owner, api_client):
 
 
 def test_the_messages_list_costs_the_same_with_5_or_300_messages(owner, api_client):
-    from dispatch.models import AgentMessage
+    from agents.models import AgentMessage
 
     recipient, sender = add_agents(owner, 2)
 

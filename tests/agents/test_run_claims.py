@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 from django.db import connection
 
-from dispatch.agents.services import run_claim_next, run_enqueue
-from dispatch.models import Run
+from agents.models import Run
+from agents.services import run_claim_next, run_enqueue
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.smoke]
 

@@ -7,9 +7,9 @@ import itertools
 
 import pytest
 
-from dispatch.agents.services import agent_archive, agent_set_status
-from dispatch.errors import DispatchError
-from dispatch.models import Agent, AgentEvent
+from agents.models import Agent, AgentEvent
+from agents.services import agent_archive, agent_set_status
+from core.errors import DispatchError
 from tests.agents.conftest import force_status
 
 pytestmark = pytest.mark.django_db

@@ -96,9 +96,9 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-from dispatch import secrets_at_rest
-from dispatch.models import Agent, AgentEvent
-from dispatch.services import generate_token, token_digest
+from core import secrets_at_rest
+from agents.models import Agent, AgentEvent
+from core.services import generate_token, token_digest
 from peers.identity import b64url, fingerprint_of
 from peers.models import Peer
 

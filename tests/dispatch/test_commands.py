@@ -9,8 +9,8 @@ from django.contrib.auth import authenticate, get_user_model
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from dispatch.models import ApiToken
-from dispatch.services import api_token_authenticate
+from core.models import ApiToken
+from core.services import api_token_authenticate
 
 pytestmark = pytest.mark.django_db
 

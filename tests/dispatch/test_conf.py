@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from dispatch.conf import env_bool, env_float, env_int, env_list, env_secret, env_str
+from core.conf import env_bool, env_float, env_int, env_list, env_secret, env_str
 
 NAME = "DISPATCH_TEST_SETTING"
 

@@ -75,7 +75,7 @@ def test_it_refuses_a_pool_minimum_above_its_maximum() -> None:
 
 def test_it_answers_503_when_no_pooled_connection_is_free_in_time() -> None:
     """A PoolTimeout reaches the API as django.db's OperationalError (Django wraps it)."""
-    from dispatch.api import TokenListView
+    from core.api import TokenListView
 
     class Busy(TokenListView):
         def get(self, request: Any) -> Any:

@@ -44,7 +44,7 @@ async def test_a_lone_surrogate_in_credentials_is_refused_like_invalid_json(ws_c
 
 
 def test_lone_surrogates_are_refused_by_the_password_check_itself():
-    from dispatch.services import AuthenticationFailed, password_authenticate
+    from core.services import AuthenticationFailed, password_authenticate
 
     with pytest.raises(AuthenticationFailed):
         password_authenticate(username="\ud800", password="x", client_address="127.0.0.1")
@@ -53,7 +53,7 @@ def test_lone_surrogates_are_refused_by_the_password_check_itself():
 async def test_a_failing_handler_closes_the_socket_and_leaves_no_ghost(
     ws_connect, owner_token, weather_tools, count_rows, monkeypatch
 ):
-    from remotes.consumers import SessionConsumer
+    from dispatch.ws.consumer import SessionConsumer
 
     async with ws_connect(token=owner_token) as ws:
         await ws.request("remote-connect", {"remotename": "ghost", "tools": weather_tools})
@@ -105,7 +105,7 @@ async def test_nesting_that_parses_but_is_deeper_than_the_limit_is_invalid_json(
 
 
 def test_the_wire_accepts_the_limit_and_refuses_one_more_level():
-    from dispatch import wire
+    from core import wire
 
     assert wire.loads("[" * wire.MAX_DEPTH + "]" * wire.MAX_DEPTH) is not None
     with pytest.raises(ValueError, match="nested too deeply"):

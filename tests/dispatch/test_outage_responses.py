@@ -13,8 +13,8 @@ from channels.layers import get_channel_layer
 from django.db import InterfaceError, OperationalError
 from django.test import AsyncClient, Client
 
-from dispatch.errors import CHANNEL_LAYER_UNAVAILABLE, DATABASE_UNAVAILABLE
-from dispatch.services import server_process_ensure
+from core.errors import CHANNEL_LAYER_UNAVAILABLE, DATABASE_UNAVAILABLE
+from core.services import server_process_ensure
 from remotes.models import Remote, WsSession
 from tests.outage import LayerOutage
 

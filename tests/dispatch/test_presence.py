@@ -16,9 +16,9 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.utils import timezone
 
-from dispatch.models import ServerProcess
-from dispatch.presence import current_process_id
-from dispatch.services import server_process_heartbeat, server_process_reap, server_process_register
+from core.models import ServerProcess
+from core.presence import current_process_id
+from core.services import server_process_heartbeat, server_process_reap, server_process_register
 from remotes import services
 from remotes.models import Remote, WsSession
 
@@ -169,7 +169,7 @@ async def test_the_cli_supervisor_stands_down_without_tmux(monkeypatch, caplog):
 async def test_reaping_a_process_rings_the_tool_list_doorbell_of_its_remotes_users(owner, member, weather_tools):
     from channels.layers import get_channel_layer
 
-    from dispatch.tool_changes import TOOLS_CHANGED_MESSAGE, tools_group
+    from core.tool_changes import TOOLS_CHANGED_MESSAGE, tools_group
 
     dead = await database_sync_to_async(ghost_process)(age=settings.PROCESS_TTL + 1)
     await database_sync_to_async(ghost_remote)(user=owner, process=dead, tools=weather_tools)

@@ -1,4 +1,4 @@
-"""Ending a credential closes what stands on it (issue 11 item 7; dispatch.revocation).
+"""Ending a credential closes what stands on it (issue 11 item 7; core.revocation).
 
 In-memory layer, one process: the sweep is called directly (``revocation_sweep_once``);
 tests/integration/test_revocation_serve.py shows the same over a real ``serve``.
@@ -20,10 +20,10 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from dispatch import revocation
-from dispatch.models import ApiToken
-from dispatch.revocation import StreamCredential, ended_connection_channels, revocation_sweep_once
-from dispatch.services import api_token_revoke
+from core import revocation
+from core.models import ApiToken
+from core.revocation import StreamCredential, ended_connection_channels, revocation_sweep_once
+from core.services import api_token_revoke
 from machines.models import MachineConnection
 from remotes.models import Remote, WsSession
 from tests.conftest import WEATHER_TOOLS
@@ -42,7 +42,7 @@ def _no_streams() -> Any:
 
 
 def _token_id(raw: str) -> int:
-    from dispatch.services import token_digest
+    from core.services import token_digest
 
     return int(ApiToken.objects.get(digest=token_digest(raw)).pk)
 
@@ -193,8 +193,8 @@ def test_it_finds_event_streams_whose_credential_ended(owner: Any, member: Any, 
 
 
 def test_an_event_stream_on_an_agent_token_ends_when_the_agent_stops(owner: Any, tmp_path: Any) -> None:
-    from dispatch.agents.services import agent_create
-    from dispatch.agents.tokens import agent_token_id, agent_token_mint, agent_tokens_revoke
+    from agents.services import agent_create
+    from agents.tokens import agent_token_id, agent_token_mint, agent_tokens_revoke
 
     running = agent_create(owner=owner, type="expert", name="a", cwd=str(tmp_path))
     stopped = agent_create(owner=owner, type="expert", name="b", cwd=str(tmp_path))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
-from dispatch.models import ApiToken
+from core.models import ApiToken
 
 pytestmark = [pytest.mark.django_db, pytest.mark.smoke]
 

@@ -6,7 +6,7 @@ import secrets
 
 import pytest
 
-from dispatch import services
+from core import services
 
 
 def test_it_never_issues_a_token_starting_with_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,9 +10,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from dispatch.errors import InvalidRequest, NotFound
-from dispatch.models import ApiToken
-from dispatch.services import AuthenticationFailed, api_token_authenticate, api_token_create, api_token_revoke
+from core.errors import InvalidRequest, NotFound
+from core.models import ApiToken
+from core.services import AuthenticationFailed, api_token_authenticate, api_token_create, api_token_revoke
 
 pytestmark = pytest.mark.django_db
 

@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 
-from dispatch.tmux import TmuxRunner
+from agents.tmux import TmuxRunner
 from tests.infra import Server, instance, wait_until
 
 pytestmark = [

@@ -11,9 +11,9 @@ import pytest
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from dispatch.consumers import shutdown_local_connections
-from dispatch.errors import InvalidRequest
-from dispatch.models import ServerProcess
+from core.consumers import shutdown_local_connections
+from core.errors import InvalidRequest
+from core.models import ServerProcess
 from machines.models import MachineConnection
 from machines.services import operations
 from machines.services.operations import MachineError, machine_op

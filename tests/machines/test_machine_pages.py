@@ -161,7 +161,7 @@ def test_the_fragment_answers_204_when_nothing_changed(browser, owner):
 
 
 def test_the_capabilities_form_narrows_the_grant_at_once(browser, owner):
-    from dispatch.services import server_process_ensure
+    from core.services import server_process_ensure
     from machines.models import MachineConnection
 
     shim = machine(owner, "m1")

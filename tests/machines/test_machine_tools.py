@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dispatch.errors import InvalidRequest
+from core.errors import InvalidRequest
 from machines.tools import ROUTING_NOTE, machine_tools
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from channels.db import database_sync_to_async
 
-from dispatch.presence import current_process_id
+from core.presence import current_process_id
 from machines.models import Machine, MachineConnection
 from machines.services import connections
 from machines.services.operations import MachineError, machine_op

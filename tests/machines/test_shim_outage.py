@@ -14,8 +14,8 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.utils import timezone
 
+from core.models import ServerProcess
 from dispatch.background import reap_once
-from dispatch.models import ServerProcess
 from machines.models import Machine, MachineConnection
 from tests.outage import LayerOutage
 

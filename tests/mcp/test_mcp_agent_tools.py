@@ -1,5 +1,5 @@
 """The agent tools and agent tokens on ``/mcp``, against a real ``manage.py serve`` driven
-by the SDK's streamable-HTTP client (spec/agents.md §6, dispatch/agents/tools.py).
+by the SDK's streamable-HTTP client (spec/agents.md §6, agents/tools.py).
 
 One server for the module: ``bob`` has the expert agent ``boss`` (whose agent token the
 tests use) and ``eve`` an agent of her own. The server's model endpoint is the scripted
@@ -32,9 +32,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 _SETUP = """
 import json
 from django.contrib.auth import get_user_model
-from dispatch.agents import services
-from dispatch.agents.tokens import agent_token_mint
-from dispatch.services import api_token_create
+from agents import services
+from agents.tokens import agent_token_mint
+from core.services import api_token_create
 User = get_user_model()
 bob = User.objects.create_user("bob", password="pw-secret-123")
 eve = User.objects.create_user("eve", password="pw-secret-123")
@@ -159,7 +159,7 @@ async def test_an_agent_tokens_machine_session_is_the_agent(live: Live, tmp_path
 
 def test_a_revoked_or_stopped_agents_token_is_refused_with_401(live: Live) -> None:
     setup = (
-        "from dispatch.agents import services; from dispatch.agents.tokens import agent_token_mint; "
+        "from agents import services; from agents.tokens import agent_token_mint; "
         "from django.contrib.auth import get_user_model; "
         f"a = services.agent_create(owner=get_user_model().objects.get(username='bob'), type='expert', "
         f"name='short-lived', cwd={live.cwd!r}); print(a.pk); print(agent_token_mint(agent=a))"
@@ -171,7 +171,7 @@ def test_a_revoked_or_stopped_agents_token_is_refused_with_401(live: Live) -> No
     live.instance.manage(
         "shell",
         "-c",
-        "from dispatch.agents.tokens import agent_tokens_revoke; from dispatch.models import Agent; "
+        "from agents.tokens import agent_tokens_revoke; from agents.models import Agent; "
         f"agent_tokens_revoke(agent=Agent.objects.get(pk={agent_id!r}))",
     )
     refused = httpx.post(live.mcp_url, json=INITIALIZE, headers=headers, timeout=10)

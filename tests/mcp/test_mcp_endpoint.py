@@ -184,7 +184,7 @@ def test_a_revoked_token_is_refused(live: Live) -> None:
     headers = {"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {token}"}
     assert httpx.post(live.mcp_url, json=INITIALIZE, headers=headers, timeout=10).status_code == 200
     live.instance.manage(
-        "shell", "-c", f"from dispatch.models import ApiToken; ApiToken.objects.filter(prefix={token[:8]!r}).delete()"
+        "shell", "-c", f"from core.models import ApiToken; ApiToken.objects.filter(prefix={token[:8]!r}).delete()"
     )
     assert httpx.post(live.mcp_url, json=INITIALIZE, headers=headers, timeout=10).status_code == 401
 

@@ -36,7 +36,7 @@ WEATHER_FUNCTIONS = [
 _SETUP = """
 import json
 from django.contrib.auth import get_user_model
-from dispatch.services import api_token_create
+from core.services import api_token_create
 User = get_user_model()
 tokens = {}
 for name in ("bob", "carol", "dave", "erin", "frank"):

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 _SETUP = """
 import json
 from django.contrib.auth import get_user_model
-from dispatch.services import api_token_create
+from core.services import api_token_create
 User = get_user_model()
 print(json.dumps({name: api_token_create(user=User.objects.create_user(name, password="pw-secret-123")).raw
                   for name in ("bob", "eve")}))

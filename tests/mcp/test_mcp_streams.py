@@ -12,12 +12,14 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from dispatch.agents.tokens import agent_token_mint
-from dispatch.errors import DispatchError
+from agents.models import Agent
+from agents.tokens import agent_token_mint
+from core.errors import DispatchError
+from core.models import ApiToken
+from core.services import api_token_create
 from dispatch.mcp import app as mcp_app
 from dispatch.mcp import events, streams
-from dispatch.models import Agent, ApiToken, McpStream
-from dispatch.services import api_token_create
+from dispatch.models import McpStream
 
 
 @pytest.mark.django_db

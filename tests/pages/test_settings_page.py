@@ -8,7 +8,7 @@ import re
 import pytest
 from django.test import Client
 
-from dispatch.models import ApiToken
+from core.models import ApiToken
 
 pytestmark = pytest.mark.django_db
 

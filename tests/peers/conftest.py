@@ -17,8 +17,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from dispatch import secrets_at_rest
-from dispatch.services import generate_token, token_digest
+from core import secrets_at_rest
+from core.services import generate_token, token_digest
 from peers.identity import b64url, fingerprint_of
 from peers.models import Peer
 

@@ -21,8 +21,8 @@ from channels.db import database_sync_to_async
 from django.contrib.auth import get_user_model
 from django.test import RequestFactory
 
-from dispatch import secrets_at_rest
-from dispatch.services import generate_token, token_digest
+from core import secrets_at_rest
+from core.services import generate_token, token_digest
 from peers.auth import PeerAuthError, peer_authenticate
 from peers.client import PeerClient, PeerUnreachable
 from peers.identity import identity_get

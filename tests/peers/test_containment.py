@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from dispatch.errors import DispatchError
-from dispatch.models import Agent
+from agents.models import Agent
+from core.errors import DispatchError
 from peers.services import launch_cwd_resolve
 from tests.peers.conftest import FakePeer
 from tests.peers.signing import peer_post

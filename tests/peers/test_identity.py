@@ -8,8 +8,8 @@ import pytest
 from cryptography.fernet import Fernet
 from django.test import override_settings
 
-from dispatch import secrets_at_rest
-from dispatch.models import InstanceIdentity
+from core import secrets_at_rest
+from core.models import InstanceIdentity
 from peers.identity import b64url_decode, fingerprint_of, identity_get, public_key_from
 
 

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from dispatch.errors import DispatchError
-from dispatch.services import generate_token
+from core.errors import DispatchError
+from core.services import generate_token
 from peers.models import Peer
 from peers.pairing import label_validate, offer_create, peer_rename, peer_resolve_location
 from tests.peers.conftest import new_key_pair

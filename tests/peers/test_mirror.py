@@ -17,8 +17,8 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 from django.utils import timezone
 
-from dispatch import secrets_at_rest
-from dispatch.models import Agent, AgentEvent
+from agents.models import Agent, AgentEvent
+from core import secrets_at_rest
 from peers import mirror
 from peers.identity import identity_get
 from peers.models import Peer, PeerLease
@@ -89,7 +89,7 @@ def _link_us_on(inst: Any, *, token: str) -> None:
     inst.manage(
         "shell",
         "-c",
-        "from django.contrib.auth import get_user_model; from dispatch.services import token_digest; "
+        "from django.contrib.auth import get_user_model; from core.services import token_digest; "
         "from peers.identity import fingerprint_of; from peers.models import Peer; "
         "admin = get_user_model().objects.get(username='admin'); "
         f"Peer.objects.create(owner=admin, instance_id={us.instance_id!r}, label='Tests', url='http://127.0.0.1:9', "
@@ -178,7 +178,7 @@ async def test_the_subscriber_mirrors_a_real_peer_goes_stale_when_it_stops_and_r
 
 @pytest.mark.django_db(transaction=True)
 async def test_the_loop_subscribes_only_with_the_lease_and_lets_go_of_a_revoked_peer(owner, make_peer, monkeypatch):
-    from dispatch.presence import current_process_id
+    from core.presence import current_process_id
 
     monkeypatch.setenv("DISPATCH_PEER_BACKOFF_SCALE", "0.02")
     fake = await database_sync_to_async(make_peer)(owner, label="Gone", url="http://127.0.0.1:9")  # nothing listens

@@ -22,9 +22,9 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from dispatch.agents.services import agent_create
-from dispatch.errors import DispatchError, NotFound
-from dispatch.models import Agent, AgentEvent, AgentMessage
+from agents.models import Agent, AgentEvent, AgentMessage
+from agents.services import agent_create
+from core.errors import DispatchError, NotFound
 from peers import outbox
 from peers.client import PeerClient
 from peers.models import OutboxMessage, PeerLease, PeerReceipt

@@ -11,9 +11,9 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from dispatch import secrets_at_rest
-from dispatch.errors import DispatchError
-from dispatch.services import generate_token, token_digest
+from core import secrets_at_rest
+from core.errors import DispatchError
+from core.services import generate_token, token_digest
 from peers.identity import identity_get
 from peers.models import PairingOffer, Peer
 from peers.pairing import BAD_CODE, CODE_ALPHABET, offer_create

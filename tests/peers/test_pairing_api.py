@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from dispatch.models import Agent, AgentEvent, AgentMessage
+from agents.models import Agent, AgentEvent, AgentMessage
 from peers.models import OutboxMessage, PairingOffer, Peer
 from peers.pairing import peer_mark_unlinked_by_peer, peer_unlink
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from dispatch.agents import services as agent_services
-from dispatch.models import Agent, AgentMessage, Run
+from agents import services as agent_services
+from agents.models import Agent, AgentMessage, Run
 from peers import services as peer_services
 from peers.models import Peer, PeerReceipt, new_idempotency_key
 from tests.agents.conftest import Api, error_of, force_status

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from dispatch.agents import cli
-from dispatch.models import Agent, AgentMessage
-from dispatch.tmux import TmuxRunner
+from agents import cli
+from agents.models import Agent, AgentMessage
+from agents.tmux import TmuxRunner
 from tests.agents.test_cli_agents import supervise_until
 from tests.peers.conftest import FakePeer
 from tests.peers.signing import peer_post

@@ -10,7 +10,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from dispatch.models import Agent, AgentMessage
+from agents.models import Agent, AgentMessage
 from peers.identity import identity_get
 from peers.models import OutboxMessage, PairingOffer, Peer
 from tests.infra import instance

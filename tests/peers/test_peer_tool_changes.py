@@ -12,7 +12,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
-from dispatch.tool_changes import TOOLS_CHANGED_MESSAGE, tools_group
+from core.tool_changes import TOOLS_CHANGED_MESSAGE, tools_group
 from peers.pairing import peer_capabilities_set, peer_rename, peer_unlink
 from tests.peers.conftest import FakePeer
 

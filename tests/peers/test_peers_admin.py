@@ -9,8 +9,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from dispatch import secrets_at_rest
-from dispatch.models import Agent, AgentMessage
+from agents.models import Agent, AgentMessage
+from core import secrets_at_rest
 from peers.models import OutboxMessage, PairingOffer, Peer
 
 

@@ -20,10 +20,10 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from django.utils import timezone
 
-from dispatch.agents.services import agent_create
-from dispatch.agents.tools import agent_tools
-from dispatch.errors import DispatchError, InvalidRequest, NotFound
-from dispatch.models import Agent, AgentMessage
+from agents.models import Agent, AgentMessage
+from agents.services import agent_create
+from agents.tools import agent_tools
+from core.errors import DispatchError, InvalidRequest, NotFound
 from peers import outbox, remote_launch
 from peers.client import PeerClient
 from peers.models import OutboxMessage

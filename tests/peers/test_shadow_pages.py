@@ -17,9 +17,9 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from dispatch.agents.services import agent_create
-from dispatch.agents.views import nest_agents
-from dispatch.models import Agent, AgentEvent, AgentMessage
+from agents.models import Agent, AgentEvent, AgentMessage
+from agents.services import agent_create
+from agents.views import nest_agents
 from tests.peers.conftest import FakePeer
 
 pytestmark = pytest.mark.django_db

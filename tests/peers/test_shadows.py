@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from dispatch.models import Agent, AgentEvent
+from agents.models import Agent, AgentEvent
 from peers.shadows import (
     shadow_apply_frame,
     shadow_upsert,

@@ -19,8 +19,8 @@ from channels.db import database_sync_to_async
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from dispatch.agents.services import agent_create, agent_event_record, agent_set_status
-from dispatch.models import Agent
+from agents.models import Agent
+from agents.services import agent_create, agent_event_record, agent_set_status
 from peers import stream
 from peers.models import Peer
 
@@ -156,7 +156,7 @@ def _link_on(inst: Any, *, public_key: str, token: str, allow_events: bool = Tru
     inst.manage(
         "shell",
         "-c",
-        "from django.contrib.auth import get_user_model; from dispatch.services import token_digest; "
+        "from django.contrib.auth import get_user_model; from core.services import token_digest; "
         "from peers.identity import fingerprint_of; from peers.models import Peer; "
         "admin = get_user_model().objects.get(username='admin'); "
         f"Peer.objects.create(owner=admin, instance_id='inst_00000000aaaa', label='A', url='http://127.0.0.1:9', "

@@ -14,7 +14,7 @@ import pytest
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
-from dispatch.services import server_process_ensure
+from core.services import server_process_ensure
 from remotes import services
 from remotes.models import Remote, WsSession
 

@@ -10,8 +10,8 @@ from django.conf import settings as django_settings
 from django.test import Client
 from django.utils import timezone
 
-from dispatch.models import ApiToken
-from dispatch.services import api_token_revoke
+from core.models import ApiToken
+from core.services import api_token_revoke
 from remotes.models import WsSession
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -17,7 +17,7 @@ from channels.layers import channel_layers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dispatch import wire
+from core import wire
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -180,6 +180,13 @@ async def test_an_authenticated_session_answers_every_generated_frame(ws_connect
             if answers:
                 answer = answers[0]
                 assert is_valid_reply(answer), answer
+                if request is None and isinstance(frame, str):
+                    # Refused by the strict reading: the nonce is echoed when a lenient
+                    # reading finds one the layer can carry (spec §1 "when one could be read").
+                    echoed = wire.lenient_field(wire.lenient_object(frame), "nonce", nested=False)
+                    if isinstance(echoed, str | int | float) and not isinstance(echoed, bool):
+                        if wire.problem(echoed) is None:
+                            nonce_ok, nonce = True, echoed
                 if nonce_ok and nonce is not None:
                     assert "nonce" in answer and same_nonce(nonce, answer["nonce"]), (nonce, answer)
                 elif "nonce" in answer:

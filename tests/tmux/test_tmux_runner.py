@@ -1,4 +1,4 @@
-"""The tmux layer for CLI agents (dispatch/tmux.py, spec/agents.md §2), against real tmux.
+"""The tmux layer for CLI agents (agents/tmux.py, spec/agents.md §2), against real tmux.
 
 Each test runs its own tmux server (``tmux -L <unique name>``) and kills it afterwards,
 so nothing here touches the user's sessions. Waiting is polling with a deadline.
@@ -20,7 +20,7 @@ from pathlib import Path
 import libtmux
 import pytest
 
-from dispatch.tmux import PaneState, TmuxError, TmuxRunner, TmuxSessionNotFound
+from agents.tmux import PaneState, TmuxError, TmuxRunner, TmuxSessionNotFound
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
@@ -409,7 +409,7 @@ def test_control_characters_cannot_break_out_of_the_paste(runner: TmuxRunner, tm
 
 
 def test_pasteable_keeps_text_tabs_and_newlines_and_drops_other_controls() -> None:
-    from dispatch.tmux import pasteable
+    from agents.tmux import pasteable
 
     assert pasteable("a\tb\r\nc\rd\n") == "a\tb\nc\nd\n"
     assert pasteable("x\x1b[201~y\x15z\x00\x7f") == "x[201~yz"

@@ -10,11 +10,11 @@ from asgiref.sync import sync_to_async
 from django.core.management.base import BaseCommand
 from django.db import connection
 
-from dispatch import services
+from core import services
+from core.models import ServerProcess
+from core.presence import current_process_id
 from dispatch.background import heartbeat_loop, run_background_services
 from dispatch.management.commands.serve import exit_now
-from dispatch.models import ServerProcess
-from dispatch.presence import current_process_id
 
 
 class Command(BaseCommand):

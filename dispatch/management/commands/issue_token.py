@@ -7,8 +7,8 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from dispatch.errors import DispatchError
-from dispatch.services import api_token_create
+from core.errors import DispatchError
+from core.services import api_token_create
 
 
 class Command(BaseCommand):

@@ -20,12 +20,12 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
-from dispatch import services
+from core import services
+from core.consumers import shutdown_local_connections
+from core.models import ServerProcess
+from core.presence import current_process_id
 from dispatch.background import heartbeat_loop, revocation_loop, run_background_services
-from dispatch.consumers import shutdown_local_connections
 from dispatch.mcp.streams import close_all as close_mcp_streams
-from dispatch.models import ServerProcess
-from dispatch.presence import current_process_id
 
 logger = logging.getLogger("dispatch.serve")
 

@@ -14,7 +14,7 @@ from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from dispatch.errors import DispatchError
+from core.errors import DispatchError
 from peers.management.commands._pairing_options import add_capability_flags, capabilities_from, console_users
 from peers.pairing import peer_link
 

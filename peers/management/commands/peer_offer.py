@@ -10,7 +10,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from dispatch.errors import DispatchError
+from core.errors import DispatchError
 from peers.management.commands._pairing_options import add_capability_flags, capabilities_from, console_users
 from peers.pairing import offer_create
 

@@ -1,0 +1,448 @@
+"""REST routes for agents and runs (spec/agents.md §5), scoped to the caller.
+
+Another user's agent or run is 404 on every route. Errors use the one error shape
+(``core.api.exception_handler``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from django.conf import settings
+from django.db import transaction
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers, status
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from agents import cli, launching, messages, selectors, services
+from agents.models import Agent, Run
+from agents.prompting import agent_prompt_any
+from agents.serializers import (
+    AgentEventSerializer,
+    AgentMessageSerializer,
+    AgentSerializer,
+    RunSerializer,
+    agent_data,
+    run_data,
+)
+from agents.tokens import agent_scope_manage
+from core.api import DispatchAPIView
+from core.authentication import authenticated_user, calling_agent
+from core.errors import InvalidRequest, NotFound
+from peers import remote_launch
+
+
+class StrictCharField(serializers.CharField):
+    """A CharField that refuses numbers and booleans instead of turning them into text."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return str(super().to_internal_value(data))
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """A BooleanField that takes JSON ``true``/``false`` only (DRF's also turns ``"yes"``,
+    ``"on"``, ``1`` and friends into booleans: a flag as strong as ``full_access`` must be
+    meant)."""
+
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
+class AgentLaunchSerializer(serializers.Serializer):
+    type = StrictCharField(max_length=40)
+    name = StrictCharField(max_length=1000, trim_whitespace=False)
+    prompt = StrictCharField(required=False, allow_blank=True, default="", trim_whitespace=False)
+    cwd = StrictCharField(
+        max_length=4096,
+        trim_whitespace=False,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="absolute directory (a leading ~ is expanded); default: the launching agent's cwd, else "
+        "DISPATCH_DEFAULT_CWD; required with location",
+    )
+    location = StrictCharField(required=False, allow_null=True, allow_blank=True, default=None)
+    child = StrictBooleanField(required=False, default=False)
+    full_access = StrictBooleanField(required=False, default=False)
+
+
+MESSAGE_ID = re.compile(r"[0-9]{1,19}")
+
+
+def _query(request: Request, name: str) -> str | None:
+    value = request.query_params.get(name)
+    return value if value else None
+
+
+# --- lifecycle of any local agent (REST, pages and admin share these) ---------------------
+
+
+def _forward_shadow(agent: Agent, action: str) -> Agent:
+    """Forward ``action`` (stop, start, archive) of the shadow ``agent`` to its peer
+    (``peers.remote_launch.shadow_forward``; spec/agents.md §5). Sync callers only (a
+    request's thread, the admin): it waits for the peer (30 s at most) through ``async_to_sync``."""
+    return async_to_sync(remote_launch.shadow_forward)(agent=agent, action=action)
+
+
+def agent_stop_any(*, agent: Agent) -> Agent:
+    """Stop a local agent (spec/agents.md §1, §2) and return it.
+
+    CLI agent: ``cli.agent_stop`` (``stopping`` now; the supervisor finishes the stop).
+    Expert agent: its queued and running runs are cancelled and it goes ``stopped`` (a
+    stopped expert agent refuses prompts). Raises ``DispatchError("CONFLICT")`` when the
+    transition table refuses the stop (e.g. already stopped). A shadow agent's stop is
+    forwarded to its peer (``_forward_shadow``; the peer's refusals as ``DispatchError``).
+    """
+    if agent.peer_agent_id:
+        return _forward_shadow(agent, "stop")
+    if agent.type != services.EXPERT:
+        return cli.agent_stop(agent=agent)
+    with transaction.atomic():
+        stopped = services.agent_set_status(agent=agent, status=Agent.Status.STOPPED, note="stopped by its user")
+        for run_id in Run.objects.filter(agent=agent, status__in=[Run.Status.QUEUED, Run.Status.RUNNING]).values_list(
+            "pk", flat=True
+        ):
+            services.run_cancel(user=agent.owner, run_id=run_id)
+    return stopped
+
+
+def agent_start_any(*, agent: Agent) -> Agent:
+    """Start a ``stopped`` or ``error`` local agent again and return it.
+
+    CLI agent: ``cli.agent_start`` (same tmux session name). Expert agent: ``stopped`` →
+    ``creating`` → ``running`` (it has no process). Raises ``DispatchError("CONFLICT")``
+    from any other status. A shadow agent: ``UNSUPPORTED_OPERATION`` (the peer API has no
+    start, spec/peers.md §5; ``_forward_shadow``).
+    """
+    if agent.peer_agent_id:
+        return _forward_shadow(agent, "start")
+    if agent.type != services.EXPERT:
+        return cli.agent_start(agent=agent)
+    with transaction.atomic():
+        services.agent_set_status(agent=agent, status=Agent.Status.CREATING, note="start requested")
+        return services.agent_set_status(agent=agent, status=Agent.Status.RUNNING, note="started")
+
+
+def agent_archive_any(*, agent: Agent) -> Agent:
+    """Archive a local agent (soft delete; idempotent) and return it.
+
+    CLI agent: ``cli.agent_archive`` (stops its session first). Expert agent:
+    ``services.agent_archive`` (cancels its runs). A shadow agent's archive is forwarded to
+    its peer, and the shadow archived once the peer accepted (``_forward_shadow``).
+    """
+    if agent.peer_agent_id:
+        return _forward_shadow(agent, "archive")
+    if agent.type != services.EXPERT:
+        return cli.agent_archive(agent=agent)
+    return services.agent_archive(agent=agent, note="archived by its user")
+
+
+class AgentListView(DispatchAPIView):
+    """``GET /api/v1/agents`` (filters ``status``, ``type``; 100 per page; ``before`` cursor)
+    and ``POST /api/v1/agents`` (launch)."""
+
+    @extend_schema(
+        operation_id="v1_agents_list",
+        parameters=[
+            OpenApiParameter("status", str, description="one agent status (archived agents are hidden otherwise)"),
+            OpenApiParameter("type", str),
+            OpenApiParameter("before", str, description="the `next` cursor of the previous page"),
+        ],
+        responses={
+            200: inline_serializer(
+                "AgentList", {"agents": AgentSerializer(many=True), "next": serializers.CharField(allow_null=True)}
+            )
+        },
+    )
+    def get(self, request: Request) -> Response:
+        page = selectors.agents_for(
+            user=authenticated_user(request),
+            status=_query(request, "status"),
+            type=_query(request, "type"),
+            before=_query(request, "before"),
+        )
+        return Response({"agents": AgentSerializer(page.items, many=True).data, "next": page.next})
+
+    @extend_schema(request=AgentLaunchSerializer, responses={201: AgentSerializer})
+    def post(self, request: Request) -> Response:
+        """Launch any configured type (``launching.agent_launch_any``; an unavailable type is
+        refused with the list of available ones). With an agent token the caller is
+        ``launched_by`` and, with ``child: true``, the parent."""
+        incoming = AgentLaunchSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        body = incoming.validated_data
+        launcher = calling_agent(request)
+        if body["child"] and launcher is None:
+            raise InvalidRequest("child: only an agent (calling with its own token) can launch a child agent")
+        if body["location"]:  # on a linked instance: a shadow here (spec/peers.md §6)
+            user = authenticated_user(request)
+            remote_launch.location_resolve(user=user, location=body["location"])  # a bad one is 400 before any wait
+            shadow = async_to_sync(remote_launch.peer_launch)(
+                user=user,
+                caller_agent=launcher,
+                location=body["location"],
+                name=body["name"],
+                prompt=body["prompt"],
+                type=body["type"],
+                cwd=body["cwd"],
+                child=body["child"],
+                full_access=body["full_access"],
+            )
+            return Response(agent_data(shadow), status=status.HTTP_201_CREATED)
+        agent = launching.agent_launch_any(
+            owner=authenticated_user(request),
+            type=body["type"],
+            name=body["name"],
+            prompt=body["prompt"],
+            cwd=body["cwd"] or None,
+            launched_by=launcher,
+            child=body["child"],
+            full_access=body["full_access"],
+        )
+        return Response(agent_data(agent), status=status.HTTP_201_CREATED)
+
+
+class AgentTypeSerializer(serializers.Serializer):
+    type = serializers.CharField()
+    kind = serializers.ChoiceField(choices=["expert", "llm", "shell"])
+    available = serializers.BooleanField()
+
+
+def agent_types_data() -> list[dict[str, Any]]:
+    """Every agent type: ``[{"type", "kind", "available"}]``, ``expert`` first (kind
+    ``expert``), then the configured CLI types in ``DISPATCH_AGENT_TYPES`` order."""
+    available = launching.launchable_types()
+    kinds = {services.EXPERT: "expert", **{name: spec.kind for name, spec in settings.AGENT_TYPES.items()}}
+    return [{"type": name, "kind": kinds[name], "available": ok} for name, ok in available.items()]
+
+
+class AgentTypesView(DispatchAPIView):
+    """``GET /api/v1/agent-types``: ``{"types": [{type, kind, available}]}``; an unavailable
+    CLI type (its program is not on PATH) is refused at launch."""
+
+    @extend_schema(
+        operation_id="v1_agent_types_list",
+        responses={200: inline_serializer("AgentTypeList", {"types": AgentTypeSerializer(many=True)})},
+    )
+    def get(self, request: Request) -> Response:
+        authenticated_user(request)
+        return Response({"types": agent_types_data()})
+
+
+class AgentDetailView(DispatchAPIView):
+    """``GET /api/v1/agents/{id}`` (every field) and ``DELETE`` (archive; idempotent)."""
+
+    @extend_schema(responses={200: AgentSerializer})
+    def get(self, request: Request, agent_id: str) -> Response:
+        agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
+        return Response(agent_data(agent))
+
+    @extend_schema(responses={200: AgentSerializer})
+    def delete(self, request: Request, agent_id: str) -> Response:
+        agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
+        agent_scope_manage(calling_agent(request), agent)
+        return Response(agent_data(agent_archive_any(agent=agent)))
+
+
+class AgentStopView(DispatchAPIView):
+    """``POST /api/v1/agents/{id}/stop``: a CLI agent goes ``stopping`` (the supervisor
+    finishes), an expert agent ``stopped`` with its runs cancelled; 409 when not running."""
+
+    @extend_schema(request=None, responses={200: AgentSerializer})
+    def post(self, request: Request, agent_id: str) -> Response:
+        agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
+        agent_scope_manage(calling_agent(request), agent)
+        return Response(agent_data(agent_stop_any(agent=agent)))
+
+
+class AgentStartView(DispatchAPIView):
+    """``POST /api/v1/agents/{id}/start``: start a stopped or failed agent again (409 otherwise)."""
+
+    @extend_schema(request=None, responses={200: AgentSerializer})
+    def post(self, request: Request, agent_id: str) -> Response:
+        agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
+        agent_scope_manage(calling_agent(request), agent)
+        return Response(agent_data(agent_start_any(agent=agent)))
+
+
+class AgentPromptSerializer(serializers.Serializer):
+    instruction = StrictCharField(trim_whitespace=False)
+    input = serializers.JSONField(required=False, allow_null=True, default=None)
+    options = serializers.DictField(required=False, allow_null=True, default=None)
+
+
+class AgentPromptView(DispatchAPIView):
+    """``POST /api/v1/agents/{id}/prompt`` (spec/agents.md §4, §5): 202 ``{run_id}`` for an
+    expert agent, 202 ``{message_id}`` for a CLI agent (its prompt is a message)."""
+
+    @extend_schema(
+        request=AgentPromptSerializer,
+        responses={
+            202: inline_serializer(
+                "PromptAccepted",
+                {
+                    "run_id": serializers.CharField(required=False, help_text="expert agents"),
+                    "message_id": serializers.IntegerField(required=False, help_text="CLI agents"),
+                },
+            )
+        },
+    )
+    def post(self, request: Request, agent_id: str) -> Response:
+        user = authenticated_user(request)
+        selectors.agent_get_for(user=user, agent_id=agent_id)  # 404 before judging the body
+        incoming = AgentPromptSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        body = incoming.validated_data
+        accepted = agent_prompt_any(
+            user=user,
+            agent_id=agent_id,
+            instruction=body["instruction"],
+            input=body["input"],
+            options=body["options"],
+            sender_agent=calling_agent(request),
+        )
+        if accepted.message_id is not None:
+            return Response({"message_id": accepted.message_id}, status=status.HTTP_202_ACCEPTED)
+        return Response({"run_id": accepted.run_id}, status=status.HTTP_202_ACCEPTED)
+
+
+class MessageSendSerializer(serializers.Serializer):
+    content = StrictCharField(trim_whitespace=False, max_length=messages.MAX_MESSAGE_LENGTH)
+
+
+class AgentMessagesView(DispatchAPIView):
+    """``GET /api/v1/agents/{id}/messages?limit=50&before=<cursor>`` (newest first, max 200;
+    messages the agent received or sent) and ``POST`` ``{content}`` → 201 with the message."""
+
+    @extend_schema(
+        operation_id="v1_agents_messages_list",
+        parameters=[OpenApiParameter("limit", int), OpenApiParameter("before", str)],
+        responses={
+            200: inline_serializer(
+                "AgentMessageList",
+                {"messages": AgentMessageSerializer(many=True), "next": serializers.CharField(allow_null=True)},
+            )
+        },
+    )
+    def get(self, request: Request, agent_id: str) -> Response:
+        agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
+        limit = selectors.page_limit(
+            request.query_params.get("limit"),
+            default=selectors.MESSAGES_DEFAULT_LIMIT,
+            maximum=selectors.MESSAGES_MAX_LIMIT,
+        )
+        page = selectors.messages_page(agent=agent, limit=limit, before=_query(request, "before"))
+        return Response({"messages": AgentMessageSerializer(page.items, many=True).data, "next": page.next})
+
+    @extend_schema(
+        operation_id="v1_agents_messages_create",
+        request=MessageSendSerializer,
+        responses={201: AgentMessageSerializer},
+    )
+    def post(self, request: Request, agent_id: str) -> Response:
+        """A CLI agent's message is ``queued`` until the supervisor pastes it; an expert
+        agent's queues a run and is ``delivered``. 409 when the agent is not running. A
+        shadow agent's goes to its peer through the outbox (``queued`` until the peer
+        answers; spec/peers.md §8)."""
+        user = authenticated_user(request)
+        agent = selectors.agent_get_for(user=user, agent_id=agent_id)
+        incoming = MessageSendSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        sender = calling_agent(request)
+        if agent.peer_agent_id:
+            if agent.peer is None:
+                raise InvalidRequest(f"agent '{agent.pk}' belongs to a link that was removed: it cannot be messaged")
+            message = remote_launch.peer_message_send(
+                user=user,
+                sender_agent=sender,
+                peer=agent.peer,
+                to_agent_id=agent.peer_agent_id,
+                content=incoming.validated_data["content"],
+            )
+            return Response(messages.message_data(message), status=status.HTTP_201_CREATED)
+        message = messages.message_send(
+            recipient=agent,
+            content=incoming.validated_data["content"],
+            sender_user=None if sender is not None else user,
+            sender_agent=sender,
+        )
+        return Response(messages.message_data(message), status=status.HTTP_201_CREATED)
+
+
+class MessageDetailView(DispatchAPIView):
+    """``GET /api/v1/messages/{id}``: one of the caller's messages (404 for anyone else's)."""
+
+    @extend_schema(operation_id="v1_messages_retrieve", responses={200: AgentMessageSerializer})
+    def get(self, request: Request, message_id: str) -> Response:
+        if MESSAGE_ID.fullmatch(message_id) is None:  # "abc", "-1", " 1", "1e3": names no message
+            raise NotFound("no such message")
+        message = messages.message_get(user=authenticated_user(request), message_id=message_id)
+        return Response(messages.message_data(message))
+
+
+class AgentEventsView(DispatchAPIView):
+    """``GET /api/v1/agents/{id}/events?limit=200&before=<cursor>``: newest first, max 500."""
+
+    @extend_schema(
+        operation_id="v1_agents_events_list",
+        parameters=[OpenApiParameter("limit", int), OpenApiParameter("before", str)],
+        responses={
+            200: inline_serializer(
+                "AgentEventList",
+                {"events": AgentEventSerializer(many=True), "next": serializers.CharField(allow_null=True)},
+            )
+        },
+    )
+    def get(self, request: Request, agent_id: str) -> Response:
+        agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
+        limit = selectors.page_limit(
+            request.query_params.get("limit"),
+            default=selectors.EVENTS_DEFAULT_LIMIT,
+            maximum=selectors.EVENTS_MAX_LIMIT,
+        )
+        page = selectors.events_page(agent=agent, limit=limit, before=_query(request, "before"))
+        return Response({"events": AgentEventSerializer(page.items, many=True).data, "next": page.next})
+
+
+class AgentRunsView(DispatchAPIView):
+    """``GET /api/v1/agents/{id}/runs``: newest first, 100 per page (``before`` cursor)."""
+
+    @extend_schema(
+        operation_id="v1_agents_runs_list",
+        parameters=[OpenApiParameter("before", str)],
+        responses={
+            200: inline_serializer(
+                "RunList", {"runs": RunSerializer(many=True), "next": serializers.CharField(allow_null=True)}
+            )
+        },
+    )
+    def get(self, request: Request, agent_id: str) -> Response:
+        agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
+        page = selectors.runs_page(agent=agent, before=_query(request, "before"))
+        return Response({"runs": RunSerializer(page.items, many=True).data, "next": page.next})
+
+
+class RunDetailView(DispatchAPIView):
+    """``GET /api/v1/runs/{id}``."""
+
+    @extend_schema(responses={200: RunSerializer})
+    def get(self, request: Request, run_id: str) -> Response:
+        return Response(run_data(selectors.run_get_for(user=authenticated_user(request), run_id=run_id)))
+
+
+class RunCancelView(DispatchAPIView):
+    """``POST /api/v1/runs/{id}/cancel``: cancel a queued or running run (409 if finished)."""
+
+    @extend_schema(request=None, responses={200: RunSerializer})
+    def post(self, request: Request, run_id: str) -> Response:
+        user = authenticated_user(request)
+        agent_scope_manage(calling_agent(request), selectors.run_get_for(user=user, run_id=run_id).agent)
+        run = services.run_cancel(user=user, run_id=run_id)
+        return Response(run_data(run))

@@ -1,0 +1,211 @@
+"""Messages to agents (spec/agents.md §1 "AgentMessage", §2 "Messages to a CLI agent").
+
+A message to an **expert** agent is a prompt: it queues a run whose instruction is the
+message and is ``delivered`` at once. A message to a **CLI** agent is ``queued`` until
+the supervisor on the agent's host pastes it into the pane (``message_mark_delivered``)
+or gives up (``message_mark_failed``). Rows are the truth; each new message is announced
+after commit as ``message.created`` and each later change as ``message.updated`` to the
+owner's live-events group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from typing import TYPE_CHECKING, Any
+
+from asgiref.sync import async_to_sync
+from channels.exceptions import ChannelFull
+from channels.layers import get_channel_layer
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.utils import timezone
+
+from agents import services
+from agents.models import Agent, AgentEvent, AgentMessage
+from agents.serializers import AgentMessageSerializer
+from core.errors import DispatchError, InvalidRequest, NotFound
+
+if TYPE_CHECKING:
+    from peers.models import Peer
+
+logger = logging.getLogger(__name__)
+
+MAX_MESSAGE_LENGTH = 200_000
+# A CLI agent accepts messages while its session is (or is about to be) up.
+CLI_ACCEPTING = frozenset({Agent.Status.CREATING, Agent.Status.RUNNING})
+
+Status = AgentMessage.Status
+
+
+def message_data(message: AgentMessage) -> dict[str, Any]:
+    """The message as a JSON-safe dict (REST and live frames share it)."""
+    return dict(AgentMessageSerializer(message).data)
+
+
+def _publish(message: AgentMessage, event: str) -> None:
+    owner_id = Agent.objects.values_list("owner_id", flat=True).get(pk=message.recipient_agent_id)
+    services.publish_on_commit(user_id=owner_id, event=event, data=message_data(message))
+
+
+def doorbell_group(host: str) -> str:
+    """The channel-layer group the CLI supervisor of ``host`` listens on for new messages.
+
+    ``cli-supervisor.<sanitised host>.<8 hex of its SHA-256>``: only ``[A-Za-z0-9._-]``,
+    under 100 characters, and distinct for hosts that sanitise alike.
+    """
+    safe = re.sub(r"[^A-Za-z0-9.-]", "-", host)[:60]
+    return f"cli-supervisor.{safe}.{hashlib.sha256(host.encode()).hexdigest()[:8]}"
+
+
+def doorbell_ring(host: str) -> None:
+    """Wake the CLI supervisor of ``host`` now (``{"type": "cli.doorbell"}`` to its group).
+
+    At most once and best effort: a lost ring only delays delivery to the next poll.
+    Call from sync code (it uses ``async_to_sync``); never raises.
+    """
+    try:
+        async_to_sync(get_channel_layer().group_send)(doorbell_group(host), {"type": "cli.doorbell"})
+    except ChannelFull:
+        logger.info("CLI doorbell of %s dropped: channel full", host)
+    except Exception:
+        logger.exception("CLI doorbell of %s failed", host)
+
+
+def message_content(content: Any) -> str:
+    """``content`` checked for a message: a non-blank string of at most
+    ``MAX_MESSAGE_LENGTH`` characters, made storable; else ``InvalidRequest`` saying which."""
+    if not isinstance(content, str) or not content.strip():
+        raise InvalidRequest("content must be a non-empty string")
+    if len(content) > MAX_MESSAGE_LENGTH:
+        raise InvalidRequest(f"content must be at most {MAX_MESSAGE_LENGTH} characters")
+    return services.storable_text(content, "content")
+
+
+@transaction.atomic
+def message_send(
+    *,
+    recipient: Agent,
+    content: str,
+    sender_user: User | None = None,
+    sender_agent: Agent | None = None,
+    sender_peer: Peer | None = None,
+    sender_address: dict[str, Any] | None = None,
+    idempotency_key: str = "",
+) -> AgentMessage:
+    """Record a message to ``recipient`` from a user, one of the same user's agents, or a
+    linked instance (``sender_peer``, acting for its link user, with the ``sender_address``
+    ``{instance_id, agent_id | null, name}`` there and its ``idempotency_key``; peers.md §5).
+
+    Expert recipient: a run is queued with ``instruction = content`` (``run_enqueue``) and
+    the message is ``delivered``. CLI recipient: the message is ``queued`` for the
+    supervisor to paste (spec/agents.md §2), whose doorbell (``doorbell_ring``) is rung
+    after commit. ``content``: 1–200,000 characters, no NUL.
+    Raises ``InvalidRequest`` (bad content, no sender or two, a shadow agent — those go
+    through the peer's outbox), ``NotFound`` (a recipient of another user) or ``CONFLICT``
+    (the recipient is archived or not running).
+    """
+    senders = [sender for sender in (sender_user, sender_agent, sender_peer) if sender is not None]
+    if len(senders) != 1:
+        raise InvalidRequest("a message has exactly one sender: a user, an agent or a linked instance")
+    text = message_content(content)
+    current = Agent.objects.select_for_update().get(pk=recipient.pk)
+    owner_id = sender_user.pk if sender_user is not None else senders[0].owner_id  # type: ignore[union-attr]
+    origin: dict[str, Any] = {"sender_user": sender_user, "sender_agent": sender_agent}
+    if sender_peer is not None:
+        origin.update(
+            sender_peer=sender_peer, sender_address=sender_address, peer=sender_peer, idempotency_key=idempotency_key
+        )
+    if current.owner_id != owner_id:
+        raise NotFound(f"no agent '{recipient.pk}'")
+    if current.status == Agent.Status.ARCHIVED:  # visible (GET answers it), but gone: like start, 409
+        raise DispatchError("CONFLICT", f"agent '{current.pk}' is archived", {"status": current.status})
+    if current.peer_agent_id:
+        raise InvalidRequest(f"agent '{current.pk}' is a shadow agent: it is messaged through its peer")
+    if current.type == services.EXPERT:
+        services.run_enqueue(agent=current, instruction=text)  # CONFLICT when not running
+        message = AgentMessage.objects.create(
+            **origin, recipient_agent=current, content=text, status=Status.DELIVERED, delivered_at=timezone.now()
+        )
+    else:
+        if current.status not in CLI_ACCEPTING:
+            raise DispatchError(
+                "CONFLICT",
+                f"agent '{current.pk}' is not running (status {current.status})",
+                {"status": current.status},
+            )
+        message = AgentMessage.objects.create(**origin, recipient_agent=current, content=text)
+        host = current.host
+        transaction.on_commit(lambda: doorbell_ring(host))
+    _publish(message, "message.created")
+    return message
+
+
+def messages_pending(*, agent: Agent) -> list[AgentMessage]:
+    """``agent``'s queued messages, oldest first (what the supervisor pastes next)."""
+    return list(AgentMessage.objects.filter(recipient_agent=agent, status=Status.QUEUED).order_by("created_at", "pk"))
+
+
+@transaction.atomic
+def message_mark_delivered(*, message: AgentMessage) -> bool:
+    """``queued`` → ``delivered`` (pasted into the pane); a ``system`` event on the recipient.
+
+    A conditional UPDATE: returns False (and records nothing) if the message was no
+    longer queued.
+    """
+    now = timezone.now()
+    if not AgentMessage.objects.filter(pk=message.pk, status=Status.QUEUED).update(
+        status=Status.DELIVERED, delivered_at=now
+    ):
+        return False
+    message.refresh_from_db()
+    recipient = Agent.objects.get(pk=message.recipient_agent_id)
+    services.agent_event_record(
+        agent=recipient,
+        type=AgentEvent.Type.SYSTEM,
+        message="message delivered",
+        metadata={"message_id": message.pk, "chars": len(message.content)},
+    )
+    _publish(message, "message.updated")
+    return True
+
+
+@transaction.atomic
+def message_mark_failed(*, message: AgentMessage, error: str, dead: bool = False) -> bool:
+    """``queued`` → ``failed`` (or ``dead`` when it can never be delivered) with ``error``.
+
+    Returns False if the message was no longer queued.
+    """
+    status = Status.DEAD if dead else Status.FAILED
+    if not AgentMessage.objects.filter(pk=message.pk, status=Status.QUEUED).update(status=status, error=error[:2000]):
+        return False
+    message.refresh_from_db()
+    _publish(message, "message.updated")
+    return True
+
+
+def messages_fail_pending(*, agent: Agent, error: str) -> int:
+    """Fail every queued message of ``agent`` (it stopped before they were pasted)."""
+    failed = 0
+    for message in messages_pending(agent=agent):
+        failed += message_mark_failed(message=message, error=error)
+    return failed
+
+
+def message_get(*, user: User, message_id: Any) -> AgentMessage:
+    """One of ``user``'s messages (sent to one of their agents, or by one of them).
+
+    Raises ``NotFound`` for an unknown id or another user's message (never tells them
+    apart).
+    """
+    try:
+        pk = int(message_id)
+    except (TypeError, ValueError):
+        raise NotFound("no such message") from None
+    if not 0 < pk < 2**63:
+        raise NotFound("no such message")
+    message = AgentMessage.objects.filter(pk=pk, recipient_agent__owner=user).first()
+    if message is None:
+        raise NotFound(f"no message {pk}")
+    return message

@@ -1,0 +1,243 @@
+"""Agents' models: agents, runs, events, messages, agent tokens, the supervisor lease (spec/agents.md §1)."""
+
+from __future__ import annotations
+
+import secrets
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from core.models import ServerProcess  # noqa: F401
+
+
+def new_agent_id() -> str:
+    """``agt_`` + 12 lowercase hex (spec/agents.md §1); also the agent's machine session id."""
+    return "agt_" + secrets.token_hex(6)
+
+
+def new_run_id() -> str:
+    """``run_`` + 12 lowercase hex."""
+    return "run_" + secrets.token_hex(6)
+
+
+class Agent(models.Model):
+    """An agent Dispatch runs and tracks (spec/agents.md §1).
+
+    ``status`` changes only through ``agents.services.agent_set_status``, which
+    enforces the transition table. ``latest_event_*`` mirror the newest event.
+    """
+
+    class Status(models.TextChoices):
+        CREATING = "creating"
+        RUNNING = "running"
+        STOPPING = "stopping"
+        STOPPED = "stopped"
+        ERROR = "error"
+        ARCHIVED = "archived"
+
+    # Statuses in which the agent's token authenticates: an agent that is up (or coming up).
+    TOKEN_STATUSES = frozenset({Status.CREATING, Status.RUNNING, Status.STOPPING})
+
+    id = models.CharField(primary_key=True, max_length=16, default=new_agent_id, editable=False)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="agents")
+    name = models.CharField(max_length=100)
+    type = models.CharField(max_length=40)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.CREATING)
+    cwd = models.CharField(max_length=4096)
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
+    launched_by = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="launched")
+    launched_by_peer = models.JSONField(null=True, blank=True)
+    host = models.CharField(max_length=255, blank=True)
+    full_access = models.BooleanField(default=False)
+    latest_event_type = models.CharField(max_length=20, blank=True)
+    latest_event_message = models.TextField(blank=True)
+    latest_event_at = models.DateTimeField(null=True, blank=True)
+    peer = models.ForeignKey(  # set only on shadow agents (spec/peers.md §6-7)
+        "peers.Peer", null=True, blank=True, on_delete=models.SET_NULL, related_name="shadow_agents"
+    )
+    peer_agent_id = models.CharField(max_length=64, blank=True)  # "" unless a shadow agent
+    stale = models.BooleanField(default=False)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+    # CLI supervisor state kept in the row so a new lease holder continues (spec/agents.md §2):
+    # the activity watcher's SHA-256 of the pane's last 100 lines and when it last changed,
+    # and when a stop was requested (the grace period and the 60 s limit count from it)
+    # and whether the interrupt was sent.
+    pane_hash = models.CharField(max_length=64, blank=True)
+    pane_changed_at = models.DateTimeField(null=True, blank=True)
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    stop_interrupted = models.BooleanField(default=False)
+
+    class Meta:
+        db_table = "dispatch_agent"  # its name from the `dispatch` app (docs/architecture.md)
+        indexes = [models.Index(fields=["owner", "-created_at", "-id"], name="agent_owner_created")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.id}, {self.type}, {self.status})"
+
+    def manages(self, other: Agent) -> bool:
+        """Whether this agent, calling with its token, may stop, start, archive or cancel
+        the runs of ``other``: itself, or an agent it launched (``launched_by``). The agent
+        token scope (issue 11 item 10; docs/agent-tokens in the README)."""
+        return other.pk == self.pk or other.launched_by_id == self.pk
+
+
+class Run(models.Model):
+    """One prompt processed by an agent (spec/agents.md §1, §4).
+
+    ``input`` is ``{"instruction", "input", **options}``; ``claimed_by`` is the
+    ``ServerProcess`` id of the process executing it (a plain id: the row may be reaped
+    while the run still names it, which is how orphans are found).
+    """
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    id = models.CharField(primary_key=True, max_length=16, default=new_run_id, editable=False)
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="runs")
+    input = models.JSONField(default=dict)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
+    output = models.TextField(blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    claimed_by = models.CharField(max_length=40, blank=True)  # "" until claimed
+
+    class Meta:
+        db_table = "dispatch_run"  # its name from the `dispatch` app (docs/architecture.md)
+        indexes = [
+            models.Index(fields=["status", "created_at", "id"], name="run_status_created"),
+            models.Index(fields=["agent", "-created_at", "-id"], name="run_agent_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.status})"
+
+
+class AgentEvent(models.Model):
+    """One entry of an agent's append-only timeline (spec/agents.md §1).
+
+    ``created_at`` is when it happened (a mirrored event keeps the peer's time). Mirrored
+    events are unique on ``(agent, created_at, type)`` so a replayed mirror adds nothing;
+    local events are never deduplicated.
+    """
+
+    class Type(models.TextChoices):
+        WORKING = "working"
+        BLOCKED = "blocked"
+        WAITING_USER = "waiting_user"
+        DONE = "done"
+        IDLE = "idle"
+        SYSTEM = "system"
+
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="events")
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="events")
+    type = models.CharField(max_length=20, choices=Type.choices)
+    message = models.TextField(blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    mirrored = models.BooleanField(default=False)
+
+    class Meta:
+        db_table = "dispatch_agentevent"  # its name from the `dispatch` app (docs/architecture.md)
+        indexes = [models.Index(fields=["agent", "-created_at", "-id"], name="agentevent_agent_created")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["agent", "created_at", "type"],
+                condition=models.Q(mirrored=True),
+                name="agentevent_mirrored_unique",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.type}: {self.message[:60]}"
+
+
+class AgentMessage(models.Model):
+    """A message to an agent, from an agent or a user (spec/agents.md §1)."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        DELIVERED = "delivered"
+        FAILED = "failed"
+        DEAD = "dead"
+
+    sender_agent = models.ForeignKey(
+        Agent, null=True, blank=True, on_delete=models.SET_NULL, related_name="sent_messages"
+    )
+    sender_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="agent_messages"
+    )
+    recipient_agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="received_messages")
+    # Cross-instance messages (spec/peers.md §5, §8): a message from a peer names its sender
+    # there (sender_peer + sender_address {instance_id, agent_id | null, name}); both sides
+    # record the peer and the idempotency key.
+    sender_peer = models.ForeignKey(
+        "peers.Peer", null=True, blank=True, on_delete=models.SET_NULL, related_name="messages_received"
+    )
+    sender_address = models.JSONField(null=True, blank=True)
+    peer = models.ForeignKey(
+        "peers.Peer", null=True, blank=True, on_delete=models.SET_NULL, related_name="messages"
+    )
+    idempotency_key = models.CharField(max_length=100, blank=True)
+    content = models.TextField()
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "dispatch_agentmessage"  # its name from the `dispatch` app (docs/architecture.md)
+        indexes = [models.Index(fields=["recipient_agent", "-created_at"], name="agentmessage_recipient")]
+
+    def __str__(self) -> str:
+        return f"message {self.pk} to {self.recipient_agent_id} ({self.status})"
+
+
+class AgentToken(models.Model):
+    """An agent's ``DISPATCH_MCP_TOKEN`` (spec/agents.md §2, overview.md "Credentials").
+
+    Minted at each start of a CLI agent, given to it in its environment only, revoked at
+    stop and archive. Stored as SHA-256 plus an 8-character display prefix, like
+    ``ApiToken``; it authenticates as that agent (its owner's scope, the agent as caller).
+    """
+
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="tokens")
+    prefix = models.CharField(max_length=8)
+    digest = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+
+    class Meta:
+        db_table = "dispatch_agenttoken"  # its name from the `dispatch` app (docs/architecture.md)
+
+    def __str__(self) -> str:
+        return f"agent token {self.prefix}… of {self.agent_id}"
+
+
+class SupervisorLease(models.Model):
+    """The per-host CLI supervisor lease (spec/agents.md §2, overview.md "Processes").
+
+    One row per host; the process whose id is ``holder`` supervises that host's CLI agents
+    until ``expires_at``. Claimed and renewed with conditional UPDATEs, so a ``serve`` and
+    a ``dispatch_worker`` on one host never both correct the same agent.
+    """
+
+    host = models.CharField(primary_key=True, max_length=255)
+    holder = models.CharField(max_length=40)
+    expires_at = models.DateTimeField()
+
+
+    class Meta:
+        db_table = "dispatch_supervisorlease"  # its name from the `dispatch` app (docs/architecture.md)
+
+    def __str__(self) -> str:
+        return f"supervisor lease of {self.host} held by {self.holder}"

@@ -1,0 +1,113 @@
+"""Output shapes of agents, runs, events and messages (spec/agents.md §5).
+
+One shape per object for the REST API and for the live events broadcast after each
+change, so a list item, a single-object answer and an ``agent.upsert`` frame carry the
+same fields. REST fields are snake_case (spec/overview.md "Lists").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from agents.models import Agent, AgentEvent, AgentMessage, Run
+
+
+class AgentSerializer(serializers.ModelSerializer):
+    owner = serializers.CharField(source="owner.get_username", read_only=True)
+    # The metaclass moves declared fields off the class, so this never shadows Field.parent.
+    parent = serializers.CharField(source="parent_id", allow_null=True, read_only=True)  # type: ignore[assignment]
+    launched_by = serializers.CharField(source="launched_by_id", allow_null=True, read_only=True)
+    peer = serializers.SerializerMethodField(help_text="the peer's label on shadow agents, else null")
+
+    class Meta:
+        model = Agent
+        fields = [
+            "id",
+            "owner",
+            "name",
+            "type",
+            "status",
+            "cwd",
+            "parent",
+            "launched_by",
+            "launched_by_peer",
+            "host",
+            "full_access",
+            "latest_event_type",
+            "latest_event_message",
+            "latest_event_at",
+            "peer",
+            "peer_agent_id",
+            "stale",
+            "last_error",
+            "created_at",
+            "updated_at",
+        ]
+
+
+    def get_peer(self, agent: Agent) -> str | None:
+        return agent.peer.label if agent.peer_id is not None and agent.peer is not None else None
+
+
+class RunSerializer(serializers.ModelSerializer):
+    agent_id = serializers.CharField(read_only=True)
+
+    class Meta:
+        model = Run
+        fields = [
+            "id",
+            "agent_id",
+            "input",
+            "status",
+            "output",
+            "error",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
+
+
+class AgentEventSerializer(serializers.ModelSerializer):
+    agent_id = serializers.CharField(read_only=True)
+    run_id = serializers.CharField(allow_null=True, read_only=True)
+
+    class Meta:
+        model = AgentEvent
+        fields = ["id", "agent_id", "run_id", "type", "message", "metadata", "created_at", "mirrored"]
+
+
+class AgentMessageSerializer(serializers.ModelSerializer):
+    sender_agent_id = serializers.CharField(allow_null=True, read_only=True)
+    sender_user = serializers.CharField(source="sender_user.get_username", allow_null=True, read_only=True)
+    recipient_agent_id = serializers.CharField(read_only=True)
+
+    class Meta:
+        model = AgentMessage
+        fields = [
+            "id",
+            "sender_agent_id",
+            "sender_user",
+            "recipient_agent_id",
+            "content",
+            "status",
+            "error",
+            "created_at",
+            "delivered_at",
+        ]
+
+
+def agent_data(agent: Agent) -> dict[str, Any]:
+    """The agent as a JSON-safe dict (timestamps as ISO 8601 strings)."""
+    return dict(AgentSerializer(agent).data)
+
+
+def run_data(run: Run) -> dict[str, Any]:
+    """The run as a JSON-safe dict."""
+    return dict(RunSerializer(run).data)
+
+
+def event_data(event: AgentEvent) -> dict[str, Any]:
+    """The event as a JSON-safe dict."""
+    return dict(AgentEventSerializer(event).data)

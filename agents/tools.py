@@ -1,0 +1,515 @@
+"""The agent tools shared by the expert agent and the MCP endpoint (spec/agents.md §3
+"Native tools", §6).
+
+``agent_tools(user=…, caller_agent=…)`` builds, for one caller and one request:
+
+- ``list_agents()`` — the user's non-archived agents;
+- ``get_agent_history(agent_id, limit)`` — an agent's earlier runs and latest events;
+- ``dispatch_launch_agent(name, prompt, type?, cwd?, location?, child, full_access)``;
+- ``dispatch_send_message(target, message)`` and ``message_status(message_id)``;
+- ``dispatch_event(type, message)`` — only for an agent caller (an agent token), and only
+  when ``event_tool`` is true: the expert agent's own steps are recorded by its loop, so it
+  does not get this tool.
+
+Each is a ``machines.tools.Tool``: ``await tool(arguments)`` validates ``arguments``
+against the tool's JSON schema (``InvalidRequest``) and returns a JSON value, or raises
+``DispatchError`` (``NOT_FOUND``, ``INVALID_REQUEST``, ``CONFLICT`` …). Descriptions are
+computed per call (the launchable types, the default type).
+
+Threads: short database work runs through ``database_sync_to_async``; launching a CLI
+agent blocks on tmux subprocesses, so it runs on a thread of its own
+(``sync_to_async(thread_sensitive=False)``), which closes the database connection it
+opened before returning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import close_old_connections, connection
+
+from agents import selectors, services
+from agents.launching import agent_launch_any, launchable_types
+from agents.messages import CLI_ACCEPTING, message_get, message_send
+from agents.models import Agent
+from agents.serializers import agent_data, event_data
+from core.errors import DispatchError, InvalidRequest, NotFound
+from machines.tools import Tool
+from peers import remote_launch
+from peers.models import OutboxMessage, Peer
+
+T = TypeVar("T")
+
+AGENT_HISTORY_BUDGET = 20_000  # characters of JSON in one get_agent_history answer
+HISTORY_DEFAULT_LIMIT = 20
+HISTORY_MAX_LIMIT = 100
+HISTORY_TEXT_MAX = 4_000  # characters of one run's instruction or output
+EVENT_TEXT_MAX = 1_000  # characters of one event's message
+MAX_PROMPT = 200_000
+MAX_TARGET = 300
+CANDIDATES_SHOWN = 20
+ERROR_MESSAGE_MAX = 500
+# Event types an agent reports about itself (spec/agents.md §1); ``system`` is Dispatch's own.
+REPORTED_EVENT_TYPES = ("working", "blocked", "waiting_user", "done", "idle")
+
+_AGENT_ID = re.compile(r"^agt_[0-9a-f]{12}$")
+_PEER_ADDRESS = remote_launch.PEER_ADDRESS
+
+
+def cap(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, with a note saying so when cut."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"\n[cut: {len(text)} characters, only the first {limit} shown]"
+
+
+# --- the work, synchronous (run through database_sync_to_async) ---------------------------------
+
+
+def _agents_list(user: User) -> list[dict[str, Any]]:
+    """``user``'s non-archived agents, newest first (the first 100)."""
+    return [
+        {
+            "id": agent.pk,
+            "name": agent.name,
+            "type": agent.type,
+            "status": agent.status,
+            "latest_event": (
+                {
+                    "type": agent.latest_event_type,
+                    "message": cap(agent.latest_event_message, EVENT_TEXT_MAX),
+                    "at": agent.latest_event_at.isoformat(),
+                }
+                if agent.latest_event_at is not None
+                else None
+            ),
+            "parent": agent.parent_id,
+            # Shadow agents: the linked instance's label and the agent's id there (the
+            # address for dispatch_send_message is "<peer>:<peer_agent_id>").
+            **(
+                {"peer": agent.peer.label, "peer_agent_id": agent.peer_agent_id, "stale": agent.stale}
+                if agent.peer
+                else {}
+            ),
+        }
+        for agent in selectors.agents_for(user=user).items
+    ]
+
+
+def _agent_history(user: User, agent_id: str, limit: int) -> dict[str, Any]:
+    """Runs and events of ``user``'s agent ``agent_id``, newest first, within the budget."""
+    agent = selectors.agent_get_for(user=user, agent_id=agent_id)
+    budget = AGENT_HISTORY_BUDGET
+    runs: list[dict[str, Any]] = []
+    cut = False
+    for run in selectors.runs_page(agent=agent).items[:limit]:
+        entry = {
+            "id": run.pk,
+            "status": run.status,
+            "instruction": cap(str(run.input.get("instruction", "")), HISTORY_TEXT_MAX),
+            "output": cap(run.output or run.error, HISTORY_TEXT_MAX),
+            "created_at": run.created_at.isoformat(),
+        }
+        budget -= len(json.dumps(entry))
+        if budget < 0:
+            cut = True
+            break
+        runs.append(entry)
+    events: list[dict[str, Any]] = []
+    for event in selectors.events_page(agent=agent, limit=limit).items:
+        item = {
+            "type": event.type,
+            "message": cap(event.message, EVENT_TEXT_MAX),
+            "created_at": event.created_at.isoformat(),
+        }
+        budget -= len(json.dumps(item))
+        if budget < 0:
+            cut = True
+            break
+        events.append(item)
+    return {
+        "agent": {"id": agent.pk, "name": agent.name, "type": agent.type, "status": agent.status},
+        "runs": runs,
+        "events": events,
+        "truncated": cut,
+    }
+
+
+def _resolve_target(user: User, target: str) -> Agent | tuple[Peer, str]:
+    """The recipient named by ``target`` (spec/agents.md §6 ``dispatch_send_message``).
+
+    An id of one of ``user``'s agents (a shadow agent included); else
+    ``<label or instance id>:<agent id>`` — recognised by shape: a label or instance id of
+    one of ``user``'s live peers, a colon, ``agt_`` + 12 hex — as ``(peer, agent id
+    there)``; else a unique name among ``user``'s running agents ("fix: sse race" is a
+    name). Raises ``NotFound`` (unknown id or name; the message lists the
+    running agents), ``InvalidRequest`` (an ambiguous name or location, listing the
+    candidates; a peer address whose linked instance is unknown).
+    """
+    if _AGENT_ID.match(target):
+        agent = Agent.objects.filter(owner=user, pk=target).exclude(status=Agent.Status.ARCHIVED).first()
+        if agent is None:
+            raise NotFound(f"no agent '{target}'")
+        return agent
+    address = remote_launch.peer_address_parse(user=user, target=target)
+    if address is not None:
+        return address
+    running = Agent.objects.filter(owner=user, status__in=CLI_ACCEPTING)
+    named = list(running.filter(name=target.strip()).order_by("-created_at")[:CANDIDATES_SHOWN])
+    if len(named) == 1:
+        return named[0]
+    if len(named) > 1:
+        listed = ", ".join(agent.pk for agent in named)
+        raise InvalidRequest(
+            f"{len(named)} running agents are named '{cap(target, 100)}' ({listed}): send to one of them by id",
+            {"candidates": [{"id": agent.pk, "name": agent.name, "type": agent.type} for agent in named]},
+        )
+    if _PEER_ADDRESS.match(target.strip()):
+        labels = ", ".join(peer.label for peer in remote_launch.peers_for(user=user)) or "none"
+        raise InvalidRequest(
+            f"'{cap(target, 100)}' names an agent on a linked instance you do not have; your linked instances: {labels}"
+        )
+    candidates = list(running.order_by("-created_at")[:CANDIDATES_SHOWN])
+    listed = ", ".join(f"{agent.name} ({agent.pk})" for agent in candidates) or "none"
+    raise NotFound(
+        f"no running agent with the id or name '{cap(target, 100)}'; running agents: {listed}",
+        {"candidates": [{"id": agent.pk, "name": agent.name, "type": agent.type} for agent in candidates]},
+    )
+
+
+def _send(user: User, caller: Agent | None, target: str, content: str) -> dict[str, Any]:
+    resolved = _resolve_target(user, target)
+    if isinstance(resolved, tuple) or resolved.peer_agent_id:
+        # An agent on a peer: through the outbox (spec/peers.md §8); queued until the peer answers.
+        if isinstance(resolved, tuple):
+            peer, remote_id = resolved
+        elif resolved.peer is None or resolved.peer.revoked_at is not None:
+            raise InvalidRequest(f"agent '{resolved.pk}' belongs to a link that was removed: it cannot be messaged")
+        else:
+            peer, remote_id = resolved.peer, resolved.peer_agent_id
+        message = remote_launch.peer_message_send(
+            user=user, sender_agent=caller, peer=peer, to_agent_id=remote_id, content=content
+        )
+        return {
+            "message_id": message.pk,
+            "status": message.status,
+            "recipient": message.recipient_agent_id,
+            "peer": peer.label,
+            "remote_agent_id": remote_id,
+        }
+    recipient = resolved
+    if caller is not None and recipient.pk == caller.pk:
+        raise InvalidRequest("an agent cannot send a message to itself")
+    if caller is not None:
+        message = message_send(recipient=recipient, content=content, sender_agent=caller)
+    else:
+        message = message_send(recipient=recipient, content=content, sender_user=user)
+    return {"message_id": message.pk, "status": message.status, "recipient": recipient.pk}
+
+
+def _status(user: User, message_id: Any) -> dict[str, Any]:
+    message = message_get(user=user, message_id=message_id)
+    answer = {
+        "message_id": message.pk,
+        "status": message.status,
+        "error": message.error or None,
+        "delivered_at": message.delivered_at.isoformat() if message.delivered_at else None,
+    }
+    if message.peer_id is not None and message.sender_peer_id is None:  # sent to an agent on a peer
+        outbox = OutboxMessage.objects.filter(message=message).select_related("peer").first()
+        if outbox is not None:
+            answer.update(
+                peer=outbox.peer.label,
+                remote_agent_id=outbox.to_agent_id,
+                attempts=outbox.attempts,
+                next_attempt_at=outbox.next_attempt_at.isoformat() if outbox.status == "queued" else None,
+                error=message.error or outbox.last_error or None,
+            )
+    return answer
+
+
+def _record(agent: Agent, type: str, message: str) -> dict[str, Any]:
+    current = Agent.objects.select_related("owner").get(pk=agent.pk)
+    event = services.agent_event_record(agent=current, type=type, message=message)
+    if event is None:  # only mirrored events are ever deduplicated
+        raise DispatchError("CONFLICT", "the event was not recorded")
+    return event_data(event)
+
+
+def _launch(user: User, caller: Agent | None, arguments: dict[str, Any], type: str) -> dict[str, Any]:
+    child = bool(arguments.get("child", True))
+    launcher = Agent.objects.get(pk=caller.pk) if caller is not None else None
+    agent = agent_launch_any(
+        owner=user,
+        type=type,
+        name=arguments["name"],
+        prompt=arguments.get("prompt", ""),
+        cwd=arguments.get("cwd") or None,
+        launched_by=launcher,
+        child=child and launcher is not None,
+        full_access=bool(arguments.get("full_access", False)),
+    )
+    return agent_data(agent)
+
+
+def _on_own_thread(function: Callable[..., T]) -> Callable[..., Any]:
+    """``function`` run on a new worker thread (not the shared database thread), its database
+    connection closed when it is done (a thread-local connection would otherwise leak)."""
+
+    def run(*args: Any) -> T:
+        try:
+            return function(*args)
+        finally:
+            connection.close()
+            close_old_connections()
+
+    return sync_to_async(run, thread_sensitive=False)
+
+
+# --- the tools ------------------------------------------------------------------------------------
+
+
+class AgentTool(Tool):
+    """A ``Tool`` whose refusals stay short: a schema error quoting a 200,000-character
+    argument is cut to ``ERROR_MESSAGE_MAX`` characters (it goes back to a model)."""
+
+    async def __call__(self, arguments: dict[str, Any]) -> Any:
+        """Validate and run (``Tool.__call__``); ``InvalidRequest`` messages capped."""
+        try:
+            return await super().__call__(arguments)
+        except InvalidRequest as exc:
+            if len(exc.message) <= ERROR_MESSAGE_MAX:
+                raise
+            raise InvalidRequest(cap(exc.message, ERROR_MESSAGE_MAX), exc.details) from None
+
+
+def default_launch_type() -> str:
+    """The type ``dispatch_launch_agent`` launches when none is given: the first available
+    CLI type of kind ``llm`` (in ``DISPATCH_AGENT_TYPES`` order: claude, codex, opencode by
+    default), else ``expert`` (always available)."""
+    for name, spec in settings.AGENT_TYPES.items():
+        if spec.kind == "llm" and spec.available():
+            return str(name)
+    return services.EXPERT
+
+
+def _linked_instances(user: User) -> str:
+    """``remote_launch.linked_instances_text`` for ``user``, also from a thread running an
+    event loop (``agent_tools`` is sync but called from async code): the short query then
+    runs on a worker thread whose connection is closed afterwards."""
+
+    def text() -> str:
+        try:
+            return remote_launch.linked_instances_text(user=user)
+        finally:
+            if in_loop:
+                connection.close()
+
+    try:
+        asyncio.get_running_loop()
+        in_loop = True
+    except RuntimeError:
+        in_loop = False
+    if not in_loop:
+        return text()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(text).result()
+
+
+def _launch_description(linked: str) -> tuple[str, list[str], str]:
+    types = launchable_types()
+    available = [name for name, ok in types.items() if ok]
+    unavailable = [name for name, ok in types.items() if not ok]
+    default = default_launch_type()
+    text = (
+        "Launch a new agent here and give it a first prompt. Types available now: "
+        + ", ".join(available)
+        + (f" (not installed here: {', '.join(unavailable)})" if unavailable else "")
+        + f". Default type: {default}. 'expert' is Dispatch's built-in tool-calling agent; the others run in tmux. "
+        "cwd defaults to the launching agent's directory (else the instance's default directory). "
+        "With child (default true) the new agent is your child. "
+        + linked
+        + " Returns the new agent (id, name, type, status ...; for a launch on a linked instance, its shadow "
+        "here, with peer and peer_agent_id)."
+    )
+    return text, list(types), default
+
+
+def agent_tools(*, user: User, caller_agent: Agent | None, event_tool: bool = True) -> list[AgentTool]:
+    """The agent tools for ``user``, called by ``caller_agent`` (``None``: the user).
+
+    ``caller_agent`` is recorded as ``launched_by`` (and parent, with ``child``) of the
+    agents it launches and as the sender of its messages; it is the default agent of
+    ``get_agent_history``. ``dispatch_event`` is included only when ``caller_agent`` is
+    set and ``event_tool`` is true. Each tool's result is a JSON value; failures raise
+    ``DispatchError`` (see the module docstring). spec/agents.md §3, §6.
+    """
+
+    async def list_agents(arguments: dict[str, Any]) -> Any:
+        return await database_sync_to_async(_agents_list)(user)
+
+    async def get_agent_history(arguments: dict[str, Any]) -> Any:
+        agent_id = arguments.get("agent_id") or (caller_agent.pk if caller_agent is not None else None)
+        if not agent_id:
+            raise InvalidRequest("agent_id is required")
+        limit = int(arguments.get("limit", HISTORY_DEFAULT_LIMIT))
+        return await database_sync_to_async(_agent_history)(user, agent_id, limit)
+
+    linked = _linked_instances(user)
+    launch_text, known_types, default_type = _launch_description(linked)
+
+    async def dispatch_launch_agent(arguments: dict[str, Any]) -> Any:
+        location = arguments.get("location")
+        if location:  # on a linked instance (spec/peers.md §6): its shadow here
+            shadow = await remote_launch.peer_launch(
+                user=user,
+                caller_agent=caller_agent,
+                location=str(location),
+                name=arguments["name"],
+                prompt=arguments.get("prompt", ""),
+                type=arguments.get("type") or None,
+                cwd=arguments.get("cwd") or None,
+                child=bool(arguments.get("child", True)) and caller_agent is not None,
+                full_access=bool(arguments.get("full_access", False)),
+            )
+            return await database_sync_to_async(agent_data)(shadow)
+        type = arguments.get("type") or default_launch_type()
+        if type == services.EXPERT:
+            return await database_sync_to_async(_launch)(user, caller_agent, arguments, type)
+        return await _on_own_thread(_launch)(user, caller_agent, arguments, type)
+
+    async def dispatch_send_message(arguments: dict[str, Any]) -> Any:
+        return await database_sync_to_async(_send)(user, caller_agent, arguments["target"], arguments["message"])
+
+    async def message_status(arguments: dict[str, Any]) -> Any:
+        return await database_sync_to_async(_status)(user, arguments["message_id"])
+
+    tools = [
+        AgentTool(
+            name="list_agents",
+            description=(
+                "List your agents (not archived), newest first: id, name, type, status, latest event, parent."
+            ),
+            parameters={"type": "object", "properties": {}, "additionalProperties": False},
+            handler=list_agents,
+        ),
+        AgentTool(
+            name="get_agent_history",
+            description=(
+                "An agent's earlier runs (instruction, output, status) and its latest events, newest first, "
+                "cut to a size budget." + (" agent_id defaults to you." if caller_agent is not None else "")
+            ),
+            parameters={
+                "type": "object",
+                "properties": {
+                    "agent_id": {"type": "string", "maxLength": 64, "description": "The agent's id (agt_…)."},
+                    "limit": {
+                        "type": "integer",
+                        "minimum": 1,
+                        "maximum": HISTORY_MAX_LIMIT,
+                        "default": HISTORY_DEFAULT_LIMIT,
+                        "description": "At most this many runs and this many events.",
+                    },
+                },
+                "required": [] if caller_agent is not None else ["agent_id"],
+                "additionalProperties": False,
+            },
+            handler=get_agent_history,
+        ),
+        AgentTool(
+            name="dispatch_launch_agent",
+            description=launch_text,
+            parameters={
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "minLength": 1, "maxLength": 100},
+                    "prompt": {"type": "string", "maxLength": MAX_PROMPT, "description": "Its first instruction."},
+                    "type": {"enum": known_types, "description": f"Default: {default_type}."},
+                    "cwd": {
+                        "type": "string",
+                        "maxLength": 4096,
+                        "description": "Absolute directory; a leading ~ is the home directory (of the linked "
+                        "instance, with location).",
+                    },
+                    "location": {
+                        "type": ["string", "null"],
+                        "maxLength": 200,
+                        "description": linked,
+                    },
+                    "child": {"type": "boolean", "default": True},
+                    "full_access": {"type": "boolean", "default": False},
+                },
+                "required": ["name", "prompt"],
+                "additionalProperties": False,
+            },
+            handler=dispatch_launch_agent,
+        ),
+        AgentTool(
+            name="dispatch_send_message",
+            description=(
+                "Send a message to one of your agents. target: an agent id, the name of one running agent "
+                "(an expert agent gets it as a prompt; a CLI agent gets it typed into its terminal), or "
+                "<label or instance id>:<agent id> for an agent on a linked instance (queued until that instance "
+                "accepts it). Returns message_id and status; follow it with message_status."
+            ),
+            parameters={
+                "type": "object",
+                "properties": {
+                    "target": {"type": "string", "minLength": 1, "maxLength": MAX_TARGET},
+                    "message": {"type": "string", "minLength": 1, "maxLength": MAX_PROMPT},
+                },
+                "required": ["target", "message"],
+                "additionalProperties": False,
+            },
+            handler=dispatch_send_message,
+        ),
+        AgentTool(
+            name="message_status",
+            description=(
+                "The status of a message you sent: queued, delivered, failed or dead, with its error (for an agent "
+                "on a linked instance also the instance, the attempts so far and the next attempt)."
+            ),
+            parameters={
+                "type": "object",
+                "properties": {"message_id": {"type": ["integer", "string"], "maxLength": 20, "minimum": 1}},
+                "required": ["message_id"],
+                "additionalProperties": False,
+            },
+            handler=message_status,
+        ),
+    ]
+    if caller_agent is not None and event_tool:
+        agent = caller_agent
+
+        async def dispatch_event(arguments: dict[str, Any]) -> Any:
+            return await database_sync_to_async(_record)(agent, arguments["type"], arguments["message"])
+
+        tools.append(
+            AgentTool(
+                name="dispatch_event",
+                description=(
+                    "Report your state on your Dispatch timeline: working, blocked, waiting_user (you need the "
+                    "user), done or idle, with a short message."
+                ),
+                parameters={
+                    "type": "object",
+                    "properties": {
+                        "type": {"enum": list(REPORTED_EVENT_TYPES)},
+                        "message": {"type": "string", "maxLength": services.MAX_EVENT_MESSAGE_LENGTH},
+                    },
+                    "required": ["type", "message"],
+                    "additionalProperties": False,
+                },
+                handler=dispatch_event,
+            )
+        )
+    return tools

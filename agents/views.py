@@ -1,0 +1,336 @@
+"""The Agents pages (ui.md): the list with a launch form, and one agent's page.
+
+Live parts follow the one server-sent-event stream of the tab (``/api/v1/events``): a
+small script (``static/js/live.js``) listens and asks htmx to re-fetch the affected
+fragment; on a local CLI agent's page the same stream carries its pane (``?pane=<id>``).
+
+Shadow agents (spec/peers.md §6-7) are listed with the local ones, with their peer's
+label as a badge; their page shows the **Remote activity** pane (ui.md "Agent") instead
+of a terminal: the mirroring state, the mirrored timeline newest first (200 a page, older
+pages through the ``before`` cursor of ``GET /api/v1/agents/<id>/events``) and a message
+box whose messages go through the outbox.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.models import User
+from django.db.models.functions import Lower
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from agents import launching, selectors, services
+from agents import messages as agent_messages
+from agents.api import agent_archive_any, agent_start_any, agent_stop_any, agent_types_data
+from agents.models import Agent, AgentEvent
+from agents.prompting import agent_prompt_for
+from core.authentication import authenticated_user
+from core.errors import DispatchError, InvalidRequest
+from core.presence import HOSTNAME
+from core.views import htmx_login_required
+from peers.models import Peer
+from remotes.selectors import remotes_for
+
+MESSAGES_SHOWN = 50
+TIMELINE_SHOWN = 200  # the shadow page's "Showing the last 200" (ui.md)
+NOT_RESPONDING_AFTER = timedelta(minutes=5)  # ui.md "Linked instances": "not responding recently"
+NESTING_SHOWN = 6  # deeper sub-agents are indented no further
+NOT_RUNNING = frozenset({Agent.Status.STOPPED, Agent.Status.ERROR, Agent.Status.ARCHIVED})
+
+
+@dataclass(frozen=True)
+class AgentRow:
+    """One row of the agent list: the agent and how deep it is nested under its parents
+    on this page (0 for a top-level agent, or a child whose parent is on another page)."""
+
+    agent: Agent
+    depth: int
+
+    @property
+    def indent(self) -> int:
+        """The nesting shown, capped at ``NESTING_SHOWN`` levels."""
+        return min(self.depth, NESTING_SHOWN)
+
+
+def nest_agents(agents: list[Agent]) -> list[AgentRow]:
+    """``agents`` (one page, newest first) reordered so each sub-agent follows its parent,
+    depth first (ui.md "Agents": sub-agents nested under their parent, local and shadow).
+
+    Agents whose parent is not on the page stay top-level in their place; siblings keep
+    the page's order. Pure: no queries (the page's rows carry ``parent_id``).
+    """
+    on_page = {agent.pk for agent in agents}
+    children: dict[str, list[Agent]] = {}
+    roots: list[Agent] = []
+    for agent in agents:
+        if agent.parent_id and agent.parent_id in on_page and agent.parent_id != agent.pk:
+            children.setdefault(agent.parent_id, []).append(agent)
+        else:
+            roots.append(agent)
+    rows: list[AgentRow] = []
+    placed: set[str] = set()
+
+    def place(agent: Agent, depth: int) -> None:
+        if agent.pk in placed:
+            return
+        placed.add(agent.pk)
+        rows.append(AgentRow(agent=agent, depth=depth))
+        for child in children.get(agent.pk, []):
+            place(child, depth + 1)
+
+    for root in roots:
+        place(root, 0)
+    for agent in agents:  # a parent cycle has no root: show its members top-level
+        place(agent, 0)
+    return rows
+
+
+@dataclass(frozen=True)
+class LaunchLocation:
+    """One choice of the launch form's "location" select (ui.md "Agents"; peers.md §6):
+    a live peer of the user, by label. ``refusal`` is why it cannot be chosen ("" if it can)."""
+
+    label: str
+    instance_id: str
+    responding: bool
+    refusal: str
+
+
+def launch_locations(*, user: User, now: Any = None) -> list[LaunchLocation]:
+    """The user's live peers as launch locations, by label (case-insensitive order).
+
+    A peer is "not responding recently" when ``last_seen_at`` is null or older than 5
+    minutes; one whose grant says ``allow_launch: false`` is disabled as "launching not
+    permitted"; one that revoked the link on its side as "unlinked by the other side".
+    One query.
+    """
+    now = now or timezone.now()
+    locations = []
+    for peer in Peer.objects.filter(owner=user, revoked_at__isnull=True).order_by(Lower("label")):
+        refusal = ""
+        if peer.unlinked_by_peer:
+            refusal = "unlinked by the other side"
+        elif isinstance(peer.granted_by_peer, dict) and peer.granted_by_peer.get("allow_launch") is False:
+            refusal = "launching not permitted"
+        responding = peer.last_seen_at is not None and now - peer.last_seen_at <= NOT_RESPONDING_AFTER
+        locations.append(
+            LaunchLocation(label=peer.label, instance_id=peer.instance_id, responding=responding, refusal=refusal)
+        )
+    return locations
+
+
+def _list_context(request: HttpRequest) -> dict[str, object]:
+    user = authenticated_user(request)
+    page = selectors.agents_for(user=user, before=request.GET.get("before") or None)
+    return {"agents": page.items, "rows": nest_agents(page.items), "next": page.next}
+
+
+@require_http_methods(["GET", "POST"])
+def agents_page(request: HttpRequest) -> HttpResponse:
+    """``/``: the user's agents (live) and the "Launch agent" form (every configured type;
+    an unavailable one disabled as "(not installed)")."""
+    user = authenticated_user(request)
+    form: dict[str, Any] = {"type": "expert", "name": "", "prompt": "", "cwd": settings.DEFAULT_CWD, "location": ""}
+    status = 200
+    if request.method == "POST":
+        form = {key: request.POST.get(key, "").strip() for key in ("type", "name", "prompt", "cwd", "location")}
+        form["full_access"] = request.POST.get("full_access") == "on"
+        try:
+            if form["location"]:
+                # A launch on a peer waits on that peer (up to 30 s): the form's script
+                # sends it to POST /api/v1/agents instead of this synchronous view.
+                raise InvalidRequest(
+                    f"launching on '{form['location']}' is done by the page's script through POST /api/v1/agents;"
+                    " enable JavaScript or use the API"
+                )
+            agent = launching.agent_launch_any(
+                owner=user,
+                type=form["type"],
+                name=form["name"],
+                prompt=form["prompt"],
+                cwd=form["cwd"] or None,
+                full_access=form["full_access"] and form["type"] != services.EXPERT,
+            )
+        except DispatchError as exc:
+            messages.error(request, exc.message)
+            status = 400
+        else:
+            return redirect("agent", agent_id=agent.pk)
+    context = {
+        **_list_context(request),
+        "form": form,
+        "types": agent_types_data(),
+        "locations": launch_locations(user=user),
+    }
+    return render(request, "agents/agents.html", context, status=status)
+
+
+@htmx_login_required
+@require_GET
+def agents_fragment(request: HttpRequest) -> HttpResponse:
+    """The agent list, re-fetched when the event stream reports a change."""
+    return render(request, "agents/_agent_list.html", _list_context(request))
+
+
+def has_local_pane(agent: Agent) -> bool:
+    """Whether ``agent`` is a CLI agent whose tmux pane is on this host (its page shows it)."""
+    return agent.type != services.EXPERT and not agent.peer_agent_id and agent.host == HOSTNAME
+
+
+@dataclass(frozen=True)
+class MirrorState:
+    """What the Remote activity pane says about a shadow agent's mirror (ui.md "Agent"):
+    ``key`` is ``live``, ``stale`` or ``stopped`` (its CSS class), ``text`` the words shown."""
+
+    key: str
+    text: str
+
+
+def mirror_state(agent: Agent) -> MirrorState:
+    """The words of the shadow page's state line (ui.md "Agent"): "Link down — last known
+    state" while the peer's stream is down (``stale``), else "Not running" for a stopped,
+    failed or archived shadow, else "Mirroring live"."""
+    if agent.stale:
+        return MirrorState("stale", "Link down — last known state")
+    if agent.status in NOT_RUNNING:
+        return MirrorState("stopped", "Not running")
+    return MirrorState("live", "Mirroring live")
+
+
+def is_lost_contact(event: AgentEvent) -> bool:
+    """Whether ``event`` is Dispatch's note that a peer's stream dropped (peers.md §7:
+    a ``system`` event "lost contact with <peer>"), styled as such on the timeline."""
+    return event.type == AgentEvent.Type.SYSTEM and event.message.lower().startswith("lost contact with")
+
+
+def _agent_context(request: HttpRequest, agent_id: str) -> dict[str, object]:
+    agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
+    is_shadow = bool(agent.peer_agent_id)
+    is_cli = agent.type != services.EXPERT and not is_shadow
+    before = request.GET.get("before") or None
+    events = selectors.events_page(agent=agent, limit=TIMELINE_SHOWN, before=before)
+    return {
+        "agent": agent,
+        "is_cli": is_cli,
+        "is_shadow": is_shadow,
+        "peer_label": (agent.peer.label if agent.peer is not None else "") if is_shadow else "",
+        "mirror": mirror_state(agent) if is_shadow else None,
+        "local_pane": has_local_pane(agent),
+        "events": events.items,
+        "lost_contact": {event.pk for event in events.items if is_lost_contact(event)},
+        "events_next": events.next,
+        "before": before or "",
+        "runs": selectors.runs_page(agent=agent).items if agent.type == services.EXPERT and not is_shadow else [],
+        "agent_messages": selectors.messages_page(agent=agent, limit=MESSAGES_SHOWN).items,
+    }
+
+
+@require_GET
+def agent_page(request: HttpRequest, agent_id: str) -> HttpResponse:
+    """``/agents/<id>/``: header, lifecycle buttons, the pane and message box (CLI agents),
+    the prompt box with remotes to enable (expert agents) or the Remote activity pane with
+    a message box (shadow agents), runs, messages and the timeline.
+
+    ``?before=<cursor>`` shows an older page of the timeline (the ``next`` cursor of
+    ``GET /api/v1/agents/<id>/events``); a bad cursor is 400. Another user's agent is 404.
+    """
+    try:
+        context = _agent_context(request, agent_id)
+    except InvalidRequest as exc:
+        return render(request, "agents/missing.html", {"message": exc.message, "bad_request": True}, status=400)
+    except DispatchError as exc:
+        return render(request, "agents/missing.html", {"message": exc.message}, status=404)
+    agent = context["agent"]
+    assert isinstance(agent, Agent)
+    if agent.type == services.EXPERT:
+        context["remotes"] = list(remotes_for(user=authenticated_user(request)).values_list("name", flat=True))
+    return render(request, "agents/agent.html", context)
+
+
+@htmx_login_required
+@require_GET
+def agent_fragment(request: HttpRequest, agent_id: str) -> HttpResponse:
+    """The live part of the agent page: status, runs, messages and timeline (or a shadow's
+    Remote activity); ``?before=<cursor>`` as on the page (400 when bad)."""
+    try:
+        context = _agent_context(request, agent_id)
+    except InvalidRequest:
+        return HttpResponse(status=400)
+    except DispatchError:
+        return HttpResponse(status=404)
+    return render(request, "agents/_agent_live.html", context)
+
+
+@require_POST
+def agent_prompt_form(request: HttpRequest, agent_id: str) -> HttpResponse:
+    """Queue a run for an expert agent from its page, with the ticked remotes enabled
+    (``options.remotes``)."""
+    remotes = [name for name in request.POST.getlist("remotes") if name]
+    try:
+        agent_prompt_for(
+            user=authenticated_user(request),
+            agent_id=agent_id,
+            instruction=request.POST.get("instruction", "").strip(),
+            options={"remotes": remotes} if remotes else None,
+        )
+    except DispatchError as exc:
+        messages.error(request, exc.message)
+    return redirect("agent", agent_id=agent_id)
+
+
+@require_POST
+def agent_message_form(request: HttpRequest, agent_id: str) -> HttpResponse:
+    """Send a message to one of the user's agents from its page (a CLI agent gets it pasted
+    into its pane by the supervisor; a shadow agent's goes through the outbox — the page's
+    script posts to ``POST /api/v1/agents/<id>/messages`` instead; its delivery state
+    follows live). Uses ``message_send`` like the API."""
+    try:
+        user = authenticated_user(request)
+        agent = selectors.agent_get_for(user=user, agent_id=agent_id)
+        agent_messages.message_send(recipient=agent, content=request.POST.get("content", ""), sender_user=user)
+    except DispatchError as exc:
+        messages.error(request, exc.message)
+    return redirect("agent", agent_id=agent_id)
+
+
+def _lifecycle_form(request: HttpRequest, agent_id: str, action: str) -> HttpResponse:
+    try:
+        agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
+        if action == "stop":
+            agent_stop_any(agent=agent)
+        elif action == "start":
+            agent_start_any(agent=agent)
+        else:
+            agent_archive_any(agent=agent)
+    except DispatchError as exc:
+        messages.error(request, exc.message)
+        return redirect("agent", agent_id=agent_id)
+    if action == "archive":
+        messages.success(request, f"Agent {agent.name} archived.")
+        return redirect("agents")
+    return redirect("agent", agent_id=agent_id)
+
+
+@require_POST
+def agent_stop_form(request: HttpRequest, agent_id: str) -> HttpResponse:
+    """Stop the agent (a CLI agent goes ``stopping``; the supervisor finishes)."""
+    return _lifecycle_form(request, agent_id, "stop")
+
+
+@require_POST
+def agent_start_form(request: HttpRequest, agent_id: str) -> HttpResponse:
+    """Start a stopped or failed agent again."""
+    return _lifecycle_form(request, agent_id, "start")
+
+
+@require_POST
+def agent_archive_form(request: HttpRequest, agent_id: str) -> HttpResponse:
+    """Archive the agent (stopping it first) and go back to the list."""
+    return _lifecycle_form(request, agent_id, "archive")

@@ -1,0 +1,152 @@
+"""Core REST API: token issuance and the one error shape (spec/overview.md "Error shapes")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.decorators import login_not_required
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import exceptions, serializers, status
+from rest_framework.permissions import AllowAny, BasePermission, IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from core import selectors, services
+from core.authentication import authenticated_user, calling_agent
+from core.errors import DispatchError
+from core.http import unavailable_error
+from core.models import ApiToken
+
+_DRF_CODES = {
+    exceptions.ValidationError: "VALIDATION_ERROR",
+    exceptions.ParseError: "INVALID_REQUEST",
+    exceptions.NotAuthenticated: "NOT_AUTHENTICATED",
+    exceptions.AuthenticationFailed: "AUTHENTICATION_FAILED",
+    exceptions.PermissionDenied: "PERMISSION_DENIED",
+    exceptions.NotFound: "NOT_FOUND",
+    exceptions.MethodNotAllowed: "METHOD_NOT_ALLOWED",
+    exceptions.UnsupportedMediaType: "INVALID_REQUEST",
+    exceptions.Throttled: "RATE_LIMITED",
+}
+
+
+def _first_message(detail: Any) -> str:
+    if isinstance(detail, dict):
+        field, value = next(iter(detail.items()), ("", ""))
+        inner = _first_message(value)
+        return inner if field in ("non_field_errors", "detail") else f"{field}: {inner}"
+    if isinstance(detail, list):
+        return _first_message(detail[0]) if detail else "invalid input"
+    return str(detail)
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """Render every API error as ``{"error": {"code", "message", "details"}}``."""
+    if isinstance(exc, RecursionError):  # a JSON body nested too deeply for the parser
+        exc = DispatchError("INVALID_REQUEST", "body is not valid JSON: nested too deeply")
+    exc = unavailable_error(exc) or exc
+    if isinstance(exc, DispatchError):
+        response = Response(exc.as_dict(), status=exc.http_status)
+        if exc.http_status == 401:
+            response["WWW-Authenticate"] = "Bearer"
+        return response
+    handled = drf_exception_handler(exc, context)
+    if handled is None or not isinstance(exc, exceptions.APIException):
+        return handled
+    response = handled
+    code = next((code for cls, code in _DRF_CODES.items() if isinstance(exc, cls)), "INVALID_REQUEST")
+    details = exc.detail if isinstance(exc, exceptions.ValidationError) else {}
+    response.data = {"error": {"code": code, "message": _first_message(exc.detail), "details": details}}
+    return response
+
+
+class DispatchAPIView(APIView):
+    """Base API view: its own authentication answers (401), not the login redirect."""
+
+    @classmethod
+    def as_view(cls, **initkwargs: Any) -> Any:
+        return login_not_required(super().as_view(**initkwargs))
+
+
+class TokenSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ApiToken
+        fields = ["id", "name", "prefix", "created_at", "last_used_at", "expires_at", "revoked_at"]
+
+
+class TokenRequestSerializer(serializers.Serializer):
+    username = serializers.CharField(max_length=150)
+    password = serializers.CharField(max_length=4096, trim_whitespace=False)
+    name = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
+    expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+
+
+def client_address(request: Request) -> str:
+    """The peer address of an HTTP request (for throttling)."""
+    return str(request.META.get("REMOTE_ADDR") or "")
+
+
+class TokenObtainView(DispatchAPIView):
+    """``POST /api/v1/auth/token``: username + password → a new API token (shown once).
+
+    Throttled like every password check: 429 after 5 failures per username or address in
+    10 minutes (spec/sessions-and-remotes.md §1.1); 401 for bad credentials.
+    """
+
+    authentication_classes: list[Any] = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(
+        request=TokenRequestSerializer,
+        responses={
+            201: inline_serializer("IssuedToken", {"token": serializers.CharField(), "id": serializers.IntegerField()})
+        },
+    )
+    def post(self, request: Request) -> Response:
+        incoming = TokenRequestSerializer(data=request.data)
+        incoming.is_valid(raise_exception=True)
+        user = services.password_authenticate(
+            username=incoming.validated_data["username"],
+            password=incoming.validated_data["password"],
+            client_address=client_address(request),
+        )
+        issued = services.api_token_create(
+            user=user, name=incoming.validated_data["name"], expires_at=incoming.validated_data["expires_at"]
+        )
+        return Response({"token": issued.raw, **TokenSerializer(issued.token).data}, status=status.HTTP_201_CREATED)
+
+
+class NotAnAgent(BasePermission):
+    """Refuses requests made with an agent token: an agent acts for its user but may not
+    manage the user's credentials (a prompt-injected agent could lock its user out)."""
+
+    message = "agent tokens cannot list or revoke API tokens; use a user token or the Settings page"
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return calling_agent(request) is None
+
+
+class TokenListView(DispatchAPIView):
+    """``GET /api/v1/auth/tokens``: the caller's tokens (prefixes only, never the secret).
+    A user's own token or session only (403 for an agent token)."""
+
+    permission_classes = [IsAuthenticated, NotAnAgent]
+
+    @extend_schema(responses={200: inline_serializer("TokenList", {"tokens": TokenSerializer(many=True)})})
+    def get(self, request: Request) -> Response:
+        tokens = selectors.api_tokens_for(user=authenticated_user(request))
+        return Response({"tokens": TokenSerializer(tokens, many=True).data})
+
+
+class TokenRevokeView(DispatchAPIView):
+    """``DELETE /api/v1/auth/tokens/{id}``: revoke one of the caller's tokens (403 for an
+    agent token)."""
+
+    permission_classes = [IsAuthenticated, NotAnAgent]
+
+    @extend_schema(responses={200: TokenSerializer})
+    def delete(self, request: Request, token_id: int) -> Response:
+        token = services.api_token_revoke(user=authenticated_user(request), token_id=token_id)
+        return Response(TokenSerializer(token).data)

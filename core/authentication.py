@@ -1,0 +1,113 @@
+"""DRF authentication by ``Authorization: Bearer <api token>`` (spec/overview.md "Credentials")."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.http import HttpRequest, HttpResponse
+from django.middleware.csrf import CsrfViewMiddleware
+from rest_framework import exceptions
+from rest_framework.authentication import BaseAuthentication, get_authorization_header
+from rest_framework.request import Request
+
+from agents.models import Agent
+from agents.tokens import agent_token_authenticate
+from core.models import ApiToken
+from core.services import AuthenticationFailed, api_token_authenticate
+
+
+class BearerTokenAuthentication(BaseAuthentication):
+    """Authenticate a request by a user API token or an agent token (its ``DISPATCH_MCP_TOKEN``).
+
+    A user token gives ``(user, ApiToken)``; an agent token gives ``(owner, Agent)``, so
+    ``request.auth`` is the calling agent (``calling_agent``). 401 with
+    ``WWW-Authenticate: Bearer`` otherwise (spec/overview.md "Credentials").
+    """
+
+    keyword = "bearer"
+
+    def authenticate(self, request: Request) -> tuple[Any, ApiToken | Agent] | None:
+        header = get_authorization_header(request).split()
+        if not header or header[0].lower() != self.keyword.encode():
+            return None
+        if len(header) != 2:
+            raise exceptions.AuthenticationFailed("invalid Authorization header: expected 'Bearer <token>'")
+        raw = header[1].decode("latin-1")
+        try:
+            token = api_token_authenticate(raw)
+        except AuthenticationFailed:
+            agent = agent_token_authenticate(raw)
+            if agent is None:
+                raise exceptions.AuthenticationFailed("invalid, expired or revoked token") from None
+            return agent.owner, agent
+        return token.user, token
+
+    def authenticate_header(self, request: Request) -> str:
+        return "Bearer"
+
+
+def authenticated_user(request: HttpRequest | Request) -> User:
+    """The logged-in user of a request that passed authentication (login or token).
+
+    Raises ``PermissionError`` if called for an anonymous request: a view that reaches
+    it without authentication is a bug, never a fallback.
+    """
+    user = request.user
+    if not isinstance(user, User) or not user.is_authenticated:
+        raise PermissionError("authenticated_user() called for an anonymous request")
+    return user
+
+
+def calling_agent(request: Request | HttpRequest) -> Agent | None:
+    """The agent whose token authenticated ``request``, or ``None`` for a user's request.
+
+    Works for DRF requests (``BearerTokenAuthentication`` puts the agent in ``auth``) and
+    for the async JSON views (``core.http.request_user`` does the same)."""
+    auth = getattr(request, "auth", None)
+    return auth if isinstance(auth, Agent) else None
+
+
+class _UpgradeRequest(HttpRequest):
+    """The websocket upgrade request of an ASGI ``scope``, as much of an ``HttpRequest`` as
+    Django's origin check reads: the headers in ``META``, the server address, the scheme
+    (``ws`` → ``http``, ``wss`` → ``https``)."""
+
+    def __init__(self, scope: Mapping[str, Any]) -> None:
+        super().__init__()
+        self._scope_scheme = "https" if scope.get("scheme") in ("wss", "https") else "http"
+        server = scope.get("server") or ("unknown", "0")  # as django.core.handlers.asgi
+        self.META["SERVER_NAME"] = str(server[0])
+        self.META["SERVER_PORT"] = str(server[1] if server[1] is not None else "0")
+        for raw_name, raw_value in scope.get("headers", ()):
+            name = "HTTP_" + raw_name.decode("latin-1").upper().replace("-", "_")
+            value = raw_value.decode("latin-1")
+            self.META[name] = f"{self.META[name]},{value}" if name in self.META else value
+
+    def _get_scheme(self) -> str:
+        return self._scope_scheme
+
+
+def websocket_origin_allowed(scope: Mapping[str, Any]) -> bool:
+    """Whether a cookie-authenticated websocket's ``Origin`` is the site's own
+    (spec/sessions-and-remotes.md §1.1), decided exactly as Django's CSRF check decides it
+    for a REST request: scheme, host **and port** of ``Origin`` equal the request's own
+    origin (``ws``→``http``, ``wss``→``https``; its ``Host`` valid under
+    ``ALLOWED_HOSTS``, port included in the comparison), or ``Origin`` is one of
+    ``CSRF_TRUSTED_ORIGINS`` (wildcard subdomains as Django allows them).
+
+    ``scope``: the ASGI websocket scope. A missing ``Origin`` (or ``null``) is refused:
+    browsers always send one on a websocket upgrade, and programs authenticate by token.
+    """
+    request = _UpgradeRequest(scope)
+    origin = request.META.get("HTTP_ORIGIN", "")
+    if not origin or origin == "null":
+        return False
+    # Django's own origin comparison (django.middleware.csrf), so /ws and REST agree.
+    csrf: Any = CsrfViewMiddleware(_unused_response)
+    return bool(csrf._origin_verified(request))
+
+
+def _unused_response(request: HttpRequest) -> HttpResponse:
+    return HttpResponse()

@@ -1,0 +1,213 @@
+"""The base of Dispatch's websocket consumers: presence, and a cleanup that runs on every exit.
+
+A consumer can end five ways: the client closes (``websocket.disconnect``), a handler
+raises, the channel layer's receive fails (Redis went away), the server cancels it
+(daphne's ``application_close_timeout``), or the process shuts it down. Channels only
+calls ``disconnect()`` on the first, so ``DispatchConsumer`` runs its own cleanup from
+``__call__``'s ``finally`` — once, however the consumer ends — in this order
+(spec/quality.md "Faults"):
+
+1. ``delete_rows()`` — the subclass deletes this connection's database rows (ws session,
+   remotes, machine connection). First, because it needs no channel layer, and a
+   consumer cancelled half-way through must not leave ghosts;
+2. ``release_layer()`` — the subclass's channel-layer work (answer pending callers, leave
+   groups), each operation through ``layer_quietly`` so one failure skips nothing else.
+
+While the channel layer cannot be reached (``core.errors.channel_layer_unavailable``)
+a new socket is accepted and closed with 1013 (try again later) and an open one closes
+with 1012 (service restart) after its rows are gone, so clients reconnect and register
+again once Redis is back.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+from channels.consumer import get_handler_name
+from channels.exceptions import StopConsumer
+from channels.generic.websocket import AsyncWebsocketConsumer
+from channels.layers import get_channel_layer
+
+from core import presence
+from core.errors import channel_layer_unavailable, database_unavailable
+from core.http import bearer_credentials
+
+logger = logging.getLogger(__name__)
+
+# Sent to every consumer of this process when it stops or finds itself reaped.
+SHUTDOWN_MESSAGE = {"type": "server.shutdown"}
+
+CLOSE_INTERNAL_ERROR = 1011
+CLOSE_SERVICE_RESTART = 1012  # an open socket whose process lost the channel layer
+CLOSE_TRY_AGAIN_LATER = 1013  # a new socket while the channel layer (or database) is down
+
+
+def outage(exc: BaseException) -> bool:
+    """Whether ``exc`` is the channel layer or the database being unreachable."""
+    return channel_layer_unavailable(exc) or database_unavailable(exc)
+
+
+# The credential's close code, 4401 on both /ws (sessions-and-remotes §1.1) and /ws/shim/.
+CLOSE_CREDENTIAL_ENDED = 4401
+
+
+class DispatchConsumer(AsyncWebsocketConsumer):
+    """A websocket consumer known to its process (for shutdown), cleaned up on every exit,
+    without Channels' per-message database hop.
+
+    Subclasses implement ``delete_rows()`` and ``release_layer()`` (both optional) instead
+    of ``disconnect()``. Channels ≥ 4.2 runs ``aclose_old_connections()`` on the process's
+    one sync thread before every handler. Dispatch consumers never touch the ORM outside
+    ``database_sync_to_async`` (which closes stale connections itself), so that hop —
+    about a third of a remote call's cost — is skipped here.
+    """
+
+    _accepted = False
+    _connected = False  # the connect handler finished
+    _socket_closed = False  # a close was sent or the client went away
+    _cleaned_up = False
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except Exception as exc:
+            if not outage(exc):
+                raise
+            # The layer's receive failed (every consumer of the process shares it).
+            logger.warning("%s: channel layer lost (%s); closing", type(self).__name__, _describe(exc))
+            await self._cleanup()
+            await self._close_for_outage()
+        finally:
+            await self._cleanup()
+
+    # --- cleanup hooks (subclasses) -------------------------------------------------------
+
+    async def delete_rows(self) -> None:
+        """Stop this connection's local work and delete its database rows (no layer I/O)."""
+
+    async def release_layer(self) -> None:
+        """Channel-layer work of closing: answer pending callers, leave groups (each
+        operation through ``layer_quietly``)."""
+
+    async def layer_quietly(self, operation: Awaitable[Any], what: str) -> None:
+        """Await one channel-layer ``operation`` of a cleanup; a failure is logged (one
+        line, naming ``what``) and swallowed so the next operation still runs."""
+        try:
+            await operation
+        except Exception as exc:
+            logger.warning("%s: could not %s: %s", type(self).__name__, what, _describe(exc))
+
+    async def _cleanup(self) -> None:
+        if self._cleaned_up:
+            return
+        self._cleaned_up = True
+        presence.connection_closed(self)
+        try:
+            await self.delete_rows()
+        except Exception as exc:
+            # Outage: the rows stay until the reaper or a takeover probe removes them.
+            logger.warning("%s: could not delete its rows: %s", type(self).__name__, _describe(exc))
+        try:
+            await self.release_layer()
+        except Exception as exc:
+            logger.warning("%s: cleanup on the channel layer failed: %s", type(self).__name__, _describe(exc))
+
+    async def _close_for_outage(self) -> None:
+        """Close with 1013 (a socket still connecting) or 1012 (an open one), accepting first:
+        a close code needs an accepted socket."""
+        if self._socket_closed:
+            return
+        try:
+            if not self._accepted:
+                await self.accept()
+            await self.close(code=CLOSE_SERVICE_RESTART if self._connected else CLOSE_TRY_AGAIN_LATER)
+        except Exception as exc:
+            logger.info("%s: could not close the socket: %s", type(self).__name__, _describe(exc))
+
+    # --- Channels' websocket handlers ------------------------------------------------------
+
+    async def accept(self, subprotocol: str | None = None, headers: Any = None) -> None:
+        self._accepted = True
+        await super().accept(subprotocol, headers)
+
+    async def close(self, code: int | bool | None = None, reason: str | None = None) -> None:
+        self._socket_closed = True
+        await super().close(code, reason)
+
+    async def websocket_connect(self, message: dict[str, Any]) -> None:
+        presence.connection_opened(self)
+        await super().websocket_connect(message)
+        self._connected = True
+
+    async def websocket_disconnect(self, message: dict[str, Any]) -> None:
+        self._socket_closed = True
+        await self.disconnect(message.get("code", 1005))
+        raise StopConsumer()
+
+    async def disconnect(self, code: int) -> None:
+        """The socket closed: run the cleanup now (``__call__`` would run it anyway)."""
+        await self._cleanup()
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        handler = getattr(self, get_handler_name(message), None)
+        if handler is None:
+            raise ValueError(f"no handler for message type {message['type']}")
+        try:
+            await handler(message)
+        except StopConsumer:
+            raise
+        except Exception as exc:
+            if outage(exc):
+                logger.warning(
+                    "%s: %s failed, a service is unreachable (%s); closing",
+                    type(self).__name__,
+                    message["type"],
+                    _describe(exc),
+                )
+                await self._cleanup()
+                await self._close_for_outage()
+                raise StopConsumer() from None
+            # A consumer that dies never receives websocket.disconnect: clean up here, or
+            # its rows (remotes, machines) would outlive the socket as ghosts.
+            logger.exception("%s failed on %s; closing the connection", type(self).__name__, message["type"])
+            await self._cleanup()
+            if not self._socket_closed:
+                await self.close(code=CLOSE_INTERNAL_ERROR)
+            raise StopConsumer() from None
+
+    def bearer_token(self) -> str | None:
+        """The token of the upgrade request's ``Authorization: Bearer`` header, if any."""
+        for name, value in self.scope.get("headers", []):
+            if name == b"authorization":
+                return bearer_credentials(value.decode("latin-1"))
+        return None
+
+    async def server_shutdown(self, event: dict[str, Any]) -> None:
+        """``server.shutdown``: close with 1012 (service restart); subclasses fail work first."""
+        await self.close(code=CLOSE_SERVICE_RESTART)
+
+    async def credential_ended(self, event: dict[str, Any]) -> None:
+        """``credential.ended`` (``core.revocation``): the token, user or session this
+        connection stands on ended: close 4401; the usual disconnect path cleans up."""
+        await self.close(code=CLOSE_CREDENTIAL_ENDED)
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
+async def shutdown_local_connections() -> int:
+    """Tell every consumer of this process to fail its pending work and close.
+
+    Returns how many were told.
+    """
+    layer = get_channel_layer()
+    names = presence.local_channel_names()
+    for name in names:
+        try:
+            await layer.send(name, SHUTDOWN_MESSAGE)
+        except Exception:  # a full channel must not stop the others from closing
+            logger.warning("could not tell %s to shut down", name, exc_info=True)
+    return len(names)

@@ -1,0 +1,521 @@
+"""The ``/ws`` session consumer (spec/sessions-and-remotes.md §1 and §2).
+
+A thin edge: it authenticates, parses the action envelope, calls services and replies.
+Its own state is only what belongs to this one connection: the remotes it serves (their
+request-id counters) and the calls pending on it. The registry is in the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.exceptions import ChannelFull
+from django.conf import settings
+from django.contrib.auth.models import User
+
+from agents.prompting import agent_prompt_any
+from agents.services import user_events_group
+from core import wire
+from core.authentication import websocket_origin_allowed
+from core.consumers import DispatchConsumer
+from core.errors import DispatchError, RateLimited
+from core.ratelimit import TokenBucket
+from core.services import AuthenticationFailed, api_token_authenticate, password_authenticate
+from remotes import services
+from remotes.protocol import RemoteCallBody, RemoteConnectBody, RemoteNameBody, encode, parse_body, remote_call_event
+from remotes.selectors import remote_list_for
+
+logger = logging.getLogger(__name__)
+
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_AUTH_TIMEOUT = 4408
+CLOSE_ORIGIN_REFUSED = 4403
+CLOSE_TOO_BIG = 1009
+CLOSE_SERVICE_RESTART = 1012
+
+AUTH_FAILED = "authentication failed"
+UNLIMITED_ACTIONS = frozenset({"remote-call-result", "ping"})
+PENDING_GRACE = 5.0  # seconds a pending call is kept past its caller's timeout
+FINISHED_RUN_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
+
+
+@dataclass
+class ServedRemote:
+    """A remote served by this session: its name and next request number."""
+
+    name: str
+    next_request: int = 0
+
+
+@dataclass
+class PendingCall:
+    """A downstream call sent to this session's client, awaiting ``remote-call-result``."""
+
+    remote_id: int
+    remotename: str
+    reply_channel: str
+    expires_at: float
+
+
+class SessionConsumer(DispatchConsumer):
+    """One ws session: the four ways to authenticate, the action envelope, remotes."""
+
+    user: User | None
+    ws_session_id: str | None
+
+    async def connect(self) -> None:
+        # Accept first: custom close codes need an accepted socket (§1.1).
+        await self.accept()
+        self.user = None
+        self.ws_session_id = None
+        self.events_group: str | None = None
+        self.served: dict[int, ServedRemote] = {}
+        # Per-name request counters for the life of this session: never reset on reconnect.
+        self.request_counters: dict[str, int] = {}
+        self.own_disconnects: set[int] = set()  # remote ids this session is disconnecting itself
+        self.pending: dict[str, PendingCall] = {}
+        self.calls: set[asyncio.Task[None]] = set()
+        self.bucket = TokenBucket(rate=settings.WS_RATE, burst=settings.WS_BURST)
+        self.closing = False
+        self.auth_deadline: asyncio.Task[None] | None = None
+
+        header_token = self.bearer_token()
+        if header_token is not None:
+            try:
+                token = await database_sync_to_async(api_token_authenticate)(header_token)
+            except AuthenticationFailed:
+                await self._refuse(AUTH_FAILED)
+                return
+            await self._authenticated(token.user, "header", api_token_id=token.pk)
+            return
+        cookie_user = self.scope.get("user")
+        if cookie_user is not None and cookie_user.is_authenticated:
+            if not self._origin_allowed():
+                await self._refuse("origin not allowed", code=CLOSE_ORIGIN_REFUSED)
+                return
+            session = self.scope.get("session")
+            await self._authenticated(cookie_user, "cookie", session_key=getattr(session, "session_key", None) or "")
+            return
+        self.auth_deadline = asyncio.ensure_future(self._expire_auth())
+
+    async def delete_rows(self) -> None:
+        """Cleanup, first step (``DispatchConsumer``): stop local work, delete the ws session
+        and, by cascade, the remotes it served."""
+        self.closing = True
+        if getattr(self, "auth_deadline", None) is not None and self.auth_deadline is not None:
+            self.auth_deadline.cancel()
+        for task in list(getattr(self, "calls", ())):
+            task.cancel()
+        if getattr(self, "ws_session_id", None):
+            await database_sync_to_async(services.ws_session_close)(ws_session_id=self.ws_session_id)
+
+    async def release_layer(self) -> None:
+        """Cleanup, second step: answer the calls pending on this session, leave the events group."""
+        for request_id in list(getattr(self, "pending", {})):
+            await self.layer_quietly(self._fail_pending(request_id), "answer a pending call")
+        if getattr(self, "events_group", None):
+            await self.layer_quietly(
+                self.channel_layer.group_discard(self.events_group, self.channel_name), "leave the events group"
+            )
+
+    # --- frames from the client -------------------------------------------------------
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        if self.closing:
+            # Frames that arrive after we closed (e.g. right behind a refused header token)
+            # have no one to answer: sending would fail on the closed socket.
+            return
+        size = len(bytes_data) if bytes_data is not None else _utf8_length(text_data or "")
+        if size > settings.WS_MAX_MESSAGE_BYTES:
+            await self.close(code=CLOSE_TOO_BIG)
+            return
+        if self.user is None:
+            await self._first_frame(text_data)
+            return
+        if bytes_data is not None:
+            await self._send({"error": "binary frames are not supported; send JSON text"})
+            return
+        try:
+            message = wire.loads(text_data or "")
+        except ValueError as exc:
+            refused = wire.lenient_object(text_data or "")
+            if await self._fail_refused_result(refused, str(exc)):
+                return
+            # §1 robustness rules: the error carries the nonce when one can be read.
+            await self._limited_error(f"invalid JSON: {exc}", nonce=_readable_nonce(refused))
+            return
+        if not isinstance(message, dict):
+            await self._limited_error(f"a message must be a JSON object, got {_json_type(message)}")
+            return
+        nonce = message.get("nonce")
+        if nonce is not None and (isinstance(nonce, bool) or not isinstance(nonce, (str, int, float))):
+            await self._limited_error("nonce must be a string or a number")
+            return
+        action = message.get("action")
+        # An action may be any JSON value here; a list or object is unhashable.
+        unlimited = isinstance(action, str) and action in UNLIMITED_ACTIONS
+        if not unlimited and not self.bucket.take():
+            await self._reply(nonce, error="rate limited")
+            return
+        if not isinstance(action, str) or not action:
+            await self._reply(nonce, error="missing 'action' (a non-empty string)")
+            return
+        handler = self.ACTIONS.get(action)
+        if handler is None:
+            await self._reply(nonce, error=f"unknown action '{action[:100]}'")
+            return
+        body = message.get("body", {})
+        if body is None:
+            body = {}
+        try:
+            await handler(self, message, body, nonce)
+        except DispatchError as exc:
+            await self._reply(nonce, error=exc.message)
+        except Exception:
+            logger.exception("action %s failed", action)
+            await self._reply(nonce, error="internal error")
+
+    async def _limited_error(self, error: str, nonce: Any = None) -> None:
+        if not self.bucket.take():
+            error = "rate limited"
+        await self._reply(nonce, error=error)
+
+    # --- actions (spec §2.1) ----------------------------------------------------------
+
+    async def do_ping(self, message: dict[str, Any], body: Any, nonce: Any) -> None:
+        await self._reply(nonce, pong=True)
+
+    async def do_remote_connect(self, message: dict[str, Any], body: Any, nonce: Any) -> None:
+        parsed = RemoteConnectBody.parse(body)
+        assert self.user is not None and self.ws_session_id is not None
+        remote = await services.remote_connect_probing(
+            user=self.user,
+            ws_session_id=self.ws_session_id,
+            channel_name=self.channel_name,
+            remotename=parsed.remotename,
+            tools=parsed.tools,
+        )
+        self.served[remote.pk] = ServedRemote(name=remote.name)
+        await self._reply(nonce, message="remote connected", remotename=remote.name)
+
+    async def do_remote_disconnect(self, message: dict[str, Any], body: Any, nonce: Any) -> None:
+        parsed: RemoteNameBody = parse_body(RemoteNameBody, body)
+        # A remote this session serves itself: no remote-disconnected event back to it.
+        own = {remote_id for remote_id, served in self.served.items() if served.name == parsed.remotename}
+        self.own_disconnects |= own
+        try:
+            await database_sync_to_async(services.remote_disconnect)(user=self.user, remotename=parsed.remotename)
+        except BaseException:
+            self.own_disconnects -= own
+            raise
+        await self._reply(nonce, message="remote disconnected", remotename=parsed.remotename)
+
+    async def do_remote_list(self, message: dict[str, Any], body: Any, nonce: Any) -> None:
+        remotes = await database_sync_to_async(remote_list_for)(user=self.user)
+        await self._reply(nonce, remotes=remotes)
+
+    async def do_remote_call(self, message: dict[str, Any], body: Any, nonce: Any) -> None:
+        parsed: RemoteCallBody = parse_body(RemoteCallBody, body)
+        # The wait runs as its own task: a consumer handles one message at a time, and a
+        # session may call a remote it serves itself (§2.4).
+        task = asyncio.ensure_future(self._call(parsed, nonce))
+        self.calls.add(task)
+        task.add_done_callback(self.calls.discard)
+
+    async def _call(self, parsed: RemoteCallBody, nonce: Any) -> None:
+        assert self.user is not None
+        try:
+            result = await services.remote_call(
+                user=self.user,
+                remotename=parsed.remotename,
+                function=parsed.function,
+                args=parsed.args,
+                timeout=None if parsed.timeout is None else float(parsed.timeout),
+            )
+        except services.RemoteError as exc:
+            await self._reply(nonce, error=exc.message)
+        except asyncio.CancelledError:
+            if not self.closing:
+                await self._reply(nonce, error="server shutting down")
+            raise
+        except Exception:
+            logger.exception("remote call %s.%s failed", parsed.remotename, parsed.function)
+            await self._reply(nonce, error="internal error")
+        else:
+            await self._reply(nonce, result=result)
+
+    async def do_remote_call_result(self, message: dict[str, Any], body: Any, nonce: Any) -> None:
+        fields = message if "requestId" in message else (body if isinstance(body, dict) else {})
+        request_id = fields.get("requestId")
+        pending = self.pending.pop(request_id, None) if isinstance(request_id, str) else None
+        if pending is None:
+            # Session-scoped fan-out (§2.2): only calls pending on this session resolve.
+            logger.debug("ignoring remote-call-result for unknown requestId %r", request_id)
+            return
+        if fields.get("error") is not None:
+            error = fields["error"]
+            reply: dict[str, Any] = {"error": error if isinstance(error, str) else json.dumps(error)}
+        else:
+            reply = {"result": fields.get("result")}
+        await self._answer(pending.reply_channel, reply)
+
+    async def do_send_agent_prompt(self, message: dict[str, Any], body: Any, nonce: Any) -> None:
+        """``send-agent-prompt`` (spec/agents.md §4): a run for an expert agent (progress arrives
+        as events), a message for a CLI agent; the reply names the run or the message."""
+        if not isinstance(body, dict):
+            await self._reply(nonce, error="body must be a JSON object with agentId and instruction")
+            return
+        accepted = await database_sync_to_async(agent_prompt_any)(
+            user=self.user,
+            agent_id=body.get("agentId"),
+            instruction=body.get("instruction"),
+            input=body.get("input"),
+            options=body.get("options"),
+        )
+        if accepted.message_id is not None:
+            await self._reply(
+                nonce, message="prompt accepted", agentId=accepted.agent_id, messageId=accepted.message_id
+            )
+        else:
+            await self._reply(nonce, message="prompt accepted", agentId=accepted.agent_id, runId=accepted.run_id)
+
+    ACTIONS: dict[str, Callable[[SessionConsumer, dict[str, Any], Any, Any], Awaitable[None]]] = {
+        "ping": do_ping,
+        "remote-connect": do_remote_connect,
+        "remote-disconnect": do_remote_disconnect,
+        "remote-list": do_remote_list,
+        "remote-call": do_remote_call,
+        "remote-call-result": do_remote_call_result,
+        "send-agent-prompt": do_send_agent_prompt,
+    }
+
+    # --- channel-layer messages ------------------------------------------------------
+
+    async def remote_call(self, event: dict[str, Any]) -> None:
+        """``remote.call``: forward a call to this session's client as a downstream event."""
+        served = self.served.get(event["remote_id"])
+        remotename = event["remotename"]
+        if served is None or self.closing:
+            # Never forwarded: the caller may re-route it (its route was stale).
+            await self._answer(
+                event["reply_channel"],
+                {"error": f"remote '{remotename}' disconnected", "code": "REMOTE_DISCONNECTED", "delivered": False},
+            )
+            return
+        number = self.request_counters.get(served.name, 0)
+        self.request_counters[served.name] = number + 1
+        request_id = f"{served.name}#{number}"
+        frame = remote_call_event(
+            request_id=request_id, remotename=remotename, function=event["function"], args=event["args"]
+        )
+        if _utf8_length(frame) > settings.WS_MAX_MESSAGE_BYTES:
+            await self._answer(event["reply_channel"], {"error": "arguments too large"})
+            return
+        now = time.monotonic()
+        self._expire_pending(now)
+        self.pending[request_id] = PendingCall(
+            remote_id=event["remote_id"],
+            remotename=remotename,
+            reply_channel=event["reply_channel"],
+            expires_at=now + float(event.get("timeout") or settings.REMOTE_CALL_TIMEOUT) + PENDING_GRACE,
+        )
+        await self.send(text_data=frame)
+
+    async def user_event(self, event: dict[str, Any]) -> None:
+        """``user.event``: the user's live events; agent progress becomes event frames (agents.md §4)."""
+        name, data = event.get("event"), event.get("data") or {}
+        if name == "agent.event":
+            frame: dict[str, Any] = {
+                "action": "agent-event",
+                "agentId": data.get("agent_id"),
+                "runId": data.get("run_id"),
+                "event": {key: data.get(key) for key in ("type", "message", "metadata", "created_at")},
+            }
+        elif name == "run.updated" and data.get("status") in FINISHED_RUN_STATUSES:
+            frame = {"action": "run-finished", "agentId": data.get("agent_id"), "runId": data.get("id")}
+            frame["status"] = data["status"]
+            if data["status"] == "succeeded":
+                frame["output"] = data.get("output", "")
+            else:
+                frame["error"] = data.get("error", "")
+        else:
+            return
+        if not self.closing:
+            await self._send(frame)
+
+    async def remote_probe(self, event: dict[str, Any]) -> None:
+        """``remote.probe``: another session wants this remote's name; answer at once
+        whether this session still serves it (no answer within 1 s makes it stale)."""
+        serving = event.get("remote_id") in self.served and not self.closing
+        await self.channel_layer.send(event["reply_channel"], {"type": services.REPLY_MESSAGE, "serving": serving})
+
+    async def remote_disconnected(self, event: dict[str, Any]) -> None:
+        """``remote.disconnected``: a remote of this session was disconnected (maybe elsewhere)."""
+        served = self.served.pop(event["remote_id"], None)
+        if served is None:
+            return
+        for request_id, pending in list(self.pending.items()):
+            if pending.remote_id == event["remote_id"]:
+                await self._fail_pending(request_id)
+        if event["remote_id"] in self.own_disconnects:
+            self.own_disconnects.discard(event["remote_id"])
+        elif not self.closing:
+            # §2: another session (maybe in another process) disconnected it; tell the client.
+            reason = event.get("reason") or "disconnected by another session of the user"
+            await self._send({"action": "remote-disconnected", "remotename": served.name, "reason": reason})
+
+    async def server_shutdown(self, event: dict[str, Any]) -> None:
+        """``server.shutdown``: this process is stopping (or was reaped): fail calls, close."""
+        for task in list(self.calls):
+            task.cancel()
+        await asyncio.gather(*self.calls, return_exceptions=True)
+        self.closing = True
+        for request_id in list(self.pending):
+            await self._fail_pending(request_id)
+        await self.close(code=CLOSE_SERVICE_RESTART)
+
+    # --- helpers ------------------------------------------------------------------------
+
+    async def _first_frame(self, text_data: str | None) -> None:
+        """Authenticate from the first frame: ``{"token"}`` or ``{"username", "password"}``."""
+        try:
+            message = wire.loads(text_data) if text_data is not None else None
+        except ValueError:
+            message = None
+        if not isinstance(message, dict) or not ("token" in message or "username" in message):
+            await self._send({"error": "not authenticated"})
+            await self._close(CLOSE_UNAUTHENTICATED)
+            return
+        api_token_id: int | None = None
+        try:
+            if "token" in message:
+                if not isinstance(message["token"], str):
+                    raise AuthenticationFailed()
+                token = await database_sync_to_async(api_token_authenticate)(message["token"])
+                user, method, api_token_id = token.user, "token", token.pk
+            else:
+                username, password = message.get("username"), message.get("password")
+                if not isinstance(username, str) or not isinstance(password, str):
+                    raise AuthenticationFailed()
+                user = await database_sync_to_async(password_authenticate)(
+                    username=username, password=password, client_address=self._client_address()
+                )
+                method = "password"
+        except (AuthenticationFailed, RateLimited) as exc:
+            await self._refuse(exc.message)
+            return
+        await self._authenticated(user, method, api_token_id=api_token_id)
+        # Spec §1.1: the auth reply carries no ``action``.
+        await self._send({"ok": True, "user": user.get_username()})
+
+    async def _authenticated(
+        self, user: User, method: str, *, api_token_id: int | None = None, session_key: str = ""
+    ) -> None:
+        if self.auth_deadline is not None:
+            self.auth_deadline.cancel()
+            self.auth_deadline = None
+        # The credential goes on the row: ending it closes this socket (core.revocation).
+        session = await database_sync_to_async(services.ws_session_open)(
+            user=user,
+            channel_name=self.channel_name,
+            auth_method=method,
+            client_address=self._client_address(),
+            api_token_id=api_token_id,
+            session_key=session_key,
+        )
+        self.user = user
+        self.ws_session_id = session.pk
+        # Agent progress reaches every ws session of the user (spec/agents.md §4).
+        self.events_group = user_events_group(user.pk)
+        await self.channel_layer.group_add(self.events_group, self.channel_name)
+
+    async def _refuse(self, error: str, code: int = CLOSE_UNAUTHENTICATED) -> None:
+        await self._send({"error": error})
+        await self._close(code)
+
+    async def _expire_auth(self) -> None:
+        await asyncio.sleep(settings.WS_AUTH_TIMEOUT)
+        if self.user is None and not self.closing:
+            await self._send({"error": "authentication timed out"})
+            await self._close(CLOSE_AUTH_TIMEOUT)
+
+    async def _close(self, code: int) -> None:
+        self.closing = True
+        await self.close(code=code)
+
+    async def _fail_refused_result(self, refused: dict[str, Any] | None, reason: str) -> bool:
+        """A ``remote-call-result`` the strict parse refused (NaN, 1e400, an integer outside
+        64 bits, a lone surrogate, nesting over the limit): when its ``requestId`` can still
+        be read and is pending here, fail that call at once rather than let it time out."""
+        if wire.lenient_field(refused, "action") != "remote-call-result":
+            return False
+        request_id = wire.lenient_field(refused, "requestId")
+        pending = self.pending.pop(request_id, None) if isinstance(request_id, str) else None
+        if pending is None:
+            return False
+        error = f"remote '{pending.remotename}' returned a result Dispatch cannot carry: {reason}"
+        await self._answer(pending.reply_channel, {"error": error})
+        await self._send({"error": f"invalid JSON: {reason}"})
+        return True
+
+    async def _fail_pending(self, request_id: str) -> None:
+        pending = self.pending.pop(request_id, None)
+        if pending is not None:
+            await self._answer(pending.reply_channel, {"error": f"remote '{pending.remotename}' disconnected"})
+
+    def _expire_pending(self, now: float) -> None:
+        for request_id in [rid for rid, call in self.pending.items() if call.expires_at < now]:
+            del self.pending[request_id]
+
+    async def _answer(self, reply_channel: str, reply: dict[str, Any]) -> None:
+        try:
+            await self.channel_layer.send(reply_channel, {"type": services.REPLY_MESSAGE, **reply})
+        except ChannelFull:
+            logger.warning("dropping a remote-call reply: caller channel full")
+        except (TypeError, ValueError, RecursionError) as exc:
+            # The layer could not serialise it (e.g. msgpack and a lone surrogate): the
+            # caller must still get an answer rather than wait for its timeout.
+            error = f"the remote's answer could not be relayed: {exc}"
+            await self.channel_layer.send(reply_channel, {"type": services.REPLY_MESSAGE, "error": error})
+
+    async def _reply(self, nonce: Any, **fields: Any) -> None:
+        if nonce is not None:
+            fields["nonce"] = nonce
+        await self._send(fields)
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        await self.send(text_data=encode(message))
+
+    def _origin_allowed(self) -> bool:
+        """Cookie-authenticated browsers only: ``Origin`` is the site's own, scheme, host
+        and port, as Django's CSRF check decides it (§1.1; ``websocket_origin_allowed``)."""
+        return websocket_origin_allowed(self.scope)
+
+    def _client_address(self) -> str:
+        client = self.scope.get("client")
+        return str(client[0]) if client else ""
+
+
+def _readable_nonce(refused: dict[str, Any] | None) -> str | int | float | None:
+    """The ``nonce`` of a frame the strict parse refused (``wire.lenient_object``), when it
+    can be echoed (a string, or a number the channel layer and strict parsers accept)."""
+    nonce = wire.lenient_field(refused, "nonce", nested=False)
+    if isinstance(nonce, bool) or not isinstance(nonce, str | int | float):
+        return None
+    return nonce if wire.problem(nonce) is None else None
+
+
+def _utf8_length(text: str) -> int:
+    """Length of ``text`` in UTF-8 bytes (its length in characters once that is over the limit)."""
+    return len(text) if len(text) > settings.WS_MAX_MESSAGE_BYTES else len(text.encode())
+
+
+def _json_type(value: Any) -> str:
+    return {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
