@@ -28,9 +28,9 @@ from agents.serializers import (
     agent_data,
     run_data,
 )
-from agents.tokens import agent_scope_manage
+from agents.tokens import agent_scope_manage, calling_agent
 from core.api import DispatchAPIView
-from core.authentication import authenticated_user, calling_agent
+from core.authentication import authenticated_user
 from core.errors import InvalidRequest, NotFound
 from peers import remote_launch
 

@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import hmac
 
+from django.contrib.auth.models import User
 from django.db import transaction
+from django.http import HttpRequest
 from django.utils import timezone
+from rest_framework.request import Request
 
 from agents.models import Agent, AgentToken
 from core.errors import DispatchError
@@ -138,3 +141,19 @@ def agent_scope_launch(launcher: Agent | None, *, full_access: bool) -> None:
             f"agent '{launcher.pk}' is not full-access, so it cannot launch a full-access agent",
             {"agent_id": launcher.pk},
         )
+
+
+def agent_bearer(raw_token: str) -> tuple[User, Agent] | None:
+    """The bearer-token kind of agent tokens (``core.authentication.bearer_kind_register``):
+    ``(owner, Agent)`` — so ``request.auth`` is the calling agent — or ``None``."""
+    agent = agent_token_authenticate(raw_token)
+    return None if agent is None else (agent.owner, agent)
+
+
+def calling_agent(request: Request | HttpRequest) -> Agent | None:
+    """The agent whose token authenticated ``request``, or ``None`` for a user's request.
+
+    Works for DRF requests (``BearerTokenAuthentication`` puts the agent in ``auth``) and
+    for the async JSON views (``core.http.request_user`` does the same)."""
+    auth = getattr(request, "auth", None)
+    return auth if isinstance(auth, Agent) else None

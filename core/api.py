@@ -14,7 +14,7 @@ from rest_framework.views import APIView
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from core import selectors, services
-from core.authentication import authenticated_user, calling_agent
+from core.authentication import authenticated_user, by_user_credential
 from core.errors import DispatchError
 from core.http import unavailable_error
 from core.models import ApiToken
@@ -125,7 +125,7 @@ class NotAnAgent(BasePermission):
     message = "agent tokens cannot list or revoke API tokens; use a user token or the Settings page"
 
     def has_permission(self, request: Request, view: Any) -> bool:
-        return calling_agent(request) is None
+        return by_user_credential(request)
 
 
 class TokenListView(DispatchAPIView):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from django.contrib.auth.models import User
@@ -12,10 +12,32 @@ from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.request import Request
 
-from agents.models import Agent
-from agents.tokens import agent_token_authenticate
 from core.models import ApiToken
 from core.services import AuthenticationFailed, api_token_authenticate
+
+BearerCredential = Callable[[str], "tuple[User, Any] | None"]
+"""A bearer-token kind other than the user API token: ``raw token → (user, credential)`` or
+``None`` when the token is not of this kind (or is revoked, expired, of an inactive user)."""
+
+_BEARER_KINDS: list[BearerCredential] = []
+
+
+def bearer_kind_register(kind: BearerCredential) -> None:
+    """Accept another kind of bearer token after the user API token (idempotent). The
+    agents app registers its agent tokens here in ``AgentsConfig.ready``, so the kernel
+    authenticates them without importing the app (docs/architecture.md)."""
+    if kind not in _BEARER_KINDS:
+        _BEARER_KINDS.append(kind)
+
+
+def other_bearer_credential(raw_token: str) -> tuple[User, Any] | None:
+    """``(user, credential)`` of the first registered token kind that knows ``raw_token``,
+    or ``None`` (sync: database reads)."""
+    for kind in _BEARER_KINDS:
+        found = kind(raw_token)
+        if found is not None:
+            return found
+    return None
 
 
 class BearerTokenAuthentication(BaseAuthentication):
@@ -28,7 +50,7 @@ class BearerTokenAuthentication(BaseAuthentication):
 
     keyword = "bearer"
 
-    def authenticate(self, request: Request) -> tuple[Any, ApiToken | Agent] | None:
+    def authenticate(self, request: Request) -> tuple[Any, Any] | None:
         header = get_authorization_header(request).split()
         if not header or header[0].lower() != self.keyword.encode():
             return None
@@ -38,10 +60,10 @@ class BearerTokenAuthentication(BaseAuthentication):
         try:
             token = api_token_authenticate(raw)
         except AuthenticationFailed:
-            agent = agent_token_authenticate(raw)
-            if agent is None:
+            other = other_bearer_credential(raw)
+            if other is None:
                 raise exceptions.AuthenticationFailed("invalid, expired or revoked token") from None
-            return agent.owner, agent
+            return other
         return token.user, token
 
     def authenticate_header(self, request: Request) -> str:
@@ -60,13 +82,12 @@ def authenticated_user(request: HttpRequest | Request) -> User:
     return user
 
 
-def calling_agent(request: Request | HttpRequest) -> Agent | None:
-    """The agent whose token authenticated ``request``, or ``None`` for a user's request.
-
-    Works for DRF requests (``BearerTokenAuthentication`` puts the agent in ``auth``) and
-    for the async JSON views (``core.http.request_user`` does the same)."""
+def by_user_credential(request: Request | HttpRequest) -> bool:
+    """Whether ``request`` stands on the user's own credential — a logged-in session or a
+    user API token — rather than another registered kind (an agent token). Token
+    management accepts only these (spec/overview.md "Credentials")."""
     auth = getattr(request, "auth", None)
-    return auth if isinstance(auth, Agent) else None
+    return auth is None or isinstance(auth, ApiToken)
 
 
 class _UpgradeRequest(HttpRequest):

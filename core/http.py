@@ -15,11 +15,9 @@ from channels.db import database_sync_to_async
 from django.contrib.auth.models import User
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from agents.models import Agent
-from agents.tokens import agent_token_authenticate
 from core import wire
+from core.authentication import other_bearer_credential
 from core.errors import DispatchError, InvalidRequest, unavailable_error
-from core.models import ApiToken
 from core.services import AuthenticationFailed, api_token_authenticate
 
 logger = logging.getLogger(__name__)
@@ -70,7 +68,7 @@ def bearer_credentials(authorization: str) -> str | None:
     return raw.strip() if scheme.lower() == "bearer" else None
 
 
-async def bearer_caller(raw_token: str) -> tuple[User, ApiToken | Agent]:
+async def bearer_caller(raw_token: str) -> tuple[User, Any]:
     """Who a bearer token is, with the credential it is: ``(user, ApiToken)`` for a user
     API token, ``(owner, Agent)`` for an agent token (its ``DISPATCH_MCP_TOKEN``;
     spec/overview.md "Credentials") — the same pair DRF's ``BearerTokenAuthentication``
@@ -82,10 +80,10 @@ async def bearer_caller(raw_token: str) -> tuple[User, ApiToken | Agent]:
     try:
         token = await database_sync_to_async(api_token_authenticate)(raw_token)
     except AuthenticationFailed:
-        agent = await database_sync_to_async(agent_token_authenticate)(raw_token)
-        if agent is None:
+        other = await database_sync_to_async(other_bearer_credential)(raw_token)
+        if other is None:
             raise DispatchError("AUTHENTICATION_FAILED", "invalid, expired or revoked token") from None
-        return agent.owner, agent
+        return other
     return token.user, token
 
 
@@ -93,7 +91,7 @@ async def request_user(request: HttpRequest) -> User:
     """The caller of an async API view: bearer token (a user's or an agent's) first, then
     the session. For a bearer token, ``request.auth`` is set to its credential (the
     ``ApiToken``, or the calling ``Agent``), as DRF does, so
-    ``core.authentication.calling_agent`` reads it for both kinds of view.
+    ``agents.tokens.calling_agent`` reads it for both kinds of view.
 
     Raises ``DispatchError`` ``NOT_AUTHENTICATED`` / ``AUTHENTICATION_FAILED`` (401).
     """

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +38,6 @@ from django.db.models import CharField, Exists, OuterRef, Q, QuerySet, Value
 from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
-from agents.models import Agent, AgentToken
 from core.models import ApiToken
 from core.presence import current_process_id
 
@@ -72,10 +71,49 @@ _streams: dict[str, StreamCredential] = {}  # channel name → credential, this 
 _told: dict[str, float] = {}  # channel name → when it was last told (monotonic seconds)
 
 
+# --- what the apps register (in their ``AppConfig.ready``) -----------------------------------
+# The kernel sweeps rows and credentials it does not know: each app that keeps connection
+# rows or credentials registers how to find the ended ones (docs/architecture.md).
+
+EndedConnections = Callable[[str, Any, "Exists | None"], "QuerySet[Any]"]
+"""``(process_id, now, session_alive) → values_list("channel_name")`` of that process's
+connection rows whose credential ended; ``session_alive`` is the ``EXISTS`` of a live Django
+session for the row's ``session_key`` (``None`` when sessions are not in the database)."""
+
+LiveCredentials = Callable[[set[int], Any], "QuerySet[Any]"]
+"""``(ids, now) → queryset`` of the rows among ``ids`` that are still live credentials."""
+
+CookieSessionKeys = Callable[[list[int]], "QuerySet[Any]"]
+"""``user_ids → values("session_key")`` of the Django sessions the users' cookie sockets stand on."""
+
+_ended_connections: list[EndedConnections] = []
+_live_credentials: dict[str, tuple[str, LiveCredentials]] = {}
+_cookie_session_keys: list[CookieSessionKeys] = []
+
+
+def ended_connections_register(finder: EndedConnections) -> None:
+    """Sweep the connection rows ``finder`` finds (idempotent)."""
+    if finder not in _ended_connections:
+        _ended_connections.append(finder)
+
+
+def live_credentials_register(key: str, attribute: str, finder: LiveCredentials) -> None:
+    """Check the ``StreamCredential`` field ``attribute`` of each open stream against the
+    live rows ``finder`` lists (``key``: a short tag, unique per credential kind)."""
+    _live_credentials[key] = (attribute, finder)
+
+
+def cookie_session_keys_register(finder: CookieSessionKeys) -> None:
+    """End the Django sessions ``finder`` lists when their user's password changes."""
+    if finder not in _cookie_session_keys:
+        _cookie_session_keys.append(finder)
+
+
 # --- rows ----------------------------------------------------------------------------------
 
 
-def _token_ended(prefix: str, now: Any) -> Q:
+def token_ended(prefix: str, now: Any) -> Q:
+    """``Q`` of a token (reached by ``prefix``, e.g. ``"api_token__"``) revoked or expired at ``now``."""
     return Q(**{f"{prefix}revoked_at__isnull": False}) | Q(**{f"{prefix}expires_at__lte": now})
 
 
@@ -92,36 +130,20 @@ def _session_alive(now: Any) -> Exists | None:
 def ended_connection_channels(*, process_id: str | None = None) -> list[str]:
     """The channel names of this process's connection rows whose credential ended.
 
-    One query: ``WsSession`` rows (header/token logins whose ``ApiToken`` is revoked,
-    expired or deleted; cookie logins whose Django session is gone or expired) and
-    ``MachineConnection`` rows (machine token revoked, API token revoked or expired), plus,
-    for both, an inactive user — each side filtered by ``server_process`` (indexed) and
-    joined by primary keys. ``process_id`` defaults to this process.
+    One query: the union of what each registered finder lists (``/ws`` sessions: header or
+    token logins whose ``ApiToken`` is revoked, expired or deleted, cookie logins whose
+    Django session is gone or expired; machine connections: machine token revoked, API
+    token revoked or expired; and, for both, an inactive user) — each filtered by
+    ``server_process`` (indexed) and joined by primary keys. ``process_id`` defaults to
+    this process.
     """
-    from machines.models import MachineConnection
-    from remotes.models import WsSession
-
+    if not _ended_connections:
+        return []
     now = timezone.now()
     process_id = process_id or current_process_id()
-    token_methods = [WsSession.AuthMethod.HEADER, WsSession.AuthMethod.TOKEN]
-    ended: Any = Q(user__is_active=False) | (
-        Q(auth_method__in=token_methods) & (Q(api_token__isnull=True) | _token_ended("api_token__", now))
-    )
     alive = _session_alive(now)
-    if alive is not None:
-        ended |= Q(auth_method=WsSession.AuthMethod.COOKIE) & ~alive
-    sessions = (
-        WsSession.objects.filter(server_process_id=process_id).filter(ended).order_by().values_list("channel_name")
-    )
-    machines = (
-        MachineConnection.objects.filter(server_process_id=process_id)
-        .filter(
-            Q(user__is_active=False) | Q(machine_token__revoked_at__isnull=False) | _token_ended("api_token__", now)
-        )
-        .order_by()
-        .values_list("channel_name")
-    )
-    return [channel for (channel,) in sessions.union(machines)]
+    first, *rest = [finder(process_id, now, alive) for finder in _ended_connections]
+    return [channel for (channel,) in first.union(*rest)]
 
 
 # --- event streams -------------------------------------------------------------------------
@@ -148,16 +170,12 @@ def ended_stream_channels(streams: dict[str, StreamCredential]) -> list[str]:
     """The channels of ``streams`` whose credential ended: a revoked, expired or deleted
     token, a revoked agent token or a stopped agent, an inactive user, a gone or expired
     Django session, a revoked or deleted peer link. One query (a union of primary-key lookups) for all of them."""
-    from peers.models import Peer
-
     if not streams:
         return []
     now = timezone.now()
     token_ids = {c.api_token_id for c in streams.values() if c.api_token_id is not None}
     user_ids = {c.user_id for c in streams.values() if c.user_id is not None}
     session_keys = {c.session_key for c in streams.values() if c.session_key}
-    peer_ids = {c.peer_id for c in streams.values() if c.peer_id is not None}
-    agent_token_ids = {c.agent_token_id for c in streams.values() if c.agent_token_id is not None}
     # Live credentials are listed, so a deleted row counts as ended too.
     parts = [
         _keyed(
@@ -168,15 +186,10 @@ def ended_stream_channels(streams: dict[str, StreamCredential]) -> list[str]:
             "pk",
         ),
         _keyed(User.objects.filter(pk__in=user_ids, is_active=True), "u:", "pk"),
-        _keyed(Peer.objects.filter(pk__in=peer_ids, revoked_at__isnull=True), "p:", "pk"),
-        _keyed(
-            AgentToken.objects.filter(
-                pk__in=agent_token_ids, revoked_at__isnull=True, agent__status__in=Agent.TOKEN_STATUSES
-            ),
-            "a:",
-            "pk",
-        ),
     ]
+    for key, (attribute, finder) in _live_credentials.items():
+        ids = {getattr(c, attribute) for c in streams.values() if getattr(c, attribute) is not None}
+        parts.append(_keyed(finder(ids, now), f"{key}:", "pk"))
     if settings.SESSION_ENGINE in _DB_SESSIONS:
         from django.contrib.sessions.models import Session
 
@@ -188,10 +201,10 @@ def ended_stream_channels(streams: dict[str, StreamCredential]) -> list[str]:
         needed = [f"u:{credential.user_id}"] if credential.user_id is not None else []
         if credential.api_token_id is not None:
             needed.append(f"t:{credential.api_token_id}")
-        if credential.peer_id is not None:
-            needed.append(f"p:{credential.peer_id}")
-        if credential.agent_token_id is not None:
-            needed.append(f"a:{credential.agent_token_id}")
+        for key, (attribute, _finder) in _live_credentials.items():
+            value = getattr(credential, attribute)
+            if value is not None:
+                needed.append(f"{key}:{value}")
         if credential.session_key and settings.SESSION_ENGINE in _DB_SESSIONS:
             needed.append(f"s:{credential.session_key}")
         if not all(key in live for key in needed):
@@ -252,16 +265,13 @@ def credentials_ended_on_commit() -> None:
 def sessions_end_for(user_ids: Iterable[int]) -> None:
     """End the Django sessions that this instance's cookie websockets of ``user_ids`` stand
     on (their rows hold the keys), and ring the sweep. Called when a password changes."""
-    from remotes.models import WsSession
-
     if settings.SESSION_ENGINE not in _DB_SESSIONS:
         return
     from django.contrib.sessions.models import Session
 
-    keys = WsSession.objects.filter(user_id__in=list(user_ids), auth_method=WsSession.AuthMethod.COOKIE).values(
-        "session_key"
-    )
-    Session.objects.filter(session_key__in=keys).delete()
+    users = list(user_ids)
+    for finder in _cookie_session_keys:
+        Session.objects.filter(session_key__in=finder(users)).delete()
     credentials_ended_on_commit()
 
 

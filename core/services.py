@@ -29,7 +29,6 @@ from core.errors import DispatchError, NotFound, RateLimited
 from core.models import ApiToken, InstanceIdentity, ServerProcess
 from core.presence import HOSTNAME, PID, current_process_id
 from core.revocation import credentials_ended_on_commit
-from core.tool_changes import tools_changed_on_commit
 
 logger = logging.getLogger(__name__)
 
@@ -237,8 +236,14 @@ def server_process_heartbeat(*, kind: str) -> bool:
 # Functions called with the ids of server processes about to be deleted (reaped or
 # unregistered), in the deleting transaction, before their connection rows go by cascade:
 # each app above the core closes its connections of those processes as a clean disconnect
-# does (machines: the machine's status). Registered in the apps' ``AppConfig.ready``.
+# does (machines: the machine's status; remotes: the owners' tool lists). Registered in the apps' ``AppConfig.ready``.
 PROCESSES_GONE_HOOKS: list[Callable[[list[str]], None]] = []
+
+
+def processes_gone_hook_register(hook: Callable[[list[str]], None]) -> None:
+    """Add ``hook`` to ``PROCESSES_GONE_HOOKS`` (idempotent; from an ``AppConfig.ready``)."""
+    if hook not in PROCESSES_GONE_HOOKS:
+        PROCESSES_GONE_HOOKS.append(hook)
 
 
 def _processes_gone(process_ids: list[str]) -> None:
@@ -265,7 +270,6 @@ def server_process_reap() -> list[str]:
         .values_list("pk", flat=True)
     )
     if dead:
-        _announce_tool_changes_of(dead)
         _processes_gone(dead)
         ServerProcess.objects.filter(pk__in=dead).delete()
         logger.info("reaped dead server processes: %s", ", ".join(dead))
@@ -275,17 +279,5 @@ def server_process_reap() -> list[str]:
 @transaction.atomic
 def server_process_unregister() -> None:
     """Delete this process's row and, by cascade, every connection it held (clean shutdown)."""
-    _announce_tool_changes_of([current_process_id()])
     _processes_gone([current_process_id()])
     ServerProcess.objects.filter(pk=current_process_id()).delete()
-
-
-def _announce_tool_changes_of(process_ids: list[str]) -> None:
-    """Ring the tool-list doorbell of every user with a remote or machine held by these
-    processes (their rows go by cascade with the processes)."""
-    from machines.models import MachineConnection
-    from remotes.models import Remote
-
-    users = set(Remote.objects.filter(server_process_id__in=process_ids).values_list("user_id", flat=True))
-    users |= set(MachineConnection.objects.filter(server_process_id__in=process_ids).values_list("user_id", flat=True))
-    tools_changed_on_commit(users)

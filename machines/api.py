@@ -21,9 +21,9 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from agents.tokens import agent_scope_forbid, agent_scope_session
+from agents.tokens import agent_scope_forbid, agent_scope_session, calling_agent
 from core.api import DispatchAPIView
-from core.authentication import authenticated_user, calling_agent
+from core.authentication import authenticated_user
 from core.errors import InvalidRequest
 from core.http import json_api, json_object
 from core.services import rate_limiter

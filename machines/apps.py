@@ -4,14 +4,19 @@ from django.apps import AppConfig
 
 
 class MachinesConfig(AppConfig):
-    """Machines (spec/machines.md); built in a later issue."""
+    """Machines: the shims on users' computers and the operations routed to them (spec/machines.md)."""
 
     name = "machines"
 
     def ready(self) -> None:
-        from core.services import PROCESSES_GONE_HOOKS
+        from core.services import processes_gone_hook_register
         from machines.services.connections import shim_connections_of_processes_closed
 
-        # The reaper closes a dead process's machine connections as a clean disconnect does.
-        if shim_connections_of_processes_closed not in PROCESSES_GONE_HOOKS:
-            PROCESSES_GONE_HOOKS.append(shim_connections_of_processes_closed)
+        # The reaper closes a dead process's machine connections as a clean disconnect does
+        # (which also rings the owners' tool lists).
+        processes_gone_hook_register(shim_connections_of_processes_closed)
+        from core.revocation import ended_connections_register
+        from machines.hooks import machine_connections_ended
+
+        # The revocation sweep closes shim connections whose credential ended.
+        ended_connections_register(machine_connections_ended)

@@ -25,8 +25,7 @@ from django.urls import URLPattern, path
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods, require_POST
 
-from agents.tokens import agent_scope_forbid
-from core.authentication import calling_agent
+from agents.tokens import agent_scope_forbid, calling_agent
 from core.errors import DispatchError, InvalidRequest
 from core.http import error_response, json_api, json_object
 from peers import pairing
