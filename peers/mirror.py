@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import random
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -37,6 +36,7 @@ from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, Max, Q
 from django.utils import timezone
@@ -62,11 +62,8 @@ EVENTS_PATH = "/api/v1/peers/events"
 
 
 def backoff_scale() -> float:
-    """``DISPATCH_PEER_BACKOFF_SCALE`` (a test hook, default 1.0)."""
-    try:
-        return max(float(os.environ.get("DISPATCH_PEER_BACKOFF_SCALE", "1")), 0.0)
-    except ValueError:
-        return 1.0
+    """``settings.PEER_BACKOFF_SCALE`` (``DISPATCH_PEER_BACKOFF_SCALE``, a test knob, default 1.0)."""
+    return float(settings.PEER_BACKOFF_SCALE)
 
 
 def reconnect_delay(failures: int) -> float:

@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from django.conf import settings
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from django.db import transaction
@@ -26,7 +27,7 @@ from tests.infra import eventually, instance
 
 
 def test_reconnect_delays_double_from_5_seconds_up_to_60_with_jitter(monkeypatch):
-    monkeypatch.delenv("DISPATCH_PEER_BACKOFF_SCALE", raising=False)
+    monkeypatch.setattr(settings, "PEER_BACKOFF_SCALE", 1.0)
     for failures, nominal in [(0, 5), (1, 10), (2, 20), (3, 40)]:
         delays = [mirror.reconnect_delay(failures) for _ in range(200)]
         assert all(0.8 * nominal <= d <= 1.2 * nominal for d in delays)
@@ -109,7 +110,7 @@ def _timeline(agent: Agent) -> list[tuple[str, str, bool]]:
 @pytest.mark.integration
 @pytest.mark.django_db(transaction=True)
 async def test_the_subscriber_mirrors_a_real_peer_goes_stale_when_it_stops_and_recovers(owner, make_peer, monkeypatch):
-    monkeypatch.setenv("DISPATCH_PEER_BACKOFF_SCALE", "0.02")
+    monkeypatch.setattr(settings, "PEER_BACKOFF_SCALE", 0.02)
     token = "peer-token-" + "m" * 30
     with instance() as inst:
         server = await asyncio.to_thread(inst.serve)
@@ -180,7 +181,7 @@ async def test_the_subscriber_mirrors_a_real_peer_goes_stale_when_it_stops_and_r
 async def test_the_loop_subscribes_only_with_the_lease_and_lets_go_of_a_revoked_peer(owner, make_peer, monkeypatch):
     from core.presence import current_process_id
 
-    monkeypatch.setenv("DISPATCH_PEER_BACKOFF_SCALE", "0.02")
+    monkeypatch.setattr(settings, "PEER_BACKOFF_SCALE", 0.02)
     fake = await database_sync_to_async(make_peer)(owner, label="Gone", url="http://127.0.0.1:9")  # nothing listens
     peer = fake.peer
     await database_sync_to_async(Agent.objects.create)(
@@ -246,7 +247,7 @@ async def test_a_peer_that_no_longer_knows_our_token_shows_as_unlinked_by_the_ot
 
 @pytest.mark.django_db(transaction=True)
 async def test_a_signature_refusal_is_retried_and_does_not_unlink(owner, make_peer, monkeypatch):
-    monkeypatch.setenv("DISPATCH_PEER_BACKOFF_SCALE", "0.01")
+    monkeypatch.setattr(settings, "PEER_BACKOFF_SCALE", 0.01)
     fake = await database_sync_to_async(make_peer)(owner)
     identity = await database_sync_to_async(identity_get)()
     monkeypatch.setattr(mirror, "_client_for", _refusing_client(401, "Bearer", identity))
