@@ -12,9 +12,9 @@ from typing import Any
 
 import httpx
 import pytest
-from django.conf import settings
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
