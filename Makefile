@@ -49,10 +49,11 @@ $(CLIENTS)/node_modules/.installed: $(CLIENTS)/package.json $(CLIENTS)/package-l
 	  echo "node/npm not found: the TypeScript MCP client test will be skipped (apt-get install nodejs npm)"; \
 	fi
 
-## lint: ruff + mypy
+## lint: ruff + mypy + import-linter (the dependency order of docs/architecture.md)
 lint: dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy .
+	$(VENV)/bin/lint-imports --no-cache
 
 ## bench: benchmarks against a bare websockets relay baseline (writes bench/results/*.json)
 bench: dev
