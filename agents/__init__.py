@@ -1,1 +1,2 @@
-"""Agents: the data model's services, selectors and REST API (spec/agents.md)."""
+"""Agents: CLI coding agents in tmux and the built-in expert agent — their models, lifecycle
+services, supervisor, executor, tools, REST API and pages (spec/agents.md)."""

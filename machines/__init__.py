@@ -1,1 +1,2 @@
-"""Machines: shims on users' computers, routing, device login and audit (to come)."""
+"""Machines: the shims on users' computers (``machines.shim``, Django-free), device login,
+routing of operations across a session's machines, and their audit (spec/machines.md)."""

@@ -5,11 +5,10 @@ from __future__ import annotations
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
-from django.utils import timezone
 
 from core.admin import ReadOnlyAdmin
 from machines.models import AuditRecord, DeviceAuthorization, Machine, MachineConnection, MachineToken
-from machines.services import connections
+from machines.services import connections, device
 
 
 @admin.register(Machine)
@@ -39,10 +38,7 @@ class MachineTokenAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Revoke selected machine tokens")
     def revoke(self, request: HttpRequest, queryset: QuerySet[MachineToken]) -> None:
-        for token in queryset.filter(revoked_at__isnull=True).select_related("user"):
-            if token.machine_id:
-                connections.machine_revoke(user=token.user, machine_id=token.machine_id)
-        queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        device.machine_tokens_revoke(token_ids=list(queryset.values_list("pk", flat=True)))
         self.message_user(request, "Revoked the selected tokens.", messages.SUCCESS)
 
 

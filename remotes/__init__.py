@@ -1,1 +1,2 @@
-"""Remotes: the /ws session consumer, the remote registry and remote calls."""
+"""Remotes: the registry of functions users serve over the ``/ws`` session protocol, remote
+calls, and the Django-free remote client (``remotes.client``; spec/sessions-and-remotes.md)."""

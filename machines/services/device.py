@@ -20,8 +20,10 @@ from django.utils import timezone
 from limits import parse
 
 from core.errors import DispatchError, InvalidRequest, RateLimited
+from core.revocation import credentials_ended_on_commit
 from core.services import generate_token, rate_limiter
 from machines.models import DeviceAuthorization, MachineToken
+from machines.services.connections import machine_revoke
 
 USER_CODE_ALPHABET = "BCDFGHJKLMNPQRSTVWXZ"
 USER_CODE_LENGTH = 8
@@ -208,3 +210,20 @@ def device_authorization_decide(*, user: User, user_code: str, approve: bool) ->
     authorization.decided_at = timezone.now()
     authorization.save(update_fields=["status", "user", "decided_at"])
     return authorization
+
+
+@transaction.atomic
+def machine_tokens_revoke(*, token_ids: list[int]) -> int:
+    """Revoke machine tokens (the admin's action): a token bound to a machine revokes that
+    machine (``connections.machine_revoke``: its sockets close with 4401, spec/machines.md
+    §1); an unbound one (a device login not finished) is stamped ``revoked_at``, and the
+    revocation sweep is rung. Returns how many tokens were live. Already revoked ones are left."""
+    live = MachineToken.objects.select_related("user").filter(pk__in=token_ids, revoked_at__isnull=True)
+    tokens = list(live)
+    for token in tokens:
+        if token.machine_id:
+            machine_revoke(user=token.user, machine_id=token.machine_id)
+    still_live = MachineToken.objects.filter(pk__in=[token.pk for token in tokens], revoked_at__isnull=True)
+    still_live.update(revoked_at=timezone.now())
+    credentials_ended_on_commit()
+    return len(tokens)
