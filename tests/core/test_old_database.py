@@ -1,0 +1,592 @@
+"""An old database survives the models' move to ``core`` and ``agents`` (issue 12, "Data and
+behaviour"; docs/architecture.md).
+
+Commit e3ac2de moved ``InstanceIdentity``, ``ServerProcess`` and ``ApiToken`` from the
+``dispatch`` app to ``core``, and the agents' six models to ``agents``, with state-only
+migrations (the tables keep their ``dispatch_*`` names); ``dispatch`` 0007 relabels their
+content types. These tests build a database with the migrations as they were before the move
+(``dispatch`` 0006, ``peers`` 0001, ``remotes`` 0002, ``machines`` 0003), put a row in every
+table with the historical models, migrate it forward the way ``manage.py migrate`` does
+(``post_migrate`` included) and read it back with today's models: every row, every relation,
+the content types' ids, staff permissions and the admin log survive; the six new migrations
+emit no DDL; they reverse and replay.
+
+Each test works on a database of its own — a temporary SQLite file, or a fresh PostgreSQL
+database (``tests.infra.postgres_database``) for the ``postgres`` variant — registered as an
+extra connection alias for the test's duration; the test database other tests use is never
+migrated (the tests route every query to their own database and refuse ``default``).
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import dj_database_url
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.contrib.admin.utils import quote
+from django.contrib.auth import get_user_model
+from django.contrib.contenttypes.models import ContentType
+from django.core.management.sql import emit_post_migrate_signal
+from django.db import DEFAULT_DB_ALIAS, connections
+from django.db.migrations.executor import MigrationExecutor
+from django.db.migrations.loader import MigrationLoader
+from django.test import override_settings
+
+from agents.models import Agent, AgentEvent, AgentMessage, AgentToken, Run, SupervisorLease
+from core.models import ApiToken, InstanceIdentity, ServerProcess
+from dispatch.models import McpStream
+from machines.models import MachineConnection
+from peers.models import OutboxMessage, Peer
+from remotes.models import Remote, WsSession
+from tests.infra import postgres_database
+
+# The apps whose tables the old migrations made, and the apps the move created.
+DISPATCH_APPS = ("dispatch", "remotes", "machines", "peers")
+NEW_APPS = ("core", "agents")
+# Each Dispatch app's leaf migration before the move.
+OLD_LEAVES = {
+    "dispatch": "0006_mcp_stream",
+    "peers": "0001_initial",
+    "remotes": "0002_wssession_credential",
+    "machines": "0003_machineconnection_credential",
+}
+# The move: state only.
+NEW_MIGRATIONS = {
+    ("core", "0001_initial"),
+    ("agents", "0001_initial"),
+    ("remotes", "0003_foreign_keys_to_core"),
+    ("machines", "0004_foreign_keys_to_core"),
+    ("peers", "0002_foreign_key_to_agents"),
+    ("dispatch", "0007_models_moved_to_core_and_agents"),
+}
+# Moved model (content type ``model``) -> its new app label.
+MOVED = {
+    "instanceidentity": "core",
+    "serverprocess": "core",
+    "apitoken": "core",
+    "agent": "agents",
+    "run": "agents",
+    "agentevent": "agents",
+    "agentmessage": "agents",
+    "agenttoken": "agents",
+    "supervisorlease": "agents",
+}
+CORE_MODELS = (InstanceIdentity, ServerProcess, ApiToken)
+AGENTS_MODELS = (Agent, Run, AgentEvent, AgentMessage, AgentToken, SupervisorLease)
+NOW = datetime.datetime(2026, 11, 30, 12, 0, tzinfo=datetime.UTC)
+
+
+@pytest.fixture(autouse=True)
+def _own_databases_only(django_db_blocker: Any) -> Iterator[None]:
+    """The tests use databases of their own, which pytest-django's test case would refuse
+    (it allows only the aliases it set up), so they run outside it, with database access
+    unblocked — and the default database refused instead: a query that strays there fails
+    the test rather than touching the test database (or, run alone, a real one)."""
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a query went to the default database, not the one under test")
+
+    default = connections[DEFAULT_DB_ALIAS]
+    default.ensure_connection = refuse  # type: ignore[method-assign]
+    try:
+        with django_db_blocker.unblock():
+            yield
+    finally:
+        del default.ensure_connection  # the class's (pytest-django's blocker) again
+
+
+backends = pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+
+
+# --- the databases ---------------------------------------------------------------------------
+
+
+@contextmanager
+def extra_database(backend: str, directory: Path, alias: str) -> Iterator[str]:
+    """A fresh, empty database reachable as ``connections[alias]`` while the block runs.
+
+    ``backend`` is ``"sqlite"`` (a file in ``directory``, with the transaction mode
+    settings.py gives every SQLite database) or ``"postgres"`` (a new database on the test
+    server, dropped after; skipped without one, failed under CI=true). Yields ``alias``; the
+    alias is gone again afterwards, so pytest-django's teardown never sees it.
+    """
+    with ExitStack() as stack:
+        if backend == "sqlite":
+            settings_dict: dict[str, Any] = {
+                "ENGINE": "django.db.backends.sqlite3",
+                "NAME": str(directory / f"{alias}.sqlite3"),
+                "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20},
+            }
+        else:
+            settings_dict = dict(dj_database_url.parse(stack.enter_context(postgres_database("dispatch_olddb_"))))
+        connections.settings[alias] = connections.configure_settings({DEFAULT_DB_ALIAS: {}, alias: settings_dict})[
+            alias
+        ]
+        try:
+            yield alias
+        finally:
+            for connection in connections.all(initialized_only=True):
+                if connection.alias == alias:
+                    connection.close()
+                    del connections[alias]
+            del connections.settings[alias]
+            ContentType.objects.clear_cache()
+
+
+class OnlyThere:
+    """A database router sending every query to one alias, so today's models (and Django's
+    auth and admin code that queries without ``using``) read the database under test."""
+
+    def __init__(self, alias: str) -> None:
+        self.alias = alias
+
+    def db_for_read(self, model: Any, **hints: Any) -> str:
+        return self.alias
+
+    def db_for_write(self, model: Any, **hints: Any) -> str:
+        return self.alias
+
+    def allow_relation(self, obj1: Any, obj2: Any, **hints: Any) -> bool:
+        return True
+
+
+@contextmanager
+def routed_to(alias: str) -> Iterator[None]:
+    """Route every query to ``alias`` while the block runs (content type cache emptied): the
+    database under test is what ``default`` is in a deployment."""
+    ContentType.objects.clear_cache()
+    with override_settings(DATABASE_ROUTERS=[OnlyThere(alias)]):
+        yield
+    ContentType.objects.clear_cache()
+
+
+# --- migrating -------------------------------------------------------------------------------
+
+
+def latest_nodes() -> list[tuple[str, str]]:
+    """Every app's leaf migration today."""
+    return sorted(MigrationLoader(None, ignore_no_migrations=True).graph.leaf_nodes())
+
+
+def old_nodes() -> list[tuple[str, str]]:
+    """The leaf migrations before the move: Django's apps as today, Dispatch's as ``OLD_LEAVES``."""
+    keep = [node for node in latest_nodes() if node[0] not in (*DISPATCH_APPS, *NEW_APPS)]
+    return [*keep, *OLD_LEAVES.items()]
+
+
+def old_targets() -> list[tuple[str, str | None]]:
+    """Migration targets for the old state: the old leaves, ``core`` and ``agents`` unapplied."""
+    return [*old_nodes(), ("core", None), ("agents", None)]
+
+
+def migrate(alias: str, targets: list[Any]) -> list[tuple[Any, bool]]:
+    """Migrate ``alias`` to ``targets`` as ``manage.py migrate`` does: the plan, then
+    ``post_migrate`` with the resulting state (which creates content types and permissions).
+    Returns the plan that ran: ``(Migration, backwards)`` pairs.
+
+    Queries are routed to ``alias`` (``dispatch`` 0001's ``RunPython`` writes without
+    ``using``, to what is the one database in a deployment)."""
+    executor = MigrationExecutor(connections[alias])
+    plan = executor.migration_plan(targets)
+    if plan:
+        with routed_to(alias):
+            state = executor.migrate(targets, plan=plan)
+            state.clear_delayed_apps_cache()
+            emit_post_migrate_signal(0, False, alias, apps=state.apps, plan=plan)
+    return plan
+
+
+def dump(alias: str) -> dict[str, list[dict[str, Any]]]:
+    """Every table's rows (as column -> value, by primary key), ``django_migrations`` excepted."""
+    connection = connections[alias]
+    quote = connection.ops.quote_name
+    tables: dict[str, list[dict[str, Any]]] = {}
+    with connection.cursor() as cursor:
+        for table in connection.introspection.table_names(cursor):
+            if table == "django_migrations":
+                continue
+            pk = connection.introspection.get_primary_key_column(cursor, table)
+            cursor.execute(f"SELECT * FROM {quote(table)} ORDER BY {quote(pk)}")
+            columns = [column[0] for column in cursor.description]
+            tables[table] = [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
+    return tables
+
+
+def relabelled(tables: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """``tables`` as the move should leave them: the moved models' content types relabelled."""
+    result = dict(tables)
+    result["django_content_type"] = [
+        {**row, "app_label": MOVED[row["model"]]} if row["app_label"] == "dispatch" and row["model"] in MOVED else row
+        for row in tables["django_content_type"]
+    ]
+    return result
+
+
+# --- the old database ------------------------------------------------------------------------
+
+
+def fill(apps: Any) -> None:
+    """Put rows, related to one another, in every table of the Dispatch apps (and in auth's,
+    admin's and sessions'), with the historical models in ``apps`` (the old state)."""
+    get = apps.get_model
+    User, Group, Permission = get("auth", "User"), get("auth", "Group"), get("auth", "Permission")
+    ContentTypeThen = get("contenttypes", "ContentType")
+
+    alice = User.objects.create(username="alice", password="!", is_staff=True)
+    bob = User.objects.create(username="bob", password="!")
+    # Staff rights: on moved models and on one that stays (McpStream), one through a group.
+    operators = Group.objects.create(name="operators")
+    alice.groups.add(operators)
+    alice.user_permissions.add(
+        Permission.objects.get(content_type__app_label="dispatch", codename="change_agent"),
+        Permission.objects.get(content_type__app_label="dispatch", codename="delete_apitoken"),
+        Permission.objects.get(content_type__app_label="dispatch", codename="view_mcpstream"),
+    )
+    operators.permissions.add(Permission.objects.get(content_type__app_label="dispatch", codename="view_run"))
+    get("sessions", "Session").objects.create(
+        session_key="s" * 32, session_data="e30", expire_date=NOW + datetime.timedelta(days=14)
+    )
+
+    # dispatch (core's models to be)
+    get("dispatch", "InstanceIdentity").objects.filter(pk=1).update(public_key="p" * 43)  # made by 0001
+    process = get("dispatch", "ServerProcess").objects.create(
+        id="proc-old", kind="serve", hostname="old-host", pid=4242
+    )
+    api_token = get("dispatch", "ApiToken").objects.create(
+        user=alice, name="laptop", prefix="dsp_abcd", digest="a" * 64, last_used_at=NOW
+    )
+
+    # peers (the models that keep their app, with keys to the moved ones)
+    peer = get("peers", "Peer").objects.create(
+        owner=alice,
+        instance_id="inst_0123456789ab",
+        label="lab",
+        url="https://lab.example",
+        public_key="k" * 43,
+        fingerprint="f" * 39,
+        inbound_digest="i" * 64,
+        inbound_prefix="dsp_peer",
+        outbound_token_encrypted="sealed",
+    )
+    get("peers", "PairingOffer").objects.create(
+        created_by=alice, link_user=alice, peer=peer, code_digest="c" * 64, expires_at=NOW, used_at=NOW
+    )
+    get("peers", "PeerLease").objects.create(peer=peer, kind="mirror", holder="proc-old", expires_at=NOW)
+    get("peers", "PeerReceipt").objects.create(
+        peer=peer, idempotency_key="rcpt-1", route="message", body_digest="b" * 64, response_status=202
+    )
+
+    # dispatch (agents' models to be)
+    Agent_ = get("dispatch", "Agent")
+    lead = Agent_.objects.create(
+        id="agt_0000000000a1", owner=alice, name="lead", type="claude", cwd="/srv", status="running"
+    )
+    helper = Agent_.objects.create(
+        id="agt_0000000000a2", owner=alice, name="helper", type="codex", cwd="/srv/x", parent=lead, launched_by=lead
+    )
+    shadow = Agent_.objects.create(
+        id="agt_0000000000a3",
+        owner=alice,
+        name="lab-agent",
+        type="claude",
+        cwd="/",
+        peer=peer,
+        peer_agent_id="agt_remote000001",
+    )
+    run = get("dispatch", "Run").objects.create(
+        id="run_0000000000r1", agent=lead, input={"prompt": "hi"}, status="succeeded", output="done"
+    )
+    get("dispatch", "AgentEvent").objects.create(
+        agent=lead, run=run, type="done", message="finished", metadata={"k": 1}
+    )
+    get("dispatch", "AgentEvent").objects.create(agent=shadow, type="working", mirrored=True, created_at=NOW)
+    outgoing = get("dispatch", "AgentMessage").objects.create(
+        recipient_agent=shadow,
+        sender_agent=lead,
+        sender_user=alice,
+        peer=peer,
+        content="hello lab",
+        idempotency_key="m-1",
+    )
+    get("dispatch", "AgentMessage").objects.create(
+        recipient_agent=helper,
+        sender_peer=peer,
+        sender_address={"instance": "lab"},
+        content="hi back",
+        status="delivered",
+    )
+    agent_token = get("dispatch", "AgentToken").objects.create(agent=lead, prefix="dsp_agnt", digest="t" * 64)
+    get("dispatch", "SupervisorLease").objects.create(host="old-host", holder="proc-old", expires_at=NOW)
+    get("dispatch", "McpStream").objects.create(user=alice, server_process=process, api_token=api_token)
+    get("dispatch", "McpStream").objects.create(user=alice, server_process=process, agent_token=agent_token)
+    get("peers", "OutboxMessage").objects.create(
+        peer=peer,
+        message=outgoing,
+        idempotency_key="m-1",
+        to_agent_id="agt_remote000001",
+        payload={"content": "hello lab"},
+    )
+
+    # remotes
+    session = get("remotes", "WsSession").objects.create(
+        id="ws" + "0" * 30,
+        channel_name="specific.ws!1",
+        auth_method="token",
+        server_process=process,
+        user=alice,
+        api_token=api_token,
+    )
+    get("remotes", "Remote").objects.create(
+        name="weather",
+        channel_name="specific.ws!1",
+        tools=[{"name": "forecast"}],
+        server_process=process,
+        user=alice,
+        ws_session=session,
+    )
+
+    # machines
+    machine = get("machines", "Machine").objects.create(user=alice, machine_id="m-1", hostname="box")
+    machine_token = get("machines", "MachineToken").objects.create(
+        user=alice, machine_id="m-1", prefix="dsp_mach", digest="m" * 64
+    )
+    get("machines", "MachineConnection").objects.create(
+        connection_id="conn-1",
+        channel_name="specific.shim!1",
+        protocol_version="1",
+        machine=machine,
+        server_process=process,
+        user=alice,
+        api_token=api_token,
+        machine_token=machine_token,
+    )
+    get("machines", "DefaultMachine").objects.create(user=alice, machine_id="m-1")
+    get("machines", "DeviceAuthorization").objects.create(
+        user=bob,
+        device_code_digest="d" * 64,
+        user_code_digest="u" * 64,
+        machine_id="m-2",
+        hostname="new-box",
+        platform="linux",
+        arch="x86_64",
+        expires_at=NOW,
+    )
+    get("machines", "RoutingCounter").objects.create(user=alice, session_id="agt_0000000000a1", value=3)
+    get("machines", "PathRecency").objects.create(
+        user=alice, session_id="agt_0000000000a1", path="/srv", machine_id="m-1"
+    )
+    get("machines", "AuditRecord").objects.create(
+        user=alice, session_id="agt_0000000000a1", request_id="r-1", op="exec", caller="agent"
+    )
+
+    # admin history about the lead agent
+    get("admin", "LogEntry").objects.create(
+        user=alice,
+        content_type=ContentTypeThen.objects.get(app_label="dispatch", model="agent"),
+        object_id=lead.pk,
+        object_repr="lead",
+        action_flag=2,
+        change_message="[]",
+    )
+
+
+def build_old_database(alias: str) -> dict[str, list[dict[str, Any]]]:
+    """Migrate ``alias`` to the state before the move, fill it; returns its tables' rows."""
+    plan = migrate(alias, old_targets())
+    assert not {(m.app_label, m.name) for m, _ in plan} & NEW_MIGRATIONS
+    old_apps = MigrationExecutor(connections[alias]).loader.project_state(old_nodes()).apps
+    with routed_to(alias):
+        fill(old_apps)
+    tables = dump(alias)
+    for label in DISPATCH_APPS:
+        for model in old_apps.get_app_config(label).get_models():
+            assert tables[model._meta.db_table], f"no row in {model._meta.db_table}"
+    assert {row["app_label"] for row in tables["django_content_type"]} >= {"dispatch", "peers", "remotes", "machines"}
+    assert not {row["app_label"] for row in tables["django_content_type"]} & set(NEW_APPS)
+    return tables
+
+
+# --- what today's code must find -------------------------------------------------------------
+
+
+def check_with_todays_models(old: dict[str, list[dict[str, Any]]]) -> None:
+    """Read the migrated database with today's models and Django's auth and admin."""
+    content_type_ids = {row["model"]: row["id"] for row in old["django_content_type"] if row["app_label"] == "dispatch"}
+    assert {model._meta.model_name: model._meta.app_label for model in (*CORE_MODELS, *AGENTS_MODELS)} == MOVED
+    for model in (*CORE_MODELS, *AGENTS_MODELS):
+        content_type = ContentType.objects.get_for_model(model)
+        assert content_type.pk == content_type_ids[model._meta.model_name], model
+        assert content_type.app_label == model._meta.app_label
+    assert ContentType.objects.get_for_model(McpStream).pk == content_type_ids["mcpstream"]
+    assert set(ContentType.objects.filter(app_label="dispatch").values_list("model", flat=True)) == {"mcpstream"}
+
+    alice = get_user_model().objects.get(username="alice")
+    assert alice.has_perm("agents.change_agent")
+    assert alice.has_perm("agents.view_run")  # through her group
+    assert alice.has_perm("core.delete_apitoken")
+    assert alice.has_perm("dispatch.view_mcpstream")
+    assert not alice.has_perm("dispatch.change_agent")
+    assert not alice.has_perm("agents.delete_agent")
+
+    lead = Agent.objects.get(name="lead")
+    log = LogEntry.objects.get()
+    assert log.content_type.model_class() is Agent
+    assert log.get_edited_object() == lead
+    assert log.get_admin_url() == f"/admin/agents/agent/{quote(lead.pk)}/change/"
+
+    assert InstanceIdentity.objects.get().public_key == "p" * 43
+    assert (lead.owner.username, lead.status, lead.cwd) == ("alice", "running", "/srv")
+    assert {agent.name for agent in lead.children.all()} == {"helper"}
+    assert Agent.objects.get(name="helper").launched_by == lead
+    run = lead.runs.get()
+    assert (run.pk, run.input, run.output) == ("run_0000000000r1", {"prompt": "hi"}, "done")
+    assert run.events.get().message == "finished"
+    assert lead.tokens.get().digest == "t" * 64
+
+    peer = Peer.objects.get()
+    shadow = peer.shadow_agents.get()
+    assert (shadow.name, shadow.peer_agent_id) == ("lab-agent", "agt_remote000001")
+    outbox = OutboxMessage.objects.get()
+    assert outbox.message.recipient_agent == shadow
+    assert outbox.message.sender_agent == lead
+    assert outbox.message.sender_user == alice
+    assert outbox.message.peer == peer
+    assert AgentMessage.objects.get(sender_peer=peer).recipient_agent.name == "helper"
+    assert peer.messages_received.get().sender_address == {"instance": "lab"}
+    assert SupervisorLease.objects.get().holder == "proc-old"
+
+    process = ServerProcess.objects.get()
+    api_token = ApiToken.objects.get()
+    assert (api_token.user, api_token.name) == (alice, "laptop")
+    assert {(s.api_token, s.agent_token) for s in McpStream.objects.filter(server_process=process)} == {
+        (api_token, None),
+        (None, lead.tokens.get()),
+    }
+    session = WsSession.objects.get()
+    assert (session.api_token, session.server_process) == (api_token, process)
+    assert Remote.objects.get().ws_session.server_process == process
+    assert process.remotes.get().name == "weather"
+    connection = MachineConnection.objects.get()
+    assert (connection.api_token, connection.server_process) == (api_token, process)
+    assert connection.machine.machine_id == "m-1"
+    assert process.machine_connections.get() == connection
+
+    # New rows continue after the old ones (PostgreSQL's sequences stayed with the tables).
+    event = AgentEvent.objects.create(agent=lead, type="idle")
+    assert event.pk > max(row["id"] for row in old["dispatch_agentevent"])
+    event.delete()
+
+
+# --- the tests -------------------------------------------------------------------------------
+
+
+@backends
+def test_an_old_database_migrates_forward_with_every_row_and_back(backend: str, tmp_path: Path) -> None:
+    with extra_database(backend, tmp_path, "old") as alias:
+        old = build_old_database(alias)
+
+        plan = migrate(alias, latest_nodes())
+        assert {(m.app_label, m.name) for m, backwards in plan if not backwards} == NEW_MIGRATIONS
+        assert dump(alias) == relabelled(old)  # post_migrate made no new content type or permission
+        with routed_to(alias):
+            check_with_todays_models(old)
+
+        plan = migrate(alias, old_targets())
+        assert {(m.app_label, m.name) for m, backwards in plan if backwards} == NEW_MIGRATIONS
+        assert dump(alias) == old
+        with routed_to(alias):
+            alice = get_user_model().objects.get(username="alice")
+            assert alice.has_perm("dispatch.change_agent")
+            assert not alice.has_perm("agents.change_agent")
+
+        migrate(alias, latest_nodes())
+        assert dump(alias) == relabelled(old)
+        with routed_to(alias):
+            check_with_todays_models(old)
+
+
+@backends
+def test_content_types_made_between_the_two_steps_give_way_to_the_old_ones(backend: str, tmp_path: Path) -> None:
+    """``migrate core`` / ``migrate agents`` run alone first: their ``post_migrate`` makes
+    empty ``core.*`` and ``agents.*`` content types (and permissions), then ``dispatch`` 0007
+    removes them and relabels the old rows, which the permissions and the log point at."""
+    with extra_database(backend, tmp_path, "old") as alias:
+        old = build_old_database(alias)
+
+        all_but_dispatch = [node for node in latest_nodes() if node[0] != "dispatch"]
+        migrate(alias, [*all_but_dispatch, ("dispatch", OLD_LEAVES["dispatch"])])
+        between = dump(alias)["django_content_type"]
+        newcomers = {(label, model) for model, label in MOVED.items()}
+        assert {(row["app_label"], row["model"]) for row in between} >= newcomers
+        assert len(between) == len(old["django_content_type"]) + len(MOVED)
+
+        migrate(alias, latest_nodes())
+        assert dump(alias) == relabelled(old)
+        with routed_to(alias):
+            check_with_todays_models(old)
+
+
+@backends
+def test_the_move_changes_no_table(backend: str, tmp_path: Path) -> None:
+    """``sqlmigrate`` of each new migration, both ways, is comments only."""
+    with extra_database(backend, tmp_path, "old") as alias:
+        migrate(alias, old_targets())
+        executor = MigrationExecutor(connections[alias])
+        forwards = executor.migration_plan(latest_nodes())
+        assert {(m.app_label, m.name) for m, _ in forwards} == NEW_MIGRATIONS
+        for step in forwards:
+            statements = executor.loader.collect_sql([step])
+            assert [s for s in statements if not s.lstrip().startswith("--")] == [], step
+
+        migrate(alias, latest_nodes())
+        executor = MigrationExecutor(connections[alias])
+        backwards = executor.migration_plan(old_targets())
+        assert {(m.app_label, m.name) for m, back in backwards if back} == NEW_MIGRATIONS
+        for step in backwards:
+            statements = executor.loader.collect_sql([step])
+            assert [s for s in statements if not s.lstrip().startswith("--")] == [], step
+
+
+def schema(alias: str) -> dict[str, Any]:
+    """Every table's columns and constraints as introspected, ``django_migrations`` excepted.
+
+    SQLite names foreign keys and unique indexes by their column's position (``fk_0``,
+    ``sqlite_autoindex_<table>_1``), which a state-only move may change; those compare by
+    what they constrain."""
+    connection = connections[alias]
+    positional = connection.vendor == "sqlite"
+    tables: dict[str, Any] = {}
+    with connection.cursor() as cursor:
+        for table in connection.introspection.table_names(cursor):
+            if table == "django_migrations":
+                continue
+            columns = {info.name: info for info in connection.introspection.get_table_description(cursor, table)}
+            constraints = []
+            for name, details in connection.introspection.get_constraints(cursor, table).items():
+                if positional and (details["foreign_key"] or name.startswith("sqlite_autoindex_")):
+                    name = ""
+                constraints.append((name, repr(sorted(details.items()))))
+            tables[table] = (columns, sorted(constraints))
+    return tables
+
+
+@backends
+def test_the_new_state_describes_the_tables_the_old_migrations_made(backend: str, tmp_path: Path) -> None:
+    """Tables created from today's migration state are the tables the old migrations made:
+    the state-only move claims nothing the database does not have."""
+    with extra_database(backend, tmp_path, "migrated") as migrated, extra_database(backend, tmp_path, "fresh") as fresh:
+        migrate(migrated, latest_nodes())
+        state_apps = MigrationExecutor(connections[fresh]).loader.project_state(latest_nodes()).apps
+        with connections[fresh].schema_editor() as editor:
+            for model in state_apps.get_models():
+                editor.create_model(model)
+        assert schema(fresh) == schema(migrated)
+        # A new installation has no content type left under the old label either.
+        content_types = dump(migrated)["django_content_type"]
+        assert {row["model"] for row in content_types if row["app_label"] == "dispatch"} == {"mcpstream"}
+        assert {row["model"] for row in content_types if row["app_label"] in NEW_APPS} == set(MOVED)
