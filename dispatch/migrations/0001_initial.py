@@ -6,7 +6,7 @@ import core.models
 def create_instance_identity(apps, schema_editor):
     """The singleton identity row exists from the first migration (spec/overview.md)."""
     InstanceIdentity = apps.get_model("dispatch", "InstanceIdentity")
-    InstanceIdentity.objects.get_or_create(
+    InstanceIdentity.objects.using(schema_editor.connection.alias).get_or_create(
         pk=1,
         defaults={"instance_id": core.models.new_instance_id(), "display_name": core.models.default_instance_name()},
     )
