@@ -20,11 +20,11 @@ from pydantic import ValidationError
 
 from core import wire
 from core.consumers import DispatchConsumer
+from core.validation import describe_validation_error
 from machines import protocol
 from machines.protocol import OPERATIONS, envelope, negotiate
 from machines.services import connections
 from machines.services.connections import REPLY_MESSAGE, ShimIdentity
-from remotes.protocol import describe_validation_error
 
 logger = logging.getLogger(__name__)
 
