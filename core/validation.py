@@ -13,13 +13,31 @@ first error as text. Two styles exist on the wire today, both kept byte for byte
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from core.errors import InvalidRequest
 
 Model = TypeVar("Model", bound=BaseModel)
+
+
+class WireModel(BaseModel):
+    """A request body as a route receives it: unknown fields ignored, fields readable by
+    name or alias. The fields named (by wire name) in ``absent_as_null`` are validated as
+    ``null`` when absent, so that their own validator answers for a missing field with the
+    route's sentence (and the schema still lists them as required)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    absent_as_null: ClassVar[tuple[str, ...]] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _absent_as_null(cls, value: Any) -> Any:
+        if isinstance(value, dict) and cls.absent_as_null:
+            return {**dict.fromkeys(cls.absent_as_null), **value}
+        return value
 
 
 def _first(exc: ValidationError) -> Any:

@@ -13,18 +13,31 @@ server), and imported from there. This module adds only what the server needs on
   it grants), ``OPERATIONS`` keyed the way the router reads it, ``CALLER_OPERATIONS``,
   ``CAPABILITIES``;
 - the channel-layer messages the shim consumer receives from ``machines.services``
-  (``MachineOpMessage``, ``MachineRevokedMessage``, ``MachineTakeoverMessage``).
+  (``MachineOpMessage``, ``MachineRevokedMessage``, ``MachineTakeoverMessage``);
+- the bodies of the machines app's async REST routes (§1, §6), which validate them and
+  which ``dispatch/schema.py`` documents: ``SessionOpBody``, ``SessionCopyBody``,
+  ``DeviceCodeBody``, ``DeviceTokenBody``, and their answers.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictStr,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from core import wire
+from core.validation import WireModel
 from machines.shim.protocol import (
     MACHINE_ID_PATTERN,
     PROTOCOL_VERSION,
@@ -42,10 +55,16 @@ __all__ = [
     "DEFAULT_LIMITS",
     "OPERATIONS",
     "SESSION_ID_PATTERN",  # the shim protocol's, for machines.services
+    "DeviceCodeBody",
+    "DeviceTokenBody",
     "Hello",
     "MachineOpMessage",
     "MachineRevokedMessage",
     "MachineTakeoverMessage",
+    "SessionCopyAnswer",
+    "SessionCopyBody",
+    "SessionOpAnswer",
+    "SessionOpBody",
     "negotiate",
 ]
 
@@ -155,3 +174,96 @@ class MachineTakeoverMessage(BaseModel):
 
     type: Literal["machine.takeover"]
     connection_id: str | None = None
+
+
+# --- bodies of the async REST routes (§1 device login, §6 operations) -----------------------
+
+_TEXT = WithJsonSchema({"type": "string"})
+
+
+class SessionOpBody(WireModel):
+    """``POST /api/v1/sessions/{session_id}/ops``: ``{op, payload?, target_machine?}``.
+
+    ``op`` must be a string (``"op is required (e.g. FILE_READ, EXECUTE_COMMAND)"``); the
+    operation's name, its ``payload`` (default ``{}``) and the ``target_machine`` are
+    checked by ``machines.services.operations.machine_op`` with the §5 error codes.
+    """
+
+    absent_as_null = ("op",)
+
+    op: str = Field(description="a §5 operation: " + ", ".join(sorted(CALLER_OPERATIONS)))
+    payload: Annotated[Any, WithJsonSchema({"type": "object", "description": "the operation's §5 payload"})] = Field(
+        default_factory=dict
+    )
+    target_machine: Annotated[
+        Any, WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "null"}], "description": "a machine_id"})
+    ] = None
+
+    @field_validator("op", mode="before")
+    @classmethod
+    def _op(cls, value: Any) -> str:
+        if not isinstance(value, str):
+            raise ValueError("op is required (e.g. FILE_READ, EXECUTE_COMMAND)")
+        return value
+
+
+class SessionOpAnswer(BaseModel):
+    """The shim's response: ``{machine_id, type, payload}`` (§5)."""
+
+    machine_id: str
+    type: str
+    payload: dict[str, Any]
+
+
+class SessionCopyBody(WireModel):
+    """``POST /api/v1/sessions/{session_id}/copy``: ``{source_machine, source_path,
+    destination_machine, destination_path, overwrite?}`` (§6 cross-machine copy); each of
+    the four a non-empty string (``"<field> is required (a string)"``, in this order), then
+    ``overwrite`` a boolean (default false)."""
+
+    absent_as_null = ("source_machine", "source_path", "destination_machine", "destination_path")
+
+    source_machine: str = Field(min_length=1)
+    source_path: str = Field(min_length=1)
+    destination_machine: str = Field(min_length=1)
+    destination_path: str = Field(min_length=1)
+    overwrite: bool = False
+
+    @field_validator("source_machine", "source_path", "destination_machine", "destination_path", mode="before")
+    @classmethod
+    def _required_text(cls, value: Any, info: ValidationInfo) -> str:
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"{info.field_name} is required (a string)")
+        return value
+
+    @field_validator("overwrite", mode="before")
+    @classmethod
+    def _overwrite(cls, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ValueError("overwrite must be a boolean")
+        return value
+
+
+class SessionCopyAnswer(BaseModel):
+    """A verified copy: ``{size_bytes, sha256}`` (§6)."""
+
+    size_bytes: int
+    sha256: str
+
+
+class DeviceCodeBody(WireModel):
+    """``POST /api/v1/machines/device/code``: ``{machine_id, hostname, platform, arch}`` (§1,
+    RFC 8628 §3.1; ``client_id``/``grant_type`` accepted and ignored). The values are
+    checked by ``machines.services.device`` with RFC 6749 §5.2 errors."""
+
+    machine_id: Annotated[Any, _TEXT] = None
+    hostname: Annotated[Any, _TEXT] = None
+    platform: Annotated[Any, _TEXT] = None
+    arch: Annotated[Any, _TEXT] = None
+
+
+class DeviceTokenBody(WireModel):
+    """``POST /api/v1/machines/device/token``: ``{device_code}`` (§1, RFC 8628 §3.4), checked
+    by ``machines.services.device``."""
+
+    device_code: Annotated[Any, _TEXT] = None

@@ -30,6 +30,7 @@ from remotes.schemas import non_local_refs
 
 __all__ = [
     "FunctionSpec",
+    "RemoteCallAnswer",
     "RemoteCallBody",
     "RemoteCallMessage",
     "RemoteCallResult",
@@ -156,8 +157,12 @@ class RemoteCallBody(BaseModel):
 
     remotename: StrictStr
     function: StrictStr
-    args: dict[str, Any] = Field(default_factory=dict)
-    timeout: float | None = None
+    args: dict[str, Any] = Field(default_factory=dict, description="the function's arguments, per its parameters")
+    timeout: float | None = Field(
+        default=None,
+        description=f"seconds to wait, above 0 and at most {MAX_CALL_TIMEOUT:g} (default: the server's)",
+        json_schema_extra={"exclusiveMinimum": 0, "maximum": MAX_CALL_TIMEOUT},
+    )
 
     @field_validator("args", mode="before")
     @classmethod
@@ -188,6 +193,12 @@ def remote_call_event(*, request_id: str, remotename: str, function: str, args: 
     return encode(
         {"action": "remote-call", "requestId": request_id, "remotename": remotename, "function": function, "args": args}
     )
+
+
+class RemoteCallAnswer(BaseModel):
+    """The answer of ``POST /api/v1/remotes/{remotename}/call``: ``{"result": <any JSON value>}``."""
+
+    result: Any = None
 
 
 class RemoteCallResult(BaseModel):
