@@ -1,8 +1,9 @@
-"""Turning a pydantic ``ValidationError`` into the one error sentence a wire shows.
+"""Validating a wire body with its pydantic model, and the one error sentence a wire shows.
 
 Every body model of Dispatch (``/ws`` actions, ``/ws/shim/`` ``HELLO``, the async REST
-routes, the peer API) is a pydantic model; its edge validates the body and answers the
-first error as text. Two styles exist on the wire today, both kept byte for byte:
+routes, the peer API) is a pydantic model, most of them ``WireModel``s; its edge
+validates the body and answers the first error as text. Two styles exist on the wire
+today, both kept byte for byte:
 
 - ``describe_validation_error``: ``missing field 'x'`` / ``invalid <path>: <reason>``
   (``/ws`` actions, ``HELLO``, ``parse_body``);
