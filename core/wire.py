@@ -8,6 +8,10 @@ recursion is refused as invalid rather than crashing the connection — and so i
 nested deeper than ``MAX_DEPTH`` (64) arrays/objects: deeper values parse, but later
 copies (the in-memory channel layer deep-copies every message) and ``json.dumps`` recurse
 further than the parser did and would fail far from the edge.
+
+``encode`` writes the frames the server sends on ``/ws`` and ``/ws/shim/`` (the shim
+package, which imports nothing from ``core``, writes its own with
+``machines.shim.protocol.encode``; a test holds the two byte for byte alike).
 """
 
 from __future__ import annotations
@@ -130,3 +134,16 @@ def encodable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def encode(message: Any) -> str:
+    """Serialise one outgoing frame: compact JSON, non-ASCII text kept as is.
+
+    A string may hold a lone surrogate (a client's ``"\\ud800"`` escape decodes to one),
+    which UTF-8 cannot carry: sending the frame would fail. Such a frame is written with
+    ``\\u`` escapes instead, which mean the same JSON.
+    """
+    text = json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+    if not text.isascii() and not encodable(text):
+        return json.dumps(message, separators=(",", ":"))
+    return text

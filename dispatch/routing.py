@@ -1,4 +1,5 @@
-"""Every websocket route of the project, gathered from the apps, then a catch-all that
+"""Every websocket route of the project: the ``/ws`` session (an edge over the remotes and
+agents apps, ``dispatch.ws``), the apps' own routes (``/ws/shim/``), then a catch-all that
 refuses any other path at the upgrade (HTTP 403, logged at INFO, no traceback)."""
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from typing import Any
 
 from django.urls import re_path
 
+from dispatch.ws.consumer import SessionConsumer
 from machines.routing import websocket_urlpatterns as machine_routes
-from remotes.routing import websocket_urlpatterns as remote_routes
 
 logger = logging.getLogger("dispatch.routing")
 
@@ -34,4 +35,8 @@ async def refuse_unknown_path(
 
 
 # Channels routes ASGI apps through Django's re_path, whose stubs expect a view.
-websocket_urlpatterns = [*remote_routes, *machine_routes, re_path(r"", refuse_unknown_path)]  # type: ignore[arg-type]
+websocket_urlpatterns = [
+    re_path(r"^ws/?$", SessionConsumer.as_asgi()),
+    *machine_routes,
+    re_path(r"", refuse_unknown_path),  # type: ignore[arg-type]
+]

@@ -1,10 +1,51 @@
-"""OpenAPI (drf-spectacular) description of Dispatch's authentication."""
+"""What drf-spectacular cannot see by itself, added to ``/api/schema/`` (OpenAPI 3.1):
+
+- the authentication schemes (``BearerTokenScheme``, cookie, peer);
+- the routes served by plain or async Django views (``ROUTES``: remote calls, machine
+  operations and device login, the event streams, pairing and the peer API), each
+  described from the pydantic models its view validates with
+  (``model_json_schema(mode="validation")``, ``$defs`` hoisted into
+  ``components/schemas``);
+- the error statuses of every operation, with the one error shape (spec/overview.md
+  "Error shapes").
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode
+
+from machines.protocol import (
+    DeviceCodeBody,
+    DeviceTokenBody,
+    SessionCopyAnswer,
+    SessionCopyBody,
+    SessionOpAnswer,
+    SessionOpBody,
+)
+from peers.protocol import (
+    ClaimAnswer,
+    ClaimBody,
+    EmptyBody,
+    LaunchBody,
+    LinkAnswer,
+    LinkBody,
+    MessageAnswer,
+    MessageBody,
+    OfferAnswer,
+    OfferBody,
+    PeerAgentAnswer,
+    PeerAnswer,
+    PeerListAnswer,
+    PeerUpdateBody,
+    ReposAnswer,
+    UnlinkAnswer,
+)
+from remotes.protocol import RemoteCallAnswer, RemoteCallBody
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):
@@ -21,255 +62,198 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
         }
 
 
-def _operation(summary: str, request: dict[str, Any] | None, response: dict[str, Any], tag: str) -> dict[str, Any]:
+# --- routes drf-spectacular cannot see -----------------------------------------------------
+
+Auth = Literal["user", "peer", "open"]
+
+SECURITY: dict[str, list[dict[str, list[str]]]] = {
+    "user": [{"bearerAuth": []}, {"cookieAuth": []}],
+    "peer": [{"peerAuth": []}],  # bearer token + RFC 9421 signature (peers.md §4)
+    "open": [],
+}
+# What a peer POST carries besides its body (peers.md §4).
+PEER_POST_HEADERS = ("Idempotency-Key", "Signature", "Signature-Input", "Content-Digest")
+DEFAULT_ERRORS = {
+    "4XX": {"description": "`{error: {code, message, details}}`"},
+    "5XX": {"description": "`{error: {code, message, details}}` (unreachable, busy, timeout)"},
+}
+
+
+@dataclass(frozen=True)
+class Route:
+    """One operation served by a plain or async Django view (it waits on a remote, a shim or
+    a peer, or speaks the peer protocol), described from the models that validate it.
+
+    ``body``: the request body's model (``None``: no body); the path's ``{fields}`` are
+    parameters (``integer`` when named in ``INTEGER_PARAMETERS``) and are left out of the
+    body's schema. ``answer``: the 200 answer's model. ``responses`` (descriptions only)
+    replaces the default 200 + 4XX + 5XX, for answers that are not one JSON object (an
+    event stream, RFC 8628's). ``body_required`` is false where a form body is accepted too.
+    """
+
+    method: str
+    path: str
+    tag: str
+    summary: str
+    body: type[BaseModel] | None = None
+    answer: type[BaseModel] | None = None
+    auth: Auth = "user"
+    query: tuple[dict[str, Any], ...] = ()
+    responses: dict[str, str] | None = None
+    body_required: bool = True
+
+    @property
+    def path_fields(self) -> tuple[str, ...]:
+        """The names of the path's parameters, in order."""
+        return tuple(part[1:-1] for part in self.path.split("/") if part.startswith("{"))
+
+
+INTEGER_PARAMETERS = frozenset({"peer_id"})
+_PANE = {
+    "name": "pane",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "string"},
+    "description": "a local CLI agent's id: also send its terminal pane as `pane` frames",
+}
+_EVENTS = (
+    "text/event-stream: snapshot, agent.upsert, agent.deleted, agent.event, run.updated, message.created, "
+    "message.updated (and pane) frames, each with an id"
+)
+
+# fmt: off
+ROUTES: tuple[Route, ...] = (
+    Route("post", "/api/v1/remotes/{remotename}/call", "remotes",
+          "Call a function of one of your connected remotes", RemoteCallBody, RemoteCallAnswer),
+    Route("post", "/api/v1/sessions/{session_id}/ops", "machines",
+          "Route an operation to a machine of the session", SessionOpBody, SessionOpAnswer),
+    Route("post", "/api/v1/sessions/{session_id}/copy", "machines",
+          "Copy a file between two machines, verified by SHA-256", SessionCopyBody, SessionCopyAnswer),
+    Route("get", "/api/v1/events", "agents",
+          "Server-sent events for the UI: a snapshot, then agent, run and message frames",
+          query=(_PANE,), responses={"200": _EVENTS}),
+    Route("post", "/api/v1/machines/device/code", "machines",
+          "Start a shim's device login (RFC 8628 §3.1); unauthenticated, rate-limited", DeviceCodeBody,
+          auth="open", body_required=False,
+          responses={"200": "device_code, user_code, verification_uri(_complete), expires_in, interval"}),
+    Route("post", "/api/v1/machines/device/token", "machines",
+          "Poll for the machine token (RFC 8628 §3.4); errors as RFC 6749 §5.2", DeviceTokenBody,
+          auth="open", body_required=False,
+          responses={"200": "access_token, token_type: Bearer",
+                     "400": "authorization_pending, slow_down, access_denied, expired_token, invalid_grant"}),
+    # Pairing and the staff routes (peers.md §2, §6).
+    Route("post", "/api/v1/peers/claim", "peers",
+          "Pairing: claim an offer with its code (open, 5 a minute per address; 401 for any bad code)",
+          ClaimBody, ClaimAnswer, auth="open"),
+    Route("post", "/api/v1/peers/offers", "peers",
+          "Make a pairing offer (staff): its code, valid 10 minutes, usable once", OfferBody, OfferAnswer),
+    Route("post", "/api/v1/peers/link", "peers",
+          "Link with another instance's pairing code (staff)", LinkBody, LinkAnswer),
+    Route("get", "/api/v1/peers", "peers", "Your linked instances", answer=PeerListAnswer),
+    Route("patch", "/api/v1/peers/{peer_id}", "peers",
+          "Rename a link or change what it may do here", PeerUpdateBody, PeerAnswer),
+    Route("delete", "/api/v1/peers/{peer_id}", "peers", "Unlink (revokes both directions)", answer=PeerAnswer),
+    # The peer API (peers.md §5): a linked instance's token and signature.
+    Route("post", "/api/v1/peers/launch", "peer API",
+          "Launch an agent here for the peer (allow_launch)", LaunchBody, PeerAgentAnswer, auth="peer"),
+    Route("post", "/api/v1/peers/messages", "peer API",
+          "Deliver a message to one of our agents (allow_message); a repeated key answers duplicate",
+          MessageBody, MessageAnswer, auth="peer"),
+    Route("get", "/api/v1/peers/events", "peer API",
+          "Server-sent events mirroring the link user's local agents", auth="peer",
+          responses={"200": "text/event-stream: snapshot, then agent.upsert frames"}),
+    Route("get", "/api/v1/peers/repos", "peer API",
+          "The repo roots advertised for launches", answer=ReposAnswer, auth="peer"),
+    Route("post", "/api/v1/peers/agents/{agent_id}/stop", "peer API",
+          "Stop an agent this peer launched (allow_launch)", EmptyBody, PeerAgentAnswer, auth="peer"),
+    Route("post", "/api/v1/peers/agents/{agent_id}/archive", "peer API",
+          "Archive an agent this peer launched (allow_launch)", EmptyBody, PeerAgentAnswer, auth="peer"),
+    Route("post", "/api/v1/peers/unlink", "peer API",
+          "The peer unlinked us: revoke the link here too", EmptyBody, UnlinkAnswer, auth="peer"),
+)
+# fmt: on
+
+REF = "#/components/schemas/{model}"
+
+
+class Components:
+    """The ``components/schemas`` the routes' models add: each model's
+    ``model_json_schema`` (``validation`` for bodies, ``serialization`` for answers), its
+    ``$defs`` hoisted beside it (refs already point there through ``ref_template``)."""
+
+    def __init__(self, existing: dict[str, Any]) -> None:
+        self.schemas = existing
+
+    def add(self, name: str, schema: dict[str, Any]) -> None:
+        known = self.schemas.setdefault(name, schema)
+        if known != schema:
+            raise ValueError(f"two different OpenAPI components named {name!r}")
+
+    def schema_of(
+        self, model: type[BaseModel], mode: JsonSchemaMode, *, without: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
+        """A schema for ``model``: a ``$ref`` to its component, or (``without`` fields) the
+        schema itself with those properties left out."""
+        schema = model.model_json_schema(mode=mode, ref_template=REF)
+        for name, definition in schema.pop("$defs", {}).items():
+            self.add(name, definition)
+        if without:
+            schema["properties"] = {k: v for k, v in schema["properties"].items() if k not in without}
+            schema["required"] = [name for name in schema.get("required", []) if name not in without]
+            return schema
+        self.add(model.__name__, schema)
+        return {"$ref": REF.format(model=model.__name__)}
+
+
+def _parameter_type(name: str) -> str:
+    return "integer" if name in INTEGER_PARAMETERS else "string"
+
+
+def route_operation(route: Route, components: Components) -> dict[str, Any]:
+    """The OpenAPI operation of ``route`` (its ``operationId`` is made from the path)."""
+    operation_id = route.path.strip("/").replace("/", "_").replace("{", "").replace("}", "") + f"_{route.method}"
+    parameters: list[dict[str, Any]] = [
+        {"name": name, "in": "path", "required": True, "schema": {"type": _parameter_type(name)}}
+        for name in route.path_fields
+    ]
+    parameters += route.query
     operation: dict[str, Any] = {
-        "summary": summary,
-        "tags": [tag],
-        "security": [{"bearerAuth": []}, {"cookieAuth": []}],
-        "responses": {
-            "200": {"description": "OK", "content": {"application/json": {"schema": response}}},
-            "4XX": {"description": "`{error: {code, message, details}}`"},
-            "5XX": {"description": "`{error: {code, message, details}}` (unreachable, busy, timeout)"},
-        },
+        "summary": route.summary,
+        "tags": [route.tag],
+        "security": SECURITY[route.auth],
+        "operationId": operation_id,
     }
-    if request is not None:
-        operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": request}}}
+    if route.responses is not None:
+        operation["responses"] = {status: {"description": text} for status, text in route.responses.items()}
+    else:
+        answer = {} if route.answer is None else components.schema_of(route.answer, "serialization")
+        operation["responses"] = {
+            "200": {"description": "OK", "content": {"application/json": {"schema": answer}}},
+            **DEFAULT_ERRORS,
+        }
+    if route.body is not None:
+        fields = tuple(name for name in route.path_fields if name in route.body.model_fields)
+        schema = components.schema_of(route.body, "validation", without=fields)
+        operation["requestBody"] = {"content": {"application/json": {"schema": schema}}}
+        if route.body_required:
+            operation["requestBody"] = {"required": True, **operation["requestBody"]}
+        if route.auth == "peer":
+            parameters += [
+                {"name": name, "in": "header", "required": True, "schema": {"type": "string"}}
+                for name in PEER_POST_HEADERS
+            ]
+    operation["parameters"] = parameters
     return operation
-
-
-def _obj(**properties: Any) -> dict[str, Any]:
-    return {"type": "object", "properties": properties}
-
-
-_STRING = {"type": "string"}
-_SESSION_PARAM = {"name": "session_id", "in": "path", "required": True, "schema": _STRING}
-
-# Routes served by async Django views (they wait on a remote or a shim), which
-# drf-spectacular cannot see: described here so /api/schema/ is complete.
-ASYNC_ROUTES: dict[str, dict[str, Any]] = {
-    "/api/v1/remotes/{remotename}/call": {
-        "parameters": [{"name": "remotename", "in": "path", "required": True, "schema": _STRING}],
-        "post": _operation(
-            "Call a function of one of your connected remotes",
-            _obj(function=_STRING, args={"type": "object"}, timeout={"type": "number", "maximum": 300}),
-            _obj(result={}),
-            "remotes",
-        ),
-    },
-    "/api/v1/sessions/{session_id}/ops": {
-        "parameters": [_SESSION_PARAM],
-        "post": _operation(
-            "Route an operation to a machine of the session",
-            _obj(op=_STRING, payload={"type": "object"}, target_machine={"type": "string", "nullable": True}),
-            _obj(machine_id=_STRING, type=_STRING, payload={"type": "object"}),
-            "machines",
-        ),
-    },
-    "/api/v1/sessions/{session_id}/copy": {
-        "parameters": [_SESSION_PARAM],
-        "post": _operation(
-            "Copy a file between two machines, verified by SHA-256",
-            _obj(
-                source_machine=_STRING,
-                source_path=_STRING,
-                destination_machine=_STRING,
-                destination_path=_STRING,
-                overwrite={"type": "boolean"},
-            ),
-            _obj(size_bytes={"type": "integer"}, sha256=_STRING),
-            "machines",
-        ),
-    },
-    "/api/v1/events": {
-        "get": {
-            "summary": "Server-sent events for the UI: a snapshot, then agent, run and message frames",
-            "tags": ["agents"],
-            "security": [{"bearerAuth": []}, {"cookieAuth": []}],
-            "parameters": [
-                {
-                    "name": "pane",
-                    "in": "query",
-                    "required": False,
-                    "schema": _STRING,
-                    "description": "a local CLI agent's id: also send its terminal pane as `pane` frames",
-                }
-            ],
-            "responses": {
-                "200": {
-                    "description": "text/event-stream: snapshot, agent.upsert, agent.deleted, agent.event, "
-                    "run.updated, message.created, message.updated (and pane) frames, each with an id"
-                }
-            },
-        }
-    },
-    "/api/v1/machines/device/code": {
-        "post": {
-            "summary": "Start a shim's device login (RFC 8628 §3.1); unauthenticated, rate-limited",
-            "tags": ["machines"],
-            "security": [],
-            "requestBody": {
-                "content": {
-                    "application/json": {
-                        "schema": _obj(machine_id=_STRING, hostname=_STRING, platform=_STRING, arch=_STRING)
-                    }
-                }
-            },
-            "responses": {
-                "200": {"description": "device_code, user_code, verification_uri(_complete), expires_in, interval"}
-            },
-        }
-    },
-    "/api/v1/machines/device/token": {
-        "post": {
-            "summary": "Poll for the machine token (RFC 8628 §3.4); errors as RFC 6749 §5.2",
-            "tags": ["machines"],
-            "security": [],
-            "requestBody": {"content": {"application/json": {"schema": _obj(device_code=_STRING)}}},
-            "responses": {
-                "200": {"description": "access_token, token_type: Bearer"},
-                "400": {"description": "authorization_pending, slow_down, access_denied, expired_token, invalid_grant"},
-            },
-        }
-    },
-}
-
-
-def _peer_operation(summary: str, request: dict[str, Any] | None, response: dict[str, Any]) -> dict[str, Any]:
-    """A peer route: bearer token + RFC 9421 signature, Idempotency-Key on POSTs (peers.md §4)."""
-    operation = _operation(summary, request, response, "peer API")
-    operation["security"] = [{"peerAuth": []}]
-    if request is not None:
-        operation["parameters"] = [
-            {"name": "Idempotency-Key", "in": "header", "required": True, "schema": _STRING},
-            {"name": "Signature", "in": "header", "required": True, "schema": _STRING},
-            {"name": "Signature-Input", "in": "header", "required": True, "schema": _STRING},
-            {"name": "Content-Digest", "in": "header", "required": True, "schema": _STRING},
-        ]
-    return operation
-
-
-_ADDRESS = _obj(instance_id=_STRING, agent_id={"type": "string", "nullable": True}, name=_STRING)
-_PEER_AGENT = _obj(agent_id=_STRING, name=_STRING, status=_STRING)
-_FLAGS = {
-    "allow_launch": {"type": "boolean"},
-    "allow_message": {"type": "boolean"},
-    "allow_full_access": {"type": "boolean"},
-    "allow_events": {"type": "boolean"},
-}
-_AGENT_ID_PARAM = {"name": "agent_id", "in": "path", "required": True, "schema": _STRING}
-
-# The peer API (spec/peers.md §5) and the pairing/management routes (§2, §6), served by
-# plain Django views.
-PEER_ROUTES: dict[str, dict[str, Any]] = {
-    "/api/v1/peers/claim": {
-        "post": {
-            **_operation(
-                "Pairing: claim an offer with its code (open, 5 a minute per address; 401 for any bad code)",
-                _obj(
-                    code=_STRING,
-                    protocol_version={"type": "integer"},
-                    instance_id=_STRING,
-                    name=_STRING,
-                    url=_STRING,
-                    public_key=_STRING,
-                    token_for_you=_STRING,
-                ),
-                _obj(
-                    protocol_version={"type": "integer"},
-                    instance_id=_STRING,
-                    name=_STRING,
-                    url=_STRING,
-                    public_key=_STRING,
-                    token_for_you=_STRING,
-                ),
-                "peers",
-            ),
-            "security": [],
-        }
-    },
-    "/api/v1/peers/offers": {
-        "post": _operation(
-            "Make a pairing offer (staff): its code, valid 10 minutes, usable once",
-            _obj(as_user=_STRING, **_FLAGS),
-            _obj(code=_STRING, expires_at=_STRING, address=_STRING, fingerprint=_STRING),
-            "peers",
-        )
-    },
-    "/api/v1/peers/link": {
-        "post": _operation(
-            "Link with another instance's pairing code (staff)",
-            _obj(url=_STRING, code=_STRING, label=_STRING, as_user=_STRING, **_FLAGS),
-            _obj(peer={"type": "object"}, our_fingerprint=_STRING, their_fingerprint=_STRING),
-            "peers",
-        )
-    },
-    "/api/v1/peers": {"get": _operation("Your linked instances", None, _obj(peers={"type": "array"}), "peers")},
-    "/api/v1/peers/{peer_id}": {
-        "parameters": [{"name": "peer_id", "in": "path", "required": True, "schema": {"type": "integer"}}],
-        "patch": _operation("Rename a link or change what it may do here", _obj(label=_STRING, **_FLAGS), {}, "peers"),
-        "delete": _operation("Unlink (revokes both directions)", None, {}, "peers"),
-    },
-    "/api/v1/peers/launch": {
-        "post": _peer_operation(
-            "Launch an agent here for the peer (allow_launch)",
-            _obj(
-                name=_STRING,
-                prompt=_STRING,
-                type=_STRING,
-                cwd=_STRING,
-                full_access={"type": "boolean"},
-                child={"type": "boolean"},
-                launched_by=_ADDRESS,
-            ),
-            _PEER_AGENT,
-        )
-    },
-    "/api/v1/peers/messages": {
-        "post": _peer_operation(
-            "Deliver a message to one of our agents (allow_message); a repeated key answers duplicate",
-            _obj(to_agent_id=_STRING, content=_STRING, **{"from": _ADDRESS}),
-            _obj(delivered={"type": "boolean"}, message_id={"type": "integer"}, duplicate={"type": "boolean"}),
-        )
-    },
-    "/api/v1/peers/events": {
-        "get": {
-            **_peer_operation("Server-sent events mirroring the link user's local agents", None, {}),
-            "responses": {"200": {"description": "text/event-stream: snapshot, then agent.upsert frames"}},
-        }
-    },
-    "/api/v1/peers/repos": {
-        "get": _peer_operation("The repo roots advertised for launches", None, _obj(roots={"type": "array"}))
-    },
-    "/api/v1/peers/agents/{agent_id}/stop": {
-        "parameters": [_AGENT_ID_PARAM],
-        "post": _peer_operation("Stop an agent this peer launched (allow_launch)", {}, _PEER_AGENT),
-    },
-    "/api/v1/peers/agents/{agent_id}/archive": {
-        "parameters": [_AGENT_ID_PARAM],
-        "post": _peer_operation("Archive an agent this peer launched (allow_launch)", {}, _PEER_AGENT),
-    },
-    "/api/v1/peers/unlink": {
-        "post": _peer_operation(
-            "The peer unlinked us: revoke the link here too", {}, _obj(unlinked={"type": "boolean"})
-        )
-    },
-}
 
 
 def add_async_routes(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
-    """drf-spectacular postprocessing hook: add ``ASYNC_ROUTES``, ``PEER_ROUTES`` and the
-    cookie and peer security schemes."""
+    """drf-spectacular postprocessing hook: add ``ROUTES`` (their bodies and answers from
+    their pydantic models, ``components/schemas``) and the cookie and peer security schemes."""
     paths = result.setdefault("paths", {})
-    for path, route in {**ASYNC_ROUTES, **PEER_ROUTES}.items():
-        parameters = route.get("parameters", [])
-        paths[path] = {}
-        for method, operation in route.items():
-            if method == "parameters":
-                continue
-            operation_id = path.strip("/").replace("/", "_").replace("{", "").replace("}", "") + f"_{method}"
-            merged = [*parameters, *operation.get("parameters", [])]
-            paths[path][method] = {**operation, "operationId": operation_id, "parameters": merged}
-    schemes = result.setdefault("components", {}).setdefault("securitySchemes", {})
+    components = Components(result.setdefault("components", {}).setdefault("schemas", {}))
+    for route in ROUTES:
+        paths.setdefault(route.path, {})[route.method] = route_operation(route, components)
+    schemes = result["components"].setdefault("securitySchemes", {})
     schemes.setdefault("cookieAuth", {"type": "apiKey", "in": "cookie", "name": "sessionid"})
     schemes.setdefault(
         "peerAuth",

@@ -291,6 +291,9 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "Dispatch API",
     "DESCRIPTION": "Control plane for AI agents across several computers.",
     "VERSION": "1",
+    # OpenAPI 3.1 is JSON Schema 2020-12: the body models' schemas (pydantic's anyOf/null)
+    # are valid in it as they are (dispatch/schema.py).
+    "OAS_VERSION": "3.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     # Like every other page and route: a login or a token (the README's promise).
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],

@@ -1,7 +1,9 @@
 """REST routes of the machines app (machines.md §1, §6; issue "Machines" item 7).
 
 The device-login endpoints are unauthenticated (rate-limited) and answer RFC 8628 /
-RFC 6749 §5.2 errors. The operation routes wait on a shim, so they are async views.
+RFC 6749 §5.2 errors. The operation routes wait on a shim, so they are async views. The
+bodies of these plain views are the models of ``machines.protocol``, which validate them
+and describe them in the OpenAPI schema (``dispatch/schema.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from core.authentication import authenticated_user
 from core.errors import InvalidRequest
 from core.http import json_api, json_object
 from core.services import rate_limiter
+from core.validation import parse_plain
 from machines import selectors
+from machines.protocol import DeviceCodeBody, DeviceTokenBody, SessionCopyBody, SessionOpBody
 from machines.services import connections, device, router
 from machines.services.copy import copy_between_machines
 from machines.services.operations import list_machines, machine_op
@@ -67,12 +71,9 @@ def device_code(request: HttpRequest) -> JsonResponse:
     if _device_throttled(request, "code"):
         return _oauth_error("slow_down", "too many requests; try again in a minute", status=429)
     try:
-        body = _device_body(request)
+        body = DeviceCodeBody.model_validate(_device_body(request))
         grant = device.device_authorization_start(
-            machine_id=body.get("machine_id"),
-            hostname=body.get("hostname"),
-            platform=body.get("platform"),
-            arch=body.get("arch"),
+            machine_id=body.machine_id, hostname=body.hostname, platform=body.platform, arch=body.arch
         )
     except device.DeviceFlowError as exc:
         return _oauth_error(exc.error, exc.message)
@@ -91,7 +92,7 @@ def device_token(request: HttpRequest) -> JsonResponse:
     if _device_throttled(request, "token"):
         return _oauth_error("slow_down", "too many requests; try again in a minute", status=429)
     try:
-        issued = device.device_token_poll(device_code=_device_body(request).get("device_code"))
+        issued = device.device_token_poll(device_code=DeviceTokenBody.model_validate(_device_body(request)).device_code)
     except device.DeviceFlowError as exc:
         return _oauth_error(exc.error, exc.message)
     response = JsonResponse({"access_token": issued.raw, "token_type": "Bearer", "machine_id": issued.token.machine_id})
@@ -178,16 +179,13 @@ async def session_op(request: HttpRequest, user: User, session_id: str) -> dict[
     spec's code (``MACHINE_NOT_ATTACHED`` 404, ``PATH_OUTSIDE_ALLOWED_ROOT`` 400, …).
     """
     agent_scope_session(calling_agent(request), session_id)
-    body = json_object(request)
-    payload = body.get("payload", {})
-    if not isinstance(body.get("op"), str):
-        raise InvalidRequest("op is required (e.g. FILE_READ, EXECUTE_COMMAND)")
+    body = parse_plain(SessionOpBody, json_object(request))
     return await machine_op(
         user=user,
         session_id=session_id,
-        op=body["op"],
-        payload=payload,
-        target_machine=body.get("target_machine"),
+        op=body.op,
+        payload=body.payload,
+        target_machine=body.target_machine,
         caller="api",
     )
 
@@ -197,20 +195,14 @@ async def session_op(request: HttpRequest, user: User, session_id: str) -> dict[
 async def session_copy(request: HttpRequest, user: User, session_id: str) -> dict[str, Any]:
     """``POST /api/v1/sessions/{session_id}/copy`` → ``{"size_bytes", "sha256"}`` (§6 cross-machine copy)."""
     agent_scope_session(calling_agent(request), session_id)
-    body = json_object(request)
-    for field in ("source_machine", "source_path", "destination_machine", "destination_path"):
-        if not isinstance(body.get(field), str) or not body[field]:
-            raise InvalidRequest(f"{field} is required (a string)")
-    overwrite = body.get("overwrite", False)
-    if not isinstance(overwrite, bool):
-        raise InvalidRequest("overwrite must be a boolean")
+    body = parse_plain(SessionCopyBody, json_object(request))
     return await copy_between_machines(
         user=user,
         session_id=session_id,
-        source_machine=body["source_machine"],
-        source_path=body["source_path"],
-        destination_machine=body["destination_machine"],
-        destination_path=body["destination_path"],
-        overwrite=overwrite,
+        source_machine=body.source_machine,
+        source_path=body.source_path,
+        destination_machine=body.destination_machine,
+        destination_path=body.destination_path,
+        overwrite=body.overwrite,
         caller="api",
     )

@@ -20,11 +20,18 @@ from pydantic import ValidationError
 
 from core import wire
 from core.consumers import DispatchConsumer
-from machines import protocol
-from machines.protocol import OPERATIONS, envelope, negotiate
+from core.validation import describe_validation_error
+from core.wire import encode
+from machines.protocol import (
+    OPERATIONS,
+    Hello,
+    MachineOpMessage,
+    MachineTakeoverMessage,
+    negotiate,
+)
 from machines.services import connections
 from machines.services.connections import REPLY_MESSAGE, ShimIdentity
-from remotes.protocol import describe_validation_error
+from machines.shim.protocol import MAX_FRAME_BYTES, PROTOCOL_VERSION, CloseCode, MessageType, envelope, error_payload
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +64,7 @@ class ShimConsumer(DispatchConsumer):
         identity = await database_sync_to_async(connections.shim_authenticate)(token) if token else None
         if identity is None:
             await self._error("AUTH_FAILED", "invalid, expired or revoked token", fatal=True)
-            await self._close(protocol.CLOSE_UNAUTHENTICATED)
+            await self._close(CloseCode.AUTH_FAILED)
             return
         self.identity = identity
         self.tasks.append(asyncio.ensure_future(self._hello_deadline()))
@@ -80,8 +87,8 @@ class ShimConsumer(DispatchConsumer):
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         size = len(bytes_data) if bytes_data is not None else len(text_data or "")
-        if size > protocol.MAX_FRAME_BYTES or (text_data and len(text_data.encode()) > protocol.MAX_FRAME_BYTES):
-            await self._close(protocol.CLOSE_TOO_BIG)
+        if size > MAX_FRAME_BYTES or (text_data and len(text_data.encode()) > MAX_FRAME_BYTES):
+            await self._close(CloseCode.MESSAGE_TOO_BIG)
             return
         try:
             frame = wire.loads(text_data) if text_data is not None else None
@@ -109,11 +116,11 @@ class ShimConsumer(DispatchConsumer):
     # --- handshake ------------------------------------------------------------------
 
     async def _hello(self, frame: dict[str, Any]) -> None:
-        if frame["type"] != "HELLO" or not isinstance(frame.get("payload"), dict):
+        if frame["type"] != MessageType.HELLO or not isinstance(frame.get("payload"), dict):
             await self._bad_hello("the first frame must be HELLO")
             return
         try:
-            hello = protocol.Hello.model_validate(frame["payload"])
+            hello = Hello.model_validate(frame["payload"])
         except ValidationError as exc:
             await self._bad_hello(f"malformed HELLO: {describe_validation_error(exc)}")
             return
@@ -121,16 +128,16 @@ class ShimConsumer(DispatchConsumer):
         if negotiated is None:
             await self._error(
                 "PROTOCOL_VERSION_MISMATCH",
-                f"shim speaks {hello.protocol_version}, platform speaks {protocol.PROTOCOL_VERSION}",
+                f"shim speaks {hello.protocol_version}, platform speaks {PROTOCOL_VERSION}",
                 fatal=True,
-                details={"shim_max": hello.protocol_version, "platform_max": protocol.PROTOCOL_VERSION},
+                details={"shim_max": hello.protocol_version, "platform_max": PROTOCOL_VERSION},
             )
-            await self._close(protocol.CLOSE_VERSION_MISMATCH)
+            await self._close(CloseCode.PROTOCOL_VERSION_MISMATCH)
             return
         assert self.identity is not None
         if self.identity.machine_id is not None and self.identity.machine_id != hello.machine_id:
             await self._error("AUTH_FAILED", "this token belongs to another machine_id", fatal=True)
-            await self._close(protocol.CLOSE_UNAUTHENTICATED)
+            await self._close(CloseCode.AUTH_FAILED)
             return
         attached = await database_sync_to_async(connections.shim_connected)(
             identity=self.identity, hello=hello, channel_name=self.channel_name, protocol_version=negotiated
@@ -142,14 +149,14 @@ class ShimConsumer(DispatchConsumer):
         self.tasks = [asyncio.ensure_future(self._ping_loop())]
         await self._send(
             envelope(
-                "HELLO_ACK",
+                MessageType.HELLO_ACK,
                 {
                     "protocol_version": negotiated,
                     "connection_id": attached.connection_id,
                     "granted_capabilities": attached.granted_capabilities,
                     "limits": attached.limits,
                 },
-                message_id=str(frame.get("id") or ""),
+                frame_id=_answer_id(frame.get("id")),
             )
         )
         await connections.announce_attachment(attached)
@@ -158,38 +165,38 @@ class ShimConsumer(DispatchConsumer):
         await asyncio.sleep(settings.SHIM_HELLO_TIMEOUT)
         if self.connection_id is None and not self.closing:
             await self._error("HELLO_TIMEOUT", "no HELLO within the deadline", fatal=True)
-            await self._close(protocol.CLOSE_HELLO_TIMEOUT)
+            await self._close(CloseCode.HELLO_TIMEOUT)
 
     async def _bad_hello(self, message: str) -> None:
         await self._error("INVALID_HELLO", message, fatal=True)
-        await self._close(protocol.CLOSE_BAD_HELLO)
+        await self._close(CloseCode.MALFORMED_HELLO)
 
     # --- frames after the handshake --------------------------------------------------
 
     async def _from_shim(self, frame: dict[str, Any]) -> None:
         message_type, message_id = frame["type"], frame.get("id")
-        if message_type == "PING":
-            await self._send(envelope("PONG", {}, message_id=str(message_id or "")))
+        if message_type == MessageType.PING:
+            await self._send(envelope(MessageType.PONG, {}, frame_id=_answer_id(message_id)))
             return
-        if message_type == "PONG" and message_id == self.awaiting_pong:
+        if message_type == MessageType.PONG and message_id == self.awaiting_pong:
             self.awaiting_pong = None
             return
         pending = self.pending.get(message_id) if isinstance(message_id, str) else None
         if pending is None or not isinstance(message_id, str):
             logger.debug("shim %s sent %s for unknown id %r", self.machine_id, message_type, message_id)
-            if message_type != "ERROR":
+            if message_type != MessageType.ERROR:
                 await self._error("INVALID_REQUEST", f"no pending request with id {str(message_id)[:64]!r}")
             return
         expected = OPERATIONS[pending.op][1]
         payload = frame.get("payload")
-        if message_type not in (expected, "ERROR") or not isinstance(payload, dict):
+        if message_type not in (expected, MessageType.ERROR) or not isinstance(payload, dict):
             # Rejected without touching the operation: the shim may still answer it.
             refused = f"expected {expected} or ERROR for {pending.op}, got {message_type[:64]!r}"
             await self._error("INVALID_REQUEST", refused)
             return
         del self.pending[message_id]
         await self._answer(pending.reply_channel, {"response_type": message_type, "payload": payload})
-        if pending.op == "MACHINE_LIST_REQUEST" and message_type == expected:
+        if pending.op == MessageType.MACHINE_LIST_REQUEST and message_type == expected:
             await database_sync_to_async(connections.machine_snapshot_store)(
                 connection_id=self.connection_id, snapshot=payload
             )
@@ -197,42 +204,46 @@ class ShimConsumer(DispatchConsumer):
     # --- channel-layer messages ---------------------------------------------------------
 
     async def machine_op(self, event: dict[str, Any]) -> None:
-        """``machine.op``: send a routed operation to the shim (§5)."""
+        """``machine.op`` (``MachineOpMessage``): send a routed operation to the shim (§5)."""
+        operation = MachineOpMessage.model_validate(event)
         if self.closing or self.connection_id is None:
-            await self._answer(event["reply_channel"], _error_reply("MACHINE_UNREACHABLE", "the machine disconnected"))
+            await self._answer(operation.reply_channel, _error_reply("MACHINE_UNREACHABLE", "the machine disconnected"))
             return
         frame = envelope(
-            event["op"],
-            event["payload"],
-            message_id=event["request_id"],
-            session_id=event["session_id"],
+            operation.op,
+            operation.payload,
+            frame_id=operation.request_id,
+            session_id=operation.session_id,
             target_machine=self.machine_id,
         )
-        text = protocol.encode(frame)
-        if len(text.encode()) > protocol.MAX_FRAME_BYTES:
-            await self._answer(event["reply_channel"], _error_reply("FILE_TOO_LARGE", "the request is over 16 MiB"))
+        text = encode(frame)
+        if len(text.encode()) > MAX_FRAME_BYTES:
+            await self._answer(operation.reply_channel, _error_reply("FILE_TOO_LARGE", "the request is over 16 MiB"))
             return
         now = time.monotonic()
         self.pending = {rid: p for rid, p in self.pending.items() if p.expires_at > now}
-        self.pending[event["request_id"]] = PendingOperation(
-            op=event["op"], reply_channel=event["reply_channel"], expires_at=now + float(event["timeout"]) + 5
+        self.pending[operation.request_id] = PendingOperation(
+            op=operation.op, reply_channel=operation.reply_channel, expires_at=now + operation.timeout + 5
         )
         await self.send(text_data=text)
 
     async def machine_revoked(self, event: dict[str, Any]) -> None:
-        """``machine.revoked``: the machine token was revoked: close 4401 (§1)."""
+        """``machine.revoked`` (``MachineRevokedMessage``): the machine token was revoked:
+        close 4401 (§1)."""
         await self._error("AUTH_FAILED", "the machine token was revoked", fatal=True)
-        await self._close(protocol.CLOSE_UNAUTHENTICATED)
+        await self._close(CloseCode.AUTH_FAILED)
 
     async def machine_takeover(self, event: dict[str, Any]) -> None:
-        """``machine.takeover``: the same machine reconnected elsewhere: 4427 (§4)."""
-        if event.get("connection_id") != self.connection_id:
+        """``machine.takeover`` (``MachineTakeoverMessage``): the same machine reconnected
+        elsewhere: 4427 (§4)."""
+        takeover = MachineTakeoverMessage.model_validate(event)
+        if takeover.connection_id != self.connection_id:
             return
         self.connection_id = None  # the new connection owns the machine's rows now
-        await self._send(envelope("SESSION_REVOKED", {"reason": "reconnected"}))
+        await self._send(envelope(MessageType.SESSION_REVOKED, {"reason": "reconnected"}))
         for request_id in list(self.pending):
             await self._fail(request_id, "MACHINE_UNREACHABLE", "the machine reconnected on another socket")
-        await self._close(protocol.CLOSE_SESSION_REVOKED)
+        await self._close(CloseCode.SESSION_REVOKED)
 
     async def server_shutdown(self, event: dict[str, Any]) -> None:
         """``server.shutdown``: this process is stopping; the shim reconnects elsewhere."""
@@ -250,7 +261,7 @@ class ShimConsumer(DispatchConsumer):
         while True:
             await asyncio.sleep(max(0.0, next_ping - loop.time()))
             next_ping += settings.SHIM_PING_INTERVAL
-            frame = envelope("PING", {})
+            frame = envelope(MessageType.PING, {})
             self.awaiting_pong = frame["id"]
             await self._send(frame)
             await asyncio.sleep(min(settings.SHIM_PONG_TIMEOUT, settings.SHIM_PING_INTERVAL))
@@ -280,20 +291,24 @@ class ShimConsumer(DispatchConsumer):
     async def _error(
         self, code: str, message: str, *, fatal: bool = False, details: dict[str, Any] | None = None
     ) -> None:
-        payload: dict[str, Any] = {"code": code, "message": message, "fatal": fatal}
-        if details:
-            payload["details"] = details
-        await self._send(envelope("ERROR", payload))
+        payload = error_payload(code, message, fatal=fatal, details=details or None)
+        await self._send(envelope(MessageType.ERROR, payload))
 
     async def _send(self, frame: dict[str, Any]) -> None:
         if not self.closing:
-            await self.send(text_data=protocol.encode(frame))
+            await self.send(text_data=encode(frame))
 
     async def _close(self, code: int) -> None:
         if not self.closing:
             self.closing = True
-            await self.close(code=code)
+            await self.close(code=int(code))  # a plain int: the server refuses an IntEnum
+
+
+def _answer_id(request_id: Any) -> str | None:
+    """The ``id`` of the platform's answer to a shim frame with ``request_id`` (``HELLO_ACK``,
+    ``PONG``): that id as text, or a fresh one when it had none."""
+    return str(request_id or "") or None
 
 
 def _error_reply(code: str, message: str) -> dict[str, Any]:
-    return {"response_type": "ERROR", "payload": {"code": code, "message": message, "fatal": False}}
+    return {"response_type": str(MessageType.ERROR), "payload": error_payload(code, message)}

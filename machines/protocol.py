@@ -1,73 +1,95 @@
-"""The shim wire protocol, platform side (machines.md §2, §3, §5).
+"""The shim wire protocol, platform side (spec/machines.md §2–§5).
 
-Typed models for what the platform receives (``HELLO``) and helpers for the envelope it
-sends. The shim's own copy lives in ``machines/shim/`` (it imports nothing from here).
+The protocol itself — envelope, message types, operations, capabilities, error payload,
+close codes, version rule, id patterns, limits, ``encode`` — is defined once, in
+``machines.shim.protocol`` (standard library only: the shim installs without the
+server), and imported from there. This module adds only what the server needs on top:
+
+- ``Hello``: the model the platform validates a shim's ``HELLO`` payload with (§3; the
+  shim builds that payload in ``machines.shim.connection.Shim.hello_frame``, and a test
+  holds the two to the same fields);
+- ``negotiate``: the platform's choice of version (§3);
+- the server's views of the shared tables: ``DEFAULT_LIMITS`` (the ``HELLO_ACK.limits``
+  it grants), ``OPERATIONS`` keyed the way the router reads it, ``CALLER_OPERATIONS``,
+  ``CAPABILITIES``;
+- the channel-layer messages the shim consumer receives from ``machines.services``
+  (``MachineOpMessage``, ``MachineRevokedMessage``, ``MachineTakeoverMessage``);
+- the bodies of the machines app's async REST routes (§1, §6), which validate them and
+  which ``dispatch/schema.py`` documents: ``SessionOpBody``, ``SessionCopyBody``,
+  ``DeviceCodeBody``, ``DeviceTokenBody``, and their answers.
 """
 
 from __future__ import annotations
 
 import json
-import time
-import uuid
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictStr,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from core import wire
+from core.validation import WireModel
+from machines.shim.protocol import (
+    MACHINE_ID_PATTERN,
+    PROTOCOL_VERSION,
+    SESSION_ID_PATTERN,
+    Capability,
+    Limits,
+    MessageType,
+    parse_version,
+)
+from machines.shim.protocol import OPERATIONS as SHIM_OPERATIONS
 
-PROTOCOL_VERSION = "2.0"
-MAX_FRAME_BYTES = 16 * 1024 * 1024  # frames over this close with 1009 (§2)
+__all__ = [
+    "CALLER_OPERATIONS",
+    "CAPABILITIES",
+    "DEFAULT_LIMITS",
+    "OPERATIONS",
+    "SESSION_ID_PATTERN",  # the shim protocol's, for machines.services
+    "DeviceCodeBody",
+    "DeviceTokenBody",
+    "Hello",
+    "MachineOpMessage",
+    "MachineRevokedMessage",
+    "MachineTakeoverMessage",
+    "SessionCopyAnswer",
+    "SessionCopyBody",
+    "SessionOpAnswer",
+    "SessionOpBody",
+    "negotiate",
+]
 
-CLOSE_BAD_HELLO = 4400
-CLOSE_UNAUTHENTICATED = 4401
-CLOSE_HELLO_TIMEOUT = 4408
-CLOSE_VERSION_MISMATCH = 4426
-CLOSE_SESSION_REVOKED = 4427
-CLOSE_TOO_BIG = 1009
+# The limits the platform grants in HELLO_ACK (§3): bytes, seconds, seconds, operations.
+DEFAULT_LIMITS: dict[str, Any] = Limits().as_payload()
 
-SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,255}$"
-
-# Limits the platform grants in HELLO_ACK (§3): bytes, seconds, operations.
-DEFAULT_LIMITS: dict[str, int] = {
-    "max_file_size_bytes": 10 * 1024 * 1024,
-    "command_timeout_seconds": 30,
-    "max_command_timeout_seconds": 600,
-    "max_concurrent": 4,
-}
-
-# Operation → (capability it needs, the response type a success carries) (§5).
+# Operation → (capability it needs, the response type a success carries) (§5): the shim
+# protocol's table, keyed the way the router and the consumer read it.
 OPERATIONS: dict[str, tuple[str | None, str]] = {
-    "MACHINE_LIST_REQUEST": (None, "MACHINE_LIST_RESPONSE"),
-    "FILE_READ": ("files", "FILE_CONTENTS"),
-    "FILE_WRITE": ("files", "ACK"),
-    "FILE_STAT": ("files", "FILE_STAT_RESPONSE"),
-    "FILE_LIST": ("files", "FILE_LIST_RESPONSE"),
-    "FILE_DELETE": ("files", "ACK"),
-    "FILE_MOVE": ("files", "ACK"),
-    "EXECUTE_COMMAND": ("shell", "COMMAND_RESULT"),
-    "PING": (None, "PONG"),
+    str(op): (None if capability is None else str(capability), str(response))
+    for op, (response, capability) in SHIM_OPERATIONS.items()
 }
 # Operations a caller may request through machine_op (the rest are the platform's own).
-CALLER_OPERATIONS = frozenset(op for op in OPERATIONS if op not in ("MACHINE_LIST_REQUEST", "PING"))
-CAPABILITIES = frozenset({"shell", "files"})
-
-
-def parse_version(text: str) -> tuple[int, int]:
-    """``"2.0"`` → ``(2, 0)``; ``ValueError`` for anything else."""
-    major, _, minor = text.partition(".")
-    if not major.isdigit() or not minor.isdigit():
-        raise ValueError(f"protocol_version must look like '2.0', got {text!r}")
-    return int(major), int(minor)
+CALLER_OPERATIONS = frozenset(op for op in OPERATIONS if op not in (MessageType.MACHINE_LIST_REQUEST, MessageType.PING))
+CAPABILITIES = frozenset(str(capability) for capability in Capability)
 
 
 class Hello(BaseModel):
-    """The shim's ``HELLO`` payload (§3)."""
+    """The shim's ``HELLO`` payload (§3), as the platform accepts it."""
 
     model_config = ConfigDict(extra="ignore")
 
     shim_version: StrictStr = Field(max_length=64)
     protocol_version: StrictStr = Field(max_length=16)
-    machine_id: StrictStr = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
+    machine_id: StrictStr = Field(pattern=MACHINE_ID_PATTERN)
     hostname: StrictStr = Field(min_length=1, max_length=255)
     display_name: StrictStr | None = Field(default=None, max_length=255)
     platform: Literal["linux", "darwin"]
@@ -102,8 +124,6 @@ class Hello(BaseModel):
     @field_validator("sessions")
     @classmethod
     def _sessions(cls, value: list[str]) -> list[str]:
-        import re
-
         for session_id in value:
             if session_id != "*" and not re.fullmatch(SESSION_ID_PATTERN, session_id):
                 raise ValueError(f"invalid session id {session_id[:100]!r}")
@@ -111,7 +131,7 @@ class Hello(BaseModel):
 
 
 def negotiate(shim_version: str) -> str | None:
-    """The negotiated version (same major, lower minor), or ``None`` on a major mismatch."""
+    """The negotiated version (same major, lower minor), or ``None`` on a major mismatch (§3)."""
     shim_major, shim_minor = parse_version(shim_version)
     our_major, our_minor = parse_version(PROTOCOL_VERSION)
     if shim_major != our_major:
@@ -119,37 +139,131 @@ def negotiate(shim_version: str) -> str | None:
     return f"{our_major}.{min(shim_minor, our_minor)}"
 
 
-def envelope(
-    message_type: str,
-    payload: dict[str, Any],
-    *,
-    message_id: str | None = None,
-    session_id: str | None = None,
-    target_machine: str | None = None,
-) -> dict[str, Any]:
-    """One frame in the §2 envelope (a fresh uuid4 ``id`` unless given)."""
-    return {
-        "type": message_type,
-        "id": message_id or str(uuid.uuid4()),
-        "ts": time.time(),
-        "version": PROTOCOL_VERSION,
-        "session_id": session_id,
-        "target_machine": target_machine,
-        "payload": payload,
-    }
+# --- channel-layer messages the shim consumer receives (sent by machines.services) --------
 
 
-def encode(frame: dict[str, Any]) -> str:
-    """Serialise a frame as compact JSON (UTF-8 kept as is).
+class MachineOpMessage(BaseModel):
+    """``machine.op``: send operation ``op`` with ``payload`` to this shim as the frame
+    ``request_id`` of session ``session_id``, and answer on ``reply_channel``; the caller
+    waits ``timeout`` seconds (the pending entry is kept 5 s longer)."""
 
-    A string may hold a lone surrogate (a ``"\\ud800"`` escape in a caller's or shim's
-    JSON decodes to one), which UTF-8 cannot carry: sending the frame would fail. Such a
-    frame is written with ``\\u`` escapes instead, which mean the same JSON.
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["machine.op"]
+    op: str
+    payload: dict[str, Any]
+    request_id: str
+    session_id: str | None
+    reply_channel: str
+    timeout: float
+
+
+class MachineRevokedMessage(BaseModel):
+    """``machine.revoked``: the machine's token was revoked (close 4401, §1)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["machine.revoked"]
+
+
+class MachineTakeoverMessage(BaseModel):
+    """``machine.takeover``: the machine reconnected on another socket; the connection
+    ``connection_id`` (this one, unless it already changed) gives way (4427, §4)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["machine.takeover"]
+    connection_id: str | None = None
+
+
+# --- bodies of the async REST routes (§1 device login, §6 operations) -----------------------
+
+_TEXT = WithJsonSchema({"type": "string"})
+
+
+class SessionOpBody(WireModel):
+    """``POST /api/v1/sessions/{session_id}/ops``: ``{op, payload?, target_machine?}``.
+
+    ``op`` must be a string (``"op is required (e.g. FILE_READ, EXECUTE_COMMAND)"``); the
+    operation's name, its ``payload`` (default ``{}``) and the ``target_machine`` are
+    checked by ``machines.services.operations.machine_op`` with the §5 error codes.
     """
-    text = json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
-    if not text.isascii():
-        try:
-            text.encode()
-        except UnicodeEncodeError:
-            return json.dumps(frame, separators=(",", ":"))
-    return text
+
+    absent_as_null = ("op",)
+
+    op: str = Field(description="a §5 operation: " + ", ".join(sorted(CALLER_OPERATIONS)))
+    payload: Annotated[Any, WithJsonSchema({"type": "object", "description": "the operation's §5 payload"})] = Field(
+        default_factory=dict
+    )
+    target_machine: Annotated[
+        Any, WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "null"}], "description": "a machine_id"})
+    ] = None
+
+    @field_validator("op", mode="before")
+    @classmethod
+    def _op(cls, value: Any) -> str:
+        if not isinstance(value, str):
+            raise ValueError("op is required (e.g. FILE_READ, EXECUTE_COMMAND)")
+        return value
+
+
+class SessionOpAnswer(BaseModel):
+    """The shim's response: ``{machine_id, type, payload}`` (§5)."""
+
+    machine_id: str
+    type: str
+    payload: dict[str, Any]
+
+
+class SessionCopyBody(WireModel):
+    """``POST /api/v1/sessions/{session_id}/copy``: ``{source_machine, source_path,
+    destination_machine, destination_path, overwrite?}`` (§6 cross-machine copy); each of
+    the four a non-empty string (``"<field> is required (a string)"``, in this order), then
+    ``overwrite`` a boolean (default false)."""
+
+    absent_as_null = ("source_machine", "source_path", "destination_machine", "destination_path")
+
+    source_machine: str = Field(min_length=1)
+    source_path: str = Field(min_length=1)
+    destination_machine: str = Field(min_length=1)
+    destination_path: str = Field(min_length=1)
+    overwrite: bool = False
+
+    @field_validator("source_machine", "source_path", "destination_machine", "destination_path", mode="before")
+    @classmethod
+    def _required_text(cls, value: Any, info: ValidationInfo) -> str:
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"{info.field_name} is required (a string)")
+        return value
+
+    @field_validator("overwrite", mode="before")
+    @classmethod
+    def _overwrite(cls, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ValueError("overwrite must be a boolean")
+        return value
+
+
+class SessionCopyAnswer(BaseModel):
+    """A verified copy: ``{size_bytes, sha256}`` (§6)."""
+
+    size_bytes: int
+    sha256: str
+
+
+class DeviceCodeBody(WireModel):
+    """``POST /api/v1/machines/device/code``: ``{machine_id, hostname, platform, arch}`` (§1,
+    RFC 8628 §3.1; ``client_id``/``grant_type`` accepted and ignored). The values are
+    checked by ``machines.services.device`` with RFC 6749 §5.2 errors."""
+
+    machine_id: Annotated[Any, _TEXT] = None
+    hostname: Annotated[Any, _TEXT] = None
+    platform: Annotated[Any, _TEXT] = None
+    arch: Annotated[Any, _TEXT] = None
+
+
+class DeviceTokenBody(WireModel):
+    """``POST /api/v1/machines/device/token``: ``{device_code}`` (§1, RFC 8628 §3.4), checked
+    by ``machines.services.device``."""
+
+    device_code: Annotated[Any, _TEXT] = None

@@ -10,7 +10,10 @@
 - ``DELETE /api/v1/peers/{id}`` → the peer, revoked
 
 The user-facing routes take an API token or a session (+ CSRF) and answer 403 to
-non-staff users. Errors use the one shape ``{"error": {code, message, details}}``.
+non-staff users. Errors use the one shape ``{"error": {code, message, details}}``. The
+bodies are the models of ``peers.protocol`` (``OfferBody``, ``LinkBody``,
+``PeerUpdateBody``, validated here; ``ClaimBody``, whose rules ``pairing.offer_claim``
+applies after its rate limit), which also describe them in the OpenAPI schema.
 """
 
 from __future__ import annotations
@@ -26,10 +29,12 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods, require_POST
 
 from agents.tokens import agent_scope_forbid, calling_agent
-from core.errors import DispatchError, InvalidRequest
+from core.errors import DispatchError
 from core.http import error_response, json_api, json_object
+from core.validation import parse_plain
 from peers import pairing
 from peers.models import Peer
+from peers.protocol import LinkBody, OfferBody, PeerUpdateBody
 from peers.selectors import outbox_counts, peer_get_for, peers_for
 
 
@@ -84,26 +89,13 @@ def _staff(request: HttpRequest, user: User) -> None:
         raise DispatchError("PERMISSION_DENIED", "pairing is for staff users only")
 
 
-def _flags(body: dict[str, Any]) -> dict[str, bool]:
-    return {name: body[name] for name in pairing.CAPABILITIES if name in body}
-
-
-def _as_user(value: Any) -> str | None:
-    if value is None or value == "":
-        return None
-    if not isinstance(value, str):
-        raise InvalidRequest("as_user must be a username")
-    return value
-
-
-def _offer_for(user: User, body: dict[str, Any]) -> dict[str, Any]:
-    as_user = _as_user(body.get("as_user"))
+def _offer_for(user: User, body: OfferBody) -> dict[str, Any]:
     link_user = None
-    if as_user is not None:
-        link_user = User.objects.filter(username=as_user).first()
+    if body.as_user is not None:
+        link_user = User.objects.filter(username=body.as_user).first()
         if link_user is None:
-            raise DispatchError("NOT_FOUND", f"no user '{as_user}'")
-    return pairing.offer_create(user=user, link_user=link_user, **_flags(body)).as_dict()
+            raise DispatchError("NOT_FOUND", f"no user '{body.as_user}'")
+    return pairing.offer_create(user=user, link_user=link_user, **body.flags()).as_dict()
 
 
 @require_POST
@@ -112,7 +104,7 @@ async def offers_api(request: HttpRequest, user: User) -> dict[str, Any]:
     """``POST /api/v1/peers/offers`` ``{allow_*?, as_user?}`` → 200 ``{code, expires_at,
     address, fingerprint}`` (spec §2 step 1). 403 non-staff, 409 a sixth live offer."""
     _staff(request, user)
-    return await database_sync_to_async(_offer_for)(user, json_object(request))
+    return await database_sync_to_async(_offer_for)(user, parse_plain(OfferBody, json_object(request)))
 
 
 @require_POST
@@ -121,17 +113,9 @@ async def link_api(request: HttpRequest, user: User) -> dict[str, Any]:
     """``POST /api/v1/peers/link`` ``{url, code, label?, allow_*?, as_user?}`` → 200
     ``{peer, our_fingerprint, their_fingerprint}`` (spec §2 steps 2 and 4)."""
     _staff(request, user)
-    body = json_object(request)
-    label = body.get("label")
-    if label == "":
-        label = None
+    body = parse_plain(LinkBody, json_object(request))
     result = await pairing.peer_link(
-        user=user,
-        url=str(body.get("url") or ""),
-        code=str(body.get("code") or ""),
-        label=label,
-        as_user=_as_user(body.get("as_user")),
-        **_flags(body),
+        user=user, url=body.url, code=body.code, label=body.label, as_user=body.as_user, **body.flags()
     )
     data = await database_sync_to_async(peer_data)(result.peer)
     return {"peer": data, "our_fingerprint": result.our_fingerprint, "their_fingerprint": result.their_fingerprint}
@@ -151,18 +135,13 @@ async def peers_api(request: HttpRequest, user: User) -> dict[str, Any]:
     return await database_sync_to_async(_list)(user)
 
 
-def _update(user: User, peer_id: int, body: dict[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(body) - {"label", *pairing.CAPABILITIES})
-    if unknown:
-        raise InvalidRequest(
-            f"unknown field {', '.join(unknown)}; you can change label and {', '.join(pairing.CAPABILITIES)}"
-        )
+def _update(user: User, peer_id: int, body: PeerUpdateBody) -> dict[str, Any]:
     from django.db import transaction
 
     with transaction.atomic():
-        if "label" in body:
-            pairing.peer_rename(user=user, peer_id=peer_id, label=body["label"])
-        flags = _flags(body)
+        if "label" in body.model_fields_set:
+            pairing.peer_rename(user=user, peer_id=peer_id, label=body.label)
+        flags = body.flags()
         if flags:
             pairing.peer_capabilities_set(user=user, peer_id=peer_id, **flags)
     peer = peer_get_for(user=user, peer_id=peer_id)
@@ -182,7 +161,7 @@ async def peer_api(request: HttpRequest, user: User, peer_id: int) -> dict[str, 
     try:
         if request.method == "DELETE":
             return await database_sync_to_async(_delete)(user, peer_id)
-        return await database_sync_to_async(_update)(user, peer_id, json_object(request))
+        return await database_sync_to_async(_update)(user, peer_id, parse_plain(PeerUpdateBody, json_object(request)))
     except DispatchError as exc:
         return error_response(exc)
 

@@ -16,6 +16,11 @@ another body under it 422. Errors: ``{"error": {code, message, details}}``; an
 unexpected failure delivering a message is 503 ``TEMPORARILY_UNAVAILABLE`` (the sender
 retries), any other route lets it be a 500.
 
+The bodies are the models of ``peers.protocol``, which also describe them in the OpenAPI
+schema (``dispatch/schema.py``): ``LaunchBody`` is validated here, after the receipt;
+``MessageBody``'s rules run in ``services.peer_message_here``, after the receipt it opens;
+stop, archive and unlink ignore their body (``EmptyBody``).
+
 The views are sync (short database work and at most a tmux command, like the REST API);
 nothing here waits on the network.
 """
@@ -35,10 +40,12 @@ from django.views.decorators.csrf import csrf_exempt
 
 from core.errors import DispatchError
 from core.http import json_object
+from core.validation import parse_plain
 from peers import receipts, services
 from peers.auth import PeerAuthError, peer_authenticate_sync, peer_error_response
 from peers.models import Peer
 from peers.pairing import peer_mark_unlinked_by_peer
+from peers.protocol import PEER_INSTANCE_ID, LaunchBody
 from peers.receipts import Answer
 
 logger = logging.getLogger(__name__)
@@ -92,13 +99,13 @@ def launch(request: HttpRequest, peer: Peer) -> Answer:
     """
     key = receipts.idempotency_key_of(request)
     body = json_object(request)
-    return receipts.run_once(
-        peer=peer,
-        key=key,
-        route="launch",
-        body=body,
-        act=lambda: Answer(status=201, body=services.launch_answer(services.peer_launch_here(peer=peer, body=body))),
-    )
+
+    def act() -> Answer:
+        # After the receipt, where the route has always judged the body (a reused key: 422).
+        parse_plain(LaunchBody, body, context={PEER_INSTANCE_ID: peer.instance_id})
+        return Answer(status=201, body=services.launch_answer(services.peer_launch_here(peer=peer, body=body)))
+
+    return receipts.run_once(peer=peer, key=key, route="launch", body=body, act=act)
 
 
 @peer_route(method="POST", capability="allow_message")
@@ -140,7 +147,7 @@ def repos(request: HttpRequest, peer: Peer) -> Answer:
 def _agent_action(route: str, act: Callable[..., Any]) -> PeerView:
     def view(request: HttpRequest, peer: Peer, agent_id: str) -> Answer:
         key = receipts.idempotency_key_of(request)
-        body = json_object(request)
+        body = json_object(request)  # an EmptyBody: any object, kept only for the receipt
         return receipts.run_once(
             peer=peer,
             key=key,

@@ -1,21 +1,48 @@
-"""Typed ``/ws`` wire messages, validated on the way in (spec/sessions-and-remotes.md).
+"""Typed wire messages of the remotes app, validated on the way in.
 
-Every parser raises ``InvalidRequest`` whose message names the field that is wrong; the
-consumer turns it into ``{"error": "<message>", "nonce"}``.
+- the ``/ws`` remote actions' bodies (spec/sessions-and-remotes.md §2.1):
+  ``remote-connect`` (``RemoteConnectBody``), ``remote-disconnect`` (``RemoteNameBody``),
+  ``remote-call`` (``RemoteCallBody``, also the body of ``POST
+  /api/v1/remotes/{remotename}/call``), ``remote-call-result`` (``RemoteCallResult``);
+- the downstream ``remote-call`` event the server sends (§2.2, ``remote_call_event``);
+- the channel-layer messages the ``/ws`` consumer receives from ``remotes.services``
+  (``RemoteCallMessage``, ``RemoteProbeMessage``, ``RemoteDisconnectedMessage``).
+
+Every parser raises ``InvalidRequest`` whose message names the field that is wrong
+(``core.validation.describe_validation_error``); the consumer turns it into
+``{"error": "<message>", "nonce"}``.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, Literal
 
 from jsonschema import Draft202012Validator, SchemaError
 from jsonschema.validators import validator_for
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 
 from core.errors import InvalidRequest
+from core.validation import parse_body
+from core.wire import encode
 from remotes.schemas import non_local_refs
+
+__all__ = [
+    "FunctionSpec",
+    "RemoteCallAnswer",
+    "RemoteCallBody",
+    "RemoteCallMessage",
+    "RemoteCallResult",
+    "RemoteConnectBody",
+    "RemoteDisconnectedMessage",
+    "RemoteNameBody",
+    "RemoteProbeMessage",
+    "check_remotename",
+    "encode",
+    "parse_body",
+    "remote_call_event",
+]
 
 REMOTENAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,63}$"
 FUNCTION_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
@@ -25,26 +52,6 @@ EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
 REMOTENAME_RULE = "1-64 characters from letters, digits and '._/-', starting with a letter or digit"
 FUNCTION_NAME_RULE = "1-64 characters from letters, digits, '_' and '-'"
-
-
-def describe_validation_error(exc: ValidationError) -> str:
-    """The first pydantic error as ``invalid <field path>: <reason>``."""
-    error = exc.errors(include_url=False)[0]
-    path = ""
-    for part in error["loc"]:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
-    reason = str(error.get("ctx", {}).get("error") or error["msg"])
-    if error["type"] == "missing":
-        return f"missing field '{path}'"
-    return f"invalid {path or 'body'}: {reason}"
-
-
-def parse_body(model: type[BaseModel], body: Any) -> Any:
-    """Validate an action's ``body`` against ``model``; ``InvalidRequest`` names the bad field."""
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        raise InvalidRequest(describe_validation_error(exc)) from None
 
 
 def check_remotename(value: str) -> str:
@@ -150,8 +157,12 @@ class RemoteCallBody(BaseModel):
 
     remotename: StrictStr
     function: StrictStr
-    args: dict[str, Any] = Field(default_factory=dict)
-    timeout: float | None = None
+    args: dict[str, Any] = Field(default_factory=dict, description="the function's arguments, per its parameters")
+    timeout: float | None = Field(
+        default=None,
+        description=f"seconds to wait, above 0 and at most {MAX_CALL_TIMEOUT:g} (default: the server's)",
+        json_schema_extra={"exclusiveMinimum": 0, "maximum": MAX_CALL_TIMEOUT},
+    )
 
     @field_validator("args", mode="before")
     @classmethod
@@ -177,24 +188,89 @@ class RemoteCallBody(BaseModel):
         return value
 
 
-def encode(message: dict[str, Any]) -> str:
-    """Serialise one outgoing frame (compact JSON, UTF-8 kept as is).
-
-    A string may hold a lone surrogate (a client's ``"\\ud800"`` escape decodes to one),
-    which UTF-8 cannot carry: the server would fail to send the frame. Such a frame is
-    written with ``\\u`` escapes instead, which mean the same JSON.
-    """
-    text = json.dumps(message, separators=(",", ":"), ensure_ascii=False)
-    if not text.isascii():
-        try:
-            text.encode()
-        except UnicodeEncodeError:
-            return json.dumps(message, separators=(",", ":"))
-    return text
-
-
 def remote_call_event(*, request_id: str, remotename: str, function: str, args: dict[str, Any]) -> str:
     """The downstream ``remote-call`` event (§2.2) as a frame; it never carries a nonce."""
     return encode(
         {"action": "remote-call", "requestId": request_id, "remotename": remotename, "function": function, "args": args}
     )
+
+
+class RemoteCallAnswer(BaseModel):
+    """The answer of ``POST /api/v1/remotes/{remotename}/call``: ``{"result": <any JSON value>}``."""
+
+    result: Any = None
+
+
+class RemoteCallResult(BaseModel):
+    """``remote-call-result`` (§2.1, §2.2): ``{requestId, result}`` or ``{requestId, error}``,
+    at the top level of the frame or under ``body``.
+
+    No reply is ever sent, so nothing here is refused: a ``requestId`` that is not a
+    string matches no call (``request_id`` ``None``), an absent ``result`` means ``null``,
+    and an ``error`` that is not a string is relayed as its JSON text.
+    """
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    request_id: str | None = Field(default=None, alias="requestId")
+    result: Any = None
+    error: Any = None
+
+    @field_validator("request_id", mode="before")
+    @classmethod
+    def _request_id(cls, value: Any) -> Any:
+        return value if isinstance(value, str) else None
+
+    @classmethod
+    def from_frame(cls, message: dict[str, Any], body: Any) -> RemoteCallResult:
+        """The result fields of a frame: its top level when it has a ``requestId``, else
+        its ``body`` (an object), else none."""
+        fields = message if "requestId" in message else (body if isinstance(body, dict) else {})
+        return cls.model_validate(fields)
+
+    def reply(self) -> dict[str, Any]:
+        """What the waiting caller gets: ``{"error": text}`` or ``{"result": value}``."""
+        if self.error is not None:
+            return {"error": self.error if isinstance(self.error, str) else json.dumps(self.error)}
+        return {"result": self.result}
+
+
+# --- channel-layer messages the /ws consumer receives (sent by remotes.services) ----------
+
+
+class RemoteCallMessage(BaseModel):
+    """``remote.call``: run ``function`` of the remote ``remote_id`` this session serves and
+    answer on ``reply_channel``; ``timeout`` is the caller's wait in seconds (the pending
+    call is kept that long plus a grace), ``None`` for the default."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["remote.call"]
+    remote_id: int
+    remotename: str
+    function: str
+    args: dict[str, Any]
+    reply_channel: str
+    timeout: float | None = None
+
+
+class RemoteProbeMessage(BaseModel):
+    """``remote.probe``: does this session still serve ``remote_id``? Answered at once on
+    ``reply_channel`` with ``{"serving": bool}`` (§2, a takeover of a stale name)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["remote.probe"]
+    remote_id: int | None = None
+    reply_channel: str
+
+
+class RemoteDisconnectedMessage(BaseModel):
+    """``remote.disconnected``: the remote ``remote_id`` was disconnected (maybe by another
+    session); ``reason`` is shown to the client, a default when absent."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["remote.disconnected"]
+    remote_id: int
+    reason: str | None = None

@@ -8,7 +8,6 @@ request-id counters) and the calls pending on it. The registry is in the databas
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -21,6 +20,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 
 from agents.prompting import agent_prompt_any
+from agents.protocol import SendAgentPromptBody, UserEventMessage, agent_event_frame, run_finished_frame
 from agents.services import user_events_group
 from core import wire
 from core.authentication import websocket_origin_allowed
@@ -28,8 +28,19 @@ from core.consumers import DispatchConsumer
 from core.errors import DispatchError, RateLimited
 from core.ratelimit import TokenBucket
 from core.services import AuthenticationFailed, api_token_authenticate, password_authenticate
+from core.wire import encode
+from dispatch.ws.protocol import UNLIMITED_ACTIONS, parse_action
 from remotes import services
-from remotes.protocol import RemoteCallBody, RemoteConnectBody, RemoteNameBody, encode, parse_body, remote_call_event
+from remotes.protocol import (
+    RemoteCallBody,
+    RemoteCallMessage,
+    RemoteCallResult,
+    RemoteConnectBody,
+    RemoteDisconnectedMessage,
+    RemoteNameBody,
+    RemoteProbeMessage,
+    remote_call_event,
+)
 from remotes.selectors import remote_list_for
 
 logger = logging.getLogger(__name__)
@@ -41,9 +52,7 @@ CLOSE_TOO_BIG = 1009
 CLOSE_SERVICE_RESTART = 1012
 
 AUTH_FAILED = "authentication failed"
-UNLIMITED_ACTIONS = frozenset({"remote-call-result", "ping"})
 PENDING_GRACE = 5.0  # seconds a pending call is kept past its caller's timeout
-FINISHED_RUN_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 
 
 @dataclass
@@ -167,7 +176,7 @@ class SessionConsumer(DispatchConsumer):
         if not isinstance(action, str) or not action:
             await self._reply(nonce, error="missing 'action' (a non-empty string)")
             return
-        handler = self.ACTIONS.get(action)
+        handler = self.HANDLERS.get(action)
         if handler is None:
             await self._reply(nonce, error=f"unknown action '{action[:100]}'")
             return
@@ -175,7 +184,8 @@ class SessionConsumer(DispatchConsumer):
         if body is None:
             body = {}
         try:
-            await handler(self, message, body, nonce)
+            # Each action's body is its model (dispatch.ws.protocol), validated here.
+            await handler(self, parse_action(action, message, body), nonce)
         except DispatchError as exc:
             await self._reply(nonce, error=exc.message)
         except Exception:
@@ -189,11 +199,10 @@ class SessionConsumer(DispatchConsumer):
 
     # --- actions (spec §2.1) ----------------------------------------------------------
 
-    async def do_ping(self, message: dict[str, Any], body: Any, nonce: Any) -> None:
+    async def do_ping(self, parsed: Any, nonce: Any) -> None:
         await self._reply(nonce, pong=True)
 
-    async def do_remote_connect(self, message: dict[str, Any], body: Any, nonce: Any) -> None:
-        parsed = RemoteConnectBody.parse(body)
+    async def do_remote_connect(self, parsed: RemoteConnectBody, nonce: Any) -> None:
         assert self.user is not None and self.ws_session_id is not None
         remote = await services.remote_connect_probing(
             user=self.user,
@@ -205,8 +214,7 @@ class SessionConsumer(DispatchConsumer):
         self.served[remote.pk] = ServedRemote(name=remote.name)
         await self._reply(nonce, message="remote connected", remotename=remote.name)
 
-    async def do_remote_disconnect(self, message: dict[str, Any], body: Any, nonce: Any) -> None:
-        parsed: RemoteNameBody = parse_body(RemoteNameBody, body)
+    async def do_remote_disconnect(self, parsed: RemoteNameBody, nonce: Any) -> None:
         # A remote this session serves itself: no remote-disconnected event back to it.
         own = {remote_id for remote_id, served in self.served.items() if served.name == parsed.remotename}
         self.own_disconnects |= own
@@ -217,12 +225,11 @@ class SessionConsumer(DispatchConsumer):
             raise
         await self._reply(nonce, message="remote disconnected", remotename=parsed.remotename)
 
-    async def do_remote_list(self, message: dict[str, Any], body: Any, nonce: Any) -> None:
+    async def do_remote_list(self, parsed: Any, nonce: Any) -> None:
         remotes = await database_sync_to_async(remote_list_for)(user=self.user)
         await self._reply(nonce, remotes=remotes)
 
-    async def do_remote_call(self, message: dict[str, Any], body: Any, nonce: Any) -> None:
-        parsed: RemoteCallBody = parse_body(RemoteCallBody, body)
+    async def do_remote_call(self, parsed: RemoteCallBody, nonce: Any) -> None:
         # The wait runs as its own task: a consumer handles one message at a time, and a
         # session may call a remote it serves itself (§2.4).
         task = asyncio.ensure_future(self._call(parsed, nonce))
@@ -251,33 +258,24 @@ class SessionConsumer(DispatchConsumer):
         else:
             await self._reply(nonce, result=result)
 
-    async def do_remote_call_result(self, message: dict[str, Any], body: Any, nonce: Any) -> None:
-        fields = message if "requestId" in message else (body if isinstance(body, dict) else {})
-        request_id = fields.get("requestId")
-        pending = self.pending.pop(request_id, None) if isinstance(request_id, str) else None
+    async def do_remote_call_result(self, parsed: RemoteCallResult, nonce: Any) -> None:
+        request_id = parsed.request_id
+        pending = self.pending.pop(request_id, None) if request_id is not None else None
         if pending is None:
             # Session-scoped fan-out (§2.2): only calls pending on this session resolve.
             logger.debug("ignoring remote-call-result for unknown requestId %r", request_id)
             return
-        if fields.get("error") is not None:
-            error = fields["error"]
-            reply: dict[str, Any] = {"error": error if isinstance(error, str) else json.dumps(error)}
-        else:
-            reply = {"result": fields.get("result")}
-        await self._answer(pending.reply_channel, reply)
+        await self._answer(pending.reply_channel, parsed.reply())
 
-    async def do_send_agent_prompt(self, message: dict[str, Any], body: Any, nonce: Any) -> None:
+    async def do_send_agent_prompt(self, parsed: SendAgentPromptBody, nonce: Any) -> None:
         """``send-agent-prompt`` (spec/agents.md §4): a run for an expert agent (progress arrives
         as events), a message for a CLI agent; the reply names the run or the message."""
-        if not isinstance(body, dict):
-            await self._reply(nonce, error="body must be a JSON object with agentId and instruction")
-            return
         accepted = await database_sync_to_async(agent_prompt_any)(
             user=self.user,
-            agent_id=body.get("agentId"),
-            instruction=body.get("instruction"),
-            input=body.get("input"),
-            options=body.get("options"),
+            agent_id=parsed.agent_id,
+            instruction=parsed.instruction,
+            input=parsed.input,
+            options=parsed.options,
         )
         if accepted.message_id is not None:
             await self._reply(
@@ -286,7 +284,8 @@ class SessionConsumer(DispatchConsumer):
         else:
             await self._reply(nonce, message="prompt accepted", agentId=accepted.agent_id, runId=accepted.run_id)
 
-    ACTIONS: dict[str, Callable[[SessionConsumer, dict[str, Any], Any, Any], Awaitable[None]]] = {
+    # Action → its handler, which gets the body as its model (dispatch.ws.protocol.ACTIONS).
+    HANDLERS: dict[str, Callable[[SessionConsumer, Any, Any], Awaitable[None]]] = {
         "ping": do_ping,
         "remote-connect": do_remote_connect,
         "remote-disconnect": do_remote_disconnect,
@@ -299,76 +298,71 @@ class SessionConsumer(DispatchConsumer):
     # --- channel-layer messages ------------------------------------------------------
 
     async def remote_call(self, event: dict[str, Any]) -> None:
-        """``remote.call``: forward a call to this session's client as a downstream event."""
-        served = self.served.get(event["remote_id"])
-        remotename = event["remotename"]
+        """``remote.call`` (``RemoteCallMessage``): forward a call to this session's client as
+        a downstream event."""
+        call = RemoteCallMessage.model_validate(event)
+        served = self.served.get(call.remote_id)
         if served is None or self.closing:
             # Never forwarded: the caller may re-route it (its route was stale).
-            await self._answer(
-                event["reply_channel"],
-                {"error": f"remote '{remotename}' disconnected", "code": "REMOTE_DISCONNECTED", "delivered": False},
-            )
+            refusal = {"error": f"remote '{call.remotename}' disconnected", "code": "REMOTE_DISCONNECTED"}
+            await self._answer(call.reply_channel, {**refusal, "delivered": False})
             return
         number = self.request_counters.get(served.name, 0)
         self.request_counters[served.name] = number + 1
         request_id = f"{served.name}#{number}"
         frame = remote_call_event(
-            request_id=request_id, remotename=remotename, function=event["function"], args=event["args"]
+            request_id=request_id, remotename=call.remotename, function=call.function, args=call.args
         )
         if _utf8_length(frame) > settings.WS_MAX_MESSAGE_BYTES:
-            await self._answer(event["reply_channel"], {"error": "arguments too large"})
+            await self._answer(call.reply_channel, {"error": "arguments too large"})
             return
         now = time.monotonic()
         self._expire_pending(now)
         self.pending[request_id] = PendingCall(
-            remote_id=event["remote_id"],
-            remotename=remotename,
-            reply_channel=event["reply_channel"],
-            expires_at=now + float(event.get("timeout") or settings.REMOTE_CALL_TIMEOUT) + PENDING_GRACE,
+            remote_id=call.remote_id,
+            remotename=call.remotename,
+            reply_channel=call.reply_channel,
+            expires_at=now + float(call.timeout or settings.REMOTE_CALL_TIMEOUT) + PENDING_GRACE,
         )
         await self.send(text_data=frame)
 
     async def user_event(self, event: dict[str, Any]) -> None:
-        """``user.event``: the user's live events; agent progress becomes event frames (agents.md §4)."""
-        name, data = event.get("event"), event.get("data") or {}
-        if name == "agent.event":
-            frame: dict[str, Any] = {
-                "action": "agent-event",
-                "agentId": data.get("agent_id"),
-                "runId": data.get("run_id"),
-                "event": {key: data.get(key) for key in ("type", "message", "metadata", "created_at")},
-            }
-        elif name == "run.updated" and data.get("status") in FINISHED_RUN_STATUSES:
-            frame = {"action": "run-finished", "agentId": data.get("agent_id"), "runId": data.get("id")}
-            frame["status"] = data["status"]
-            if data["status"] == "succeeded":
-                frame["output"] = data.get("output", "")
-            else:
-                frame["error"] = data.get("error", "")
+        """``user.event`` (``UserEventMessage``): the user's live events; agent progress
+        becomes event frames (agents.md §4)."""
+        message = UserEventMessage.model_validate(event)
+        data = message.data or {}
+        if message.event == "agent.event":
+            frame: dict[str, Any] | None = agent_event_frame(data)
+        elif message.event == "run.updated":
+            frame = run_finished_frame(data)
         else:
-            return
-        if not self.closing:
+            frame = None
+        if frame is not None and not self.closing:
             await self._send(frame)
 
     async def remote_probe(self, event: dict[str, Any]) -> None:
-        """``remote.probe``: another session wants this remote's name; answer at once
-        whether this session still serves it (no answer within 1 s makes it stale)."""
-        serving = event.get("remote_id") in self.served and not self.closing
-        await self.channel_layer.send(event["reply_channel"], {"type": services.REPLY_MESSAGE, "serving": serving})
+        """``remote.probe`` (``RemoteProbeMessage``): another session wants this remote's name;
+        answer at once whether this session still serves it (no answer within 1 s makes it
+        stale)."""
+        probe = RemoteProbeMessage.model_validate(event)
+        serving = probe.remote_id in self.served and not self.closing
+        await self.channel_layer.send(probe.reply_channel, {"type": services.REPLY_MESSAGE, "serving": serving})
 
     async def remote_disconnected(self, event: dict[str, Any]) -> None:
-        """``remote.disconnected``: a remote of this session was disconnected (maybe elsewhere)."""
-        served = self.served.pop(event["remote_id"], None)
+        """``remote.disconnected`` (``RemoteDisconnectedMessage``): a remote of this session was
+        disconnected (maybe elsewhere)."""
+        gone = RemoteDisconnectedMessage.model_validate(event)
+        served = self.served.pop(gone.remote_id, None)
         if served is None:
             return
         for request_id, pending in list(self.pending.items()):
-            if pending.remote_id == event["remote_id"]:
+            if pending.remote_id == gone.remote_id:
                 await self._fail_pending(request_id)
-        if event["remote_id"] in self.own_disconnects:
-            self.own_disconnects.discard(event["remote_id"])
+        if gone.remote_id in self.own_disconnects:
+            self.own_disconnects.discard(gone.remote_id)
         elif not self.closing:
             # §2: another session (maybe in another process) disconnected it; tell the client.
-            reason = event.get("reason") or "disconnected by another session of the user"
+            reason = gone.reason or "disconnected by another session of the user"
             await self._send({"action": "remote-disconnected", "remotename": served.name, "reason": reason})
 
     async def server_shutdown(self, event: dict[str, Any]) -> None:

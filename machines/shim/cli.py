@@ -33,13 +33,13 @@ from machines.shim.connection import Shim, ShimRefused, websocket_url
 from machines.shim.jail import PathJail
 from machines.shim.login import LoginError, device_login
 from machines.shim.operations import MachineIdentity
-from machines.shim.protocol import Capability
+from machines.shim.protocol import SESSION_ID_PATTERN, Capability
 from machines.shim.state import ConfigError, StateError, StateStore, load_config
 
 TOKEN_ENV = "DISPATCH_SHIM_TOKEN"
 """Environment variable holding a token for headless ``run`` (§8)."""
 
-SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,255}$")
+SESSION_ID = re.compile(SESSION_ID_PATTERN)
 """A machine session id (§4)."""
 
 

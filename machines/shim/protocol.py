@@ -1,8 +1,14 @@
-"""Wire vocabulary of the shim protocol (spec/machines.md §2–§5).
+"""The shim wire protocol (spec/machines.md §2–§5): the one definition, for both ends.
 
-The envelope every frame carries, the message types, the error codes the shim answers
-with, the close codes it acts on and the limits negotiated in the handshake. Plain
-dicts on the wire; this module only builds, parses and checks them.
+The envelope every frame carries, the message types, the operations and the capability
+each needs, the error codes and the ``ERROR`` payload, the close codes, the version
+rule, the id patterns and the limits negotiated in the handshake. Plain dicts on the
+wire; this module only builds, parses and checks them.
+
+The shim imports it, and so does the platform (``machines.protocol`` adds only what the
+server needs on top: the ``HELLO`` model it validates with, version negotiation, the
+channel-layer messages). Standard library only — it imports nothing from Django,
+``core`` or any server module, because the shim package installs without them.
 """
 
 from __future__ import annotations
@@ -30,6 +36,12 @@ MAX_MESSAGE_BYTES = MAX_FRAME_BYTES + 64 * 1024
 MAX_FILE_SIZE_CEILING = 12 * 1024 * 1024
 """Bytes: the largest ``max_file_size_bytes`` the shim accepts, so that a whole-limit read
 in base64 (4/3 of it: 16 MiB) still fits in one frame."""
+
+SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,255}$"
+"""A machine session id (§4); ``HELLO.sessions`` holds these or ``"*"``."""
+
+MACHINE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
+"""A ``machine_id`` as ``HELLO`` and the device login carry it (§1, §3)."""
 
 
 class MessageType(StrEnum):
@@ -135,10 +147,19 @@ class ShimError(Exception):
 
     def payload(self) -> dict[str, Any]:
         """The ``ERROR`` payload: ``{code, message, fatal: false, details?}``."""
-        body: dict[str, Any] = {"code": str(self.code), "message": self.message, "fatal": False}
-        if self.details is not None:
-            body["details"] = self.details
-        return body
+        return error_payload(str(self.code), self.message, details=self.details)
+
+
+def error_payload(
+    code: str, message: str, *, fatal: bool = False, details: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """An ``ERROR`` payload ``{code, message, fatal, details?}`` (§3, §5), from either side:
+    ``details`` is included when given (not ``None``); ``fatal`` means the sender closes
+    the connection next."""
+    body: dict[str, Any] = {"code": code, "message": message, "fatal": fatal}
+    if details is not None:
+        body["details"] = dict(details)
+    return body
 
 
 def new_id() -> str:
@@ -230,14 +251,22 @@ def decode(text: str | bytes) -> dict[str, Any]:
     return frame
 
 
+def parse_version(text: str) -> tuple[int, int]:
+    """``"2.0"`` → ``(2, 0)`` (§2 ``"major.minor"``); ``ValueError`` for anything else."""
+    major, _, minor = text.partition(".")
+    if not major.isdigit() or not minor.isdigit():
+        raise ValueError(f"protocol_version must look like '2.0', got {text!r}")
+    return int(major), int(minor)
+
+
 def major_version(version: object) -> int | None:
     """The major part of a ``"major.minor"`` version string, or ``None`` if malformed."""
     if not isinstance(version, str):
         return None
-    major, _, minor = version.partition(".")
-    if not (major.isdigit() and minor.isdigit()):
+    try:
+        return parse_version(version)[0]
+    except ValueError:
         return None
-    return int(major)
 
 
 @dataclass(frozen=True)

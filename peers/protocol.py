@@ -1,0 +1,403 @@
+"""Typed bodies of the peer API and the pairing routes (spec/peers.md §2, §5, §6).
+
+One model per route body, used by its edge to validate the body and by
+``dispatch/schema.py`` to produce the route's OpenAPI entry
+(``model_json_schema(mode="validation")``); one model per answer, for the schema.
+A validator raises the very sentence the route answers (``core.validation.parse_plain``),
+in the order the route checks the fields, so a model only names the rules the wire
+already had:
+
+| route | body | validated by the model at |
+|---|---|---|
+| ``POST /api/v1/peers/launch`` | ``LaunchBody`` | ``peer_api.launch``, after the receipt |
+| ``POST /api/v1/peers/messages`` | ``MessageBody`` | ``peers.services.peer_message_here`` rules (see below) |
+| ``POST /api/v1/peers/agents/{id}/stop``, ``archive``, ``POST /api/v1/peers/unlink`` | ``EmptyBody`` | the edge |
+| ``POST /api/v1/peers/claim`` | ``ClaimBody`` | ``peers.pairing.offer_claim`` rules (see below) |
+| ``POST /api/v1/peers/offers`` | ``OfferBody`` | ``pairing_api.offers_api`` |
+| ``POST /api/v1/peers/link`` | ``LinkBody`` | ``pairing_api.link_api`` |
+| ``PATCH /api/v1/peers/{id}`` | ``PeerUpdateBody`` | ``pairing_api.peer_api`` |
+
+``MessageBody`` and ``ClaimBody`` are checked where the spec puts their checks: after the
+Idempotency-Key receipt (a reused key answers 422 whatever the body) and after the claim
+rate limit (429 first), i.e. inside ``peers.services`` / ``peers.pairing``, which still
+hold those rules in their own code; ``tests/peers/test_peer_protocol.py`` holds the
+models and those rules to the same verdicts. Fields whose rules need this instance's
+state (a launch's ``cwd`` against ``DISPATCH_REPO_ROOTS``, the capability flags'
+defaults) are typed for the schema and checked by the service.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+from agents.messages import MAX_MESSAGE_LENGTH, message_content
+from core.errors import InvalidRequest
+from core.validation import WireModel
+
+NAME_MAX = 100  # characters of an agent name and of a sender's name (spec §5)
+AGENT_ID_MAX = 64
+CAPABILITY_FIELDS = ("allow_launch", "allow_message", "allow_full_access", "allow_events")
+PEER_INSTANCE_ID = "peer_instance_id"  # the validation context key: the calling peer's instance id
+
+_FLAG = WithJsonSchema({"type": "boolean"})
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    """Leave a field's ``default: null`` out of the schema (absent means "unchanged")."""
+    schema.pop("default", None)
+
+
+def _text(value: Any, what: str, *, max_length: int, required: bool = True) -> str:
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str) or (required and not value.strip()):
+        raise ValueError(f"{what} must be a non-empty string")
+    if len(value) > max_length:
+        raise ValueError(f"{what} must be at most {max_length} characters")
+    return value
+
+
+def _flag(value: Any, what: str) -> bool:
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise ValueError(f"{what} must be true or false")
+    return value
+
+
+class SenderAddress(BaseModel):
+    """Who acts on the peer: ``{instance_id, agent_id | null, name}`` (spec §5; ``agent_id``
+    null for a person there)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    instance_id: str = Field(description="the calling peer's own instance id")
+    agent_id: str | None = Field(max_length=AGENT_ID_MAX, description="an agent id there (no colon), or null")
+    name: str = Field(min_length=1, max_length=NAME_MAX)
+
+    @classmethod
+    def check(cls, value: Any, *, what: str, peer_instance_id: str | None) -> SenderAddress:
+        """``value`` as an address of the peer ``peer_instance_id``; ``ValueError`` naming
+        ``what`` (``launched_by`` / ``from``) and the first wrong part: an object, the
+        peer's own instance id (never another's: capabilities are not transitive, §3), an
+        agent id of at most 64 characters without a colon or null, a name of 1–100."""
+        if not isinstance(value, dict):
+            raise ValueError(f"{what} must be an object {{instance_id, agent_id, name}}")
+        if value.get("instance_id") != peer_instance_id:
+            raise ValueError(f"{what}.instance_id must be the calling peer's instance id ({peer_instance_id})")
+        agent_id = value.get("agent_id")
+        if agent_id is not None and (
+            not isinstance(agent_id, str) or not 0 < len(agent_id) <= AGENT_ID_MAX or ":" in agent_id
+        ):
+            raise ValueError(f"{what}.agent_id must be an agent id (at most 64 characters, no colon) or null")
+        name = _text(value.get("name"), f"{what}.name", max_length=NAME_MAX)
+        return cls.model_construct(instance_id=peer_instance_id, agent_id=agent_id, name=name)
+
+    def wire(self) -> dict[str, Any]:
+        """``{instance_id, agent_id, name}`` as stored and sent."""
+        return {"instance_id": self.instance_id, "agent_id": self.agent_id, "name": self.name}
+
+
+def _peer_instance_id(info: ValidationInfo) -> str | None:
+    context = info.context or {}
+    return context.get(PEER_INSTANCE_ID)
+
+
+# --- the peer API (spec §5) -------------------------------------------------------------------
+
+
+class LaunchBody(WireModel):
+    """``POST /api/v1/peers/launch``: ``{name, prompt, type?, cwd, full_access?, child?,
+    launched_by}`` (spec §5 Launch). Validate with the context ``{"peer_instance_id": …}``.
+
+    Checked in this order, as the route answers: ``name`` (1–100 characters), ``prompt``
+    (text, at most 200,000 characters; null means none), ``type`` (a string; empty or
+    absent: the default launch type), ``full_access`` / ``child`` (booleans),
+    ``launched_by`` (``SenderAddress.check``). ``cwd`` is typed only: the service resolves
+    it against ``DISPATCH_REPO_ROOTS`` after the ``allow_full_access`` check.
+    """
+
+    absent_as_null = ("name", "launched_by", "cwd")
+
+    name: str = Field(min_length=1, max_length=NAME_MAX)
+    prompt: str = Field(default="", max_length=MAX_MESSAGE_LENGTH)
+    type: str | None = Field(default=None, description="an agent type; absent: what a local launch would pick")
+    full_access: bool = False
+    child: bool = Field(default=False, description="accepted; the parent is the launcher, on the peer")
+    launched_by: SenderAddress
+    cwd: Annotated[
+        Any,
+        WithJsonSchema(
+            {
+                "type": "string",
+                "description": "a directory inside one of GET /api/v1/peers/repos (a leading ~ is the home here)",
+            }
+        ),
+    ]
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _name(cls, value: Any) -> str:
+        return _text(value, "name", max_length=NAME_MAX)
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _prompt(cls, value: Any) -> str:
+        return _text(value, "prompt", max_length=MAX_MESSAGE_LENGTH, required=False)
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _type(cls, value: Any) -> str | None:
+        if not value:
+            return None
+        if not isinstance(value, str):
+            raise ValueError("type must be a string")
+        return value
+
+    @field_validator("full_access", "child", mode="before")
+    @classmethod
+    def _flags(cls, value: Any, info: ValidationInfo) -> bool:
+        return _flag(value, str(info.field_name))
+
+    @field_validator("launched_by", mode="before")
+    @classmethod
+    def _launched_by(cls, value: Any, info: ValidationInfo) -> SenderAddress:
+        return SenderAddress.check(value, what="launched_by", peer_instance_id=_peer_instance_id(info))
+
+
+class MessageBody(WireModel):
+    """``POST /api/v1/peers/messages``: ``{to_agent_id, content, from}`` (spec §5 Messages),
+    checked in the order ``to_agent_id`` (an agent id, 1–64 characters), ``from``
+    (``SenderAddress.check``), ``content`` (``agents.messages.message_content``: 1–200,000
+    characters, storable). Validate with the context ``{"peer_instance_id": …}``."""
+
+    absent_as_null = ("to_agent_id", "from", "content")
+
+    to_agent_id: str = Field(min_length=1, max_length=AGENT_ID_MAX)
+    sender: SenderAddress = Field(alias="from")
+    content: str = Field(min_length=1, max_length=MAX_MESSAGE_LENGTH)
+
+    @field_validator("to_agent_id", mode="before")
+    @classmethod
+    def _to_agent_id(cls, value: Any) -> str:
+        if not isinstance(value, str) or not 0 < len(value) <= AGENT_ID_MAX:
+            raise ValueError("to_agent_id must be an agent id")
+        return value
+
+    @field_validator("sender", mode="before")
+    @classmethod
+    def _sender(cls, value: Any, info: ValidationInfo) -> SenderAddress:
+        return SenderAddress.check(value, what="from", peer_instance_id=_peer_instance_id(info))
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content(cls, value: Any) -> str:
+        try:
+            return message_content(value)
+        except InvalidRequest as exc:
+            raise ValueError(exc.message) from None
+
+
+class EmptyBody(BaseModel):
+    """The body of a peer POST that takes none (stop, archive, unlink): any JSON object,
+    ignored (the ``Idempotency-Key`` is what matters, spec §4)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class PeerAgentAnswer(BaseModel):
+    """A launched, stopped or archived agent: ``{agent_id, name, status}`` (spec §5)."""
+
+    agent_id: str
+    name: str
+    status: str
+
+
+class MessageAnswer(BaseModel):
+    """``{"delivered": true, "message_id"}``, or ``{"delivered": true, "duplicate": true}``
+    for a repeated Idempotency-Key (spec §5 Messages)."""
+
+    delivered: bool
+    message_id: int | None = None
+    duplicate: bool | None = None
+
+
+class ReposAnswer(BaseModel):
+    """``{"roots": [absolute paths]}``: the ``DISPATCH_REPO_ROOTS`` a launch's ``cwd`` must be in."""
+
+    roots: list[str]
+
+
+class UnlinkAnswer(BaseModel):
+    """``{"unlinked": true}`` (spec §5, §7)."""
+
+    unlinked: bool
+
+
+# --- pairing (spec §2) and the staff routes (§6) ----------------------------------------------
+
+
+class CapabilityFlags(WireModel):
+    """The four ``allow_*`` flags of spec §3, each optional. Their values are checked by
+    ``peers.pairing`` (``"<flag> must be true or false"``), after the routes' own checks."""
+
+    allow_launch: Annotated[Any, _FLAG] = Field(default=None, json_schema_extra=_no_default)
+    allow_message: Annotated[Any, _FLAG] = Field(default=None, json_schema_extra=_no_default)
+    allow_full_access: Annotated[Any, _FLAG] = Field(default=None, json_schema_extra=_no_default)
+    allow_events: Annotated[Any, _FLAG] = Field(default=None, json_schema_extra=_no_default)
+
+    def flags(self) -> dict[str, Any]:
+        """The flags the body names, as sent (``peers.pairing`` checks their values)."""
+        return {name: getattr(self, name) for name in CAPABILITY_FIELDS if name in self.model_fields_set}
+
+
+def _as_user(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ValueError("as_user must be a username")
+    return value
+
+
+class OfferBody(CapabilityFlags):
+    """``POST /api/v1/peers/offers``: ``{allow_*?, as_user?}`` (spec §2 step 1); ``as_user``
+    is a username (empty or null: the caller)."""
+
+    as_user: str | None = None
+
+    @field_validator("as_user", mode="before")
+    @classmethod
+    def _username(cls, value: Any) -> str | None:
+        return _as_user(value)
+
+
+class LinkBody(CapabilityFlags):
+    """``POST /api/v1/peers/link``: ``{url, code, label?, allow_*?, as_user?}`` (spec §2 steps
+    2 and 4). ``url`` and ``code`` are taken as text (absent: empty, which the link refuses);
+    an empty ``label`` is none; the label's rules and the flags are ``peers.pairing``'s."""
+
+    url: str = ""
+    code: str = ""
+    label: Annotated[Any, WithJsonSchema({"type": "string"})] = Field(default=None, json_schema_extra=_no_default)
+    as_user: str | None = None
+
+    @field_validator("url", "code", mode="before")
+    @classmethod
+    def _text(cls, value: Any) -> str:
+        return str(value or "")
+
+    @field_validator("label", mode="before")
+    @classmethod
+    def _label(cls, value: Any) -> Any:
+        return None if value == "" else value
+
+    @field_validator("as_user", mode="before")
+    @classmethod
+    def _username(cls, value: Any) -> str | None:
+        return _as_user(value)
+
+
+class PeerUpdateBody(CapabilityFlags):
+    """``PATCH /api/v1/peers/{id}``: ``{label?, allow_*?}`` (spec §3, §6); any other field is
+    refused, naming it. The label's rules and the flags' values are ``peers.pairing``'s."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    label: Annotated[Any, WithJsonSchema({"type": "string"})] = Field(default=None, json_schema_extra=_no_default)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            unknown = sorted(set(value) - {"label", *CAPABILITY_FIELDS})
+            if unknown:
+                raise ValueError(
+                    f"unknown field {', '.join(unknown)}; you can change label and {', '.join(CAPABILITY_FIELDS)}"
+                )
+        return value
+
+
+class ClaimBody(BaseModel):
+    """``POST /api/v1/peers/claim``: ``{code, protocol_version, instance_id, name, url,
+    public_key, token_for_you}`` (spec §2 step 2). Checked by ``peers.pairing.offer_claim``
+    after its rate limit, in the order of spec §2 step 3."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    code: str = Field(description="the pairing code shown on this instance, XXXX-XXXX")
+    protocol_version: int = Field(description="PEER_PROTOCOL_VERSION, 2")
+    instance_id: str = Field(pattern=r"^inst_[0-9a-f]{12}$")
+    name: str = Field(default="", max_length=100)
+    url: str = Field(max_length=2048, pattern=r"^https?://")
+    public_key: str = Field(max_length=64, description="raw Ed25519 public key, base64url")
+    token_for_you: str = Field(min_length=1, max_length=200)
+    capabilities: dict[str, bool] | None = Field(
+        default=None, description="what the claimant lets this instance do there (recorded as granted_by_peer)"
+    )
+
+
+class ClaimAnswer(BaseModel):
+    """The claim's answer: this instance and the token it issued to the claimant (spec §2
+    step 3), with the capabilities the offer grants."""
+
+    protocol_version: int
+    instance_id: str
+    name: str
+    url: str
+    public_key: str
+    token_for_you: str
+    capabilities: dict[str, bool]
+
+
+class OfferAnswer(BaseModel):
+    """A pairing offer: ``{code, expires_at, address, fingerprint}`` (spec §2 step 1)."""
+
+    code: str
+    expires_at: str
+    address: str
+    fingerprint: str
+
+
+class PeerAnswer(BaseModel):
+    """A link as the staff API shows it (``pairing_api.peer_data``; never a token: the
+    inbound token's prefix only). Times are ISO 8601."""
+
+    id: int
+    label: str
+    reported_name: str
+    instance_id: str
+    url: str
+    fingerprint: str
+    owner: str
+    capabilities: dict[str, bool]
+    granted_by_peer: dict[str, Any]
+    inbound_prefix: str
+    created_at: str
+    last_seen_at: str | None
+    revoked_at: str | None
+    unlinked_by_peer: bool
+    outbox: dict[str, int] = Field(description="{queued, dead} rows of the outbox")
+
+
+class LinkAnswer(BaseModel):
+    """A link just made: ``{peer, our_fingerprint, their_fingerprint}`` (spec §2 step 4)."""
+
+    peer: PeerAnswer
+    our_fingerprint: str
+    their_fingerprint: str
+
+
+class PeerListAnswer(BaseModel):
+    """``{"peers": [...]}``: the caller's live links with their outbox counts."""
+
+    peers: list[PeerAnswer]

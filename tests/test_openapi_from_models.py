@@ -1,0 +1,128 @@
+"""The OpenAPI schema (``/api/schema/``, OpenAPI 3.1) describes the routes drf-spectacular
+cannot see from the pydantic models their views validate with (dispatch/schema.py), and
+still documents every path, method and status it documented before the models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from dispatch.schema import REF, ROUTES
+from machines.protocol import SessionOpBody
+from peers.protocol import LaunchBody
+from remotes.protocol import RemoteCallBody
+
+pytestmark = pytest.mark.django_db
+
+# (method, path) → the statuses documented before the schemas came from the models.
+DOCUMENTED = {
+    ("post", "/api/v1/remotes/{remotename}/call"): "200 400 401 403 404 409 413 4XX 503 5XX",
+    ("post", "/api/v1/sessions/{session_id}/ops"): "200 400 401 403 404 409 413 4XX 503 5XX",
+    ("post", "/api/v1/sessions/{session_id}/copy"): "200 400 401 403 404 409 413 4XX 503 5XX",
+    ("get", "/api/v1/events"): "200 400 401 403 404 503",
+    ("post", "/api/v1/machines/device/code"): "200 400 404 409 413 429 503",
+    ("post", "/api/v1/machines/device/token"): "200 400 404 409 413 429 503",
+    ("post", "/api/v1/peers/claim"): "200 400 404 409 413 429 4XX 503 5XX",
+    ("post", "/api/v1/peers/offers"): "200 400 401 403 404 409 413 4XX 503 5XX",
+    ("post", "/api/v1/peers/link"): "200 400 401 403 404 409 413 4XX 503 5XX",
+    ("get", "/api/v1/peers"): "200 400 401 403 404 4XX 503 5XX",
+    ("delete", "/api/v1/peers/{peer_id}"): "200 400 401 403 404 409 4XX 503 5XX",
+    ("patch", "/api/v1/peers/{peer_id}"): "200 400 401 403 404 409 413 4XX 503 5XX",
+    ("post", "/api/v1/peers/launch"): "200 400 401 403 404 409 413 4XX 503 5XX",
+    ("post", "/api/v1/peers/messages"): "200 400 401 403 404 409 413 4XX 503 5XX",
+    ("get", "/api/v1/peers/events"): "200 400 401 403 404 503",
+    ("get", "/api/v1/peers/repos"): "200 400 401 403 404 4XX 503 5XX",
+    ("post", "/api/v1/peers/agents/{agent_id}/stop"): "200 400 401 403 404 409 413 4XX 503 5XX",
+    ("post", "/api/v1/peers/agents/{agent_id}/archive"): "200 400 401 403 404 409 413 4XX 503 5XX",
+    ("post", "/api/v1/peers/unlink"): "200 400 401 403 404 409 413 4XX 503 5XX",
+}
+
+
+@pytest.fixture
+def schema(client: Any, owner_token: str) -> dict[str, Any]:
+    response = client.get("/api/schema/", {"format": "json"}, HTTP_AUTHORIZATION=f"Bearer {owner_token}")
+    assert response.status_code == 200
+    document: dict[str, Any] = response.json()
+    return document
+
+
+def _resolve(schema: dict[str, Any], node: dict[str, Any]) -> dict[str, Any]:
+    if "$ref" in node:
+        name = node["$ref"].removeprefix(REF.format(model=""))
+        resolved: dict[str, Any] = schema["components"]["schemas"][name]
+        return resolved
+    return node
+
+
+def _refs(node: Any) -> list[str]:
+    found: list[str] = []
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            found += [value for key, value in item.items() if key == "$ref" and isinstance(value, str)]
+            stack += item.values()
+        elif isinstance(item, list):
+            stack += item
+    return found
+
+
+def test_it_is_openapi_3_1_with_every_route_it_documented_before(schema: dict[str, Any]) -> None:
+    assert schema["openapi"] == "3.1.0"
+    for (method, path), statuses in DOCUMENTED.items():
+        assert " ".join(sorted(schema["paths"][path][method]["responses"])) == statuses, (method, path)
+    assert {(route.method, route.path) for route in ROUTES} == set(DOCUMENTED)
+
+
+def test_each_route_body_is_the_schema_of_the_model_its_view_validates_with(schema: dict[str, Any]) -> None:
+    for route in ROUTES:
+        if route.body is None:
+            continue
+        operation = schema["paths"][route.path][route.method]
+        documented = _resolve(schema, operation["requestBody"]["content"]["application/json"]["schema"])
+        expected = route.body.model_json_schema(mode="validation", ref_template=REF)
+        expected.pop("$defs", None)
+        for field in set(route.path_fields) & set(route.body.model_fields):  # from the path, not the body
+            expected["properties"].pop(field)
+            expected["required"] = [name for name in expected.get("required", []) if name != field]
+        assert documented == expected, route.path
+
+
+def test_a_body_fields_rules_reach_the_schema(schema: dict[str, Any]) -> None:
+    components = schema["components"]["schemas"]
+    assert components["LaunchBody"]["required"] == ["name", "launched_by", "cwd"]
+    assert components["LaunchBody"]["properties"]["launched_by"] == {"$ref": "#/components/schemas/SenderAddress"}
+    assert components["SenderAddress"]["properties"]["agent_id"]["anyOf"][1] == {"type": "null"}
+    assert components["SessionOpBody"]["required"] == ["op"]
+    call = schema["paths"]["/api/v1/remotes/{remotename}/call"]["post"]
+    body = call["requestBody"]["content"]["application/json"]["schema"]
+    assert "remotename" not in body["properties"] and body["required"] == ["function"]
+    assert body["properties"]["timeout"]["maximum"] == 300
+    assert [parameter["name"] for parameter in call["parameters"]] == ["remotename"]
+    assert {LaunchBody.__name__, SessionOpBody.__name__} <= set(components)
+    assert RemoteCallBody.__name__ not in components  # inlined without its path field
+
+
+def test_every_ref_resolves_and_no_defs_are_left_inside(schema: dict[str, Any]) -> None:
+    components = schema["components"]["schemas"]
+    for ref in _refs(schema):
+        assert ref.startswith("#/components/schemas/") and ref.removeprefix("#/components/schemas/") in components
+    assert "$defs" not in str(schema)
+    for component in components.values():
+        Draft202012Validator.check_schema(component)
+
+
+def test_peer_routes_keep_their_security_and_signed_headers(schema: dict[str, Any]) -> None:
+    launch = schema["paths"]["/api/v1/peers/launch"]["post"]
+    assert launch["security"] == [{"peerAuth": []}]
+    assert [p["name"] for p in launch["parameters"]] == [
+        "Idempotency-Key",
+        "Signature",
+        "Signature-Input",
+        "Content-Digest",
+    ]
+    assert schema["paths"]["/api/v1/peers/repos"]["get"]["parameters"] == []
+    assert schema["paths"]["/api/v1/machines/device/code"]["post"]["security"] == []
+    assert "required" not in schema["paths"]["/api/v1/machines/device/code"]["post"]["requestBody"]
