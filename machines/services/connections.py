@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
 from django.contrib.auth.models import User
@@ -20,11 +21,12 @@ from core.services import AuthenticationFailed, api_token_authenticate, server_p
 from core.tool_changes import tools_changed_on_commit
 from machines.models import Machine, MachineConnection, MachineToken
 from machines.protocol import DEFAULT_LIMITS, Hello
+from machines.services.operations import request_snapshots
 
 logger = logging.getLogger(__name__)
 
-# Channel-layer message types handled by machines.consumers.ShimConsumer.
-OP_MESSAGE = "machine.op"
+# Channel-layer message types handled by machines.consumers.ShimConsumer (and the
+# operation itself, ``operations.OP_MESSAGE``).
 REPLY_MESSAGE = "machine.reply"
 REVOKED_MESSAGE = "machine.revoked"
 TAKEOVER_MESSAGE = "machine.takeover"
@@ -130,10 +132,6 @@ def shim_connected(*, identity: ShimIdentity, hello: Hello, channel_name: str, p
 async def announce_attachment(attachment: Attachment) -> None:
     """After a HELLO: revoke taken-over sockets (4427), and on the N = 2 transition ask
     every attached shim of the shared sessions for its ``MACHINE_LIST_RESPONSE`` (§4)."""
-    from channels.db import database_sync_to_async
-
-    from machines.services.operations import request_snapshots
-
     layer = get_channel_layer()
     for channel_name, connection_id in attachment.replaced_channels:
         try:
