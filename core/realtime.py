@@ -4,14 +4,14 @@ The layer is a doorbell, never the only copy of anything (the rows are the truth
 this module is the only one that calls ``group_send`` or ``receive`` on it:
 
 - **Rings after commit** — ``ring_on_commit(group, message)`` sends ``message`` to
-  ``group`` once the current transaction commits (at once outside one); ``ring`` does the
-  same from async code. A ring that fails (a full channel, Redis down) is logged, never
-  raised: the change has happened, and whoever listens polls anyway. Each doorbell's
-  group name lives in the module that owns it (``core.revocation.DOORBELL_GROUP``,
-  ``core.tool_changes.tools_group``, ``agents.messages.doorbell_group``,
-  ``agents.services.user_events_group``, ``peers.outbox.DOORBELL_GROUP``); the one a
-  lower module rings for a higher one is here (``PEERS_MIRROR_GROUP``: pairing rings the
-  mirroring loop).
+  ``group`` once the current transaction commits (at once outside one), ``send_on_commit``
+  to one channel; ``ring`` sends to a group from async code. A ring that fails (a full
+  channel, Redis down) is logged, never raised: the change has happened, and whoever
+  listens polls anyway. Each doorbell's group name lives in the module that owns it
+  (``core.revocation.DOORBELL_GROUP``, ``core.tool_changes.tools_group``,
+  ``agents.messages.doorbell_group``, ``agents.services.user_events_group``,
+  ``peers.outbox.DOORBELL_GROUP``); the one a lower module rings for a higher one is here
+  (``PEERS_MIRROR_GROUP``: pairing rings the mirroring loop).
 - **Listening** — a ``Subscription`` is one channel of this process in some groups, read
   by **one long-lived receive task** that hands each message to ``wait(timeout)``. A
   channel-layer ``receive`` is never cancelled while the channel lives: channels-redis
@@ -130,14 +130,14 @@ class LoopHealth:
 # --- rings -------------------------------------------------------------------------------------
 
 
-def _ring_failed(group: str, message: dict[str, Any], exc: Exception) -> None:
+def _ring_failed(target: str, message: dict[str, Any], exc: Exception) -> None:
     kind = message.get("type")
     if isinstance(exc, ChannelFull):
-        logger.warning("ring %s of %s dropped: channel full", kind, group)
+        logger.warning("ring %s to %s dropped: channel full", kind, target)
     elif _outage(exc):
-        logger.warning("ring %s of %s dropped: %s: %s", kind, group, type(exc).__name__, str(exc)[:300])
+        logger.warning("ring %s to %s dropped: %s: %s", kind, target, type(exc).__name__, str(exc)[:300])
     else:
-        logger.exception("ring %s of %s failed", kind, group)
+        logger.exception("ring %s to %s failed", kind, target)
 
 
 async def ring(group: str, message: dict[str, Any]) -> None:
@@ -153,14 +153,14 @@ async def ring(group: str, message: dict[str, Any]) -> None:
         _ring_failed(group, message, exc)
 
 
-def _ring_now(group: str, message: dict[str, Any]) -> None:
+def _ring_now(target: str, message: dict[str, Any], *, group: bool) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
     try:
-        async_to_sync(layer.group_send)(group, message)
+        async_to_sync(layer.group_send if group else layer.send)(target, message)
     except Exception as exc:
-        _ring_failed(group, message, exc)
+        _ring_failed(target, message, exc)
 
 
 def ring_on_commit(group: str, message: dict[str, Any]) -> None:
@@ -170,7 +170,14 @@ def ring_on_commit(group: str, message: dict[str, Any]) -> None:
     Sync code only (it uses ``async_to_sync``). Never raises: a full channel or an
     unreachable layer is logged, and the committed rows stay the truth.
     """
-    transaction.on_commit(lambda: _ring_now(group, message))
+    transaction.on_commit(lambda: _ring_now(group, message, group=True))
+
+
+def send_on_commit(channel_name: str, message: dict[str, Any]) -> None:
+    """``ring_on_commit`` for one channel rather than a group: tell one consumer (a served
+    remote disconnected, a machine revoked) once the current transaction commits. Never
+    raises; sync code only."""
+    transaction.on_commit(lambda: _ring_now(channel_name, message, group=False))
 
 
 # --- listening ---------------------------------------------------------------------------------

@@ -15,10 +15,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
-from channels.exceptions import ChannelFull
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
@@ -30,7 +28,7 @@ from referencing.exceptions import Unresolvable
 from core.errors import DispatchError
 from core.models import ServerProcess
 from core.presence import current_process_id
-from core.realtime import Gone, layer_request, request_reply
+from core.realtime import Gone, layer_request, request_reply, send_on_commit
 from core.services import server_process_ensure
 from core.tool_changes import tools_changed_on_commit
 from remotes.models import Remote, WsSession
@@ -231,15 +229,7 @@ def remote_disconnect(*, user: User, remotename: str) -> Remote:
     remote.delete()
     forget_route(user.pk, remotename)
     tools_changed_on_commit([user.pk])
-    layer = get_channel_layer()
-
-    def announce() -> None:
-        try:
-            async_to_sync(layer.send)(channel_name, {"type": DISCONNECTED_MESSAGE, "remote_id": remote_id})
-        except ChannelFull:
-            logger.warning("could not tell %s that remote %s disconnected: channel full", channel_name, remotename)
-
-    transaction.on_commit(announce)
+    send_on_commit(channel_name, {"type": DISCONNECTED_MESSAGE, "remote_id": remote_id})
     return remote
 
 

@@ -9,7 +9,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
@@ -17,6 +16,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
+from core.realtime import send_on_commit
 from core.services import AuthenticationFailed, api_token_authenticate, server_process_ensure
 from core.tool_changes import tools_changed_on_commit
 from machines.models import Machine, MachineConnection, MachineToken
@@ -253,14 +253,6 @@ def machine_revoke(*, user: User, machine_id: str) -> Machine:
     channels = list(MachineConnection.objects.filter(machine=machine).values_list("channel_name", flat=True))
     MachineConnection.objects.filter(machine=machine).delete()
     tools_changed_on_commit([user.pk])
-    layer = get_channel_layer()
-
-    def announce() -> None:
-        for channel_name in channels:
-            try:
-                async_to_sync(layer.send)(channel_name, {"type": REVOKED_MESSAGE})
-            except ChannelFull:
-                logger.warning("could not close revoked machine socket %s: channel full", channel_name)
-
-    transaction.on_commit(announce)
+    for channel_name in channels:
+        send_on_commit(channel_name, {"type": REVOKED_MESSAGE})
     return machine
