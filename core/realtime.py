@@ -234,6 +234,7 @@ class Subscription:
         self._joined = asyncio.Event()  # set after the first attempt to join the groups
         self._joined_at: float | None = None
         self._error: Exception | None = None
+        self._overflowing = False
         self._opened = False
         self._closed = False
 
@@ -326,8 +327,11 @@ class Subscription:
 
     def _deliver(self, message: dict[str, Any]) -> None:
         if len(self._pending) >= self._capacity:
-            logger.info("a message to %s dropped: %d wait to be taken", self._channel, len(self._pending))
+            if not self._overflowing:  # once per overflow, as a full channel drops silently
+                logger.info("messages to %s dropped: %d wait to be taken", self._channel, len(self._pending))
+            self._overflowing = True
             return
+        self._overflowing = False
         self._pending.append(message)
         self._arrived.set()
 

@@ -218,3 +218,16 @@ async def test_without_a_channel_layer_the_wait_is_a_sleep(settings: Any) -> Non
         assert await bell.wait(0.1) is None
         assert asyncio.get_running_loop().time() - started >= 0.09
         assert bell.channel is None
+
+
+async def test_messages_not_taken_are_kept_up_to_the_channel_capacity() -> None:
+    layer = CountingLayer()
+    layer.capacity = 3
+    async with Subscription(GROUP, health=LoopHealth("test doorbell"), layer=layer) as bell:
+        for n in range(5):
+            layer.ring({"type": "test.ring", "n": n})
+        await asyncio.sleep(0.05)  # the loop is busy; the receiver takes all five meanwhile
+        taken = []
+        while (message := await bell.wait(0.05)) is not None:
+            taken.append(message["n"])
+    assert taken == [0, 1, 2]  # the rest dropped, as a full channel drops them
