@@ -18,7 +18,7 @@ from agents import services
 from agents.expert import ExpertAgent
 from agents.models import Run
 from core.presence import current_process_id
-from dispatch.background import LoopHealth
+from core.realtime import LoopHealth
 
 logger = logging.getLogger(__name__)
 

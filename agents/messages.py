@@ -15,9 +15,6 @@ import logging
 import re
 from typing import TYPE_CHECKING, Any
 
-from asgiref.sync import async_to_sync
-from channels.exceptions import ChannelFull
-from channels.layers import get_channel_layer
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
@@ -26,6 +23,7 @@ from agents import services
 from agents.models import Agent, AgentEvent, AgentMessage
 from agents.serializers import AgentMessageSerializer
 from core.errors import DispatchError, InvalidRequest, NotFound
+from core.realtime import ring_on_commit
 
 if TYPE_CHECKING:
     from peers.models import Peer
@@ -60,17 +58,13 @@ def doorbell_group(host: str) -> str:
 
 
 def doorbell_ring(host: str) -> None:
-    """Wake the CLI supervisor of ``host`` now (``{"type": "cli.doorbell"}`` to its group).
+    """Wake the CLI supervisor of ``host`` (``{"type": "cli.doorbell"}`` to its group) once
+    the current transaction commits, at once outside one (``core.realtime.ring_on_commit``).
 
     At most once and best effort: a lost ring only delays delivery to the next poll.
-    Call from sync code (it uses ``async_to_sync``); never raises.
+    Call from sync code; never raises.
     """
-    try:
-        async_to_sync(get_channel_layer().group_send)(doorbell_group(host), {"type": "cli.doorbell"})
-    except ChannelFull:
-        logger.info("CLI doorbell of %s dropped: channel full", host)
-    except Exception:
-        logger.exception("CLI doorbell of %s failed", host)
+    ring_on_commit(doorbell_group(host), {"type": "cli.doorbell"})
 
 
 def message_content(content: Any) -> str:
@@ -136,8 +130,7 @@ def message_send(
                 {"status": current.status},
             )
         message = AgentMessage.objects.create(**origin, recipient_agent=current, content=text)
-        host = current.host
-        transaction.on_commit(lambda: doorbell_ring(host))
+        doorbell_ring(current.host)  # after commit
     _publish(message, "message.created")
     return message
 

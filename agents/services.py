@@ -17,9 +17,6 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from asgiref.sync import async_to_sync
-from channels.exceptions import ChannelFull
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
@@ -32,6 +29,7 @@ from agents.serializers import agent_data, event_data, run_data
 from core import wire
 from core.errors import DispatchError, InvalidRequest, NotFound
 from core.presence import HOSTNAME
+from core.realtime import ring_on_commit
 
 logger = logging.getLogger(__name__)
 
@@ -68,18 +66,10 @@ def publish_on_commit(*, user_id: int, event: str, data: dict[str, Any]) -> None
     """Send ``{"type": "user.event", "event", "data"}`` to the user's group after commit.
 
     ``data`` must be JSON-safe. Sent at once when no transaction is open. A full channel
-    loses the doorbell, never the change: readers reload from the rows.
+    or an unreachable layer loses the doorbell, never the change: readers reload from the
+    rows (``core.realtime.ring_on_commit``; never raises).
     """
-    group = user_events_group(user_id)
-    message = {"type": "user.event", "event": event, "data": data}
-
-    def send() -> None:
-        try:
-            async_to_sync(get_channel_layer().group_send)(group, message)
-        except ChannelFull:
-            logger.warning("live event %s to %s dropped: channel full", event, group)
-
-    transaction.on_commit(send)
+    ring_on_commit(user_events_group(user_id), {"type": "user.event", "event": event, "data": data})
 
 
 def _publish_agent(agent: Agent) -> None:

@@ -23,7 +23,6 @@ from typing import Any
 
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
-from channels.layers import get_channel_layer
 from django.contrib.auth.decorators import login_not_required
 from django.contrib.auth.models import User
 from django.http import HttpRequest, HttpResponseBase, StreamingHttpResponse
@@ -39,6 +38,7 @@ from core.errors import DispatchError, InvalidRequest
 from core.http import bearer_credentials, error_response, request_user
 from core.models import ApiToken
 from core.presence import HOSTNAME
+from core.realtime import Subscription
 from core.revocation import CREDENTIAL_ENDED, StreamCredential, stream_closed, stream_opened
 
 logger = logging.getLogger(__name__)
@@ -83,14 +83,13 @@ async def _pane_text(agent: Agent) -> str | None:
 
 
 async def _frames(
-    user: User, channel: str, pane: Agent | None = None, credential: StreamCredential | None = None
+    user: User, live: Subscription, pane: Agent | None = None, credential: StreamCredential | None = None
 ) -> AsyncIterator[str]:
-    layer = get_channel_layer()
+    channel = live.channel
+    assert channel is not None  # opened by the view
     # The stream ends when its token, user or session does (core.revocation).
     stream_opened(channel, credential or StreamCredential(user_id=user.pk))
-    group = user_events_group(user.pk)
     frame_id = 0
-    receive: asyncio.Future[dict[str, Any]] | None = None
     loop = asyncio.get_running_loop()
     last_sent = loop.time()
     next_capture = loop.time()
@@ -99,18 +98,13 @@ async def _frames(
         snapshot = await database_sync_to_async(_snapshot)(user)
         yield sse_frame(frame_id=frame_id, event="snapshot", data=snapshot)
         while True:
-            # One pending receive at a time, kept across keep-alives and pane captures:
-            # cancelling a channel-layer receive repeatedly could drop a message.
-            if receive is None:
-                receive = asyncio.ensure_future(layer.receive(channel))
+            # Keep-alives and pane captures never cancel the layer's receive (core.realtime).
             now = loop.time()
             wait = last_sent + KEEPALIVE_SECONDS - now
             if pane is not None:
                 wait = min(wait, next_capture - now)
-            done, _ = await asyncio.wait({receive}, timeout=max(wait, 0.0))
-            if done:
-                message = receive.result()
-                receive = None
+            message = await live.wait(max(wait, 0.0))
+            if message is not None:
                 if message.get("type") == CREDENTIAL_ENDED:
                     return
                 frame_id += 1
@@ -131,9 +125,7 @@ async def _frames(
                 yield ": keep-alive\n\n"
     finally:
         stream_closed(channel)
-        if receive is not None:
-            receive.cancel()
-        await layer.group_discard(group, channel)
+        await live.close()
 
 
 async def _credential(request: HttpRequest, user: User) -> StreamCredential:
@@ -165,11 +157,9 @@ async def events_stream(request: HttpRequest) -> HttpResponseBase:
         credential = await _credential(request, user)
     except DispatchError as exc:
         return error_response(exc)
-    layer = get_channel_layer()
-    channel = await layer.new_channel()
     # Subscribe before the snapshot is read: nothing that happens in between is lost.
-    await layer.group_add(user_events_group(user.pk), channel)
-    response = StreamingHttpResponse(_frames(user, channel, pane, credential), content_type="text/event-stream")
+    live = await Subscription(user_events_group(user.pk)).open()
+    response = StreamingHttpResponse(_frames(user, live, pane, credential), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response

@@ -1,31 +1,497 @@
-"""Asking a consumer something over the channel layer and waiting for its answer.
+"""The channel layer, one way for each job (CONVENTIONS.md habit 14; spec/overview.md "How it runs").
 
-A one-shot request/reply: the request carries a fresh ``reply_channel``; the consumer
-answers with ``channel_layer.send(reply_channel, {...})``. Used where the answer is short
-and the wait bounded (the remote-connect liveness probe, spec/sessions-and-remotes.md §2).
+The layer is a doorbell, never the only copy of anything (the rows are the truth), and
+this module is the only one that calls ``group_send`` or ``receive`` on it:
+
+- **Rings after commit** — ``ring_on_commit(group, message)`` sends ``message`` to
+  ``group`` once the current transaction commits (at once outside one), ``send_on_commit``
+  to one channel; ``ring`` sends to a group from async code. A ring that fails (a full
+  channel, Redis down) is logged, never raised: the change has happened, and whoever
+  listens polls anyway. Each doorbell's group name lives in the module that owns it
+  (``core.revocation.DOORBELL_GROUP``, ``core.tool_changes.tools_group``,
+  ``agents.messages.doorbell_group``, ``agents.services.user_events_group``,
+  ``peers.outbox.DOORBELL_GROUP``); the one a lower module rings for a higher one is here
+  (``PEERS_MIRROR_GROUP``: pairing rings the mirroring loop).
+- **Listening** — a ``Subscription`` is one channel of this process in some groups, read
+  by **one long-lived receive task** that hands each message to ``wait(timeout)``. A
+  channel-layer ``receive`` is never cancelled while the channel lives: channels-redis
+  drops the messages buffered for a channel whose receive is cancelled, and its pub/sub
+  layer unsubscribes the channel. The only cancel is ``close()``, at the end of the
+  channel's life. A background loop's doorbell (with a ``LoopHealth``) survives layer
+  outages: the receiver reports them, backs off and joins its groups again, while the
+  loop's ``wait`` just times out — the loop's periodic pass is the guarantee. An event
+  stream's subscription (no ``LoopHealth``) ends instead: ``wait`` raises the layer's
+  error and the client reconnects to a fresh snapshot.
+- **Request/reply** — ``request_reply`` sends a request carrying a fresh
+  ``reply_channel`` and waits, bounded, for the one answer (the consumer answers with
+  ``channel_layer.send(reply_channel, {...})``), re-checking the answerer's liveness
+  while it waits; used by remote calls (spec/sessions-and-remotes.md §2.4) and machine
+  operations (spec/machines.md §5). ``layer_request`` is its short form for probes
+  (§2 "Lifetime"), ``layer_round_trip`` the ``/healthz`` check of the layer.
+- ``LoopHealth``: how a background loop is doing — its backoff after errors and its
+  once-per-change-of-state log (spec/quality.md "Faults").
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import random
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
+from asgiref.sync import async_to_sync
+from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import transaction
+
+from core.errors import DispatchError, channel_layer_unavailable, database_unavailable
+
+logger = logging.getLogger(__name__)
+
+BACKOFF_JITTER = 0.2  # ± this fraction of a backoff delay, drawn at random
+LEAVE_TIMEOUT = 5.0  # seconds ``Subscription.close`` waits to leave its groups
+PEERS_MIRROR_GROUP = "peers.mirror"
+"""The mirroring loop's doorbell (``peers.mirror``), rung by ``peers.pairing`` (below it)
+after a link changes: ``{"type": MIRROR_RESCAN}``, or ``{"type": MIRROR_RESNAPSHOT,
+"peer_id": <int>}`` to restart one peer's stream."""
+MIRROR_RESCAN = "mirror.rescan"
+MIRROR_RESNAPSHOT = "mirror.resnapshot"
+
+
+def _outage(exc: BaseException) -> bool:
+    return channel_layer_unavailable(exc) or database_unavailable(exc)
+
+
+# --- loop health -------------------------------------------------------------------------------
+
+
+class LoopHealth:
+    """How one background loop is doing: the delay after an error, and its log.
+
+    Every background loop reports each pass: ``ok()`` after one that worked, ``failed(exc)``
+    after one that raised, which returns the seconds to wait before the next pass: ``base``
+    × 2^(failures − 1), capped at ``cap``, ±20 % jitter (so a loop whose Redis or database
+    is down neither spins nor retries in step with every other process). It logs one line
+    per change of state — the first failure, with its error (and the traceback when it is
+    not an outage), and "recovered" when a pass works again — never one per pass
+    (spec/quality.md "Faults"; issue 11 item 4).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        base: float = 1.0,
+        cap: float = 30.0,
+        log: logging.Logger | None = None,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self.name = name
+        self.base = base
+        self.cap = max(cap, base)
+        self.log = log or logger
+        self.rand = rand
+        self.failures = 0  # consecutive failed passes
+
+    def failed(self, exc: BaseException) -> float:
+        """Record a failed pass; return the seconds to wait before the next one."""
+        self.failures += 1
+        delay = min(self.cap, self.base * 2 ** min(self.failures - 1, 30))
+        delay *= 1 - BACKOFF_JITTER + 2 * BACKOFF_JITTER * self.rand()
+        if self.failures == 1:
+            self.log.warning(
+                "%s failing: %s: %s; retrying with backoff (up to %gs), logged again when it recovers",
+                self.name,
+                type(exc).__name__,
+                str(exc)[:300],
+                self.cap,
+                exc_info=None if _outage(exc) else exc,
+            )
+        else:
+            self.log.debug("%s still failing (%d passes): %s", self.name, self.failures, exc)
+        return delay
+
+    async def pause(self, exc: BaseException) -> None:
+        """``failed(exc)``, then wait its delay."""
+        await asyncio.sleep(self.failed(exc))
+
+    def ok(self) -> None:
+        """Record a pass that worked (logs "recovered" after failures)."""
+        if self.failures:
+            self.log.warning("%s recovered after %d failed passes", self.name, self.failures)
+            self.failures = 0
+
+
+# --- rings -------------------------------------------------------------------------------------
+
+
+def _ring_failed(target: str, message: dict[str, Any], exc: Exception) -> None:
+    kind = message.get("type")
+    if isinstance(exc, ChannelFull):
+        logger.warning("ring %s to %s dropped: channel full", kind, target)
+    elif _outage(exc):
+        logger.warning("ring %s to %s dropped: %s: %s", kind, target, type(exc).__name__, str(exc)[:300])
+    else:
+        logger.exception("ring %s to %s failed", kind, target)
+
+
+async def ring(group: str, message: dict[str, Any]) -> None:
+    """Send ``message`` (a JSON-safe dict with a ``type``) to ``group`` now, from async code
+    outside a transaction. Never raises: a failure is logged (the layer is at-most-once, so
+    listeners poll anyway)."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        await layer.group_send(group, message)
+    except Exception as exc:
+        _ring_failed(group, message, exc)
+
+
+def _ring_now(target: str, message: dict[str, Any], *, group: bool) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        async_to_sync(layer.group_send if group else layer.send)(target, message)
+    except Exception as exc:
+        _ring_failed(target, message, exc)
+
+
+def ring_on_commit(group: str, message: dict[str, Any]) -> None:
+    """Send ``message`` to ``group`` once the current transaction commits — at once when
+    none is open, never when it rolls back (CONVENTIONS.md "Write, then announce").
+
+    Sync code only (it uses ``async_to_sync``). Never raises: a full channel or an
+    unreachable layer is logged, and the committed rows stay the truth.
+    """
+    transaction.on_commit(lambda: _ring_now(group, message, group=True))
+
+
+def send_on_commit(channel_name: str, message: dict[str, Any]) -> None:
+    """``ring_on_commit`` for one channel rather than a group: tell one consumer (a served
+    remote disconnected, a machine revoked) once the current transaction commits. Never
+    raises; sync code only."""
+    transaction.on_commit(lambda: _ring_now(channel_name, message, group=False))
+
+
+# --- listening ---------------------------------------------------------------------------------
+
+
+async def _sleep(timeout: float | None) -> None:
+    if timeout is None:
+        await asyncio.get_running_loop().create_future()  # for ever (until cancelled)
+    else:
+        await asyncio.sleep(timeout)
+
+
+class Subscription:
+    """One channel of this process in ``groups``, read by one long-lived receive task.
+
+    ``await open()`` (or ``async with``) makes the channel; ``await wait(timeout)`` returns
+    the next message (a dict), in arrival order, or ``None`` after ``timeout`` seconds
+    (``None``: no limit) — a message that arrived while the caller was busy is returned by
+    the next ``wait`` at once; ``await close()`` ends it. The receive task holds one
+    ``layer.receive`` at a time and never cancels it while the channel lives; ``wait``
+    waits on what that task hands over, so its timeout cancels nothing on the layer.
+    Messages not yet taken are kept up to the layer's channel capacity (more are dropped,
+    as a full channel would).
+
+    With ``health`` (a background loop's doorbell): ``open`` never fails; joining the
+    groups happens in the receive task, and a layer error there (joining, receiving) is
+    reported to ``health`` (logged once per change of state), waited out for its backoff,
+    and followed by joining again, while ``wait`` keeps timing out — the loop polls at its
+    own pace. Without ``health`` (an event stream): ``open`` joins the groups and raises
+    what the layer raises; a later receive error is raised by ``wait`` and ends the
+    subscription. ``rejoin_every`` (seconds; ``None``: never) renews the group memberships
+    (groups expire, and a restarted Redis forgets them). Without a channel layer
+    (``CHANNEL_LAYERS`` unset) ``wait`` just sleeps its timeout.
+
+    ``layer``: the channel layer to use (default: ``get_channel_layer()`` at ``open``).
+    """
+
+    def __init__(
+        self,
+        *groups: str,
+        health: LoopHealth | None = None,
+        rejoin_every: float | None = None,
+        layer: Any = None,
+    ) -> None:
+        self.groups = groups
+        self.health = health
+        self.rejoin_every = rejoin_every
+        self._layer = layer
+        self._channel: str | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._pending: deque[dict[str, Any]] = deque()
+        self._capacity = 100
+        self._arrived = asyncio.Event()
+        self._joined = asyncio.Event()  # set after the first attempt to join the groups
+        self._joined_at: float | None = None
+        self._error: Exception | None = None
+        self._overflowing = False
+        self._opened = False
+        self._closed = False
+
+    @property
+    def channel(self) -> str | None:
+        """The channel's name (``None`` before ``open``, or without a layer)."""
+        return self._channel
+
+    async def open(self) -> Subscription:
+        """Make the channel (and, without ``health``, join the groups: raises what the
+        layer raises). Returns ``self``."""
+        if self._opened:
+            return self
+        self._opened = True
+        if self._layer is None:
+            self._layer = get_channel_layer()
+        if self._layer is None:
+            self._joined.set()
+            return self
+        self._capacity = int(getattr(self._layer, "capacity", 100) or 100)
+        if self.health is None:
+            self._channel = await self._layer.new_channel()
+            for group in self.groups:
+                await self._layer.group_add(group, self._channel)
+            self._joined_at = asyncio.get_running_loop().time()
+            self._joined.set()
+        else:
+            self._start()
+        return self
+
+    async def joined(self) -> bool:
+        """Wait until the first attempt to join the groups is over; whether it worked."""
+        await self._joined.wait()
+        return self._joined_at is not None
+
+    async def wait(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """The next message, or ``None`` when none arrives within ``timeout`` seconds.
+
+        Raises the layer's error after a failed receive when there is no ``health``."""
+        if not self._opened:
+            await self.open()
+        if self._closed:
+            raise RuntimeError("this subscription is closed")
+        if self._layer is None:
+            await _sleep(timeout)
+            return None
+        self._start()
+        if not self._pending and self._error is None:
+            self._arrived.clear()
+            try:
+                async with asyncio.timeout(timeout):  # not wait_for: on 3.11 it can swallow a cancel
+                    await self._arrived.wait()
+            except TimeoutError:
+                pass
+        if self._pending:
+            return self._pending.popleft()
+        if self._error is not None:
+            raise self._error
+        return None
+
+    async def close(self, *, timeout: float = LEAVE_TIMEOUT) -> None:
+        """Stop the receive task (the one cancel of the channel's receive) and leave the
+        groups, waiting at most ``timeout`` seconds; a failure to leave is logged (the
+        memberships expire by themselves)."""
+        if self._closed:
+            return
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        if self._layer is None or self._channel is None or not self.groups:
+            return
+        try:
+            async with asyncio.timeout(timeout):
+                for group in self.groups:
+                    await self._layer.group_discard(group, self._channel)
+        except Exception as exc:
+            logger.info("could not leave %s (%s); the membership expires by itself", ", ".join(self.groups), exc)
+
+    async def __aenter__(self) -> Subscription:
+        return await self.open()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def _start(self) -> None:
+        if self._task is None and not self._closed and self._error is None:
+            self._task = asyncio.get_running_loop().create_task(self._receive_forever())
+
+    def _deliver(self, message: dict[str, Any]) -> None:
+        if len(self._pending) >= self._capacity:
+            if not self._overflowing:  # once per overflow, as a full channel drops silently
+                logger.info("messages to %s dropped: %d wait to be taken", self._channel, len(self._pending))
+            self._overflowing = True
+            return
+        self._overflowing = False
+        self._pending.append(message)
+        self._arrived.set()
+
+    async def _receive_forever(self) -> None:
+        layer = self._layer
+        loop = asyncio.get_running_loop()
+        receive: asyncio.Future[dict[str, Any]] | None = None
+        try:
+            while True:
+                try:
+                    if receive is not None and receive.done():
+                        finished, receive = receive, None
+                        self._deliver(finished.result())
+                        continue
+                    if self._channel is None:
+                        self._channel = await layer.new_channel()
+                    joined_at = self._joined_at
+                    if joined_at is None or (
+                        self.rejoin_every is not None and loop.time() - joined_at >= self.rejoin_every
+                    ):
+                        for group in self.groups:
+                            await layer.group_add(group, self._channel)
+                        self._joined_at = joined_at = loop.time()
+                        self._joined.set()
+                        if self.health is not None:
+                            self.health.ok()
+                    if receive is None:
+                        receive = asyncio.ensure_future(layer.receive(self._channel))
+                    until_rejoin = None if self.rejoin_every is None else joined_at + self.rejoin_every - loop.time()
+                    await asyncio.wait({receive}, timeout=None if until_rejoin is None else max(until_rejoin, 0.0))
+                except Exception as exc:
+                    if self.health is None:
+                        self._error = exc
+                        self._arrived.set()
+                        return
+                    self._joined_at = None  # join again once the backoff is over
+                    self._joined.set()
+                    await asyncio.sleep(self.health.failed(exc))
+        finally:
+            if receive is not None:
+                if not receive.done():
+                    receive.cancel()  # the channel's life ends here
+                elif not receive.cancelled():
+                    receive.exception()  # retrieved: a failure at shutdown is not news
+
+
+# --- request / reply ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Gone:
+    """A liveness check's verdict that the answerer is gone: ``request_reply`` waits
+    ``grace`` more seconds for a reply already on its way, then raises ``error``."""
+
+    error: DispatchError
+    grace: float = 0.0
+
+
+class _NoReply(DispatchError):
+    def __init__(self) -> None:
+        super().__init__("TIMEOUT", "no reply")
+
+
+async def request_reply(
+    channel_name: str,
+    message: dict[str, Any],
+    *,
+    timed_out: DispatchError,
+    timeout: float | None = None,
+    deadline: float | None = None,
+    busy: DispatchError | None = None,
+    unsendable: Callable[[Exception], DispatchError] | None = None,
+    liveness: Callable[[], Awaitable[Gone | None]] | None = None,
+    check_every: float | None = None,
+) -> dict[str, Any]:
+    """Send ``message`` plus a fresh ``reply_channel`` to ``channel_name`` and return the
+    reply (the first message on that channel, a dict).
+
+    The wait ends at ``deadline`` (the running loop's ``time()``) or ``timeout`` seconds
+    after the send (exactly one of the two), raising ``timed_out``. While waiting, every
+    ``check_every`` seconds (default ``DISPATCH_REMOTE_LIVENESS_INTERVAL``) ``liveness()``
+    is asked whether the answerer still lives: ``None`` goes on waiting, a ``Gone`` ends
+    the wait (after its grace) with its error. One receive is held for the whole wait and
+    cancelled only when the wait is over (the reply channel is used once).
+
+    Raises ``busy`` when the target channel is full (``ChannelFull`` itself when ``busy``
+    is ``None``), ``unsendable(exc)`` when the layer cannot serialize the message
+    (``TypeError``/``ValueError``; raised as is without ``unsendable``), and what the layer
+    raises while it is unreachable (a Redis ``ConnectionError``: the edges answer it as
+    ``TEMPORARILY_UNAVAILABLE``).
+    """
+    if (timeout is None) == (deadline is None):
+        raise TypeError("request_reply takes exactly one of timeout and deadline")
+    layer = get_channel_layer()
+    reply_channel = await layer.new_channel()
+    try:
+        await layer.send(channel_name, {**message, "reply_channel": reply_channel})
+    except ChannelFull:
+        if busy is None:
+            raise
+        raise busy from None
+    except (TypeError, ValueError) as exc:
+        if unsendable is None:
+            raise
+        raise unsendable(exc) from None
+    loop = asyncio.get_running_loop()
+    if deadline is None:
+        assert timeout is not None
+        deadline = loop.time() + timeout
+    interval = settings.REMOTE_LIVENESS_INTERVAL if check_every is None else check_every
+    receive = asyncio.ensure_future(layer.receive(reply_channel))
+    try:
+        while True:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise timed_out
+            done, _ = await asyncio.wait({receive}, timeout=remaining if liveness is None else min(remaining, interval))
+            if done:
+                break
+            if liveness is None:
+                continue
+            gone = await liveness()
+            if gone is None:
+                continue
+            if gone.grace > 0:
+                done, _ = await asyncio.wait({receive}, timeout=gone.grace)
+                if done:
+                    break
+            raise gone.error
+    finally:
+        if not receive.done():
+            receive.cancel()  # the reply channel's life ends here
+    reply: dict[str, Any] = receive.result()
+    return reply
 
 
 async def layer_request(channel_name: str, message: dict[str, Any], *, timeout: float) -> dict[str, Any] | None:
     """Send ``message`` plus ``reply_channel`` to ``channel_name``; return the first reply
-    that arrives within ``timeout`` seconds, or ``None`` when none does.
+    that arrives within ``timeout`` seconds, or ``None`` when none does (a probe: "do you
+    still serve this?", spec/sessions-and-remotes.md §2 "Lifetime").
 
     Raises what the layer raises on send (``ChannelFull``; a Redis ``ConnectionError``
     while the layer is unreachable).
     """
-    layer = get_channel_layer()
-    reply_channel = await layer.new_channel()
-    await layer.send(channel_name, {**message, "reply_channel": reply_channel})
     try:
-        async with asyncio.timeout(timeout):  # not wait_for: on 3.11 it can swallow a cancel
-            reply: dict[str, Any] = await layer.receive(reply_channel)
-    except TimeoutError:
+        return await request_reply(channel_name, message, timeout=timeout, timed_out=_NoReply())
+    except _NoReply:
         return None
-    return reply
+
+
+async def layer_round_trip(*, timeout: float) -> bool:
+    """Whether this process's channel layer works: a probe sent to a fresh channel of this
+    process comes back within ``timeout`` seconds (``/healthz``). Never raises."""
+    probe = uuid.uuid4().hex
+    try:
+        async with Subscription() as echo:
+            if echo.channel is None:
+                return False  # no channel layer configured
+            await get_channel_layer().send(echo.channel, {"type": "health.probe", "probe": probe})
+            message = await echo.wait(timeout)
+    except Exception:
+        return False
+    return message is not None and message.get("probe") == probe

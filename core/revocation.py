@@ -29,17 +29,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import transaction
 from django.db.models import CharField, Exists, OuterRef, Q, QuerySet, Value
 from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
 from core.models import ApiToken
 from core.presence import current_process_id
+from core.realtime import ring_on_commit
 
 logger = logging.getLogger(__name__)
 
@@ -251,15 +251,9 @@ async def revocation_sweep_once() -> int:
 def credentials_ended_on_commit() -> None:
     """Ring every process's sweep once the current transaction commits (sync code: the
     services that revoke a token, deactivate a user or end sessions). A failure to ring is
-    logged, never raised: the periodic sweep still runs within ``SWEEP_INTERVAL``."""
-
-    def ring() -> None:
-        try:
-            async_to_sync(get_channel_layer().group_send)(DOORBELL_GROUP, {"type": "credentials.ring"})
-        except Exception:
-            logger.warning("could not ring the revocation doorbell; the sweep runs anyway", exc_info=True)
-
-    transaction.on_commit(ring)
+    logged, never raised: the periodic sweep still runs within ``SWEEP_INTERVAL``
+    (``core.realtime.ring_on_commit``)."""
+    ring_on_commit(DOORBELL_GROUP, {"type": "credentials.ring"})
 
 
 def sessions_end_for(user_ids: Iterable[int]) -> None:

@@ -13,14 +13,9 @@ reconnect always brings one).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
-from django.db import transaction
-
-logger = logging.getLogger(__name__)
+from core.realtime import ring, ring_on_commit
 
 TOOLS_CHANGED_MESSAGE = "tools.changed"
 
@@ -31,25 +26,16 @@ def tools_group(user_id: int) -> str:
 
 
 async def tools_changed(user_id: int) -> None:
-    """Ring ``user_id``'s group now (async code, outside a transaction)."""
-    await get_channel_layer().group_send(tools_group(user_id), {"type": TOOLS_CHANGED_MESSAGE})
+    """Ring ``user_id``'s group now (async code, outside a transaction); never raises
+    (``core.realtime.ring``)."""
+    await ring(tools_group(user_id), {"type": TOOLS_CHANGED_MESSAGE})
 
 
 def tools_changed_on_commit(user_ids: Iterable[int | None]) -> None:
     """Ring each user's group once the current transaction commits (sync code).
 
     ``None`` entries are ignored. A failure to ring is logged, never raised: the change
-    itself has happened.
+    itself has happened (``core.realtime.ring_on_commit``).
     """
-    wanted = sorted({int(user_id) for user_id in user_ids if user_id is not None})
-    if not wanted:
-        return
-
-    def send() -> None:
-        for user_id in wanted:
-            try:
-                async_to_sync(tools_changed)(user_id)
-            except Exception:
-                logger.exception("could not announce a tool-list change of user %s", user_id)
-
-    transaction.on_commit(send)
+    for user_id in sorted({int(user_id) for user_id in user_ids if user_id is not None}):
+        ring_on_commit(tools_group(user_id), {"type": TOOLS_CHANGED_MESSAGE})

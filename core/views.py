@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import uuid
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 from urllib.parse import urlencode
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
-from channels.layers import get_channel_layer
 from django import forms
 from django.conf import settings
 from django.contrib import messages
@@ -29,7 +26,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods
 from django_htmx.http import HttpResponseClientRedirect
 
-from core import selectors, services
+from core import realtime, selectors, services
 from core.authentication import authenticated_user
 from core.errors import DispatchError, RateLimited
 from core.presence import current_process_id
@@ -175,17 +172,7 @@ def _database_ok() -> bool:
 
 
 async def _channel_layer_ok() -> bool:
-    layer = get_channel_layer()
-    if layer is None:
-        return False
-    try:
-        channel = await layer.new_channel()
-        probe = uuid.uuid4().hex
-        await layer.send(channel, {"type": "health.probe", "probe": probe})
-        message = await asyncio.wait_for(layer.receive(channel), timeout=3)
-        return bool(message.get("probe") == probe)
-    except Exception:
-        return False
+    return await realtime.layer_round_trip(timeout=3)
 
 
 @login_not_required

@@ -32,25 +32,30 @@ from datetime import timedelta
 from typing import Any
 
 import httpx
-from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
-from channels.exceptions import ChannelFull
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, Max, Q
 from django.utils import timezone
 
 from core.presence import current_process_id
-from dispatch.background import LoopHealth
+from core.realtime import (
+    MIRROR_RESCAN,
+    MIRROR_RESNAPSHOT,
+    PEERS_MIRROR_GROUP,
+    LoopHealth,
+    Subscription,
+    ring_on_commit,
+)
 from peers import shadows
 from peers.leases import peer_lease_claim, peer_lease_release
 from peers.models import Peer
 from peers.outbox import outbox_backoff_reset
+from peers.pairing import peer_mark_unlinked_by_peer
 
 logger = logging.getLogger(__name__)
 
-DOORBELL_GROUP = "peers.mirror"
+DOORBELL_GROUP = PEERS_MIRROR_GROUP  # defined in core.realtime: pairing rings it too
 RESCAN_SECONDS = 60.0
 READ_TIMEOUT = 45.0
 BACKOFF_BASE = 5.0
@@ -77,31 +82,18 @@ def reconnect_delay(failures: int) -> float:
 # --- doorbell ----------------------------------------------------------------------------
 
 
-def _ring(message: dict[str, Any]) -> None:
-    def send() -> None:
-        layer = get_channel_layer()
-        if layer is None:
-            return
-        try:
-            async_to_sync(layer.group_send)(DOORBELL_GROUP, message)
-        except ChannelFull:
-            logger.warning("mirror doorbell dropped: channel full (the next rescan catches up)")
-
-    transaction.on_commit(send)
-
-
 def mirror_rescan() -> None:
     """Ask every process's subscriber to rescan the peer list now (after commit; sync code).
 
     Call it after a link is created, changed or revoked (spec §7: rescanned on link/unlink).
     """
-    _ring({"type": "mirror.rescan"})
+    ring_on_commit(DOORBELL_GROUP, {"type": MIRROR_RESCAN})
 
 
 def mirror_resnapshot(peer_id: int) -> None:
     """Ask the process subscribed to peer ``peer_id`` to reconnect now, which brings a fresh
     snapshot (after commit; sync code). Used after launching an agent on the peer (spec §6)."""
-    _ring({"type": "mirror.resnapshot", "peer_id": int(peer_id)})
+    ring_on_commit(DOORBELL_GROUP, {"type": MIRROR_RESNAPSHOT, "peer_id": int(peer_id)})
 
 
 # --- leases ------------------------------------------------------------------------------
@@ -237,8 +229,6 @@ async def subscribe_peer(peer_id: int) -> None:
                 # that no longer accepts ours — shows as "unlinked by the other side" (its
                 # unlink notice may never have arrived).
                 logger.warning("peer %s no longer knows our token: marking it unlinked by the other side", peer.label)
-                from peers.pairing import peer_mark_unlinked_by_peer
-
                 await database_sync_to_async(transaction.atomic(peer_mark_unlinked_by_peer))(peer=peer)
                 return
             if isinstance(exc, StreamRefused) and exc.status in (401, 403):
@@ -324,14 +314,16 @@ async def mirror_loop() -> None:
     message restarts that peer's stream. On cancellation every stream is closed and every
     lease released so another process takes over.
     """
-    layer = get_channel_layer()
-    channel = await layer.new_channel() if layer is not None else None
     subscriptions = _Subscriptions(current_process_id())
-    receive: asyncio.Future[dict[str, Any]] | None = None
     # One health per step: a scan that works and a doorbell that fails (Redis down) must
     # not log "recovered" and "failing" on every pass.
     scanning = LoopHealth("peer mirror scan", log=logger, cap=RESCAN_SECONDS)
-    doorbell = LoopHealth("peer mirror wait (doorbell)", log=logger, cap=RESCAN_SECONDS)
+    doorbell = Subscription(
+        DOORBELL_GROUP,
+        health=LoopHealth("peer mirror wait (doorbell)", log=logger, cap=RESCAN_SECONDS),
+        rejoin_every=RESCAN_SECONDS,  # groups expire, and a restarted Redis forgets them
+    )
+    await doorbell.open()
     try:
         restart: int | None = None
         loop = asyncio.get_running_loop()
@@ -344,39 +336,25 @@ async def mirror_loop() -> None:
                 continue
             scanning.ok()
             restart = None
-            if layer is None or channel is None:
-                await asyncio.sleep(RESCAN_SECONDS)
-                continue
+            deadline = loop.time() + RESCAN_SECONDS
             try:
-                await layer.group_add(DOORBELL_GROUP, channel)  # renewed each pass: groups expire
-                if receive is None:
-                    receive = asyncio.ensure_future(layer.receive(channel))
-                deadline = loop.time() + RESCAN_SECONDS
                 while True:
-                    timeout = max(min(PEEK_SECONDS, deadline - loop.time()), 0.0)
-                    done, _ = await asyncio.wait({receive}, timeout=timeout)
-                    if done or loop.time() >= deadline:
+                    # Without its doorbell (layer down) this only times out: the loop
+                    # still peeks and rescans.
+                    message = await doorbell.wait(max(min(PEEK_SECONDS, deadline - loop.time()), 0.0))
+                    if message is not None:
+                        if message.get("type") == MIRROR_RESNAPSHOT:
+                            restart = message.get("peer_id")
+                        break
+                    if loop.time() >= deadline:
                         break
                     if await database_sync_to_async(_peers_marker)() != marker:
                         break  # a link changed without a doorbell reaching this process
-                if done:
-                    finished, receive = receive, None
-                    message = finished.result()
-                    if message.get("type") == "mirror.resnapshot":
-                        restart = message.get("peer_id")
             except Exception as exc:
-                if receive is not None and receive.done():
-                    receive = None
-                # Without its doorbell the loop still rescans, after a backoff.
-                await doorbell.pause(exc)
-                continue
-            doorbell.ok()
+                await scanning.pause(exc)  # the peek is a database read
     finally:
-        if receive is not None:
-            receive.cancel()
+        await doorbell.close()
         try:
             await asyncio.wait_for(subscriptions.close(), 5)
-            if layer is not None and channel is not None:
-                await asyncio.wait_for(layer.group_discard(DOORBELL_GROUP, channel), 5)
         except (Exception, asyncio.CancelledError):
             logger.info("could not release every mirror lease; they expire by themselves")

@@ -35,10 +35,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
-from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
-from channels.exceptions import ChannelFull
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
@@ -49,7 +46,7 @@ from agents import services as agent_services
 from agents.messages import message_mark_delivered, message_mark_failed
 from agents.models import Agent, AgentEvent, AgentMessage
 from core.errors import DispatchError, NotFound
-from dispatch.background import LoopHealth, doorbell_wait
+from core.realtime import LoopHealth, Subscription, ring_on_commit
 from peers.client import PeerClient, PeerUnreachable
 from peers.leases import peer_lease_claim, peer_lease_release
 from peers.models import OutboxMessage, Peer, PeerReceipt
@@ -81,17 +78,13 @@ Status = OutboxMessage.Status
 
 
 def outbox_ring() -> None:
-    """Wake every drain loop now (``{"type": "outbox.doorbell"}`` to ``DOORBELL_GROUP``).
+    """Wake every drain loop (``{"type": "outbox.doorbell"}`` to ``DOORBELL_GROUP``) once the
+    current transaction commits, at once outside one (``core.realtime.ring_on_commit``).
 
     Best effort, at most once: a lost ring only delays delivery to the next 30 s pass.
-    Sync code only (``async_to_sync``); never raises.
+    Sync code only; never raises.
     """
-    try:
-        async_to_sync(get_channel_layer().group_send)(DOORBELL_GROUP, {"type": "outbox.doorbell"})
-    except ChannelFull:
-        logger.info("outbox doorbell dropped: channel full")
-    except Exception:
-        logger.exception("outbox doorbell failed")
+    ring_on_commit(DOORBELL_GROUP, {"type": "outbox.doorbell"})
 
 
 def outbox_enqueue(*, message: AgentMessage, peer: Peer, to_agent_id: str, payload: dict[str, Any]) -> OutboxMessage:
@@ -112,7 +105,7 @@ def outbox_enqueue(*, message: AgentMessage, peer: Peer, to_agent_id: str, paylo
     if not message.idempotency_key:
         message.idempotency_key = row.idempotency_key
         message.save(update_fields=["idempotency_key"])
-    transaction.on_commit(outbox_ring)
+    outbox_ring()  # after commit
     return row
 
 
@@ -139,7 +132,7 @@ def outbox_backoff_reset(peer: Peer | int) -> int:
     reset = OutboxMessage.objects.filter(peer_id=peer_id, status=Status.QUEUED).update(
         attempts=0, next_attempt_at=timezone.now()
     )
-    transaction.on_commit(outbox_ring)
+    outbox_ring()  # after commit
     return reset
 
 
@@ -402,14 +395,19 @@ async def outbox_drain_loop() -> None:
     from core.presence import current_process_id
 
     holder = f"{current_process_id()}.{secrets.token_hex(3)}"
-    layer = get_channel_layer()
-    channel = await layer.new_channel() if layer is not None else None
     last_purge = 0.0
     loop = asyncio.get_running_loop()
     drains: dict[int, asyncio.Task[None]] = {}
     rung: set[int] = set()  # peers with mail that arrived while their drain was running
     health = LoopHealth("outbox drain pass", log=logger, cap=DRAIN_INTERVAL)
-    doorbell = LoopHealth("outbox doorbell", log=logger)
+    # Joined before the first pass, renewed every pass's length; while the layer is down
+    # the doorbell retries with backoff up to the drain interval, the drain goes on polling.
+    doorbell = Subscription(
+        DOORBELL_GROUP,
+        health=LoopHealth("outbox doorbell", log=logger, cap=DRAIN_INTERVAL),
+        rejoin_every=DRAIN_INTERVAL,
+    )
+    await doorbell.open()
     try:
         while True:
             try:
@@ -430,16 +428,12 @@ async def outbox_drain_loop() -> None:
                 await health.pause(exc)
                 continue
             health.ok()
-            await doorbell_wait(layer, channel, DOORBELL_GROUP, DRAIN_INTERVAL, doorbell)
+            await doorbell.wait(DRAIN_INTERVAL)
     finally:
         for task in drains.values():
             task.cancel()
         await asyncio.gather(*drains.values(), return_exceptions=True)
-        if layer is not None and channel is not None:
-            try:
-                await asyncio.wait_for(layer.group_discard(DOORBELL_GROUP, channel), 5)
-            except (Exception, asyncio.CancelledError):
-                logger.info("could not leave the outbox doorbell group; it expires by itself")
+        await doorbell.close()
 
 
 # --- operators: retry and discard --------------------------------------------------------------
@@ -484,7 +478,7 @@ def outbox_retry(*, user: User, outbox_id: Any) -> OutboxMessage:
     row.last_error = ""
     row.save(update_fields=["status", "attempts", "next_attempt_at", "created_at", "dead_at", "last_error"])
     AgentMessage.objects.filter(pk=row.message_id).update(status=AgentMessage.Status.QUEUED, error="")
-    transaction.on_commit(outbox_ring)
+    outbox_ring()  # after commit
     return row
 
 

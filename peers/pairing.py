@@ -33,10 +33,10 @@ from limits import parse
 from agents.models import AgentMessage
 from core import secrets_at_rest
 from core.errors import DispatchError, InvalidRequest, NotFound, RateLimited
+from core.realtime import MIRROR_RESCAN, PEERS_MIRROR_GROUP, ring_on_commit
 from core.services import generate_token, rate_limiter, token_digest
 from core.tool_changes import tools_changed_on_commit
 from peers.identity import PEER_PROTOCOL_VERSION, Identity, fingerprint_of, identity_get, public_key_from
-from peers.mirror import mirror_rescan
 from peers.models import OutboxMessage, PairingOffer, Peer, new_idempotency_key
 from peers.selectors import label_taken, live_offers, peer_get_for, peer_resolve_location
 
@@ -75,6 +75,12 @@ _INSTANCE_ID_RE = re.compile(r"inst_[0-9a-f]{12}")
 CLAIM_PATH = "/api/v1/peers/claim"
 UNLINK_PATH = "/api/v1/peers/unlink"
 CLAIM_TIMEOUT = 30.0  # seconds
+
+
+def _mirror_rescan() -> None:
+    """Ring the mirroring loop (``peers.mirror``, which sits above this module) to rescan the
+    links after commit, as ``peers.mirror.mirror_rescan`` does (spec §7)."""
+    ring_on_commit(PEERS_MIRROR_GROUP, {"type": MIRROR_RESCAN})
 
 
 # --- codes and labels ------------------------------------------------------------------------
@@ -397,7 +403,7 @@ def offer_claim(*, body: dict[str, Any], client_address: str) -> dict[str, Any]:
             offer.used_at = timezone.now()
             offer.peer = peer
             offer.save(update_fields=["used_at", "peer"])
-            mirror_rescan()  # after commit: subscribe to the new peer now, not at the next rescan
+            _mirror_rescan()  # after commit: subscribe to the new peer now, not at the next rescan
             logger.info("paired with %s (%s) as %s", peer.label, peer.instance_id, offer.link_user.get_username())
             return {
                 "protocol_version": PEER_PROTOCOL_VERSION,
@@ -457,7 +463,7 @@ def _link_store(
     peer.inbound_digest = token_digest(inbound)
     peer.inbound_prefix = inbound[:8]
     peer.save(update_fields=["inbound_digest", "inbound_prefix"])
-    mirror_rescan()  # after commit: subscribe to the new peer now, not at the next rescan
+    _mirror_rescan()  # after commit: subscribe to the new peer now, not at the next rescan
     return peer
 
 
@@ -620,7 +626,7 @@ def _revoke_locally(peer: Peer, *, reason: str, by_peer: bool) -> Peer:
         status=AgentMessage.Status.DEAD, error="peer revoked"
     )
     shadows_stop_for_unlink(peer=peer)
-    mirror_rescan()  # after commit: the peer's subscriber stops
+    _mirror_rescan()  # after commit: the peer's subscriber stops
     return peer
 
 

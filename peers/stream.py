@@ -28,7 +28,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from channels.db import database_sync_to_async
-from channels.layers import get_channel_layer
 from django.contrib.auth.decorators import login_not_required
 from django.http import HttpRequest, HttpResponseBase, StreamingHttpResponse
 from django.urls import URLPattern, path
@@ -39,6 +38,7 @@ from django.views.decorators.http import require_GET
 from agents.models import Agent
 from agents.services import user_events_group
 from agents.stream import sse_frame
+from core.realtime import Subscription
 from core.revocation import CREDENTIAL_ENDED, StreamCredential, stream_closed, stream_opened
 from peers.models import Peer
 
@@ -133,16 +133,15 @@ def _link_now(peer_id: int) -> tuple[bool, bool, int] | None:
     return None if row is None else (row[0] is None, bool(row[1]), int(row[2]))
 
 
-async def peer_frames(peer: Peer, channel: str) -> AsyncIterator[str]:
-    """The frames of one peer's stream, read from ``channel`` (already in the owner's group).
+async def peer_frames(peer: Peer, live: Subscription) -> AsyncIterator[str]:
+    """The frames of one peer's stream, read from ``live`` (already in the owner's group).
 
     Yields the ``snapshot`` frame (id 0), then ``agent.upsert`` frames and keep-alives.
     Ends (closing the stream) if the snapshot cannot be built or the link is revoked.
     Leaves the group when done.
     """
-    layer = get_channel_layer()
-    group = user_events_group(peer.owner_id)
-    receive: asyncio.Future[dict[str, Any]] | None = None
+    channel = live.channel
+    assert channel is not None  # opened by peer_events_open
     loop = asyncio.get_running_loop()
     # An unlink ends the stream within seconds even while it is idle (core.revocation).
     stream_opened(channel, StreamCredential(peer_id=peer.pk))
@@ -158,12 +157,9 @@ async def peer_frames(peer: Peer, channel: str) -> AsyncIterator[str]:
         allow_events, owner_id = peer.allow_events, peer.owner_id
         checked = loop.time()
         while True:
-            if receive is None:  # one pending receive at a time: cancelling one could drop a message
-                receive = asyncio.ensure_future(layer.receive(channel))
-            done, _ = await asyncio.wait({receive}, timeout=max(last_sent + KEEPALIVE_SECONDS - loop.time(), 0.0))
-            if done:
-                message = receive.result()
-                receive = None
+            # Keep-alives never cancel the layer's receive (core.realtime).
+            message = await live.wait(max(last_sent + KEEPALIVE_SECONDS - loop.time(), 0.0))
+            if message is not None:
                 if message.get("type") == CREDENTIAL_ENDED:
                     return
                 if message.get("event") != "agent.upsert" or not isinstance(message.get("data"), dict):
@@ -190,18 +186,14 @@ async def peer_frames(peer: Peer, channel: str) -> AsyncIterator[str]:
             yield ": keep-alive\n\n"
     finally:
         stream_closed(channel)
-        if receive is not None:
-            receive.cancel()
-        await layer.group_discard(group, channel)
+        await live.close()
 
 
 async def peer_events_open(peer: Peer) -> AsyncIterator[str]:
     """Subscribe to ``peer.owner``'s live events, then return ``peer_frames`` (subscribing
     before the snapshot is read, so nothing in between is lost)."""
-    layer = get_channel_layer()
-    channel = await layer.new_channel()
-    await layer.group_add(user_events_group(peer.owner_id), channel)
-    return peer_frames(peer, channel)
+    live = await Subscription(user_events_group(peer.owner_id)).open()
+    return peer_frames(peer, live)
 
 
 @csrf_exempt

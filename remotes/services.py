@@ -15,10 +15,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
-from channels.exceptions import ChannelFull
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
@@ -30,7 +28,7 @@ from referencing.exceptions import Unresolvable
 from core.errors import DispatchError
 from core.models import ServerProcess
 from core.presence import current_process_id
-from core.realtime import layer_request
+from core.realtime import Gone, layer_request, request_reply, send_on_commit
 from core.services import server_process_ensure
 from core.tool_changes import tools_changed_on_commit
 from remotes.models import Remote, WsSession
@@ -231,15 +229,7 @@ def remote_disconnect(*, user: User, remotename: str) -> Remote:
     remote.delete()
     forget_route(user.pk, remotename)
     tools_changed_on_commit([user.pk])
-    layer = get_channel_layer()
-
-    def announce() -> None:
-        try:
-            async_to_sync(layer.send)(channel_name, {"type": DISCONNECTED_MESSAGE, "remote_id": remote_id})
-        except ChannelFull:
-            logger.warning("could not tell %s that remote %s disconnected: channel full", channel_name, remotename)
-
-    transaction.on_commit(announce)
+    send_on_commit(channel_name, {"type": DISCONNECTED_MESSAGE, "remote_id": remote_id})
     return remote
 
 
@@ -419,14 +409,31 @@ async def remote_call(
         raise RemoteError(str(reply["error"]), reply.get("code", "REMOTE_ERROR"))
 
 
+class _NotDelivered(RemoteError):
+    """The serving session was gone before it forwarded the call: nothing ran."""
+
+
 async def _deliver(
     route: RemoteRoute, remotename: str, function: str, args: dict[str, Any], timeout: float, deadline: float
 ) -> dict[str, Any]:
-    """Send one call to the serving channel and wait for its reply until ``deadline``."""
-    layer = get_channel_layer()
-    reply_channel = await layer.new_channel()
+    """Send one call to the serving channel and wait for its reply until ``deadline``
+    (``core.realtime.request_reply``), re-checking the serving side every
+    ``DISPATCH_REMOTE_LIVENESS_INTERVAL`` seconds."""
+
+    async def serving() -> Gone | None:
+        state = await _serving_state(route)
+        if state == "served":
+            return None
+        # A session that closes cleanly answers every call it forwarded before its rows
+        # go: such an answer gets a moment (REPLY_GRACE) to arrive before concluding.
+        if state == "closed":
+            # Never forwarded (the session was gone when the call reached its channel):
+            # the caller may re-route it.
+            return Gone(_NotDelivered(disconnected(remotename).message, "REMOTE_DISCONNECTED"), grace=REPLY_GRACE)
+        return Gone(disconnected(remotename), grace=REPLY_GRACE)
+
     try:
-        await layer.send(
+        return await request_reply(
             route.channel_name,
             {
                 "type": CALL_MESSAGE,
@@ -434,42 +441,13 @@ async def _deliver(
                 "remotename": remotename,
                 "function": function,
                 "args": args,
-                "reply_channel": reply_channel,
                 "timeout": timeout,
             },
+            deadline=deadline,
+            timed_out=RemoteError(f"remote call '{remotename}.{function}' timed out after {timeout:g}s", "TIMEOUT"),
+            busy=RemoteError(f"remote '{remotename}' is busy", "REMOTE_BUSY"),
+            unsendable=lambda exc: RemoteError(f"arguments cannot be sent: {exc}", "INVALID_REQUEST"),
+            liveness=serving,
         )
-    except ChannelFull:
-        raise RemoteError(f"remote '{remotename}' is busy", "REMOTE_BUSY") from None
-    except (TypeError, ValueError) as exc:
-        raise RemoteError(f"arguments cannot be sent: {exc}", "INVALID_REQUEST") from None
-
-    loop = asyncio.get_running_loop()
-    # One receive for the whole wait: cancelling a channel-layer receive repeatedly can
-    # drop a message, so the liveness checks wait beside it instead.
-    receive = asyncio.ensure_future(layer.receive(reply_channel))
-    try:
-        while True:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise RemoteError(f"remote call '{remotename}.{function}' timed out after {timeout:g}s", "TIMEOUT")
-            done, _ = await asyncio.wait({receive}, timeout=min(remaining, settings.REMOTE_LIVENESS_INTERVAL))
-            if done:
-                break
-            state = await _serving_state(route)
-            if state == "served":
-                continue
-            # A session that closes cleanly answers every call it forwarded before its
-            # rows go; give such an answer a moment to arrive before concluding.
-            done, _ = await asyncio.wait({receive}, timeout=REPLY_GRACE)
-            if done:
-                break
-            if state == "closed":
-                # Never forwarded (the session was gone when the call reached its
-                # channel): the caller may re-route it.
-                return {"error": disconnected(remotename).message, "code": "REMOTE_DISCONNECTED", "delivered": False}
-            raise disconnected(remotename)
-    finally:
-        if not receive.done():
-            receive.cancel()
-    reply: dict[str, Any] = receive.result()
-    return reply
+    except _NotDelivered as exc:
+        return {"error": exc.message, "code": exc.code, "delivered": False}

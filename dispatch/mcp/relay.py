@@ -14,16 +14,15 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
-from channels.layers import get_channel_layer
 from mcp.server.subscriptions import InMemorySubscriptionBus, ToolsListChanged
 
+from core.realtime import LoopHealth, Subscription
 from core.tool_changes import TOOLS_CHANGED_MESSAGE, tools_group
 
 logger = logging.getLogger(__name__)
 
-FEED_RETRY_SECONDS = 1.0  # pause after a channel-layer failure before joining again
+FEED_RETRY_SECONDS = 1.0  # pause after a channel-layer failure before joining again (seconds)
 GROUP_REJOIN_SECONDS = 3600.0  # group memberships expire (channels_redis: a day)
 
 
@@ -58,50 +57,31 @@ class UserFeed:
                     self.task.cancel()
 
     async def _relay(self) -> None:
-        layer = get_channel_layer()
-        group = tools_group(self.user_id)
-        while True:
-            channel = None
-            refresher = None
-            try:
-                channel = await layer.new_channel()
-                await layer.group_add(group, channel)
-                refresher = asyncio.create_task(self._rejoin(layer, group, channel))
-                if not self.joined.done():
-                    self.joined.set_result(None)
-                while True:
-                    message = await layer.receive(channel)
-                    if message.get("type") == TOOLS_CHANGED_MESSAGE:
-                        await self.bus.publish(ToolsListChanged())
-            except asyncio.CancelledError:
-                if channel is not None:
-                    await asyncio.shield(self._leave(layer, group, channel, refresher))
-                raise
-            except Exception:
-                logger.exception("the tool-change relay of user %s failed; retrying", self.user_id)
-                if channel is not None:
-                    await self._leave(layer, group, channel, refresher)
-                if not self.joined.done():
-                    self.joined.set_result(None)  # serve the stream; events may come once the layer is back
-                await asyncio.sleep(FEED_RETRY_SECONDS)
-
-    @staticmethod
-    async def _rejoin(layer: Any, group: str, channel: str) -> None:
-        while True:
-            await asyncio.sleep(GROUP_REJOIN_SECONDS)
-            try:
-                await layer.group_add(group, channel)
-            except Exception:
-                logger.warning("could not renew the membership of %s in %s", channel, group, exc_info=True)
-
-    @staticmethod
-    async def _leave(layer: Any, group: str, channel: str, refresher: asyncio.Task[None] | None) -> None:
-        if refresher is not None:
-            refresher.cancel()
+        # One subscription for the relay's life (core.realtime: one receive, never
+        # cancelled before the end); a layer outage is logged once, retried every
+        # FEED_RETRY_SECONDS, and the streams are served meanwhile (events may come once
+        # the layer is back).
+        changes = Subscription(
+            tools_group(self.user_id),
+            health=LoopHealth(
+                f"the tool-change relay of user {self.user_id}",
+                base=FEED_RETRY_SECONDS,
+                cap=FEED_RETRY_SECONDS,
+                log=logger,
+            ),
+            rejoin_every=GROUP_REJOIN_SECONDS,
+        )
         try:
-            await layer.group_discard(group, channel)
-        except Exception:
-            logger.warning("could not leave %s", group, exc_info=True)
+            await changes.open()
+            await changes.joined()
+            if not self.joined.done():
+                self.joined.set_result(None)
+            while True:
+                message = await changes.wait(None)
+                if message is not None and message.get("type") == TOOLS_CHANGED_MESSAGE:
+                    await self.bus.publish(ToolsListChanged())
+        finally:
+            await asyncio.shield(changes.close())
 
 
 _feeds: dict[int, UserFeed] = {}

@@ -9,22 +9,24 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
+from core.realtime import send_on_commit
 from core.services import AuthenticationFailed, api_token_authenticate, server_process_ensure
 from core.tool_changes import tools_changed_on_commit
 from machines.models import Machine, MachineConnection, MachineToken
 from machines.protocol import DEFAULT_LIMITS, Hello
+from machines.services.operations import request_snapshots
 
 logger = logging.getLogger(__name__)
 
-# Channel-layer message types handled by machines.consumers.ShimConsumer.
-OP_MESSAGE = "machine.op"
+# Channel-layer message types handled by machines.consumers.ShimConsumer (and the
+# operation itself, ``operations.OP_MESSAGE``).
 REPLY_MESSAGE = "machine.reply"
 REVOKED_MESSAGE = "machine.revoked"
 TAKEOVER_MESSAGE = "machine.takeover"
@@ -130,10 +132,6 @@ def shim_connected(*, identity: ShimIdentity, hello: Hello, channel_name: str, p
 async def announce_attachment(attachment: Attachment) -> None:
     """After a HELLO: revoke taken-over sockets (4427), and on the N = 2 transition ask
     every attached shim of the shared sessions for its ``MACHINE_LIST_RESPONSE`` (§4)."""
-    from channels.db import database_sync_to_async
-
-    from machines.services.operations import request_snapshots
-
     layer = get_channel_layer()
     for channel_name, connection_id in attachment.replaced_channels:
         try:
@@ -255,14 +253,6 @@ def machine_revoke(*, user: User, machine_id: str) -> Machine:
     channels = list(MachineConnection.objects.filter(machine=machine).values_list("channel_name", flat=True))
     MachineConnection.objects.filter(machine=machine).delete()
     tools_changed_on_commit([user.pk])
-    layer = get_channel_layer()
-
-    def announce() -> None:
-        for channel_name in channels:
-            try:
-                async_to_sync(layer.send)(channel_name, {"type": REVOKED_MESSAGE})
-            except ChannelFull:
-                logger.warning("could not close revoked machine socket %s: channel full", channel_name)
-
-    transaction.on_commit(announce)
+    for channel_name in channels:
+        send_on_commit(channel_name, {"type": REVOKED_MESSAGE})
     return machine

@@ -19,8 +19,6 @@ from datetime import timedelta
 from typing import Any
 
 from channels.db import database_sync_to_async
-from channels.exceptions import ChannelFull
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.utils import timezone
@@ -28,15 +26,18 @@ from django.utils import timezone
 from core import wire
 from core.errors import DispatchError, InvalidRequest
 from core.presence import current_process_id
+from core.realtime import Gone, request_reply
 from machines.models import AuditRecord, Machine, MachineConnection, PathRecency
 from machines.protocol import CALLER_OPERATIONS, DEFAULT_LIMITS, SESSION_ID_PATTERN
 from machines.services import router
-from machines.services.connections import OP_MESSAGE
 from machines.services.router import Candidate
 from machines.shim.redaction import redact, redact_argv
 
 logger = logging.getLogger(__name__)
 
+# The channel-layer message type of an operation, handled by machines.consumers.ShimConsumer
+# (which answers on the message's reply_channel with connections.REPLY_MESSAGE).
+OP_MESSAGE = "machine.op"
 TIMEOUT_MARGIN = 10.0  # seconds the platform waits past an operation's own timeout (§5)
 SNAPSHOT_TIMEOUT = 10.0  # seconds to wait for MACHINE_LIST_RESPONSEs
 _background: set[asyncio.Future[Any]] = set()
@@ -82,52 +83,38 @@ async def send_to_machine(
     timeout: float,
     request_id: str | None = None,
 ) -> dict[str, Any]:
-    """Send one operation to the chosen machine's connection and wait for its reply.
+    """Send one operation to the chosen machine's connection and wait for its reply
+    (``core.realtime.request_reply``), re-checking every ``DISPATCH_REMOTE_LIVENESS_INTERVAL``
+    seconds that the connection row exists and its process is alive.
 
-    ``request_id`` is the envelope ``id`` the shim sees (a fresh uuid4 unless given).
-    Returns ``{"response_type", "payload"}`` (``ERROR`` included); raises ``MachineError``
-    ``MACHINE_UNREACHABLE`` (connection gone, its process dead, or its channel full) or
-    ``TIMEOUT``.
+    ``request_id`` is the envelope ``id`` the shim sees (a fresh uuid4 unless given);
+    ``timeout`` in seconds from the send. Returns ``{"response_type", "payload"}``
+    (``ERROR`` included); raises ``MachineError`` ``MACHINE_UNREACHABLE`` (connection gone,
+    its process dead, or its channel full) or ``TIMEOUT``.
     """
-    layer = get_channel_layer()
-    reply_channel = await layer.new_channel()
-    request_id = request_id or str(uuid.uuid4())
-    try:
-        await layer.send(
-            candidate.channel_name,
-            {
-                "type": OP_MESSAGE,
-                "op": op,
-                "payload": payload,
-                "request_id": request_id,
-                "session_id": session_id,
-                "reply_channel": reply_channel,
-                "timeout": timeout,
-            },
-        )
-    except ChannelFull:
-        raise MachineError("MACHINE_UNREACHABLE", f"machine '{candidate.name}' is not taking requests") from None
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    receive = asyncio.ensure_future(layer.receive(reply_channel))
-    try:
-        while True:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise MachineError(
-                    "TIMEOUT",
-                    f"no answer from machine '{candidate.name}' within {timeout:g}s; the operation may have run",
-                )
-            done, _ = await asyncio.wait({receive}, timeout=min(remaining, settings.REMOTE_LIVENESS_INTERVAL))
-            if done:
-                break
-            if not await _connection_alive(candidate.connection_id, candidate.server_process_id):
-                raise MachineError("MACHINE_UNREACHABLE", f"machine '{candidate.name}' disconnected")
-    finally:
-        if not receive.done():
-            receive.cancel()
-    reply: dict[str, Any] = receive.result()
-    return reply
+
+    async def connected() -> Gone | None:
+        if await _connection_alive(candidate.connection_id, candidate.server_process_id):
+            return None
+        return Gone(MachineError("MACHINE_UNREACHABLE", f"machine '{candidate.name}' disconnected"))
+
+    return await request_reply(
+        candidate.channel_name,
+        {
+            "type": OP_MESSAGE,
+            "op": op,
+            "payload": payload,
+            "request_id": request_id or str(uuid.uuid4()),
+            "session_id": session_id,
+            "timeout": timeout,
+        },
+        timeout=timeout,
+        timed_out=MachineError(
+            "TIMEOUT", f"no answer from machine '{candidate.name}' within {timeout:g}s; the operation may have run"
+        ),
+        busy=MachineError("MACHINE_UNREACHABLE", f"machine '{candidate.name}' is not taking requests"),
+        liveness=connected,
+    )
 
 
 async def machine_op(

@@ -13,8 +13,8 @@ import pytest
 from channels.layers import get_channel_layer
 from django.db import OperationalError
 
+from core.realtime import LoopHealth
 from dispatch import background
-from dispatch.background import LoopHealth
 from tests.outage import LayerOutage
 
 
