@@ -41,7 +41,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from agents import messages, services, tokens
+from agents.hooks import linked
 from agents.models import Agent, AgentEvent, SupervisorLease
+from agents.selectors import is_shadow
 from agents.tmux import TmuxError, TmuxRunner, TmuxSessionNotFound
 from agents.types import AgentType
 from core import presence
@@ -165,16 +167,11 @@ def _kill_own(runner: TmuxRunner, name: str, instance_id: str) -> None:
 def _launch_context(agent: Agent) -> str | None:
     """For an agent a peer launched (``launched_by_peer``), the preamble an ``llm`` agent
     would get in its prompt, for a ``shell`` agent's ``DISPATCH_LAUNCH_CONTEXT``
-    (spec/peers.md §5 Launch); ``None`` otherwise or when the link is gone."""
+    (spec/peers.md §5 Launch; ``linked().launch_context``); ``None`` otherwise or when the
+    link is gone."""
     if not agent.launched_by_peer:
         return None
-    from peers.models import Peer
-    from peers.services import launch_preamble
-
-    peer = Peer.objects.filter(
-        owner_id=agent.owner_id, instance_id=agent.launched_by_peer.get("instance_id"), revoked_at__isnull=True
-    ).first()
-    return launch_preamble(peer=peer, launched_by=agent.launched_by_peer).strip() if peer is not None else None
+    return linked().launch_context(agent=agent)
 
 
 def _start_session(*, agent: Agent, runner: TmuxRunner, instance_id: str | None = None) -> bool:
@@ -356,7 +353,7 @@ def agent_archive(*, agent: Agent, runner: TmuxRunner | None = None) -> Agent:
     archived agents). Expert and shadow agents go straight to ``services.agent_archive``.
     Idempotent.
     """
-    if agent.type == services.EXPERT or agent.peer_agent_id:
+    if agent.type == services.EXPERT or is_shadow(agent):
         return services.agent_archive(agent=agent)
     if is_local(agent):
         _kill_own(_runner(runner), session_name(agent), instance_identity_get().instance_id)

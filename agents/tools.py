@@ -26,26 +26,24 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
-from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import close_old_connections, connection
 
 from agents import selectors, services
-from agents.launching import agent_launch_any, launchable_types
-from agents.messages import CLI_ACCEPTING, message_get, message_send
+from agents.hooks import Link, linked
+from agents.launching import default_launch_type, launchable_types
+from agents.lifecycle import agent_launch_any, agent_message_send
+from agents.messages import CLI_ACCEPTING, message_get
 from agents.models import Agent
 from agents.serializers import agent_data, event_data
 from core.errors import DispatchError, InvalidRequest, NotFound
 from machines.tools import Tool
-from peers import remote_launch
-from peers.models import OutboxMessage, Peer
 
 T = TypeVar("T")
 
@@ -61,8 +59,6 @@ ERROR_MESSAGE_MAX = 500
 # Event types an agent reports about itself (spec/agents.md §1); ``system`` is Dispatch's own.
 REPORTED_EVENT_TYPES = ("working", "blocked", "waiting_user", "done", "idle")
 
-_AGENT_ID = re.compile(r"^agt_[0-9a-f]{12}$")
-_PEER_ADDRESS = remote_launch.PEER_ADDRESS
 
 
 def cap(text: str, limit: int) -> str:
@@ -144,7 +140,7 @@ def _agent_history(user: User, agent_id: str, limit: int) -> dict[str, Any]:
     }
 
 
-def _resolve_target(user: User, target: str) -> Agent | tuple[Peer, str]:
+def _resolve_target(user: User, target: str) -> Agent | tuple[Link, str]:
     """The recipient named by ``target`` (spec/agents.md §6 ``dispatch_send_message``).
 
     An id of one of ``user``'s agents (a shadow agent included); else
@@ -155,12 +151,12 @@ def _resolve_target(user: User, target: str) -> Agent | tuple[Peer, str]:
     running agents), ``InvalidRequest`` (an ambiguous name or location, listing the
     candidates; a peer address whose linked instance is unknown).
     """
-    if _AGENT_ID.match(target):
+    if selectors.AGENT_ID.match(target):
         agent = Agent.objects.filter(owner=user, pk=target).exclude(status=Agent.Status.ARCHIVED).first()
         if agent is None:
             raise NotFound(f"no agent '{target}'")
         return agent
-    address = remote_launch.peer_address_parse(user=user, target=target)
+    address = linked().address_parse(user=user, target=target)
     if address is not None:
         return address
     running = Agent.objects.filter(owner=user, status__in=CLI_ACCEPTING)
@@ -173,8 +169,8 @@ def _resolve_target(user: User, target: str) -> Agent | tuple[Peer, str]:
             f"{len(named)} running agents are named '{cap(target, 100)}' ({listed}): send to one of them by id",
             {"candidates": [{"id": agent.pk, "name": agent.name, "type": agent.type} for agent in named]},
         )
-    if _PEER_ADDRESS.match(target.strip()):
-        labels = ", ".join(peer.label for peer in remote_launch.peers_for(user=user)) or "none"
+    if selectors.PEER_ADDRESS.match(target.strip()):
+        labels = ", ".join(linked().labels(user=user)) or "none"
         raise InvalidRequest(
             f"'{cap(target, 100)}' names an agent on a linked instance you do not have; your linked instances: {labels}"
         )
@@ -188,17 +184,16 @@ def _resolve_target(user: User, target: str) -> Agent | tuple[Peer, str]:
 
 def _send(user: User, caller: Agent | None, target: str, content: str) -> dict[str, Any]:
     resolved = _resolve_target(user, target)
-    if isinstance(resolved, tuple) or resolved.peer_agent_id:
+    if isinstance(resolved, tuple) or selectors.is_shadow(resolved):
         # An agent on a peer: through the outbox (spec/peers.md §8); queued until the peer answers.
         if isinstance(resolved, tuple):
             peer, remote_id = resolved
-        elif resolved.peer is None or resolved.peer.revoked_at is not None:
-            raise InvalidRequest(f"agent '{resolved.pk}' belongs to a link that was removed: it cannot be messaged")
+            message = linked().message_send(
+                user=user, sender_agent=caller, link=peer, to_agent_id=remote_id, content=content
+            )
         else:
-            peer, remote_id = resolved.peer, resolved.peer_agent_id
-        message = remote_launch.peer_message_send(
-            user=user, sender_agent=caller, peer=peer, to_agent_id=remote_id, content=content
-        )
+            peer, remote_id = selectors.shadow_link_for_message(resolved), resolved.peer_agent_id
+            message = agent_message_send(user=user, recipient=resolved, content=content, sender_agent=caller)
         return {
             "message_id": message.pk,
             "status": message.status,
@@ -209,10 +204,7 @@ def _send(user: User, caller: Agent | None, target: str, content: str) -> dict[s
     recipient = resolved
     if caller is not None and recipient.pk == caller.pk:
         raise InvalidRequest("an agent cannot send a message to itself")
-    if caller is not None:
-        message = message_send(recipient=recipient, content=content, sender_agent=caller)
-    else:
-        message = message_send(recipient=recipient, content=content, sender_user=user)
+    message = agent_message_send(user=user, recipient=recipient, content=content, sender_agent=caller)
     return {"message_id": message.pk, "status": message.status, "recipient": recipient.pk}
 
 
@@ -224,16 +216,9 @@ def _status(user: User, message_id: Any) -> dict[str, Any]:
         "error": message.error or None,
         "delivered_at": message.delivered_at.isoformat() if message.delivered_at else None,
     }
-    if message.peer_id is not None and message.sender_peer_id is None:  # sent to an agent on a peer
-        outbox = OutboxMessage.objects.filter(message=message).select_related("peer").first()
-        if outbox is not None:
-            answer.update(
-                peer=outbox.peer.label,
-                remote_agent_id=outbox.to_agent_id,
-                attempts=outbox.attempts,
-                next_attempt_at=outbox.next_attempt_at.isoformat() if outbox.status == "queued" else None,
-                error=message.error or outbox.last_error or None,
-            )
+    delivery = linked().message_delivery(message=message)  # sent to an agent on a peer
+    if delivery is not None:
+        answer.update(delivery)
     return answer
 
 
@@ -292,24 +277,14 @@ class AgentTool(Tool):
             raise InvalidRequest(cap(exc.message, ERROR_MESSAGE_MAX), exc.details) from None
 
 
-def default_launch_type() -> str:
-    """The type ``dispatch_launch_agent`` launches when none is given: the first available
-    CLI type of kind ``llm`` (in ``DISPATCH_AGENT_TYPES`` order: claude, codex, opencode by
-    default), else ``expert`` (always available)."""
-    for name, spec in settings.AGENT_TYPES.items():
-        if spec.kind == "llm" and spec.available():
-            return str(name)
-    return services.EXPERT
-
-
 def _linked_instances(user: User) -> str:
-    """``remote_launch.linked_instances_text`` for ``user``, also from a thread running an
+    """``linked().launch_description`` for ``user``, also from a thread running an
     event loop (``agent_tools`` is sync but called from async code): the short query then
     runs on a worker thread whose connection is closed afterwards."""
 
     def text() -> str:
         try:
-            return remote_launch.linked_instances_text(user=user)
+            return linked().launch_description(user=user)
         finally:
             if in_loop:
                 connection.close()
@@ -364,13 +339,13 @@ def agent_tools(*, user: User, caller_agent: Agent | None, event_tool: bool = Tr
         limit = int(arguments.get("limit", HISTORY_DEFAULT_LIMIT))
         return await database_sync_to_async(_agent_history)(user, agent_id, limit)
 
-    linked = _linked_instances(user)
-    launch_text, known_types, default_type = _launch_description(linked)
+    linked_text = _linked_instances(user)
+    launch_text, known_types, default_type = _launch_description(linked_text)
 
     async def dispatch_launch_agent(arguments: dict[str, Any]) -> Any:
         location = arguments.get("location")
         if location:  # on a linked instance (spec/peers.md §6): its shadow here
-            shadow = await remote_launch.peer_launch(
+            shadow = await linked().launch(
                 user=user,
                 caller_agent=caller_agent,
                 location=str(location),
@@ -443,7 +418,7 @@ def agent_tools(*, user: User, caller_agent: Agent | None, event_tool: bool = Tr
                     "location": {
                         "type": ["string", "null"],
                         "maxLength": 200,
-                        "description": linked,
+                        "description": linked_text,
                     },
                     "child": {"type": "boolean", "default": True},
                     "full_access": {"type": "boolean", "default": False},

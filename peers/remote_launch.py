@@ -19,8 +19,6 @@ Peer HTTP calls are async (``peers.client.PeerClient``); database work runs thro
 from __future__ import annotations
 
 import logging
-import re
-from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -30,24 +28,24 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents import services as agent_services
+from agents.hooks import Link
 from agents.messages import MAX_MESSAGE_LENGTH, message_data
 from agents.models import Agent, AgentEvent, AgentMessage
+from agents.selectors import AGENT_ID, PEER_ADDRESS, is_shadow, shadow_link
 from core.errors import DispatchError, InvalidRequest, NotFound
 from peers.client import PeerClient, PeerUnreachable
 from peers.identity import identity_get
 from peers.mirror import mirror_resnapshot
-from peers.models import Peer, new_idempotency_key
+from peers.models import OutboxMessage, Peer, new_idempotency_key
 from peers.outbox import outbox_enqueue
-from peers.selectors import peer_resolve_location, peers_for
+from peers.selectors import peer_resolve_location, peers_by_label_for, peers_for
+from peers.services import launch_preamble
 from peers.shadows import shadow_upsert
 
 logger = logging.getLogger(__name__)
 
 LAUNCH_TIMEOUT = 30.0  # seconds (spec §6)
 FORWARD_TIMEOUT = 30.0
-NOT_RESPONDING_AFTER = timedelta(minutes=5)  # "not responding recently" in the launch tool's description
-AGENT_ID = re.compile(r"^agt_[0-9a-f]{12}$")
-PEER_ADDRESS = re.compile(r"^(?P<peer>[^:]{1,64}):(?P<agent>agt_[0-9a-f]{12})$")
 FORWARDED = ("stop", "archive")
 
 
@@ -88,20 +86,21 @@ def peer_address_parse(*, user: User, target: str) -> tuple[Peer, str] | None:
 def linked_instances_text(*, user: User) -> str:
     """The linked-instances sentence of ``dispatch_launch_agent``'s description (agents.md §6):
     each live peer of ``user`` as ``<label> (<instance id>)``, flagged "not responding
-    recently" (``last_seen_at`` older than 5 minutes, or never) and "launching not
-    permitted" (the peer reported ``allow_launch`` false); or, with none, that ``location``
-    is to be omitted."""
+    recently" (``Peer.responding``) and with its ``Peer.launch_refusal`` ("launching not
+    permitted": the peer reported ``allow_launch`` false); or, with none, that
+    ``location`` is to be omitted."""
     peers = list(peers_for(user=user))
     if not peers:
         return "There are no linked instances: omit location to launch locally."
-    cutoff = timezone.now() - NOT_RESPONDING_AFTER
+    now = timezone.now()
     items = []
     for peer in peers:
         flags = []
-        if peer.last_seen_at is None or peer.last_seen_at < cutoff:
+        if not peer.responding(now):
             flags.append("not responding recently")
-        if (peer.granted_by_peer or {}).get("allow_launch") is False:
-            flags.append("launching not permitted")
+        refusal = peer.launch_refusal()
+        if refusal:
+            flags.append(refusal)
         items.append(f"{peer.label} ({peer.instance_id}" + "".join(f", {flag}" for flag in flags) + ")")
     return (
         "location launches on a linked instance (its label or instance id; cwd is then required and is a "
@@ -315,8 +314,7 @@ async def peer_launch(
 
 def _shadow_state(agent: Agent) -> tuple[Agent, Peer | None]:
     current = Agent.objects.select_related("peer", "owner").get(pk=agent.pk)
-    peer = current.peer if current.peer is not None and current.peer.revoked_at is None else None
-    return current, peer
+    return current, current.peer if shadow_link(current) is not None else None
 
 
 @transaction.atomic
@@ -353,7 +351,7 @@ async def shadow_forward(*, agent: Agent, action: str) -> Agent:
             "forwarded to a linked instance)",
         )
     current, peer = await database_sync_to_async(_shadow_state)(agent)
-    if not current.peer_agent_id:
+    if not is_shadow(current):
         raise InvalidRequest(f"agent '{current.pk}' is not a shadow agent")
     if current.status == Agent.Status.ARCHIVED:
         return current
@@ -469,3 +467,102 @@ def peer_message_send(
     )
     agent_services.publish_on_commit(user_id=user.pk, event="message.created", data=message_data(message))
     return message
+
+
+# --- what the agents app asks of peers (agents.hooks) -------------------------------------------
+
+
+def _peer(link: Link) -> Peer:
+    if not isinstance(link, Peer):
+        raise TypeError(f"not a peer: {link!r}")
+    return link
+
+
+class PeerLinks:
+    """``agents.hooks.LinkedInstances`` as ``peers`` does it, registered in
+    ``PeersConfig.ready``: the agents app reaches linked instances only through this."""
+
+    def location_check(self, *, user: User, location: str) -> Peer:
+        """``location_resolve``."""
+        return location_resolve(user=user, location=location)
+
+    async def launch(
+        self,
+        *,
+        user: User,
+        caller_agent: Agent | None,
+        location: str,
+        name: str,
+        prompt: str,
+        type: str | None,
+        cwd: str | None,
+        child: bool,
+        full_access: bool,
+    ) -> Agent:
+        """``peer_launch``."""
+        return await peer_launch(
+            user=user,
+            caller_agent=caller_agent,
+            location=location,
+            name=name,
+            prompt=prompt,
+            type=type,
+            cwd=cwd,
+            child=child,
+            full_access=full_access,
+        )
+
+    async def forward(self, *, agent: Agent, action: str) -> Agent:
+        """``shadow_forward``."""
+        return await shadow_forward(agent=agent, action=action)
+
+    def message_send(
+        self, *, user: User, sender_agent: Agent | None, link: Link, to_agent_id: str, content: str
+    ) -> AgentMessage:
+        """``peer_message_send`` to ``link`` (a ``Peer``)."""
+        return peer_message_send(
+            user=user, sender_agent=sender_agent, peer=_peer(link), to_agent_id=to_agent_id, content=content
+        )
+
+    def address_parse(self, *, user: User, target: str) -> tuple[Peer, str] | None:
+        """``peer_address_parse``."""
+        return peer_address_parse(user=user, target=target)
+
+    def labels(self, *, user: User) -> list[str]:
+        """The labels of ``user``'s live peers (``peers_for``'s order)."""
+        return [peer.label for peer in peers_for(user=user)]
+
+    def launch_context(self, *, agent: Agent) -> str | None:
+        """``launch_preamble`` (without its blank line) for an agent the live peer named by
+        ``agent.launched_by_peer.instance_id`` launched here; ``None`` otherwise."""
+        if not agent.launched_by_peer:
+            return None
+        peer = Peer.objects.filter(
+            owner_id=agent.owner_id, instance_id=agent.launched_by_peer.get("instance_id"), revoked_at__isnull=True
+        ).first()
+        return launch_preamble(peer=peer, launched_by=agent.launched_by_peer).strip() if peer is not None else None
+
+    def launch_description(self, *, user: User) -> str:
+        """``linked_instances_text``."""
+        return linked_instances_text(user=user)
+
+    def message_delivery(self, *, message: AgentMessage) -> dict[str, Any] | None:
+        """The outbox state of a message this instance sent to an agent on a peer (spec §8,
+        ``message_status``): ``{peer, remote_agent_id, attempts, next_attempt_at (null once
+        it left the queue), error}``; ``None`` for any other message."""
+        if message.peer_id is None or message.sender_peer_id is not None:
+            return None
+        outbox = OutboxMessage.objects.filter(message=message).select_related("peer").first()
+        if outbox is None:
+            return None
+        return {
+            "peer": outbox.peer.label,
+            "remote_agent_id": outbox.to_agent_id,
+            "attempts": outbox.attempts,
+            "next_attempt_at": outbox.next_attempt_at.isoformat() if outbox.status == "queued" else None,
+            "error": message.error or outbox.last_error or None,
+        }
+
+    def launch_locations(self, *, user: User) -> list[Peer]:
+        """``peers_by_label_for``."""
+        return list(peers_by_label_for(user=user))

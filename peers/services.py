@@ -15,12 +15,12 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from agents import api as agents_api
-from agents import launching, messages
+from agents import lifecycle, messages
 from agents import services as agent_services
+from agents.launching import default_launch_type
 from agents.models import Agent, AgentEvent, AgentMessage
+from agents.selectors import is_shadow
 from agents.serializers import agent_data
-from agents.tools import default_launch_type
 from core.errors import DispatchError, InvalidRequest, NotFound
 from peers import receipts
 from peers.models import Peer
@@ -195,7 +195,7 @@ def peer_launch_here(*, peer: Peer, body: dict[str, Any]) -> Agent:
     # The agent is created with its launched_by_peer (a shell agent's session reads it for
     # DISPATCH_LAUNCH_CONTEXT); a CLI launch is not in a transaction (its tmux session
     # outlives the request).
-    agent = launching.agent_launch_any(
+    agent = lifecycle.agent_launch_any(
         owner=peer.owner,
         type=type,
         name=name,
@@ -257,7 +257,7 @@ def peer_message_here(*, peer: Peer, body: dict[str, Any], idempotency_key: str)
     recipient = Agent.objects.select_for_update().filter(pk=to_agent_id, owner=peer.owner).first()
     if recipient is None:
         raise _undeliverable(to_agent_id, "no such agent")
-    if recipient.peer_id is not None or recipient.peer_agent_id:
+    if is_shadow(recipient):
         raise _undeliverable(to_agent_id, "it is a shadow agent")
     accepting = {Agent.Status.RUNNING} if recipient.type == agent_services.EXPERT else messages.CLI_ACCEPTING
     if recipient.status not in accepting:
@@ -289,22 +289,22 @@ def peer_launched_agent(*, peer: Peer, agent_id: Any) -> Agent:
 
 
 def peer_agent_stop(*, peer: Peer, agent_id: str) -> Agent:
-    """Stop an agent ``peer`` launched here (spec §5; ``agents_api.agent_stop_any``).
+    """Stop an agent ``peer`` launched here (spec §5; ``lifecycle.agent_stop_any``).
 
     Raises ``NotFound`` (404) for any other agent and ``DispatchError("CONFLICT")`` (409)
     when it cannot stop from its status (already stopped, archived).
     """
     agent = peer_launched_agent(peer=peer, agent_id=agent_id)
-    return agents_api.agent_stop_any(agent=agent)
+    return lifecycle.agent_stop_any(agent=agent)
 
 
 def peer_agent_archive(*, peer: Peer, agent_id: str) -> Agent:
-    """Archive an agent ``peer`` launched here (idempotent; ``agents_api.agent_archive_any``).
+    """Archive an agent ``peer`` launched here (idempotent; ``lifecycle.agent_archive_any``).
 
     Raises ``NotFound`` (404) for any other agent.
     """
     agent = peer_launched_agent(peer=peer, agent_id=agent_id)
-    return agents_api.agent_archive_any(agent=agent)
+    return lifecycle.agent_archive_any(agent=agent)
 
 
 def peer_message_deliver(*, peer: Peer, idempotency_key: str, body: dict[str, Any]) -> receipts.Answer:

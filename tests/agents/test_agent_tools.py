@@ -14,8 +14,9 @@ import pytest
 from channels.db import database_sync_to_async
 
 from agents import cli, services
+from agents.launching import default_launch_type
 from agents.models import Agent, AgentEvent, AgentMessage, Run
-from agents.tools import AGENT_HISTORY_BUDGET, agent_tools, default_launch_type
+from agents.tools import AGENT_HISTORY_BUDGET, agent_tools
 from agents.types import parse_agent_types
 from core.errors import DispatchError
 from tests.agents.conftest import force_status

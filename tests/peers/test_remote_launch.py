@@ -392,3 +392,22 @@ def test_the_shadows_own_id_is_understood_as_its_agent_there(
     )
     assert sent.recipient_agent_id == reported.pk
     assert OutboxMessage.objects.get(message=sent).to_agent_id == REMOTE_ID
+
+
+@pytest.mark.parametrize("gone", ["revoked", "deleted"])
+async def test_a_message_to_a_shadow_whose_link_is_gone_is_refused_alike_by_rest_and_tools(
+    api: Api, owner: Any, shadow: Agent, cloud: Any, gone: str
+) -> None:
+    """One decision (``selectors.shadow_link_for_message``): a revoked link is a removed one."""
+    if gone == "revoked":
+        cloud.revoked_at = timezone.now()
+        await database_sync_to_async(cloud.save)()
+    else:
+        await database_sync_to_async(cloud.delete)()
+    response = await database_sync_to_async(api.post)(f"/api/v1/agents/{shadow.pk}/messages", {"content": "hi"})
+    assert response.status_code == 400 and error_of(response)["code"] == "INVALID_REQUEST"
+    assert "belongs to a link that was removed" in error_of(response)["message"]
+    send = (await database_sync_to_async(tools)(owner, None))["dispatch_send_message"]
+    with pytest.raises(InvalidRequest, match="belongs to a link that was removed"):
+        await send({"target": shadow.pk, "message": "hi"})
+    assert not await database_sync_to_async(OutboxMessage.objects.exists)()
