@@ -197,8 +197,8 @@ async def cli_supervisor_loop() -> None:
     """
     from channels.layers import get_channel_layer
 
-    from agents.cli import supervise_once, supervisor_lease_release
     from agents.messages import doorbell_group
+    from agents.supervisor import supervise_once, supervisor_lease_release
     from core.presence import HOSTNAME, current_process_id
 
     if shutil.which("tmux") is None:

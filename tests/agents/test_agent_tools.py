@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from channels.db import database_sync_to_async
 
-from agents import cli, services
+from agents import cli, services, supervisor
 from agents.launching import default_launch_type
 from agents.models import Agent, AgentEvent, AgentMessage, Run
 from agents.tools import AGENT_HISTORY_BUDGET, agent_tools
@@ -346,7 +346,7 @@ async def test_an_agent_launches_a_shell_agent_in_tmux(owner, workdir, private_t
     first = await database_sync_to_async(AgentMessage.objects.get)(recipient_agent=agent)
     assert (first.sender_agent_id, first.content) == (caller.pk, "echo launched-$((6*7))")
     for _ in range(200):
-        await database_sync_to_async(cli.supervise_once)(runner=private_tmux)
+        await database_sync_to_async(supervisor.supervise_once)(runner=private_tmux)
         if "launched-42" in private_tmux.capture(name):
             break
         await asyncio.sleep(0.05)
