@@ -11,6 +11,7 @@ import shutil
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 
 from agents import cli, services, supervisor
@@ -26,12 +27,16 @@ pytestmark = pytest.mark.django_db(transaction=True)
 USER_TOOLS = ["list_agents", "get_agent_history", "dispatch_launch_agent", "dispatch_send_message", "message_status"]
 
 
+async def atools_of(user: Any, caller: Agent | None = None, **kwargs: Any) -> dict[str, Any]:
+    return {tool.name: tool for tool in await agent_tools(user=user, caller_agent=caller, **kwargs)}
+
+
 def tools_of(user: Any, caller: Agent | None = None, **kwargs: Any) -> dict[str, Any]:
-    return {tool.name: tool for tool in agent_tools(user=user, caller_agent=caller, **kwargs)}
+    return async_to_sync(atools_of)(user, caller, **kwargs)
 
 
 async def call(user: Any, name: str, arguments: Any, caller: Agent | None = None) -> Any:
-    return await tools_of(user, caller)[name](arguments)
+    return await (await atools_of(user, caller))[name](arguments)
 
 
 async def fails(user: Any, name: str, arguments: Any, caller: Agent | None = None) -> DispatchError:
