@@ -43,10 +43,10 @@ from django.utils import timezone
 
 from core.presence import current_process_id
 from dispatch.background import LoopHealth
-from peers import shadows
-from peers.leases import peer_lease_claim, peer_lease_release
 from peers.models import Peer
 from peers.outbox import outbox_backoff_reset
+from peers.services import shadows
+from peers.services.leases import peer_lease_claim, peer_lease_release
 
 logger = logging.getLogger(__name__)
 

@@ -35,11 +35,12 @@ from django.views.decorators.csrf import csrf_exempt
 
 from core.errors import DispatchError
 from core.http import json_object
-from peers import receipts, services
 from peers.auth import PeerAuthError, peer_authenticate_sync, peer_error_response
 from peers.models import Peer
 from peers.pairing import peer_mark_unlinked_by_peer
-from peers.receipts import Answer
+from peers.services import incoming as services
+from peers.services import receipts
+from peers.services.receipts import Answer
 
 logger = logging.getLogger(__name__)
 

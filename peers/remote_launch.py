@@ -1,19 +1,20 @@
 """The launching side of peers (spec/peers.md §6, §8; agents.md §5–6): locations, launching
-on a peer with its local shadow, forwarding a shadow's stop and archive, and messages to
-agents on peers.
+on a peer with its local shadow, forwarding a shadow's stop and archive, and what the
+agents app asks of linked instances (``PeerLinks``, registered in ``agents.hooks``).
 
 - ``peer_launch`` (async): resolve ``location``, require ``cwd`` (the error lists the peer's
   repo roots from ``GET /api/v1/peers/repos``), ``POST /api/v1/peers/launch`` (30 s,
-  ``Idempotency-Key``), then create the shadow seeded from the answer and ask the mirror
-  to re-snapshot the peer.
+  ``Idempotency-Key``), then create the shadow seeded from the answer
+  (``peers.services.shadows.shadow_record_launch``) and ask the mirror to re-snapshot the
+  peer.
 - ``shadow_forward`` (async): ``stop`` / ``archive`` of a shadow sent to its peer as
   ``POST /api/v1/peers/agents/{peer_agent_id}/stop|archive``.
-- ``peer_message_send`` (sync): the ``AgentMessage`` and its ``OutboxMessage`` in one
-  transaction (the drain delivers it, ``peers.outbox``).
 - ``peer_address_parse``: ``<label or instance id>:<agent id>`` recognised by shape.
+- messages to agents on peers are ``peers.services.outgoing.peer_message_send``.
 
 Peer HTTP calls are async (``peers.client.PeerClient``); database work runs through
-``database_sync_to_async`` in short steps, never across a network wait.
+``database_sync_to_async`` in short steps, never across a network wait. The rows are
+written by ``peers.services``.
 """
 
 from __future__ import annotations
@@ -24,23 +25,19 @@ from typing import Any
 import httpx
 from channels.db import database_sync_to_async
 from django.contrib.auth.models import User
-from django.db import transaction
 from django.utils import timezone
 
 from agents import services as agent_services
 from agents.hooks import Link
-from agents.messages import MAX_MESSAGE_LENGTH, message_data
-from agents.models import Agent, AgentEvent, AgentMessage
+from agents.models import Agent, AgentMessage
 from agents.selectors import AGENT_ID, PEER_ADDRESS, is_shadow, shadow_link
 from core.errors import DispatchError, InvalidRequest, NotFound
 from peers.client import PeerClient, PeerUnreachable
-from peers.identity import identity_get
 from peers.mirror import mirror_resnapshot
 from peers.models import OutboxMessage, Peer, new_idempotency_key
-from peers.outbox import outbox_enqueue
 from peers.selectors import peer_resolve_location, peers_by_label_for, peers_for
-from peers.services import launch_preamble
-from peers.shadows import shadow_upsert
+from peers.services import outgoing, shadows
+from peers.services.incoming import launch_preamble
 
 logger = logging.getLogger(__name__)
 
@@ -172,56 +169,6 @@ async def peer_repo_roots(peer: Peer) -> list[str]:
 # --- launching ---------------------------------------------------------------------------------
 
 
-def _launcher_address(user: User, caller_agent: Agent | None) -> dict[str, Any]:
-    identity = identity_get()
-    if caller_agent is not None:
-        return {"instance_id": identity.instance_id, "agent_id": caller_agent.pk, "name": caller_agent.name}
-    return {"instance_id": identity.instance_id, "agent_id": None, "name": user.get_username()}
-
-
-@transaction.atomic
-def shadow_record_launch(
-    *,
-    peer: Peer,
-    peer_agent_id: str,
-    name: str,
-    type: str,
-    status: str,
-    cwd: str,
-    launched_by: Agent | None,
-    child: bool,
-) -> Agent:
-    """The shadow of an agent just launched on ``peer`` (spec §6): created with the status of
-    the launch answer (``peers.shadows.shadow_upsert``), or — when the mirror created it
-    first — left at the mirror's status; either way ``cwd``, ``launched_by`` (always) and
-    ``parent`` (= the launcher when ``child``) are set. Owned by ``peer.owner``.
-    Raises ``ValueError`` for an unknown status or a bad id (nothing written).
-    """
-    existing = Agent.objects.select_for_update().filter(peer=peer, peer_agent_id=peer_agent_id).first()
-    if existing is None:
-        existing = shadow_upsert(
-            peer=peer, peer_agent_id=peer_agent_id, name=name, type=type, status=status, seen_at=timezone.now()
-        )
-    existing.cwd = cwd[:4096]
-    existing.launched_by = launched_by
-    fields = ["cwd", "launched_by", "updated_at"]
-    if child and launched_by is not None:
-        existing.parent = launched_by
-        fields.append("parent")
-    if type and existing.type in ("", "unknown"):
-        existing.type = type[:40]
-        fields.append("type")
-    existing.updated_at = timezone.now()
-    existing.save(update_fields=fields)
-    agent_services.agent_event_record(
-        agent=existing,
-        type=AgentEvent.Type.SYSTEM,
-        message=f"launched on {peer.label} as {peer_agent_id}",
-        metadata={"peer": peer.label, "peer_agent_id": peer_agent_id},
-    )
-    return Agent.objects.select_related("owner", "peer").get(pk=existing.pk)
-
-
 def _resnapshot(peer_id: int) -> None:
     """Ask the mirroring subscriber to re-snapshot ``peer_id`` (``peers.mirror.mirror_resnapshot``);
     a failure is logged, and the next snapshot then comes with the next reconnect."""
@@ -268,7 +215,7 @@ async def peer_launch(
             f"cwd is required to launch on {peer.label}: a directory inside one of its repo roots: {listed}",
             {"peer": peer.label, "roots": roots},
         )
-    launched_by = await database_sync_to_async(_launcher_address)(user, caller_agent)
+    launched_by = await database_sync_to_async(outgoing.launcher_address)(user=user, caller_agent=caller_agent)
     body: dict[str, Any] = {
         "name": name.strip(),
         "prompt": prompt or "",
@@ -295,7 +242,7 @@ async def peer_launch(
             f"{peer.label} answered the launch without a proper agent id and status",
             {"answer": answer},
         )
-    shadow = await database_sync_to_async(shadow_record_launch)(
+    shadow = await database_sync_to_async(shadows.shadow_record_launch)(
         peer=peer,
         peer_agent_id=agent_id,
         name=str(answer.get("name") or name.strip()),
@@ -315,21 +262,6 @@ async def peer_launch(
 def _shadow_state(agent: Agent) -> tuple[Agent, Peer | None]:
     current = Agent.objects.select_related("peer", "owner").get(pk=agent.pk)
     return current, current.peer if shadow_link(current) is not None else None
-
-
-@transaction.atomic
-def _shadow_settle(agent_id: str, status: str, note: str) -> Agent:
-    """Set a shadow's status directly (shadows take what their peer reports; no transition
-    table) with a ``system`` event ``note``; archiving also announces ``agent.deleted``."""
-    shadow = Agent.objects.select_for_update().get(pk=agent_id)
-    if shadow.status != status:
-        shadow.status = status
-        shadow.updated_at = timezone.now()
-        shadow.save(update_fields=["status", "updated_at"])
-    agent_services.agent_event_record(agent=shadow, type=AgentEvent.Type.SYSTEM, message=note)
-    if status == Agent.Status.ARCHIVED:
-        agent_services.publish_on_commit(user_id=shadow.owner_id, event="agent.deleted", data={"id": shadow.pk})
-    return Agent.objects.select_related("owner", "peer").get(pk=agent_id)
 
 
 async def shadow_forward(*, agent: Agent, action: str) -> Agent:
@@ -357,8 +289,8 @@ async def shadow_forward(*, agent: Agent, action: str) -> Agent:
         return current
     if peer is None:
         if action == "archive":
-            return await database_sync_to_async(_shadow_settle)(
-                current.pk, Agent.Status.ARCHIVED, "archived here (its link is gone)"
+            return await database_sync_to_async(shadows.shadow_settle)(
+                agent_id=current.pk, status=Agent.Status.ARCHIVED, note="archived here (its link is gone)"
             )
         raise DispatchError(
             "CONFLICT", f"agent '{current.pk}' belongs to a link that was removed: it cannot be stopped"
@@ -377,7 +309,9 @@ async def shadow_forward(*, agent: Agent, action: str) -> Agent:
             if gone
             else f"archived on {peer.label}"
         )
-        return await database_sync_to_async(_shadow_settle)(current.pk, Agent.Status.ARCHIVED, note)
+        return await database_sync_to_async(shadows.shadow_settle)(
+            agent_id=current.pk, status=Agent.Status.ARCHIVED, note=note
+        )
     if not 200 <= response.status_code < 300:
         raise _peer_error(peer, response, "stopping" if action == "stop" else "archiving")
     status = None
@@ -387,86 +321,10 @@ async def shadow_forward(*, agent: Agent, action: str) -> Agent:
     except ValueError:
         pass
     if status in Agent.Status.values and status != Agent.Status.ARCHIVED:
-        return await database_sync_to_async(_shadow_settle)(current.pk, status, f"stop forwarded to {peer.label}")
+        return await database_sync_to_async(shadows.shadow_settle)(
+            agent_id=current.pk, status=status, note=f"stop forwarded to {peer.label}"
+        )
     return current
-
-
-# --- messages ----------------------------------------------------------------------------------
-
-
-def _shadow_for(peer: Peer, agent_id: str) -> Agent:
-    """The shadow of ``peer``'s agent ``agent_id`` — given as its id there, or as the
-    shadow's own local id. ``NotFound`` (listing what is known) for an agent the mirror has
-    not reported: a message to an id nobody knows would only be dead-lettered later."""
-    shadow = (
-        Agent.objects.filter(peer=peer, peer_agent_id=agent_id).order_by("created_at").first()
-        or Agent.objects.filter(peer=peer, pk=agent_id).first()
-    )
-    if shadow is not None:
-        return shadow
-    known = list(
-        Agent.objects.filter(peer=peer)
-        .exclude(status=Agent.Status.ARCHIVED)
-        .order_by("-updated_at")
-        .values_list("name", "peer_agent_id")[:10]
-    )
-    listing = ", ".join(f"{name} ({remote_id})" for name, remote_id in known) or "none yet"
-    raise NotFound(
-        f"{peer.label} has no agent '{agent_id}' that this instance knows of; address an agent there by its id "
-        f"on {peer.label} (a shadow's peer_agent_id). Known agents of {peer.label}: {listing}",
-        {"peer": peer.label, "agent_id": agent_id},
-    )
-
-
-@transaction.atomic
-def peer_message_send(
-    *, user: User, sender_agent: Agent | None, peer: Peer, to_agent_id: str, content: str
-) -> AgentMessage:
-    """Send ``content`` to agent ``to_agent_id`` on ``peer`` (spec §8) and return the local message.
-
-    Writes, in one transaction, the ``AgentMessage`` (``queued``; recipient = the shadow
-    of ``(peer, to_agent_id)`` — ``to_agent_id`` may also be the shadow's local id;
-    ``peer`` and a fresh ``idempotency_key``) and
-    its ``OutboxMessage`` (payload ``{to_agent_id, content, from: {instance_id, agent_id |
-    null, name}}``); the drain doorbell rings after commit (delivery is attempted at once
-    by the drain loop). ``sender_agent`` ``None``: ``user`` sends it.
-
-    Raises ``NotFound`` (a peer of another user or a revoked one, a sender of another
-    user, an agent the mirror has not reported), ``InvalidRequest`` (content empty or
-    over 200,000 characters or with a NUL, a malformed agent id).
-    """
-    if not isinstance(content, str) or not content.strip():
-        raise InvalidRequest("content must be a non-empty string")
-    if len(content) > MAX_MESSAGE_LENGTH:
-        raise InvalidRequest(f"content must be at most {MAX_MESSAGE_LENGTH} characters")
-    agent_services.storable_text(content, "content")
-    if not AGENT_ID.match(to_agent_id or ""):
-        raise InvalidRequest(f"'{to_agent_id}' is not an agent id (agt_ and 12 hex digits)")
-    live = Peer.objects.filter(pk=peer.pk, owner=user, revoked_at__isnull=True).first()
-    if live is None:
-        raise NotFound(f"no linked instance '{peer.label}'")
-    if sender_agent is not None and sender_agent.owner_id != user.pk:
-        raise NotFound(f"no agent '{sender_agent.pk}'")
-    shadow = _shadow_for(live, to_agent_id)
-    to_agent_id = shadow.peer_agent_id
-    key = new_idempotency_key()
-    message = AgentMessage.objects.create(
-        sender_agent=sender_agent,
-        sender_user=None if sender_agent is not None else user,
-        recipient_agent=shadow,
-        content=content,
-        peer=live,
-        idempotency_key=key,
-    )
-    sender = _launcher_address(user, sender_agent)
-    outbox_enqueue(
-        message=message,
-        peer=live,
-        to_agent_id=to_agent_id,
-        payload={"to_agent_id": to_agent_id, "content": content, "from": sender},
-    )
-    agent_services.publish_on_commit(user_id=user.pk, event="message.created", data=message_data(message))
-    return message
 
 
 # --- what the agents app asks of peers (agents.hooks) -------------------------------------------
@@ -520,7 +378,7 @@ class PeerLinks:
         self, *, user: User, sender_agent: Agent | None, link: Link, to_agent_id: str, content: str
     ) -> AgentMessage:
         """``peer_message_send`` to ``link`` (a ``Peer``)."""
-        return peer_message_send(
+        return outgoing.peer_message_send(
             user=user, sender_agent=sender_agent, peer=_peer(link), to_agent_id=to_agent_id, content=content
         )
 

@@ -29,9 +29,9 @@ from django.views.decorators.http import require_GET, require_POST
 
 from core.errors import DispatchError
 from peers import pairing
-from peers.identity import identity_get
 from peers.models import OutboxMessage, Peer
 from peers.selectors import outbox_counts, outbox_rows_for, peers_for
+from peers.services.identity import identity_get
 
 SWITCHES = (
     ("allow_launch", "Launch agents here"),

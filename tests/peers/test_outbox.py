@@ -37,8 +37,8 @@ from peers.outbox import (
     outbox_purge,
     outbox_retry,
 )
-from peers.remote_launch import peer_message_send
-from peers.shadows import shadow_upsert
+from peers.services.outgoing import peer_message_send
+from peers.services.shadows import shadow_upsert
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

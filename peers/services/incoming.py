@@ -1,4 +1,5 @@
-"""Writes the peer API makes on this instance for a linked peer (spec/peers.md §5).
+"""Writes the peer API makes on this instance for a linked peer (spec/peers.md §5), through
+the agents app's services (``agents.lifecycle``, ``agents.messages``).
 
 Everything here acts as the link's user (``peer.owner``, spec §1 "Who a link acts as"):
 agents a peer launches are owned by them, messages reach only their local agents, and a
@@ -22,8 +23,8 @@ from agents.models import Agent, AgentEvent, AgentMessage
 from agents.selectors import is_shadow
 from agents.serializers import agent_data
 from core.errors import DispatchError, InvalidRequest, NotFound
-from peers import receipts
 from peers.models import Peer
+from peers.services import receipts
 
 # Capability flag → the refusal's message (spec §3: each route checks its own flag).
 CAPABILITY_MESSAGES: dict[str, str] = {
@@ -172,9 +173,9 @@ def peer_launch_here(*, peer: Peer, body: dict[str, Any]) -> Agent:
     ``llm``, else ``expert``). ``cwd`` as ``launch_cwd_resolve``. ``child`` is accepted
     and has no effect here (the parent lives on the peer, as the shadow's parent). The
     agent is owned by ``peer.owner`` and records ``launched_by_peer``; an ``llm``-kind
-    agent's prompt starts with ``launch_preamble`` (a ``shell`` agent is meant to get it
-    in ``DISPATCH_LAUNCH_CONTEXT``, which needs ``cli.agent_launch`` to take extra
-    environment — not available yet, so a shell agent gets the prompt alone).
+    agent's prompt starts with ``launch_preamble``; a ``shell`` agent gets the prompt alone
+    and the preamble in ``DISPATCH_LAUNCH_CONTEXT`` (its session reads ``launched_by_peer``
+    through ``agents.hooks.linked().launch_context``).
     Raises ``InvalidRequest`` / ``PATH_OUTSIDE_ALLOWED_ROOT`` (400, bad body, unknown or
     unavailable type, cwd outside the roots), ``CAPABILITY_NOT_GRANTED`` (403,
     ``full_access`` without ``allow_full_access``).
