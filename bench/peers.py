@@ -182,7 +182,7 @@ def enqueue(output: Path, *, label: str, agent_id: str, count: int, prefix: str,
 
     from peers.models import Peer
     from peers.outbox import drain_lease_claim
-    from peers.services.outgoing import peer_message_send
+    from peers.remote_launch import peer_message_send
 
     peer = Peer.objects.select_related("owner").get(label=label, revoked_at__isnull=True)
     if holder:

@@ -37,7 +37,7 @@ from peers.outbox import (
     outbox_purge,
     outbox_retry,
 )
-from peers.services.outgoing import peer_message_send
+from peers.remote_launch import peer_message_send
 from peers.services.shadows import shadow_upsert
 
 pytestmark = pytest.mark.django_db(transaction=True)
