@@ -435,39 +435,11 @@ class PeerLinks:
     """``agents.hooks.LinkedInstances`` as ``peers`` does it, registered in
     ``PeersConfig.ready``: the agents app reaches linked instances only through this."""
 
-    def location_check(self, *, user: User, location: str) -> Peer:
-        """``location_resolve``."""
-        return location_resolve(user=user, location=location)
-
-    async def launch(
-        self,
-        *,
-        user: User,
-        caller_agent: Agent | None,
-        location: str,
-        name: str,
-        prompt: str,
-        type: str | None,
-        cwd: str | None,
-        child: bool,
-        full_access: bool,
-    ) -> Agent:
-        """``peer_launch``."""
-        return await peer_launch(
-            user=user,
-            caller_agent=caller_agent,
-            location=location,
-            name=name,
-            prompt=prompt,
-            type=type,
-            cwd=cwd,
-            child=child,
-            full_access=full_access,
-        )
-
-    async def forward(self, *, agent: Agent, action: str) -> Agent:
-        """``shadow_forward``."""
-        return await shadow_forward(agent=agent, action=action)
+    location_check = staticmethod(location_resolve)
+    launch = staticmethod(peer_launch)
+    forward = staticmethod(shadow_forward)
+    address_parse = staticmethod(peer_address_parse)
+    launch_description = staticmethod(linked_instances_text)
 
     def message_send(
         self, *, user: User, sender_agent: Agent | None, link: Link, to_agent_id: str, content: str
@@ -476,10 +448,6 @@ class PeerLinks:
         return peer_message_send(
             user=user, sender_agent=sender_agent, peer=_peer(link), to_agent_id=to_agent_id, content=content
         )
-
-    def address_parse(self, *, user: User, target: str) -> tuple[Peer, str] | None:
-        """``peer_address_parse``."""
-        return peer_address_parse(user=user, target=target)
 
     def labels(self, *, user: User) -> list[str]:
         """The labels of ``user``'s live peers (``peers_for``'s order)."""
@@ -494,10 +462,6 @@ class PeerLinks:
             owner_id=agent.owner_id, instance_id=agent.launched_by_peer.get("instance_id"), revoked_at__isnull=True
         ).first()
         return launch_preamble(peer=peer, launched_by=agent.launched_by_peer).strip() if peer is not None else None
-
-    def launch_description(self, *, user: User) -> str:
-        """``linked_instances_text``."""
-        return linked_instances_text(user=user)
 
     def message_delivery(self, *, message: AgentMessage) -> dict[str, Any] | None:
         """The outbox state of a message this instance sent to an agent on a peer (spec §8,
