@@ -7,7 +7,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from agents import services as agent_services
-from agents.api import agent_archive_any, agent_stop_any
+from agents.lifecycle import agent_archive_any, agent_stop_any
 from agents.models import Agent, AgentEvent, AgentMessage, AgentToken, Run, SupervisorLease
 from agents.tokens import agent_tokens_revoke
 from core.admin import ReadOnlyAdmin

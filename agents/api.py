@@ -10,16 +10,13 @@ import re
 from typing import Any
 
 from asgiref.sync import async_to_sync
-from django.conf import settings
-from django.db import transaction
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from agents import cli, launching, messages, selectors, services
-from agents.models import Agent, Run
-from agents.prompting import agent_prompt_any
+from agents import launching, lifecycle, messages, selectors, services
+from agents.hooks import linked
 from agents.serializers import (
     AgentEventSerializer,
     AgentMessageSerializer,
@@ -32,7 +29,6 @@ from agents.tokens import agent_scope_manage, calling_agent
 from core.api import DispatchAPIView
 from core.authentication import authenticated_user
 from core.errors import InvalidRequest, NotFound
-from peers import remote_launch
 
 
 class StrictCharField(serializers.CharField):
@@ -81,69 +77,6 @@ def _query(request: Request, name: str) -> str | None:
     return value if value else None
 
 
-# --- lifecycle of any local agent (REST, pages and admin share these) ---------------------
-
-
-def _forward_shadow(agent: Agent, action: str) -> Agent:
-    """Forward ``action`` (stop, start, archive) of the shadow ``agent`` to its peer
-    (``peers.remote_launch.shadow_forward``; spec/agents.md §5). Sync callers only (a
-    request's thread, the admin): it waits for the peer (30 s at most) through ``async_to_sync``."""
-    return async_to_sync(remote_launch.shadow_forward)(agent=agent, action=action)
-
-
-def agent_stop_any(*, agent: Agent) -> Agent:
-    """Stop a local agent (spec/agents.md §1, §2) and return it.
-
-    CLI agent: ``cli.agent_stop`` (``stopping`` now; the supervisor finishes the stop).
-    Expert agent: its queued and running runs are cancelled and it goes ``stopped`` (a
-    stopped expert agent refuses prompts). Raises ``DispatchError("CONFLICT")`` when the
-    transition table refuses the stop (e.g. already stopped). A shadow agent's stop is
-    forwarded to its peer (``_forward_shadow``; the peer's refusals as ``DispatchError``).
-    """
-    if agent.peer_agent_id:
-        return _forward_shadow(agent, "stop")
-    if agent.type != services.EXPERT:
-        return cli.agent_stop(agent=agent)
-    with transaction.atomic():
-        stopped = services.agent_set_status(agent=agent, status=Agent.Status.STOPPED, note="stopped by its user")
-        for run_id in Run.objects.filter(agent=agent, status__in=[Run.Status.QUEUED, Run.Status.RUNNING]).values_list(
-            "pk", flat=True
-        ):
-            services.run_cancel(user=agent.owner, run_id=run_id)
-    return stopped
-
-
-def agent_start_any(*, agent: Agent) -> Agent:
-    """Start a ``stopped`` or ``error`` local agent again and return it.
-
-    CLI agent: ``cli.agent_start`` (same tmux session name). Expert agent: ``stopped`` →
-    ``creating`` → ``running`` (it has no process). Raises ``DispatchError("CONFLICT")``
-    from any other status. A shadow agent: ``UNSUPPORTED_OPERATION`` (the peer API has no
-    start, spec/peers.md §5; ``_forward_shadow``).
-    """
-    if agent.peer_agent_id:
-        return _forward_shadow(agent, "start")
-    if agent.type != services.EXPERT:
-        return cli.agent_start(agent=agent)
-    with transaction.atomic():
-        services.agent_set_status(agent=agent, status=Agent.Status.CREATING, note="start requested")
-        return services.agent_set_status(agent=agent, status=Agent.Status.RUNNING, note="started")
-
-
-def agent_archive_any(*, agent: Agent) -> Agent:
-    """Archive a local agent (soft delete; idempotent) and return it.
-
-    CLI agent: ``cli.agent_archive`` (stops its session first). Expert agent:
-    ``services.agent_archive`` (cancels its runs). A shadow agent's archive is forwarded to
-    its peer, and the shadow archived once the peer accepted (``_forward_shadow``).
-    """
-    if agent.peer_agent_id:
-        return _forward_shadow(agent, "archive")
-    if agent.type != services.EXPERT:
-        return cli.agent_archive(agent=agent)
-    return services.agent_archive(agent=agent, note="archived by its user")
-
-
 class AgentListView(DispatchAPIView):
     """``GET /api/v1/agents`` (filters ``status``, ``type``; 100 per page; ``before`` cursor)
     and ``POST /api/v1/agents`` (launch)."""
@@ -172,7 +105,7 @@ class AgentListView(DispatchAPIView):
 
     @extend_schema(request=AgentLaunchSerializer, responses={201: AgentSerializer})
     def post(self, request: Request) -> Response:
-        """Launch any configured type (``launching.agent_launch_any``; an unavailable type is
+        """Launch any configured type (``lifecycle.agent_launch_any``; an unavailable type is
         refused with the list of available ones). With an agent token the caller is
         ``launched_by`` and, with ``child: true``, the parent."""
         incoming = AgentLaunchSerializer(data=request.data)
@@ -183,8 +116,8 @@ class AgentListView(DispatchAPIView):
             raise InvalidRequest("child: only an agent (calling with its own token) can launch a child agent")
         if body["location"]:  # on a linked instance: a shadow here (spec/peers.md §6)
             user = authenticated_user(request)
-            remote_launch.location_resolve(user=user, location=body["location"])  # a bad one is 400 before any wait
-            shadow = async_to_sync(remote_launch.peer_launch)(
+            linked().location_check(user=user, location=body["location"])  # a bad one is 400 before any wait
+            shadow = async_to_sync(linked().launch)(
                 user=user,
                 caller_agent=launcher,
                 location=body["location"],
@@ -196,7 +129,7 @@ class AgentListView(DispatchAPIView):
                 full_access=body["full_access"],
             )
             return Response(agent_data(shadow), status=status.HTTP_201_CREATED)
-        agent = launching.agent_launch_any(
+        agent = lifecycle.agent_launch_any(
             owner=authenticated_user(request),
             type=body["type"],
             name=body["name"],
@@ -215,14 +148,6 @@ class AgentTypeSerializer(serializers.Serializer):
     available = serializers.BooleanField()
 
 
-def agent_types_data() -> list[dict[str, Any]]:
-    """Every agent type: ``[{"type", "kind", "available"}]``, ``expert`` first (kind
-    ``expert``), then the configured CLI types in ``DISPATCH_AGENT_TYPES`` order."""
-    available = launching.launchable_types()
-    kinds = {services.EXPERT: "expert", **{name: spec.kind for name, spec in settings.AGENT_TYPES.items()}}
-    return [{"type": name, "kind": kinds[name], "available": ok} for name, ok in available.items()]
-
-
 class AgentTypesView(DispatchAPIView):
     """``GET /api/v1/agent-types``: ``{"types": [{type, kind, available}]}``; an unavailable
     CLI type (its program is not on PATH) is refused at launch."""
@@ -233,7 +158,7 @@ class AgentTypesView(DispatchAPIView):
     )
     def get(self, request: Request) -> Response:
         authenticated_user(request)
-        return Response({"types": agent_types_data()})
+        return Response({"types": launching.agent_types_data()})
 
 
 class AgentDetailView(DispatchAPIView):
@@ -248,7 +173,7 @@ class AgentDetailView(DispatchAPIView):
     def delete(self, request: Request, agent_id: str) -> Response:
         agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
         agent_scope_manage(calling_agent(request), agent)
-        return Response(agent_data(agent_archive_any(agent=agent)))
+        return Response(agent_data(lifecycle.agent_archive_any(agent=agent)))
 
 
 class AgentStopView(DispatchAPIView):
@@ -259,7 +184,7 @@ class AgentStopView(DispatchAPIView):
     def post(self, request: Request, agent_id: str) -> Response:
         agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
         agent_scope_manage(calling_agent(request), agent)
-        return Response(agent_data(agent_stop_any(agent=agent)))
+        return Response(agent_data(lifecycle.agent_stop_any(agent=agent)))
 
 
 class AgentStartView(DispatchAPIView):
@@ -269,7 +194,7 @@ class AgentStartView(DispatchAPIView):
     def post(self, request: Request, agent_id: str) -> Response:
         agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
         agent_scope_manage(calling_agent(request), agent)
-        return Response(agent_data(agent_start_any(agent=agent)))
+        return Response(agent_data(lifecycle.agent_start_any(agent=agent)))
 
 
 class AgentPromptSerializer(serializers.Serializer):
@@ -300,7 +225,7 @@ class AgentPromptView(DispatchAPIView):
         incoming = AgentPromptSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
         body = incoming.validated_data
-        accepted = agent_prompt_any(
+        accepted = lifecycle.agent_prompt_any(
             user=user,
             agent_id=agent_id,
             instruction=body["instruction"],
@@ -355,23 +280,8 @@ class AgentMessagesView(DispatchAPIView):
         agent = selectors.agent_get_for(user=user, agent_id=agent_id)
         incoming = MessageSendSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
-        sender = calling_agent(request)
-        if agent.peer_agent_id:
-            if agent.peer is None:
-                raise InvalidRequest(f"agent '{agent.pk}' belongs to a link that was removed: it cannot be messaged")
-            message = remote_launch.peer_message_send(
-                user=user,
-                sender_agent=sender,
-                peer=agent.peer,
-                to_agent_id=agent.peer_agent_id,
-                content=incoming.validated_data["content"],
-            )
-            return Response(messages.message_data(message), status=status.HTTP_201_CREATED)
-        message = messages.message_send(
-            recipient=agent,
-            content=incoming.validated_data["content"],
-            sender_user=None if sender is not None else user,
-            sender_agent=sender,
+        message = lifecycle.agent_message_send(
+            user=user, recipient=agent, content=incoming.validated_data["content"], sender_agent=calling_agent(request)
         )
         return Response(messages.message_data(message), status=status.HTTP_201_CREATED)
 

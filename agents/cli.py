@@ -1,4 +1,4 @@
-"""CLI agents in tmux: launch, stop, start, archive, the pane view and the supervisor (spec/agents.md §2).
+"""CLI agents in tmux: launch, stop, start, archive and the pane view (spec/agents.md §2).
 
 The types come from ``settings.AGENT_TYPES`` (``DISPATCH_AGENT_TYPES``, parsed by
 ``agents.types``); a type whose program is not on ``PATH`` is refused at launch.
@@ -11,13 +11,9 @@ Nothing here blocks a request for seconds: ``agent_launch``/``agent_start`` run 
 short ``tmux`` commands, ``agent_stop`` only sends the interrupt. Everything that waits
 (pasting queued messages — the prompt is the first one — once the pane is quiet, killing
 a ``stopping`` session after the grace period, the activity watcher) is the supervisor's
-job: ``supervise_once``, run by ``dispatch.background.cli_supervisor_loop`` every
-``DISPATCH_CLI_SUPERVISE_INTERVAL`` seconds or sooner when ``messages.doorbell_ring``
-rings. Only the holder of the host's ``SupervisorLease`` acts, and only on this host's
-agents and on sessions tagged with this instance's id. Its state lives in the rows
-(``Agent.pane_hash``, ``pane_changed_at``, ``stop_requested_at``, ``stop_interrupted``),
-so a new lease holder — or a restarted Dispatch — simply continues; running agents are
-never killed or reset at start.
+job (``agents.supervisor``), which uses the session steps here (``session_start``,
+``session_kill``, ``session_interrupt``, ``agent_settle``, ``agent_ended``). The edges
+call these through ``agents.lifecycle``.
 
 Every function is synchronous (tmux subprocesses, the ORM): call it from a sync view or a
 worker thread, never on the event loop.
@@ -25,49 +21,29 @@ worker thread, never on the event loop.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import shutil
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import IntegrityError, transaction
-from django.db.models import Q
+from django.db import transaction
 from django.utils import timezone
 
 from agents import messages, services, tokens
-from agents.models import Agent, AgentEvent, SupervisorLease
+from agents.hooks import linked
+from agents.models import Agent
+from agents.selectors import is_shadow
 from agents.tmux import TmuxError, TmuxRunner, TmuxSessionNotFound
 from agents.types import AgentType
 from core import presence
-from core.errors import DispatchError, InvalidRequest, database_unavailable
+from core.errors import DispatchError, InvalidRequest
 from core.services import instance_identity_get
 
 logger = logging.getLogger(__name__)
 
 Status = Agent.Status
-
-# Lines of a dead pane kept in ``last_error``.
-ERROR_LINES = 20
-# Lines of the pane the activity watcher hashes.
-WATCH_LINES = 100
-# Seconds the pane must stay unchanged (and not blank) before a message is pasted.
-QUIET = 0.4
-# Seconds a queued message waits for a quiet pane before it is pasted anyway.
-PASTE_ANYWAY_AFTER = 10.0
-# Seconds a ``creating`` agent without a session is left to its launcher before the
-# supervisor starts it itself (a start requested for another host, or a launcher that died).
-CREATING_GRACE = 3.0
-# The supervisor lease lasts this many supervise intervals.
-LEASE_INTERVALS = 3
-# ``metadata.source`` of the activity watcher's correction events.
-WATCHER = "activity_watcher"
-_ALIVE = (Status.CREATING, Status.RUNNING, Status.STOPPING)
 
 # Compatibility for callers written before DISPATCH_AGENT_TYPES (prefer ``is_cli_type``).
 LAUNCHABLE_CLI_TYPES = tuple(settings.AGENT_TYPES)
@@ -84,7 +60,8 @@ def default_runner() -> TmuxRunner:
 runner_factory: Callable[[], TmuxRunner] = default_runner
 
 
-def _runner(runner: TmuxRunner | None) -> TmuxRunner:
+def tmux_runner(runner: TmuxRunner | None) -> TmuxRunner:
+    """``runner`` if given, else ``runner_factory()`` (the default tmux server)."""
     return runner if runner is not None else runner_factory()
 
 
@@ -127,7 +104,7 @@ def _launchable(type: str) -> AgentType:
 # --- lifecycle ---------------------------------------------------------------------------
 
 
-def _settle(*, agent: Agent, status: str, note: str) -> bool:
+def agent_settle(*, agent: Agent, status: str, note: str) -> bool:
     """Move ``agent`` to ``status`` unless it moved meanwhile (a concurrent stop or archive)."""
     try:
         services.agent_set_status(agent=agent, status=status, note=note)
@@ -137,14 +114,15 @@ def _settle(*, agent: Agent, status: str, note: str) -> bool:
     return True
 
 
-def _ended(*, agent: Agent, status: str, note: str) -> None:
+def agent_ended(*, agent: Agent, status: str, note: str) -> None:
     """The agent's process is gone: ``status`` (stopped/error), tokens revoked, queued messages failed."""
-    if _settle(agent=agent, status=status, note=note):
+    if agent_settle(agent=agent, status=status, note=note):
         tokens.agent_tokens_revoke(agent=agent)
         messages.messages_fail_pending(agent=agent, error="agent stopped")
 
 
-def _kill_quietly(runner: TmuxRunner, name: str) -> None:
+def session_kill(runner: TmuxRunner, name: str) -> None:
+    """Kill tmux session ``name``; a missing one is fine, another tmux failure is logged."""
     try:
         runner.kill(name)
     except TmuxSessionNotFound:
@@ -157,7 +135,7 @@ def _kill_own(runner: TmuxRunner, name: str, instance_id: str) -> None:
     """Kill session ``name`` only if it is tagged with ``instance_id``."""
     try:
         if name in runner.owned_sessions(instance_id):
-            _kill_quietly(runner, name)
+            session_kill(runner, name)
     except TmuxError as error:
         logger.warning("could not list tmux sessions: %s", error)
 
@@ -165,19 +143,14 @@ def _kill_own(runner: TmuxRunner, name: str, instance_id: str) -> None:
 def _launch_context(agent: Agent) -> str | None:
     """For an agent a peer launched (``launched_by_peer``), the preamble an ``llm`` agent
     would get in its prompt, for a ``shell`` agent's ``DISPATCH_LAUNCH_CONTEXT``
-    (spec/peers.md §5 Launch); ``None`` otherwise or when the link is gone."""
+    (spec/peers.md §5 Launch; ``linked().launch_context``); ``None`` otherwise or when the
+    link is gone."""
     if not agent.launched_by_peer:
         return None
-    from peers.models import Peer
-    from peers.services import launch_preamble
-
-    peer = Peer.objects.filter(
-        owner_id=agent.owner_id, instance_id=agent.launched_by_peer.get("instance_id"), revoked_at__isnull=True
-    ).first()
-    return launch_preamble(peer=peer, launched_by=agent.launched_by_peer).strip() if peer is not None else None
+    return linked().launch_context(agent=agent)
 
 
-def _start_session(*, agent: Agent, runner: TmuxRunner, instance_id: str | None = None) -> bool:
+def session_start(*, agent: Agent, runner: TmuxRunner, instance_id: str | None = None) -> bool:
     """Start the ``creating`` agent's session and mark it ``running``; ``error`` on failure.
 
     Mints a fresh token for the environment, resets the supervisor state, and rings the
@@ -186,7 +159,7 @@ def _start_session(*, agent: Agent, runner: TmuxRunner, instance_id: str | None 
     """
     spec = settings.AGENT_TYPES.get(agent.type)
     if spec is None or not spec.available():
-        _ended(agent=agent, status=Status.ERROR, note=f"agent type '{agent.type}' is unavailable on this host")
+        agent_ended(agent=agent, status=Status.ERROR, note=f"agent type '{agent.type}' is unavailable on this host")
         return False
     url = mcp_url()
     token = tokens.agent_token_mint(agent=agent)
@@ -213,10 +186,10 @@ def _start_session(*, agent: Agent, runner: TmuxRunner, instance_id: str | None 
         )
     except TmuxError as error:
         if Agent.objects.filter(pk=agent.pk, status=Status.CREATING).exists():
-            _ended(agent=agent, status=Status.ERROR, note=f"session failed to start: {error}")
+            agent_ended(agent=agent, status=Status.ERROR, note=f"session failed to start: {error}")
         return False
-    if not _settle(agent=agent, status=Status.RUNNING, note="session started"):
-        _kill_quietly(runner, session_name(agent))  # archived or stopped meanwhile
+    if not agent_settle(agent=agent, status=Status.RUNNING, note="session started"):
+        session_kill(runner, session_name(agent))  # archived or stopped meanwhile
         tokens.agent_tokens_revoke(agent=agent)
         return False
     messages.doorbell_ring(agent.host)
@@ -249,7 +222,7 @@ def agent_launch(
     it), a bad ``cwd``/``name``/``prompt``; ``NotFound`` for another user's parent.
     """
     _launchable(type)
-    tmux = _runner(runner)
+    tmux = tmux_runner(runner)
     with transaction.atomic():
         agent = services.agent_create(
             owner=owner,
@@ -268,7 +241,7 @@ def agent_launch(
                 sender_user=None if launched_by is not None else owner,
                 sender_agent=launched_by,
             )
-    _start_session(agent=agent, runner=tmux)
+    session_start(agent=agent, runner=tmux)
     agent.refresh_from_db()
     return agent
 
@@ -289,8 +262,8 @@ def agent_stop(*, agent: Agent, runner: TmuxRunner | None = None) -> Agent:
     current = Agent.objects.get(pk=agent.pk)
     if current.status == Status.CREATING:
         if is_local(current):
-            _kill_own(_runner(runner), session_name(current), instance_identity_get().instance_id)
-        _ended(agent=current, status=Status.STOPPED, note="stopped before its session started")
+            _kill_own(tmux_runner(runner), session_name(current), instance_identity_get().instance_id)
+        agent_ended(agent=current, status=Status.STOPPED, note="stopped before its session started")
         agent.refresh_from_db()
         return agent
     services.agent_set_status(agent=agent, status=Status.STOPPING, note="stop requested")
@@ -298,14 +271,14 @@ def agent_stop(*, agent: Agent, runner: TmuxRunner | None = None) -> Agent:
     tokens.agent_tokens_revoke(agent=agent)  # "revoked at stop": not after the grace period
     messages.messages_fail_pending(agent=agent, error="agent stopped")
     if is_local(agent):
-        _interrupt(agent=agent, runner=_runner(runner))
+        session_interrupt(agent=agent, runner=tmux_runner(runner))
     else:
         messages.doorbell_ring(agent.host)
     agent.refresh_from_db()
     return agent
 
 
-def _interrupt(*, agent: Agent, runner: TmuxRunner) -> None:
+def session_interrupt(*, agent: Agent, runner: TmuxRunner) -> None:
     """Send C-c to the agent's pane once (``stop_interrupted``); a missing session is the supervisor's."""
     try:
         runner.interrupt(session_name(agent))
@@ -337,10 +310,10 @@ def agent_start(*, agent: Agent, runner: TmuxRunner | None = None) -> Agent:
         _launchable(agent.type)
     services.agent_set_status(agent=agent, status=Status.CREATING, note="start requested")
     if is_local(agent):
-        tmux = _runner(runner)
+        tmux = tmux_runner(runner)
         instance_id = instance_identity_get().instance_id
         _kill_own(tmux, session_name(agent), instance_id)  # a leftover dead pane would block the name
-        _start_session(agent=agent, runner=tmux, instance_id=instance_id)
+        session_start(agent=agent, runner=tmux, instance_id=instance_id)
     else:
         messages.doorbell_ring(agent.host)
     agent.refresh_from_db()
@@ -356,10 +329,10 @@ def agent_archive(*, agent: Agent, runner: TmuxRunner | None = None) -> Agent:
     archived agents). Expert and shadow agents go straight to ``services.agent_archive``.
     Idempotent.
     """
-    if agent.type == services.EXPERT or agent.peer_agent_id:
+    if agent.type == services.EXPERT or is_shadow(agent):
         return services.agent_archive(agent=agent)
     if is_local(agent):
-        _kill_own(_runner(runner), session_name(agent), instance_identity_get().instance_id)
+        _kill_own(tmux_runner(runner), session_name(agent), instance_identity_get().instance_id)
     tokens.agent_tokens_revoke(agent=agent)
     messages.messages_fail_pending(agent=agent, error="agent archived")
     return services.agent_archive(agent=agent, note="archived")
@@ -379,270 +352,9 @@ def pane_text(*, agent: Agent, lines: int = 200, runner: TmuxRunner | None = Non
             {"host": agent.host},
         )
     try:
-        return _runner(runner).capture(session_name(agent), lines=max(1, min(int(lines), 10_000)))
+        return tmux_runner(runner).capture(session_name(agent), lines=max(1, min(int(lines), 10_000)))
     except TmuxSessionNotFound:
         return ""
     except TmuxError as error:
         logger.warning("could not capture agent %s: %s", agent.pk, error)
         return ""
-
-
-# --- the supervisor lease ----------------------------------------------------------------
-
-
-def lease_ttl() -> float:
-    """Seconds a supervisor lease lasts: ``LEASE_INTERVALS`` × ``DISPATCH_CLI_SUPERVISE_INTERVAL``."""
-    return float(LEASE_INTERVALS * settings.CLI_SUPERVISE_INTERVAL)
-
-
-def supervisor_lease_claim(*, holder: str, host: str | None = None, ttl: float | None = None) -> bool:
-    """Claim or renew ``host``'s supervisor lease for ``holder`` (a ServerProcess id).
-
-    True if ``holder`` now holds it until now + ``ttl`` seconds (default ``lease_ttl()``):
-    a conditional UPDATE takes it when held by ``holder`` or expired, else the row is
-    inserted if missing. False while another holder's lease is unexpired.
-    """
-    where = host or presence.HOSTNAME
-    now = timezone.now()
-    expires = now + timedelta(seconds=lease_ttl() if ttl is None else ttl)
-    if (
-        SupervisorLease.objects.filter(host=where)
-        .filter(Q(holder=holder) | Q(expires_at__lt=now))
-        .update(holder=holder, expires_at=expires)
-    ):
-        return True
-    if SupervisorLease.objects.filter(host=where).exists():
-        return False
-    try:
-        with transaction.atomic():
-            SupervisorLease.objects.create(host=where, holder=holder, expires_at=expires)
-    except IntegrityError:
-        return False
-    return True
-
-
-def supervisor_lease_release(*, holder: str, host: str | None = None) -> None:
-    """Give up ``host``'s lease if ``holder`` holds it (clean shutdown), so another process takes over at once."""
-    SupervisorLease.objects.filter(host=host or presence.HOSTNAME, holder=holder).delete()
-
-
-# --- the supervisor ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SupervisePass:
-    """What one ``supervise_once`` did: ``held`` the lease; ``busy``: messages still wait."""
-
-    held: bool
-    busy: bool = False
-
-
-def supervise_once(
-    *, runner: TmuxRunner | None = None, holder: str | None = None, instance_id: str | None = None
-) -> SupervisePass:
-    """One pass of the CLI supervisor of this host (spec/agents.md §2).
-
-    Acts only if ``holder`` (default: this process's id) holds or can claim the host's
-    lease. For each CLI agent of this host (shadow agents skipped) that is creating,
-    running or stopping:
-
-    - ``creating`` for over ``CREATING_GRACE`` s: started here if it has no session,
-      else marked ``running`` (its launcher died half-way);
-    - session missing (or not tagged ``instance_id``) → ``stopped`` with a note;
-    - pane dead → ``stopped`` (exit status 0, or it was ``stopping``) or ``error`` with
-      the pane's last lines in ``last_error``; the session is killed;
-    - ``stopping``: interrupted if not yet, killed and ``stopped`` after the grace
-      period or the hard limit (``DISPATCH_AGENT_STOP_GRACE``/``_TIMEOUT``);
-    - ``running``: the activity watcher (``working``/``idle`` corrections, events with
-      ``metadata.source == "activity_watcher"``), then the oldest queued message is
-      pasted when the pane is quiet and marked delivered (or failed with tmux's error).
-
-    Every end revokes the agent's tokens and fails its queued messages. Then sessions
-    tagged ``instance_id`` (default: this instance) whose agent is missing or not alive
-    are killed; other sessions are never touched. ``instance_id`` and ``holder`` exist
-    for tests that play a second instance or process.
-    """
-    who = holder or presence.current_process_id()
-    if not supervisor_lease_claim(holder=who):
-        return SupervisePass(held=False)
-    tmux = _runner(runner)
-    instance = instance_id or instance_identity_get().instance_id
-    # Rows first, then sessions: an agent read as running already has its session.
-    watched = list(
-        Agent.objects.filter(host=presence.HOSTNAME, status__in=_ALIVE, peer_agent_id="")
-        .exclude(type=services.EXPERT)
-        .order_by("pk")
-    )
-    try:
-        owned = set(tmux.owned_sessions(instance))
-    except TmuxError as error:
-        logger.warning("supervisor could not list tmux sessions: %s", error)
-        return SupervisePass(held=True)
-    busy = False
-    renewed = time.monotonic()
-    for agent in watched:
-        if time.monotonic() - renewed > settings.CLI_SUPERVISE_INTERVAL:
-            if not supervisor_lease_claim(holder=who):
-                return SupervisePass(held=False)
-            renewed = time.monotonic()
-        try:
-            busy |= _supervise_agent(agent=agent, runner=tmux, owned=owned, instance_id=instance)
-        except Exception as exc:
-            if database_unavailable(exc):
-                raise  # the whole pass fails; the supervisor loop backs off and logs once
-            logger.exception("supervising agent %s failed", agent.pk)
-    _clean_orphans(runner=tmux, instance_id=instance)
-    return SupervisePass(held=True, busy=busy)
-
-
-def _supervise_agent(*, agent: Agent, runner: TmuxRunner, owned: set[str], instance_id: str) -> bool:
-    """One agent's share of a pass; True if it still has messages waiting."""
-    name = session_name(agent)
-    if agent.status == Status.CREATING:
-        if timezone.now() - agent.updated_at <= timedelta(seconds=CREATING_GRACE):
-            return False  # its launcher is (probably) starting it right now
-        if name not in owned:
-            _start_session(agent=agent, runner=runner, instance_id=instance_id)
-        else:  # the launcher started the session but died before recording it
-            _settle(agent=agent, status=Status.RUNNING, note="session started")
-        return False
-    if name not in owned:
-        _ended(agent=agent, status=Status.STOPPED, note="session missing; marked stopped")
-        return False
-    try:
-        state = runner.pane_state(name)
-    except TmuxSessionNotFound:
-        _ended(agent=agent, status=Status.STOPPED, note="session missing; marked stopped")
-        return False
-    if state.dead:
-        if state.exit_status == 0 or agent.status == Status.STOPPING:
-            _ended(agent=agent, status=Status.STOPPED, note=f"session ended (exit status {state.exit_status})")
-        else:
-            how = f"exit status {state.exit_status}" if state.signal is None else f"signal {state.signal}"
-            lines = _last_lines(runner, name)
-            _ended(agent=agent, status=Status.ERROR, note=f"session ended ({how}):\n{lines}")
-        _kill_quietly(runner, name)
-        return False
-    if agent.status == Status.STOPPING:
-        _supervise_stopping(agent=agent, runner=runner)
-        return False
-    _watch_activity(agent=agent, runner=runner)
-    return _deliver(agent=agent, runner=runner)
-
-
-def _last_lines(runner: TmuxRunner, name: str) -> str:
-    try:
-        return runner.capture(name, lines=ERROR_LINES)
-    except TmuxError:
-        return ""
-
-
-def _supervise_stopping(*, agent: Agent, runner: TmuxRunner) -> None:
-    """Interrupt once, then kill after the grace period (or the hard limit) and mark ``stopped``."""
-    since = agent.stop_requested_at or agent.updated_at
-    elapsed = (timezone.now() - since).total_seconds()
-    grace, limit = settings.AGENT_STOP_GRACE, settings.AGENT_STOP_TIMEOUT
-    if elapsed >= min(grace, limit):
-        _kill_quietly(runner, session_name(agent))
-        if elapsed >= limit:
-            note = f"session killed: stopping for over {limit:g} s"
-        else:
-            note = f"session killed after the {grace:g} s stop grace period"
-        _ended(agent=agent, status=Status.STOPPED, note=note)
-    elif not agent.stop_interrupted:
-        _interrupt(agent=agent, runner=runner)
-
-
-def _reported_state(agent: Agent) -> str | None:
-    """The type of the agent's newest non-``system`` event (what it last reported), or None."""
-    return (
-        AgentEvent.objects.filter(agent=agent)
-        .exclude(type=AgentEvent.Type.SYSTEM)
-        .order_by("-created_at", "-pk")
-        .values_list("type", flat=True)
-        .first()
-    )
-
-
-def _watch_activity(*, agent: Agent, runner: TmuxRunner) -> None:
-    """The activity watcher: hash the pane's last ``WATCH_LINES`` lines and correct the state.
-
-    Output changed while the agent last reported a non-working state (or nothing) →
-    a ``working`` event; unchanged for ``DISPATCH_AGENT_IDLE_AFTER`` s while ``working`` →
-    an ``idle`` event. The first look only records the hash.
-    """
-    try:
-        text = runner.capture(session_name(agent), lines=WATCH_LINES)
-    except TmuxError:
-        return
-    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-    now = timezone.now()
-    if digest != agent.pane_hash:
-        Agent.objects.filter(pk=agent.pk).update(pane_hash=digest, pane_changed_at=now)
-        reported = _reported_state(agent)
-        if agent.pane_hash and reported != AgentEvent.Type.WORKING:
-            services.agent_event_record(
-                agent=agent,
-                type=AgentEvent.Type.WORKING,
-                message="output changed: working",
-                metadata={"source": WATCHER, "reported": reported},
-            )
-        return
-    if agent.pane_changed_at is None:
-        Agent.objects.filter(pk=agent.pk).update(pane_changed_at=now)
-        return
-    silent = (now - agent.pane_changed_at).total_seconds()
-    if silent >= settings.AGENT_IDLE_AFTER and _reported_state(agent) == AgentEvent.Type.WORKING:
-        services.agent_event_record(
-            agent=agent,
-            type=AgentEvent.Type.IDLE,
-            message=f"no output for {int(silent)} s: idle",
-            metadata={"source": WATCHER, "silent_seconds": int(silent)},
-        )
-
-
-def _quiet(runner: TmuxRunner, name: str) -> bool:
-    """True if the pane shows something and stays unchanged for ``QUIET`` s."""
-    before = runner.capture(name, lines=WATCH_LINES)
-    if not before.strip():
-        return False
-    time.sleep(QUIET)
-    return runner.capture(name, lines=WATCH_LINES) == before
-
-
-def _deliver(*, agent: Agent, runner: TmuxRunner) -> bool:
-    """Paste the oldest queued message when the pane is quiet; True if messages still wait."""
-    pending = messages.messages_pending(agent=agent)
-    if not pending:
-        return False
-    name = session_name(agent)
-    message = pending[0]
-    waited = (timezone.now() - message.created_at).total_seconds()
-    try:
-        # A pane that never goes quiet (a ticking clock, ``tail -f``) or stays blank still
-        # gets the message after PASTE_ANYWAY_AFTER seconds: waiting forever helps nobody.
-        if waited < PASTE_ANYWAY_AFTER and not _quiet(runner, name):
-            return True
-        runner.paste(name, message.content)
-    except TmuxSessionNotFound:
-        return False  # the next pass marks it stopped and fails the rest
-    except TmuxError as error:
-        messages.message_mark_failed(message=message, error=str(error))
-        return len(pending) > 1
-    messages.message_mark_delivered(message=message)
-    return len(pending) > 1
-
-
-def _clean_orphans(*, runner: TmuxRunner, instance_id: str) -> None:
-    """Kill sessions tagged ``instance_id`` whose agent is missing or not alive."""
-    try:
-        names = runner.owned_sessions(instance_id)
-    except TmuxError as error:
-        logger.warning("supervisor could not list tmux sessions: %s", error)
-        return
-    for name in names:
-        agent_id = name.removeprefix("dispatch_")
-        status = Agent.objects.filter(pk=agent_id).values_list("status", flat=True).first()
-        if status is None or status not in _ALIVE:
-            logger.info("supervisor kills orphaned session %s (agent %s)", name, status or "missing")
-            _kill_quietly(runner, name)

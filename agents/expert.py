@@ -18,9 +18,6 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import openai
@@ -30,12 +27,10 @@ from django.contrib.auth.models import User
 
 from agents import services
 from agents.models import Agent, AgentEvent, Run
-from agents.prompting import remote_entries, tool_names
-from agents.tokens import agent_scope_session
-from agents.tools import agent_tools
+from agents.prompting import RemoteEntry, remote_entries, tool_names
+from agents.tools import tool_set
 from core.errors import DispatchError, InvalidRequest
-from dispatch.mcp.tools import tool_name
-from machines.tools import machine_tools
+from core.tools import Tool, ToolHandler, tool_name
 from remotes.selectors import remote_list_for
 from remotes.services import remote_call
 
@@ -54,25 +49,12 @@ HISTORY_RUNS = 20
 EVENT_TEXT_MAX = 2_000  # characters of a tool result or argument kept in an event
 _SECRET_KEY = re.compile(r"token|secret|password|passwd|api[_-]?key|authorization|credential", re.IGNORECASE)
 
-ToolCall = Callable[[dict[str, Any]], Awaitable[Any]]
-
-
-@dataclass(frozen=True)
-class RunTool:
-    """A tool offered to the model during one run: its schema and how to call it."""
-
-    name: str
-    description: str
-    parameters: dict[str, Any]
-    call: ToolCall
-    source: str  # "native" or the remote's name
-
-    def as_openai(self) -> dict[str, Any]:
-        """The Chat Completions ``tools`` entry."""
-        return {
-            "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
-        }
+def as_openai(tool: Tool) -> dict[str, Any]:
+    """The Chat Completions ``tools`` entry of ``tool``."""
+    return {
+        "type": "function",
+        "function": {"name": tool.name, "description": tool.description, "parameters": tool.parameters},
+    }
 
 
 def cap(text: str, limit: int) -> str:
@@ -162,8 +144,9 @@ class ExpertAgent:
 
     # --- tools ----------------------------------------------------------------------------
 
-    async def tools(self) -> list[RunTool]:
-        """The run's tools, resolved once (spec/agents.md §3 "Native tools", §4).
+    async def tools(self) -> list[Tool]:
+        """The run's tools, resolved once (spec/agents.md §3 "Native tools", §4;
+        ``agents.tools.tool_set``).
 
         Native tools first: the machine tools (session = the agent's id) and the agent
         tools of ``agents.tools`` (``list_agents``, ``get_agent_history``,
@@ -175,57 +158,56 @@ class ExpertAgent:
         hashed past 64 characters); a remote not connected now is skipped with a warning
         and an event. The first tool of a name wins.
         """
-        native = [
-            *await machine_tools(
-                user=self.user,
-                session_id=self.agent.pk,
-                caller=self.agent.pk,
-                session_guard=partial(agent_scope_session, self.agent),
-            ),
-            # The agent tools, without dispatch_event: the loop records every step itself.
-            *agent_tools(user=self.user, caller_agent=self.agent, event_tool=False),
-        ]
-        offered: dict[str, RunTool] = {}
-        for tool in native:
-            offered.setdefault(tool.name, RunTool(tool.name, tool.description, tool.parameters, tool, "native"))
         only = tool_names(self.run.input.get("tools"))
         if only is not None:
+            offered = await self._tool_set()
             unknown = [name for name in only if name not in offered]
             if unknown:
                 await self.event(f"unknown native tools ignored: {', '.join(unknown)}", unknown=unknown)
             return [offered[name] for name in only if name in offered]
-        entries = remote_entries(self.run.input.get("remotes"))
+        remotes = await self._remote_tools(remote_entries(self.run.input.get("remotes")))
+        return list((await self._tool_set(remotes)).values())
+
+    async def _tool_set(self, remotes: list[Tool] | None = None) -> dict[str, Tool]:
+        """``tool_set`` with the agent as caller and without ``dispatch_event`` (the loop
+        records every step itself), then ``remotes``."""
+        return await tool_set(user=self.user, caller_agent=self.agent, event_tool=False, remotes=remotes or [])
+
+    async def _remote_tools(self, entries: list[RemoteEntry]) -> list[Tool]:
+        """Every function of the remotes ``entries`` name, as tools named prefix + function;
+        a remote not connected now is skipped with a warning and an event."""
         if not entries:
-            return list(offered.values())
+            return []
         functions: dict[str, list[dict[str, Any]]] = {}
         for spec in await database_sync_to_async(remote_list_for)(user=self.user):
             functions.setdefault(spec["remotename"], []).append(spec)
+        remotes = []
         for entry in entries:
             if entry.name not in functions:
                 logger.warning("run %s: remote '%s' is not connected; skipped", self.run.pk, entry.name)
                 await self.event(f"remote '{entry.name}' is not connected: skipped", remote=entry.name)
                 continue
             for spec in functions[entry.name]:
-                name = tool_name(entry.prefix + spec["name"])
-                if name in offered:
-                    continue
                 summary = spec.get("description") or f"The function '{spec['name']}'."
-                offered[name] = RunTool(
-                    name=name,
-                    description=f"[remote '{entry.name}'] {summary}",
-                    parameters=spec.get("parameters") or {"type": "object", "properties": {}},
-                    call=self._remote(entry.name, spec["name"]),
-                    source=entry.name,
+                remotes.append(
+                    Tool(
+                        name=tool_name(entry.prefix + spec["name"]),
+                        description=f"[remote '{entry.name}'] {summary}",
+                        parameters=spec.get("parameters") or {"type": "object", "properties": {}},
+                        handler=self._remote(entry.name, spec["name"]),
+                        source=entry.name,
+                        checked=False,  # remote_call checks the arguments against the function's schema
+                    )
                 )
-        return list(offered.values())
+        return remotes
 
-    def _remote(self, remotename: str, function: str) -> ToolCall:
+    def _remote(self, remotename: str, function: str) -> ToolHandler:
         async def call(arguments: dict[str, Any]) -> Any:
             return await remote_call(user=self.user, remotename=remotename, function=function, args=arguments)
 
         return call
 
-    async def call_tool(self, tools: dict[str, RunTool], name: str, arguments_json: str) -> str:
+    async def call_tool(self, tools: dict[str, Tool], name: str, arguments_json: str) -> str:
         """Run one tool call; its result as text for the model (an error string on failure)."""
         tool = tools.get(name)
         try:
@@ -240,7 +222,7 @@ class ExpertAgent:
                 raise InvalidRequest(f"no tool named '{name}'")
             if not isinstance(arguments, dict):
                 raise InvalidRequest("tool arguments must be a JSON object")
-            result = await tool.call(arguments)
+            result = await tool(arguments)
             text = cap(json.dumps(result, ensure_ascii=False, default=str), settings.TOOL_RESULT_MAX_CHARS)
             failed = False
         except asyncio.CancelledError:
@@ -312,7 +294,7 @@ class ExpertAgent:
                 await self.event(f"model call {step}", step=step, model=settings.LLM_MODEL)
                 request: dict[str, Any] = {"model": settings.LLM_MODEL, "messages": messages}
                 if tools:
-                    request["tools"] = [tool.as_openai() for tool in tools]
+                    request["tools"] = [as_openai(tool) for tool in tools]
                 completion = await client.chat.completions.create(**request)
                 if not completion.choices:
                     raise openai.OpenAIError("the model returned no choices")

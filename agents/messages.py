@@ -21,12 +21,13 @@ from django.utils import timezone
 
 from agents import services
 from agents.models import Agent, AgentEvent, AgentMessage
+from agents.selectors import is_shadow
 from agents.serializers import AgentMessageSerializer
 from core.errors import DispatchError, InvalidRequest, NotFound
 from core.realtime import ring_on_commit
 
 if TYPE_CHECKING:
-    from peers.models import Peer
+    from agents.hooks import Link
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +85,7 @@ def message_send(
     content: str,
     sender_user: User | None = None,
     sender_agent: Agent | None = None,
-    sender_peer: Peer | None = None,
+    sender_peer: Link | None = None,
     sender_address: dict[str, Any] | None = None,
     idempotency_key: str = "",
 ) -> AgentMessage:
@@ -115,7 +116,7 @@ def message_send(
         raise NotFound(f"no agent '{recipient.pk}'")
     if current.status == Agent.Status.ARCHIVED:  # visible (GET answers it), but gone: like start, 409
         raise DispatchError("CONFLICT", f"agent '{current.pk}' is archived", {"status": current.status})
-    if current.peer_agent_id:
+    if is_shadow(current):
         raise InvalidRequest(f"agent '{current.pk}' is a shadow agent: it is messaged through its peer")
     if current.type == services.EXPERT:
         services.run_enqueue(agent=current, instruction=text)  # CONFLICT when not running

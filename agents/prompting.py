@@ -1,10 +1,11 @@
-"""Prompting an agent (spec/agents.md §4, "the prompt contract").
+"""Prompting an expert agent (spec/agents.md §4, "the prompt contract").
 
-``agent_prompt_any`` is what the edges call (``send-agent-prompt`` on ``/ws``,
-``POST /api/v1/agents/{id}/prompt``): it checks the options every edge accepts, queues a
-run for an expert agent (``agent_prompt``) and records a message for a CLI agent. The remote
-entries of ``options.remotes`` are kept as given in ``run.input["remotes"]``; they are
-resolved into tools once, at run start (``remote_entries``, used by the ExpertAgent).
+The options every edge accepts (``prompt_options_check``) and the run an expert agent's
+prompt becomes (``agent_prompt``, ``agent_prompt_for``). The edges call
+``agents.lifecycle.agent_prompt_any``, which also takes a CLI agent's prompt as a message.
+The remote entries of ``options.remotes`` are kept as given in ``run.input["remotes"]``;
+they are resolved into tools once, at run start (``remote_entries``, used by the
+ExpertAgent).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from django.contrib.auth.models import User
 
-from agents import messages, services
+from agents import services
 from agents.models import Agent, Run
 from agents.selectors import agent_get_for, not_found
 from core.errors import DispatchError, InvalidRequest
@@ -107,7 +108,7 @@ def agent_prompt(*, user: User, agent: Agent, instruction: str, input: Any = Non
     For an expert agent, queues a run with ``input = {"instruction", "input", **options}``
     and returns it. ``agent`` must be ``user``'s (the edges scope it with
     ``agent_get_for``). Raises ``InvalidRequest`` for bad options, an empty instruction,
-    or a CLI agent (its prompt is a message: ``agent_prompt_any``), ``CONFLICT`` (409) for
+    or a CLI agent (its prompt is a message: ``lifecycle.agent_prompt_any``), ``CONFLICT`` (409) for
     a stopped agent ("agent 'x' is not running", as a message to it would), and
     ``NotFound`` for another user's agent.
     """
@@ -136,49 +137,3 @@ def agent_prompt_for(*, user: User, agent_id: Any, instruction: Any, input: Any 
     # collide with ``instruction=`` or ``input=``.
     checked = prompt_options_check(options)
     return agent_prompt(user=user, agent=agent, instruction=instruction, input=input, **checked)
-
-
-@dataclass(frozen=True)
-class PromptAccepted:
-    """What a prompt became: a run (expert agent) or a message (CLI agent), never both."""
-
-    agent_id: str
-    run_id: str | None = None
-    message_id: int | None = None
-
-
-def agent_prompt_any(
-    *,
-    user: User,
-    agent_id: Any,
-    instruction: Any,
-    input: Any = None,
-    options: Any = None,
-    sender_agent: Agent | None = None,
-) -> PromptAccepted:
-    """Prompt any local agent of ``user`` as the edges receive it (spec/agents.md §4, §5).
-
-    An expert agent gets a run (``agent_prompt_for``; ``run_id`` set). A CLI agent gets
-    the instruction as a message (``messages.message_send``; ``message_id`` set) from
-    ``sender_agent`` when an agent's token made the call, else from ``user``; its options
-    are checked for shape and otherwise unused (CLI agents reach remotes through MCP),
-    and ``input`` must be absent or null. Raises ``NotFound`` ("no agent 'x'", another
-    user's agent), ``InvalidRequest`` (bad instruction/options/input) and ``CONFLICT``
-    (the agent is not running).
-    """
-    agent = agent_get_for(user=user, agent_id=agent_id)
-    if agent.type == services.EXPERT:
-        run = agent_prompt_for(user=user, agent_id=agent_id, instruction=instruction, input=input, options=options)
-        return PromptAccepted(agent_id=run.agent_id, run_id=run.pk)
-    if not isinstance(instruction, str) or not instruction.strip():
-        raise InvalidRequest("instruction must be a non-empty string")
-    prompt_options_check({} if options is None else options)
-    if input is not None:
-        raise InvalidRequest(f"agent '{agent.pk}' is a {agent.type} agent: its prompt is a message and takes no input")
-    message = messages.message_send(
-        recipient=agent,
-        content=instruction,
-        sender_user=None if sender_agent is not None else user,
-        sender_agent=sender_agent,
-    )
-    return PromptAccepted(agent_id=agent.pk, message_id=message.pk)

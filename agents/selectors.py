@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 from django.contrib.auth.models import User
 from django.db.models import Model, Q, QuerySet
 
+from agents.hooks import Link
 from agents.models import Agent, AgentEvent, AgentMessage, Run
 from core.errors import InvalidRequest, NotFound
 
@@ -29,6 +30,11 @@ MESSAGES_DEFAULT_LIMIT = 50
 MESSAGES_MAX_LIMIT = 200
 
 RowT = TypeVar("RowT", bound=Model)
+
+# An agent's id (``models.new_agent_id``), and an agent on a linked instance as
+# ``dispatch_send_message`` takes it: ``<label or instance id>:<agent id>`` (agents.md §6).
+AGENT_ID = re.compile(r"^agt_[0-9a-f]{12}$")
+PEER_ADDRESS = re.compile(r"^(?P<peer>[^:]{1,64}):(?P<agent>agt_[0-9a-f]{12})$")
 
 # Ids are `agt_`/`run_` + hex; anything outside this alphabet cannot name a row, and
 # PostgreSQL would refuse some of it (NUL) with an error instead of "no such row".
@@ -109,6 +115,34 @@ def page_limit(value: Any, *, default: int, maximum: int) -> int:
     if not 1 <= limit <= maximum:
         raise InvalidRequest(f"limit must be an integer from 1 to {maximum}")
     return limit
+
+
+def is_shadow(agent: Agent) -> bool:
+    """Whether ``agent`` is a shadow: the local row of an agent on a linked instance
+    (``peer_agent_id`` set, spec/peers.md §6-7; ``peer`` is set with it and cleared only
+    when the link's row is deleted). A shadow stays one when its link is removed: its
+    process, events and messages are its peer's. The one place this is decided."""
+    return bool(agent.peer_agent_id)
+
+
+def shadow_link(agent: Agent) -> Link | None:
+    """The live link of the shadow ``agent``: its ``peer`` unless the link was removed —
+    the row deleted, or revoked (spec/peers.md §7: unlinking revokes a link, by us or by
+    the peer) — else ``None``. Only meaningful when ``is_shadow(agent)``."""
+    peer = agent.peer
+    return peer if peer is not None and peer.revoked_at is None else None
+
+
+def shadow_link_for_message(agent: Agent) -> Link:
+    """The live link a message to the shadow ``agent`` goes through (spec/peers.md §8).
+
+    Raises ``InvalidRequest`` when its link was removed (deleted or revoked): "agent 'x'
+    belongs to a link that was removed: it cannot be messaged".
+    """
+    link = shadow_link(agent)
+    if link is None:
+        raise InvalidRequest(f"agent '{agent.pk}' belongs to a link that was removed: it cannot be messaged")
+    return link
 
 
 def agent_get_for(*, user: User, agent_id: str) -> Agent:

@@ -30,7 +30,7 @@ from django.views.decorators.http import require_GET
 
 from agents import cli
 from agents.models import Agent
-from agents.selectors import agent_get_for, agents_for
+from agents.selectors import agent_get_for, agents_for, is_shadow
 from agents.serializers import agent_data
 from agents.services import EXPERT, user_events_group
 from agents.tokens import agent_token_id
@@ -65,7 +65,7 @@ def pane_agent_for(*, user: User, agent_id: str) -> Agent:
     expert agent, a shadow agent or a CLI agent on another host (its pane is not here).
     """
     agent = agent_get_for(user=user, agent_id=agent_id)
-    if agent.type == EXPERT or agent.peer_agent_id:
+    if agent.type == EXPERT or is_shadow(agent):
         raise InvalidRequest(f"pane: agent '{agent.pk}' has no terminal pane here")
     if agent.host != HOSTNAME:
         raise InvalidRequest(f"pane: agent '{agent.pk}' runs on host '{agent.host}', not this one")

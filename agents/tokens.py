@@ -18,9 +18,11 @@ refusal is decided; every edge (REST, MCP, the expert agent's tools) calls them.
 from __future__ import annotations
 
 import hmac
+from typing import Any
 
 from django.contrib.auth.models import User
 from django.db import transaction
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 from rest_framework.request import Request
@@ -157,3 +159,9 @@ def calling_agent(request: Request | HttpRequest) -> Agent | None:
     for the async JSON views (``core.http.request_user`` does the same)."""
     auth = getattr(request, "auth", None)
     return auth if isinstance(auth, Agent) else None
+
+
+def live_agent_tokens(ids: set[int], now: Any) -> QuerySet[Any]:
+    """The agent tokens among ``ids`` still valid (``core.revocation.live_credentials_register``):
+    not revoked, their agent creating, running or stopping (``Agent.TOKEN_STATUSES``)."""
+    return AgentToken.objects.filter(pk__in=ids, revoked_at__isnull=True, agent__status__in=Agent.TOKEN_STATUSES)

@@ -11,41 +11,45 @@
   when ``event_tool`` is true: the expert agent's own steps are recorded by its loop, so it
   does not get this tool.
 
-Each is a ``machines.tools.Tool``: ``await tool(arguments)`` validates ``arguments``
+Each is a ``core.tools.Tool``: ``await tool(arguments)`` validates ``arguments``
 against the tool's JSON schema (``InvalidRequest``) and returns a JSON value, or raises
-``DispatchError`` (``NOT_FOUND``, ``INVALID_REQUEST``, ``CONFLICT`` …). Descriptions are
-computed per call (the launchable types, the default type).
+``DispatchError`` (``NOT_FOUND``, ``INVALID_REQUEST``, ``CONFLICT`` …); a refusal is cut
+to ``ERROR_MESSAGE_MAX`` characters. Descriptions are computed per call (the launchable
+types, the default type, the linked instances). ``tool_set`` puts them together with the
+machine tools and a caller's remote tools: the one builder, for MCP
+(``dispatch.mcp.tools``) and the expert agent (``agents.expert``). Linked instances are
+reached through ``agents.hooks.linked()``.
 
-Threads: short database work runs through ``database_sync_to_async``; launching a CLI
-agent blocks on tmux subprocesses, so it runs on a thread of its own
-(``sync_to_async(thread_sensitive=False)``), which closes the database connection it
-opened before returning.
+Threads: ``agent_tools`` is async; short database work runs through
+``database_sync_to_async``; launching a CLI agent blocks on tmux subprocesses, so it runs
+on a thread of its own (``sync_to_async(thread_sensitive=False)``), which closes the
+database connection it opened before returning.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import re
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
-from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import close_old_connections, connection
 
 from agents import selectors, services
-from agents.launching import agent_launch_any, launchable_types
-from agents.messages import CLI_ACCEPTING, message_get, message_send
+from agents.hooks import Link, linked
+from agents.launching import default_launch_type, launchable_types
+from agents.lifecycle import agent_launch_any, agent_message_send
+from agents.messages import CLI_ACCEPTING, message_get
 from agents.models import Agent
 from agents.serializers import agent_data, event_data
+from agents.tokens import agent_scope_session
 from core.errors import DispatchError, InvalidRequest, NotFound
-from machines.tools import Tool
-from peers import remote_launch
-from peers.models import OutboxMessage, Peer
+from core.tools import Tool, cap
+from machines.tools import machine_tools
 
 T = TypeVar("T")
 
@@ -61,15 +65,6 @@ ERROR_MESSAGE_MAX = 500
 # Event types an agent reports about itself (spec/agents.md §1); ``system`` is Dispatch's own.
 REPORTED_EVENT_TYPES = ("working", "blocked", "waiting_user", "done", "idle")
 
-_AGENT_ID = re.compile(r"^agt_[0-9a-f]{12}$")
-_PEER_ADDRESS = remote_launch.PEER_ADDRESS
-
-
-def cap(text: str, limit: int) -> str:
-    """``text`` cut to ``limit`` characters, with a note saying so when cut."""
-    if len(text) <= limit:
-        return text
-    return text[:limit] + f"\n[cut: {len(text)} characters, only the first {limit} shown]"
 
 
 # --- the work, synchronous (run through database_sync_to_async) ---------------------------------
@@ -144,7 +139,7 @@ def _agent_history(user: User, agent_id: str, limit: int) -> dict[str, Any]:
     }
 
 
-def _resolve_target(user: User, target: str) -> Agent | tuple[Peer, str]:
+def _resolve_target(user: User, target: str) -> Agent | tuple[Link, str]:
     """The recipient named by ``target`` (spec/agents.md §6 ``dispatch_send_message``).
 
     An id of one of ``user``'s agents (a shadow agent included); else
@@ -155,12 +150,12 @@ def _resolve_target(user: User, target: str) -> Agent | tuple[Peer, str]:
     running agents), ``InvalidRequest`` (an ambiguous name or location, listing the
     candidates; a peer address whose linked instance is unknown).
     """
-    if _AGENT_ID.match(target):
+    if selectors.AGENT_ID.match(target):
         agent = Agent.objects.filter(owner=user, pk=target).exclude(status=Agent.Status.ARCHIVED).first()
         if agent is None:
             raise NotFound(f"no agent '{target}'")
         return agent
-    address = remote_launch.peer_address_parse(user=user, target=target)
+    address = linked().address_parse(user=user, target=target)
     if address is not None:
         return address
     running = Agent.objects.filter(owner=user, status__in=CLI_ACCEPTING)
@@ -173,8 +168,8 @@ def _resolve_target(user: User, target: str) -> Agent | tuple[Peer, str]:
             f"{len(named)} running agents are named '{cap(target, 100)}' ({listed}): send to one of them by id",
             {"candidates": [{"id": agent.pk, "name": agent.name, "type": agent.type} for agent in named]},
         )
-    if _PEER_ADDRESS.match(target.strip()):
-        labels = ", ".join(peer.label for peer in remote_launch.peers_for(user=user)) or "none"
+    if selectors.PEER_ADDRESS.match(target.strip()):
+        labels = ", ".join(linked().labels(user=user)) or "none"
         raise InvalidRequest(
             f"'{cap(target, 100)}' names an agent on a linked instance you do not have; your linked instances: {labels}"
         )
@@ -188,17 +183,16 @@ def _resolve_target(user: User, target: str) -> Agent | tuple[Peer, str]:
 
 def _send(user: User, caller: Agent | None, target: str, content: str) -> dict[str, Any]:
     resolved = _resolve_target(user, target)
-    if isinstance(resolved, tuple) or resolved.peer_agent_id:
+    if isinstance(resolved, tuple) or selectors.is_shadow(resolved):
         # An agent on a peer: through the outbox (spec/peers.md §8); queued until the peer answers.
         if isinstance(resolved, tuple):
             peer, remote_id = resolved
-        elif resolved.peer is None or resolved.peer.revoked_at is not None:
-            raise InvalidRequest(f"agent '{resolved.pk}' belongs to a link that was removed: it cannot be messaged")
+            message = linked().message_send(
+                user=user, sender_agent=caller, link=peer, to_agent_id=remote_id, content=content
+            )
         else:
-            peer, remote_id = resolved.peer, resolved.peer_agent_id
-        message = remote_launch.peer_message_send(
-            user=user, sender_agent=caller, peer=peer, to_agent_id=remote_id, content=content
-        )
+            peer, remote_id = selectors.shadow_link_for_message(resolved), resolved.peer_agent_id
+            message = agent_message_send(user=user, recipient=resolved, content=content, sender_agent=caller)
         return {
             "message_id": message.pk,
             "status": message.status,
@@ -209,10 +203,7 @@ def _send(user: User, caller: Agent | None, target: str, content: str) -> dict[s
     recipient = resolved
     if caller is not None and recipient.pk == caller.pk:
         raise InvalidRequest("an agent cannot send a message to itself")
-    if caller is not None:
-        message = message_send(recipient=recipient, content=content, sender_agent=caller)
-    else:
-        message = message_send(recipient=recipient, content=content, sender_user=user)
+    message = agent_message_send(user=user, recipient=recipient, content=content, sender_agent=caller)
     return {"message_id": message.pk, "status": message.status, "recipient": recipient.pk}
 
 
@@ -224,16 +215,9 @@ def _status(user: User, message_id: Any) -> dict[str, Any]:
         "error": message.error or None,
         "delivered_at": message.delivered_at.isoformat() if message.delivered_at else None,
     }
-    if message.peer_id is not None and message.sender_peer_id is None:  # sent to an agent on a peer
-        outbox = OutboxMessage.objects.filter(message=message).select_related("peer").first()
-        if outbox is not None:
-            answer.update(
-                peer=outbox.peer.label,
-                remote_agent_id=outbox.to_agent_id,
-                attempts=outbox.attempts,
-                next_attempt_at=outbox.next_attempt_at.isoformat() if outbox.status == "queued" else None,
-                error=message.error or outbox.last_error or None,
-            )
+    delivery = linked().message_delivery(message=message)  # sent to an agent on a peer
+    if delivery is not None:
+        answer.update(delivery)
     return answer
 
 
@@ -278,54 +262,29 @@ def _on_own_thread(function: Callable[..., T]) -> Callable[..., Any]:
 # --- the tools ------------------------------------------------------------------------------------
 
 
-class AgentTool(Tool):
-    """A ``Tool`` whose refusals stay short: a schema error quoting a 200,000-character
-    argument is cut to ``ERROR_MESSAGE_MAX`` characters (it goes back to a model)."""
-
-    async def __call__(self, arguments: dict[str, Any]) -> Any:
-        """Validate and run (``Tool.__call__``); ``InvalidRequest`` messages capped."""
-        try:
-            return await super().__call__(arguments)
-        except InvalidRequest as exc:
-            if len(exc.message) <= ERROR_MESSAGE_MAX:
-                raise
-            raise InvalidRequest(cap(exc.message, ERROR_MESSAGE_MAX), exc.details) from None
+def _tool(*, name: str, description: str, parameters: dict[str, Any], handler: Any) -> Tool:
+    """An agent tool: its refusals stay short (a schema error quoting a 200,000-character
+    argument is cut to ``ERROR_MESSAGE_MAX`` characters: it goes back to a model)."""
+    return Tool(
+        name=name, description=description, parameters=parameters, handler=handler, refusal_max=ERROR_MESSAGE_MAX
+    )
 
 
-def default_launch_type() -> str:
-    """The type ``dispatch_launch_agent`` launches when none is given: the first available
-    CLI type of kind ``llm`` (in ``DISPATCH_AGENT_TYPES`` order: claude, codex, opencode by
-    default), else ``expert`` (always available)."""
-    for name, spec in settings.AGENT_TYPES.items():
-        if spec.kind == "llm" and spec.available():
-            return str(name)
-    return services.EXPERT
+@dataclass(frozen=True)
+class LaunchChoices:
+    """What ``dispatch_launch_agent``'s description says now: the types (all, and which is
+    the default) and the linked instances (``linked().launch_description``)."""
+
+    linked: str
+    types: list[str]
+    default: str
+    description: str
 
 
-def _linked_instances(user: User) -> str:
-    """``remote_launch.linked_instances_text`` for ``user``, also from a thread running an
-    event loop (``agent_tools`` is sync but called from async code): the short query then
-    runs on a worker thread whose connection is closed afterwards."""
-
-    def text() -> str:
-        try:
-            return remote_launch.linked_instances_text(user=user)
-        finally:
-            if in_loop:
-                connection.close()
-
-    try:
-        asyncio.get_running_loop()
-        in_loop = True
-    except RuntimeError:
-        in_loop = False
-    if not in_loop:
-        return text()
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(text).result()
-
-
-def _launch_description(linked: str) -> tuple[str, list[str], str]:
+def launch_choices(user: User) -> LaunchChoices:
+    """The launch tool's choices for ``user`` now (a short query: run it through
+    ``database_sync_to_async`` from async code)."""
+    linked_text = linked().launch_description(user=user)
     types = launchable_types()
     available = [name for name, ok in types.items() if ok]
     unavailable = [name for name, ok in types.items() if not ok]
@@ -337,25 +296,30 @@ def _launch_description(linked: str) -> tuple[str, list[str], str]:
         + f". Default type: {default}. 'expert' is Dispatch's built-in tool-calling agent; the others run in tmux. "
         "cwd defaults to the launching agent's directory (else the instance's default directory). "
         "With child (default true) the new agent is your child. "
-        + linked
+        + linked_text
         + " Returns the new agent (id, name, type, status ...; for a launch on a linked instance, its shadow "
         "here, with peer and peer_agent_id)."
     )
-    return text, list(types), default
+    return LaunchChoices(linked=linked_text, types=list(types), default=default, description=text)
 
 
-def agent_tools(*, user: User, caller_agent: Agent | None, event_tool: bool = True) -> list[AgentTool]:
-    """The agent tools for ``user``, called by ``caller_agent`` (``None``: the user).
-
-    ``caller_agent`` is recorded as ``launched_by`` (and parent, with ``child``) of the
-    agents it launches and as the sender of its messages; it is the default agent of
-    ``get_agent_history``. ``dispatch_event`` is included only when ``caller_agent`` is
-    set and ``event_tool`` is true. Each tool's result is a JSON value; failures raise
-    ``DispatchError`` (see the module docstring). spec/agents.md §3, §6.
-    """
+def list_agents_tool(user: User) -> Tool:
+    """``list_agents()``: ``user``'s non-archived agents, newest first (``_agents_list``)."""
 
     async def list_agents(arguments: dict[str, Any]) -> Any:
         return await database_sync_to_async(_agents_list)(user)
+
+    return _tool(
+        name="list_agents",
+        description="List your agents (not archived), newest first: id, name, type, status, latest event, parent.",
+        parameters={"type": "object", "properties": {}, "additionalProperties": False},
+        handler=list_agents,
+    )
+
+
+def history_tool(user: User, caller_agent: Agent | None) -> Tool:
+    """``get_agent_history(agent_id, limit)``: an agent's runs and events within the budget;
+    ``agent_id`` defaults to ``caller_agent``."""
 
     async def get_agent_history(arguments: dict[str, Any]) -> Any:
         agent_id = arguments.get("agent_id") or (caller_agent.pk if caller_agent is not None else None)
@@ -364,13 +328,40 @@ def agent_tools(*, user: User, caller_agent: Agent | None, event_tool: bool = Tr
         limit = int(arguments.get("limit", HISTORY_DEFAULT_LIMIT))
         return await database_sync_to_async(_agent_history)(user, agent_id, limit)
 
-    linked = _linked_instances(user)
-    launch_text, known_types, default_type = _launch_description(linked)
+    return _tool(
+        name="get_agent_history",
+        description=(
+            "An agent's earlier runs (instruction, output, status) and its latest events, newest first, "
+            "cut to a size budget." + (" agent_id defaults to you." if caller_agent is not None else "")
+        ),
+        parameters={
+            "type": "object",
+            "properties": {
+                "agent_id": {"type": "string", "maxLength": 64, "description": "The agent's id (agt_…)."},
+                "limit": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": HISTORY_MAX_LIMIT,
+                    "default": HISTORY_DEFAULT_LIMIT,
+                    "description": "At most this many runs and this many events.",
+                },
+            },
+            "required": [] if caller_agent is not None else ["agent_id"],
+            "additionalProperties": False,
+        },
+        handler=get_agent_history,
+    )
+
+
+def launch_tool(user: User, caller_agent: Agent | None, choices: LaunchChoices) -> Tool:
+    """``dispatch_launch_agent(name, prompt, type?, cwd?, location?, child, full_access)``:
+    here (``lifecycle.agent_launch_any``; a CLI launch on a thread of its own, it blocks on
+    tmux) or, with ``location``, on a linked instance (``linked().launch``: its shadow here)."""
 
     async def dispatch_launch_agent(arguments: dict[str, Any]) -> Any:
         location = arguments.get("location")
         if location:  # on a linked instance (spec/peers.md §6): its shadow here
-            shadow = await remote_launch.peer_launch(
+            shadow = await linked().launch(
                 user=user,
                 caller_agent=caller_agent,
                 location=str(location),
@@ -387,129 +378,167 @@ def agent_tools(*, user: User, caller_agent: Agent | None, event_tool: bool = Tr
             return await database_sync_to_async(_launch)(user, caller_agent, arguments, type)
         return await _on_own_thread(_launch)(user, caller_agent, arguments, type)
 
+    return _tool(
+        name="dispatch_launch_agent",
+        description=choices.description,
+        parameters={
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "minLength": 1, "maxLength": 100},
+                "prompt": {"type": "string", "maxLength": MAX_PROMPT, "description": "Its first instruction."},
+                "type": {"enum": choices.types, "description": f"Default: {choices.default}."},
+                "cwd": {
+                    "type": "string",
+                    "maxLength": 4096,
+                    "description": "Absolute directory; a leading ~ is the home directory (of the linked "
+                    "instance, with location).",
+                },
+                "location": {
+                    "type": ["string", "null"],
+                    "maxLength": 200,
+                    "description": choices.linked,
+                },
+                "child": {"type": "boolean", "default": True},
+                "full_access": {"type": "boolean", "default": False},
+            },
+            "required": ["name", "prompt"],
+            "additionalProperties": False,
+        },
+        handler=dispatch_launch_agent,
+    )
+
+
+def send_tool(user: User, caller_agent: Agent | None) -> Tool:
+    """``dispatch_send_message(target, message)`` (``_send``)."""
+
     async def dispatch_send_message(arguments: dict[str, Any]) -> Any:
         return await database_sync_to_async(_send)(user, caller_agent, arguments["target"], arguments["message"])
+
+    return _tool(
+        name="dispatch_send_message",
+        description=(
+            "Send a message to one of your agents. target: an agent id, the name of one running agent "
+            "(an expert agent gets it as a prompt; a CLI agent gets it typed into its terminal), or "
+            "<label or instance id>:<agent id> for an agent on a linked instance (queued until that instance "
+            "accepts it). Returns message_id and status; follow it with message_status."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {
+                "target": {"type": "string", "minLength": 1, "maxLength": MAX_TARGET},
+                "message": {"type": "string", "minLength": 1, "maxLength": MAX_PROMPT},
+            },
+            "required": ["target", "message"],
+            "additionalProperties": False,
+        },
+        handler=dispatch_send_message,
+    )
+
+
+def status_tool(user: User) -> Tool:
+    """``message_status(message_id)`` (``_status``)."""
 
     async def message_status(arguments: dict[str, Any]) -> Any:
         return await database_sync_to_async(_status)(user, arguments["message_id"])
 
+    return _tool(
+        name="message_status",
+        description=(
+            "The status of a message you sent: queued, delivered, failed or dead, with its error (for an agent "
+            "on a linked instance also the instance, the attempts so far and the next attempt)."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {"message_id": {"type": ["integer", "string"], "maxLength": 20, "minimum": 1}},
+            "required": ["message_id"],
+            "additionalProperties": False,
+        },
+        handler=message_status,
+    )
+
+
+def event_tool_for(agent: Agent) -> Tool:
+    """``dispatch_event(type, message)``: ``agent`` reports its state on its timeline (``_record``)."""
+
+    async def dispatch_event(arguments: dict[str, Any]) -> Any:
+        return await database_sync_to_async(_record)(agent, arguments["type"], arguments["message"])
+
+    return _tool(
+        name="dispatch_event",
+        description=(
+            "Report your state on your Dispatch timeline: working, blocked, waiting_user (you need the "
+            "user), done or idle, with a short message."
+        ),
+        parameters={
+            "type": "object",
+            "properties": {
+                "type": {"enum": list(REPORTED_EVENT_TYPES)},
+                "message": {"type": "string", "maxLength": services.MAX_EVENT_MESSAGE_LENGTH},
+            },
+            "required": ["type", "message"],
+            "additionalProperties": False,
+        },
+        handler=dispatch_event,
+    )
+
+
+async def agent_tools(*, user: User, caller_agent: Agent | None, event_tool: bool = True) -> list[Tool]:
+    """The agent tools for ``user``, called by ``caller_agent`` (``None``: the user).
+
+    ``caller_agent`` is recorded as ``launched_by`` (and parent, with ``child``) of the
+    agents it launches and as the sender of its messages; it is the default agent of
+    ``get_agent_history``. ``dispatch_event`` is included only when ``caller_agent`` is
+    set and ``event_tool`` is true. Each tool's result is a JSON value; failures raise
+    ``DispatchError`` (see the module docstring). spec/agents.md §3, §6.
+    """
+    choices = await database_sync_to_async(launch_choices)(user)
     tools = [
-        AgentTool(
-            name="list_agents",
-            description=(
-                "List your agents (not archived), newest first: id, name, type, status, latest event, parent."
-            ),
-            parameters={"type": "object", "properties": {}, "additionalProperties": False},
-            handler=list_agents,
-        ),
-        AgentTool(
-            name="get_agent_history",
-            description=(
-                "An agent's earlier runs (instruction, output, status) and its latest events, newest first, "
-                "cut to a size budget." + (" agent_id defaults to you." if caller_agent is not None else "")
-            ),
-            parameters={
-                "type": "object",
-                "properties": {
-                    "agent_id": {"type": "string", "maxLength": 64, "description": "The agent's id (agt_…)."},
-                    "limit": {
-                        "type": "integer",
-                        "minimum": 1,
-                        "maximum": HISTORY_MAX_LIMIT,
-                        "default": HISTORY_DEFAULT_LIMIT,
-                        "description": "At most this many runs and this many events.",
-                    },
-                },
-                "required": [] if caller_agent is not None else ["agent_id"],
-                "additionalProperties": False,
-            },
-            handler=get_agent_history,
-        ),
-        AgentTool(
-            name="dispatch_launch_agent",
-            description=launch_text,
-            parameters={
-                "type": "object",
-                "properties": {
-                    "name": {"type": "string", "minLength": 1, "maxLength": 100},
-                    "prompt": {"type": "string", "maxLength": MAX_PROMPT, "description": "Its first instruction."},
-                    "type": {"enum": known_types, "description": f"Default: {default_type}."},
-                    "cwd": {
-                        "type": "string",
-                        "maxLength": 4096,
-                        "description": "Absolute directory; a leading ~ is the home directory (of the linked "
-                        "instance, with location).",
-                    },
-                    "location": {
-                        "type": ["string", "null"],
-                        "maxLength": 200,
-                        "description": linked,
-                    },
-                    "child": {"type": "boolean", "default": True},
-                    "full_access": {"type": "boolean", "default": False},
-                },
-                "required": ["name", "prompt"],
-                "additionalProperties": False,
-            },
-            handler=dispatch_launch_agent,
-        ),
-        AgentTool(
-            name="dispatch_send_message",
-            description=(
-                "Send a message to one of your agents. target: an agent id, the name of one running agent "
-                "(an expert agent gets it as a prompt; a CLI agent gets it typed into its terminal), or "
-                "<label or instance id>:<agent id> for an agent on a linked instance (queued until that instance "
-                "accepts it). Returns message_id and status; follow it with message_status."
-            ),
-            parameters={
-                "type": "object",
-                "properties": {
-                    "target": {"type": "string", "minLength": 1, "maxLength": MAX_TARGET},
-                    "message": {"type": "string", "minLength": 1, "maxLength": MAX_PROMPT},
-                },
-                "required": ["target", "message"],
-                "additionalProperties": False,
-            },
-            handler=dispatch_send_message,
-        ),
-        AgentTool(
-            name="message_status",
-            description=(
-                "The status of a message you sent: queued, delivered, failed or dead, with its error (for an agent "
-                "on a linked instance also the instance, the attempts so far and the next attempt)."
-            ),
-            parameters={
-                "type": "object",
-                "properties": {"message_id": {"type": ["integer", "string"], "maxLength": 20, "minimum": 1}},
-                "required": ["message_id"],
-                "additionalProperties": False,
-            },
-            handler=message_status,
-        ),
+        list_agents_tool(user),
+        history_tool(user, caller_agent),
+        launch_tool(user, caller_agent, choices),
+        send_tool(user, caller_agent),
+        status_tool(user),
     ]
     if caller_agent is not None and event_tool:
-        agent = caller_agent
+        tools.append(event_tool_for(caller_agent))
+    return tools
 
-        async def dispatch_event(arguments: dict[str, Any]) -> Any:
-            return await database_sync_to_async(_record)(agent, arguments["type"], arguments["message"])
 
-        tools.append(
-            AgentTool(
-                name="dispatch_event",
-                description=(
-                    "Report your state on your Dispatch timeline: working, blocked, waiting_user (you need the "
-                    "user), done or idle, with a short message."
-                ),
-                parameters={
-                    "type": "object",
-                    "properties": {
-                        "type": {"enum": list(REPORTED_EVENT_TYPES)},
-                        "message": {"type": "string", "maxLength": services.MAX_EVENT_MESSAGE_LENGTH},
-                    },
-                    "required": ["type", "message"],
-                    "additionalProperties": False,
-                },
-                handler=dispatch_event,
-            )
-        )
+# --- the tool set -------------------------------------------------------------------------------
+
+
+async def tool_set(
+    *,
+    user: User,
+    caller_agent: Agent | None,
+    session_id: str | None = None,
+    audit_caller: str | None = None,
+    event_tool: bool = True,
+    remotes: Iterable[Tool] = (),
+) -> dict[str, Tool]:
+    """Every tool of one caller, by name: the machine tools, the agent tools, then
+    ``remotes`` (spec/agents.md §3 "Native tools", §6; machines.md §6). The first tool of a
+    name wins, so native tools shadow remote functions of the same name.
+
+    With ``caller_agent`` the agent is the caller: its id is the machine session (a call
+    naming another session is refused, ``agent_scope_session``) and the audit's caller.
+    For a user caller ``session_id`` (the machine session the descriptions are computed
+    for) and ``audit_caller`` (who asked, machines.md §7) are required: ``ValueError``
+    otherwise. ``event_tool`` as ``agent_tools``. What ``remotes`` holds is the caller's:
+    MCP offers every function of the user's connected remotes, an expert run those of the
+    remotes it names.
+    """
+    guard = None
+    if caller_agent is not None:
+        session_id = audit_caller = caller_agent.pk
+        guard = partial(agent_scope_session, caller_agent)
+    elif session_id is None or audit_caller is None:
+        raise ValueError("a user's tool set needs the machine session and the audit caller")
+    tools: dict[str, Tool] = {}
+    natives = [
+        *await machine_tools(user=user, session_id=session_id, caller=audit_caller, session_guard=guard),
+        *await agent_tools(user=user, caller_agent=caller_agent, event_tool=event_tool),
+    ]
+    for tool in [*natives, *remotes]:
+        tools.setdefault(tool.name, tool)
     return tools

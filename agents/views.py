@@ -14,33 +14,27 @@ box whose messages go through the outbox.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.models import User
-from django.db.models.functions import Lower
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from agents import launching, selectors, services
-from agents import messages as agent_messages
-from agents.api import agent_archive_any, agent_start_any, agent_stop_any, agent_types_data
+from agents import launching, lifecycle, selectors, services
+from agents.hooks import linked
 from agents.models import Agent, AgentEvent
-from agents.prompting import agent_prompt_for
 from core.authentication import authenticated_user
 from core.errors import DispatchError, InvalidRequest
 from core.presence import HOSTNAME
 from core.views import htmx_login_required
-from peers.models import Peer
 from remotes.selectors import remotes_for
 
 MESSAGES_SHOWN = 50
 TIMELINE_SHOWN = 200  # the shadow page's "Showing the last 200" (ui.md)
-NOT_RESPONDING_AFTER = timedelta(minutes=5)  # ui.md "Linked instances": "not responding recently"
 NESTING_SHOWN = 6  # deeper sub-agents are indented no further
 NOT_RUNNING = frozenset({Agent.Status.STOPPED, Agent.Status.ERROR, Agent.Status.ARCHIVED})
 
@@ -106,24 +100,20 @@ class LaunchLocation:
 def launch_locations(*, user: User, now: Any = None) -> list[LaunchLocation]:
     """The user's live peers as launch locations, by label (case-insensitive order).
 
-    A peer is "not responding recently" when ``last_seen_at`` is null or older than 5
-    minutes; one whose grant says ``allow_launch: false`` is disabled as "launching not
-    permitted"; one that revoked the link on its side as "unlinked by the other side".
-    One query.
+    A peer is "not responding recently" unless ``Peer.responding()``; one it cannot launch
+    on is disabled with ``Peer.launch_refusal()`` ("launching not permitted", "unlinked by
+    the other side"). One query (``linked().launch_locations``).
     """
     now = now or timezone.now()
-    locations = []
-    for peer in Peer.objects.filter(owner=user, revoked_at__isnull=True).order_by(Lower("label")):
-        refusal = ""
-        if peer.unlinked_by_peer:
-            refusal = "unlinked by the other side"
-        elif isinstance(peer.granted_by_peer, dict) and peer.granted_by_peer.get("allow_launch") is False:
-            refusal = "launching not permitted"
-        responding = peer.last_seen_at is not None and now - peer.last_seen_at <= NOT_RESPONDING_AFTER
-        locations.append(
-            LaunchLocation(label=peer.label, instance_id=peer.instance_id, responding=responding, refusal=refusal)
+    return [
+        LaunchLocation(
+            label=peer.label,
+            instance_id=peer.instance_id,
+            responding=peer.responding(now),
+            refusal=peer.launch_refusal(),
         )
-    return locations
+        for peer in linked().launch_locations(user=user)
+    ]
 
 
 def _list_context(request: HttpRequest) -> dict[str, object]:
@@ -150,7 +140,7 @@ def agents_page(request: HttpRequest) -> HttpResponse:
                     f"launching on '{form['location']}' is done by the page's script through POST /api/v1/agents;"
                     " enable JavaScript or use the API"
                 )
-            agent = launching.agent_launch_any(
+            agent = lifecycle.agent_launch_any(
                 owner=user,
                 type=form["type"],
                 name=form["name"],
@@ -166,7 +156,7 @@ def agents_page(request: HttpRequest) -> HttpResponse:
     context = {
         **_list_context(request),
         "form": form,
-        "types": agent_types_data(),
+        "types": launching.agent_types_data(),
         "locations": launch_locations(user=user),
     }
     return render(request, "agents/agents.html", context, status=status)
@@ -181,7 +171,7 @@ def agents_fragment(request: HttpRequest) -> HttpResponse:
 
 def has_local_pane(agent: Agent) -> bool:
     """Whether ``agent`` is a CLI agent whose tmux pane is on this host (its page shows it)."""
-    return agent.type != services.EXPERT and not agent.peer_agent_id and agent.host == HOSTNAME
+    return agent.type != services.EXPERT and not selectors.is_shadow(agent) and agent.host == HOSTNAME
 
 
 @dataclass(frozen=True)
@@ -212,7 +202,7 @@ def is_lost_contact(event: AgentEvent) -> bool:
 
 def _agent_context(request: HttpRequest, agent_id: str) -> dict[str, object]:
     agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
-    is_shadow = bool(agent.peer_agent_id)
+    is_shadow = selectors.is_shadow(agent)
     is_cli = agent.type != services.EXPERT and not is_shadow
     before = request.GET.get("before") or None
     events = selectors.events_page(agent=agent, limit=TIMELINE_SHOWN, before=before)
@@ -270,11 +260,11 @@ def agent_fragment(request: HttpRequest, agent_id: str) -> HttpResponse:
 
 @require_POST
 def agent_prompt_form(request: HttpRequest, agent_id: str) -> HttpResponse:
-    """Queue a run for an expert agent from its page, with the ticked remotes enabled
-    (``options.remotes``)."""
+    """Prompt an agent from its page (``lifecycle.agent_prompt_any``): an expert agent's
+    prompt is a run with the ticked remotes enabled (``options.remotes``)."""
     remotes = [name for name in request.POST.getlist("remotes") if name]
     try:
-        agent_prompt_for(
+        lifecycle.agent_prompt_any(
             user=authenticated_user(request),
             agent_id=agent_id,
             instruction=request.POST.get("instruction", "").strip(),
@@ -290,11 +280,11 @@ def agent_message_form(request: HttpRequest, agent_id: str) -> HttpResponse:
     """Send a message to one of the user's agents from its page (a CLI agent gets it pasted
     into its pane by the supervisor; a shadow agent's goes through the outbox — the page's
     script posts to ``POST /api/v1/agents/<id>/messages`` instead; its delivery state
-    follows live). Uses ``message_send`` like the API."""
+    follows live). Uses ``lifecycle.agent_message_send`` like the API."""
     try:
         user = authenticated_user(request)
         agent = selectors.agent_get_for(user=user, agent_id=agent_id)
-        agent_messages.message_send(recipient=agent, content=request.POST.get("content", ""), sender_user=user)
+        lifecycle.agent_message_send(user=user, recipient=agent, content=request.POST.get("content", ""))
     except DispatchError as exc:
         messages.error(request, exc.message)
     return redirect("agent", agent_id=agent_id)
@@ -304,11 +294,11 @@ def _lifecycle_form(request: HttpRequest, agent_id: str, action: str) -> HttpRes
     try:
         agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
         if action == "stop":
-            agent_stop_any(agent=agent)
+            lifecycle.agent_stop_any(agent=agent)
         elif action == "start":
-            agent_start_any(agent=agent)
+            lifecycle.agent_start_any(agent=agent)
         else:
-            agent_archive_any(agent=agent)
+            lifecycle.agent_archive_any(agent=agent)
     except DispatchError as exc:
         messages.error(request, exc.message)
         return redirect("agent", agent_id=agent_id)

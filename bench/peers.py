@@ -113,8 +113,8 @@ def signed_loop(output: Path, *, label: str, agent_id: str, count: int, prefix: 
 
     from core import secrets_at_rest
     from peers.auth import sign_request_with_key
-    from peers.identity import identity_get
     from peers.models import Peer
+    from peers.services.identity import identity_get
 
     peer = Peer.objects.get(label=label, revoked_at__isnull=True)
     identity = identity_get()

@@ -111,8 +111,8 @@ async def cli_supervisor_loop() -> None:
     sleeps, so it runs in a worker thread, never on the process's DB thread. On
     cancellation (clean shutdown) the lease is released so another process takes over.
     """
-    from agents.cli import supervise_once, supervisor_lease_release
     from agents.messages import doorbell_group
+    from agents.supervisor import supervise_once, supervisor_lease_release
     from core.presence import HOSTNAME, current_process_id
 
     if shutil.which("tmux") is None:

@@ -1,24 +1,21 @@
 """The machine tools, ready for agents and MCP (machines.md §6 "Tools").
 
 ``machine_tools(user=…, session_id=…)`` builds ``list_machines`` and the ``local_pc_*``
-tools with JSON-schema parameters and descriptions computed for this request (they list
-the attached machines when two or more are attached). ``call_machine_tool`` validates
-the arguments against the tool's schema (``jsonschema``) and runs it; its result is the
+tools (``core.tools.Tool``) with JSON-schema parameters and descriptions computed for
+this request (they list the attached machines when two or more are attached). Calling one
+validates the arguments against its schema and runs it; an operation's result is the
 response payload plus the ``machine_id`` that served it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from channels.db import database_sync_to_async
 from django.contrib.auth.models import User
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import best_match
 
-from core.errors import InvalidRequest
+from core.tools import Tool, ToolHandler
 from machines.services import router
 from machines.services.copy import copy_between_machines
 from machines.services.operations import list_machines, machine_op
@@ -133,32 +130,6 @@ COPY_PARAMETERS = {
     "additionalProperties": False,
 }
 LIST_PARAMETERS = {"type": "object", "properties": {"session_id": _SESSION}, "additionalProperties": False}
-
-ToolHandler = Callable[[dict[str, Any]], Awaitable[Any]]
-
-
-@dataclass(frozen=True)
-class Tool:
-    """A tool as a model sees it, bound to the caller."""
-
-    name: str
-    description: str
-    parameters: dict[str, Any]
-    handler: ToolHandler
-
-    async def __call__(self, arguments: dict[str, Any]) -> Any:
-        """Validate ``arguments`` against ``parameters`` (``InvalidRequest``) and run the tool."""
-        error = best_match(Draft202012Validator(self.parameters).iter_errors(arguments))
-        if error is not None:
-            where = "/".join(str(p) for p in error.absolute_path)[:200]
-            # jsonschema quotes the offending value whole: a 200,000-character argument
-            # must not come back as a 200,000-character error.
-            message = error.message if len(error.message) <= 500 else error.message[:500] + " …[cut]"
-            raise InvalidRequest(
-                f"invalid arguments for {self.name}: {message}" + (f" (at '{where}')" if where else "")
-            )
-        return await self.handler(arguments)
-
 
 async def machine_tools(
     *, user: User, session_id: str, caller: str, session_guard: Callable[[str], None] | None = None

@@ -23,9 +23,7 @@ from typing import Any
 import httpx
 from channels.db import database_sync_to_async
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from django.db.models import Q
 from django.http import HttpRequest, JsonResponse
-from django.utils import timezone
 from http_message_signatures import (
     HTTPMessageSigner,
     HTTPMessageVerifier,
@@ -37,13 +35,13 @@ from http_message_signatures.exceptions import HTTPMessageSignaturesException
 
 from core.http import bearer_credentials
 from core.services import token_digest
-from peers.identity import Identity, identity_get, public_key_from
+from peers.identity import Identity, public_key_from
 from peers.models import Peer
+from peers.services import links
+from peers.services.identity import identity_get
 
 # ±5 minutes on the signature's ``created`` (spec §4).
 CLOCK_SKEW = datetime.timedelta(seconds=300)
-# ``last_seen_at`` is stamped at most once per this interval (spec §4).
-LAST_SEEN_RESOLUTION = datetime.timedelta(seconds=60)
 # Signed application tag: a signature made for another protocol is not one of ours.
 SIGNATURE_TAG = "dispatch-peer"
 SIGNATURE_LABEL = "dispatch"
@@ -270,16 +268,6 @@ def _reason(exc: Exception) -> str:
     return text or "it does not verify with the peer's pinned key"
 
 
-def _stamp_last_seen(peer: Peer) -> None:
-    now = timezone.now()
-    if peer.last_seen_at is not None and now - peer.last_seen_at < LAST_SEEN_RESOLUTION:
-        return
-    Peer.objects.filter(pk=peer.pk).filter(
-        Q(last_seen_at__isnull=True) | Q(last_seen_at__lte=now - LAST_SEEN_RESOLUTION)
-    ).update(last_seen_at=now)
-    peer.last_seen_at = now
-
-
 def peer_authenticate_sync(request: HttpRequest) -> Peer:
     """The live ``Peer`` a peer-route request comes from (spec §4), for sync views.
 
@@ -289,7 +277,7 @@ def peer_authenticate_sync(request: HttpRequest) -> Peer:
     signature verifies with the peer's pinned Ed25519 key, covers ``COVERED_COMPONENTS``
     (and ``idempotency-key`` when sent), has a ``created`` within ±300 s, and its
     ``Content-Digest`` matches the body. On success stamps ``last_seen_at`` (at most once
-    a minute, by a conditional UPDATE) and returns the peer with ``owner`` loaded.
+    a minute, ``links.peer_seen``) and returns the peer with ``owner`` loaded.
 
     Raises ``PeerAuthError``: 401 ``NOT_AUTHENTICATED`` / ``AUTHENTICATION_FAILED`` with
     ``WWW-Authenticate: Bearer error="invalid_token"`` for a missing, unknown or revoked
@@ -299,7 +287,7 @@ def peer_authenticate_sync(request: HttpRequest) -> Peer:
     """
     peer = _peer_for_token(request)
     _verify_signature(request, peer)
-    _stamp_last_seen(peer)
+    links.peer_seen(peer=peer)
     return peer
 
 

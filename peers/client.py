@@ -23,8 +23,9 @@ from channels.db import database_sync_to_async
 
 from core import secrets_at_rest
 from peers.auth import sign_request
-from peers.identity import Identity, identity_get
+from peers.identity import Identity
 from peers.models import Peer, new_idempotency_key
+from peers.services.identity import identity_get
 
 # Read timeout on the event stream: the peer writes a keep-alive every 20 s (spec §5), so
 # 45 s of silence means it vanished without closing the connection (spec §7).

@@ -47,11 +47,11 @@ from core.realtime import (
     Subscription,
     ring_on_commit,
 )
-from peers import shadows
-from peers.leases import peer_lease_claim, peer_lease_release
 from peers.models import Peer
 from peers.outbox import outbox_backoff_reset
 from peers.pairing import peer_mark_unlinked_by_peer
+from peers.services import shadows
+from peers.services.leases import peer_lease_claim, peer_lease_release
 
 logger = logging.getLogger(__name__)
 

@@ -10,11 +10,16 @@ granted us, as it reported, is ``granted_by_peer``). Re-pairing rotates both in 
 from __future__ import annotations
 
 import uuid
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import models
 from django.db.models.functions import Lower
 from django.utils import timezone
+
+# A peer last seen longer ago than this is "not responding recently" (ui.md "Linked
+# instances"; the launch tool's description, agents.md §6).
+NOT_RESPONDING_AFTER = timedelta(minutes=5)
 
 
 class Peer(models.Model):
@@ -62,6 +67,22 @@ class Peer(models.Model):
     def is_live(self) -> bool:
         """Not revoked (by us or, as far as we know, by the peer)."""
         return self.revoked_at is None
+
+    def responding(self, now: datetime | None = None) -> bool:
+        """Whether the peer was seen (``last_seen_at``: its stream connected, spec §7) within
+        ``NOT_RESPONDING_AFTER`` of ``now`` (default: now); never seen is not responding."""
+        now = now or timezone.now()
+        return self.last_seen_at is not None and now - self.last_seen_at <= NOT_RESPONDING_AFTER
+
+    def launch_refusal(self) -> str:
+        """Why launching on this peer cannot be chosen, ``""`` when it can: "unlinked by the
+        other side" (it revoked the link, spec §7), else "launching not permitted" (it
+        reported ``allow_launch: false`` in ``granted_by_peer``, spec §3)."""
+        if self.unlinked_by_peer:
+            return "unlinked by the other side"
+        if isinstance(self.granted_by_peer, dict) and self.granted_by_peer.get("allow_launch") is False:
+            return "launching not permitted"
+        return ""
 
 
 class PairingOffer(models.Model):

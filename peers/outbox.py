@@ -48,8 +48,8 @@ from agents.models import Agent, AgentEvent, AgentMessage
 from core.errors import DispatchError, NotFound
 from core.realtime import LoopHealth, Subscription, ring_on_commit
 from peers.client import PeerClient, PeerUnreachable
-from peers.leases import peer_lease_claim, peer_lease_release
 from peers.models import OutboxMessage, Peer, PeerReceipt
+from peers.services.leases import peer_lease_claim, peer_lease_release
 
 logger = logging.getLogger(__name__)
 

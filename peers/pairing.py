@@ -36,9 +36,10 @@ from core.errors import DispatchError, InvalidRequest, NotFound, RateLimited
 from core.realtime import MIRROR_RESCAN, PEERS_MIRROR_GROUP, ring_on_commit
 from core.services import generate_token, rate_limiter, token_digest
 from core.tool_changes import tools_changed_on_commit
-from peers.identity import PEER_PROTOCOL_VERSION, Identity, fingerprint_of, identity_get, public_key_from
+from peers.identity import PEER_PROTOCOL_VERSION, Identity, fingerprint_of, public_key_from
 from peers.models import OutboxMessage, PairingOffer, Peer, new_idempotency_key
 from peers.selectors import label_taken, live_offers, peer_get_for, peer_resolve_location
+from peers.services.identity import identity_get
 
 __all__ = [
     "BAD_CODE",
@@ -610,7 +611,7 @@ def peer_capabilities_set(*, user: User, peer_id: int, **capabilities: bool) -> 
 
 def _revoke_locally(peer: Peer, *, reason: str, by_peer: bool) -> Peer:
     """The local effects of an unlink (spec §7), inside the caller's transaction."""
-    from peers.shadows import shadows_stop_for_unlink
+    from peers.services.shadows import shadows_stop_for_unlink
 
     now = timezone.now()
     peer.revoked_at = now

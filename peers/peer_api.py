@@ -41,12 +41,13 @@ from django.views.decorators.csrf import csrf_exempt
 from core.errors import DispatchError
 from core.http import json_object
 from core.validation import parse_plain
-from peers import receipts, services
 from peers.auth import PeerAuthError, peer_authenticate_sync, peer_error_response
 from peers.models import Peer
 from peers.pairing import peer_mark_unlinked_by_peer
 from peers.protocol import PEER_INSTANCE_ID, LaunchBody
-from peers.receipts import Answer
+from peers.services import incoming as services
+from peers.services import receipts
+from peers.services.receipts import Answer
 
 logger = logging.getLogger(__name__)
 

@@ -1,26 +1,29 @@
 """The launching side of peers (spec/peers.md §6, §8; agents.md §5–6): locations, launching
-on a peer with its local shadow, forwarding a shadow's stop and archive, and messages to
-agents on peers.
+on a peer with its local shadow, forwarding a shadow's stop and archive, and what the
+agents app asks of linked instances (``PeerLinks``, registered in ``agents.hooks``).
 
 - ``peer_launch`` (async): resolve ``location``, require ``cwd`` (the error lists the peer's
   repo roots from ``GET /api/v1/peers/repos``), ``POST /api/v1/peers/launch`` (30 s,
-  ``Idempotency-Key``), then create the shadow seeded from the answer and ask the mirror
-  to re-snapshot the peer.
+  ``Idempotency-Key``), then create the shadow seeded from the answer
+  (``peers.services.shadows.shadow_record_launch``) and ask the mirror to re-snapshot the
+  peer.
 - ``shadow_forward`` (async): ``stop`` / ``archive`` of a shadow sent to its peer as
   ``POST /api/v1/peers/agents/{peer_agent_id}/stop|archive``.
-- ``peer_message_send`` (sync): the ``AgentMessage`` and its ``OutboxMessage`` in one
-  transaction (the drain delivers it, ``peers.outbox``).
 - ``peer_address_parse``: ``<label or instance id>:<agent id>`` recognised by shape.
+- ``peer_message_send`` (sync): the ``AgentMessage`` and its ``OutboxMessage`` in one
+  transaction (the drain delivers it, ``peers.outbox``). It is the one write left here:
+  its outbox half, ``outbox_enqueue``, lives with the drain in ``peers.outbox``, which
+  imports the client; in ``peers.services`` it would close a circle (services → outbox →
+  client → auth → services).
 
 Peer HTTP calls are async (``peers.client.PeerClient``); database work runs through
-``database_sync_to_async`` in short steps, never across a network wait.
+``database_sync_to_async`` in short steps, never across a network wait. The shadows'
+rows are written by ``peers.services.shadows``.
 """
 
 from __future__ import annotations
 
 import logging
-import re
-from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -30,24 +33,24 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents import services as agent_services
+from agents.hooks import Link
 from agents.messages import MAX_MESSAGE_LENGTH, message_data
-from agents.models import Agent, AgentEvent, AgentMessage
+from agents.models import Agent, AgentMessage
+from agents.selectors import AGENT_ID, PEER_ADDRESS, is_shadow, shadow_link
 from core.errors import DispatchError, InvalidRequest, NotFound
 from peers.client import PeerClient, PeerUnreachable
-from peers.identity import identity_get
 from peers.mirror import mirror_resnapshot
-from peers.models import Peer, new_idempotency_key
+from peers.models import OutboxMessage, Peer, new_idempotency_key
 from peers.outbox import outbox_enqueue
-from peers.selectors import peer_resolve_location, peers_for
-from peers.shadows import shadow_upsert
+from peers.selectors import peer_resolve_location, peers_by_label_for, peers_for
+from peers.services import shadows
+from peers.services.identity import identity_get
+from peers.services.incoming import launch_preamble
 
 logger = logging.getLogger(__name__)
 
 LAUNCH_TIMEOUT = 30.0  # seconds (spec §6)
 FORWARD_TIMEOUT = 30.0
-NOT_RESPONDING_AFTER = timedelta(minutes=5)  # "not responding recently" in the launch tool's description
-AGENT_ID = re.compile(r"^agt_[0-9a-f]{12}$")
-PEER_ADDRESS = re.compile(r"^(?P<peer>[^:]{1,64}):(?P<agent>agt_[0-9a-f]{12})$")
 FORWARDED = ("stop", "archive")
 
 
@@ -88,20 +91,21 @@ def peer_address_parse(*, user: User, target: str) -> tuple[Peer, str] | None:
 def linked_instances_text(*, user: User) -> str:
     """The linked-instances sentence of ``dispatch_launch_agent``'s description (agents.md §6):
     each live peer of ``user`` as ``<label> (<instance id>)``, flagged "not responding
-    recently" (``last_seen_at`` older than 5 minutes, or never) and "launching not
-    permitted" (the peer reported ``allow_launch`` false); or, with none, that ``location``
-    is to be omitted."""
+    recently" (``Peer.responding``) and with its ``Peer.launch_refusal`` ("launching not
+    permitted": the peer reported ``allow_launch`` false); or, with none, that
+    ``location`` is to be omitted."""
     peers = list(peers_for(user=user))
     if not peers:
         return "There are no linked instances: omit location to launch locally."
-    cutoff = timezone.now() - NOT_RESPONDING_AFTER
+    now = timezone.now()
     items = []
     for peer in peers:
         flags = []
-        if peer.last_seen_at is None or peer.last_seen_at < cutoff:
+        if not peer.responding(now):
             flags.append("not responding recently")
-        if (peer.granted_by_peer or {}).get("allow_launch") is False:
-            flags.append("launching not permitted")
+        refusal = peer.launch_refusal()
+        if refusal:
+            flags.append(refusal)
         items.append(f"{peer.label} ({peer.instance_id}" + "".join(f", {flag}" for flag in flags) + ")")
     return (
         "location launches on a linked instance (its label or instance id; cwd is then required and is a "
@@ -173,56 +177,6 @@ async def peer_repo_roots(peer: Peer) -> list[str]:
 # --- launching ---------------------------------------------------------------------------------
 
 
-def _launcher_address(user: User, caller_agent: Agent | None) -> dict[str, Any]:
-    identity = identity_get()
-    if caller_agent is not None:
-        return {"instance_id": identity.instance_id, "agent_id": caller_agent.pk, "name": caller_agent.name}
-    return {"instance_id": identity.instance_id, "agent_id": None, "name": user.get_username()}
-
-
-@transaction.atomic
-def shadow_record_launch(
-    *,
-    peer: Peer,
-    peer_agent_id: str,
-    name: str,
-    type: str,
-    status: str,
-    cwd: str,
-    launched_by: Agent | None,
-    child: bool,
-) -> Agent:
-    """The shadow of an agent just launched on ``peer`` (spec §6): created with the status of
-    the launch answer (``peers.shadows.shadow_upsert``), or — when the mirror created it
-    first — left at the mirror's status; either way ``cwd``, ``launched_by`` (always) and
-    ``parent`` (= the launcher when ``child``) are set. Owned by ``peer.owner``.
-    Raises ``ValueError`` for an unknown status or a bad id (nothing written).
-    """
-    existing = Agent.objects.select_for_update().filter(peer=peer, peer_agent_id=peer_agent_id).first()
-    if existing is None:
-        existing = shadow_upsert(
-            peer=peer, peer_agent_id=peer_agent_id, name=name, type=type, status=status, seen_at=timezone.now()
-        )
-    existing.cwd = cwd[:4096]
-    existing.launched_by = launched_by
-    fields = ["cwd", "launched_by", "updated_at"]
-    if child and launched_by is not None:
-        existing.parent = launched_by
-        fields.append("parent")
-    if type and existing.type in ("", "unknown"):
-        existing.type = type[:40]
-        fields.append("type")
-    existing.updated_at = timezone.now()
-    existing.save(update_fields=fields)
-    agent_services.agent_event_record(
-        agent=existing,
-        type=AgentEvent.Type.SYSTEM,
-        message=f"launched on {peer.label} as {peer_agent_id}",
-        metadata={"peer": peer.label, "peer_agent_id": peer_agent_id},
-    )
-    return Agent.objects.select_related("owner", "peer").get(pk=existing.pk)
-
-
 def _resnapshot(peer_id: int) -> None:
     """Ask the mirroring subscriber to re-snapshot ``peer_id`` (``peers.mirror.mirror_resnapshot``);
     a failure is logged, and the next snapshot then comes with the next reconnect."""
@@ -269,7 +223,7 @@ async def peer_launch(
             f"cwd is required to launch on {peer.label}: a directory inside one of its repo roots: {listed}",
             {"peer": peer.label, "roots": roots},
         )
-    launched_by = await database_sync_to_async(_launcher_address)(user, caller_agent)
+    launched_by = await database_sync_to_async(launcher_address)(user=user, caller_agent=caller_agent)
     body: dict[str, Any] = {
         "name": name.strip(),
         "prompt": prompt or "",
@@ -296,7 +250,7 @@ async def peer_launch(
             f"{peer.label} answered the launch without a proper agent id and status",
             {"answer": answer},
         )
-    shadow = await database_sync_to_async(shadow_record_launch)(
+    shadow = await database_sync_to_async(shadows.shadow_record_launch)(
         peer=peer,
         peer_agent_id=agent_id,
         name=str(answer.get("name") or name.strip()),
@@ -315,23 +269,7 @@ async def peer_launch(
 
 def _shadow_state(agent: Agent) -> tuple[Agent, Peer | None]:
     current = Agent.objects.select_related("peer", "owner").get(pk=agent.pk)
-    peer = current.peer if current.peer is not None and current.peer.revoked_at is None else None
-    return current, peer
-
-
-@transaction.atomic
-def _shadow_settle(agent_id: str, status: str, note: str) -> Agent:
-    """Set a shadow's status directly (shadows take what their peer reports; no transition
-    table) with a ``system`` event ``note``; archiving also announces ``agent.deleted``."""
-    shadow = Agent.objects.select_for_update().get(pk=agent_id)
-    if shadow.status != status:
-        shadow.status = status
-        shadow.updated_at = timezone.now()
-        shadow.save(update_fields=["status", "updated_at"])
-    agent_services.agent_event_record(agent=shadow, type=AgentEvent.Type.SYSTEM, message=note)
-    if status == Agent.Status.ARCHIVED:
-        agent_services.publish_on_commit(user_id=shadow.owner_id, event="agent.deleted", data={"id": shadow.pk})
-    return Agent.objects.select_related("owner", "peer").get(pk=agent_id)
+    return current, current.peer if shadow_link(current) is not None else None
 
 
 async def shadow_forward(*, agent: Agent, action: str) -> Agent:
@@ -353,14 +291,14 @@ async def shadow_forward(*, agent: Agent, action: str) -> Agent:
             "forwarded to a linked instance)",
         )
     current, peer = await database_sync_to_async(_shadow_state)(agent)
-    if not current.peer_agent_id:
+    if not is_shadow(current):
         raise InvalidRequest(f"agent '{current.pk}' is not a shadow agent")
     if current.status == Agent.Status.ARCHIVED:
         return current
     if peer is None:
         if action == "archive":
-            return await database_sync_to_async(_shadow_settle)(
-                current.pk, Agent.Status.ARCHIVED, "archived here (its link is gone)"
+            return await database_sync_to_async(shadows.shadow_settle)(
+                agent_id=current.pk, status=Agent.Status.ARCHIVED, note="archived here (its link is gone)"
             )
         raise DispatchError(
             "CONFLICT", f"agent '{current.pk}' belongs to a link that was removed: it cannot be stopped"
@@ -379,7 +317,9 @@ async def shadow_forward(*, agent: Agent, action: str) -> Agent:
             if gone
             else f"archived on {peer.label}"
         )
-        return await database_sync_to_async(_shadow_settle)(current.pk, Agent.Status.ARCHIVED, note)
+        return await database_sync_to_async(shadows.shadow_settle)(
+            agent_id=current.pk, status=Agent.Status.ARCHIVED, note=note
+        )
     if not 200 <= response.status_code < 300:
         raise _peer_error(peer, response, "stopping" if action == "stop" else "archiving")
     status = None
@@ -389,11 +329,22 @@ async def shadow_forward(*, agent: Agent, action: str) -> Agent:
     except ValueError:
         pass
     if status in Agent.Status.values and status != Agent.Status.ARCHIVED:
-        return await database_sync_to_async(_shadow_settle)(current.pk, status, f"stop forwarded to {peer.label}")
+        return await database_sync_to_async(shadows.shadow_settle)(
+            agent_id=current.pk, status=status, note=f"stop forwarded to {peer.label}"
+        )
     return current
 
 
 # --- messages ----------------------------------------------------------------------------------
+
+
+def launcher_address(*, user: User, caller_agent: Agent | None) -> dict[str, Any]:
+    """``{instance_id, agent_id | null, name}``: who on this instance launches or sends
+    (spec §5 ``launched_by`` / ``from``): ``caller_agent``, else the person ``user``."""
+    identity = identity_get()
+    if caller_agent is not None:
+        return {"instance_id": identity.instance_id, "agent_id": caller_agent.pk, "name": caller_agent.name}
+    return {"instance_id": identity.instance_id, "agent_id": None, "name": user.get_username()}
 
 
 def _shadow_for(peer: Peer, agent_id: str) -> Agent:
@@ -460,7 +411,7 @@ def peer_message_send(
         peer=live,
         idempotency_key=key,
     )
-    sender = _launcher_address(user, sender_agent)
+    sender = launcher_address(user=user, caller_agent=sender_agent)
     outbox_enqueue(
         message=message,
         peer=live,
@@ -469,3 +420,66 @@ def peer_message_send(
     )
     agent_services.publish_on_commit(user_id=user.pk, event="message.created", data=message_data(message))
     return message
+
+
+# --- what the agents app asks of peers (agents.hooks) -------------------------------------------
+
+
+def _peer(link: Link) -> Peer:
+    if not isinstance(link, Peer):
+        raise TypeError(f"not a peer: {link!r}")
+    return link
+
+
+class PeerLinks:
+    """``agents.hooks.LinkedInstances`` as ``peers`` does it, registered in
+    ``PeersConfig.ready``: the agents app reaches linked instances only through this."""
+
+    location_check = staticmethod(location_resolve)
+    launch = staticmethod(peer_launch)
+    forward = staticmethod(shadow_forward)
+    address_parse = staticmethod(peer_address_parse)
+    launch_description = staticmethod(linked_instances_text)
+
+    def message_send(
+        self, *, user: User, sender_agent: Agent | None, link: Link, to_agent_id: str, content: str
+    ) -> AgentMessage:
+        """``peer_message_send`` to ``link`` (a ``Peer``)."""
+        return peer_message_send(
+            user=user, sender_agent=sender_agent, peer=_peer(link), to_agent_id=to_agent_id, content=content
+        )
+
+    def labels(self, *, user: User) -> list[str]:
+        """The labels of ``user``'s live peers (``peers_for``'s order)."""
+        return [peer.label for peer in peers_for(user=user)]
+
+    def launch_context(self, *, agent: Agent) -> str | None:
+        """``launch_preamble`` (without its blank line) for an agent the live peer named by
+        ``agent.launched_by_peer.instance_id`` launched here; ``None`` otherwise."""
+        if not agent.launched_by_peer:
+            return None
+        peer = Peer.objects.filter(
+            owner_id=agent.owner_id, instance_id=agent.launched_by_peer.get("instance_id"), revoked_at__isnull=True
+        ).first()
+        return launch_preamble(peer=peer, launched_by=agent.launched_by_peer).strip() if peer is not None else None
+
+    def message_delivery(self, *, message: AgentMessage) -> dict[str, Any] | None:
+        """The outbox state of a message this instance sent to an agent on a peer (spec §8,
+        ``message_status``): ``{peer, remote_agent_id, attempts, next_attempt_at (null once
+        it left the queue), error}``; ``None`` for any other message."""
+        if message.peer_id is None or message.sender_peer_id is not None:
+            return None
+        outbox = OutboxMessage.objects.filter(message=message).select_related("peer").first()
+        if outbox is None:
+            return None
+        return {
+            "peer": outbox.peer.label,
+            "remote_agent_id": outbox.to_agent_id,
+            "attempts": outbox.attempts,
+            "next_attempt_at": outbox.next_attempt_at.isoformat() if outbox.status == "queued" else None,
+            "error": message.error or outbox.last_error or None,
+        }
+
+    def launch_locations(self, *, user: User) -> list[Peer]:
+        """``peers_by_label_for``."""
+        return list(peers_by_label_for(user=user))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from django.contrib.auth.models import User
 from django.db.models import Count, Q, QuerySet
+from django.db.models.functions import Lower
 from django.utils import timezone
 
 from core.errors import InvalidRequest, NotFound
@@ -17,6 +18,12 @@ from peers.models import OutboxMessage, PairingOffer, Peer
 def peers_for(*, user: User) -> QuerySet[Peer]:
     """The live peers whose link acts as ``user`` (spec §1), by label (case-insensitive)."""
     return Peer.objects.filter(owner=user, revoked_at__isnull=True).select_related("owner").order_by("label", "id")
+
+
+def peers_by_label_for(*, user: User) -> QuerySet[Peer]:
+    """The live peers whose link acts as ``user``, ordered by ``Lower(label)`` (the launch
+    form's locations, ui.md "Agents")."""
+    return Peer.objects.filter(owner=user, revoked_at__isnull=True).order_by(Lower("label"))
 
 
 def peer_get_for(*, user: User, peer_id: int) -> Peer:

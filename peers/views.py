@@ -13,7 +13,6 @@ Linking waits on the other instance, so it is an async view (never the shared sy
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -30,11 +29,10 @@ from django.views.decorators.http import require_GET, require_POST
 
 from core.errors import DispatchError
 from peers import pairing
-from peers.identity import identity_get
 from peers.models import OutboxMessage, Peer
 from peers.selectors import outbox_counts, outbox_rows_for, peers_for
+from peers.services.identity import identity_get
 
-NOT_RESPONDING_AFTER = timedelta(minutes=5)  # ui.md: "not responding recently"
 SWITCHES = (
     ("allow_launch", "Launch agents here"),
     ("allow_message", "Message agents here"),
@@ -64,7 +62,7 @@ def _page_context(user: User, **extra: Any) -> dict[str, Any]:
                 "outbox_rows": list(outbox_rows_for(user=user, peer_id=peer.pk)[:20])
                 if any(counts[peer.pk].values())
                 else [],
-                "not_responding": peer.last_seen_at is None or now - peer.last_seen_at > NOT_RESPONDING_AFTER,
+                "not_responding": not peer.responding(now),
                 "here": [(name, label, getattr(peer, name)) for name, label in SWITCHES],
                 "there": [(label, granted.get(name)) for name, label in SWITCHES],
             }

@@ -109,7 +109,7 @@ async def list_tools(
     tools = await tools_for(user=caller.user, caller_agent=caller.agent)
     return types.ListToolsResult(
         tools=[
-            types.Tool(name=tool.name, description=tool.description, input_schema=tool.input_schema)
+            types.Tool(name=tool.name, description=tool.description, input_schema=tool.parameters)
             for tool in tools.values()
         ]
     )
@@ -135,7 +135,7 @@ async def call_tool(ctx: ServerRequestContext[Any, Any], params: types.CallToolR
     if problem is not None:
         return error_result("INVALID_REQUEST", problem)
     try:
-        value = await tool.run(arguments)
+        value = await tool(arguments)
     except DispatchError as exc:
         return error_result(exc.code, exc.message)
     except Exception:

@@ -19,7 +19,7 @@ from channels.exceptions import ChannelFull
 from django.conf import settings
 from django.contrib.auth.models import User
 
-from agents.prompting import agent_prompt_any
+from agents.lifecycle import agent_prompt_any
 from agents.protocol import SendAgentPromptBody, UserEventMessage, agent_event_frame, run_finished_frame
 from agents.services import user_events_group
 from core import wire

@@ -11,11 +11,13 @@ import shutil
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 
-from agents import cli, services
+from agents import cli, services, supervisor
+from agents.launching import default_launch_type
 from agents.models import Agent, AgentEvent, AgentMessage, Run
-from agents.tools import AGENT_HISTORY_BUDGET, agent_tools, default_launch_type
+from agents.tools import AGENT_HISTORY_BUDGET, agent_tools
 from agents.types import parse_agent_types
 from core.errors import DispatchError
 from tests.agents.conftest import force_status
@@ -25,12 +27,16 @@ pytestmark = pytest.mark.django_db(transaction=True)
 USER_TOOLS = ["list_agents", "get_agent_history", "dispatch_launch_agent", "dispatch_send_message", "message_status"]
 
 
+async def atools_of(user: Any, caller: Agent | None = None, **kwargs: Any) -> dict[str, Any]:
+    return {tool.name: tool for tool in await agent_tools(user=user, caller_agent=caller, **kwargs)}
+
+
 def tools_of(user: Any, caller: Agent | None = None, **kwargs: Any) -> dict[str, Any]:
-    return {tool.name: tool for tool in agent_tools(user=user, caller_agent=caller, **kwargs)}
+    return async_to_sync(atools_of)(user, caller, **kwargs)
 
 
 async def call(user: Any, name: str, arguments: Any, caller: Agent | None = None) -> Any:
-    return await tools_of(user, caller)[name](arguments)
+    return await (await atools_of(user, caller))[name](arguments)
 
 
 async def fails(user: Any, name: str, arguments: Any, caller: Agent | None = None) -> DispatchError:
@@ -345,7 +351,7 @@ async def test_an_agent_launches_a_shell_agent_in_tmux(owner, workdir, private_t
     first = await database_sync_to_async(AgentMessage.objects.get)(recipient_agent=agent)
     assert (first.sender_agent_id, first.content) == (caller.pk, "echo launched-$((6*7))")
     for _ in range(200):
-        await database_sync_to_async(cli.supervise_once)(runner=private_tmux)
+        await database_sync_to_async(supervisor.supervise_once)(runner=private_tmux)
         if "launched-42" in private_tmux.capture(name):
             break
         await asyncio.sleep(0.05)

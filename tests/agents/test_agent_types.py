@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from agents.launching import agent_launch_any, launchable_types
+from agents.launching import launchable_types
+from agents.lifecycle import agent_launch_any
 from agents.models import Agent, Run
 from agents.types import DEFAULT_AGENT_TYPES, parse_agent_types
 from core.errors import InvalidRequest

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from agents import cli
+from agents import cli, supervisor
 from agents.models import Agent, AgentEvent
 from agents.tmux import TmuxError, TmuxRunner
 from core.services import instance_identity_get
@@ -51,7 +51,7 @@ def supervise_until(runner: TmuxRunner, condition: Callable[[], object], what: s
     """Run supervisor passes (delivering messages, reconciling) until ``condition()`` holds."""
 
     def check() -> object:
-        cli.supervise_once(runner=runner)
+        supervisor.supervise_once(runner=runner)
         return condition()
 
     wait_for(check, what, timeout)
@@ -85,7 +85,7 @@ def test_it_marks_an_agent_whose_shell_exits_0_stopped_and_kills_the_session(own
     runner.paste(cli.session_name(agent), "exit 0")
     wait_dead(runner, agent)
 
-    cli.supervise_once(runner=runner)
+    supervisor.supervise_once(runner=runner)
 
     agent.refresh_from_db()
     assert agent.status == "stopped"
@@ -99,7 +99,7 @@ def test_it_marks_an_agent_whose_shell_exits_non_zero_error_with_the_last_lines(
     runner.paste(name, "exit 3")
     wait_dead(runner, agent)
 
-    cli.supervise_once(runner=runner)
+    supervisor.supervise_once(runner=runner)
 
     agent.refresh_from_db()
     assert agent.status == "error"
@@ -112,7 +112,7 @@ def test_it_marks_an_agent_whose_session_vanished_stopped_with_a_note(owner, run
     agent = launch(owner, runner, workdir)
     runner.kill(cli.session_name(agent))
 
-    cli.supervise_once(runner=runner)
+    supervisor.supervise_once(runner=runner)
 
     agent.refresh_from_db()
     assert agent.status == "stopped"
@@ -144,7 +144,7 @@ def test_it_kills_sessions_of_this_instance_whose_agent_is_stopped_or_missing(ow
     orphan = "dispatch_agt_000000000000"
     runner.start(session_name=orphan, instance_id=instance_id, argv=["sleep", "600"], cwd=workdir, env={})
 
-    cli.supervise_once(runner=runner)
+    supervisor.supervise_once(runner=runner)
 
     assert runner.owned_sessions(instance_id) == []
 
@@ -158,7 +158,7 @@ def test_it_never_touches_a_session_tagged_with_another_instance(owner, runner, 
     foreign = "dispatch_agt_ffffffffffff"
     runner.start(session_name=foreign, instance_id="ins_someone_else", argv=["sleep", "600"], cwd=workdir, env={})
 
-    cli.supervise_once(runner=runner)
+    supervisor.supervise_once(runner=runner)
 
     assert runner.exists(foreign)
     assert runner.owned_sessions("ins_someone_else") == sorted([name, foreign])

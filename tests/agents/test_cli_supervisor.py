@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from agents import cli, messages, services, tokens
+from agents import cli, messages, services, supervisor, tokens
 from agents.models import Agent, AgentEvent, AgentMessage, SupervisorLease
 from agents.tmux import TmuxRunner
 from agents.types import parse_agent_types
@@ -104,7 +104,7 @@ def test_a_pane_that_never_goes_quiet_still_gets_its_message_after_the_wait(owne
     ticker = send(agent, "while true; do date +%s%N; sleep 0.1; done")
     supervise_until(runner, lambda: delivered(ticker), "the ticking loop started")
     waiting = send(agent, "echo never-quiet")
-    cli.supervise_once(runner=runner)
+    supervisor.supervise_once(runner=runner)
     assert not delivered(waiting)  # the pane keeps changing: not quiet, not waited long enough
 
     AgentMessage.objects.filter(pk=waiting.pk).update(created_at=timezone.now() - timedelta(seconds=11))
@@ -129,7 +129,7 @@ def test_queued_messages_fail_when_the_pane_dies(owner, runner, workdir):
     wait_dead(runner, agent)
     message = send(agent, "echo too late")
 
-    cli.supervise_once(runner=runner)
+    supervisor.supervise_once(runner=runner)
 
     message.refresh_from_db()
     assert status_of(agent) == "stopped"
@@ -198,7 +198,7 @@ def test_a_dead_pane_revokes_the_token(owner, runner, workdir):
     runner.paste(cli.session_name(agent), "exit 3")
     wait_dead(runner, agent)
 
-    cli.supervise_once(runner=runner)
+    supervisor.supervise_once(runner=runner)
 
     assert status_of(agent) == "error"
     assert agent.tokens.filter(revoked_at__isnull=True).count() == 0
@@ -300,7 +300,7 @@ def services_instance_id() -> str:
 
 def watcher_events(agent: Agent) -> list[str]:
     return list(
-        AgentEvent.objects.filter(agent=agent, metadata__source=cli.WATCHER)
+        AgentEvent.objects.filter(agent=agent, metadata__source=supervisor.WATCHER)
         .order_by("created_at", "pk")
         .values_list("type", flat=True)
     )
@@ -310,17 +310,17 @@ def test_output_while_reported_idle_or_done_is_corrected_to_working(owner, runne
     agent = launch(owner, runner, workdir)
     name = cli.session_name(agent)
     wait_for(lambda: runner.capture(name).strip(), "the shell prompt")
-    cli.supervise_once(runner=runner)  # the watcher's first look: a baseline, no event
+    supervisor.supervise_once(runner=runner)  # the watcher's first look: a baseline, no event
     services.agent_event_record(agent=agent, type="done", message="finished (reported by the agent)")
-    cli.supervise_once(runner=runner)
+    supervisor.supervise_once(runner=runner)
     assert watcher_events(agent) == []  # no output, no correction
 
     runner.paste(name, "echo busy-again")
     wait_for(lambda: runner.capture(name).count("busy-again") >= 2, "the command and its output")
-    cli.supervise_once(runner=runner)
+    supervisor.supervise_once(runner=runner)
 
     assert watcher_events(agent) == ["working"]
-    event = AgentEvent.objects.get(agent=agent, metadata__source=cli.WATCHER)
+    event = AgentEvent.objects.get(agent=agent, metadata__source=supervisor.WATCHER)
     assert event.metadata["reported"] == "done"
     agent.refresh_from_db()
     assert agent.latest_event_type == "working"
@@ -329,7 +329,7 @@ def test_output_while_reported_idle_or_done_is_corrected_to_working(owner, runne
     runner.paste(name, "echo more")
     wait_for(lambda: "more" in runner.capture(name), "more output")
     time.sleep(0.1)
-    cli.supervise_once(runner=runner)
+    supervisor.supervise_once(runner=runner)
     assert watcher_events(agent) == ["working", "working"]
 
 
@@ -337,15 +337,15 @@ def test_silence_while_working_is_corrected_to_idle(owner, runner, workdir, sett
     settings.AGENT_IDLE_AFTER = 0.5
     agent = launch(owner, runner, workdir)
     wait_for(lambda: runner.capture(cli.session_name(agent)).strip(), "the shell prompt")
-    cli.supervise_once(runner=runner)
+    supervisor.supervise_once(runner=runner)
     services.agent_event_record(agent=agent, type="working", message="on it (reported)")
 
-    cli.supervise_once(runner=runner)
+    supervisor.supervise_once(runner=runner)
     assert watcher_events(agent) == []  # not silent long enough yet
     time.sleep(0.6)
-    cli.supervise_once(runner=runner)
+    supervisor.supervise_once(runner=runner)
     assert watcher_events(agent) == ["idle"]
-    cli.supervise_once(runner=runner)
+    supervisor.supervise_once(runner=runner)
     assert watcher_events(agent) == ["idle"]  # once
     assert Agent.objects.get(pk=agent.pk).latest_event_type == "idle"
 
@@ -354,14 +354,14 @@ def test_the_watcher_state_is_in_the_row_so_another_holder_continues(owner, runn
     settings.AGENT_IDLE_AFTER = 0.5
     agent = launch(owner, runner, workdir)
     wait_for(lambda: runner.capture(cli.session_name(agent)).strip(), "the shell prompt")
-    assert cli.supervise_once(runner=runner, holder="proc_first").held
+    assert supervisor.supervise_once(runner=runner, holder="proc_first").held
     services.agent_event_record(agent=agent, type="working", message="on it")
     agent.refresh_from_db()
     assert agent.pane_hash and agent.pane_changed_at is not None
     SupervisorLease.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
     time.sleep(0.6)
 
-    assert cli.supervise_once(runner=runner, holder="proc_second").held
+    assert supervisor.supervise_once(runner=runner, holder="proc_second").held
     assert watcher_events(agent) == ["idle"]
 
 
@@ -369,7 +369,7 @@ def test_shadow_agents_are_skipped(owner, runner, workdir, make_agent):
     shadow = make_agent(owner, type="shell")
     Agent.objects.filter(pk=shadow.pk).update(status="running", peer_agent_id="peer_agt_1")
 
-    cli.supervise_once(runner=runner)
+    supervisor.supervise_once(runner=runner)
 
     assert status_of(shadow) == "running"  # no session here, yet not marked stopped
 
@@ -380,31 +380,31 @@ def test_shadow_agents_are_skipped(owner, runner, workdir, make_agent):
 def test_only_the_lease_holder_supervises_and_another_takes_over_after_expiry(owner, runner, workdir, settings):
     settings.CLI_SUPERVISE_INTERVAL = 0.2  # lease of 0.6 s
     agent = launch(owner, runner, workdir)
-    assert cli.supervise_once(runner=runner, holder="proc_aaaa").held
+    assert supervisor.supervise_once(runner=runner, holder="proc_aaaa").held
     runner.paste(cli.session_name(agent), "exit 0")
     wait_dead(runner, agent)
 
-    assert not cli.supervise_once(runner=runner, holder="proc_bbbb").held
+    assert not supervisor.supervise_once(runner=runner, holder="proc_bbbb").held
     assert status_of(agent) == "running"  # the non-holder did nothing
     assert SupervisorLease.objects.get(host=HOSTNAME).holder == "proc_aaaa"
 
     time.sleep(0.7)  # proc_aaaa stopped renewing: its lease expired
-    assert cli.supervise_once(runner=runner, holder="proc_bbbb").held
+    assert supervisor.supervise_once(runner=runner, holder="proc_bbbb").held
     assert status_of(agent) == "stopped"
     assert SupervisorLease.objects.get(host=HOSTNAME).holder == "proc_bbbb"
-    assert not cli.supervise_once(runner=runner, holder="proc_aaaa").held
+    assert not supervisor.supervise_once(runner=runner, holder="proc_aaaa").held
 
 
 def test_the_lease_is_renewed_by_its_holder_and_released(db):
-    assert cli.supervisor_lease_claim(holder="proc_one", ttl=60)
+    assert supervisor.supervisor_lease_claim(holder="proc_one", ttl=60)
     first = SupervisorLease.objects.get(host=HOSTNAME).expires_at
-    assert cli.supervisor_lease_claim(holder="proc_one", ttl=120)
+    assert supervisor.supervisor_lease_claim(holder="proc_one", ttl=120)
     assert SupervisorLease.objects.get(host=HOSTNAME).expires_at > first
-    assert not cli.supervisor_lease_claim(holder="proc_two", ttl=60)
-    cli.supervisor_lease_release(holder="proc_two")  # not the holder: no effect
+    assert not supervisor.supervisor_lease_claim(holder="proc_two", ttl=60)
+    supervisor.supervisor_lease_release(holder="proc_two")  # not the holder: no effect
     assert SupervisorLease.objects.get(host=HOSTNAME).holder == "proc_one"
-    cli.supervisor_lease_release(holder="proc_one")
-    assert cli.supervisor_lease_claim(holder="proc_two", ttl=60)
+    supervisor.supervisor_lease_release(holder="proc_one")
+    assert supervisor.supervisor_lease_claim(holder="proc_two", ttl=60)
 
 
 # --- stopping, starting, archiving, the pane view ---------------------------------------------
@@ -420,7 +420,7 @@ def test_stop_returns_stopping_and_the_supervisor_kills_after_the_grace(owner, r
     stopped = cli.agent_stop(agent=agent, runner=runner)
     assert time.monotonic() - started < 0.5
     assert stopped.status == "stopping" and Agent.objects.get(pk=agent.pk).stop_interrupted
-    cli.supervise_once(runner=runner)
+    supervisor.supervise_once(runner=runner)
     assert status_of(agent) == "stopping" and runner.exists(name)  # bash survives C-c: grace not over
 
     supervise_until(runner, lambda: status_of(agent) == "stopped", "stopped")
@@ -435,11 +435,11 @@ def test_stopping_for_longer_than_the_hard_limit_is_killed(owner, runner, workdi
     agent = launch(owner, runner, workdir)
     name = cli.session_name(agent)
     cli.agent_stop(agent=agent, runner=runner)
-    cli.supervise_once(runner=runner)
+    supervisor.supervise_once(runner=runner)
     assert status_of(agent) == "stopping" and runner.exists(name)
 
     time.sleep(0.6)
-    cli.supervise_once(runner=runner)
+    supervisor.supervise_once(runner=runner)
     assert status_of(agent) == "stopped"
     assert not runner.exists(name)
     assert "stopping for over 0.5 s" in Agent.objects.get(pk=agent.pk).latest_event_message
@@ -453,7 +453,7 @@ def test_a_pane_that_exits_non_zero_while_stopping_ends_stopped(owner, runner, w
     runner.paste(cli.session_name(agent), "exit 5")
     wait_dead(runner, agent)
 
-    cli.supervise_once(runner=runner)
+    supervisor.supervise_once(runner=runner)
 
     assert status_of(agent) == "stopped"
 
@@ -477,13 +477,15 @@ def test_a_start_requested_elsewhere_is_picked_up_by_the_hosts_supervisor(owner,
     name = cli.session_name(agent)
     runner.paste(name, "exit 0")
     wait_dead(runner, agent)
-    cli.supervise_once(runner=runner)
+    supervisor.supervise_once(runner=runner)
     assert status_of(agent) == "stopped" and not runner.exists(name)
     # As another host's request would: only the row moves to creating.
     services.agent_set_status(agent=agent, status="creating", note="start requested")
-    Agent.objects.filter(pk=agent.pk).update(updated_at=timezone.now() - timedelta(seconds=cli.CREATING_GRACE + 1))
+    Agent.objects.filter(pk=agent.pk).update(
+        updated_at=timezone.now() - timedelta(seconds=supervisor.CREATING_GRACE + 1)
+    )
 
-    cli.supervise_once(runner=runner)
+    supervisor.supervise_once(runner=runner)
 
     assert status_of(agent) == "running"
     assert runner.exists(name) and not runner.pane_state(name).dead
@@ -541,7 +543,7 @@ def test_a_second_instance_id_never_touches_this_instances_sessions(owner, runne
     # The other instance's database has none of our rows (here: none on its host).
     Agent.objects.filter(pk=agent.pk).update(host="not-this-host")
 
-    assert cli.supervise_once(runner=other, holder="proc_other", instance_id=theirs).held
+    assert supervisor.supervise_once(runner=other, holder="proc_other", instance_id=theirs).held
 
     assert not runner.exists(their_orphan)  # it cleaned up its own orphan...
     assert runner.exists(name) and not runner.pane_state(name).dead  # ...and left ours alone
@@ -550,10 +552,10 @@ def test_a_second_instance_id_never_touches_this_instances_sessions(owner, runne
 def test_a_creating_agent_whose_launcher_died_after_starting_it_is_marked_running(owner, runner, workdir):
     agent = launch(owner, runner, workdir)
     Agent.objects.filter(pk=agent.pk).update(
-        status="creating", updated_at=timezone.now() - timedelta(seconds=cli.CREATING_GRACE + 1)
+        status="creating", updated_at=timezone.now() - timedelta(seconds=supervisor.CREATING_GRACE + 1)
     )
 
-    cli.supervise_once(runner=runner)
+    supervisor.supervise_once(runner=runner)
 
     assert status_of(agent) == "running"
     assert runner.exists(cli.session_name(agent)) and not runner.pane_state(cli.session_name(agent)).dead

@@ -5,7 +5,7 @@
 ``send-agent-prompt`` reply for a CLI agent, agent-token senders and launchers, and the
 stop/start of expert agents. CLI agents here have no tmux session (their messages stay
 ``queued``) except in the last tests, which run a real ``shell`` agent on a private tmux
-server and call the supervisor (``cli.supervise_once``) as the background service would.
+server and call the supervisor (``supervisor.supervise_once``) as the background service would.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, event, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from agents import cli
+from agents import cli, supervisor
 from agents.models import Agent, AgentMessage, Run
 from agents.services import run_claim_next, run_enqueue
 from agents.tmux import TmuxRunner
@@ -370,7 +370,7 @@ def runner(private_tmux: TmuxRunner) -> TmuxRunner:
 def supervise_until(runner: TmuxRunner, condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
-        cli.supervise_once(runner=runner)
+        supervisor.supervise_once(runner=runner)
         if condition():
             return
         if time.monotonic() > deadline:

@@ -7,7 +7,7 @@ import hashlib
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dispatch.mcp.tools import TOOL_NAME_PATTERN, remote_tool_names, tool_name
+from core.tools import TOOL_NAME_PATTERN, remote_tool_names, tool_name
 
 
 def short_hash(full_name: str) -> str:

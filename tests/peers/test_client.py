@@ -25,8 +25,8 @@ from core import secrets_at_rest
 from core.services import generate_token, token_digest
 from peers.auth import PeerAuthError, peer_authenticate
 from peers.client import PeerClient, PeerUnreachable
-from peers.identity import identity_get
 from peers.models import Peer
+from peers.services.identity import identity_get
 from tests.peers.conftest import new_key_pair
 
 pytestmark = pytest.mark.django_db(transaction=True)

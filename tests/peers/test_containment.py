@@ -13,7 +13,7 @@ from django.test import Client
 
 from agents.models import Agent
 from core.errors import DispatchError
-from peers.services import launch_cwd_resolve
+from peers.services.incoming import launch_cwd_resolve
 from tests.peers.conftest import FakePeer
 from tests.peers.signing import peer_post
 

@@ -21,8 +21,8 @@ from django.utils import timezone
 from agents.models import Agent, AgentEvent
 from core import secrets_at_rest
 from peers import mirror
-from peers.identity import identity_get
 from peers.models import Peer, PeerLease
+from peers.services.identity import identity_get
 from tests.infra import eventually, instance
 
 

@@ -38,7 +38,7 @@ from peers.outbox import (
     outbox_retry,
 )
 from peers.remote_launch import peer_message_send
-from peers.shadows import shadow_upsert
+from peers.services.shadows import shadow_upsert
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -14,9 +14,9 @@ from django.utils import timezone
 from core import secrets_at_rest
 from core.errors import DispatchError
 from core.services import generate_token, token_digest
-from peers.identity import identity_get
 from peers.models import PairingOffer, Peer
 from peers.pairing import BAD_CODE, CODE_ALPHABET, offer_create
+from peers.services.identity import identity_get
 from tests.peers.conftest import new_key_pair
 
 # The claim route is an async view: its queries run on another thread, so the database is real.

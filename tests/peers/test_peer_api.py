@@ -14,8 +14,8 @@ from django.test import Client
 
 from agents import services as agent_services
 from agents.models import Agent, AgentMessage, Run
-from peers import services as peer_services
 from peers.models import Peer, PeerReceipt, new_idempotency_key
+from peers.services import incoming as peer_services
 from tests.agents.conftest import Api, error_of, force_status
 from tests.peers.conftest import FakePeer
 from tests.peers.signing import json_body, peer_get, peer_post, signed_headers

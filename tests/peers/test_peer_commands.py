@@ -10,8 +10,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import CommandError, call_command
 
-from peers.identity import identity_get
 from peers.models import PairingOffer
+from peers.services.identity import identity_get
 
 CODE = re.compile(r"^code: ([BCDFGHJKLMNPQRSTVWXZ]{4}-[BCDFGHJKLMNPQRSTVWXZ]{4})$", re.MULTILINE)
 

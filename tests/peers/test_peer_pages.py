@@ -11,8 +11,8 @@ from django.test import Client
 from django.utils import timezone
 
 from agents.models import Agent, AgentMessage
-from peers.identity import identity_get
 from peers.models import OutboxMessage, PairingOffer, Peer
+from peers.services.identity import identity_get
 from tests.infra import instance
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the link view is async

@@ -29,7 +29,7 @@ from peers.client import PeerClient
 from peers.models import OutboxMessage
 from peers.outbox import outbox_drain_once
 from peers.remote_launch import location_resolve, peer_address_parse
-from peers.shadows import shadow_upsert
+from peers.services.shadows import shadow_upsert
 from tests.agents.conftest import Api, error_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -98,8 +98,12 @@ def launcher(owner: Any, tmp_path: Any) -> Agent:
     return agent_create(owner=owner, type="expert", name="lead", cwd=str(tmp_path))
 
 
+async def atools(user: Any, caller: Agent | None) -> dict[str, Any]:
+    return {tool.name: tool for tool in await agent_tools(user=user, caller_agent=caller)}
+
+
 def tools(user: Any, caller: Agent | None) -> dict[str, Any]:
-    return {tool.name: tool for tool in agent_tools(user=user, caller_agent=caller)}
+    return async_to_sync(atools)(user, caller)
 
 
 # --- locations ---------------------------------------------------------------------------------
@@ -145,7 +149,7 @@ async def test_launching_on_a_peer_creates_a_shadow_seeded_from_the_answer(
     owner: Any, cloud: Any, launcher: Agent, fake: FakePeerApi
 ) -> None:
     arguments = {"name": "far", "prompt": "build it", "type": "claude", "cwd": "/srv/repos/app", "location": "cloud"}
-    launched = await tools(owner, launcher)["dispatch_launch_agent"](arguments)
+    launched = await (await atools(owner, launcher))["dispatch_launch_agent"](arguments)
 
     [body] = fake.bodies("/api/v1/peers/launch")
     request = next(r for r in fake.requests if r.url.path == "/api/v1/peers/launch")
@@ -168,7 +172,7 @@ async def test_a_launch_without_child_records_the_launcher_but_no_parent(
     owner: Any, cloud: Any, launcher: Agent, fake: FakePeerApi
 ) -> None:
     arguments = {"name": "far", "prompt": "", "cwd": "/srv/repos/app", "location": "Cloud", "child": False}
-    launched = await tools(owner, launcher)["dispatch_launch_agent"](arguments)
+    launched = await (await atools(owner, launcher))["dispatch_launch_agent"](arguments)
     shadow = await database_sync_to_async(Agent.objects.get)(pk=launched["id"])
     assert (shadow.parent_id, shadow.launched_by_id) == (None, launcher.pk)
     assert "type" not in fake.bodies("/api/v1/peers/launch")[0]
@@ -181,7 +185,7 @@ async def test_a_shadow_the_mirror_created_first_keeps_the_mirrors_status(
         peer=cloud, peer_agent_id=REMOTE_ID, name="far", type="claude", status="running", seen_at=timezone.now()
     )
     arguments = {"name": "far", "prompt": "", "cwd": "/srv/repos/app", "location": "cloud"}
-    launched = await tools(owner, launcher)["dispatch_launch_agent"](arguments)
+    launched = await (await atools(owner, launcher))["dispatch_launch_agent"](arguments)
     assert launched["id"] == early.pk
     shadow = await database_sync_to_async(Agent.objects.get)(pk=early.pk)
     assert shadow.status == "running" and shadow.launched_by_id == launcher.pk
@@ -209,7 +213,7 @@ async def test_the_peers_refusal_comes_back_with_its_code(
     fake.launch_answer = (403, {"error": {"code": "CAPABILITY_NOT_GRANTED", "message": message, "details": {}}})
     arguments = {"name": "far", "prompt": "", "cwd": "/srv/repos/app", "location": "cloud"}
     with pytest.raises(DispatchError) as refused:
-        await tools(owner, launcher)["dispatch_launch_agent"](arguments)
+        await (await atools(owner, launcher))["dispatch_launch_agent"](arguments)
     assert refused.value.code == "CAPABILITY_NOT_GRANTED" and message in refused.value.message
     assert not await database_sync_to_async(Agent.objects.filter(peer=cloud).exists)()
 
@@ -218,7 +222,7 @@ async def test_an_unreachable_peer_is_a_remote_error(owner: Any, launcher: Agent
     await database_sync_to_async(make_peer)(owner, label="Dark", url="http://127.0.0.1:9")
     arguments = {"name": "far", "prompt": "", "cwd": "/srv/repos/app", "location": "dark"}
     with pytest.raises(DispatchError) as refused:
-        await tools(owner, launcher)["dispatch_launch_agent"](arguments)
+        await (await atools(owner, launcher))["dispatch_launch_agent"](arguments)
     assert refused.value.code == "REMOTE_ERROR" and "could not be reached" in refused.value.message
 
 
@@ -240,7 +244,8 @@ def test_the_launch_description_lists_linked_instances_with_their_flags(owner: A
 async def test_the_description_is_built_from_async_code_too(owner: Any, make_peer: Any) -> None:
     await database_sync_to_async(make_peer)(owner, label="Cloud", instance_id="inst_00000000aaaa")
     assert (
-        "Cloud (inst_00000000aaaa, not responding recently)" in tools(owner, None)["dispatch_launch_agent"].description
+        "Cloud (inst_00000000aaaa, not responding recently)"
+        in (await atools(owner, None))["dispatch_launch_agent"].description
     )
 
 
@@ -253,7 +258,7 @@ async def test_a_peer_address_is_recognised_by_shape(
     local = await database_sync_to_async(agent_create)(
         owner=owner, type="expert", name="fix: sse race", cwd=str(tmp_path)
     )
-    send = tools(owner, launcher)["dispatch_send_message"]
+    send = (await atools(owner, launcher))["dispatch_send_message"]
 
     by_label = await send({"target": f"cloud:{REMOTE_ID}", "message": "hi"})
     by_id = await send({"target": f"{cloud.instance_id.upper()}:{REMOTE_ID}", "message": "again"})
@@ -276,7 +281,7 @@ async def test_a_shadow_agent_as_target_goes_to_its_peer(owner: Any, cloud: Any,
     shadow = await database_sync_to_async(shadow_upsert)(
         peer=cloud, peer_agent_id=REMOTE_ID, name="far", type="claude", status="running", seen_at=timezone.now()
     )
-    sent = await tools(owner, launcher)["dispatch_send_message"]({"target": shadow.pk, "message": "hello"})
+    sent = await (await atools(owner, launcher))["dispatch_send_message"]({"target": shadow.pk, "message": "hello"})
     assert sent["recipient"] == shadow.pk and sent["remote_agent_id"] == REMOTE_ID
     row = await database_sync_to_async(OutboxMessage.objects.get)(message_id=sent["message_id"])
     assert row.to_agent_id == REMOTE_ID and row.peer_id == cloud.pk
@@ -285,7 +290,7 @@ async def test_a_shadow_agent_as_target_goes_to_its_peer(owner: Any, cloud: Any,
 async def test_message_status_follows_a_cross_instance_message(
     owner: Any, cloud: Any, launcher: Agent, fake: FakePeerApi, reported: Agent
 ) -> None:
-    agent_tools_now = tools(owner, launcher)
+    agent_tools_now = await atools(owner, launcher)
     sent = await agent_tools_now["dispatch_send_message"]({"target": f"Cloud:{REMOTE_ID}", "message": "hello"})
     queued = await agent_tools_now["message_status"]({"message_id": sent["message_id"]})
     assert (queued["status"], queued["peer"], queued["attempts"]) == ("queued", "Cloud", 0)
@@ -392,3 +397,22 @@ def test_the_shadows_own_id_is_understood_as_its_agent_there(
     )
     assert sent.recipient_agent_id == reported.pk
     assert OutboxMessage.objects.get(message=sent).to_agent_id == REMOTE_ID
+
+
+@pytest.mark.parametrize("gone", ["revoked", "deleted"])
+async def test_a_message_to_a_shadow_whose_link_is_gone_is_refused_alike_by_rest_and_tools(
+    api: Api, owner: Any, shadow: Agent, cloud: Any, gone: str
+) -> None:
+    """One decision (``selectors.shadow_link_for_message``): a revoked link is a removed one."""
+    if gone == "revoked":
+        cloud.revoked_at = timezone.now()
+        await database_sync_to_async(cloud.save)()
+    else:
+        await database_sync_to_async(cloud.delete)()
+    response = await database_sync_to_async(api.post)(f"/api/v1/agents/{shadow.pk}/messages", {"content": "hi"})
+    assert response.status_code == 400 and error_of(response)["code"] == "INVALID_REQUEST"
+    assert "belongs to a link that was removed" in error_of(response)["message"]
+    send = (await atools(owner, None))["dispatch_send_message"]
+    with pytest.raises(InvalidRequest, match="belongs to a link that was removed"):
+        await send({"target": shadow.pk, "message": "hi"})
+    assert not await database_sync_to_async(OutboxMessage.objects.exists)()

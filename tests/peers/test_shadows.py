@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 
 from agents.models import Agent, AgentEvent
-from peers.shadows import (
+from peers.services.shadows import (
     shadow_apply_frame,
     shadow_upsert,
     shadows_apply_snapshot,

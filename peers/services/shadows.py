@@ -1,4 +1,4 @@
-"""Shadow agents: local rows mirroring a peer's agents (spec/peers.md §7, agents.md §1).
+"""Shadow agents: local rows mirroring a peer's agents (spec/peers.md §6-7, agents.md §1).
 
 A shadow is an ``Agent`` with ``peer`` set and ``peer_agent_id`` = the agent's id on the
 peer, owned by the link's local user (``peer.owner``). Shadows take whatever known
@@ -6,9 +6,11 @@ status their peer reports: their status is written here directly, bypassing the 
 transition table (``agents.services.TRANSITIONS``), and every change is
 announced as ``agent.upsert`` on the owner's live-events group after commit.
 
-Frames come from the peer's ``GET /api/v1/peers/events`` (``peers.stream``): each agent
-is ``{id, name, type, status, parent_id, launched_by, updated_at}`` plus, when the peer
-shares events, ``latest_event: {type, message, created_at} | null``.
+Frames come from the peer's ``GET /api/v1/peers/events`` (``peers.stream``, applied by
+``peers.mirror``): each agent is ``{id, name, type, status, parent_id, launched_by,
+updated_at}`` plus, when the peer shares events, ``latest_event: {type, message,
+created_at} | null``. A shadow this instance launched is recorded by
+``shadow_record_launch``; a forwarded stop or archive settles it (``shadow_settle``).
 """
 
 from __future__ import annotations
@@ -251,3 +253,64 @@ def shadows_stop_for_unlink(*, peer: Peer) -> int:
     for shadow in shadows:
         _set_status(shadow, Status.STOPPED, f"the link to {peer.label} was removed; this agent is no longer mirrored")
     return len(shadows)
+
+
+# --- a shadow this instance launched or forwarded to its peer (spec §6, agents.md §5) -----------
+
+
+@transaction.atomic
+def shadow_record_launch(
+    *,
+    peer: Peer,
+    peer_agent_id: str,
+    name: str,
+    type: str,
+    status: str,
+    cwd: str,
+    launched_by: Agent | None,
+    child: bool,
+) -> Agent:
+    """The shadow of an agent just launched on ``peer`` (spec §6): created with the status of
+    the launch answer (``shadow_upsert``), or — when the mirror created it
+    first — left at the mirror's status; either way ``cwd``, ``launched_by`` (always) and
+    ``parent`` (= the launcher when ``child``) are set. Owned by ``peer.owner``.
+    Raises ``ValueError`` for an unknown status or a bad id (nothing written).
+    """
+    existing = Agent.objects.select_for_update().filter(peer=peer, peer_agent_id=peer_agent_id).first()
+    if existing is None:
+        existing = shadow_upsert(
+            peer=peer, peer_agent_id=peer_agent_id, name=name, type=type, status=status, seen_at=timezone.now()
+        )
+    existing.cwd = cwd[:4096]
+    existing.launched_by = launched_by
+    fields = ["cwd", "launched_by", "updated_at"]
+    if child and launched_by is not None:
+        existing.parent = launched_by
+        fields.append("parent")
+    if type and existing.type in ("", "unknown"):
+        existing.type = type[:40]
+        fields.append("type")
+    existing.updated_at = timezone.now()
+    existing.save(update_fields=fields)
+    agent_event_record(
+        agent=existing,
+        type=AgentEvent.Type.SYSTEM,
+        message=f"launched on {peer.label} as {peer_agent_id}",
+        metadata={"peer": peer.label, "peer_agent_id": peer_agent_id},
+    )
+    return Agent.objects.select_related("owner", "peer").get(pk=existing.pk)
+
+
+@transaction.atomic
+def shadow_settle(*, agent_id: str, status: str, note: str) -> Agent:
+    """Set a shadow's status directly (shadows take what their peer reports; no transition
+    table) with a ``system`` event ``note``; archiving also announces ``agent.deleted``."""
+    shadow = Agent.objects.select_for_update().get(pk=agent_id)
+    if shadow.status != status:
+        shadow.status = status
+        shadow.updated_at = timezone.now()
+        shadow.save(update_fields=["status", "updated_at"])
+    agent_event_record(agent=shadow, type=AgentEvent.Type.SYSTEM, message=note)
+    if status == Agent.Status.ARCHIVED:
+        publish_on_commit(user_id=shadow.owner_id, event="agent.deleted", data={"id": shadow.pk})
+    return Agent.objects.select_related("owner", "peer").get(pk=agent_id)

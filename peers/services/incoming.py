@@ -1,4 +1,5 @@
-"""Writes the peer API makes on this instance for a linked peer (spec/peers.md §5).
+"""Writes the peer API makes on this instance for a linked peer (spec/peers.md §5), through
+the agents app's services (``agents.lifecycle``, ``agents.messages``).
 
 Everything here acts as the link's user (``peer.owner``, spec §1 "Who a link acts as"):
 agents a peer launches are owned by them, messages reach only their local agents, and a
@@ -15,15 +16,15 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from agents import api as agents_api
-from agents import launching, messages
+from agents import lifecycle, messages
 from agents import services as agent_services
+from agents.launching import default_launch_type
 from agents.models import Agent, AgentEvent, AgentMessage
+from agents.selectors import is_shadow
 from agents.serializers import agent_data
-from agents.tools import default_launch_type
 from core.errors import DispatchError, InvalidRequest, NotFound
-from peers import receipts
 from peers.models import Peer
+from peers.services import receipts
 
 # Capability flag → the refusal's message (spec §3: each route checks its own flag).
 CAPABILITY_MESSAGES: dict[str, str] = {
@@ -172,9 +173,9 @@ def peer_launch_here(*, peer: Peer, body: dict[str, Any]) -> Agent:
     ``llm``, else ``expert``). ``cwd`` as ``launch_cwd_resolve``. ``child`` is accepted
     and has no effect here (the parent lives on the peer, as the shadow's parent). The
     agent is owned by ``peer.owner`` and records ``launched_by_peer``; an ``llm``-kind
-    agent's prompt starts with ``launch_preamble`` (a ``shell`` agent is meant to get it
-    in ``DISPATCH_LAUNCH_CONTEXT``, which needs ``cli.agent_launch`` to take extra
-    environment — not available yet, so a shell agent gets the prompt alone).
+    agent's prompt starts with ``launch_preamble``; a ``shell`` agent gets the prompt alone
+    and the preamble in ``DISPATCH_LAUNCH_CONTEXT`` (its session reads ``launched_by_peer``
+    through ``agents.hooks.linked().launch_context``).
     Raises ``InvalidRequest`` / ``PATH_OUTSIDE_ALLOWED_ROOT`` (400, bad body, unknown or
     unavailable type, cwd outside the roots), ``CAPABILITY_NOT_GRANTED`` (403,
     ``full_access`` without ``allow_full_access``).
@@ -195,7 +196,7 @@ def peer_launch_here(*, peer: Peer, body: dict[str, Any]) -> Agent:
     # The agent is created with its launched_by_peer (a shell agent's session reads it for
     # DISPATCH_LAUNCH_CONTEXT); a CLI launch is not in a transaction (its tmux session
     # outlives the request).
-    agent = launching.agent_launch_any(
+    agent = lifecycle.agent_launch_any(
         owner=peer.owner,
         type=type,
         name=name,
@@ -257,7 +258,7 @@ def peer_message_here(*, peer: Peer, body: dict[str, Any], idempotency_key: str)
     recipient = Agent.objects.select_for_update().filter(pk=to_agent_id, owner=peer.owner).first()
     if recipient is None:
         raise _undeliverable(to_agent_id, "no such agent")
-    if recipient.peer_id is not None or recipient.peer_agent_id:
+    if is_shadow(recipient):
         raise _undeliverable(to_agent_id, "it is a shadow agent")
     accepting = {Agent.Status.RUNNING} if recipient.type == agent_services.EXPERT else messages.CLI_ACCEPTING
     if recipient.status not in accepting:
@@ -289,22 +290,22 @@ def peer_launched_agent(*, peer: Peer, agent_id: Any) -> Agent:
 
 
 def peer_agent_stop(*, peer: Peer, agent_id: str) -> Agent:
-    """Stop an agent ``peer`` launched here (spec §5; ``agents_api.agent_stop_any``).
+    """Stop an agent ``peer`` launched here (spec §5; ``lifecycle.agent_stop_any``).
 
     Raises ``NotFound`` (404) for any other agent and ``DispatchError("CONFLICT")`` (409)
     when it cannot stop from its status (already stopped, archived).
     """
     agent = peer_launched_agent(peer=peer, agent_id=agent_id)
-    return agents_api.agent_stop_any(agent=agent)
+    return lifecycle.agent_stop_any(agent=agent)
 
 
 def peer_agent_archive(*, peer: Peer, agent_id: str) -> Agent:
-    """Archive an agent ``peer`` launched here (idempotent; ``agents_api.agent_archive_any``).
+    """Archive an agent ``peer`` launched here (idempotent; ``lifecycle.agent_archive_any``).
 
     Raises ``NotFound`` (404) for any other agent.
     """
     agent = peer_launched_agent(peer=peer, agent_id=agent_id)
-    return agents_api.agent_archive_any(agent=agent)
+    return lifecycle.agent_archive_any(agent=agent)
 
 
 def peer_message_deliver(*, peer: Peer, idempotency_key: str, body: dict[str, Any]) -> receipts.Answer:

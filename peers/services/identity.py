@@ -1,0 +1,48 @@
+"""This instance's key pair for peers (spec/peers.md §1), created on first use.
+
+The pair is kept in the ``InstanceIdentity`` row: the raw public key as base64url without
+padding, the raw private key encrypted at rest (``core.secrets_at_rest``).
+"""
+
+from __future__ import annotations
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
+from django.conf import settings
+from django.db import transaction
+
+from core import secrets_at_rest
+from core.models import InstanceIdentity
+from core.services import instance_identity_get
+from peers.identity import Identity, b64url, fingerprint_of
+
+
+@transaction.atomic
+def _key_pair_ensure() -> InstanceIdentity:
+    row = InstanceIdentity.objects.select_for_update().get(pk=instance_identity_get().pk)
+    if not row.public_key or not row.private_key_encrypted:
+        private = Ed25519PrivateKey.generate()
+        raw_private = private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+        raw_public = private.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+        row.public_key = b64url(raw_public)
+        row.private_key_encrypted = secrets_at_rest.encrypt(raw_private)
+        row.save(update_fields=["public_key", "private_key_encrypted"])
+    return row
+
+
+def identity_get() -> Identity:
+    """This instance's identity, creating its key pair on first use.
+
+    Raises ``secrets_at_rest.SecretUnreadable`` when the stored private key cannot be
+    decrypted (``DISPATCH_ENCRYPTION_KEYS`` changed without keeping the old key).
+    """
+    row = _key_pair_ensure()
+    private = Ed25519PrivateKey.from_private_bytes(secrets_at_rest.decrypt(row.private_key_encrypted))
+    return Identity(
+        instance_id=row.instance_id,
+        name=row.display_name,
+        url=settings.PUBLIC_URL,
+        public_key=row.public_key,
+        fingerprint=fingerprint_of(row.public_key),
+        private_key=private,
+    )
