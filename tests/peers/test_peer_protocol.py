@@ -13,7 +13,6 @@ from pydantic import ValidationError
 from agents.messages import MAX_MESSAGE_LENGTH
 from core.errors import InvalidRequest
 from core.validation import parse_plain
-from peers import services
 from peers.protocol import (
     PEER_INSTANCE_ID,
     ClaimBody,
@@ -23,6 +22,7 @@ from peers.protocol import (
     OfferBody,
     PeerUpdateBody,
 )
+from peers.services import incoming as services
 
 pytestmark = pytest.mark.django_db
 
