@@ -74,8 +74,6 @@ class Tool:
                 raise
             raise InvalidRequest(cap(exc.message, self.refusal_max), exc.details) from None
 
-    run = __call__  # ``tools[name].run(arguments)`` reads better where a tool is looked up
-
     def _check(self, arguments: dict[str, Any]) -> None:
         error = best_match(Draft202012Validator(self.parameters).iter_errors(arguments))
         if error is None:

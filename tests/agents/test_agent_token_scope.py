@@ -469,7 +469,7 @@ def test_an_agent_token_gets_what_its_scope_says_from_every_mcp_tool(world: Worl
 
     async def call() -> Any:
         tools = await tools_for(user=world.owner, caller_agent=world.me)
-        return await asyncio.wait_for(tools[row.tool].run(row.arguments(world)), 10)
+        return await asyncio.wait_for(tools[row.tool](row.arguments(world)), 10)
 
     try:
         value, code, message = async_to_sync(call)(), None, ""
