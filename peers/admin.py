@@ -23,6 +23,7 @@ from django.urls import URLPattern, path, reverse
 from core.errors import DispatchError
 from peers import pairing
 from peers.models import OutboxMessage, PairingOffer, Peer, PeerLease, PeerReceipt
+from peers.services.outbox import outbox_discard, outbox_retry
 
 
 class LiveFilter(admin.SimpleListFilter):
@@ -194,8 +195,6 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
     actions = ["retry", "discard"]
 
     def _apply(self, request: HttpRequest, queryset: QuerySet[OutboxMessage], action: str) -> None:
-        from peers.outbox import outbox_discard, outbox_retry
-
         user = request.user
         assert isinstance(user, User)
         service = outbox_retry if action == "retry" else outbox_discard

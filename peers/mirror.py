@@ -13,7 +13,7 @@ A subscriber (``subscribe_peer``) opens ``GET /api/v1/peers/events`` with
 peer that vanished without closing the connection is noticed) and applies each frame
 through ``peers.shadows``: ``snapshot`` → upsert every agent, reap the unlisted, clear
 ``stale``; ``agent.upsert`` → upsert one. On each snapshot it stamps ``last_seen_at``
-and tells the outbox the peer is back (``peers.outbox.outbox_backoff_reset``, which
+and tells the outbox the peer is back (``peers.services.outbox.outbox_backoff_reset``, which
 also rings the drain doorbell); while connected ``last_seen_at`` is
 stamped at most once per ``LAST_SEEN_INTERVAL``. When the stream drops, the peer's
 shadows become stale (``shadows_mark_stale``) and it reconnects after
@@ -48,10 +48,10 @@ from core.realtime import (
     ring_on_commit,
 )
 from peers.models import Peer
-from peers.outbox import outbox_backoff_reset
 from peers.pairing import peer_mark_unlinked_by_peer
 from peers.services import shadows
 from peers.services.leases import peer_lease_claim, peer_lease_release
+from peers.services.outbox import outbox_backoff_reset
 
 logger = logging.getLogger(__name__)
 
@@ -135,9 +135,9 @@ def _stamp_last_seen(peer_id: int) -> None:
 def peer_reconnected(peer: Peer) -> None:
     """A peer's stream (re)connected: stamp ``last_seen_at``, make its queued outbox rows
     due now with their backoff forgotten and ring the drain doorbell
-    (``peers.outbox.outbox_backoff_reset``; spec §8 "reset when the peer's stream reconnects")."""
+    (``peers.services.outbox.outbox_backoff_reset``; spec §8 "reset when the peer's stream reconnects")."""
     _stamp_last_seen(peer.pk)
-    outbox_backoff_reset(peer)
+    outbox_backoff_reset(peer=peer)
 
 
 def apply_event(peer: Peer, event: str, data: str) -> bool:

@@ -41,11 +41,11 @@ from core.errors import DispatchError, InvalidRequest, NotFound
 from peers.client import PeerClient, PeerUnreachable
 from peers.mirror import mirror_resnapshot
 from peers.models import OutboxMessage, Peer, new_idempotency_key
-from peers.outbox import outbox_enqueue
 from peers.selectors import peer_resolve_location, peers_by_label_for, peers_for
 from peers.services import shadows
 from peers.services.identity import identity_get
 from peers.services.incoming import launch_preamble
+from peers.services.outbox import outbox_enqueue
 
 logger = logging.getLogger(__name__)
 

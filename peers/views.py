@@ -32,6 +32,7 @@ from peers import pairing
 from peers.models import OutboxMessage, Peer
 from peers.selectors import outbox_counts, outbox_rows_for, peers_for
 from peers.services.identity import identity_get
+from peers.services.outbox import outbox_discard, outbox_retry
 
 SWITCHES = (
     ("allow_launch", "Launch agents here"),
@@ -219,8 +220,6 @@ def outbox_action(request: HttpRequest, outbox_id: int, action: str) -> HttpResp
     """``POST /peers/outbox/<id>/retry|discard`` (spec §8: operators retry or discard rows)."""
     assert isinstance(request.user, User)
     try:
-        from peers.outbox import outbox_discard, outbox_retry
-
         row: OutboxMessage = (outbox_retry if action == "retry" else outbox_discard)(
             user=request.user, outbox_id=outbox_id
         )
