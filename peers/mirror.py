@@ -51,10 +51,10 @@ from core.realtime import (
     ring_on_commit,
 )
 from peers.models import Peer
-from peers.pairing import peer_mark_unlinked_by_peer
 from peers.services import shadows
 from peers.services.leases import subscribe_lease_claim, subscribe_lease_release
 from peers.services.links import peer_reconnected, peer_seen_stamp
+from peers.services.pairing import peer_mark_unlinked_by_peer
 
 logger = logging.getLogger(__name__)
 
