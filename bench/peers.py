@@ -172,7 +172,7 @@ def dump_outbox(output: Path, *, prefix: str) -> None:
 
 def enqueue(output: Path, *, label: str, agent_id: str, count: int, prefix: str, holder: str = "") -> None:
     """In a child with A's settings: ``count`` messages from A's admin to agent ``agent_id``
-    on peer ``label`` through the service (``peers.remote_launch.peer_message_send``: message
+    on peer ``label`` through the service (``peers.services.outgoing.peer_message_send``: message
     and outbox row in one transaction). The doorbell rings in this process only, so A's
     server is not woken. With ``holder``, the peer's drain lease is first taken for 10
     minutes in that name (waiting up to 60 s for A's server to release it), so A's own drain
@@ -181,8 +181,8 @@ def enqueue(output: Path, *, label: str, agent_id: str, count: int, prefix: str,
     from datetime import timedelta
 
     from peers.models import Peer
-    from peers.remote_launch import peer_message_send
     from peers.services.leases import drain_lease_claim
+    from peers.services.outgoing import peer_message_send
 
     peer = Peer.objects.select_related("owner").get(label=label, revoked_at__isnull=True)
     if holder:

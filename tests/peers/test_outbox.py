@@ -29,9 +29,9 @@ from peers import outbox
 from peers.client import PeerClient
 from peers.models import OutboxMessage, PeerLease, PeerReceipt
 from peers.outbox import outbox_drain_once, outbox_drain_peer
-from peers.remote_launch import peer_message_send
 from peers.services import outbox as outbox_services
 from peers.services.outbox import backoff_delay, outbox_backoff_reset, outbox_discard, outbox_purge, outbox_retry
+from peers.services.outgoing import peer_message_send
 from peers.services.shadows import shadow_upsert
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -14,8 +14,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
 PEERS = ROOT / "peers"
 ORM_WRITES = frozenset(
@@ -68,7 +66,6 @@ def test_the_checker_sees_writes_however_they_are_spelled() -> None:
     ]
 
 
-@pytest.mark.xfail(strict=True, reason="39 writes are still in outbox, pairing, mirror and remote_launch")
 def test_no_peers_module_outside_services_writes() -> None:
     modules = modules_outside_services()
     names = {path.relative_to(ROOT).as_posix() for path in modules}
