@@ -5,9 +5,8 @@ peers every ``RESCAN_SECONDS`` and whenever its doorbell group ``peers.mirror`` 
 (``mirror_rescan``, ``mirror_resnapshot``), and runs one subscriber task per peer whose
 ``PeerLease`` of kind ``subscribe`` this process holds (so only one process subscribes to
 a given peer; the lease, ``peers.services.leases.subscribe_lease_claim``, lasts three
-minutes and is renewed on every scan). A
-subscriber is restarted when the peer's url or outbound token changes, and stopped when
-the peer is revoked.
+minutes and is renewed on every scan). A subscriber is restarted when the peer's url or
+outbound token changes, and stopped when the peer is revoked.
 
 A subscriber (``subscribe_peer``) opens ``GET /api/v1/peers/events`` with
 ``peers.client.PeerClient.stream_events`` (read timeout ``READ_TIMEOUT`` seconds, so a
@@ -16,9 +15,9 @@ through ``peers.services.shadows``: ``snapshot`` → upsert every agent, reap th
 clear ``stale``; ``agent.upsert`` → upsert one. On the first snapshot of a connection it
 stamps ``last_seen_at`` and tells the outbox the peer is back
 (``peers.services.links.peer_reconnected``, which also rings the drain doorbell); while
-connected ``last_seen_at`` is stamped at most once per ``LAST_SEEN_INTERVAL``. When the stream drops, the peer's
-shadows become stale (``shadows_mark_stale``) and it reconnects after
-``BACKOFF_BASE`` × 2^n seconds (max ``BACKOFF_MAX``, ±20 % jitter). ``DISPATCH_PEER_BACKOFF_SCALE``
+connected ``last_seen_at`` is stamped at most once per ``LAST_SEEN_INTERVAL``. When the
+stream drops, the peer's shadows become stale (``shadows_mark_stale``) and it reconnects
+after ``BACKOFF_BASE`` × 2^n seconds (max ``BACKOFF_MAX``, ±20 % jitter). ``DISPATCH_PEER_BACKOFF_SCALE``
 (environment, a float, default 1) scales these waits — for tests only.
 
 Every write is a service (``peers.services``: shadows, links, leases, pairing); this module
