@@ -2,9 +2,10 @@
 
 Peers: list, filters, search; hashes and prefixes read-only (the encrypted outbound token
 is never shown); label and capability edits through ``links.peer_admin_update``;
-actions "revoke peer" (``pairing.peer_revoke_admin``) and "rotate credentials". The Peer list links to a pairing page
-(``admin/peers/peer/pairing/``) that makes an offer and shows its code, and links with
-a code (the form posts to the async ``/peers/link`` view, which comes back here).
+actions "revoke peer" (``pairing.peer_revoke_admin``) and "rotate credentials". The Peer
+list links to a pairing page (``admin/peers/peer/pairing/``) that makes an offer and shows
+its code, and links with a code (the form posts to the async ``/peers/link`` view, which
+comes back here).
 Pairing offers, receipts and leases are read-only; outbox rows have retry and discard.
 """
 

@@ -7,9 +7,8 @@
    message), "calls itself X", badges both ways, URL, last seen, outbox counts with
    retry / discard, unlink.
 
-Views translate forms into ``peers.services`` (and ``peers.pairing``'s exchanges) and render;
-they hold no rules.
-Linking waits on the other instance, so it is an async view (never the shared sync thread).
+Views translate forms into ``peers.services`` (and ``peers.pairing``'s exchanges) and
+render; they hold no rules. Linking waits on the other instance, so it is an async view (never the shared sync thread).
 """
 
 from __future__ import annotations
