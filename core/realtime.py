@@ -10,7 +10,7 @@ this module is the only one that calls ``group_send`` or ``receive`` on it:
   listens polls anyway. Each doorbell's group name lives in the module that owns it
   (``core.revocation.DOORBELL_GROUP``, ``core.tool_changes.tools_group``,
   ``agents.messages.doorbell_group``, ``agents.services.user_events_group``,
-  ``peers.outbox.DOORBELL_GROUP``); the one a lower module rings for a higher one is here
+  ``peers.services.outbox.DOORBELL_GROUP``); the one a lower module rings for a higher one is here
   (``PEERS_MIRROR_GROUP``: pairing rings the mirroring loop).
 - **Listening** — a ``Subscription`` is one channel of this process in some groups, read
   by **one long-lived receive task** that hands each message to ``wait(timeout)``. A
@@ -56,7 +56,7 @@ logger = logging.getLogger(__name__)
 BACKOFF_JITTER = 0.2  # ± this fraction of a backoff delay, drawn at random
 LEAVE_TIMEOUT = 5.0  # seconds ``Subscription.close`` waits to leave its groups
 PEERS_MIRROR_GROUP = "peers.mirror"
-"""The mirroring loop's doorbell (``peers.mirror``), rung by ``peers.pairing`` (below it)
+"""The mirroring loop's doorbell (``peers.mirror``), rung by ``peers.services.pairing`` (below it)
 after a link changes: ``{"type": MIRROR_RESCAN}``, or ``{"type": MIRROR_RESNAPSHOT,
 "peer_id": <int>}`` to restart one peer's stream."""
 MIRROR_RESCAN = "mirror.rescan"
