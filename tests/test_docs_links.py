@@ -7,7 +7,8 @@
 - a Markdown file named in a code span (``sessions-and-remotes.md``) exists in the
   repository, next to the document or from its root;
 - nothing points at the product specification (``shared/spec/``), which lives beside the
-  repository, not in it.
+  repository, not in it;
+- ``docs/operating.md`` names every setting ``dispatch/settings.py`` reads.
 
 Links inside fenced code blocks and code spans are not links; ``http(s)://`` and
 ``mailto:`` links are not checked (no network in a unit test).
@@ -15,6 +16,7 @@ Links inside fenced code blocks and code spans are not links; ``http(s)://`` and
 
 from __future__ import annotations
 
+import ast
 import re
 import unicodedata
 from pathlib import Path
@@ -155,6 +157,31 @@ def test_nothing_points_at_the_specification_outside_the_repository(document: Pa
 def test_the_readme_links_to_the_user_documentation() -> None:
     targets = {target.partition("#")[0] for _, target in links(ROOT / "README.md")}
     assert "docs/README.md" in targets, "README.md should link to the documentation index, docs/README.md"
+
+
+def settings_read() -> set[str]:
+    """The environment variables ``dispatch/settings.py`` reads through ``core.conf``'s
+    ``env_*`` helpers (their first argument)."""
+    tree = ast.parse((ROOT / "dispatch" / "settings.py").read_text(encoding="utf-8"))
+    return {
+        node.args[0].value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id.startswith("env_")
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    }
+
+
+def test_the_operating_guide_names_every_setting() -> None:
+    text = (ROOT / "docs" / "operating.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`([A-Z][A-Z0-9_]+)`", text))
+    read = settings_read()
+    assert len(read) > 30, read
+    missing = sorted(read - named)
+    assert missing == [], f"docs/operating.md does not describe these settings: {missing}"
 
 
 # --- the checker itself -------------------------------------------------------------------------
