@@ -28,13 +28,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from machines.shim.audit import AuditLog
-from machines.shim.connection import Shim, ShimRefused, websocket_url
-from machines.shim.jail import PathJail
-from machines.shim.login import LoginError, device_login
-from machines.shim.operations import MachineIdentity
-from machines.shim.protocol import SESSION_ID_PATTERN, Capability
-from machines.shim.state import ConfigError, StateError, StateStore, load_config
+from .audit import AuditLog
+from .connection import Shim, ShimRefused, websocket_url
+from .jail import PathJail
+from .login import LoginError, device_login
+from .operations import MachineIdentity
+from .protocol import SESSION_ID_PATTERN, Capability
+from .state import ConfigError, StateError, StateStore, load_config
 
 TOKEN_ENV = "DISPATCH_SHIM_TOKEN"
 """Environment variable holding a token for headless ``run`` (§8)."""

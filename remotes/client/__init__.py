@@ -6,9 +6,9 @@ Imports nothing from Django; depends on ``websockets``, ``pydantic`` and
 
 from __future__ import annotations
 
-from remotes.client.remote import Remote, RemoteDisconnected
-from remotes.client.schema import function_spec
-from remotes.client.session import (
+from .remote import Remote, RemoteDisconnected
+from .schema import function_spec
+from .session import (
     AuthenticationError,
     MessageTooLarge,
     RemoteCallError,

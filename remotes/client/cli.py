@@ -25,8 +25,8 @@ from typing import Any
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from remotes.client.remote import Remote, RemoteDisconnected
-from remotes.client.session import AuthenticationError, RemoteCallError, Session
+from .remote import Remote, RemoteDisconnected
+from .session import AuthenticationError, RemoteCallError, Session
 
 DEFAULT_URL = "ws://127.0.0.1:8000/ws"
 SERVER_CALL_TIMEOUT_MAX = 300.0

@@ -15,8 +15,8 @@ import pydantic
 from pydantic_core import to_jsonable_python
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from remotes.client.schema import function_spec
-from remotes.client.session import (
+from .schema import function_spec
+from .session import (
     AuthenticationError,
     MessageTooLarge,
     RemoteCallError,
