@@ -7,7 +7,7 @@ PORT   ?= 8000
 PYTEST_ARGS ?=
 CLIENTS := tests/clients
 
-.PHONY: run test lint bench venv dev clean
+.PHONY: run test lint bench venv dev dist clean
 
 $(VENV)/bin/python:
 	@$(PYTHON) -m venv $(VENV) || { echo "Could not create a virtualenv: install Python's venv module (Debian/Ubuntu: apt-get install python3-venv)"; exit 1; }
@@ -61,6 +61,20 @@ bench: dev
 	$(PY) bench/machines.py
 	$(PY) bench/agents.py
 	$(PY) bench/peers.py
+
+## dist: build the installable clients into dist/ with `python -m build` (each wheel built
+##       from its sdist): dispatch_shim-<version>-py3-none-any.whl (the `dispatch-shim`
+##       command) and dispatch_remote-<version>-py3-none-any.whl (`from dispatch_remote
+##       import Remote`, the `dispatch-remote` command), plus their .tar.gz sdists. They are
+##       built from machines/shim/ and remotes/client/ as they are (each folder's
+##       pyproject.toml); the version of both is SHIM_VERSION in machines/shim/protocol.py.
+##       Needs only `build` (pinned in requirements-dev.txt), not the whole dev set.
+dist: | $(VENV)/bin/python
+	@$(PY) -m build --version >/dev/null 2>&1 || $(PY) -m pip install -q "$$(grep -E '^build==' requirements-dev.txt)"
+	@mkdir -p dist && rm -f dist/dispatch_shim-* dist/dispatch_remote-*
+	$(PY) -m build --outdir dist machines/shim
+	$(PY) -m build --outdir dist remotes/client
+	@ls -1 dist/dispatch_shim-* dist/dispatch_remote-*
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(CLIENTS)/node_modules
