@@ -1,4 +1,5 @@
-"""``python -m machines.shim``: see :mod:`machines.shim.cli`."""
+"""``python -m machines.shim`` (in a clone of the server; installed: ``dispatch-shim``):
+see :mod:`.cli`."""
 
 from __future__ import annotations
 
@@ -6,4 +7,4 @@ import sys
 
 from .cli import main
 
-sys.exit(main())
+sys.exit(main(prog=f"python -m {__package__}"))
