@@ -1,4 +1,5 @@
-"""``python -m remotes.client``: see :mod:`remotes.client.cli`."""
+"""``python -m remotes.client`` (in a clone of the server; installed: ``dispatch-remote``):
+see :mod:`.cli`."""
 
 from __future__ import annotations
 
@@ -6,4 +7,4 @@ import sys
 
 from .cli import main
 
-sys.exit(main())
+sys.exit(main(prog=f"python -m {__package__}"))
