@@ -5,6 +5,7 @@ PY     := $(VENV)/bin/python
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 PYTEST_ARGS ?=
+DIST   ?= dist
 CLIENTS := tests/clients
 
 .PHONY: run test lint bench venv dev dist clean
@@ -69,12 +70,13 @@ bench: dev
 ##       built from machines/shim/ and remotes/client/ as they are (each folder's
 ##       pyproject.toml); the version of both is SHIM_VERSION in machines/shim/protocol.py.
 ##       Needs only `build` (pinned in requirements-dev.txt), not the whole dev set.
+##       DIST=DIR builds into DIR instead (the tests do).
 dist: | $(VENV)/bin/python
 	@$(PY) -m build --version >/dev/null 2>&1 || $(PY) -m pip install -q "$$(grep -E '^build==' requirements-dev.txt)"
-	@mkdir -p dist && rm -f dist/dispatch_shim-* dist/dispatch_remote-*
-	$(PY) -m build --outdir dist machines/shim
-	$(PY) -m build --outdir dist remotes/client
-	@ls -1 dist/dispatch_shim-* dist/dispatch_remote-*
+	@mkdir -p $(DIST) && rm -f $(DIST)/dispatch_shim-* $(DIST)/dispatch_remote-*
+	$(PY) -m build --outdir $(DIST) machines/shim
+	$(PY) -m build --outdir $(DIST) remotes/client
+	@ls -1 $(DIST)/dispatch_shim-* $(DIST)/dispatch_remote-*
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(CLIENTS)/node_modules
