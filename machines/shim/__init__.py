@@ -2,7 +2,9 @@
 routed to it over ``/ws/shim/`` (spec/machines.md §2–§5, §8).
 
 Imports nothing from Django (it runs on other computers); depends on ``websockets``
-and ``httpx`` only. Entry point: ``python -m machines.shim``.
+and ``httpx`` only. Installed as the package ``dispatch_shim`` with the command
+``dispatch-shim`` (this folder's pyproject.toml; ``make dist``), hence the relative imports
+inside; in a clone of the server: ``python -m machines.shim``.
 """
 
 from __future__ import annotations
