@@ -11,9 +11,9 @@
 
 The user-facing routes take an API token or a session (+ CSRF) and answer 403 to
 non-staff users. Errors use the one shape ``{"error": {code, message, details}}``. The
-bodies are the models of ``peers.protocol`` (``OfferBody``, ``LinkBody``,
-``PeerUpdateBody``, validated here; ``ClaimBody``, whose rules ``pairing.offer_claim``
-applies after its rate limit), which also describe them in the OpenAPI schema.
+bodies are the models of ``peers.protocol`` (``ClaimBody``, after the claim rate limit;
+``OfferBody``, ``LinkBody``, ``PeerUpdateBody``), validated here, which also describe them
+in the OpenAPI schema.
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ from core.http import error_response, json_api, json_object
 from core.validation import parse_plain
 from peers import pairing
 from peers.models import Peer
-from peers.protocol import LinkBody, OfferBody, PeerUpdateBody
+from peers.protocol import OUR_INSTANCE_ID, ClaimBody, LinkBody, OfferBody, PeerUpdateBody
 from peers.selectors import outbox_counts, peer_get_for, peers_for
 from peers.services import links
+from peers.services.identity import identity_get
 from peers.services.pairing import offer_create
 
 
@@ -65,6 +66,13 @@ def _client_address(request: HttpRequest) -> str:
     return str(request.META.get("REMOTE_ADDR") or "")
 
 
+def _claim(body: dict[str, Any], client_address: str) -> dict[str, Any]:
+    # Spec §2 step 3's order: the rate limit, the body (protocol version first), then the code.
+    pairing.claim_throttle(client_address=client_address)
+    claim = parse_plain(ClaimBody, body, context={OUR_INSTANCE_ID: identity_get().instance_id})
+    return pairing.offer_claim(claim=claim)
+
+
 @csrf_exempt
 @login_not_required
 @require_POST
@@ -72,11 +80,12 @@ async def claim_api(request: HttpRequest) -> HttpResponse:
     """``POST /api/v1/peers/claim`` (spec §2 step 3): open, for another instance's server.
 
     200 ``{protocol_version, instance_id, name, url, public_key, token_for_you,
-    capabilities}``; 429 rate limit, 400 protocol or body, 401 bad code, 409 slot taken.
+    capabilities}``; 429 rate limit, 400 protocol or body (``ClaimBody``), 401 bad code,
+    409 slot taken.
     """
     try:
         body = json_object(request)
-        answer = await database_sync_to_async(pairing.offer_claim)(body=body, client_address=_client_address(request))
+        answer = await database_sync_to_async(_claim)(body, _client_address(request))
     except DispatchError as exc:
         response = JsonResponse(exc.as_dict(), status=exc.http_status)
         if exc.http_status == 429:

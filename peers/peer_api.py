@@ -17,8 +17,9 @@ unexpected failure delivering a message is 503 ``TEMPORARILY_UNAVAILABLE`` (the 
 retries), any other route lets it be a 500.
 
 The bodies are the models of ``peers.protocol``, which also describe them in the OpenAPI
-schema (``dispatch/schema.py``): ``LaunchBody`` is validated here, after the receipt;
-``MessageBody``'s rules run in ``services.peer_message_here``, after the receipt it opens;
+schema (``dispatch/schema.py``), validated after the receipt (a reused key answers 422
+whatever the body): ``LaunchBody`` here, ``MessageBody`` by
+``services.peer_message_deliver``, which opens the receipt in the message's transaction;
 stop, archive and unlink ignore their body (``EmptyBody``).
 
 The views are sync (short database work and at most a tmux command, like the REST API);
@@ -103,8 +104,8 @@ def launch(request: HttpRequest, peer: Peer) -> Answer:
 
     def act() -> Answer:
         # After the receipt, where the route has always judged the body (a reused key: 422).
-        parse_plain(LaunchBody, body, context={PEER_INSTANCE_ID: peer.instance_id})
-        return Answer(status=201, body=services.launch_answer(services.peer_launch_here(peer=peer, body=body)))
+        launch = parse_plain(LaunchBody, body, context={PEER_INSTANCE_ID: peer.instance_id})
+        return Answer(status=201, body=services.launch_answer(services.peer_launch_here(peer=peer, launch=launch)))
 
     return receipts.run_once(peer=peer, key=key, route="launch", body=body, act=act)
 
