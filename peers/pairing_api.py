@@ -31,10 +31,22 @@ from django.views.decorators.http import require_http_methods, require_POST
 from agents.tokens import agent_scope_forbid, calling_agent
 from core.errors import DispatchError
 from core.http import error_response, json_api, json_object
+from core.openapi import OPEN, Operation, documented
 from core.validation import parse_plain
 from peers import pairing
 from peers.models import Peer
-from peers.protocol import OUR_INSTANCE_ID, ClaimBody, LinkBody, OfferBody, PeerUpdateBody
+from peers.protocol import (
+    OUR_INSTANCE_ID,
+    ClaimAnswer,
+    ClaimBody,
+    LinkAnswer,
+    LinkBody,
+    OfferAnswer,
+    OfferBody,
+    PeerAnswer,
+    PeerListAnswer,
+    PeerUpdateBody,
+)
 from peers.selectors import outbox_counts, peer_get_for, peers_for
 from peers.services import links
 from peers.services.identity import identity_get
@@ -73,6 +85,17 @@ def _claim(body: dict[str, Any], client_address: str) -> dict[str, Any]:
     return pairing.offer_claim(claim=claim)
 
 
+@documented(
+    Operation(
+        "post",
+        "Pairing: claim an offer with its code (open, 5 a minute per address; 401 for any bad code)",
+        "peers",
+        ClaimBody,
+        ClaimAnswer,
+        security=OPEN,
+    ),
+    rate_limited=True,
+)
 @csrf_exempt
 @login_not_required
 @require_POST
@@ -109,6 +132,15 @@ def _offer_for(user: User, body: OfferBody) -> dict[str, Any]:
     return offer_create(user=user, link_user=link_user, **body.flags()).as_dict()
 
 
+@documented(
+    Operation(
+        "post",
+        "Make a pairing offer (staff): its code, valid 10 minutes, usable once",
+        "peers",
+        OfferBody,
+        OfferAnswer,
+    )
+)
 @require_POST
 @json_api
 async def offers_api(request: HttpRequest, user: User) -> dict[str, Any]:
@@ -118,6 +150,7 @@ async def offers_api(request: HttpRequest, user: User) -> dict[str, Any]:
     return await database_sync_to_async(_offer_for)(user, parse_plain(OfferBody, json_object(request)))
 
 
+@documented(Operation("post", "Link with another instance's pairing code (staff)", "peers", LinkBody, LinkAnswer))
 @require_POST
 @json_api
 async def link_api(request: HttpRequest, user: User) -> dict[str, Any]:
@@ -138,6 +171,7 @@ def _list(user: User) -> dict[str, Any]:
     return {"peers": [peer_data(peer, counts[peer.pk]) for peer in peers]}
 
 
+@documented(Operation("get", "Your linked instances", "peers", answer=PeerListAnswer))
 @require_http_methods(["GET"])
 @json_api
 async def peers_api(request: HttpRequest, user: User) -> dict[str, Any]:
@@ -163,6 +197,10 @@ def _delete(user: User, peer_id: int) -> dict[str, Any]:
     return peer_data(pairing.peer_unlink(user=user, peer_id=peer_id))
 
 
+@documented(
+    Operation("patch", "Rename a link or change what it may do here", "peers", PeerUpdateBody, PeerAnswer),
+    Operation("delete", "Unlink (revokes both directions)", "peers", answer=PeerAnswer),
+)
 @require_http_methods(["PATCH", "DELETE"])
 @json_api
 async def peer_api(request: HttpRequest, user: User, peer_id: int) -> dict[str, Any] | HttpResponse:

@@ -1,7 +1,7 @@
 """Typed bodies of the peer API and the pairing routes (spec/peers.md §2, §5, §6).
 
-One model per route body, used by its edge to validate the body and by
-``dispatch/schema.py`` to produce the route's OpenAPI entry
+One model per route body, used to validate the body and, named in its view's
+``core.openapi.documented`` operation, to produce the route's OpenAPI entry
 (``model_json_schema(mode="validation")``); one model per answer, for the schema.
 A validator raises the very sentence the route answers (``core.validation.parse_plain``),
 in the order the route checks the fields, so a model only names the rules the wire
@@ -428,11 +428,10 @@ class ClaimBody(WireModel):
 
 
 class ClaimAnswer(WireModel):
-    """The claim's answer: the claimed instance and the token it issued to the claimant
-    (spec §2 step 3), with the capabilities the offer grants. The claimant
-    (``pairing.peer_link``) checks ``protocol_version`` first, then validates the rest as
-    ``ClaimBody``'s fields (context ``{"our_instance_id": …}``); an absent ``name`` is
-    empty, absent ``capabilities`` are none."""
+    """The claim's answer: this instance and the token it issued to the claimant (spec §2
+    step 3), with the capabilities the offer grants. The claimant checks
+    ``protocol_version``, then the fields as a claim's (context ``{"our_instance_id":
+    …}``); an absent ``name`` is empty, absent ``capabilities`` none."""
 
     absent_as_null = ("instance_id", "url", "public_key", "token_for_you", "capabilities")
 
