@@ -107,7 +107,9 @@ def _peer_operation(
     return Operation(method, summary, "peer API", body, answer, status=status, security=PEER_SECURITY)
 
 
-@documented(_peer_operation("post", "Launch an agent here for the peer (allow_launch)", LaunchBody, PeerAgentAnswer))
+@documented(
+    _peer_operation("post", "Launch an agent here for the peer (allow_launch)", LaunchBody, PeerAgentAnswer, status=201)
+)
 @peer_route(method="POST", capability="allow_launch")
 def launch(request: HttpRequest, peer: Peer) -> Answer:
     """``POST /api/v1/peers/launch`` (spec §5 Launch): ``services.peer_launch_here`` once per key.

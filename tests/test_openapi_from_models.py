@@ -31,7 +31,7 @@ DOCUMENTED = {
     ("get", "/api/v1/peers"): "200 400 401 403 404 4XX 503 5XX",
     ("delete", "/api/v1/peers/{peer_id}"): "200 400 401 403 404 409 4XX 503 5XX",
     ("patch", "/api/v1/peers/{peer_id}"): "200 400 401 403 404 409 413 4XX 503 5XX",
-    ("post", "/api/v1/peers/launch"): "200 400 401 403 404 409 413 4XX 503 5XX",
+    ("post", "/api/v1/peers/launch"): "201 400 401 403 404 409 413 4XX 503 5XX",
     ("post", "/api/v1/peers/messages"): "200 400 401 403 404 409 413 4XX 503 5XX",
     ("get", "/api/v1/peers/events"): "200 400 401 403 404 503",
     ("get", "/api/v1/peers/repos"): "200 400 401 403 404 4XX 503 5XX",
@@ -145,3 +145,21 @@ def test_a_routes_path_and_parameters_are_read_from_the_urlconf(schema: dict[str
     }
     assert "429" in schema["paths"]["/api/v1/auth/token"]["post"]["responses"]
     assert "429" not in schema["paths"]["/api/v1/peers/link"]["post"]["responses"]
+
+
+def test_the_device_login_routes_answer_the_success_status_the_schema_documents(
+    schema: dict[str, Any], owner: Any
+) -> None:
+    from django.test import Client
+
+    shim, browser = Client(), Client()
+    browser.force_login(owner)
+    machine = {"machine_id": "3f2b9c1e-0000-4000-8000-000000000009", "hostname": "h", "platform": "linux", "arch": "x"}
+    grant = shim.post("/api/v1/machines/device/code", machine, content_type="application/json")
+    browser.post("/machines/activate", {"user_code": grant.json()["user_code"], "decision": "approve"})
+    token = shim.post(
+        "/api/v1/machines/device/token", {"device_code": grant.json()["device_code"]}, content_type="application/json"
+    )
+    for path, response in (("/api/v1/machines/device/code", grant), ("/api/v1/machines/device/token", token)):
+        documented = [code for code in schema["paths"][path]["post"]["responses"] if code.startswith("2")]
+        assert documented == [str(response.status_code)], (path, response.content)
