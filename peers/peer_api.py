@@ -104,6 +104,7 @@ def peer_route(*, method: str, capability: str | None = None) -> Callable[[PeerV
 def _peer_operation(
     method: str, summary: str, body: type[BaseModel] | None, answer: type[BaseModel], status: int = 200
 ) -> Operation:
+    """An operation of the peer API in the schema: its token and signature (``PEER_SECURITY``)."""
     return Operation(method, summary, "peer API", body, answer, status=status, security=PEER_SECURITY)
 
 
