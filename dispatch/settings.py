@@ -292,14 +292,14 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Control plane for AI agents across several computers.",
     "VERSION": "1",
     # OpenAPI 3.1 is JSON Schema 2020-12: the body models' schemas (pydantic's anyOf/null)
-    # are valid in it as they are (dispatch/schema.py).
+    # are valid in it as they are (core/openapi.py).
     "OAS_VERSION": "3.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     # Like every other page and route: a login or a token (the README's promise).
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "dispatch.schema.add_async_routes",
+        "core.openapi.add_documented_routes",
         "dispatch.schema.add_error_responses",
     ],
 }

@@ -3,7 +3,7 @@
 The device-login endpoints are unauthenticated (rate-limited) and answer RFC 8628 /
 RFC 6749 §5.2 errors. The operation routes wait on a shim, so they are async views. The
 bodies of these plain views are the models of ``machines.protocol``, which validate them
-and describe them in the OpenAPI schema (``dispatch/schema.py``).
+and describe them in the OpenAPI schema (``core.openapi.documented``).
 """
 
 from __future__ import annotations
@@ -28,10 +28,18 @@ from core.api import DispatchAPIView
 from core.authentication import authenticated_user
 from core.errors import InvalidRequest
 from core.http import json_api, json_object
+from core.openapi import OPEN, Operation, documented
 from core.services import rate_limiter
 from core.validation import parse_plain
 from machines import selectors
-from machines.protocol import DeviceCodeBody, DeviceTokenBody, SessionCopyBody, SessionOpBody
+from machines.protocol import (
+    DeviceCodeBody,
+    DeviceTokenBody,
+    SessionCopyAnswer,
+    SessionCopyBody,
+    SessionOpAnswer,
+    SessionOpBody,
+)
 from machines.services import connections, device, router
 from machines.services.copy import copy_between_machines
 from machines.services.operations import list_machines, machine_op
@@ -63,6 +71,18 @@ def _oauth_error(error: str, description: str, status: int = 400) -> JsonRespons
     return response
 
 
+@documented(
+    Operation(
+        "post",
+        "Start a shim's device login (RFC 8628 §3.1); unauthenticated, rate-limited",
+        "machines",
+        DeviceCodeBody,
+        security=OPEN,
+        body_required=False,
+        responses={"200": "device_code, user_code, verification_uri(_complete), expires_in, interval"},
+    ),
+    rate_limited=True,
+)
 @csrf_exempt
 @login_not_required
 @require_POST
@@ -84,6 +104,21 @@ def device_code(request: HttpRequest) -> JsonResponse:
     return response
 
 
+@documented(
+    Operation(
+        "post",
+        "Poll for the machine token (RFC 8628 §3.4); errors as RFC 6749 §5.2",
+        "machines",
+        DeviceTokenBody,
+        security=OPEN,
+        body_required=False,
+        responses={
+            "200": "access_token, token_type: Bearer",
+            "400": "authorization_pending, slow_down, access_denied, expired_token, invalid_grant",
+        },
+    ),
+    rate_limited=True,
+)
 @csrf_exempt
 @login_not_required
 @require_POST
@@ -170,6 +205,9 @@ class SessionMachinesView(DispatchAPIView):
         return Response({"machines": list_machines(user=authenticated_user(request), session_id=session_id)})
 
 
+@documented(
+    Operation("post", "Route an operation to a machine of the session", "machines", SessionOpBody, SessionOpAnswer)
+)
 @require_POST
 @json_api
 async def session_op(request: HttpRequest, user: User, session_id: str) -> dict[str, Any]:
@@ -190,6 +228,15 @@ async def session_op(request: HttpRequest, user: User, session_id: str) -> dict[
     )
 
 
+@documented(
+    Operation(
+        "post",
+        "Copy a file between two machines, verified by SHA-256",
+        "machines",
+        SessionCopyBody,
+        SessionCopyAnswer,
+    )
+)
 @require_POST
 @json_api
 async def session_copy(request: HttpRequest, user: User, session_id: str) -> dict[str, Any]:

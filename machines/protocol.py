@@ -15,7 +15,7 @@ server), and imported from there. This module adds only what the server needs on
 - the channel-layer messages the shim consumer receives from ``machines.services``
   (``MachineOpMessage``, ``MachineRevokedMessage``, ``MachineTakeoverMessage``);
 - the bodies of the machines app's async REST routes (§1, §6), which validate them and
-  which ``dispatch/schema.py`` documents: ``SessionOpBody``, ``SessionCopyBody``,
+  which their views document (``core.openapi.documented``): ``SessionOpBody``, ``SessionCopyBody``,
   ``DeviceCodeBody``, ``DeviceTokenBody``, and their answers.
 """
 
