@@ -20,6 +20,8 @@ from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode
 
 from machines.protocol import (
+    DefaultMachineAnswer,
+    DefaultMachineBody,
     DeviceCodeBody,
     DeviceTokenBody,
     SessionCopyAnswer,
@@ -129,6 +131,9 @@ ROUTES: tuple[Route, ...] = (
           "Route an operation to a machine of the session", SessionOpBody, SessionOpAnswer),
     Route("post", "/api/v1/sessions/{session_id}/copy", "machines",
           "Copy a file between two machines, verified by SHA-256", SessionCopyBody, SessionCopyAnswer),
+    Route("put", "/api/v1/machines/default", "machines",
+          "Set (or clear, with null) your default machine, named as target_machine may be",
+          DefaultMachineBody, DefaultMachineAnswer),
     Route("get", "/api/v1/events", "agents",
           "Server-sent events for the UI: a snapshot, then agent, run and message frames",
           query=(_PANE,), responses={"200": _EVENTS}),

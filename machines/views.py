@@ -91,9 +91,10 @@ def machine_capabilities(request: HttpRequest, machine_id: str) -> HttpResponse:
 
 @require_POST
 def machine_default(request: HttpRequest) -> HttpResponse:
+    """The "Make default" button: ``machine_id`` (empty clears the default)."""
     machine_id = request.POST.get("machine_id") or None
     try:
-        router.default_machine_set(user=authenticated_user(request), machine_id=machine_id)
+        router.default_machine_set(user=authenticated_user(request), machine=machine_id)
     except DispatchError as exc:
         messages.error(request, exc.message)
     return redirect("machines")
