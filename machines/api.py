@@ -42,7 +42,7 @@ from machines.protocol import (
 )
 from machines.services import connections, device, router
 from machines.services.copy import copy_between_machines
-from machines.services.operations import list_machines, machine_op
+from machines.services.operations import attached_machines, machine_op
 
 DEVICE_ENDPOINT_RATE = "30 per 60 seconds"  # per client address, each device endpoint
 
@@ -150,13 +150,35 @@ class MachineDetailView(DispatchAPIView):
         return Response(MachineSerializer(machine, context={}).data)
 
 
-class SessionMachinesView(DispatchAPIView):
-    """``GET /api/v1/sessions/{session_id}/machines`` → ``{"machines": [snapshot, …]}`` (``list_machines``)."""
+class SessionMachineSerializer(serializers.Serializer):
+    """One machine attached to a session, as ``GET /api/v1/sessions/{session_id}/machines``
+    answers it: what its shim reports (§5 ``MACHINE_LIST_RESPONSE``) plus its name, status,
+    whether it is the default and ``last_active_at`` (ISO 8601, like every REST machine
+    route; the ``list_machines`` tool says ``last_active_ts``, epoch seconds, as §6 does)."""
 
-    @extend_schema(responses={200: inline_serializer("SessionMachines", {"machines": serializers.ListField()})})
+    machine_id = serializers.CharField()
+    display_name = serializers.CharField()
+    hostname = serializers.CharField(required=False)
+    platform = serializers.CharField(required=False)
+    arch = serializers.CharField(required=False)
+    capabilities = serializers.JSONField(required=False)
+    hardware_devices = serializers.JSONField(required=False)
+    status = serializers.JSONField()
+    is_default = serializers.BooleanField()
+    last_active_at = serializers.DateTimeField(allow_null=True)
+
+
+class SessionMachinesView(DispatchAPIView):
+    """``GET /api/v1/sessions/{session_id}/machines`` → ``{"machines": [machine, …]}``, the
+    machines attached to the session (``attached_machines``)."""
+
+    @extend_schema(
+        responses={200: inline_serializer("SessionMachines", {"machines": SessionMachineSerializer(many=True)})}
+    )
     def get(self, request: Request, session_id: str) -> Response:
         agent_scope_session(calling_agent(request), session_id)
-        return Response({"machines": list_machines(user=authenticated_user(request), session_id=session_id)})
+        machines = attached_machines(user=authenticated_user(request), session_id=session_id)
+        return Response({"machines": SessionMachineSerializer(machines, many=True).data})
 
 
 @require_http_methods(["PUT"])

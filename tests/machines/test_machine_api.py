@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import json
 import os
+import time
 from typing import Any
 
 import pytest
@@ -106,10 +107,34 @@ async def test_session_machines_are_the_attached_snapshots(shims, owner, api):
     assert machines["m1"]["hostname"] == "laptop"
     assert machines["m1"]["platform"] == "linux" and machines["m1"]["arch"] == "x86_64"
     assert set(machines["m1"]["capabilities"]) == {"shell", "files"}
-    assert isinstance(machines["m1"]["last_active_ts"], float)
-    assert machines["m2"]["last_active_ts"] is None
+    assert machines["m2"]["last_active_at"] is None
+    assert machines["m1"]["status"]["connection"] == "connected"
     assert machines["m1"]["status"]["connection"] == "connected"
     assert (machines["m1"]["is_default"], machines["m2"]["is_default"]) == (False, True)
+
+
+async def test_rest_machine_routes_say_last_active_at_in_iso_8601(shims, owner, api):
+    from datetime import datetime
+
+    await shims.connect(owner, machine_id="m1", hostname="laptop")
+    await shims.connect(owner, machine_id="m2", hostname="idle")
+    await snapshots_stored(owner, 2)
+    before = time.time()
+    ran = await api.post(
+        "/api/v1/sessions/s1/ops", {"op": "FILE_STAT", "payload": {"path": "/home/alice/x"}, "target_machine": "m1"}
+    )
+    assert ran.status_code == 200
+    await settle()
+    in_session = {m["machine_id"]: m for m in (await api.get("/api/v1/sessions/s1/machines")).json()["machines"]}
+    mine = {m["machine_id"]: m for m in (await api.get("/api/v1/machines")).json()["machines"]}
+    for listed in (in_session, mine):
+        assert all("last_active_ts" not in entry for entry in listed.values())
+        stamp = listed["m1"]["last_active_at"]
+        assert isinstance(stamp, str)
+        parsed = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+        assert parsed.tzinfo is not None and parsed.timestamp() >= before - 1
+        assert listed["m2"]["last_active_at"] is None
+    assert in_session["m1"]["last_active_at"] == mine["m1"]["last_active_at"]  # one format for one field
 
 
 async def test_session_machines_refuse_a_bad_session_id(owner, api):
