@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.db.models import Value
+from django.db.models.functions import Coalesce, NullIf
 from django.utils import timezone
 
 from core.models import ApiToken, ServerProcess
@@ -113,6 +115,12 @@ class Machine(models.Model):
     def name(self) -> str:
         """What people call it: the display name, else the host name, else the id."""
         return self.display_name or self.hostname or self.machine_id
+
+    @staticmethod
+    def name_expression() -> Coalesce:
+        """``name`` as a database expression (the same rule), for a query that shows the
+        names of machines it only knows by id (the audit records of the Machines page)."""
+        return Coalesce(NullIf("display_name", Value("")), NullIf("hostname", Value("")), "machine_id")
 
 
 class MachineConnection(models.Model):

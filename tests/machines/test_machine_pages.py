@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -190,3 +191,45 @@ def test_the_capabilities_form_refuses_another_users_machine_and_unknown_capabil
     response = browser.post("/machines/mine/capabilities", {"capability": ["files", "root"]}, follow=True)
     assert "unknown capability" in response.content.decode()
     assert Machine.objects.get(machine_id="mine").allowed_capabilities == ["files", "shell"]
+
+
+
+def test_recent_operations_name_the_machine(browser, owner, member):
+    from django.utils import timezone
+
+    machine(owner, "66ccea40-1111-4000-8000-000000000001", display_name="Work laptop")
+    machine(owner, "66ccea40-2222-4000-8000-000000000002", hostname="nas")
+    machine(owner, "66ccea40-3333-4000-8000-000000000003", hostname="old-box", revoked_at=timezone.now())
+    machine(member, "66ccea40-4444-4000-8000-000000000004", hostname="bobs-secret-box")
+    for index, machine_id in enumerate(
+        [
+            "66ccea40-1111-4000-8000-000000000001",
+            "66ccea40-2222-4000-8000-000000000002",
+            "66ccea40-3333-4000-8000-000000000003",
+            "66ccea40-4444-4000-8000-000000000004",  # another user's id: not named
+            "",  # refused before a machine was chosen
+        ]
+    ):
+        AuditRecord.objects.create(
+            user=owner,
+            session_id="s1",
+            machine_id=machine_id,
+            request_id=f"r{index}",
+            op="FILE_STAT",
+            details={"path": f"/p{index}"},
+            result={"ok": True, "duration_ms": 1},
+            caller="api",
+        )
+    page = browser.get("/machines/").content.decode()
+    audit = page[page.index("Recent operations") :]
+    rows = audit.split("<tr>")[2:]  # after the header row
+    assert len(rows) == 5
+    by_path = {
+        re.search(r"path=(/p\d)", row)[1]: row.split('<td class="audit-machine">')[1].split("</td>")[0] for row in rows
+    }
+    assert by_path["/p0"] == '<span title="66ccea40-1111-4000-8000-000000000001">Work laptop</span>'
+    assert by_path["/p1"] == '<span title="66ccea40-2222-4000-8000-000000000002">nas</span>'
+    assert by_path["/p2"] == '<span title="66ccea40-3333-4000-8000-000000000003">old-box</span>'
+    assert "bobs-secret-box" not in page
+    assert by_path["/p3"].startswith("<code") and "66ccea40" in by_path["/p3"]
+    assert by_path["/p4"] == "—"
