@@ -31,6 +31,9 @@ load_dotenv(BASE_DIR / ".env", override=False)
 _data_dir = Path(env_str("DISPATCH_DATA_DIR", "var")).expanduser()
 DATA_DIR = _data_dir if _data_dir.is_absolute() else BASE_DIR / _data_dir
 DATA_DIR.mkdir(parents=True, exist_ok=True)
+# The client wheels and sdists `make dist` builds, served at /downloads/ (core.downloads).
+_dist_dir = Path(env_str("DISPATCH_DIST_DIR", "dist")).expanduser()
+DIST_DIR = _dist_dir if _dist_dir.is_absolute() else BASE_DIR / _dist_dir
 
 DEBUG = env_bool("DEBUG", False)
 

@@ -1,4 +1,4 @@
-"""URL map: pages, ``/api/v1``, the OpenAPI schema, the admin and ``/healthz``."""
+"""URL map: pages, ``/api/v1``, the OpenAPI schema, the admin, ``/healthz`` and ``/downloads/``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from agents.urls import api_urlpatterns as agent_api_urls
 from core import api, views
+from dispatch import downloads
 from machines.urls import api_urlpatterns as machine_api_urls
 from peers.urls import api_urlpatterns as peer_api_urls
 from remotes.urls import api_urlpatterns as remote_api_urls
@@ -30,6 +31,8 @@ urlpatterns = [
     path("settings/", views.settings_page, name="settings"),
     path("settings/tokens/<int:token_id>/revoke", views.token_revoke, name="token-revoke"),
     path("healthz", views.healthz, name="healthz"),
+    path("downloads/", downloads.downloads_page, name="downloads"),
+    path("downloads/<str:filename>", downloads.download_file, name="download"),
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),

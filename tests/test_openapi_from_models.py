@@ -22,6 +22,7 @@ DOCUMENTED = {
     ("post", "/api/v1/remotes/{remotename}/call"): "200 400 401 403 404 409 413 4XX 503 5XX",
     ("post", "/api/v1/sessions/{session_id}/ops"): "200 400 401 403 404 409 413 4XX 503 5XX",
     ("post", "/api/v1/sessions/{session_id}/copy"): "200 400 401 403 404 409 413 4XX 503 5XX",
+    ("put", "/api/v1/machines/default"): "200 400 401 403 404 409 413 4XX 503 5XX",
     ("get", "/api/v1/events"): "200 400 401 403 404 503",
     ("post", "/api/v1/machines/device/code"): "200 400 404 409 413 429 503",
     ("post", "/api/v1/machines/device/token"): "200 400 404 409 413 429 503",
@@ -97,6 +98,10 @@ def test_a_body_fields_rules_reach_the_schema(schema: dict[str, Any]) -> None:
     assert components["LaunchBody"]["properties"]["launched_by"] == {"$ref": "#/components/schemas/SenderAddress"}
     assert components["SenderAddress"]["properties"]["agent_id"]["anyOf"][1] == {"type": "null"}
     assert components["SessionOpBody"]["required"] == ["op"]
+    default = components["DefaultMachineBody"]
+    assert default["required"] == ["machine_id"]
+    assert default["properties"]["machine_id"]["anyOf"] == [{"type": "string", "minLength": 1}, {"type": "null"}]
+    assert "target_machine" in default["properties"]["machine_id"]["description"]
     call = schema["paths"]["/api/v1/remotes/{remotename}/call"]["post"]
     body = call["requestBody"]["content"]["application/json"]["schema"]
     assert "remotename" not in body["properties"] and body["required"] == ["function"]

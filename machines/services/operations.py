@@ -304,9 +304,13 @@ async def request_snapshots(*, user_id: int, connection_ids: list[str]) -> None:
     _in_background(every())
 
 
-def list_machines(*, user: User, session_id: str) -> list[dict[str, Any]]:
-    """``list_machines``: per attached machine, the snapshot plus ``display_name``,
-    ``last_active_ts``, ``status`` and ``is_default`` (§6 "Tools")."""
+def attached_machines(*, user: User, session_id: str) -> list[dict[str, Any]]:
+    """Per machine of ``user`` attached to ``session_id``, by name: its snapshot (the cached
+    ``MACHINE_LIST_RESPONSE`` payload, else what its ``HELLO`` said, §4) plus
+    ``display_name`` (its name), ``last_active_at`` (an aware ``datetime`` of its last
+    routed operation, or ``None``), ``status`` and ``is_default``. Each edge renders
+    ``last_active_at`` in its own words (REST: ISO 8601; the tool: ``last_active_ts``).
+    Raises ``InvalidRequest`` for a malformed ``session_id``."""
     check_session_id(session_id)
     default_id = router.default_machine_id(user=user)
     attached = {c.machine_id for c in router.attached_candidates(user=user, session_id=session_id)}
@@ -325,12 +329,28 @@ def list_machines(*, user: User, session_id: str) -> list[dict[str, Any]]:
             {
                 **snapshot,
                 "display_name": machine.name,
-                "last_active_ts": machine.last_active_at.timestamp() if machine.last_active_at else None,
+                "last_active_at": machine.last_active_at,
                 "status": machine_status(machine),
                 "is_default": machine.machine_id == default_id,
             }
         )
     return snapshots
+
+
+def list_machines(*, user: User, session_id: str) -> list[dict[str, Any]]:
+    """The ``list_machines`` tool's answer (§6 "Tools"): ``attached_machines`` with, in place
+    of ``last_active_at``, the spec's ``last_active_ts`` (epoch seconds, or ``None``)."""
+    listed = []
+    for entry in attached_machines(user=user, session_id=session_id):
+        listed.append(
+            {
+                ("last_active_ts" if key == "last_active_at" else key): (
+                    value.timestamp() if key == "last_active_at" and value is not None else value
+                )
+                for key, value in entry.items()
+            }
+        )
+    return listed
 
 
 def machine_status(machine: Machine) -> dict[str, str]:
