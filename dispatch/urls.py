@@ -9,6 +9,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from agents.urls import api_urlpatterns as agent_api_urls
 from core import api, views
+from dispatch.metrics import metrics_view
 from machines.urls import api_urlpatterns as machine_api_urls
 from peers.urls import api_urlpatterns as peer_api_urls
 from remotes.urls import api_urlpatterns as remote_api_urls
@@ -30,6 +31,7 @@ urlpatterns = [
     path("settings/", views.settings_page, name="settings"),
     path("settings/tokens/<int:token_id>/revoke", views.token_revoke, name="token-revoke"),
     path("healthz", views.healthz, name="healthz"),
+    path("metrics", metrics_view, name="metrics"),
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
