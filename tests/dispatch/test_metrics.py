@@ -1,28 +1,22 @@
-"""``/metrics`` (docs/metrics.md): what each family counts, and who may read it.
-
-Counters and histograms are per process and keep counting across tests, so the tests
-compare a scrape after the action with one before it. Every scrape is parsed with
-prometheus_client's own parser, as Prometheus would read it.
-"""
+"""``/metrics`` (docs/metrics.md): the exposition, the connection gauges, remote calls,
+background loops, and who may read it. Machine operations and the outbox are counted in
+tests/machines/test_machine_metrics.py and tests/peers/test_outbox_metrics.py."""
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
-from collections.abc import AsyncIterator, Iterator
-from datetime import timedelta
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from channels.db import database_sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError
-from django.test import AsyncClient, Client
-from django.utils import timezone
+from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents.models import Agent, AgentMessage
+from agents.models import Agent
 from agents.services import agent_create
 from agents.tokens import agent_token_mint
 from core.conf import env_networks
@@ -31,56 +25,18 @@ from core.presence import current_process_id
 from core.realtime import LoopHealth
 from dispatch import background
 from dispatch import metrics as metrics_view
-from peers.models import OutboxMessage, Peer
 from remotes.models import WsSession
-from tests.machines.conftest import ShimFailure, Shims
+from tests.scrape import parse, scrape, scrape_sync, value
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 OUTSIDE = "203.0.113.7"  # TEST-NET-3: never in the default allow-list
 WEATHER = "weather-service"
-
-
-def parse(text: str) -> Samples:
-    """Every sample of a scrape by (sample name, labels)."""
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    """One sample's value; 0 when the series does not exist (yet)."""
-    return samples.get((name, frozenset(labels.items())), 0.0)
 
 
 def families(text: str) -> dict[str, str]:
     """Family name → type."""
     return {family.name: family.type for family in text_string_to_metric_families(text)}
-
-
-async def scrape() -> Samples:
-    """``GET /metrics`` from loopback (allowed by default), through the ASGI handler."""
-    response = await AsyncClient().get("/metrics")
-    assert response.status_code == 200, response.content
-    return parse(response.content.decode())
-
-
-def scrape_sync(**extra: Any) -> Samples:
-    response = Client().get("/metrics", **extra)
-    assert response.status_code == 200, response.content
-    return parse(response.content.decode())
-
-
-@pytest_asyncio.fixture
-async def shims() -> AsyncIterator[Shims]:
-    world = Shims()
-    try:
-        yield world
-    finally:
-        await world.close_all()
 
 
 # --- the exposition -------------------------------------------------------------------------
@@ -172,15 +128,6 @@ def _session_of_another_process(user: Any) -> None:
     WsSession.objects.create(user=user, channel_name="elsewhere.1", server_process=other, auth_method="header")
 
 
-async def test_the_shim_gauge_counts_this_processs_shim_connections(shims: Shims, owner: Any) -> None:
-    assert value(await scrape(), "dispatch_shims_connected") == 0
-    shim = await shims.connect(owner, machine_id="m1")
-    await shims.connect(owner, machine_id="m2")
-    assert value(await scrape(), "dispatch_shims_connected") == 2
-    await shim.disconnect()
-    assert value(await scrape(), "dispatch_shims_connected") == 1
-
-
 # --- remote calls ---------------------------------------------------------------------------
 
 
@@ -218,110 +165,6 @@ async def test_remote_calls_are_counted_by_result_and_timed(
     # The 0.05 s call is above the 0.025 s bucket and inside the 5 s one.
     assert delta("dispatch_remote_call_duration_seconds_bucket", outcome="ok", le="0.025") == 0
     assert delta("dispatch_remote_call_duration_seconds_bucket", outcome="ok", le="5.0") == 1
-
-
-# --- machine operations ---------------------------------------------------------------------
-
-
-async def test_machine_operations_are_counted_by_type_and_result_and_timed(shims: Shims, owner: Any) -> None:
-    from machines.services.operations import MachineError, machine_op
-
-    shim = await shims.connect(owner, machine_id="m1")
-    shim.files["/home/alice/a.txt"] = b"hello"
-    before = await scrape()
-    read = {"path": "/home/alice/a.txt", "encoding": "utf-8"}
-    await machine_op(user=owner, session_id="s1", op="FILE_READ", payload=read, caller="test")
-    await machine_op(user=owner, session_id="s1", op="FILE_STAT", payload={"path": "/home/alice/a.txt"}, caller="test")
-    with pytest.raises(MachineError):
-        missing = {"path": "/home/alice/missing.txt", "encoding": "utf-8"}
-        await machine_op(user=owner, session_id="s1", op="FILE_READ", payload=missing, caller="test")
-
-    async def refuse(request: dict[str, Any]) -> dict[str, Any]:
-        raise ShimFailure("NOT_A_DISPATCH_CODE", "a code the shim made up")
-
-    shim.handler = refuse
-    with pytest.raises(MachineError):
-        await machine_op(user=owner, session_id="s1", op="FILE_STAT", payload={"path": "/x"}, caller="test")
-    with pytest.raises(MachineError):  # routed nowhere: no machine serves this user's session
-        await machine_op(
-            user=owner, session_id="s1", op="FILE_STAT", payload={"path": "/x"}, target_machine="nope", caller="test"
-        )
-    after = await scrape()
-
-    def delta(name: str, **labels: str) -> float:
-        return value(after, name, **labels) - value(before, name, **labels)
-
-    operations = "dispatch_machine_operations_total"
-    assert delta(operations, operation="FILE_READ", result="ok") == 1
-    assert delta(operations, operation="FILE_STAT", result="ok") == 1
-    assert delta(operations, operation="FILE_READ", result="PATH_NOT_FOUND") == 1
-    assert delta(operations, operation="FILE_STAT", result="OTHER") == 1  # an unknown code is not a new series
-    assert value(after, operations, operation="FILE_STAT", result="NOT_A_DISPATCH_CODE") == 0
-    assert delta(operations, operation="FILE_STAT", result="MACHINE_NOT_ATTACHED") == 1
-    seconds = "dispatch_machine_operation_duration_seconds_count"
-    assert delta(seconds, operation="FILE_READ", outcome="ok") == 1
-    assert delta(seconds, operation="FILE_READ", outcome="error") == 1
-    assert delta(seconds, operation="FILE_STAT", outcome="error") == 2
-
-
-# --- the outbox -----------------------------------------------------------------------------
-
-
-def _peer(owner: Any, label: str, number: int) -> Peer:
-    return Peer.objects.create(
-        owner=owner,
-        instance_id=f"inst_00000000000{number}",
-        label=label,
-        url="http://127.0.0.1:9",
-        public_key="k" * 43,
-        fingerprint="f",
-        inbound_digest=f"{number}" * 64,
-        inbound_prefix="p",
-        outbound_token_encrypted="x",
-    )
-
-
-def _queue(owner: Any, peer: Peer, *, age: timedelta, status: str = "queued") -> OutboxMessage:
-    sender = Agent.objects.filter(owner=owner).first() or agent_create(owner=owner, type="expert", name="lead", cwd="/")
-    message = AgentMessage.objects.create(sender_agent=sender, recipient_agent=sender, peer=peer, content="hi")
-    return OutboxMessage.objects.create(
-        peer=peer,
-        message=message,
-        to_agent_id="agt_0123456789ab",
-        payload={},
-        status=status,
-        created_at=timezone.now() - age,
-    )
-
-
-def test_the_outbox_depth_and_the_age_of_its_oldest_row_are_shown_per_peer(owner: Any) -> None:
-    cloud, laptop = _peer(owner, "Cloud", 1), _peer(owner, "Laptop", 2)
-    samples = scrape_sync()
-    cloud_labels = {"peer_id": str(cloud.pk), "peer": "Cloud"}
-    laptop_labels = {"peer_id": str(laptop.pk), "peer": "Laptop"}
-    assert value(samples, "dispatch_outbox_depth", **cloud_labels) == 0
-    assert ("dispatch_outbox_depth", frozenset(cloud_labels.items())) in samples  # a live peer shows 0
-
-    _queue(owner, cloud, age=timedelta(seconds=90))
-    _queue(owner, cloud, age=timedelta(seconds=10))
-    _queue(owner, cloud, age=timedelta(hours=2), status="delivered")  # gone: neither depth nor age
-    _queue(owner, laptop, age=timedelta(hours=1), status="dead")
-    samples = scrape_sync()
-    assert value(samples, "dispatch_outbox_depth", **cloud_labels) == 2
-    assert 90 <= value(samples, "dispatch_outbox_oldest_age_seconds", **cloud_labels) < 120
-    assert value(samples, "dispatch_outbox_dead", **cloud_labels) == 0
-    assert value(samples, "dispatch_outbox_depth", **laptop_labels) == 0
-    assert value(samples, "dispatch_outbox_oldest_age_seconds", **laptop_labels) == 0
-    assert value(samples, "dispatch_outbox_dead", **laptop_labels) == 1
-
-
-def test_a_revoked_peer_is_shown_while_rows_wait_for_it(owner: Any) -> None:
-    gone = _peer(owner, "Gone", 3)
-    Peer.objects.filter(pk=gone.pk).update(revoked_at=timezone.now())
-    labels = {"peer_id": str(gone.pk), "peer": "Gone"}
-    assert ("dispatch_outbox_depth", frozenset(labels.items())) not in scrape_sync()
-    _queue(owner, gone, age=timedelta(seconds=5))
-    assert value(scrape_sync(), "dispatch_outbox_depth", **labels) == 1
 
 
 # --- background loops -----------------------------------------------------------------------

@@ -12,13 +12,11 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.infra import Instance, LiveSession, Server, instance
+from tests.scrape import Samples, parse, value
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
 @dataclass
@@ -34,18 +32,6 @@ def deployment() -> Iterator[Deployment]:
         open_server = inst.serve(wait=False)
         token_server = inst.serve(wait=False, DISPATCH_METRICS_ALLOW="")
         yield Deployment(inst, open_server.wait_healthy(), token_server.wait_healthy())
-
-
-def parse(text: str) -> Samples:
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
 
 
 async def scrape(server: Server, token: str | None = None) -> Samples:
