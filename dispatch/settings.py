@@ -22,7 +22,7 @@ from django.core.exceptions import ImproperlyConfigured
 from dotenv import load_dotenv
 
 from agents.types import parse_agent_types
-from core.conf import env_bool, env_float, env_int, env_list, env_secret, env_str
+from core.conf import env_bool, env_float, env_int, env_list, env_networks, env_secret, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 load_dotenv(BASE_DIR / ".env", override=False)
@@ -383,6 +383,10 @@ SERVER_WS_MAX_BYTES = 16 * 1024 * 1024 + 64 * 1024
 # endpoint's follow. Default 16 MiB: a 10 MiB file write, base64 inside JSON (~14 MiB), fits.
 MAX_REQUEST_BYTES = env_int("DISPATCH_MAX_REQUEST_BYTES", 16 * 1024 * 1024, minimum=64 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
+
+# Who may read /metrics without a token (docs/metrics.md): client addresses (the TCP peer,
+# never a forwarded header) in these networks; anyone else needs a staff user's API token.
+METRICS_ALLOW = env_networks("DISPATCH_METRICS_ALLOW", ["127.0.0.0/8", "::1"])
 
 LOG_LEVEL = env_str("DISPATCH_LOG_LEVEL", "INFO").upper()
 if LOG_LEVEL not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):

@@ -10,6 +10,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from agents.urls import api_urlpatterns as agent_api_urls
 from core import api, views
 from dispatch import downloads
+from dispatch.metrics import metrics_view
 from machines.urls import api_urlpatterns as machine_api_urls
 from peers.urls import api_urlpatterns as peer_api_urls
 from remotes.urls import api_urlpatterns as remote_api_urls
@@ -33,6 +34,7 @@ urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("downloads/", downloads.downloads_page, name="downloads"),
     path("downloads/<str:filename>", downloads.download_file, name="download"),
+    path("metrics", metrics_view, name="metrics"),
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),

@@ -65,6 +65,7 @@ class UserFeed:
             tools_group(self.user_id),
             health=LoopHealth(
                 f"the tool-change relay of user {self.user_id}",
+                metric_name="tool-change relay",
                 base=FEED_RETRY_SECONDS,
                 cap=FEED_RETRY_SECONDS,
                 log=logger,

@@ -13,6 +13,7 @@ import contextvars
 import json
 import logging
 import re
+import sys
 import time
 import uuid
 from datetime import timedelta
@@ -23,7 +24,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from core import wire
+from core import metrics, wire
 from core.errors import DispatchError, InvalidRequest
 from core.presence import current_process_id
 from core.realtime import Gone, request_reply
@@ -188,6 +189,9 @@ async def machine_op(
         raise
     finally:
         result["duration_ms"] = round((time.monotonic() - started) * 1000)
+        metrics.machine_operation_observed(
+            operation=op, ok=result["ok"], failure=sys.exc_info()[1], seconds=time.monotonic() - started
+        )
         _after_reply(
             user=user,
             session_id=session_id,
