@@ -18,7 +18,7 @@ from django.db import transaction
 
 from agents import lifecycle, messages
 from agents import services as agent_services
-from agents.launching import default_launch_type
+from agents.launching import launch_type_resolve
 from agents.models import Agent, AgentEvent, AgentMessage
 from agents.selectors import is_shadow
 from agents.serializers import agent_data
@@ -168,9 +168,9 @@ def peer_launch_here(*, peer: Peer, body: dict[str, Any]) -> Agent:
     """Launch an agent here for ``peer`` (``POST /api/v1/peers/launch``, spec §5) and return it.
 
     ``body``: ``{name, prompt, type?, cwd, full_access?, child?, launched_by:
-    {instance_id, agent_id | null, name}}``. ``type`` defaults to what
-    ``dispatch_launch_agent`` launches locally (the first available CLI type of kind
-    ``llm``, else ``expert``). ``cwd`` as ``launch_cwd_resolve``. ``child`` is accepted
+    {instance_id, agent_id | null, name}}``. ``type`` defaults to what a local launch
+    gets (``launch_type_resolve``: 400 listing the available types when there is no
+    default). ``cwd`` as ``launch_cwd_resolve``. ``child`` is accepted
     and has no effect here (the parent lives on the peer, as the shadow's parent). The
     agent is owned by ``peer.owner`` and records ``launched_by_peer``; an ``llm``-kind
     agent's prompt starts with ``launch_preamble``; a ``shell`` agent gets the prompt alone
@@ -182,8 +182,8 @@ def peer_launch_here(*, peer: Peer, body: dict[str, Any]) -> Agent:
     """
     name = _text(body.get("name"), "name", max_length=NAME_MAX)
     prompt = _text(body.get("prompt", ""), "prompt", max_length=messages.MAX_MESSAGE_LENGTH, required=False)
-    type = body.get("type") or default_launch_type()
-    if not isinstance(type, str):
+    type = body.get("type") or None
+    if type is not None and not isinstance(type, str):
         raise InvalidRequest("type must be a string")
     full_access = _flag(body.get("full_access"), "full_access")
     _flag(body.get("child"), "child")
@@ -191,6 +191,7 @@ def peer_launch_here(*, peer: Peer, body: dict[str, Any]) -> Agent:
     if full_access:
         capability_require(peer=peer, flag="allow_full_access")
     cwd = launch_cwd_resolve(body.get("cwd"))
+    type = launch_type_resolve(type)  # after every check of the body, in LaunchBody's order
     if _kind(type) == "llm":
         prompt = launch_preamble(peer=peer, launched_by=launched_by) + prompt
     # The agent is created with its launched_by_peer (a shell agent's session reads it for
