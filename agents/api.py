@@ -160,10 +160,10 @@ class AgentTypeSerializer(serializers.Serializer):
 
 
 class AgentTypesView(DispatchAPIView):
-    """``GET /api/v1/agent-types``: ``{"types": [{type, kind, available, reason}], "default"}``
-    (``launching``): ``expert`` is unavailable without a model endpoint, a CLI type when its
-    program is not on PATH (and then refused at launch); ``default`` is what a launch
-    without a type gets, ``null`` when it must name one."""
+    """``GET /api/v1/agent-types``: ``{"types": [{type, kind, available, reason}], "default"}``.
+    ``expert`` is unavailable without a model endpoint (``DISPATCH_LLM_BASE_URL``), a CLI
+    type when its program is not on PATH (it is then refused at launch); ``default`` is the
+    type a launch without one gets, ``null`` when a launch must name its type."""
 
     @extend_schema(
         operation_id="v1_agent_types_list",
