@@ -100,6 +100,7 @@ INSTALLED_APPS = [
     "channels",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and Redoc served from here, not a CDN
     "django_htmx",
     "core",
     "remotes",
@@ -297,6 +298,13 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     # Like every other page and route: a login or a token (the README's promise).
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    # /api/docs/ and /api/redoc/ load nothing from another host: the UIs are static files of
+    # drf-spectacular-sidecar (whitenoise), Redoc's page is ours (templates/dispatch/redoc.html:
+    # no web fonts) and Swagger UI's validator badge (an image from validator.swagger.io) is off.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "dispatch.schema.add_async_routes",
