@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from django.conf import settings
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode
@@ -254,7 +255,7 @@ def add_async_routes(result: dict[str, Any], generator: Any, request: Any, publi
     for route in ROUTES:
         paths.setdefault(route.path, {})[route.method] = route_operation(route, components)
     schemes = result["components"].setdefault("securitySchemes", {})
-    schemes.setdefault("cookieAuth", {"type": "apiKey", "in": "cookie", "name": "sessionid"})
+    schemes.setdefault("cookieAuth", {"type": "apiKey", "in": "cookie", "name": settings.SESSION_COOKIE_NAME})
     schemes.setdefault(
         "peerAuth",
         {
