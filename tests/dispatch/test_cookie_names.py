@@ -100,7 +100,8 @@ def test_a_login_and_a_csrf_checked_post_use_this_instances_names_only(owner: An
 
     browser.get("/login/")
     token = browser.cookies[settings.CSRF_COOKIE_NAME].value
-    logged_in = browser.post("/login/", {"username": owner.username, "password": PASSWORD, "csrfmiddlewaretoken": token})
+    form = {"username": owner.username, "password": PASSWORD, "csrfmiddlewaretoken": token}
+    logged_in = browser.post("/login/", form)
     assert logged_in.status_code == 302, logged_in.content
     token = browser.cookies[settings.CSRF_COOKIE_NAME].value  # a login rotates it
     issued = api_token_create(user=owner, name="to revoke")
