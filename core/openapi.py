@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, TypeVar
 
+from django.conf import settings
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.urls.converters import IntConverter
 from django.urls.resolvers import RoutePattern
@@ -48,8 +49,9 @@ class Security:
         return [{name: []} for name in self.schemes]
 
 
-# A user API token (``bearerAuth``, dispatch/schema.py's ``BearerTokenScheme``) or a session.
-USER = Security(("bearerAuth", "cookieAuth"), {"cookieAuth": {"type": "apiKey", "in": "cookie", "name": "sessionid"}})
+# A user API token (``bearerAuth``, dispatch/schema.py's ``BearerTokenScheme``) or a session
+# (its cookie's name is per instance, ``SESSION_COOKIE_NAME``: filled in when the schema is built).
+USER = Security(("bearerAuth", "cookieAuth"), {"cookieAuth": {"type": "apiKey", "in": "cookie"}})
 OPEN = Security(())
 DEFAULT_ERRORS = {
     "4XX": {"description": "`{error: {code, message, details}}`"},
@@ -233,4 +235,6 @@ def add_documented_routes(result: dict[str, Any], generator: Any, request: Any, 
         paths.setdefault(route.path, {})[operation.method] = operation_schema(route, operation, schemas)
         for name, definition in operation.security.definitions.items():
             schemes.setdefault(name, definition)
+    if "cookieAuth" in schemes:
+        schemes["cookieAuth"] = {**schemes["cookieAuth"], "name": settings.SESSION_COOKIE_NAME}
     return result

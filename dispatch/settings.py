@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 import secrets
 import tempfile
 from pathlib import Path
@@ -103,6 +104,7 @@ INSTALLED_APPS = [
     "channels",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and Redoc served from here, not a CDN
     "django_htmx",
     "core",
     "remotes",
@@ -214,7 +216,10 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # --- channel layer ---------------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL", "")
 _db_identity = DATABASE_URL or str(_default_db["NAME"])
-REDIS_PREFIX = env_str("DISPATCH_REDIS_PREFIX", "dispatch-" + hashlib.sha256(_db_identity.encode()).hexdigest()[:10])
+# A short hash of the database: what sets this instance apart from another on the same host
+# or Redis (the Redis prefix and the cookie names below).
+_db_hash = hashlib.sha256(_db_identity.encode()).hexdigest()[:10]
+REDIS_PREFIX = env_str("DISPATCH_REDIS_PREFIX", "dispatch-" + _db_hash)
 CHANNEL_CAPACITY = env_int("DISPATCH_CHANNEL_CAPACITY", 10_000, minimum=10_000)
 # Redis connections per process (and event loop) for the channel layer and the router's
 # cache; a caller that finds them all busy waits up to REDIS_POOL_TIMEOUT seconds.
@@ -266,6 +271,17 @@ AUTH_PASSWORD_VALIDATORS = [
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SECURE = _public.scheme == "https"
 CSRF_COOKIE_SECURE = _public.scheme == "https"
+# Cookies ignore the port: two instances on one host would share sessionid/csrftoken and log
+# each other out in one browser. Each instance's cookie names carry its database's hash.
+COOKIE_PREFIX = env_str("DISPATCH_COOKIE_PREFIX", f"dispatch_{_db_hash}_")
+if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", COOKIE_PREFIX):
+    raise ImproperlyConfigured(
+        f"DISPATCH_COOKIE_PREFIX must be 1-64 of A-Z, a-z, 0-9, '_', '.' or '-', got {COOKIE_PREFIX!r}"
+    )
+SESSION_COOKIE_NAME = COOKIE_PREFIX + "sessionid"
+CSRF_COOKIE_NAME = COOKIE_PREFIX + "csrftoken"
+# Flash messages live in the session, not in a "messages" cookie every instance would share.
+MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
 
 # Password throttling (spec/sessions-and-remotes.md §1.1): failures per username and per
 # client address within the window before attempts are refused unchecked.
@@ -300,6 +316,13 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     # Like every other page and route: a login or a token (the README's promise).
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    # /api/docs/ and /api/redoc/ load nothing from another host: the UIs are static files of
+    # drf-spectacular-sidecar (whitenoise), Redoc's page is ours (templates/dispatch/redoc.html:
+    # no web fonts) and Swagger UI's validator badge (an image from validator.swagger.io) is off.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "core.openapi.add_documented_routes",

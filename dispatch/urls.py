@@ -1,11 +1,12 @@
-"""URL map: pages, ``/api/v1``, the OpenAPI schema, the admin, ``/healthz`` and ``/downloads/``."""
+"""URL map: pages, ``/api/v1``, the OpenAPI schema and its two readers (Swagger UI at
+``/api/docs/``, Redoc at ``/api/redoc/``), the admin, ``/healthz``, ``/metrics`` and ``/downloads/``."""
 
 from __future__ import annotations
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from agents.urls import api_urlpatterns as agent_api_urls
 from core import api, views
@@ -38,6 +39,11 @@ urlpatterns = [
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path(
+        "api/redoc/",
+        SpectacularRedocView.as_view(url_name="api-schema", template_name="dispatch/redoc.html"),
+        name="api-redoc",
+    ),
     path("admin/", admin.site.urls),
     path("", include("remotes.urls")),
     path("", include("machines.urls")),

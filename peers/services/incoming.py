@@ -18,7 +18,7 @@ from django.db import transaction
 
 from agents import lifecycle, messages
 from agents import services as agent_services
-from agents.launching import default_launch_type
+from agents.launching import launch_type_resolve
 from agents.models import Agent, AgentEvent, AgentMessage
 from agents.selectors import is_shadow
 from agents.serializers import agent_data
@@ -132,8 +132,8 @@ def peer_launch_here(*, peer: Peer, launch: LaunchBody) -> Agent:
     """Launch an agent here for ``peer`` (``POST /api/v1/peers/launch``, spec §5) and return it.
 
     ``launch``: the validated body (``LaunchBody``, context ``{"peer_instance_id":
-    peer.instance_id}``). Its ``type`` defaults to what ``dispatch_launch_agent`` launches
-    locally (the first available CLI type of kind ``llm``, else ``expert``). ``cwd`` as
+    peer.instance_id}``). Its ``type`` defaults to what a local launch gets
+    (``launch_type_resolve``: 400 listing the available types when there is no default). ``cwd`` as
     ``launch_cwd_resolve``. ``child`` has no effect here (the parent lives on the peer,
     as the shadow's parent). The agent is owned by ``peer.owner`` and records
     ``launched_by_peer``; an ``llm``-kind agent's prompt starts with ``launch_preamble``;
@@ -144,13 +144,13 @@ def peer_launch_here(*, peer: Peer, launch: LaunchBody) -> Agent:
     ``allow_full_access``), then ``InvalidRequest`` / ``PATH_OUTSIDE_ALLOWED_ROOT`` (400,
     unknown or unavailable type, cwd outside the roots).
     """
-    type = launch.type or default_launch_type()
     full_access = launch.full_access
     launched_by = launch.launched_by.wire()
     prompt = launch.prompt
     if full_access:
         capability_require(peer=peer, flag="allow_full_access")
     cwd = launch_cwd_resolve(launch.cwd)
+    type = launch_type_resolve(launch.type)  # after every check of the body, in LaunchBody's order
     if _kind(type) == "llm":
         prompt = launch_preamble(peer=peer, launched_by=launched_by) + prompt
     # The agent is created with its launched_by_peer (a shell agent's session reads it for

@@ -10,7 +10,7 @@ and something that happens to the agent on B (a message pasted into its terminal
 
 Each instance is a real ``manage.py serve`` on its own port, data dir, SQLite database and
 tmux server; each ``DISPATCH_PUBLIC_URL`` is its real address. The two pages live in two
-browser contexts: cookies ignore ports, so one context would mix the two sessions.
+browser contexts, one per person (one browser serving both: test_two_instances_browser.py).
 """
 
 from __future__ import annotations

@@ -173,6 +173,7 @@ def test_a_user_watches_a_shadow_agent_and_sees_the_link_go_down_live(live, stan
         # page's script and its refusal is shown on the page (nothing is launched here).
         expect(page.locator('#launch-location option[value="Cloud"]')).to_be_enabled()
         shoot(page, artifacts / "shadow-agents.png")
+        page.select_option("#launch-type", "shell")  # no model endpoint here: no default type
         page.fill("#launch-form input[name=name]", "far-away")
         page.fill("#launch-form input[name=cwd]", str(tmp_path))
         page.select_option("#launch-location", "Cloud")
