@@ -38,10 +38,16 @@ urlpatterns = [
     path("metrics", metrics_view, name="metrics"),
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path(
+        "api/docs/",
+        views.anonymous_browser_to_login(SpectacularSwaggerView.as_view(url_name="api-schema")),
+        name="api-docs",
+    ),
     path(
         "api/redoc/",
-        SpectacularRedocView.as_view(url_name="api-schema", template_name="dispatch/redoc.html"),
+        views.anonymous_browser_to_login(
+            SpectacularRedocView.as_view(url_name="api-schema", template_name="dispatch/redoc.html")
+        ),
         name="api-redoc",
     ),
     path("admin/", admin.site.urls),
