@@ -86,8 +86,10 @@ NamedMachine = TypeVar("NamedMachine", bound=Named)
 
 
 def describe(machine: Named) -> dict[str, str]:
-    """``{machine_id, hostname, display_name}``: a machine as an error's details list it."""
-    return {"machine_id": machine.machine_id, "hostname": machine.hostname, "display_name": machine.display_name}
+    """``{machine_id, hostname, display_name}``: a machine as an error's details list it.
+    ``display_name`` is the name shown everywhere else (``GET /api/v1/machines``, the
+    Machines page): the one set, else the hostname, else the id — never empty."""
+    return {"machine_id": machine.machine_id, "hostname": machine.hostname, "display_name": machine.name}
 
 
 def match_target(

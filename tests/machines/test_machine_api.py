@@ -191,6 +191,14 @@ async def test_put_default_answers_the_routers_errors(shims, owner, member, api)
     error = error_of(ambiguous)
     assert error["code"] == "MACHINE_AMBIGUOUS"
     assert {c["machine_id"] for c in error["details"]["candidates"]} == {"3f2b-1", "3f2b-2"}
+    # Each candidate is named as the machine list names it (a machine without a display
+    # name shows its hostname there, so here too: never an empty name).
+    listed = {m["machine_id"]: m["display_name"] for m in (await api.get("/api/v1/machines")).json()["machines"]}
+    assert {c["machine_id"]: c["display_name"] for c in error["details"]["candidates"]} == {
+        "3f2b-1": listed["3f2b-1"],
+        "3f2b-2": listed["3f2b-2"],
+    }
+    assert listed["3f2b-1"] == "laptop"
     for other in ("bobs-box", "bobs", "nowhere"):
         missing = await api.put("/api/v1/machines/default", {"machine_id": other})
         assert missing.status_code == 404
