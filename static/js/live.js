@@ -16,6 +16,16 @@
       document.body.dispatchEvent(new CustomEvent("dispatch:live", { detail: { event: name, data: detail } }));
     });
   });
+  // Every connection starts with a `snapshot`. The first one only confirms what the page
+  // was rendered with; a later one means the stream reconnected (the server restarted, the
+  // network dropped): whatever happened meanwhile was never sent, so re-fetch the live parts.
+  var connections = 0;
+  source.addEventListener("snapshot", function () {
+    connections += 1;
+    if (connections > 1) {
+      document.body.dispatchEvent(new CustomEvent("dispatch:live", { detail: { event: "snapshot", data: {} } }));
+    }
+  });
   if (pane) {
     source.addEventListener("pane", function (message) {
       var frame;
