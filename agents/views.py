@@ -213,6 +213,13 @@ def is_lost_contact(event: AgentEvent) -> bool:
     return event.type == AgentEvent.Type.SYSTEM and event.message.lower().startswith("lost contact with")
 
 
+def is_contact_restored(event: AgentEvent) -> bool:
+    """Whether ``event`` is Dispatch's note that a peer's stream is back after a drop (the
+    ``system`` event "contact restored with <peer>" that follows "lost contact"), styled
+    as such on the timeline."""
+    return event.type == AgentEvent.Type.SYSTEM and event.message.lower().startswith("contact restored with")
+
+
 def _agent_context(request: HttpRequest, agent_id: str) -> dict[str, object]:
     agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
     is_shadow = selectors.is_shadow(agent)
@@ -228,6 +235,7 @@ def _agent_context(request: HttpRequest, agent_id: str) -> dict[str, object]:
         "local_pane": has_local_pane(agent),
         "events": events.items,
         "lost_contact": {event.pk for event in events.items if is_lost_contact(event)},
+        "contact_restored": {event.pk for event in events.items if is_contact_restored(event)},
         "events_next": events.next,
         "before": before or "",
         "runs": selectors.runs_page(agent=agent).items if agent.type == services.EXPERT and not is_shadow else [],
