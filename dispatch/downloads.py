@@ -5,28 +5,28 @@ installed on computers that have no session yet (``pipx install <public URL>/dow
 dispatch_shim-<version>-py3-none-any.whl``). It serves the index page and the client
 packages ``core.downloads`` finds in ``DIST_DIR``, and nothing else: any other name is 404.
 
-Both views are async; the folder is read and the files are streamed from worker threads,
-so a slow download holds neither the event loop nor the shared sync thread.
+Both views are async; the folder and the files are read in worker threads, so neither
+holds the event loop nor the shared sync thread.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import BinaryIO
 
 from asgiref.sync import sync_to_async
 from django.contrib.auth.decorators import login_not_required
-from django.http import FileResponse, Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils.http import content_disposition_header
+from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_safe
 
 from core import downloads
 
-CHUNK_BYTES = 64 * 1024
+MAX_PACKAGE_BYTES = 64 * 1024 * 1024
 
 
+@csrf_exempt  # GET/HEAD only: anything else is 405, not a CSRF page
 @login_not_required
 @require_safe
 async def downloads_page(request: HttpRequest) -> HttpResponse:
@@ -37,17 +37,26 @@ async def downloads_page(request: HttpRequest) -> HttpResponse:
     return response
 
 
+@csrf_exempt  # GET/HEAD only: anything else is 405, not a CSRF page
 @login_not_required
 @require_safe
-async def download_file(request: HttpRequest, filename: str) -> FileResponse:
+async def download_file(request: HttpRequest, filename: str) -> HttpResponse:
     """``GET /downloads/<filename>``: the file as an attachment (``application/zip`` for a
     wheel, ``application/gzip`` for an sdist). 404 for any name that is not a client
-    package in ``DIST_DIR`` (other files, paths, symlinks out of the folder)."""
+    package in ``DIST_DIR`` (other files, paths, symlinks out of the folder), or one that
+    went away meanwhile.
+
+    The file is read whole, in a worker thread, before the answer starts (a client package
+    is tens of kilobytes): ``make dist`` rewriting it meanwhile then gives one consistent
+    version with its true ``Content-Length``, never a body shorter than announced."""
     package = await sync_to_async(downloads.client_package, thread_sensitive=False)(filename)
     if package is None:
         raise Http404("no such download")
-    response = FileResponse(_chunks(package.path, package.size_bytes), content_type=package.content_type)
-    response["Content-Length"] = str(package.size_bytes)
+    try:
+        content = await sync_to_async(_read_whole, thread_sensitive=False)(package.path)
+    except OSError:
+        raise Http404("no such download")
+    response = HttpResponse(content, content_type=package.content_type)
     disposition = content_disposition_header(as_attachment=True, filename=package.filename)
     assert disposition is not None  # an attachment always has one
     response["Content-Disposition"] = disposition
@@ -55,24 +64,11 @@ async def download_file(request: HttpRequest, filename: str) -> FileResponse:
     return response
 
 
-async def _chunks(path: Path, size_bytes: int) -> AsyncIterator[bytes]:
-    """The file's first ``size_bytes`` bytes (its size when listed, the ``Content-Length``:
-    ``make dist`` may rewrite it meanwhile), read in a worker thread. The file is opened
-    only when the body is sent (not for ``HEAD``) and closed at the end, also when the
-    client goes away mid-download."""
-    handle = await sync_to_async(_open_binary, thread_sensitive=False)(path)
-    read = sync_to_async(handle.read, thread_sensitive=False)
-    try:
-        remaining = size_bytes
-        while remaining > 0:
-            chunk = await read(min(CHUNK_BYTES, remaining))
-            if not chunk:
-                break
-            remaining -= len(chunk)
-            yield chunk
-    finally:
-        await sync_to_async(handle.close, thread_sensitive=False)()
-
-
-def _open_binary(path: Path) -> BinaryIO:
-    return path.open("rb")
+def _read_whole(path: Path) -> bytes:
+    """The file's bytes; ``OSError`` when it is gone, or is larger than ``MAX_PACKAGE_BYTES``
+    (a client package never is: something else was put in its place)."""
+    with path.open("rb") as handle:
+        content = handle.read(MAX_PACKAGE_BYTES + 1)
+    if len(content) > MAX_PACKAGE_BYTES:
+        raise OSError(f"{path.name} is larger than {MAX_PACKAGE_BYTES} bytes")
+    return content

@@ -23,6 +23,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
@@ -146,6 +147,7 @@ async def _read_rows() -> HeldRows | None:
         return None
 
 
+@csrf_exempt  # GET/HEAD only: anything else is 405 here, not a CSRF page
 @login_not_required  # answers 401/403 itself
 async def metrics_view(request: HttpRequest) -> HttpResponse:
     """``GET /metrics`` (and ``HEAD``): Prometheus' text exposition format 0.0.4 (OpenMetrics
@@ -168,7 +170,10 @@ async def metrics_view(request: HttpRequest) -> HttpResponse:
             raise
         return error_response(mapped)
     # The text format 0.0.4, or OpenMetrics when the scraper's Accept asks for it.
-    encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+    try:
+        encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+    except (TypeError, ValueError):  # a malformed Accept (e.g. "version=abc"): the default format
+        encode, content_type = choose_encoder("")
     response = HttpResponse(encode(Scrape(await _read_rows())), content_type=content_type)
     response["Cache-Control"] = "no-store"
     return response

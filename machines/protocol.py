@@ -253,6 +253,11 @@ class SessionCopyAnswer(BaseModel):
     sha256: str
 
 
+MACHINE_NAME_MAX = 255
+"""The longest machine name a body may give: longer than any machine id, host or display
+name stored (their columns are 64 and 255 characters), so a longer one can match nothing."""
+
+
 class DefaultMachineBody(WireModel):
     """``PUT /api/v1/machines/default``: ``{machine_id}``, the machine to route to by default
     (§6 step 3) — anything a ``target_machine`` may be (a ``machine_id``, a host or display
@@ -264,7 +269,7 @@ class DefaultMachineBody(WireModel):
         Any,
         WithJsonSchema(
             {
-                "anyOf": [{"type": "string", "minLength": 1}, {"type": "null"}],
+                "anyOf": [{"type": "string", "minLength": 1, "maxLength": MACHINE_NAME_MAX}, {"type": "null"}],
                 "description": "a machine id, host name, display name or unique prefix (as target_machine); "
                 "null clears the default",
             }
@@ -285,6 +290,8 @@ class DefaultMachineBody(WireModel):
     def _machine(cls, value: Any) -> str | None:
         if value is not None and (not isinstance(value, str) or not value.strip()):
             raise ValueError("machine_id must be a non-empty string or null")
+        if value is not None and len(value) > MACHINE_NAME_MAX:
+            raise ValueError(f"machine_id must be at most {MACHINE_NAME_MAX} characters")
         return value
 
 

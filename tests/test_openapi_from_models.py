@@ -100,7 +100,10 @@ def test_a_body_fields_rules_reach_the_schema(schema: dict[str, Any]) -> None:
     assert components["SessionOpBody"]["required"] == ["op"]
     default = components["DefaultMachineBody"]
     assert default["required"] == ["machine_id"]
-    assert default["properties"]["machine_id"]["anyOf"] == [{"type": "string", "minLength": 1}, {"type": "null"}]
+    assert default["properties"]["machine_id"]["anyOf"] == [
+        {"type": "string", "minLength": 1, "maxLength": 255},
+        {"type": "null"},
+    ]
     assert "target_machine" in default["properties"]["machine_id"]["description"]
     call = schema["paths"]["/api/v1/remotes/{remotename}/call"]["post"]
     body = call["requestBody"]["content"]["application/json"]["schema"]

@@ -36,7 +36,7 @@ def dist(settings: Any, tmp_path: Path) -> Path:
 
 
 async def body_of(response: Any) -> bytes:
-    return b"".join([chunk async for chunk in response.streaming_content])
+    return bytes(response.content)
 
 
 async def test_anyone_sees_the_index_with_name_version_size_and_sha256(dist):
@@ -77,14 +77,28 @@ async def test_an_sdist_is_served_as_gzip(dist):
     assert await body_of(response) == (dist / SHIM_SDIST).read_bytes()
 
 
-async def test_a_large_file_streams_in_chunks(dist):
+async def test_the_body_is_always_as_long_as_announced(dist):
     big = "dispatch_remote-1.0.0-py3-none-any.whl"
     (dist / big).write_bytes(bytes(range(256)) * 4096)  # 1 MiB
     response = await AsyncClient().get(f"/downloads/{big}")
-    assert response.streaming
-    chunks = [chunk async for chunk in response.streaming_content]
-    assert len(chunks) > 1
-    assert b"".join(chunks) == (dist / big).read_bytes()
+    body = await body_of(response)
+    assert body == (dist / big).read_bytes()
+    assert response["Content-Length"] == str(len(body))
+
+
+async def test_a_package_gone_after_it_was_listed_is_404(dist, monkeypatch):
+    listed = downloads.client_package(SHIM_WHEEL)  # found, then make dist removes it
+    assert listed is not None
+    (dist / SHIM_WHEEL).unlink()
+    monkeypatch.setattr(downloads, "client_package", lambda filename: listed)
+    assert (await AsyncClient().get(f"/downloads/{SHIM_WHEEL}")).status_code == 404
+
+
+async def test_something_far_larger_than_a_package_is_not_served(dist, monkeypatch):
+    from dispatch import downloads as views
+
+    monkeypatch.setattr(views, "MAX_PACKAGE_BYTES", 1000)
+    assert (await AsyncClient().get(f"/downloads/{SHIM_WHEEL}")).status_code == 404
 
 
 @pytest.mark.parametrize(
@@ -138,7 +152,7 @@ async def test_an_empty_dist_folder_says_to_run_make_dist_too(settings, tmp_path
 
 
 async def test_the_downloads_only_answer_get_and_head(dist):
-    client = AsyncClient()
+    client = AsyncClient(enforce_csrf_checks=True)  # 405, not a CSRF page
     assert (await client.post("/downloads/")).status_code == 405
     assert (await client.post(f"/downloads/{SHIM_WHEEL}")).status_code == 405
     head = await client.head(f"/downloads/{SHIM_WHEEL}")

@@ -80,6 +80,13 @@ def test_a_scraper_asking_for_openmetrics_gets_it(db: None) -> None:
     assert found["dispatch_outbox_depth"] == "gauge"
 
 
+def test_a_malformed_accept_gets_the_default_format(db: None) -> None:
+    response = Client().get("/metrics", HTTP_ACCEPT="application/openmetrics-text; version=abc")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain; version=0.0.4")
+    assert "dispatch_metrics_database_up" in {f.name for f in text_string_to_metric_families(response.content.decode())}
+
+
 def _hostname() -> str:
     from core.presence import HOSTNAME
 
@@ -268,7 +275,7 @@ def test_the_allow_list_is_the_setting(db: None, settings: Any) -> None:
 
 def test_only_get_and_head_are_answered(db: None) -> None:
     assert Client().head("/metrics").status_code == 200
-    response = Client().post("/metrics")
+    response = Client(enforce_csrf_checks=True).post("/metrics")  # 405 in the API's shape, not a CSRF page
     assert response.status_code == 405
     assert response["Allow"] == "GET, HEAD"
     assert error_of(response)["code"] == "METHOD_NOT_ALLOWED"

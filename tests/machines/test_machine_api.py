@@ -154,6 +154,7 @@ async def test_put_default_sets_and_clears_the_default(shims, owner, member, api
         ({"machine_id": 3}, "machine_id must be a non-empty string or null"),
         ({"machine_id": ""}, "machine_id must be a non-empty string or null"),
         ({}, "machine_id is required (a machine id, host name, display name or unique prefix; null to clear)"),
+        ({"machine_id": "é" * 256}, "machine_id must be at most 255 characters"),  # not echoed back
     ):
         refused = await api.put("/api/v1/machines/default", body)
         assert refused.status_code == 400
