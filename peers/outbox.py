@@ -49,6 +49,7 @@ from core.errors import DispatchError, NotFound
 from core.realtime import LoopHealth, Subscription, ring_on_commit
 from peers.client import PeerClient, PeerUnreachable
 from peers.models import OutboxMessage, Peer, PeerReceipt
+from peers.protocol import OutboxDoorbellMessage
 from peers.services.leases import peer_lease_claim, peer_lease_release
 
 logger = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ def outbox_ring() -> None:
     Best effort, at most once: a lost ring only delays delivery to the next 30 s pass.
     Sync code only; never raises.
     """
-    ring_on_commit(DOORBELL_GROUP, {"type": "outbox.doorbell"})
+    ring_on_commit(DOORBELL_GROUP, OutboxDoorbellMessage())
 
 
 def outbox_enqueue(*, message: AgentMessage, peer: Peer, to_agent_id: str, payload: dict[str, Any]) -> OutboxMessage:
@@ -404,6 +405,7 @@ async def outbox_drain_loop() -> None:
     # the doorbell retries with backoff up to the drain interval, the drain goes on polling.
     doorbell = Subscription(
         DOORBELL_GROUP,
+        receives=[OutboxDoorbellMessage],
         health=LoopHealth("outbox doorbell", log=logger, cap=DRAIN_INTERVAL),
         rejoin_every=DRAIN_INTERVAL,
     )

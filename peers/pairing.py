@@ -33,11 +33,12 @@ from limits import parse
 from agents.models import AgentMessage
 from core import secrets_at_rest
 from core.errors import DispatchError, InvalidRequest, NotFound, RateLimited
-from core.realtime import MIRROR_RESCAN, PEERS_MIRROR_GROUP, ring_on_commit
+from core.realtime import PEERS_MIRROR_GROUP, ring_on_commit
 from core.services import generate_token, rate_limiter, token_digest
 from core.tool_changes import tools_changed_on_commit
 from peers.identity import PEER_PROTOCOL_VERSION, Identity, fingerprint_of, public_key_from
 from peers.models import OutboxMessage, PairingOffer, Peer, new_idempotency_key
+from peers.protocol import MirrorRescanMessage
 from peers.selectors import label_taken, live_offers, peer_get_for, peer_resolve_location
 from peers.services.identity import identity_get
 
@@ -81,7 +82,7 @@ CLAIM_TIMEOUT = 30.0  # seconds
 def _mirror_rescan() -> None:
     """Ring the mirroring loop (``peers.mirror``, which sits above this module) to rescan the
     links after commit, as ``peers.mirror.mirror_rescan`` does (spec §7)."""
-    ring_on_commit(PEERS_MIRROR_GROUP, {"type": MIRROR_RESCAN})
+    ring_on_commit(PEERS_MIRROR_GROUP, MirrorRescanMessage())
 
 
 # --- codes and labels ------------------------------------------------------------------------
