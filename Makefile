@@ -5,9 +5,10 @@ PY     := $(VENV)/bin/python
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 PYTEST_ARGS ?=
+DIST   ?= dist
 CLIENTS := tests/clients
 
-.PHONY: run test lint bench venv dev clean
+.PHONY: run test lint bench venv dev dist clean
 
 $(VENV)/bin/python:
 	@$(PYTHON) -m venv $(VENV) || { echo "Could not create a virtualenv: install Python's venv module (Debian/Ubuntu: apt-get install python3-venv)"; exit 1; }
@@ -61,6 +62,21 @@ bench: dev
 	$(PY) bench/machines.py
 	$(PY) bench/agents.py
 	$(PY) bench/peers.py
+
+## dist: build the installable clients into dist/ with `python -m build` (each wheel built
+##       from its sdist): dispatch_shim-<version>-py3-none-any.whl (the `dispatch-shim`
+##       command) and dispatch_remote-<version>-py3-none-any.whl (`from dispatch_remote
+##       import Remote`, the `dispatch-remote` command), plus their .tar.gz sdists. They are
+##       built from machines/shim/ and remotes/client/ as they are (each folder's
+##       pyproject.toml); the version of both is SHIM_VERSION in machines/shim/protocol.py.
+##       Needs only `build` (pinned in requirements-dev.txt), not the whole dev set.
+##       DIST=DIR builds into DIR instead (the tests do).
+dist: | $(VENV)/bin/python
+	@$(PY) -m build --version >/dev/null 2>&1 || $(PY) -m pip install -q "$$(grep -E '^build==' requirements-dev.txt)"
+	@mkdir -p $(DIST) && rm -f $(DIST)/dispatch_shim-* $(DIST)/dispatch_remote-*
+	$(PY) -m build --outdir $(DIST) machines/shim
+	$(PY) -m build --outdir $(DIST) remotes/client
+	@ls -1 $(DIST)/dispatch_shim-* $(DIST)/dispatch_remote-*
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(CLIENTS)/node_modules

@@ -172,7 +172,7 @@ def dump_outbox(output: Path, *, prefix: str) -> None:
 
 def enqueue(output: Path, *, label: str, agent_id: str, count: int, prefix: str, holder: str = "") -> None:
     """In a child with A's settings: ``count`` messages from A's admin to agent ``agent_id``
-    on peer ``label`` through the service (``peers.remote_launch.peer_message_send``: message
+    on peer ``label`` through the service (``peers.services.outgoing.peer_message_send``: message
     and outbox row in one transaction). The doorbell rings in this process only, so A's
     server is not woken. With ``holder``, the peer's drain lease is first taken for 10
     minutes in that name (waiting up to 60 s for A's server to release it), so A's own drain
@@ -181,8 +181,8 @@ def enqueue(output: Path, *, label: str, agent_id: str, count: int, prefix: str,
     from datetime import timedelta
 
     from peers.models import Peer
-    from peers.outbox import drain_lease_claim
-    from peers.remote_launch import peer_message_send
+    from peers.services.leases import drain_lease_claim
+    from peers.services.outgoing import peer_message_send
 
     peer = Peer.objects.select_related("owner").get(label=label, revoked_at__isnull=True)
     if holder:
@@ -227,7 +227,7 @@ def drain(output: Path, *, label: str, holder: str) -> None:
 
     release_lease = outbox.drain_lease_release
     outbox.drain_lease_release = lambda **kwargs: None  # kept until every pass is done
-    for name in ("drain_lease_claim", "drain_lease_release", "_due_rows", "_live_peer", "_delivered"):
+    for name in ("drain_lease_claim", "drain_lease_release", "_due_rows", "_live_peer", "outbox_mark_delivered"):
         setattr(outbox, name, timed(name, getattr(outbox, name)))
     original_db = outbox._db
 
@@ -285,7 +285,7 @@ def drain(output: Path, *, label: str, holder: str) -> None:
 
 def due_now(output: Path, *, label: str) -> None:
     """In a child with A's settings: make peer ``label``'s queued outbox rows due now with
-    their backoff forgotten (as a reconnect does, ``peers.outbox.outbox_backoff_reset``).
+    their backoff forgotten (as a reconnect does, ``peers.services.outbox.outbox_backoff_reset``).
     Writes ``{"reset": n}``."""
     _django()
     from django.utils import timezone

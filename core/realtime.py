@@ -15,7 +15,7 @@ dropped (``message_received``), never raised into a loop or a consumer.
   listens polls anyway. Each doorbell's group name lives in the module that owns it
   (``core.revocation.DOORBELL_GROUP``, ``core.tool_changes.tools_group``,
   ``agents.messages.doorbell_group``, ``agents.services.user_events_group``,
-  ``peers.outbox.DOORBELL_GROUP``); the one a lower module rings for a higher one is here
+  ``peers.services.outbox.DOORBELL_GROUP``); the one a lower module rings for a higher one is here
   (``PEERS_MIRROR_GROUP``: pairing rings the mirroring loop).
 - **Sending now** — ``layer_send(channel, message)``, from async code, raising what the
   layer raises (``ChannelFull``; a message it cannot serialize): a consumer's answer on a
@@ -68,7 +68,7 @@ logger = logging.getLogger(__name__)
 BACKOFF_JITTER = 0.2  # ± this fraction of a backoff delay, drawn at random
 LEAVE_TIMEOUT = 5.0  # seconds ``Subscription.close`` waits to leave its groups
 PEERS_MIRROR_GROUP = "peers.mirror"
-"""The mirroring loop's doorbell (``peers.mirror``), rung by ``peers.pairing`` (below it)
+"""The mirroring loop's doorbell (``peers.mirror``), rung by ``peers.services.pairing`` (below it)
 after a link changes (``peers.protocol.MirrorRescanMessage``, ``MirrorResnapshotMessage``)."""
 
 Message = TypeVar("Message", bound=ChannelMessage)

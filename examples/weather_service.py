@@ -1,9 +1,11 @@
 """Example remote: a fake weather service (spec §2.5).
 
-From the repository root, with ``DISPATCH_URL`` and ``DISPATCH_TOKEN`` in the
-environment: ``python -m remotes.client serve examples/weather_service.py:remote`` (or
-``PYTHONPATH=. python examples/weather_service.py``). Then
-``python -m remotes.client call weather-service get_forecast '{"city": "Rome"}'``.
+With ``DISPATCH_URL`` (or ``--server``) and ``DISPATCH_TOKEN`` in the environment and the
+``dispatch-remote`` package installed: ``dispatch-remote serve
+examples/weather_service.py:remote`` (or ``python examples/weather_service.py``), then
+``dispatch-remote call weather-service get_forecast '{"city": "Rome"}'``. In a clone of
+the server, from its root, without installing anything: ``python -m remotes.client serve
+examples/weather_service.py:remote``.
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ from __future__ import annotations
 import os
 import zlib
 
-from remotes.client import Remote
+try:
+    from dispatch_remote import Remote
+except ModuleNotFoundError:  # a clone of the server, where the client is `remotes.client`
+    from remotes.client import Remote
 
 remote = Remote(
     "weather-service",

@@ -1,10 +1,11 @@
 """Admin for linked instances (spec/ui.md "Admin"); every change goes through a service.
 
 Peers: list, filters, search; hashes and prefixes read-only (the encrypted outbound token
-is never shown); label and capability edits through ``pairing.peer_admin_update``;
-actions "revoke peer" and "rotate credentials". The Peer list links to a pairing page
-(``admin/peers/peer/pairing/``) that makes an offer and shows its code, and links with
-a code (the form posts to the async ``/peers/link`` view, which comes back here).
+is never shown); label and capability edits through ``links.peer_admin_update``;
+actions "revoke peer" (``pairing.peer_revoke_admin``) and "rotate credentials". The Peer
+list links to a pairing page (``admin/peers/peer/pairing/``) that makes an offer and shows
+its code, and links with a code (the form posts to the async ``/peers/link`` view, which
+comes back here).
 Pairing offers, receipts and leases are read-only; outbox rows have retry and discard.
 """
 
@@ -23,6 +24,9 @@ from django.urls import URLPattern, path, reverse
 from core.errors import DispatchError
 from peers import pairing
 from peers.models import OutboxMessage, PairingOffer, Peer, PeerLease, PeerReceipt
+from peers.services import links
+from peers.services.outbox import outbox_discard, outbox_retry
+from peers.services.pairing import offer_create
 
 
 class LiveFilter(admin.SimpleListFilter):
@@ -43,11 +47,11 @@ class LiveFilter(admin.SimpleListFilter):
 class PeerForm(forms.ModelForm):
     class Meta:
         model = Peer
-        fields = ["label", *pairing.CAPABILITIES]
+        fields = ["label", *links.CAPABILITIES]
 
     def clean_label(self) -> str:
         try:
-            return pairing.label_validate(self.cleaned_data.get("label"))
+            return links.label_validate(self.cleaned_data.get("label"))
         except DispatchError as exc:
             raise forms.ValidationError(exc.message) from None
 
@@ -101,9 +105,9 @@ class PeerAdmin(admin.ModelAdmin):
         return False  # peers are made by pairing (the pairing page)
 
     def save_model(self, request: HttpRequest, obj: Peer, form: Any, change: bool) -> None:
-        flags = {name: form.cleaned_data[name] for name in pairing.CAPABILITIES}
+        flags = {name: form.cleaned_data[name] for name in links.CAPABILITIES}
         try:
-            pairing.peer_admin_update(peer=obj, label=form.cleaned_data["label"], **flags)
+            links.peer_admin_update(peer=obj, label=form.cleaned_data["label"], **flags)
         except DispatchError as exc:
             obj.refresh_from_db()
             self.message_user(request, exc.message, messages.ERROR)
@@ -122,7 +126,7 @@ class PeerAdmin(admin.ModelAdmin):
         rotated = 0
         for peer in queryset:
             try:
-                pairing.peer_credentials_rotate(peer=peer)
+                links.peer_credentials_rotate(peer=peer)
                 rotated += 1
             except Exception as exc:  # SecretUnreadable: name the peer, keep going
                 self.message_user(request, f"{peer.label}: {exc}", messages.ERROR)
@@ -140,9 +144,9 @@ class PeerAdmin(admin.ModelAdmin):
         issued = None
         if request.method == "POST":
             as_user = User.objects.filter(username=request.POST.get("as_user", ""), is_active=True).first()
-            flags = {name: request.POST.get(name) == "on" for name in pairing.CAPABILITIES}
+            flags = {name: request.POST.get(name) == "on" for name in links.CAPABILITIES}
             try:
-                issued = pairing.offer_create(user=user, link_user=as_user, **flags)
+                issued = offer_create(user=user, link_user=as_user, **flags)
             except DispatchError as exc:
                 self.message_user(request, exc.message, messages.ERROR)
         context = {
@@ -150,7 +154,7 @@ class PeerAdmin(admin.ModelAdmin):
             "title": "Pairing",
             "opts": self.model._meta,
             "offer": issued,
-            "switches": [(name, pairing.DEFAULT_CAPABILITIES[name]) for name in pairing.CAPABILITIES],
+            "switches": [(name, links.DEFAULT_CAPABILITIES[name]) for name in links.CAPABILITIES],
             "users": list(User.objects.filter(is_active=True).order_by("username").values_list("username", flat=True)),
             "link_url": reverse("peers-link"),
             "back_url": reverse("admin:peers_peer_changelist"),
@@ -194,8 +198,6 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
     actions = ["retry", "discard"]
 
     def _apply(self, request: HttpRequest, queryset: QuerySet[OutboxMessage], action: str) -> None:
-        from peers.outbox import outbox_discard, outbox_retry
-
         user = request.user
         assert isinstance(user, User)
         service = outbox_retry if action == "retry" else outbox_discard

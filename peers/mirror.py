@@ -4,21 +4,24 @@
 peers every ``RESCAN_SECONDS`` and whenever its doorbell group ``peers.mirror`` rings
 (``mirror_rescan``, ``mirror_resnapshot``), and runs one subscriber task per peer whose
 ``PeerLease`` of kind ``subscribe`` this process holds (so only one process subscribes to
-a given peer; the lease lasts ``LEASE_SECONDS`` and is renewed on every scan). A
-subscriber is restarted when the peer's url or outbound token changes, and stopped when
-the peer is revoked.
+a given peer; the lease, ``peers.services.leases.subscribe_lease_claim``, lasts three
+minutes and is renewed on every scan). A subscriber is restarted when the peer's url or
+outbound token changes, and stopped when the peer is revoked.
 
 A subscriber (``subscribe_peer``) opens ``GET /api/v1/peers/events`` with
 ``peers.client.PeerClient.stream_events`` (read timeout ``READ_TIMEOUT`` seconds, so a
 peer that vanished without closing the connection is noticed) and applies each frame
-through ``peers.shadows``: ``snapshot`` → upsert every agent, reap the unlisted, clear
-``stale``; ``agent.upsert`` → upsert one. On each snapshot it stamps ``last_seen_at``
-and tells the outbox the peer is back (``peers.outbox.outbox_backoff_reset``, which
-also rings the drain doorbell); while connected ``last_seen_at`` is
-stamped at most once per ``LAST_SEEN_INTERVAL``. When the stream drops, the peer's
-shadows become stale (``shadows_mark_stale``) and it reconnects after
-``BACKOFF_BASE`` × 2^n seconds (max ``BACKOFF_MAX``, ±20 % jitter). ``DISPATCH_PEER_BACKOFF_SCALE``
+through ``peers.services.shadows``: ``snapshot`` → upsert every agent, reap the unlisted,
+clear ``stale``; ``agent.upsert`` → upsert one. On the first snapshot of a connection it
+stamps ``last_seen_at`` and tells the outbox the peer is back
+(``peers.services.links.peer_reconnected``, which also rings the drain doorbell); while
+connected ``last_seen_at`` is stamped at most once per ``LAST_SEEN_INTERVAL``. When the
+stream drops, the peer's shadows become stale (``shadows_mark_stale``) and it reconnects
+after ``BACKOFF_BASE`` × 2^n seconds (max ``BACKOFF_MAX``, ±20 % jitter). ``DISPATCH_PEER_BACKOFF_SCALE``
 (environment, a float, default 1) scales these waits — for tests only.
+
+Every write is a service (``peers.services``: shadows, links, leases, pairing); this module
+holds the loop, the stream's parsing and the HTTP connection (``peers.client``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ import json
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -46,11 +48,11 @@ from core.realtime import (
     ring_on_commit,
 )
 from peers.models import Peer
-from peers.outbox import outbox_backoff_reset
-from peers.pairing import peer_mark_unlinked_by_peer
 from peers.protocol import MirrorRescanMessage, MirrorResnapshotMessage
 from peers.services import shadows
-from peers.services.leases import peer_lease_claim, peer_lease_release
+from peers.services.leases import subscribe_lease_claim, subscribe_lease_release
+from peers.services.links import peer_reconnected, peer_seen_stamp
+from peers.services.pairing import peer_mark_unlinked_by_peer
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +61,7 @@ RESCAN_SECONDS = 60.0
 READ_TIMEOUT = 45.0
 BACKOFF_BASE = 5.0
 BACKOFF_MAX = 60.0
-LEASE_SECONDS = 180.0
 LAST_SEEN_INTERVAL = 60.0
-LEASE_KIND = "subscribe"
 EVENTS_PATH = "/api/v1/peers/events"
 
 
@@ -95,20 +95,6 @@ def mirror_resnapshot(peer_id: int) -> None:
     ring_on_commit(DOORBELL_GROUP, MirrorResnapshotMessage(peer_id=int(peer_id)))
 
 
-# --- leases ------------------------------------------------------------------------------
-
-
-def subscribe_lease_claim(*, peer_id: int, holder: str, seconds: float = LEASE_SECONDS) -> bool:
-    """Take or renew the ``subscribe`` lease of peer ``peer_id`` for ``holder`` (a process id)
-    for ``seconds``. True when ``holder`` holds it now: it was free, expired or already its."""
-    return peer_lease_claim(peer_id=peer_id, kind=LEASE_KIND, holder=holder, ttl=timedelta(seconds=seconds))
-
-
-def subscribe_lease_release(*, peer_id: int, holder: str) -> None:
-    """Give up ``holder``'s ``subscribe`` lease of peer ``peer_id`` (nothing if it is not held)."""
-    peer_lease_release(peer_id=peer_id, kind=LEASE_KIND, holder=holder)
-
-
 # --- one peer ----------------------------------------------------------------------------
 
 
@@ -127,24 +113,13 @@ def _live_peer(peer_id: int) -> Peer | None:
     return Peer.objects.select_related("owner").filter(pk=peer_id, revoked_at__isnull=True).first()
 
 
-def _stamp_last_seen(peer_id: int) -> None:
-    Peer.objects.filter(pk=peer_id).update(last_seen_at=timezone.now())
-
-
-def peer_reconnected(peer: Peer) -> None:
-    """A peer's stream (re)connected: stamp ``last_seen_at``, make its queued outbox rows
-    due now with their backoff forgotten and ring the drain doorbell
-    (``peers.outbox.outbox_backoff_reset``; spec §8 "reset when the peer's stream reconnects")."""
-    _stamp_last_seen(peer.pk)
-    outbox_backoff_reset(peer)
-
-
 def apply_event(peer: Peer, event: str, data: str) -> bool:
     """Apply one server-sent event of a peer's stream; True for a ``snapshot``.
 
     ``snapshot`` → ``shadows.shadows_apply_snapshot``; ``agent.upsert`` →
     ``shadows.shadow_apply_frame``. Malformed frames are logged and skipped; other event
-    names are ignored.
+    names are ignored. This is the stream's parser (like a consumer's): the writes are
+    those services'.
     """
     seen_at = timezone.now()
     try:
@@ -196,7 +171,7 @@ async def _stream_once(peer: Peer, on_snapshot: Callable[[], Awaitable[None]]) -
                 await on_snapshot()
             elif loop.time() - last_stamp >= LAST_SEEN_INTERVAL:
                 last_stamp = loop.time()
-                await database_sync_to_async(_stamp_last_seen)(peer.pk)
+                await database_sync_to_async(peer_seen_stamp)(peer_id=peer.pk)
     raise PeerUnreachable(f"peer {peer.label} closed its events stream")
 
 
@@ -216,7 +191,7 @@ async def subscribe_peer(peer_id: int) -> None:
             if not connected:
                 connected = True
                 failures = 0
-                await database_sync_to_async(peer_reconnected)(peer)
+                await database_sync_to_async(peer_reconnected)(peer=peer)
 
         try:
             await _stream_once(peer, snapshot_arrived)

@@ -1,9 +1,9 @@
-"""The durable outbox of messages to peers (spec/peers.md §8: messages are content, status is state).
+"""The outbox drain: delivering messages to peers (spec/peers.md §8: messages are content, status is state).
 
 A message to an agent on a peer is written as an ``AgentMessage`` (status ``queued``) and
-an ``OutboxMessage`` in **one transaction** (``outbox_enqueue``); the drain doorbell is rung
-after commit. ``outbox_drain_loop`` (a background service) drains every 30 s and whenever
-rung: peers concurrently, each under a per-peer drain lease (``PeerLease`` kind
+an ``OutboxMessage`` in **one transaction** (``peers.services.outbox.outbox_enqueue``); the
+drain doorbell is rung after commit. ``outbox_drain_loop`` (a background service) drains
+every 30 s and whenever rung: peers concurrently, each under a per-peer drain lease (``PeerLease`` kind
 ``drain``), that peer's rows in order, at most 50 per pass, stopping at the first
 transient failure (so one closed laptop never holds another peer's mail).
 
@@ -19,15 +19,18 @@ Outcomes of one POST ``/api/v1/peers/messages`` (header ``Idempotency-Key``):
 
 A row older than ``DISPATCH_OUTBOX_MAX_AGE`` seconds (default 7 days) is dead-lettered
 instead of sent. The ``AgentMessage`` follows its row: ``queued`` / ``delivered`` /
-``dead``. Retention (``outbox_purge``): delivered rows 7 days, dead and discarded rows
-30 days, ``PeerReceipt`` rows 30 days.
+``dead``. Retention (``outbox_purge``, run by the loop once an hour): delivered rows 7 days,
+dead and discarded rows 30 days, ``PeerReceipt`` rows 30 days.
+
+Every write — the rows' outcomes, the lease, retention — is a service
+(``peers.services.outbox``, ``peers.services.leases``); this module holds the loop, the
+reads that pick the rows, and the signed POSTs (``peers.client``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import random
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,168 +40,37 @@ from typing import Any
 import httpx
 from channels.db import database_sync_to_async
 from django.conf import settings
-from django.contrib.auth.models import User
-from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
-from agents import services as agent_services
-from agents.messages import message_mark_delivered, message_mark_failed
-from agents.models import Agent, AgentEvent, AgentMessage
-from core.errors import DispatchError, NotFound
-from core.realtime import LoopHealth, Subscription, ring_on_commit
+from core.realtime import LoopHealth, Subscription
 from peers.client import PeerClient, PeerUnreachable
-from peers.models import OutboxMessage, Peer, PeerReceipt
+from peers.models import OutboxMessage, Peer
 from peers.protocol import OutboxDoorbellMessage
-from peers.services.leases import peer_lease_claim, peer_lease_release
+from peers.services.leases import DRAIN_LEASE_TTL, drain_lease_claim, drain_lease_release
+from peers.services.outbox import (
+    DOORBELL_GROUP,
+    outbox_defer,
+    outbox_mark_dead,
+    outbox_mark_delivered,
+    outbox_purge,
+)
 
 logger = logging.getLogger(__name__)
 
-DOORBELL_GROUP = "peers.outbox"  # channel-layer group the drain loop listens on
 DRAIN_INTERVAL = 30.0  # seconds between drain passes when nobody rings
 BATCH = 50  # rows per peer per pass
-SEND_TIMEOUT = 30.0  # seconds for one POST /api/v1/peers/messages
-BACKOFF_BASE = 30.0  # seconds
-BACKOFF_CAP = 15 * 60.0  # seconds
-BACKOFF_JITTER = 0.2  # ±20 %
-LEASE_TTL = timedelta(seconds=SEND_TIMEOUT * 2)
+# Seconds for one POST /api/v1/peers/messages: half the drain lease (30 s of its 60 s).
+SEND_TIMEOUT = DRAIN_LEASE_TTL.total_seconds() / 2
 # Before a row is sent the lease is renewed if it was last claimed this long ago: a send
 # starts at most 15 s after a claim and ends 30 s later at most, well inside the 60 s TTL.
 LEASE_RENEW_AFTER = SEND_TIMEOUT / 2  # seconds
-DELIVERED_RETENTION = timedelta(days=7)
-DEAD_RETENTION = timedelta(days=30)
-RECEIPT_RETENTION = timedelta(days=30)
 PURGE_INTERVAL = 3600.0  # seconds between retention purges of one drain loop
 MESSAGES_PATH = "/api/v1/peers/messages"
-LEASE_KIND = "drain"
 
 Status = OutboxMessage.Status
 
 
-# --- enqueueing and the doorbell ---------------------------------------------------------------
-
-
-def outbox_ring() -> None:
-    """Wake every drain loop (``{"type": "outbox.doorbell"}`` to ``DOORBELL_GROUP``) once the
-    current transaction commits, at once outside one (``core.realtime.ring_on_commit``).
-
-    Best effort, at most once: a lost ring only delays delivery to the next 30 s pass.
-    Sync code only; never raises.
-    """
-    ring_on_commit(DOORBELL_GROUP, OutboxDoorbellMessage())
-
-
-def outbox_enqueue(*, message: AgentMessage, peer: Peer, to_agent_id: str, payload: dict[str, Any]) -> OutboxMessage:
-    """Queue ``message`` for delivery to agent ``to_agent_id`` on ``peer`` (spec §8).
-
-    Must run inside the transaction that created ``message`` (raises ``RuntimeError``
-    otherwise: a message without its outbox row, or the reverse, must never commit).
-    ``payload`` is the ``POST /api/v1/peers/messages`` body ``{to_agent_id, content, from}``.
-    The row's ``idempotency_key`` is ``message.idempotency_key`` (a fresh UUID when empty,
-    written back to the message). Rings the drain doorbell after commit.
-    """
-    if not transaction.get_connection().in_atomic_block:
-        raise RuntimeError("outbox_enqueue must run in the transaction that writes the message")
-    fields: dict[str, Any] = {}
-    if message.idempotency_key:
-        fields["idempotency_key"] = message.idempotency_key
-    row = OutboxMessage.objects.create(message=message, peer=peer, to_agent_id=to_agent_id, payload=payload, **fields)
-    if not message.idempotency_key:
-        message.idempotency_key = row.idempotency_key
-        message.save(update_fields=["idempotency_key"])
-    outbox_ring()  # after commit
-    return row
-
-
-def backoff_delay(attempts: int, *, rand: Callable[[], float] | None = None) -> float:
-    """Seconds to wait before the next try of a row that failed ``attempts`` times before.
-
-    30 s × 2^attempts, capped at 15 minutes, then ±20 % jitter (``rand()`` in [0, 1),
-    default ``random.random``):
-    0 → 24–36 s, 1 → 48–72 s, …, ≥ 5 → 720–1080 s.
-    """
-    base = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** min(max(attempts, 0), 20))
-    draw = (rand or random.random)()
-    return base * (1 - BACKOFF_JITTER + 2 * BACKOFF_JITTER * draw)
-
-
-def outbox_backoff_reset(peer: Peer | int) -> int:
-    """Make ``peer``'s queued rows due now with their backoff forgotten (``attempts`` = 0),
-    then ring the drain doorbell. The mirroring subscriber calls this when the peer's
-    stream (re)connects (spec §8 "reset when the peer's stream reconnects").
-
-    Returns the number of rows reset.
-    """
-    peer_id = peer.pk if isinstance(peer, Peer) else int(peer)
-    reset = OutboxMessage.objects.filter(peer_id=peer_id, status=Status.QUEUED).update(
-        attempts=0, next_attempt_at=timezone.now()
-    )
-    outbox_ring()  # after commit
-    return reset
-
-
-# --- the per-peer drain lease ------------------------------------------------------------------
-
-
-def drain_lease_claim(*, peer_id: int, holder: str, ttl: timedelta = LEASE_TTL) -> bool:
-    """Take or renew the drain lease of ``peer_id`` for ``holder`` until now + ``ttl``.
-
-    A conditional UPDATE (held by ``holder`` already, or expired), else an INSERT; a
-    concurrent insert by another holder loses on the unique ``(peer, kind)``. Returns
-    whether ``holder`` holds the lease now.
-    """
-    return peer_lease_claim(peer_id=peer_id, kind=LEASE_KIND, holder=holder, ttl=ttl)
-
-
-def drain_lease_release(*, peer_id: int, holder: str) -> None:
-    """Give up ``holder``'s drain lease of ``peer_id`` (nothing if another holds it)."""
-    peer_lease_release(peer_id=peer_id, kind=LEASE_KIND, holder=holder)
-
-
-# --- one row's outcome -------------------------------------------------------------------------
-
-
-def _dead_letter(row: OutboxMessage, error: str) -> bool:
-    """``queued`` → ``dead`` for ``row`` and its message; a ``system`` event to the sending agent."""
-    now = timezone.now()
-    with transaction.atomic():
-        if not OutboxMessage.objects.filter(pk=row.pk, status=Status.QUEUED).update(
-            status=Status.DEAD, dead_at=now, last_error=error[:2000]
-        ):
-            return False
-        message = AgentMessage.objects.select_related("sender_agent").get(pk=row.message_id)
-        message_mark_failed(message=message, error=error, dead=True)
-        sender = message.sender_agent
-        if sender is not None and sender.status != Agent.Status.ARCHIVED:
-            peer = Peer.objects.get(pk=row.peer_id)
-            agent_services.agent_event_record(
-                agent=sender,
-                type=AgentEvent.Type.SYSTEM,
-                message=(f"message {message.pk} to {peer.label}:{row.to_agent_id} could not be delivered: {error}")[
-                    : agent_services.MAX_EVENT_MESSAGE_LENGTH
-                ],
-                metadata={"message_id": message.pk, "peer": peer.label, "to_agent_id": row.to_agent_id},
-            )
-    return True
-
-
-def _delivered(row: OutboxMessage) -> bool:
-    with transaction.atomic():
-        if not OutboxMessage.objects.filter(pk=row.pk, status=Status.QUEUED).update(
-            status=Status.DELIVERED, delivered_at=timezone.now(), last_error=""
-        ):
-            return False
-        message_mark_delivered(message=AgentMessage.objects.get(pk=row.message_id))
-    return True
-
-
-def _retry_later(row: OutboxMessage, error: str) -> None:
-    delay = backoff_delay(row.attempts)
-    OutboxMessage.objects.filter(pk=row.pk, status=Status.QUEUED).update(
-        attempts=row.attempts + 1,
-        next_attempt_at=timezone.now() + timedelta(seconds=delay),
-        last_error=error[:2000],
-    )
+# --- the peer's answers and the rows to send ----------------------------------------------------
 
 
 def _error_text(response: httpx.Response) -> str:
@@ -299,7 +171,7 @@ async def _send_due_rows(
         clock = now or timezone.now()
         if row.created_at < clock - max_age:
             why = f"not delivered within {_age_text(max_age)} (last error: {row.last_error or 'none'})"
-            if await _db(_dead_letter)(row, why):
+            if await _db(outbox_mark_dead)(row=row, error=why):
                 report.dead.append(row.pk)
             continue
         if row.next_attempt_at > clock:
@@ -313,17 +185,17 @@ async def _send_due_rows(
         try:
             response = await client.post(MESSAGES_PATH, row.payload, idempotency_key=row.idempotency_key)
         except PeerUnreachable as exc:
-            await _db(_retry_later)(row, exc.message)
+            await _db(outbox_defer)(row=row, error=exc.message)
             report.deferred.append(row.pk)
             break
         if 200 <= response.status_code < 300:
-            if await _db(_delivered)(row):
+            if await _db(outbox_mark_delivered)(row=row):
                 report.delivered.append(row.pk)
         elif is_permanent(response.status_code):
-            if await _db(_dead_letter)(row, _error_text(response)):
+            if await _db(outbox_mark_dead)(row=row, error=_error_text(response)):
                 report.dead.append(row.pk)
         else:
-            await _db(_retry_later)(row, _error_text(response))
+            await _db(outbox_defer)(row=row, error=_error_text(response))
             report.deferred.append(row.pk)
             break
 
@@ -351,20 +223,6 @@ async def outbox_drain_once(*, holder: str, now: datetime | None = None) -> list
             return PeerDrain(peer_id=peer_id, skipped="crashed")
 
     return list(await asyncio.gather(*(one(peer_id) for peer_id in peer_ids)))
-
-
-def outbox_purge(*, now: datetime | None = None) -> dict[str, int]:
-    """Delete what retention allows (spec §8): delivered rows after 7 days, dead and
-    discarded rows after 30, peer receipts after 30. Returns counts by kind."""
-    clock = now or timezone.now()
-    delivered, _ = OutboxMessage.objects.filter(
-        status=Status.DELIVERED, delivered_at__lt=clock - DELIVERED_RETENTION
-    ).delete()
-    dead, _ = OutboxMessage.objects.filter(
-        Q(status=Status.DEAD) | Q(status=Status.DISCARDED), dead_at__lt=clock - DEAD_RETENTION
-    ).delete()
-    receipts, _ = PeerReceipt.objects.filter(created_at__lt=clock - RECEIPT_RETENTION).delete()
-    return {"delivered": delivered, "dead": dead, "receipts": receipts}
 
 
 async def _drain_until_idle(peer_id: int, *, holder: str, rung: set[int] | None = None) -> None:
@@ -436,71 +294,3 @@ async def outbox_drain_loop() -> None:
             task.cancel()
         await asyncio.gather(*drains.values(), return_exceptions=True)
         await doorbell.close()
-
-
-# --- operators: retry and discard --------------------------------------------------------------
-
-
-def _row_for(user: User, outbox_id: Any) -> OutboxMessage:
-    try:
-        pk = int(outbox_id)
-    except (TypeError, ValueError):
-        raise NotFound("no such outbox row") from None
-    rows = OutboxMessage.objects.select_for_update().filter(pk=pk)
-    if not user.is_superuser:
-        rows = rows.filter(peer__owner=user)
-    row = rows.first()
-    if row is None:
-        raise NotFound(f"no outbox row {pk}")
-    return row
-
-
-@transaction.atomic
-def outbox_retry(*, user: User, outbox_id: Any) -> OutboxMessage:
-    """Queue a ``dead`` or ``discarded`` row again (UI and admin, spec §8): ``queued``,
-    attempts 0, due now, and a fresh age (``created_at`` = now, so it queues behind the
-    peer's current mail and is not dead-lettered by age at once); its message goes back
-    to ``queued``. Rings the doorbell after commit.
-
-    ``user``: the link's user (or a superuser). Raises ``NotFound`` for another user's or
-    an unknown row, ``DispatchError("CONFLICT")`` for a queued or delivered row or a
-    revoked peer.
-    """
-    row = _row_for(user, outbox_id)
-    if row.status not in (Status.DEAD, Status.DISCARDED):
-        raise DispatchError("CONFLICT", f"outbox row {row.pk} is {row.status}: only dead or discarded rows are retried")
-    if not Peer.objects.filter(pk=row.peer_id, revoked_at__isnull=True).exists():
-        raise DispatchError("CONFLICT", f"outbox row {row.pk} is for a revoked link")
-    now = timezone.now()
-    row.status = Status.QUEUED
-    row.attempts = 0
-    row.next_attempt_at = now
-    row.created_at = now
-    row.dead_at = None
-    row.last_error = ""
-    row.save(update_fields=["status", "attempts", "next_attempt_at", "created_at", "dead_at", "last_error"])
-    AgentMessage.objects.filter(pk=row.message_id).update(status=AgentMessage.Status.QUEUED, error="")
-    outbox_ring()  # after commit
-    return row
-
-
-@transaction.atomic
-def outbox_discard(*, user: User, outbox_id: Any) -> OutboxMessage:
-    """Give up a ``queued`` or ``dead`` row for good (UI and admin, spec §8): ``discarded``,
-    never sent; a queued message becomes ``dead`` with the error "discarded by <user>".
-
-    Raises ``NotFound`` for another user's or an unknown row, ``DispatchError("CONFLICT")``
-    for a delivered or already discarded row.
-    """
-    row = _row_for(user, outbox_id)
-    if row.status not in (Status.QUEUED, Status.DEAD):
-        raise DispatchError("CONFLICT", f"outbox row {row.pk} is {row.status}: only queued or dead rows are discarded")
-    error = f"discarded by {user.get_username()}"
-    row.status = Status.DISCARDED
-    row.dead_at = row.dead_at or timezone.now()
-    row.last_error = (row.last_error + "; " if row.last_error else "") + error
-    row.save(update_fields=["status", "dead_at", "last_error"])
-    message = AgentMessage.objects.get(pk=row.message_id)
-    if message.status == AgentMessage.Status.QUEUED:
-        message_mark_failed(message=message, error=error, dead=True)
-    return row

@@ -36,6 +36,8 @@ from peers import pairing
 from peers.models import Peer
 from peers.protocol import LinkBody, OfferBody, PeerUpdateBody
 from peers.selectors import outbox_counts, peer_get_for, peers_for
+from peers.services import links
+from peers.services.pairing import offer_create
 
 
 def peer_data(peer: Peer, outbox: dict[str, int] | None = None) -> dict[str, Any]:
@@ -48,7 +50,7 @@ def peer_data(peer: Peer, outbox: dict[str, int] | None = None) -> dict[str, Any
         "url": peer.url,
         "fingerprint": peer.fingerprint,
         "owner": peer.owner.get_username(),
-        "capabilities": {name: getattr(peer, name) for name in pairing.CAPABILITIES},
+        "capabilities": {name: getattr(peer, name) for name in links.CAPABILITIES},
         "granted_by_peer": peer.granted_by_peer,
         "inbound_prefix": peer.inbound_prefix,
         "created_at": peer.created_at.isoformat(),
@@ -95,7 +97,7 @@ def _offer_for(user: User, body: OfferBody) -> dict[str, Any]:
         link_user = User.objects.filter(username=body.as_user).first()
         if link_user is None:
             raise DispatchError("NOT_FOUND", f"no user '{body.as_user}'")
-    return pairing.offer_create(user=user, link_user=link_user, **body.flags()).as_dict()
+    return offer_create(user=user, link_user=link_user, **body.flags()).as_dict()
 
 
 @require_POST
@@ -140,10 +142,10 @@ def _update(user: User, peer_id: int, body: PeerUpdateBody) -> dict[str, Any]:
 
     with transaction.atomic():
         if "label" in body.model_fields_set:
-            pairing.peer_rename(user=user, peer_id=peer_id, label=body.label)
+            links.peer_rename(user=user, peer_id=peer_id, label=body.label)
         flags = body.flags()
         if flags:
-            pairing.peer_capabilities_set(user=user, peer_id=peer_id, **flags)
+            links.peer_capabilities_set(user=user, peer_id=peer_id, **flags)
     peer = peer_get_for(user=user, peer_id=peer_id)
     return peer_data(peer, outbox_counts(peer_ids=[peer.pk])[peer.pk])
 

@@ -43,10 +43,10 @@ from core.http import json_object
 from core.validation import parse_plain
 from peers.auth import PeerAuthError, peer_authenticate_sync, peer_error_response
 from peers.models import Peer
-from peers.pairing import peer_mark_unlinked_by_peer
 from peers.protocol import PEER_INSTANCE_ID, LaunchBody
 from peers.services import incoming as services
 from peers.services import receipts
+from peers.services.pairing import peer_mark_unlinked_by_peer
 from peers.services.receipts import Answer
 
 logger = logging.getLogger(__name__)

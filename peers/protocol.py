@@ -413,7 +413,7 @@ class PeerListAnswer(BaseModel):
 
 class OutboxDoorbellMessage(ChannelMessage):
     """``outbox.doorbell``: outbox rows are due; every process's drain loop passes now
-    (``peers.outbox.DOORBELL_GROUP``, spec §8)."""
+    (``peers.services.outbox.DOORBELL_GROUP``, spec §8)."""
 
     type: Literal["outbox.doorbell"] = "outbox.doorbell"
 

@@ -7,8 +7,8 @@
    message), "calls itself X", badges both ways, URL, last seen, outbox counts with
    retry / discard, unlink.
 
-Views translate forms into ``peers.pairing`` services and render; they hold no rules.
-Linking waits on the other instance, so it is an async view (never the shared sync thread).
+Views translate forms into ``peers.services`` (and ``peers.pairing``'s exchanges) and
+render; they hold no rules. Linking waits on the other instance, so it is an async view (never the shared sync thread).
 """
 
 from __future__ import annotations
@@ -31,7 +31,10 @@ from core.errors import DispatchError
 from peers import pairing
 from peers.models import OutboxMessage, Peer
 from peers.selectors import outbox_counts, outbox_rows_for, peers_for
-from peers.services.identity import identity_get
+from peers.services import links
+from peers.services import pairing as pairing_services
+from peers.services.identity import identity_get, instance_rename
+from peers.services.outbox import outbox_discard, outbox_retry
 
 SWITCHES = (
     ("allow_launch", "Launch agents here"),
@@ -73,7 +76,7 @@ def _page_context(user: User, **extra: Any) -> dict[str, Any]:
         "repo_roots": list(getattr(settings, "REPO_ROOTS", []) or []),
         "peer_rows": rows,
         "unlinked": unlinked,
-        "switches": [(name, label, pairing.DEFAULT_CAPABILITIES[name]) for name, label in SWITCHES],
+        "switches": [(name, label, links.DEFAULT_CAPABILITIES[name]) for name, label in SWITCHES],
         "users": list(User.objects.filter(is_active=True).order_by("username").values_list("username", flat=True))
         if user.is_staff
         else [],
@@ -103,7 +106,7 @@ def instance_name(request: HttpRequest) -> HttpResponse:
     """``POST /peers/name`` ``name=…``: rename this instance (staff)."""
     assert isinstance(request.user, User)
     try:
-        pairing.instance_rename(user=request.user, name=request.POST.get("name", ""))
+        instance_rename(user=request.user, name=request.POST.get("name", ""))
         messages.success(request, "Instance name saved.")
     except DispatchError as exc:
         _error(request, exc)
@@ -126,7 +129,7 @@ def offer_create(request: HttpRequest) -> HttpResponse:
     and a 10-minute countdown (staff; 409 for a sixth live offer)."""
     assert isinstance(request.user, User)
     try:
-        issued = pairing.offer_create(
+        issued = pairing_services.offer_create(
             user=request.user, link_user=_link_user(request.POST.get("as_user", "")), **_flags_from_form(request)
         )
     except DispatchError as exc:
@@ -183,7 +186,7 @@ def peer_rename(request: HttpRequest, peer_id: int) -> HttpResponse:
     """``POST /peers/<id>/rename`` ``label=…``; a taken label shows the server's 409 message."""
     assert isinstance(request.user, User)
     try:
-        pairing.peer_rename(user=request.user, peer_id=peer_id, label=request.POST.get("label", ""))
+        links.peer_rename(user=request.user, peer_id=peer_id, label=request.POST.get("label", ""))
         messages.success(request, "Label saved.")
     except DispatchError as exc:
         return _render(request, status=exc.http_status, rename_error=exc.message, rename_peer_id=peer_id)
@@ -195,7 +198,7 @@ def peer_capabilities(request: HttpRequest, peer_id: int) -> HttpResponse:
     """``POST /peers/<id>/capabilities``: what the peer may do here (the four switches)."""
     assert isinstance(request.user, User)
     try:
-        pairing.peer_capabilities_set(user=request.user, peer_id=peer_id, **_flags_from_form(request))
+        links.peer_capabilities_set(user=request.user, peer_id=peer_id, **_flags_from_form(request))
         messages.success(request, "Permissions saved.")
     except DispatchError as exc:
         _error(request, exc)
@@ -219,8 +222,6 @@ def outbox_action(request: HttpRequest, outbox_id: int, action: str) -> HttpResp
     """``POST /peers/outbox/<id>/retry|discard`` (spec §8: operators retry or discard rows)."""
     assert isinstance(request.user, User)
     try:
-        from peers.outbox import outbox_discard, outbox_retry
-
         row: OutboxMessage = (outbox_retry if action == "retry" else outbox_discard)(
             user=request.user, outbox_id=outbox_id
         )

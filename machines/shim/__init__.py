@@ -2,17 +2,19 @@
 routed to it over ``/ws/shim/`` (spec/machines.md §2–§5, §8).
 
 Imports nothing from Django (it runs on other computers); depends on ``websockets``
-and ``httpx`` only. Entry point: ``python -m machines.shim``.
+and ``httpx`` only. Installed as the package ``dispatch_shim`` with the command
+``dispatch-shim`` (this folder's pyproject.toml; ``make dist``), hence the relative imports
+inside; in a clone of the server: ``python -m machines.shim``.
 """
 
 from __future__ import annotations
 
-from machines.shim.audit import AuditLog, redact, redact_argv
-from machines.shim.connection import RequestDispatcher, Shim, ShimRefused, reconnect_delay, websocket_url
-from machines.shim.jail import JailedPath, PathJail
-from machines.shim.login import LoginError, device_login
-from machines.shim.operations import MachineIdentity, Operations
-from machines.shim.protocol import (
+from .audit import AuditLog, redact, redact_argv
+from .connection import RequestDispatcher, Shim, ShimRefused, reconnect_delay, websocket_url
+from .jail import JailedPath, PathJail
+from .login import LoginError, device_login
+from .operations import MachineIdentity, Operations
+from .protocol import (
     PROTOCOL_VERSION,
     Capability,
     CloseCode,
@@ -21,7 +23,7 @@ from machines.shim.protocol import (
     MessageType,
     ShimError,
 )
-from machines.shim.state import ShimConfig, ShimState, StateStore, load_config
+from .state import ShimConfig, ShimState, StateStore, load_config
 
 __all__ = [
     "PROTOCOL_VERSION",

@@ -1,9 +1,10 @@
-"""``python -m machines.shim``: see :mod:`machines.shim.cli`."""
+"""``python -m machines.shim`` (in a clone of the server; installed: ``dispatch-shim``):
+see :mod:`.cli`."""
 
 from __future__ import annotations
 
 import sys
 
-from machines.shim.cli import main
+from .cli import main
 
-sys.exit(main())
+sys.exit(main(prog=f"python -m {__package__}"))

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from machines.shim.protocol import MessageType
-from machines.shim.redaction import REDACTED, redact, redact_argv
+from .protocol import MessageType
+from .redaction import REDACTED, redact, redact_argv
 
 __all__ = ["REDACTED", "AuditLog", "operation_details", "redact", "redact_argv"]
 

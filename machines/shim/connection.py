@@ -24,10 +24,10 @@ from typing import Any
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from machines.shim.audit import AuditLog, operation_details
-from machines.shim.jail import PathJail
-from machines.shim.operations import MachineIdentity, Operations
-from machines.shim.protocol import (
+from .audit import AuditLog, operation_details
+from .jail import PathJail
+from .operations import MachineIdentity, Operations
+from .protocol import (
     MAX_MESSAGE_BYTES,
     NO_RECONNECT_CLOSE_CODES,
     PROTOCOL_VERSION,

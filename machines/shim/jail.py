@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from machines.shim.protocol import ErrorCode, ShimError
+from .protocol import ErrorCode, ShimError
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
-from machines.shim.operations import MachineIdentity
-from machines.shim.state import ShimState, StateStore
+from .operations import MachineIdentity
+from .state import ShimState, StateStore
 
 DEVICE_CODE_PATH = "/api/v1/machines/device/code"
 DEVICE_TOKEN_PATH = "/api/v1/machines/device/token"

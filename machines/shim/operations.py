@@ -30,8 +30,8 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from machines.shim.jail import JailedPath, PathJail
-from machines.shim.protocol import OPERATIONS, Capability, ErrorCode, Limits, MessageType, ShimError
+from .jail import JailedPath, PathJail
+from .protocol import OPERATIONS, Capability, ErrorCode, Limits, MessageType, ShimError
 
 ENCODINGS = ("utf-8", "base64")
 """``encoding`` values of FILE_READ and FILE_WRITE."""

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from machines.shim.protocol import Capability, Limits
+from .protocol import Capability, Limits
 
 logger = logging.getLogger("machines.shim")
 

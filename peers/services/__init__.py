@@ -1,16 +1,24 @@
 """Every write of the peers app (CONVENTIONS.md "services"), one module per concern.
 
-- ``incoming``: what a linked peer asks of this instance through the peer API (spec/peers.md
-  §5): launches, messages, stops and archives, its capabilities and the repo roots;
+- ``pairing``: making and ending links — offers and their codes, the ``Peer`` row a claim
+  or its answer stores, revocation (spec/peers.md §2, §7);
+- ``links``: a link once made — label and capability rules, renaming, capability changes,
+  the admin's edit, credential rotation, liveness (``last_seen_at``) and what a reconnect
+  sets going (§3, §4, §6, §7);
+- ``incoming``: what a linked peer asks of this instance through the peer API (§5):
+  launches, messages, stops and archives, its capabilities and the repo roots;
+- ``outgoing``: messages this instance sends to a peer's agents, with their outbox row (§8);
+- ``outbox``: the outbox rows — queueing, each try's outcome, retry, discard, retention (§8);
 - ``shadows``: the local rows mirroring a peer's agents (§6-7);
 - ``receipts``: the ``Idempotency-Key`` receipts of the peer API (§4, §5);
-- ``leases``: per-peer leases of background work (§7, §8);
-- ``links``: a link's liveness (``last_seen_at``, §4);
-- ``identity``: this instance's key pair (§1).
+- ``leases``: per-peer leases of background work, ``drain`` and ``subscribe`` (§7, §8);
+- ``identity``: this instance's key pair and display name, and who may change them (§1).
 
 Callers import the submodule (``from peers.services import shadows``); nothing is
-re-exported here. The writes of pairing (``peers.pairing``), the outbox (``peers.outbox``)
-and the mirroring subscriber (``peers.mirror``) are still in those modules, and so is
-``peers.remote_launch.peer_message_send`` (its outbox row is ``peers.outbox``'s). Nothing
-here imports the peer client or the loops: they sit above.
+re-exported here. No module outside this package writes (``tests/peers/
+test_writes_in_services.py``). Nothing here imports the peer client, the HTTP exchanges or
+the loops (``peers.client``, ``peers.pairing``, ``peers.remote_launch``, ``peers.outbox``,
+``peers.mirror``): they sit above and call these. Where a write is followed by an HTTP call
+— telling a peer it was unlinked — the caller passes it in (``on_revoked``) and it runs
+after commit.
 """

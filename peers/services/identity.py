@@ -1,4 +1,5 @@
-"""This instance's key pair for peers (spec/peers.md §1), created on first use.
+"""This instance's identity for peers (spec/peers.md §1): its key pair, created on first
+use, and its display name; and who may change them or pair (staff).
 
 The pair is kept in the ``InstanceIdentity`` row: the raw public key as base64url without
 padding, the raw private key encrypted at rest (``core.secrets_at_rest``).
@@ -9,9 +10,11 @@ from __future__ import annotations
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.db import transaction
 
 from core import secrets_at_rest
+from core.errors import DispatchError, InvalidRequest
 from core.models import InstanceIdentity
 from core.services import instance_identity_get
 from peers.identity import Identity, b64url, fingerprint_of
@@ -46,3 +49,25 @@ def identity_get() -> Identity:
         fingerprint=fingerprint_of(row.public_key),
         private_key=private,
     )
+
+
+def staff_require(*, user: User) -> None:
+    """Refuse unless ``user`` is an active staff user: pairing, linking and renaming this
+    instance are admin actions (spec §1 "Who a link acts as"). Raises
+    ``DispatchError("PERMISSION_DENIED")`` (403) "pairing is for staff users only"."""
+    if not (user.is_active and user.is_staff):
+        raise DispatchError("PERMISSION_DENIED", "pairing is for staff users only")
+
+
+@transaction.atomic
+def instance_rename(*, user: User, name: str) -> str:
+    """Set this instance's display name (spec §1: editable; it seeds the label peers give
+    this instance). Staff only (403); 1–100 characters (400). Returns the stored name."""
+    staff_require(user=user)
+    text = name.strip() if isinstance(name, str) else ""
+    if not 1 <= len(text) <= 100:
+        raise InvalidRequest("the instance name is 1 to 100 characters")
+    row = InstanceIdentity.objects.select_for_update().get(pk=instance_identity_get().pk)
+    row.display_name = text
+    row.save(update_fields=["display_name"])
+    return text

@@ -1,14 +1,17 @@
 """Client library for Dispatch remotes: serve Python functions over ``/ws`` (spec §2.5).
 
 Imports nothing from Django; depends on ``websockets``, ``pydantic`` and
-``docstring_parser`` only.
+``docstring_parser`` only. Installed as the package ``dispatch_remote`` (``from
+dispatch_remote import Remote``) with the command ``dispatch-remote`` (this folder's
+pyproject.toml; ``make dist``), hence the relative imports inside; in a clone of the
+server: ``remotes.client`` and ``python -m remotes.client``.
 """
 
 from __future__ import annotations
 
-from remotes.client.remote import Remote, RemoteDisconnected
-from remotes.client.schema import function_spec
-from remotes.client.session import (
+from .remote import Remote, RemoteDisconnected
+from .schema import function_spec
+from .session import (
     AuthenticationError,
     MessageTooLarge,
     RemoteCallError,

@@ -1,9 +1,10 @@
-"""``python -m remotes.client``: see :mod:`remotes.client.cli`."""
+"""``python -m remotes.client`` (in a clone of the server; installed: ``dispatch-remote``):
+see :mod:`.cli`."""
 
 from __future__ import annotations
 
 import sys
 
-from remotes.client.cli import main
+from .cli import main
 
-sys.exit(main())
+sys.exit(main(prog=f"python -m {__package__}"))

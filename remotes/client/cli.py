@@ -1,12 +1,19 @@
-"""Command line for Dispatch remotes (spec §2.5)::
+"""Command line for Dispatch remotes (spec §2.5), installed as ``dispatch-remote`` (in a
+clone of the server: ``python -m remotes.client``)::
 
-    python -m remotes.client serve FILE.py:ATTR [--url URL] [--token T]
-    python -m remotes.client call REMOTENAME FUNCTION ARGS_JSON [--url URL] [--token T] [--timeout SECONDS]
-    python -m remotes.client list [--url URL] [--token T]
+    dispatch-remote serve FILE.py:ATTR [--server URL | --url URL] [--token T] [-v]
+    dispatch-remote call REMOTENAME FUNCTION ARGS_JSON [--server URL | --url URL] [--token T]
+                         [--timeout SECONDS]
+    dispatch-remote list [--server URL | --url URL] [--token T]
+    dispatch-remote --version
 
-``--url`` defaults to ``$DISPATCH_URL``, else ``ws://127.0.0.1:8000/ws`` (``serve``: else
-the Remote's own URL); ``--token`` defaults to ``$DISPATCH_TOKEN`` (``serve``: else the
-Remote's own token). Exit codes: 0 success, 1 a failed call or connection, 2 bad usage or
+``--server`` takes the instance's base URL, ``http(s)://host:port``, and derives
+``ws(s)://host:port/ws`` from it; ``--url`` takes that ``/ws`` URL itself. Either defaults
+to ``$DISPATCH_URL``, else ``ws://127.0.0.1:8000/ws`` (``serve``: else the Remote's own
+URL); ``--token`` defaults to ``$DISPATCH_TOKEN`` (``serve``: else the Remote's own
+token). ``serve`` prints one line on stderr each time the remote is registered (``serving
+'weather-service' (1 function) on ws://…/ws``, then ``reconnected: …``) and logs warnings
+only, unless ``-v``. Exit codes: 0 success, 1 a failed call or connection, 2 bad usage or
 no token, 130 interrupted.
 """
 
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import importlib.util
 import json
 import logging
@@ -25,8 +33,8 @@ from typing import Any
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from remotes.client.remote import Remote, RemoteDisconnected
-from remotes.client.session import AuthenticationError, RemoteCallError, Session
+from .remote import Remote, RemoteDisconnected, announce_on_stderr
+from .session import AuthenticationError, RemoteCallError, Session, websocket_url
 
 DEFAULT_URL = "ws://127.0.0.1:8000/ws"
 SERVER_CALL_TIMEOUT_MAX = 300.0
@@ -54,7 +62,7 @@ def _join_option_values(argv: list[str]) -> list[str]:
     joined: list[str] = []
     index = 0
     while index < len(argv):
-        if argv[index] in ("--token", "--url") and index + 1 < len(argv):
+        if argv[index] in ("--token", "--url", "--server") and index + 1 < len(argv):
             joined.append(f"{argv[index]}={argv[index + 1]}")
             index += 2
         else:
@@ -63,19 +71,20 @@ def _join_option_values(argv: list[str]) -> list[str]:
     return joined
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "dispatch-remote") -> int:
     """Run the command line on ``argv`` (default ``sys.argv[1:]``); return the exit code.
 
     ``call`` prints the result as JSON on stdout; ``list`` prints the ``remote-list``
     entries (``[{remotename, name, description, parameters}]``) as JSON; failures are
-    printed on stderr. argparse itself exits with 2 on malformed arguments.
+    printed on stderr. argparse itself exits with 2 on malformed arguments. ``prog`` is
+    how the user started it (``python -m remotes.client`` in a clone).
     """
-    args = _parser().parse_args(_join_option_values(list(sys.argv[1:] if argv is None else argv)))
-    url: str | None = args.url or os.environ.get("DISPATCH_URL")
+    args = _parser(prog).parse_args(_join_option_values(list(sys.argv[1:] if argv is None else argv)))
     token: str | None = args.token or os.environ.get("DISPATCH_TOKEN")
     try:
+        url = _session_url(args)
         if args.command == "serve":
-            return _serve(args.target, url, token)
+            return _serve(args.target, url, token, verbose=args.verbose)
         if not token:
             raise _UsageError("no API token: pass --token or set DISPATCH_TOKEN")
         if args.command == "list":
@@ -92,15 +101,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _parser() -> argparse.ArgumentParser:
+def _session_url(args: argparse.Namespace) -> str | None:
+    """``--url``, else the ``/ws`` URL of ``--server``, else ``$DISPATCH_URL``, else ``None``."""
+    if args.url:
+        return str(args.url)
+    if args.server:
+        try:
+            return websocket_url(args.server)
+        except ValueError as error:
+            raise _UsageError(str(error)) from None
+    return os.environ.get("DISPATCH_URL") or None
+
+
+def _parser(prog: str = "dispatch-remote") -> argparse.ArgumentParser:
     connection = argparse.ArgumentParser(add_help=False)
-    connection.add_argument("--url", help=f"/ws URL (default: $DISPATCH_URL, else {DEFAULT_URL})")
+    where = connection.add_mutually_exclusive_group()
+    where.add_argument("--server", help="the instance's base URL, http(s)://host:port (its /ws is used)")
+    where.add_argument("--url", help=f"/ws URL (default: $DISPATCH_URL, else {DEFAULT_URL})")
     connection.add_argument("--token", help="API token (default: $DISPATCH_TOKEN)")
-    parser = argparse.ArgumentParser(prog="python -m remotes.client", description=__doc__)
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--version", action=_PrintVersion)
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", parents=[connection], help="serve a Remote from a file")
     serve.add_argument("target", metavar="FILE.py:ATTR", help="a file and its Remote's name")
+    serve.add_argument("-v", "--verbose", action="store_true", help="log connections and calls")
     call = commands.add_parser("call", parents=[connection], help="call a remote function")
     call.add_argument("remotename")
     call.add_argument("function")
@@ -108,6 +133,32 @@ def _parser() -> argparse.ArgumentParser:
     call.add_argument("--timeout", type=float, metavar="SECONDS", help="server-side, at most 300")
     commands.add_parser("list", parents=[connection], help="list your connected remotes' functions")
     return parser
+
+
+class _PrintVersion(argparse.Action):
+    """``--version``: print :func:`_version` and exit (looked up only when asked: it reads
+    every installed distribution's metadata)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, help="show the version, exit")
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        print(_version())
+        parser.exit()
+
+
+def _version() -> str:
+    """``dispatch-remote 0.1.0`` when installed; in a clone, that it is not installed."""
+    top_level = (__package__ or "").split(".")[0]
+    for distribution in importlib.metadata.packages_distributions().get(top_level, []):
+        return f"{distribution} {importlib.metadata.version(distribution)}"
+    return f"{__package__} (not installed: running from a source checkout)"
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -150,21 +201,19 @@ def _request(
     return 0
 
 
-def _serve(target: str, url: str | None, token: str | None) -> int:
+def _serve(target: str, url: str | None, token: str | None, *, verbose: bool) -> int:
+    """Serve the Remote ``target`` names until it is refused (exit 1) or interrupted."""
     remote = _load_remote(target)
     remote.url = url or remote.url
     remote.token = token or remote.token
     if not remote.token:
         raise _UsageError("no API token: pass --token, set DISPATCH_TOKEN, or give the Remote a token")
-    count = len(remote.specs)
-    plural = "" if count == 1 else "s"
-    print(
-        f"serving remote {remote.name!r} ({count} function{plural}) on {remote.url}",
-        file=sys.stderr,
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        asyncio.run(remote.serve())
+        asyncio.run(remote.serve(announce=announce_on_stderr))
     except (AuthenticationError, RemoteCallError, RemoteDisconnected, InvalidURI) as error:
         print(f"error: {error}", file=sys.stderr)
     return 1

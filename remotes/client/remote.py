@@ -7,6 +7,7 @@ import contextlib
 import inspect
 import logging
 import random
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
@@ -15,8 +16,8 @@ import pydantic
 from pydantic_core import to_jsonable_python
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from remotes.client.schema import function_spec
-from remotes.client.session import (
+from .schema import function_spec
+from .session import (
     AuthenticationError,
     MessageTooLarge,
     RemoteCallError,
@@ -27,6 +28,9 @@ from remotes.client.session import (
 logger = logging.getLogger("remotes.client")
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+Announce = Callable[[str], None]
+"""Told one line each time the remote is registered: ``serving 'name' (n functions) on URL``."""
 
 RECONNECT_DELAY = 0.5
 """Seconds before the first reconnect; doubles on each failed attempt."""
@@ -83,7 +87,7 @@ class Remote:
     def function(self, function: F) -> F:
         """Register ``function`` (sync or ``async def``) and return it unchanged.
 
-        Its spec comes from :func:`remotes.client.schema.function_spec`; calls validate
+        Its spec comes from :func:`.schema.function_spec`; calls validate
         their ``args`` against the type hints with pydantic (so a parameter annotated
         with a pydantic model receives the model). Raises ``ValueError`` for a second
         function of the same name and ``TypeError`` for a parameter that cannot be
@@ -105,12 +109,26 @@ class Remote:
         return [function.spec for function in self._functions.values()]
 
     def run(self) -> None:
-        """Serve until interrupted (Ctrl-C returns) or refused; see :meth:`serve`."""
-        with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(self.serve())
+        """Serve until interrupted (Ctrl-C returns) or refused; see :meth:`serve`.
 
-    async def serve(self) -> NoReturn:
+        Prints one line on stderr when the remote is registered (``serving 'name' (2
+        functions) on ws://…/ws``) and one on each re-registration after a reconnect, so
+        that a plain script says that it serves; the failed attempts in between are
+        logged as warnings.
+        """
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(self.serve(announce=announce_on_stderr))
+
+    def serving_line(self) -> str:
+        """``serving 'weather-service' (1 function) on ws://127.0.0.1:8000/ws``."""
+        count = len(self._functions)
+        return f"serving {self.name!r} ({count} function{'' if count == 1 else 's'}) on {self.url}"
+
+    async def serve(self, *, announce: Announce | None = None) -> NoReturn:
         """Connect, register this remote, answer ``remote-call`` events; never returns.
+
+        ``announce`` (if given) is called with :meth:`serving_line` after the first
+        registration, and with ``reconnected: `` and that line after each later one.
 
         On connection loss it reconnects and registers again, forever, waiting 0.5 s
         doubling up to 30 s plus up to 50 % random jitter; the delay starts over after
@@ -135,6 +153,8 @@ class Remote:
                 logger.info("connected to %s", self.url)
                 try:
                     await self._register(session, give_up=not registered_before)
+                    if announce is not None:
+                        announce(("reconnected: " if registered_before else "") + self.serving_line())
                     registered_before = True
                     attempt = 0
                     await session.wait_closed()
@@ -241,3 +261,8 @@ class Remote:
         else:
             value = await asyncio.to_thread(function.call, **args)
         return to_jsonable_python(value)
+
+
+def announce_on_stderr(line: str) -> None:
+    """The announcement of :meth:`Remote.run` and ``serve``: ``line`` on stderr, flushed."""
+    print(line, file=sys.stderr, flush=True)

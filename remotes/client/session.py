@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import json
 import logging
+import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,6 +29,24 @@ REFUSED_CLOSE_CODES = {4401: "authentication failed", 4408: "authentication time
 
 EventHandler = Callable[["Session", dict[str, Any]], None]
 """Called on the event loop with the session and each event (a frame without a nonce)."""
+
+
+def websocket_url(server: str) -> str:
+    """``http(s)://host:port[/prefix]`` → ``ws(s)://host:port[/prefix]/ws``: the ``/ws``
+    session URL of the instance whose base URL is ``server`` (the shim derives its own
+    ``/ws/shim/`` the same way, spec/machines.md §8).
+
+    ``ws(s)://`` URLs are accepted too; a URL already ending in ``/ws`` is kept. Raises
+    ``ValueError`` for another scheme or a URL without a host.
+    """
+    parts = urllib.parse.urlsplit(server.strip())
+    schemes = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}
+    if parts.scheme not in schemes or not parts.netloc:
+        raise ValueError(f"expected the server's base URL, http(s)://host:port, got {server!r}")
+    path = parts.path.rstrip("/")
+    if not path.endswith("/ws"):
+        path += "/ws"
+    return urllib.parse.urlunsplit((schemes[parts.scheme], parts.netloc, path, "", ""))
 
 
 class RemoteCallError(Exception):

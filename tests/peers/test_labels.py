@@ -10,7 +10,9 @@ from django.test import Client
 from core.errors import DispatchError
 from core.services import generate_token
 from peers.models import Peer
-from peers.pairing import label_validate, offer_create, peer_rename, peer_resolve_location
+from peers.selectors import peer_resolve_location
+from peers.services.links import label_validate, peer_rename
+from peers.services.pairing import offer_create
 from tests.peers.conftest import new_key_pair
 
 

@@ -22,6 +22,7 @@ from agents.models import Agent, AgentEvent
 from core import secrets_at_rest
 from peers import mirror
 from peers.models import Peer, PeerLease
+from peers.services import leases
 from peers.services.identity import identity_get
 from tests.infra import eventually, instance
 
@@ -38,16 +39,16 @@ def test_reconnect_delays_double_from_5_seconds_up_to_60_with_jitter(monkeypatch
 @pytest.mark.django_db
 def test_one_process_at_a_time_holds_a_peers_subscribe_lease(owner, make_peer):
     peer = make_peer(owner).peer
-    assert mirror.subscribe_lease_claim(peer_id=peer.pk, holder="proc_a")
-    assert mirror.subscribe_lease_claim(peer_id=peer.pk, holder="proc_a")  # renewal
-    assert not mirror.subscribe_lease_claim(peer_id=peer.pk, holder="proc_b")
+    assert leases.subscribe_lease_claim(peer_id=peer.pk, holder="proc_a")
+    assert leases.subscribe_lease_claim(peer_id=peer.pk, holder="proc_a")  # renewal
+    assert not leases.subscribe_lease_claim(peer_id=peer.pk, holder="proc_b")
     PeerLease.objects.filter(peer=peer).update(expires_at=timezone.now() - timedelta(seconds=1))
-    assert mirror.subscribe_lease_claim(peer_id=peer.pk, holder="proc_b")  # the holder died: taken over
-    assert not mirror.subscribe_lease_claim(peer_id=peer.pk, holder="proc_a")
-    mirror.subscribe_lease_release(peer_id=peer.pk, holder="proc_a")  # not its lease: nothing happens
+    assert leases.subscribe_lease_claim(peer_id=peer.pk, holder="proc_b")  # the holder died: taken over
+    assert not leases.subscribe_lease_claim(peer_id=peer.pk, holder="proc_a")
+    leases.subscribe_lease_release(peer_id=peer.pk, holder="proc_a")  # not its lease: nothing happens
     assert PeerLease.objects.get(peer=peer).holder == "proc_b"
-    mirror.subscribe_lease_release(peer_id=peer.pk, holder="proc_b")
-    assert mirror.subscribe_lease_claim(peer_id=peer.pk, holder="proc_a")
+    leases.subscribe_lease_release(peer_id=peer.pk, holder="proc_b")
+    assert leases.subscribe_lease_claim(peer_id=peer.pk, holder="proc_a")
 
 
 @pytest.mark.django_db(transaction=True)

@@ -28,16 +28,10 @@ from core.errors import DispatchError, NotFound
 from peers import outbox
 from peers.client import PeerClient
 from peers.models import OutboxMessage, PeerLease, PeerReceipt
-from peers.outbox import (
-    backoff_delay,
-    outbox_backoff_reset,
-    outbox_discard,
-    outbox_drain_once,
-    outbox_drain_peer,
-    outbox_purge,
-    outbox_retry,
-)
-from peers.remote_launch import peer_message_send
+from peers.outbox import outbox_drain_once, outbox_drain_peer
+from peers.services import outbox as outbox_services
+from peers.services.outbox import backoff_delay, outbox_backoff_reset, outbox_discard, outbox_purge, outbox_retry
+from peers.services.outgoing import peer_message_send
 from peers.services.shadows import shadow_upsert
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -207,7 +201,7 @@ def test_backoff_doubles_from_thirty_seconds_with_jitter_and_a_cap() -> None:
 def test_retries_back_off_and_a_reconnect_resets_them(
     owner: Any, sender: Agent, cloud: Any, remotes: FakeRemotes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(outbox.random, "random", lambda: 0.5)
+    monkeypatch.setattr(outbox_services.random, "random", lambda: 0.5)
     remotes.modes["cloud.test"] = 429
     message = send(owner, sender, cloud, "hello")
     waits = []
@@ -221,7 +215,7 @@ def test_retries_back_off_and_a_reconnect_resets_them(
     assert row.attempts == 3
     OutboxMessage.objects.filter(pk=row.pk).update(next_attempt_at=timezone.now() + timedelta(minutes=10))
     remotes.modes["cloud.test"] = "ok"
-    assert outbox_backoff_reset(cloud) == 1
+    assert outbox_backoff_reset(peer=cloud) == 1
     row.refresh_from_db()
     assert row.attempts == 0 and row.next_attempt_at <= timezone.now()
     drain()
@@ -266,16 +260,16 @@ def test_a_crash_between_sending_and_marking_delivers_exactly_once(
     owner: Any, sender: Agent, cloud: Any, remotes: FakeRemotes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     message = send(owner, sender, cloud, "once only")
-    real = outbox._delivered
+    real = outbox.outbox_mark_delivered
 
-    def crash(row: OutboxMessage) -> bool:
+    def crash(*, row: OutboxMessage) -> bool:
         raise RuntimeError("process died after the peer answered")
 
-    monkeypatch.setattr(outbox, "_delivered", crash)
+    monkeypatch.setattr(outbox, "outbox_mark_delivered", crash)
     with pytest.raises(RuntimeError):
         async_to_sync(outbox_drain_peer)(cloud.pk, holder="worker-1")
     assert statuses(message) == ["queued"]
-    monkeypatch.setattr(outbox, "_delivered", real)
+    monkeypatch.setattr(outbox, "outbox_mark_delivered", real)
     drain(holder="worker-2")
     assert len(remotes.received) == 2  # sent twice with the same key ...
     assert len(remotes.delivered) == 1  # ... delivered once: the peer answered "duplicate"

@@ -15,8 +15,9 @@ from core import secrets_at_rest
 from core.errors import DispatchError
 from core.services import generate_token, token_digest
 from peers.models import PairingOffer, Peer
-from peers.pairing import BAD_CODE, CODE_ALPHABET, offer_create
+from peers.pairing import BAD_CODE
 from peers.services.identity import identity_get
+from peers.services.pairing import CODE_ALPHABET, offer_create
 from tests.peers.conftest import new_key_pair
 
 # The claim route is an async view: its queries run on another thread, so the database is real.

@@ -29,6 +29,7 @@ from peers.client import PeerClient
 from peers.models import OutboxMessage
 from peers.outbox import outbox_drain_once
 from peers.remote_launch import location_resolve, peer_address_parse
+from peers.services import outgoing
 from peers.services.shadows import shadow_upsert
 from tests.agents.conftest import Api, error_of
 
@@ -370,9 +371,7 @@ def test_archive_of_a_shadow_whose_link_is_gone_is_local(
 def test_the_drain_is_async_safe_from_sync_code(
     owner: Any, cloud: Any, launcher: Agent, fake: FakePeerApi, reported: Agent
 ) -> None:
-    sent = remote_launch.peer_message_send(
-        user=owner, sender_agent=launcher, peer=cloud, to_agent_id=REMOTE_ID, content="x"
-    )
+    sent = outgoing.peer_message_send(user=owner, sender_agent=launcher, peer=cloud, to_agent_id=REMOTE_ID, content="x")
     async_to_sync(outbox_drain_once)(holder="t")
     assert AgentMessage.objects.get(pk=sent.pk).status == "dead"
 
@@ -382,7 +381,7 @@ def test_a_message_to_an_agent_the_mirror_never_reported_is_refused_and_creates_
 ) -> None:
     before = Agent.objects.count()
     with pytest.raises(NotFound) as refused:
-        remote_launch.peer_message_send(
+        outgoing.peer_message_send(
             user=owner, sender_agent=launcher, peer=cloud, to_agent_id="agt_ffffffffffff", content="x"
         )
     assert "far (agt_00000000abcd)" in refused.value.message  # what is known there is listed
@@ -392,7 +391,7 @@ def test_a_message_to_an_agent_the_mirror_never_reported_is_refused_and_creates_
 def test_the_shadows_own_id_is_understood_as_its_agent_there(
     owner: Any, cloud: Any, launcher: Agent, reported: Agent
 ) -> None:
-    sent = remote_launch.peer_message_send(
+    sent = outgoing.peer_message_send(
         user=owner, sender_agent=launcher, peer=cloud, to_agent_id=reported.pk, content="x"
     )
     assert sent.recipient_agent_id == reported.pk

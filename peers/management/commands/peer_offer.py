@@ -12,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from core.errors import DispatchError
 from peers.management.commands._pairing_options import add_capability_flags, capabilities_from, console_users
-from peers.pairing import offer_create
+from peers.services.pairing import offer_create
 
 
 class Command(BaseCommand):

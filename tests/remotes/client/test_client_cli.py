@@ -153,7 +153,7 @@ async def test_serve_runs_the_example_weather_service(dispatch: FakeDispatch) ->
         process.terminate()
         await process.wait()
 
-    assert banner == f"serving remote 'weather-service' (1 function) on {dispatch.url}\n"
+    assert banner == f"serving 'weather-service' (1 function) on {dispatch.url}\n"
     assert registration["tools"][0]["description"] == "Retrieve weather forecast for a location."
     assert rome["result"]["city"] == "Rome"
     assert isinstance(rome["result"]["temperature_c"], int)

@@ -1,0 +1,105 @@
+"""Messages this instance sends to agents on a linked peer (spec/peers.md §8): the local
+``AgentMessage`` and its ``OutboxMessage``, written in one transaction; the drain
+(``peers.outbox``) delivers it. Also who on this instance launches or sends, as a peer
+sees it (``launcher_address``, spec §5 ``launched_by`` / ``from``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.db import transaction
+
+from agents import services as agent_services
+from agents.messages import MAX_MESSAGE_LENGTH, message_data
+from agents.models import Agent, AgentMessage
+from agents.selectors import AGENT_ID
+from core.errors import InvalidRequest, NotFound
+from peers.models import Peer, new_idempotency_key
+from peers.services.identity import identity_get
+from peers.services.outbox import outbox_enqueue
+
+
+def launcher_address(*, user: User, caller_agent: Agent | None) -> dict[str, Any]:
+    """``{instance_id, agent_id | null, name}``: who on this instance launches or sends
+    (spec §5 ``launched_by`` / ``from``): ``caller_agent``, else the person ``user``."""
+    identity = identity_get()
+    if caller_agent is not None:
+        return {"instance_id": identity.instance_id, "agent_id": caller_agent.pk, "name": caller_agent.name}
+    return {"instance_id": identity.instance_id, "agent_id": None, "name": user.get_username()}
+
+
+def _shadow_for(peer: Peer, agent_id: str) -> Agent:
+    """The shadow of ``peer``'s agent ``agent_id`` — given as its id there, or as the
+    shadow's own local id. ``NotFound`` (listing what is known) for an agent the mirror has
+    not reported: a message to an id nobody knows would only be dead-lettered later."""
+    shadow = (
+        Agent.objects.filter(peer=peer, peer_agent_id=agent_id).order_by("created_at").first()
+        or Agent.objects.filter(peer=peer, pk=agent_id).first()
+    )
+    if shadow is not None:
+        return shadow
+    known = list(
+        Agent.objects.filter(peer=peer)
+        .exclude(status=Agent.Status.ARCHIVED)
+        .order_by("-updated_at")
+        .values_list("name", "peer_agent_id")[:10]
+    )
+    listing = ", ".join(f"{name} ({remote_id})" for name, remote_id in known) or "none yet"
+    raise NotFound(
+        f"{peer.label} has no agent '{agent_id}' that this instance knows of; address an agent there by its id "
+        f"on {peer.label} (a shadow's peer_agent_id). Known agents of {peer.label}: {listing}",
+        {"peer": peer.label, "agent_id": agent_id},
+    )
+
+
+@transaction.atomic
+def peer_message_send(
+    *, user: User, sender_agent: Agent | None, peer: Peer, to_agent_id: str, content: str
+) -> AgentMessage:
+    """Send ``content`` to agent ``to_agent_id`` on ``peer`` (spec §8) and return the local message.
+
+    Writes, in one transaction, the ``AgentMessage`` (``queued``; recipient = the shadow
+    of ``(peer, to_agent_id)`` — ``to_agent_id`` may also be the shadow's local id;
+    ``peer`` and a fresh ``idempotency_key``) and
+    its ``OutboxMessage`` (payload ``{to_agent_id, content, from: {instance_id, agent_id |
+    null, name}}``); the drain doorbell rings after commit (delivery is attempted at once
+    by the drain loop). ``sender_agent`` ``None``: ``user`` sends it.
+
+    Raises ``NotFound`` (a peer of another user or a revoked one, a sender of another
+    user, an agent the mirror has not reported), ``InvalidRequest`` (content empty or
+    over 200,000 characters or with a NUL, a malformed agent id).
+    """
+    if not isinstance(content, str) or not content.strip():
+        raise InvalidRequest("content must be a non-empty string")
+    if len(content) > MAX_MESSAGE_LENGTH:
+        raise InvalidRequest(f"content must be at most {MAX_MESSAGE_LENGTH} characters")
+    agent_services.storable_text(content, "content")
+    if not AGENT_ID.match(to_agent_id or ""):
+        raise InvalidRequest(f"'{to_agent_id}' is not an agent id (agt_ and 12 hex digits)")
+    live = Peer.objects.filter(pk=peer.pk, owner=user, revoked_at__isnull=True).first()
+    if live is None:
+        raise NotFound(f"no linked instance '{peer.label}'")
+    if sender_agent is not None and sender_agent.owner_id != user.pk:
+        raise NotFound(f"no agent '{sender_agent.pk}'")
+    shadow = _shadow_for(live, to_agent_id)
+    to_agent_id = shadow.peer_agent_id
+    key = new_idempotency_key()
+    message = AgentMessage.objects.create(
+        sender_agent=sender_agent,
+        sender_user=None if sender_agent is not None else user,
+        recipient_agent=shadow,
+        content=content,
+        peer=live,
+        idempotency_key=key,
+    )
+    sender = launcher_address(user=user, caller_agent=sender_agent)
+    outbox_enqueue(
+        message=message,
+        peer=live,
+        to_agent_id=to_agent_id,
+        payload={"to_agent_id": to_agent_id, "content": content, "from": sender},
+    )
+    agent_services.publish_on_commit(user_id=user.pk, event="message.created", data=message_data(message))
+    return message
