@@ -52,7 +52,15 @@ class StrictBooleanField(serializers.BooleanField):
 
 
 class AgentLaunchSerializer(serializers.Serializer):
-    type = StrictCharField(max_length=40)
+    type = StrictCharField(
+        max_length=40,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="an agent type (GET /api/v1/agent-types); absent: the default type here (expert with a model "
+        "endpoint, else the first installed LLM CLI; with neither it is required), or with location the "
+        "linked instance's",
+    )
     name = StrictCharField(max_length=1000, trim_whitespace=False)
     prompt = StrictCharField(required=False, allow_blank=True, default="", trim_whitespace=False)
     cwd = StrictCharField(
@@ -106,8 +114,10 @@ class AgentListView(DispatchAPIView):
     @extend_schema(request=AgentLaunchSerializer, responses={201: AgentSerializer})
     def post(self, request: Request) -> Response:
         """Launch any configured type (``lifecycle.agent_launch_any``; an unavailable type is
-        refused with the list of available ones). With an agent token the caller is
-        ``launched_by`` and, with ``child: true``, the parent."""
+        refused with the list of available ones); without ``type``, the default type
+        (``launching.launch_type_resolve``: 400 listing the available types when there is
+        none). With an agent token the caller is ``launched_by`` and, with ``child: true``,
+        the parent."""
         incoming = AgentLaunchSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
         body = incoming.validated_data
@@ -123,7 +133,7 @@ class AgentListView(DispatchAPIView):
                 location=body["location"],
                 name=body["name"],
                 prompt=body["prompt"],
-                type=body["type"],
+                type=body["type"] or None,
                 cwd=body["cwd"],
                 child=body["child"],
                 full_access=body["full_access"],
@@ -131,7 +141,7 @@ class AgentListView(DispatchAPIView):
             return Response(agent_data(shadow), status=status.HTTP_201_CREATED)
         agent = lifecycle.agent_launch_any(
             owner=authenticated_user(request),
-            type=body["type"],
+            type=launching.launch_type_resolve(body["type"]),
             name=body["name"],
             prompt=body["prompt"],
             cwd=body["cwd"] or None,
@@ -145,20 +155,33 @@ class AgentListView(DispatchAPIView):
 class AgentTypeSerializer(serializers.Serializer):
     type = serializers.CharField()
     kind = serializers.ChoiceField(choices=["expert", "llm", "shell"])
-    available = serializers.BooleanField()
+    available = serializers.BooleanField(help_text="whether an agent of this type works here now")
+    reason = serializers.CharField(help_text='why it is not available ("" when it is)')
 
 
 class AgentTypesView(DispatchAPIView):
-    """``GET /api/v1/agent-types``: ``{"types": [{type, kind, available}]}``; an unavailable
-    CLI type (its program is not on PATH) is refused at launch."""
+    """``GET /api/v1/agent-types``: ``{"types": [{type, kind, available, reason}], "default"}``.
+    ``expert`` is unavailable without a model endpoint (``DISPATCH_LLM_BASE_URL``), a CLI
+    type when its program is not on PATH (it is then refused at launch); ``default`` is the
+    type a launch without one gets, ``null`` when a launch must name its type."""
 
     @extend_schema(
         operation_id="v1_agent_types_list",
-        responses={200: inline_serializer("AgentTypeList", {"types": AgentTypeSerializer(many=True)})},
+        responses={
+            200: inline_serializer(
+                "AgentTypeList",
+                {
+                    "types": AgentTypeSerializer(many=True),
+                    "default": serializers.CharField(
+                        allow_null=True, help_text="the type a launch without one gets; null: type is required"
+                    ),
+                },
+            )
+        },
     )
     def get(self, request: Request) -> Response:
         authenticated_user(request)
-        return Response({"types": launching.agent_types_data()})
+        return Response({"types": launching.agent_types_data(), "default": launching.default_launch_type()})
 
 
 class AgentDetailView(DispatchAPIView):

@@ -26,6 +26,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 
 from agents import services
+from agents.launching import NO_ENDPOINT
 from agents.models import Agent, AgentEvent, Run
 from agents.prompting import RemoteEntry, remote_entries, tool_names
 from agents.tools import tool_set
@@ -36,7 +37,6 @@ from remotes.services import remote_call
 
 logger = logging.getLogger(__name__)
 
-NO_ENDPOINT = "no model endpoint configured (set DISPATCH_LLM_BASE_URL)"
 SYSTEM_PROMPT = (
     "You are {name}, an expert agent of Dispatch (agent id {agent_id}). Carry out the user's "
     "instruction with the tools you are given: they act on the user's machines and remote "

@@ -31,7 +31,7 @@ from django.db import transaction
 
 from agents import cli, messages, selectors, services
 from agents.hooks import linked
-from agents.launching import launchable_types
+from agents.launching import available_types, launchable_types
 from agents.models import Agent, AgentMessage, Run
 from agents.prompting import agent_prompt_for, prompt_options_check
 from agents.tokens import agent_scope_launch
@@ -58,8 +58,10 @@ def agent_launch_any(
     ``child`` makes ``launched_by`` the parent (``launched_by`` is recorded either way).
     An expert agent is created ``running`` and ``prompt`` (if any) queued as its first
     run; a CLI agent is started in tmux with ``prompt`` as its first message
-    (``cli.agent_launch``). Raises ``InvalidRequest`` for an unknown type or one whose
-    program is not on PATH (the message lists what is available), a bad name or cwd;
+    (``cli.agent_launch``). ``type`` is what the caller named: a launch without one
+    resolves it first (``launching.launch_type_resolve``). Raises ``InvalidRequest`` for
+    an unknown type or one whose program is not on PATH (details: the types that work
+    here, ``launching.available_types``), a bad name or cwd;
     ``PERMISSION_DENIED`` for a full-access launch by an agent that is not full-access.
     ``launched_by_peer`` (``{instance_id, agent_id | null, name}``) marks an agent a peer
     launched (spec/peers.md §5): a ``shell`` agent then gets ``DISPATCH_LAUNCH_CONTEXT``.
@@ -67,12 +69,12 @@ def agent_launch_any(
     types = launchable_types()
     if type not in types:
         raise InvalidRequest(
-            f"unknown agent type '{type}'; known types: {', '.join(types)}", {"available_types": _available(types)}
+            f"unknown agent type '{type}'; known types: {', '.join(types)}", {"available_types": available_types()}
         )
     if not types[type]:
         raise InvalidRequest(
             f"agent type '{type}' is unavailable here: its program is not on PATH",
-            {"available_types": _available(types)},
+            {"available_types": available_types()},
         )
     if not isinstance(prompt, str):
         raise InvalidRequest("prompt must be a string")
@@ -106,10 +108,6 @@ def agent_launch_any(
         if prompt.strip():
             services.run_enqueue(agent=agent, instruction=prompt)
     return agent
-
-
-def _available(types: dict[str, bool]) -> list[str]:
-    return [name for name, ok in types.items() if ok]
 
 
 # --- stop, start, archive ---------------------------------------------------------------------

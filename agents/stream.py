@@ -38,6 +38,7 @@ from agents.tokens import agent_token_id
 from core.errors import DispatchError, InvalidRequest
 from core.http import bearer_credentials, error_response, request_user
 from core.models import ApiToken
+from core.openapi import Operation, documented
 from core.presence import HOSTNAME
 from core.protocol import CredentialEndedMessage
 from core.realtime import Subscription
@@ -143,6 +144,26 @@ async def _credential(request: HttpRequest, user: User) -> StreamCredential:
     return StreamCredential(user_id=user.pk, session_key=request.session.session_key or "")
 
 
+@documented(
+    Operation(
+        "get",
+        "Server-sent events for the UI: a snapshot, then agent, run and message frames",
+        "agents",
+        query=(
+            {
+                "name": "pane",
+                "in": "query",
+                "required": False,
+                "schema": {"type": "string"},
+                "description": "a local CLI agent's id: also send its terminal pane as `pane` frames",
+            },
+        ),
+        responses={
+            "200": "text/event-stream: snapshot, agent.upsert, agent.deleted, agent.event, run.updated, "
+            "message.created, message.updated (and pane) frames, each with an id"
+        },
+    )
+)
 @login_not_required  # answers 401 itself (bearer token or session)
 @require_GET
 async def events_stream(request: HttpRequest) -> HttpResponseBase:

@@ -41,7 +41,7 @@ from django.db import close_old_connections, connection
 
 from agents import selectors, services
 from agents.hooks import Link, linked
-from agents.launching import default_launch_type, launchable_types
+from agents.launching import agent_type_availability, default_launch_type, launch_type_resolve
 from agents.lifecycle import agent_launch_any, agent_message_send
 from agents.messages import CLI_ACCEPTING, message_get
 from agents.models import Agent
@@ -273,34 +273,45 @@ def _tool(*, name: str, description: str, parameters: dict[str, Any], handler: A
 @dataclass(frozen=True)
 class LaunchChoices:
     """What ``dispatch_launch_agent``'s description says now: the types (all, and which is
-    the default) and the linked instances (``linked().launch_description``)."""
+    the default, ``None`` when a launch here must name one) and the linked instances
+    (``linked().launch_description``)."""
 
     linked: str
     types: list[str]
-    default: str
+    default: str | None
     description: str
 
 
 def launch_choices(user: User) -> LaunchChoices:
     """The launch tool's choices for ``user`` now (a short query: run it through
-    ``database_sync_to_async`` from async code)."""
+    ``database_sync_to_async`` from async code): the types that work here, those that do
+    not with why (``launching.agent_type_availability``), and the default type
+    (``launching.default_launch_type``) or that ``type`` is required."""
     linked_text = linked().launch_description(user=user)
-    types = launchable_types()
-    available = [name for name, ok in types.items() if ok]
-    unavailable = [name for name, ok in types.items() if not ok]
+    listed = agent_type_availability()
+    available = [entry.type for entry in listed if entry.available]
+    unavailable = [f"{entry.type} ({entry.reason})" for entry in listed if not entry.available]
     default = default_launch_type()
     text = (
         "Launch a new agent here and give it a first prompt. Types available now: "
-        + ", ".join(available)
-        + (f" (not installed here: {', '.join(unavailable)})" if unavailable else "")
-        + f". Default type: {default}. 'expert' is Dispatch's built-in tool-calling agent; the others run in tmux. "
+        + (", ".join(available) or "none")
+        + "."
+        + (f" Unavailable here: {'; '.join(unavailable)}." if unavailable else "")
+        + (
+            f" Default type: {default}."
+            if default is not None
+            else " No default type here: give type (one of the available ones) for a launch here."
+        )
+        + " 'expert' is Dispatch's built-in tool-calling agent; the others run in tmux. "
         "cwd defaults to the launching agent's directory (else the instance's default directory). "
         "With child (default true) the new agent is your child. "
         + linked_text
         + " Returns the new agent (id, name, type, status ...; for a launch on a linked instance, its shadow "
         "here, with peer and peer_agent_id)."
     )
-    return LaunchChoices(linked=linked_text, types=list(types), default=default, description=text)
+    return LaunchChoices(
+        linked=linked_text, types=[entry.type for entry in listed], default=default, description=text
+    )
 
 
 def list_agents_tool(user: User) -> Tool:
@@ -373,7 +384,7 @@ def launch_tool(user: User, caller_agent: Agent | None, choices: LaunchChoices) 
                 full_access=bool(arguments.get("full_access", False)),
             )
             return await database_sync_to_async(agent_data)(shadow)
-        type = arguments.get("type") or default_launch_type()
+        type = launch_type_resolve(arguments.get("type"))
         if type == services.EXPERT:
             return await database_sync_to_async(_launch)(user, caller_agent, arguments, type)
         return await _on_own_thread(_launch)(user, caller_agent, arguments, type)
@@ -386,7 +397,13 @@ def launch_tool(user: User, caller_agent: Agent | None, choices: LaunchChoices) 
             "properties": {
                 "name": {"type": "string", "minLength": 1, "maxLength": 100},
                 "prompt": {"type": "string", "maxLength": MAX_PROMPT, "description": "Its first instruction."},
-                "type": {"enum": choices.types, "description": f"Default: {choices.default}."},
+                "type": {
+                    "enum": choices.types,
+                    "description": f"Default: {choices.default}."
+                    if choices.default is not None
+                    else "Required for a launch here: this instance has no default type (with location, the "
+                    "linked instance picks its own).",
+                },
                 "cwd": {
                     "type": "string",
                     "maxLength": 4096,

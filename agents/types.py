@@ -43,9 +43,15 @@ class AgentType:
         """The program the type runs (``argv[0]``)."""
         return self.argv[0]
 
+    def missing_programs(self) -> list[str]:
+        """The type's programs (normal and full-access) not found on ``PATH`` (nor executable
+        paths), in argv order; empty when the type can run."""
+        programs = dict.fromkeys([self.argv[0], self.full_access_argv[0]])
+        return [program for program in programs if shutil.which(program) is None]
+
     def available(self) -> bool:
         """Whether both programs (normal and full-access) are found on ``PATH`` (or are executable paths)."""
-        return all(shutil.which(program) is not None for program in {self.argv[0], self.full_access_argv[0]})
+        return not self.missing_programs()
 
     def command(self, *, full_access: bool, mcp_url: str, agent_id: str) -> list[str]:
         """The argv to run, placeholders filled in (one list element per argument)."""

@@ -124,10 +124,18 @@ def _list_context(request: HttpRequest) -> dict[str, object]:
 
 @require_http_methods(["GET", "POST"])
 def agents_page(request: HttpRequest) -> HttpResponse:
-    """``/``: the user's agents (live) and the "Launch agent" form (every configured type;
-    an unavailable one disabled as "(not installed)")."""
+    """``/``: the user's agents (live) and the "Launch agent" form: every type, one that does
+    not work here disabled with why (``launching.agent_types_data``), the default type
+    (``launching.default_launch_type``) chosen — none, and a "choose a type" prompt, when
+    there is no default."""
     user = authenticated_user(request)
-    form: dict[str, Any] = {"type": "expert", "name": "", "prompt": "", "cwd": settings.DEFAULT_CWD, "location": ""}
+    form: dict[str, Any] = {
+        "type": launching.default_launch_type() or "",
+        "name": "",
+        "prompt": "",
+        "cwd": settings.DEFAULT_CWD,
+        "location": "",
+    }
     status = 200
     if request.method == "POST":
         form = {key: request.POST.get(key, "").strip() for key in ("type", "name", "prompt", "cwd", "location")}
@@ -140,23 +148,28 @@ def agents_page(request: HttpRequest) -> HttpResponse:
                     f"launching on '{form['location']}' is done by the page's script through POST /api/v1/agents;"
                     " enable JavaScript or use the API"
                 )
+            type = launching.launch_type_resolve(form["type"])
             agent = lifecycle.agent_launch_any(
                 owner=user,
-                type=form["type"],
+                type=type,
                 name=form["name"],
                 prompt=form["prompt"],
                 cwd=form["cwd"] or None,
-                full_access=form["full_access"] and form["type"] != services.EXPERT,
+                full_access=form["full_access"] and type != services.EXPERT,
             )
         except DispatchError as exc:
             messages.error(request, exc.message)
             status = 400
         else:
             return redirect("agent", agent_id=agent.pk)
+    types = launching.agent_types_data()
     context = {
         **_list_context(request),
         "form": form,
-        "types": launching.agent_types_data(),
+        "types": types,
+        # Else "choose a type" stays selected: a browser would pick the first enabled option,
+        # maybe a shell, for a prompt written for a model.
+        "type_chosen": any(entry["available"] and entry["type"] == form["type"] for entry in types),
         "locations": launch_locations(user=user),
     }
     return render(request, "agents/agents.html", context, status=status)
@@ -200,6 +213,13 @@ def is_lost_contact(event: AgentEvent) -> bool:
     return event.type == AgentEvent.Type.SYSTEM and event.message.lower().startswith("lost contact with")
 
 
+def is_contact_restored(event: AgentEvent) -> bool:
+    """Whether ``event`` is Dispatch's note that a peer's stream is back after a drop (the
+    ``system`` event "contact restored with <peer>" that follows "lost contact"), styled
+    as such on the timeline."""
+    return event.type == AgentEvent.Type.SYSTEM and event.message.lower().startswith("contact restored with")
+
+
 def _agent_context(request: HttpRequest, agent_id: str) -> dict[str, object]:
     agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
     is_shadow = selectors.is_shadow(agent)
@@ -215,6 +235,7 @@ def _agent_context(request: HttpRequest, agent_id: str) -> dict[str, object]:
         "local_pane": has_local_pane(agent),
         "events": events.items,
         "lost_contact": {event.pk for event in events.items if is_lost_contact(event)},
+        "contact_restored": {event.pk for event in events.items if is_contact_restored(event)},
         "events_next": events.next,
         "before": before or "",
         "runs": selectors.runs_page(agent=agent).items if agent.type == services.EXPERT and not is_shadow else [],

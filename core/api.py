@@ -97,6 +97,7 @@ class TokenObtainView(DispatchAPIView):
 
     authentication_classes: list[Any] = []
     permission_classes = [AllowAny]
+    rate_limited = True  # its own throttle: the schema lists a 429 (core.openapi)
 
     @extend_schema(
         request=TokenRequestSerializer,

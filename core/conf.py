@@ -8,6 +8,7 @@ Nothing falls back silently.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 
@@ -75,6 +76,21 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if value is None:
         return list(default)
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def env_networks(name: str, default: list[str]) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+    """A comma-separated list of IP addresses and CIDR networks (``10.0.0.0/8``, ``::1``);
+    an empty value is an empty list. A bare address is a one-address network; a network
+    with host bits set (``10.0.0.5/8``) is refused as the likely typo it is."""
+    networks = []
+    for item in env_list(name, default):
+        try:
+            networks.append(ipaddress.ip_network(item))
+        except ValueError:
+            raise ImproperlyConfigured(
+                f"{name} must list IP addresses or networks such as 127.0.0.0/8 or ::1, got {item!r}"
+            ) from None
+    return networks
 
 
 def env_secret(name: str) -> str | None:

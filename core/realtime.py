@@ -59,6 +59,7 @@ from django.conf import settings
 from django.db import transaction
 from pydantic import ValidationError
 
+from core import metrics
 from core.errors import DispatchError, channel_layer_unavailable, database_unavailable
 from core.protocol import ChannelMessage, ChannelRequest, HealthProbeMessage
 from core.validation import describe_validation_error
@@ -91,7 +92,9 @@ class LoopHealth:
     is down neither spins nor retries in step with every other process). It logs one line
     per change of state — the first failure, with its error (and the traceback when it is
     not an outage), and "recovered" when a pass works again — never one per pass
-    (spec/quality.md "Faults"; issue 11 item 4).
+    (spec/quality.md "Faults"; issue 11 item 4). Each failure is also counted in
+    ``dispatch_background_loop_errors_total{loop=metric_name}`` (default: ``name``; give a
+    fixed ``metric_name`` when ``name`` carries an id).
     """
 
     def __init__(
@@ -102,8 +105,10 @@ class LoopHealth:
         cap: float = 30.0,
         log: logging.Logger | None = None,
         rand: Callable[[], float] = random.random,
+        metric_name: str | None = None,
     ) -> None:
         self.name = name
+        self.metric_name = metric_name or name
         self.base = base
         self.cap = max(cap, base)
         self.log = log or logger
@@ -113,6 +118,7 @@ class LoopHealth:
     def failed(self, exc: BaseException) -> float:
         """Record a failed pass; return the seconds to wait before the next one."""
         self.failures += 1
+        metrics.loop_error_counted(self.metric_name)
         delay = min(self.cap, self.base * 2 ** min(self.failures - 1, 30))
         delay *= 1 - BACKOFF_JITTER + 2 * BACKOFF_JITTER * self.rand()
         if self.failures == 1:

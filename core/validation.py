@@ -9,7 +9,8 @@ today, both kept byte for byte:
   (``/ws`` actions, ``HELLO``, ``parse_body``);
 - ``first_error_message``: the validator's own sentence, as is (the peer API and the
   machine operation routes, whose models raise the exact text the route answered before
-  it had a model, such as ``name must be a non-empty string``).
+  it had a model, such as ``name must be a non-empty string``); a validator that must
+  also answer ``details`` raises ``refusal(message, details)``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 from core.errors import InvalidRequest
 
@@ -65,6 +67,13 @@ def first_error_message(exc: ValidationError) -> str:
     return str(error.get("ctx", {}).get("error") or error["msg"])
 
 
+def refusal(message: str, details: dict[str, Any]) -> PydanticCustomError:
+    """What a validator raises to refuse a value with ``details`` beside its sentence:
+    ``parse_plain`` answers ``InvalidRequest(message, details)`` (a ``ValueError`` carries
+    the sentence alone)."""
+    return PydanticCustomError("invalid_request", "{message}", {"message": message, "details": details})
+
+
 def parse_body(model: type[Model], body: Any, *, context: dict[str, Any] | None = None) -> Model:
     """Validate a body against ``model``; ``InvalidRequest`` (400) with
     ``describe_validation_error``'s text when it does not fit."""
@@ -76,8 +85,9 @@ def parse_body(model: type[Model], body: Any, *, context: dict[str, Any] | None 
 
 def parse_plain(model: type[Model], body: Any, *, context: dict[str, Any] | None = None) -> Model:
     """Validate a body against ``model``; ``InvalidRequest`` (400) with the validator's
-    own sentence (``first_error_message``) when it does not fit."""
+    own sentence (``first_error_message``) when it does not fit, and the ``details`` of a
+    ``refusal``."""
     try:
         return model.model_validate(body, context=context)
     except ValidationError as exc:
-        raise InvalidRequest(first_error_message(exc)) from None
+        raise InvalidRequest(first_error_message(exc), _first(exc).get("ctx", {}).get("details")) from None

@@ -113,6 +113,21 @@ def htmx_login_required(view: ViewFunction) -> ViewFunction:
     return cast(ViewFunction, login_not_required(wrapper))
 
 
+def anonymous_browser_to_login(view: ViewFunction) -> ViewFunction:
+    """For an API view that is also a page (Swagger UI at ``/api/docs/``, Redoc at
+    ``/api/redoc/``): a visitor with neither a session nor an ``Authorization`` header is sent
+    to the login page and back (302), as every other page does; a request carrying a token
+    is left to the view (DRF answers 401 for a bad one). Sync views only."""
+
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not request.user.is_authenticated and "HTTP_AUTHORIZATION" not in request.META:
+            return _login_redirect(request)
+        response: HttpResponse = view(request, *args, **kwargs)
+        return response
+
+    return cast(ViewFunction, login_not_required(functools.wraps(view)(wrapper)))
+
+
 class TokenForm(forms.Form):
     name = forms.CharField(max_length=100, required=False)
     expires_in_days = forms.IntegerField(min_value=1, max_value=3650, required=False, label="Expires in (days)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 import secrets
 import tempfile
 from pathlib import Path
@@ -22,7 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 from dotenv import load_dotenv
 
 from agents.types import parse_agent_types
-from core.conf import env_bool, env_float, env_int, env_list, env_secret, env_str
+from core.conf import env_bool, env_float, env_int, env_list, env_networks, env_secret, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 load_dotenv(BASE_DIR / ".env", override=False)
@@ -31,6 +32,9 @@ load_dotenv(BASE_DIR / ".env", override=False)
 _data_dir = Path(env_str("DISPATCH_DATA_DIR", "var")).expanduser()
 DATA_DIR = _data_dir if _data_dir.is_absolute() else BASE_DIR / _data_dir
 DATA_DIR.mkdir(parents=True, exist_ok=True)
+# The client wheels and sdists `make dist` builds, served at /downloads/ (core.downloads).
+_dist_dir = Path(env_str("DISPATCH_DIST_DIR", "dist")).expanduser()
+DIST_DIR = _dist_dir if _dist_dir.is_absolute() else BASE_DIR / _dist_dir
 
 DEBUG = env_bool("DEBUG", False)
 
@@ -100,6 +104,7 @@ INSTALLED_APPS = [
     "channels",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI and Redoc served from here, not a CDN
     "django_htmx",
     "core",
     "remotes",
@@ -211,7 +216,10 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # --- channel layer ---------------------------------------------------------------------
 REDIS_URL = env_str("REDIS_URL", "")
 _db_identity = DATABASE_URL or str(_default_db["NAME"])
-REDIS_PREFIX = env_str("DISPATCH_REDIS_PREFIX", "dispatch-" + hashlib.sha256(_db_identity.encode()).hexdigest()[:10])
+# A short hash of the database: what sets this instance apart from another on the same host
+# or Redis (the Redis prefix and the cookie names below).
+_db_hash = hashlib.sha256(_db_identity.encode()).hexdigest()[:10]
+REDIS_PREFIX = env_str("DISPATCH_REDIS_PREFIX", "dispatch-" + _db_hash)
 CHANNEL_CAPACITY = env_int("DISPATCH_CHANNEL_CAPACITY", 10_000, minimum=10_000)
 # Redis connections per process (and event loop) for the channel layer and the router's
 # cache; a caller that finds them all busy waits up to REDIS_POOL_TIMEOUT seconds.
@@ -263,6 +271,17 @@ AUTH_PASSWORD_VALIDATORS = [
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SECURE = _public.scheme == "https"
 CSRF_COOKIE_SECURE = _public.scheme == "https"
+# Cookies ignore the port: two instances on one host would share sessionid/csrftoken and log
+# each other out in one browser. Each instance's cookie names carry its database's hash.
+COOKIE_PREFIX = env_str("DISPATCH_COOKIE_PREFIX", f"dispatch_{_db_hash}_")
+if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", COOKIE_PREFIX):
+    raise ImproperlyConfigured(
+        f"DISPATCH_COOKIE_PREFIX must be 1-64 of A-Z, a-z, 0-9, '_', '.' or '-', got {COOKIE_PREFIX!r}"
+    )
+SESSION_COOKIE_NAME = COOKIE_PREFIX + "sessionid"
+CSRF_COOKIE_NAME = COOKIE_PREFIX + "csrftoken"
+# Flash messages live in the session, not in a "messages" cookie every instance would share.
+MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
 
 # Password throttling (spec/sessions-and-remotes.md §1.1): failures per username and per
 # client address within the window before attempts are refused unchecked.
@@ -292,14 +311,21 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Control plane for AI agents across several computers.",
     "VERSION": "1",
     # OpenAPI 3.1 is JSON Schema 2020-12: the body models' schemas (pydantic's anyOf/null)
-    # are valid in it as they are (dispatch/schema.py).
+    # are valid in it as they are (core/openapi.py).
     "OAS_VERSION": "3.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     # Like every other page and route: a login or a token (the README's promise).
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
+    # /api/docs/ and /api/redoc/ load nothing from another host: the UIs are static files of
+    # drf-spectacular-sidecar (whitenoise), Redoc's page is ours (templates/dispatch/redoc.html:
+    # no web fonts) and Swagger UI's validator badge (an image from validator.swagger.io) is off.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "dispatch.schema.add_async_routes",
+        "core.openapi.add_documented_routes",
         "dispatch.schema.add_error_responses",
     ],
 }
@@ -380,6 +406,10 @@ SERVER_WS_MAX_BYTES = 16 * 1024 * 1024 + 64 * 1024
 # endpoint's follow. Default 16 MiB: a 10 MiB file write, base64 inside JSON (~14 MiB), fits.
 MAX_REQUEST_BYTES = env_int("DISPATCH_MAX_REQUEST_BYTES", 16 * 1024 * 1024, minimum=64 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
+
+# Who may read /metrics without a token (docs/metrics.md): client addresses (the TCP peer,
+# never a forwarded header) in these networks; anyone else needs a staff user's API token.
+METRICS_ALLOW = env_networks("DISPATCH_METRICS_ALLOW", ["127.0.0.0/8", "::1"])
 
 LOG_LEVEL = env_str("DISPATCH_LOG_LEVEL", "INFO").upper()
 if LOG_LEVEL not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):

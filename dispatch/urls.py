@@ -1,14 +1,17 @@
-"""URL map: pages, ``/api/v1``, the OpenAPI schema, the admin and ``/healthz``."""
+"""URL map: pages, ``/api/v1``, the OpenAPI schema and its two readers (Swagger UI at
+``/api/docs/``, Redoc at ``/api/redoc/``), the admin, ``/healthz``, ``/metrics`` and ``/downloads/``."""
 
 from __future__ import annotations
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from agents.urls import api_urlpatterns as agent_api_urls
 from core import api, views
+from dispatch import downloads
+from dispatch.metrics import metrics_view
 from machines.urls import api_urlpatterns as machine_api_urls
 from peers.urls import api_urlpatterns as peer_api_urls
 from remotes.urls import api_urlpatterns as remote_api_urls
@@ -30,9 +33,23 @@ urlpatterns = [
     path("settings/", views.settings_page, name="settings"),
     path("settings/tokens/<int:token_id>/revoke", views.token_revoke, name="token-revoke"),
     path("healthz", views.healthz, name="healthz"),
+    path("downloads/", downloads.downloads_page, name="downloads"),
+    path("downloads/<str:filename>", downloads.download_file, name="download"),
+    path("metrics", metrics_view, name="metrics"),
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path(
+        "api/docs/",
+        views.anonymous_browser_to_login(SpectacularSwaggerView.as_view(url_name="api-schema")),
+        name="api-docs",
+    ),
+    path(
+        "api/redoc/",
+        views.anonymous_browser_to_login(
+            SpectacularRedocView.as_view(url_name="api-schema", template_name="dispatch/redoc.html")
+        ),
+        name="api-redoc",
+    ),
     path("admin/", admin.site.urls),
     path("", include("remotes.urls")),
     path("", include("machines.urls")),

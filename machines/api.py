@@ -3,7 +3,7 @@
 The device-login endpoints are unauthenticated (rate-limited) and answer RFC 8628 /
 RFC 6749 §5.2 errors. The operation routes wait on a shim, so they are async views. The
 bodies of these plain views are the models of ``machines.protocol``, which validate them
-and describe them in the OpenAPI schema (``dispatch/schema.py``).
+and describe them in the OpenAPI schema (``core.openapi.documented``).
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from channels.db import database_sync_to_async
 from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
 from django.contrib.auth.models import User
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST
 from drf_spectacular.utils import extend_schema, inline_serializer
 from limits import parse
 from rest_framework import serializers
@@ -28,13 +29,23 @@ from core.api import DispatchAPIView
 from core.authentication import authenticated_user
 from core.errors import InvalidRequest
 from core.http import json_api, json_object
+from core.openapi import OPEN, Operation, documented
 from core.services import rate_limiter
 from core.validation import parse_plain
 from machines import selectors
-from machines.protocol import DeviceCodeBody, DeviceTokenBody, SessionCopyBody, SessionOpBody
+from machines.protocol import (
+    DefaultMachineAnswer,
+    DefaultMachineBody,
+    DeviceCodeBody,
+    DeviceTokenBody,
+    SessionCopyAnswer,
+    SessionCopyBody,
+    SessionOpAnswer,
+    SessionOpBody,
+)
 from machines.services import connections, device, router
 from machines.services.copy import copy_between_machines
-from machines.services.operations import list_machines, machine_op
+from machines.services.operations import attached_machines, machine_op
 
 DEVICE_ENDPOINT_RATE = "30 per 60 seconds"  # per client address, each device endpoint
 
@@ -63,6 +74,18 @@ def _oauth_error(error: str, description: str, status: int = 400) -> JsonRespons
     return response
 
 
+@documented(
+    Operation(
+        "post",
+        "Start a shim's device login (RFC 8628 §3.1); unauthenticated, rate-limited",
+        "machines",
+        DeviceCodeBody,
+        security=OPEN,
+        body_required=False,
+        responses={"200": "device_code, user_code, verification_uri(_complete), expires_in, interval"},
+    ),
+    rate_limited=True,
+)
 @csrf_exempt
 @login_not_required
 @require_POST
@@ -84,6 +107,21 @@ def device_code(request: HttpRequest) -> JsonResponse:
     return response
 
 
+@documented(
+    Operation(
+        "post",
+        "Poll for the machine token (RFC 8628 §3.4); errors as RFC 6749 §5.2",
+        "machines",
+        DeviceTokenBody,
+        security=OPEN,
+        body_required=False,
+        responses={
+            "200": "access_token, token_type: Bearer",
+            "400": "authorization_pending, slow_down, access_denied, expired_token, invalid_grant",
+        },
+    ),
+    rate_limited=True,
+)
 @csrf_exempt
 @login_not_required
 @require_POST
@@ -142,34 +180,64 @@ class MachineDetailView(DispatchAPIView):
         return Response(MachineSerializer(machine, context={}).data)
 
 
-class DefaultMachineView(DispatchAPIView):
-    """``PUT /api/v1/machines/default`` ``{"machine_id": "…" | null}``: the routing default."""
+class SessionMachineSerializer(serializers.Serializer):
+    """One machine attached to a session, as ``GET /api/v1/sessions/{session_id}/machines``
+    answers it: what its shim reports (§5 ``MACHINE_LIST_RESPONSE``) plus its name, status,
+    whether it is the default and ``last_active_at`` (ISO 8601, like every REST machine
+    route; the ``list_machines`` tool says ``last_active_ts``, epoch seconds, as §6 does)."""
 
-    @extend_schema(
-        request=inline_serializer("DefaultMachine", {"machine_id": serializers.CharField(allow_null=True)}),
-        responses={200: inline_serializer("DefaultMachineSet", {"machine_id": serializers.CharField(allow_null=True)})},
-    )
-    def put(self, request: Request) -> Response:
-        agent_scope_forbid(calling_agent(request), "set the default machine")
-        if not isinstance(request.data, dict) or "machine_id" not in request.data:
-            raise InvalidRequest("machine_id is required (a machine id, or null to clear)")
-        machine_id = request.data["machine_id"]
-        if machine_id is not None and not isinstance(machine_id, str):
-            raise InvalidRequest("machine_id must be a string or null")
-        return Response(
-            {"machine_id": router.default_machine_set(user=authenticated_user(request), machine_id=machine_id)}
-        )
+    machine_id = serializers.CharField()
+    display_name = serializers.CharField()
+    hostname = serializers.CharField(required=False)
+    platform = serializers.CharField(required=False)
+    arch = serializers.CharField(required=False)
+    capabilities = serializers.JSONField(required=False)
+    hardware_devices = serializers.JSONField(required=False)
+    status = serializers.JSONField()
+    is_default = serializers.BooleanField()
+    last_active_at = serializers.DateTimeField(allow_null=True)
 
 
 class SessionMachinesView(DispatchAPIView):
-    """``GET /api/v1/sessions/{session_id}/machines`` → ``{"machines": [snapshot, …]}`` (``list_machines``)."""
+    """``GET /api/v1/sessions/{session_id}/machines`` → ``{"machines": [machine, …]}``, the
+    machines attached to the session (``attached_machines``)."""
 
-    @extend_schema(responses={200: inline_serializer("SessionMachines", {"machines": serializers.ListField()})})
+    @extend_schema(
+        responses={200: inline_serializer("SessionMachines", {"machines": SessionMachineSerializer(many=True)})}
+    )
     def get(self, request: Request, session_id: str) -> Response:
         agent_scope_session(calling_agent(request), session_id)
-        return Response({"machines": list_machines(user=authenticated_user(request), session_id=session_id)})
+        machines = attached_machines(user=authenticated_user(request), session_id=session_id)
+        return Response({"machines": SessionMachineSerializer(machines, many=True).data})
 
 
+@documented(
+    Operation(
+        "put",
+        "Set (or clear, with null) your default machine, named as target_machine may be",
+        "machines",
+        DefaultMachineBody,
+        DefaultMachineAnswer,
+    )
+)
+@require_http_methods(["PUT"])
+@json_api
+async def default_machine(request: HttpRequest, user: User) -> dict[str, Any]:
+    """``PUT /api/v1/machines/default`` ``{"machine_id": "<machine>" | null}`` (``DefaultMachineBody``):
+    the routing default (§6 step 3), named as a ``target_machine`` may be (id, host or
+    display name, unique prefix) → ``{"machine_id": "<its id>" | null}``. Errors:
+    ``MACHINE_NOT_ATTACHED`` (404: none of the caller's machines), ``MACHINE_AMBIGUOUS``
+    (409, with the candidates), ``INVALID_REQUEST`` (400), ``PERMISSION_DENIED`` (403: an
+    agent token)."""
+    agent_scope_forbid(calling_agent(request), "set the default machine")
+    body = parse_plain(DefaultMachineBody, json_object(request))
+    machine_id = await database_sync_to_async(router.default_machine_set)(user=user, machine=body.machine_id)
+    return DefaultMachineAnswer(machine_id=machine_id).model_dump()
+
+
+@documented(
+    Operation("post", "Route an operation to a machine of the session", "machines", SessionOpBody, SessionOpAnswer)
+)
 @require_POST
 @json_api
 async def session_op(request: HttpRequest, user: User, session_id: str) -> dict[str, Any]:
@@ -190,6 +258,15 @@ async def session_op(request: HttpRequest, user: User, session_id: str) -> dict[
     )
 
 
+@documented(
+    Operation(
+        "post",
+        "Copy a file between two machines, verified by SHA-256",
+        "machines",
+        SessionCopyBody,
+        SessionCopyAnswer,
+    )
+)
 @require_POST
 @json_api
 async def session_copy(request: HttpRequest, user: User, session_id: str) -> dict[str, Any]:

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.db.models import Value
+from django.db.models.functions import Coalesce, NullIf
 from django.utils import timezone
+from packaging.version import InvalidVersion, Version
 
 from core.models import ApiToken, ServerProcess
 
@@ -113,6 +116,21 @@ class Machine(models.Model):
     def name(self) -> str:
         """What people call it: the display name, else the host name, else the id."""
         return self.display_name or self.hostname or self.machine_id
+
+    @staticmethod
+    def name_expression() -> Coalesce:
+        """``name`` as a database expression (the same rule), for a query that shows the
+        names of machines it only knows by id (the audit records of the Machines page)."""
+        return Coalesce(NullIf("display_name", Value("")), NullIf("hostname", Value("")), "machine_id")
+
+    def shim_older_than(self, version: str) -> bool:
+        """Whether this machine's shim (``shim_version``, from its last HELLO) is an older
+        release than ``version`` (PEP 440 order: ``0.10.0`` is newer than ``0.9.1``). A
+        version that is missing or not PEP 440 is not called older: it cannot be compared."""
+        try:
+            return Version(self.shim_version) < Version(version)
+        except InvalidVersion:
+            return False
 
 
 class MachineConnection(models.Model):

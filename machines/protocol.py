@@ -16,8 +16,8 @@ server), and imported from there. This module adds only what the server needs on
   receives from ``machines.services`` (``MachineOpMessage``, ``MachineRevokedMessage``,
   ``MachineTakeoverMessage``), and the ``MachineReplyMessage`` it answers an operation with;
 - the bodies of the machines app's async REST routes (§1, §6), which validate them and
-  which ``dispatch/schema.py`` documents: ``SessionOpBody``, ``SessionCopyBody``,
-  ``DeviceCodeBody``, ``DeviceTokenBody``, and their answers.
+  which their views document (``core.openapi.documented``): ``SessionOpBody``, ``SessionCopyBody``,
+  ``DeviceCodeBody``, ``DeviceTokenBody``, ``DefaultMachineBody``, and their answers.
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ __all__ = [
     "DEFAULT_LIMITS",
     "OPERATIONS",
     "SESSION_ID_PATTERN",  # the shim protocol's, for machines.services
+    "DefaultMachineAnswer",
+    "DefaultMachineBody",
     "DeviceCodeBody",
     "DeviceTokenBody",
     "Hello",
@@ -257,6 +259,47 @@ class SessionCopyAnswer(BaseModel):
 
     size_bytes: int
     sha256: str
+
+
+class DefaultMachineBody(WireModel):
+    """``PUT /api/v1/machines/default``: ``{machine_id}``, the machine to route to by default
+    (§6 step 3) — anything a ``target_machine`` may be (a ``machine_id``, a host or display
+    name, a unique prefix of either), resolved among the caller's machines by
+    ``machines.services.router.default_machine_set`` — or ``null`` to clear it. Required:
+    ``"machine_id is required (…)"``; anything else: ``"machine_id must be a non-empty string or null"``."""
+
+    machine_id: Annotated[
+        Any,
+        WithJsonSchema(
+            {
+                "anyOf": [{"type": "string", "minLength": 1}, {"type": "null"}],
+                "description": "a machine id, host name, display name or unique prefix (as target_machine); "
+                "null clears the default",
+            }
+        ),
+    ]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _required(cls, value: Any) -> Any:
+        if isinstance(value, dict) and "machine_id" not in value:
+            raise ValueError(
+                "machine_id is required (a machine id, host name, display name or unique prefix; null to clear)"
+            )
+        return value
+
+    @field_validator("machine_id", mode="before")
+    @classmethod
+    def _machine(cls, value: Any) -> str | None:
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise ValueError("machine_id must be a non-empty string or null")
+        return value
+
+
+class DefaultMachineAnswer(BaseModel):
+    """The default machine now: ``{machine_id}`` (the resolved id, or ``null`` when cleared)."""
+
+    machine_id: str | None
 
 
 class DeviceCodeBody(WireModel):

@@ -5,24 +5,35 @@ from __future__ import annotations
 import hashlib
 import json
 
+from django.conf import settings
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from core import downloads
 from core.authentication import authenticated_user
 from core.errors import DispatchError
 from core.views import htmx_login_required
 from machines import selectors
 from machines.services import connections, device, router
 
+EXAMPLE_ROOT = "~/src"  # in the commands shown: the folder agents may use, for the user to edit
 
-def _context(request: HttpRequest) -> dict[str, object]:
+
+def _context(request: HttpRequest, served_shim: downloads.ClientPackage | None) -> dict[str, object]:
     user = authenticated_user(request)
+    machines = list(selectors.machines_for(user=user).prefetch_related("connections"))
     context: dict[str, object] = {
-        "machines": list(selectors.machines_for(user=user).prefetch_related("connections")),
+        "machines": machines,
         "default_machine_id": router.default_machine_id(user=user),
         "audit_records": list(selectors.audit_records_for(user=user, limit=30)),
+        # The newest shim wheel /downloads/ serves, and the machines whose shim is older.
+        "served_shim": served_shim,
+        "outdated_machine_ids": {
+            machine.machine_id for machine in machines if served_shim and machine.shim_older_than(served_shim.version)
+        },
     }
     context["version"] = _version(context)
     return context
@@ -34,17 +45,40 @@ def _version(context: dict[str, object]) -> str:
     for machine in context["machines"]:  # type: ignore[attr-defined]
         fields = [machine.machine_id, machine.name, machine.connection_status, machine.health, machine.status_reason]
         fields += [machine.granted_capabilities, machine.allowed_capabilities, machine.allowed_roots]
-        fields += [machine.last_active_at, [c.sessions for c in machine.connections.all()]]
+        fields += [machine.last_active_at, [c.sessions for c in machine.connections.all()], machine.shim_version]
         digest.update(json.dumps(fields, default=str).encode())
     records = context["audit_records"]
+    served = context["served_shim"]
     digest.update(f"{context['default_machine_id']}|{records[0].pk if records else 0}".encode())  # type: ignore[index]
+    digest.update(f"|{served.filename if served else ''}".encode())  # type: ignore[attr-defined]
     return digest.hexdigest()[:16]
+
+
+def _connect_commands(served_shim: downloads.ClientPackage | None) -> dict[str, str | None]:
+    """The commands that connect a computer to this instance, with its public URL
+    (``DISPATCH_PUBLIC_URL``): install the newest shim wheel served at ``/downloads/``
+    (``None`` when there is none), log in (device flow), run, or install as a service
+    (``service install`` takes ``run``'s options)."""
+    server = settings.PUBLIC_URL
+    install = None
+    if served_shim is not None:
+        install = f"pipx install {server}{reverse('download', args=[served_shim.filename])}"
+    return {
+        "install": install,
+        "login": f"dispatch-shim login --server {server}",
+        "run": f"dispatch-shim run --root {EXAMPLE_ROOT}",
+        "service": f"dispatch-shim service install --root {EXAMPLE_ROOT}",
+    }
 
 
 @require_GET
 def machines_page(request: HttpRequest) -> HttpResponse:
-    """``/machines/``: machines with live status, the default selector, revoke, recent audit."""
-    return render(request, "machines/machines.html", _context(request))
+    """``/machines/``: machines with live status and shim version, the default selector,
+    revoke, recent audit, and the commands that connect another computer."""
+    served_shim = downloads.newest_wheel(downloads.SHIM)
+    context = _context(request, served_shim)
+    context["connect"] = _connect_commands(served_shim)
+    return render(request, "machines/machines.html", context)
 
 
 @htmx_login_required
@@ -55,7 +89,7 @@ def machines_fragment(request: HttpRequest) -> HttpResponse:
     ``version`` (the version the page shows) equal to the current one → 204: htmx swaps
     nothing, so a form being edited in the list is left alone.
     """
-    context = _context(request)
+    context = _context(request, downloads.newest_wheel(downloads.SHIM))
     if request.GET.get("version") == context["version"]:
         return HttpResponse(status=204)
     return render(request, "machines/_machine_list.html", context)
@@ -91,9 +125,10 @@ def machine_capabilities(request: HttpRequest, machine_id: str) -> HttpResponse:
 
 @require_POST
 def machine_default(request: HttpRequest) -> HttpResponse:
+    """The "Make default" button: ``machine_id`` (empty clears the default)."""
     machine_id = request.POST.get("machine_id") or None
     try:
-        router.default_machine_set(user=authenticated_user(request), machine_id=machine_id)
+        router.default_machine_set(user=authenticated_user(request), machine=machine_id)
     except DispatchError as exc:
         messages.error(request, exc.message)
     return redirect("machines")

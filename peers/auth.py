@@ -34,6 +34,7 @@ from http_message_signatures import (
 from http_message_signatures.exceptions import HTTPMessageSignaturesException
 
 from core.http import bearer_credentials
+from core.openapi import Security
 from core.services import token_digest
 from peers.identity import Identity, public_key_from
 from peers.models import Peer
@@ -49,6 +50,20 @@ SIGNATURE_LABEL = "dispatch"
 COVERED_COMPONENTS: tuple[str, ...] = ("@method", "@path", "@query", "authorization", "content-digest")
 
 INVALID_TOKEN_CHALLENGE = 'Bearer error="invalid_token"'
+
+# The peer routes in the OpenAPI schema: the token and the signature, and the headers every
+# peer POST signs (an Idempotency-Key on every POST but the claim, §4).
+PEER_SECURITY = Security(
+    ("peerAuth",),
+    {
+        "peerAuth": {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A linked instance's token plus an RFC 9421 Ed25519 signature (keyid: its fingerprint).",
+        }
+    },
+    body_headers=("Idempotency-Key", "Signature", "Signature-Input", "Content-Digest"),
+)
 
 
 class PeerAuthError(Exception):

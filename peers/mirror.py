@@ -11,8 +11,9 @@ outbound token changes, and stopped when the peer is revoked.
 A subscriber (``subscribe_peer``) opens ``GET /api/v1/peers/events`` with
 ``peers.client.PeerClient.stream_events`` (read timeout ``READ_TIMEOUT`` seconds, so a
 peer that vanished without closing the connection is noticed) and applies each frame
-through ``peers.services.shadows``: ``snapshot`` → upsert every agent, reap the unlisted,
-clear ``stale``; ``agent.upsert`` → upsert one. On the first snapshot of a connection it
+through ``peers.services.shadows``: ``snapshot`` → clear ``stale`` (with a "contact
+restored with <peer>" event on each shadow that lost contact), upsert every agent, reap the
+unlisted; ``agent.upsert`` → upsert one. On the first snapshot of a connection it
 stamps ``last_seen_at`` and tells the outbox the peer is back
 (``peers.services.links.peer_reconnected``, which also rings the drain doorbell); while
 connected ``last_seen_at`` is stamped at most once per ``LAST_SEEN_INTERVAL``. When the

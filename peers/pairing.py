@@ -7,7 +7,9 @@ B). Each side then holds one ``Peer`` row with the hash of the token it issued (
 the encrypted token it presents (outbound) and the other side's public key. Unlinking
 tells the peer with a best-effort ``POST /api/v1/peers/unlink`` (``peer_unlink``).
 
-This module validates the claim and its answer and makes the HTTP calls; every write —
+The claim and its answer are validated by their models (``peers.protocol.ClaimBody``, at
+the claim route after ``claim_throttle``; ``ClaimAnswer``, here); this module counts claims,
+checks the code and makes the HTTP calls; every write —
 offers, the ``Peer`` rows, revocation — is ``peers.services.pairing``'s, and a link's
 label, capabilities and credentials are ``peers.services.links``'.
 """
@@ -16,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -29,10 +30,12 @@ from limits import parse
 
 from core.errors import DispatchError, InvalidRequest, NotFound, RateLimited
 from core.services import generate_token, rate_limiter
-from peers.identity import PEER_PROTOCOL_VERSION, Identity, public_key_from
+from core.validation import parse_plain
+from peers.identity import PEER_PROTOCOL_VERSION, Identity
 from peers.models import Peer, new_idempotency_key
+from peers.protocol import OUR_INSTANCE_ID, ClaimAnswer, ClaimBody
 from peers.services.identity import identity_get, staff_require
-from peers.services.links import CAPABILITIES, capabilities_validate, label_validate
+from peers.services.links import capabilities_validate, label_validate
 from peers.services.pairing import (
     code_display,
     code_normalize,
@@ -46,6 +49,7 @@ from peers.services.pairing import (
 __all__ = [
     "BAD_CODE",
     "LinkResult",
+    "claim_throttle",
     "offer_claim",
     "peer_link",
     "peer_revoke_admin",
@@ -56,7 +60,6 @@ logger = logging.getLogger(__name__)
 
 CLAIM_RATE = parse("5 per minute")  # per client address (spec §2 step 3)
 BAD_CODE = "pairing code is unknown, used or expired"
-_INSTANCE_ID_RE = re.compile(r"inst_[0-9a-f]{12}")
 CLAIM_PATH = "/api/v1/peers/claim"
 UNLINK_PATH = "/api/v1/peers/unlink"
 CLAIM_TIMEOUT = 30.0  # seconds
@@ -65,79 +68,21 @@ CLAIM_TIMEOUT = 30.0  # seconds
 # --- B side: the claim ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Claimant:
-    """The validated claim body (spec §2 step 2)."""
-
-    instance_id: str
-    name: str
-    url: str
-    public_key: str
-    token_for_you: str
-    capabilities: dict[str, bool]
+def claim_throttle(*, client_address: str) -> None:
+    """Count a claim from ``client_address``; ``RATE_LIMITED`` (429) past 5 a minute from it.
+    The first check of a claim, before its body (spec §2 step 3)."""
+    if not rate_limiter().hit(CLAIM_RATE, settings.REDIS_PREFIX, "peer-claim", client_address or "-"):
+        raise RateLimited("too many pairing claims from this address; try again in a minute")
 
 
-def _text(body: dict[str, Any], key: str, *, max_length: int, required: bool = True) -> str:
-    value = body.get(key, "")
-    if not isinstance(value, str) or len(value) > max_length or (required and not value.strip()):
-        raise InvalidRequest(f"{key} must be text of 1 to {max_length} characters")
-    return value.strip()
+def offer_claim(*, claim: ClaimBody) -> dict[str, Any]:
+    """Serve ``POST /api/v1/peers/claim`` on B (spec §2 step 3) for a ``claim`` already past
+    the first checks at the edge (``claim_throttle``, 429; ``ClaimBody``, 400: the protocol
+    version first, then the fields), checking in this order:
 
-
-def _peer_fields(body: dict[str, Any], our: Identity) -> _Claimant:
-    """Validate the identity fields a claim or a claim answer carries."""
-    instance_id = _text(body, "instance_id", max_length=17)
-    if not _INSTANCE_ID_RE.fullmatch(instance_id):
-        raise InvalidRequest("instance_id must be 'inst_' and 12 lowercase hex digits")
-    if instance_id == our.instance_id:
-        raise InvalidRequest("an instance cannot be linked to itself")
-    name = _text(body, "name", max_length=100, required=False)
-    url = _text(body, "url", max_length=2048)
-    if not url.startswith(("http://", "https://")):
-        raise InvalidRequest("url must start with http:// or https://")
-    public_key = _text(body, "public_key", max_length=64)
-    try:
-        public_key_from(public_key)
-    except ValueError:
-        raise InvalidRequest("public_key must be a raw Ed25519 public key in base64url") from None
-    token = _text(body, "token_for_you", max_length=200)
-    granted = body.get("capabilities")
-    capabilities = {}
-    if isinstance(granted, dict):
-        capabilities = {name: granted[name] for name in CAPABILITIES if isinstance(granted.get(name), bool)}
-    return _Claimant(
-        instance_id=instance_id,
-        name=name,
-        url=url.rstrip("/"),
-        public_key=public_key,
-        token_for_you=token,
-        capabilities=capabilities,
-    )
-
-
-def _protocol_check(body: dict[str, Any]) -> None:
-    version = body.get("protocol_version")
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise InvalidRequest(
-            f"protocol_version must be an integer (this instance speaks {PEER_PROTOCOL_VERSION})",
-            {"protocol_version": PEER_PROTOCOL_VERSION},
-        )
-    if version != PEER_PROTOCOL_VERSION:
-        raise InvalidRequest(
-            f"peer speaks protocol {version}, this instance speaks {PEER_PROTOCOL_VERSION}",
-            {"protocol_version": PEER_PROTOCOL_VERSION},
-        )
-
-
-def offer_claim(*, body: dict[str, Any], client_address: str) -> dict[str, Any]:
-    """Serve ``POST /api/v1/peers/claim`` on B (spec §2 step 3), checking in this order:
-
-    1. rate limit, 5 claims a minute per ``client_address`` → ``RATE_LIMITED`` (429);
-    2. ``protocol_version`` ≠ 2 → ``INVALID_REQUEST`` (400) "peer speaks protocol 1, this
-       instance speaks 2" (then the body's fields are validated, 400);
-    3. the code: unknown, used or expired → ``AUTHENTICATION_FAILED`` (401), one message;
+    1. the code: unknown, used or expired → ``AUTHENTICATION_FAILED`` (401), one message;
        the fifth wrong code within 10 minutes burns every live offer;
-    4. slot takeover: the ``instance_id`` linked (live) under another key → ``CONFLICT`` (409).
+    2. slot takeover: the ``instance_id`` linked (live) under another key → ``CONFLICT`` (409).
 
     Then stores the claimant as a peer acting as the offer's ``link_user`` with the offer's
     capabilities — or, for the same id and key, rotates both tokens in place — marks the
@@ -145,22 +90,18 @@ def offer_claim(*, body: dict[str, Any], client_address: str) -> dict[str, Any]:
     instance_id, name, url, public_key, token_for_you, capabilities}`` (this instance, and
     the token it issued to the peer).
     """
-    if not rate_limiter().hit(CLAIM_RATE, settings.REDIS_PREFIX, "peer-claim", client_address or "-"):
-        raise RateLimited("too many pairing claims from this address; try again in a minute")
-    _protocol_check(body)
     identity = identity_get()
-    claimant = _peer_fields(body, identity)
-    code = code_normalize(body.get("code"))
+    code = code_normalize(claim.code)
     accepted = None
     if code is not None:
         accepted = offer_redeem(
             code=code,
-            instance_id=claimant.instance_id,
-            name=claimant.name,
-            url=claimant.url,
-            public_key=claimant.public_key,
-            token_for_you=claimant.token_for_you,
-            granted_by_peer=claimant.capabilities,
+            instance_id=claim.instance_id,
+            name=claim.name,
+            url=claim.url,
+            public_key=claim.public_key,
+            token_for_you=claim.token_for_you,
+            granted_by_peer=claim.capabilities or {},
         )
     if accepted is None:
         offer_wrong_code_record()
@@ -288,7 +229,7 @@ async def peer_link(
             raise ValueError("not an object")
         if answer_body.get("protocol_version") != PEER_PROTOCOL_VERSION:
             raise ValueError(f"protocol {answer_body.get('protocol_version')}")
-        answer = _peer_fields(answer_body, identity)
+        answer = parse_plain(ClaimAnswer, answer_body, context={OUR_INSTANCE_ID: identity.instance_id})
     except (ValueError, DispatchError) as exc:
         raise DispatchError("INVALID_RESPONSE", f"{address} gave an unusable pairing answer: {exc}") from None
     peer = await database_sync_to_async(peer_link_store)(

@@ -11,9 +11,9 @@
 
 The user-facing routes take an API token or a session (+ CSRF) and answer 403 to
 non-staff users. Errors use the one shape ``{"error": {code, message, details}}``. The
-bodies are the models of ``peers.protocol`` (``OfferBody``, ``LinkBody``,
-``PeerUpdateBody``, validated here; ``ClaimBody``, whose rules ``pairing.offer_claim``
-applies after its rate limit), which also describe them in the OpenAPI schema.
+bodies are the models of ``peers.protocol`` (``ClaimBody``, after the claim rate limit;
+``OfferBody``, ``LinkBody``, ``PeerUpdateBody``), validated here, which also describe them
+in the OpenAPI schema.
 """
 
 from __future__ import annotations
@@ -31,12 +31,25 @@ from django.views.decorators.http import require_http_methods, require_POST
 from agents.tokens import agent_scope_forbid, calling_agent
 from core.errors import DispatchError
 from core.http import error_response, json_api, json_object
+from core.openapi import OPEN, Operation, documented
 from core.validation import parse_plain
 from peers import pairing
 from peers.models import Peer
-from peers.protocol import LinkBody, OfferBody, PeerUpdateBody
+from peers.protocol import (
+    OUR_INSTANCE_ID,
+    ClaimAnswer,
+    ClaimBody,
+    LinkAnswer,
+    LinkBody,
+    OfferAnswer,
+    OfferBody,
+    PeerAnswer,
+    PeerListAnswer,
+    PeerUpdateBody,
+)
 from peers.selectors import outbox_counts, peer_get_for, peers_for
 from peers.services import links
+from peers.services.identity import identity_get
 from peers.services.pairing import offer_create
 
 
@@ -65,6 +78,24 @@ def _client_address(request: HttpRequest) -> str:
     return str(request.META.get("REMOTE_ADDR") or "")
 
 
+def _claim(body: dict[str, Any], client_address: str) -> dict[str, Any]:
+    # Spec §2 step 3's order: the rate limit, the body (protocol version first), then the code.
+    pairing.claim_throttle(client_address=client_address)
+    claim = parse_plain(ClaimBody, body, context={OUR_INSTANCE_ID: identity_get().instance_id})
+    return pairing.offer_claim(claim=claim)
+
+
+@documented(
+    Operation(
+        "post",
+        "Pairing: claim an offer with its code (open, 5 a minute per address; 401 for any bad code)",
+        "peers",
+        ClaimBody,
+        ClaimAnswer,
+        security=OPEN,
+    ),
+    rate_limited=True,
+)
 @csrf_exempt
 @login_not_required
 @require_POST
@@ -72,11 +103,12 @@ async def claim_api(request: HttpRequest) -> HttpResponse:
     """``POST /api/v1/peers/claim`` (spec §2 step 3): open, for another instance's server.
 
     200 ``{protocol_version, instance_id, name, url, public_key, token_for_you,
-    capabilities}``; 429 rate limit, 400 protocol or body, 401 bad code, 409 slot taken.
+    capabilities}``; 429 rate limit, 400 protocol or body (``ClaimBody``), 401 bad code,
+    409 slot taken.
     """
     try:
         body = json_object(request)
-        answer = await database_sync_to_async(pairing.offer_claim)(body=body, client_address=_client_address(request))
+        answer = await database_sync_to_async(_claim)(body, _client_address(request))
     except DispatchError as exc:
         response = JsonResponse(exc.as_dict(), status=exc.http_status)
         if exc.http_status == 429:
@@ -100,6 +132,15 @@ def _offer_for(user: User, body: OfferBody) -> dict[str, Any]:
     return offer_create(user=user, link_user=link_user, **body.flags()).as_dict()
 
 
+@documented(
+    Operation(
+        "post",
+        "Make a pairing offer (staff): its code, valid 10 minutes, usable once",
+        "peers",
+        OfferBody,
+        OfferAnswer,
+    )
+)
 @require_POST
 @json_api
 async def offers_api(request: HttpRequest, user: User) -> dict[str, Any]:
@@ -109,6 +150,7 @@ async def offers_api(request: HttpRequest, user: User) -> dict[str, Any]:
     return await database_sync_to_async(_offer_for)(user, parse_plain(OfferBody, json_object(request)))
 
 
+@documented(Operation("post", "Link with another instance's pairing code (staff)", "peers", LinkBody, LinkAnswer))
 @require_POST
 @json_api
 async def link_api(request: HttpRequest, user: User) -> dict[str, Any]:
@@ -129,6 +171,7 @@ def _list(user: User) -> dict[str, Any]:
     return {"peers": [peer_data(peer, counts[peer.pk]) for peer in peers]}
 
 
+@documented(Operation("get", "Your linked instances", "peers", answer=PeerListAnswer))
 @require_http_methods(["GET"])
 @json_api
 async def peers_api(request: HttpRequest, user: User) -> dict[str, Any]:
@@ -154,6 +197,10 @@ def _delete(user: User, peer_id: int) -> dict[str, Any]:
     return peer_data(pairing.peer_unlink(user=user, peer_id=peer_id))
 
 
+@documented(
+    Operation("patch", "Rename a link or change what it may do here", "peers", PeerUpdateBody, PeerAnswer),
+    Operation("delete", "Unlink (revokes both directions)", "peers", answer=PeerAnswer),
+)
 @require_http_methods(["PATCH", "DELETE"])
 @json_api
 async def peer_api(request: HttpRequest, user: User, peer_id: int) -> dict[str, Any] | HttpResponse:

@@ -17,8 +17,9 @@ unexpected failure delivering a message is 503 ``TEMPORARILY_UNAVAILABLE`` (the 
 retries), any other route lets it be a 500.
 
 The bodies are the models of ``peers.protocol``, which also describe them in the OpenAPI
-schema (``dispatch/schema.py``): ``LaunchBody`` is validated here, after the receipt;
-``MessageBody``'s rules run in ``services.peer_message_here``, after the receipt it opens;
+schema (``core.openapi.documented``), validated after the receipt (a reused key answers 422
+whatever the body): ``LaunchBody`` here, ``MessageBody`` by
+``services.peer_message_deliver``, which opens the receipt in the message's transaction;
 stop, archive and unlink ignore their body (``EmptyBody``).
 
 The views are sync (short database work and at most a tmux command, like the REST API);
@@ -37,13 +38,24 @@ from django.contrib.auth.decorators import login_not_required
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import URLPattern, URLResolver, path
 from django.views.decorators.csrf import csrf_exempt
+from pydantic import BaseModel
 
 from core.errors import DispatchError
 from core.http import json_object
+from core.openapi import Operation, documented
 from core.validation import parse_plain
-from peers.auth import PeerAuthError, peer_authenticate_sync, peer_error_response
+from peers.auth import PEER_SECURITY, PeerAuthError, peer_authenticate_sync, peer_error_response
 from peers.models import Peer
-from peers.protocol import PEER_INSTANCE_ID, LaunchBody
+from peers.protocol import (
+    PEER_INSTANCE_ID,
+    EmptyBody,
+    LaunchBody,
+    MessageAnswer,
+    MessageBody,
+    PeerAgentAnswer,
+    ReposAnswer,
+    UnlinkAnswer,
+)
 from peers.services import incoming as services
 from peers.services import receipts
 from peers.services.pairing import peer_mark_unlinked_by_peer
@@ -89,6 +101,16 @@ def peer_route(*, method: str, capability: str | None = None) -> Callable[[PeerV
     return decorate
 
 
+def _peer_operation(
+    method: str, summary: str, body: type[BaseModel] | None, answer: type[BaseModel], status: int = 200
+) -> Operation:
+    """An operation of the peer API in the schema: its token and signature (``PEER_SECURITY``)."""
+    return Operation(method, summary, "peer API", body, answer, status=status, security=PEER_SECURITY)
+
+
+@documented(
+    _peer_operation("post", "Launch an agent here for the peer (allow_launch)", LaunchBody, PeerAgentAnswer, status=201)
+)
 @peer_route(method="POST", capability="allow_launch")
 def launch(request: HttpRequest, peer: Peer) -> Answer:
     """``POST /api/v1/peers/launch`` (spec §5 Launch): ``services.peer_launch_here`` once per key.
@@ -103,12 +125,20 @@ def launch(request: HttpRequest, peer: Peer) -> Answer:
 
     def act() -> Answer:
         # After the receipt, where the route has always judged the body (a reused key: 422).
-        parse_plain(LaunchBody, body, context={PEER_INSTANCE_ID: peer.instance_id})
-        return Answer(status=201, body=services.launch_answer(services.peer_launch_here(peer=peer, body=body)))
+        launch = parse_plain(LaunchBody, body, context={PEER_INSTANCE_ID: peer.instance_id})
+        return Answer(status=201, body=services.launch_answer(services.peer_launch_here(peer=peer, launch=launch)))
 
     return receipts.run_once(peer=peer, key=key, route="launch", body=body, act=act)
 
 
+@documented(
+    _peer_operation(
+        "post",
+        "Deliver a message to one of our agents (allow_message); a repeated key answers duplicate",
+        MessageBody,
+        MessageAnswer,
+    )
+)
 @peer_route(method="POST", capability="allow_message")
 def messages(request: HttpRequest, peer: Peer) -> Answer:
     """``POST /api/v1/peers/messages`` (spec §5 Messages): ``services.peer_message_deliver``.
@@ -138,6 +168,7 @@ def messages(request: HttpRequest, peer: Peer) -> Answer:
         )
 
 
+@documented(_peer_operation("get", "The repo roots advertised for launches", None, ReposAnswer))
 @peer_route(method="GET")
 def repos(request: HttpRequest, peer: Peer) -> Answer:
     """``GET /api/v1/peers/repos`` (spec §5): 200 ``{"roots": [absolute paths]}`` — the
@@ -166,12 +197,15 @@ def _agent_action(route: str, act: Callable[..., Any]) -> PeerView:
     return view
 
 
-agent_stop = peer_route(method="POST", capability="allow_launch")(_agent_action("stop", services.peer_agent_stop))
-agent_archive = peer_route(method="POST", capability="allow_launch")(
-    _agent_action("archive", services.peer_agent_archive)
-)
+agent_stop = documented(
+    _peer_operation("post", "Stop an agent this peer launched (allow_launch)", EmptyBody, PeerAgentAnswer)
+)(peer_route(method="POST", capability="allow_launch")(_agent_action("stop", services.peer_agent_stop)))
+agent_archive = documented(
+    _peer_operation("post", "Archive an agent this peer launched (allow_launch)", EmptyBody, PeerAgentAnswer)
+)(peer_route(method="POST", capability="allow_launch")(_agent_action("archive", services.peer_agent_archive)))
 
 
+@documented(_peer_operation("post", "The peer unlinked us: revoke the link here too", EmptyBody, UnlinkAnswer))
 @peer_route(method="POST")
 def unlink(request: HttpRequest, peer: Peer) -> Answer:
     """``POST /api/v1/peers/unlink`` (spec §5, §7): the peer unlinked us, so we revoke our side

@@ -1,7 +1,7 @@
 """Typed bodies of the peer API and the pairing routes (spec/peers.md §2, §5, §6).
 
-One model per route body, used by its edge to validate the body and by
-``dispatch/schema.py`` to produce the route's OpenAPI entry
+One model per route body, used to validate the body and, named in its view's
+``core.openapi.documented`` operation, to produce the route's OpenAPI entry
 (``model_json_schema(mode="validation")``); one model per answer, for the schema.
 A validator raises the very sentence the route answers (``core.validation.parse_plain``),
 in the order the route checks the fields, so a model only names the rules the wire
@@ -10,20 +10,21 @@ already had:
 | route | body | validated by the model at |
 |---|---|---|
 | ``POST /api/v1/peers/launch`` | ``LaunchBody`` | ``peer_api.launch``, after the receipt |
-| ``POST /api/v1/peers/messages`` | ``MessageBody`` | ``peers.services.peer_message_here`` rules (see below) |
+| ``POST /api/v1/peers/messages`` | ``MessageBody`` | ``services.incoming.peer_message_deliver``, after the receipt |
 | ``POST /api/v1/peers/agents/{id}/stop``, ``archive``, ``POST /api/v1/peers/unlink`` | ``EmptyBody`` | the edge |
-| ``POST /api/v1/peers/claim`` | ``ClaimBody`` | ``peers.pairing.offer_claim`` rules (see below) |
+| ``POST /api/v1/peers/claim`` | ``ClaimBody`` | ``pairing_api.claim_api``, after the rate limit |
 | ``POST /api/v1/peers/offers`` | ``OfferBody`` | ``pairing_api.offers_api`` |
 | ``POST /api/v1/peers/link`` | ``LinkBody`` | ``pairing_api.link_api`` |
 | ``PATCH /api/v1/peers/{id}`` | ``PeerUpdateBody`` | ``pairing_api.peer_api`` |
 
-``MessageBody`` and ``ClaimBody`` are checked where the spec puts their checks: after the
-Idempotency-Key receipt (a reused key answers 422 whatever the body) and after the claim
-rate limit (429 first), i.e. inside ``peers.services`` / ``peers.pairing``, which still
-hold those rules in their own code; ``tests/peers/test_peer_protocol.py`` holds the
-models and those rules to the same verdicts. Fields whose rules need this instance's
-state (a launch's ``cwd`` against ``DISPATCH_REPO_ROOTS``, the capability flags'
-defaults) are typed for the schema and checked by the service.
+Each body is judged where the spec puts its check: a launch's and a message's after the
+Idempotency-Key receipt (a reused key answers 422 whatever the body; the message's
+receipt is opened in the message's transaction, so that service validates it), a claim's
+after the claim rate limit (429 first) and before its code (401); the services then take
+the validated model. ``ClaimAnswer`` also validates the claim's answer on the claiming side
+(``pairing.peer_link``). Fields whose rules need this instance's state (a launch's ``cwd``
+against ``DISPATCH_REPO_ROOTS``, the capability flags' defaults) are typed for the schema
+and checked by the service.
 
 The peers app's channel-layer messages (``core.protocol.ChannelMessage``) are at the end:
 the outbox doorbell (``OutboxDoorbellMessage``) and the mirroring loop's
@@ -32,10 +33,12 @@ the outbox doorbell (``OutboxDoorbellMessage``) and the mirroring loop's
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationInfo,
@@ -47,12 +50,15 @@ from pydantic import (
 from agents.messages import MAX_MESSAGE_LENGTH, message_content
 from core.errors import InvalidRequest
 from core.protocol import ChannelMessage
-from core.validation import WireModel
+from core.validation import WireModel, refusal
+from peers.identity import PEER_PROTOCOL_VERSION, public_key_from
 
 NAME_MAX = 100  # characters of an agent name and of a sender's name (spec §5)
 AGENT_ID_MAX = 64
 CAPABILITY_FIELDS = ("allow_launch", "allow_message", "allow_full_access", "allow_events")
 PEER_INSTANCE_ID = "peer_instance_id"  # the validation context key: the calling peer's instance id
+OUR_INSTANCE_ID = "our_instance_id"  # the validation context key of a claim or its answer: this instance's id
+INSTANCE_ID_PATTERN = re.compile(r"inst_[0-9a-f]{12}")
 
 _FLAG = WithJsonSchema({"type": "boolean"})
 
@@ -332,36 +338,120 @@ class PeerUpdateBody(CapabilityFlags):
         return value
 
 
-class ClaimBody(BaseModel):
+def _claim_text(value: Any, what: str, *, max_length: int, required: bool = True) -> str:
+    if not isinstance(value, str) or len(value) > max_length or (required and not value.strip()):
+        raise ValueError(f"{what} must be text of 1 to {max_length} characters")
+    return value.strip()
+
+
+def _claimant_instance_id(value: Any, info: ValidationInfo) -> str:
+    instance_id = _claim_text(value, "instance_id", max_length=17)
+    if not INSTANCE_ID_PATTERN.fullmatch(instance_id):
+        raise ValueError("instance_id must be 'inst_' and 12 lowercase hex digits")
+    if instance_id == (info.context or {}).get(OUR_INSTANCE_ID):
+        raise ValueError("an instance cannot be linked to itself")
+    return instance_id
+
+
+def _claimant_url(value: Any) -> str:
+    url = _claim_text(value, "url", max_length=2048)
+    if not url.startswith(("http://", "https://")):
+        raise ValueError("url must start with http:// or https://")
+    return url.rstrip("/")
+
+
+def _claimant_public_key(value: Any) -> str:
+    public_key = _claim_text(value, "public_key", max_length=64)
+    try:
+        public_key_from(public_key)
+    except ValueError:
+        raise ValueError("public_key must be a raw Ed25519 public key in base64url") from None
+    return public_key
+
+
+def _claimant_name(value: Any) -> str:
+    return _claim_text(value, "name", max_length=NAME_MAX, required=False)
+
+
+def _claimant_token(value: Any) -> str:
+    return _claim_text(value, "token_for_you", max_length=200)
+
+
+def _granted(value: Any) -> dict[str, bool] | None:
+    """The ``allow_*`` flags of a claim's ``capabilities`` that are booleans; anything else
+    there is left out (what the other side grants is informative, spec §3)."""
+    if not isinstance(value, dict):
+        return None
+    return {name: value[name] for name in CAPABILITY_FIELDS if isinstance(value.get(name), bool)}
+
+
+# The fields a claim and its answer share: who the other instance is (spec §2 steps 2-3).
+# Each is stripped; validate with the context {OUR_INSTANCE_ID: this instance's id}.
+ClaimantInstanceId = Annotated[str, BeforeValidator(_claimant_instance_id)]
+ClaimantName = Annotated[str, BeforeValidator(_claimant_name)]
+ClaimantUrl = Annotated[str, BeforeValidator(_claimant_url)]
+ClaimantPublicKey = Annotated[str, BeforeValidator(_claimant_public_key)]
+ClaimantToken = Annotated[str, BeforeValidator(_claimant_token)]
+
+
+class ClaimBody(WireModel):
     """``POST /api/v1/peers/claim``: ``{code, protocol_version, instance_id, name, url,
-    public_key, token_for_you}`` (spec §2 step 2). Checked by ``peers.pairing.offer_claim``
-    after its rate limit, in the order of spec §2 step 3."""
+    public_key, token_for_you, capabilities?}`` (spec §2 step 2), judged after the claim
+    rate limit and before the code (spec §2 step 3): ``protocol_version`` first (refused
+    with ``details.protocol_version``), then the fields in this order, each text of bounded
+    length, stripped (``url`` without a trailing slash). A ``code`` that cannot be one is a
+    wrong code (401), never a bad body; ``capabilities`` keeps its boolean ``allow_*``
+    flags. Validate with the context ``{"our_instance_id": …}``.
+    """
 
-    model_config = ConfigDict(extra="ignore")
+    absent_as_null = ("code", "protocol_version", "instance_id", "url", "public_key", "token_for_you")
 
-    code: str = Field(description="the pairing code shown on this instance, XXXX-XXXX")
+    code: Annotated[
+        Any, WithJsonSchema({"type": "string", "description": "the pairing code shown on this instance, XXXX-XXXX"})
+    ]
     protocol_version: int = Field(description="PEER_PROTOCOL_VERSION, 2")
-    instance_id: str = Field(pattern=r"^inst_[0-9a-f]{12}$")
-    name: str = Field(default="", max_length=100)
-    url: str = Field(max_length=2048, pattern=r"^https?://")
-    public_key: str = Field(max_length=64, description="raw Ed25519 public key, base64url")
-    token_for_you: str = Field(min_length=1, max_length=200)
-    capabilities: dict[str, bool] | None = Field(
+    instance_id: ClaimantInstanceId = Field(pattern=r"^inst_[0-9a-f]{12}$")
+    name: ClaimantName = Field(default="", max_length=NAME_MAX)
+    url: ClaimantUrl = Field(max_length=2048, pattern=r"^https?://")
+    public_key: ClaimantPublicKey = Field(max_length=64, description="raw Ed25519 public key, base64url")
+    token_for_you: ClaimantToken = Field(min_length=1, max_length=200)
+    capabilities: Annotated[dict[str, bool] | None, BeforeValidator(_granted)] = Field(
         default=None, description="what the claimant lets this instance do there (recorded as granted_by_peer)"
     )
 
+    @field_validator("protocol_version", mode="before")
+    @classmethod
+    def _protocol_version(cls, value: Any) -> int:
+        details = {"protocol_version": PEER_PROTOCOL_VERSION}
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise refusal(
+                f"protocol_version must be an integer (this instance speaks {PEER_PROTOCOL_VERSION})", details
+            )
+        if value != PEER_PROTOCOL_VERSION:
+            raise refusal(f"peer speaks protocol {value}, this instance speaks {PEER_PROTOCOL_VERSION}", details)
+        return value
 
-class ClaimAnswer(BaseModel):
+
+class ClaimAnswer(WireModel):
     """The claim's answer: this instance and the token it issued to the claimant (spec §2
-    step 3), with the capabilities the offer grants."""
+    step 3), with the capabilities the offer grants. The claimant checks
+    ``protocol_version``, then the fields as a claim's (context ``{"our_instance_id":
+    …}``); an absent ``name`` is empty, absent ``capabilities`` none."""
+
+    absent_as_null = ("instance_id", "url", "public_key", "token_for_you", "capabilities")
 
     protocol_version: int
-    instance_id: str
-    name: str
-    url: str
-    public_key: str
-    token_for_you: str
-    capabilities: dict[str, bool]
+    instance_id: ClaimantInstanceId
+    name: ClaimantName
+    url: ClaimantUrl
+    public_key: ClaimantPublicKey
+    token_for_you: ClaimantToken
+    capabilities: Annotated[dict[str, bool], BeforeValidator(lambda value: _granted(value) or {})]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unnamed(cls, value: Any) -> Any:
+        return {"name": "", **value} if isinstance(value, dict) else value
 
 
 class OfferAnswer(BaseModel):

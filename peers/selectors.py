@@ -6,8 +6,11 @@ link), §6 (locations: a label or an instance id, case-insensitive).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
+
 from django.contrib.auth.models import User
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Min, Q, QuerySet
 from django.db.models.functions import Lower
 from django.utils import timezone
 
@@ -93,3 +96,46 @@ def outbox_rows_for(*, user: User, peer_id: int) -> QuerySet[OutboxMessage]:
     return OutboxMessage.objects.filter(
         peer=peer, status__in=[OutboxMessage.Status.QUEUED, OutboxMessage.Status.DEAD]
     ).order_by("created_at", "id")
+
+
+@dataclass(frozen=True)
+class OutboxBacklog:
+    """One peer's outbox as ``/metrics`` shows it: queued rows (``depth``), the age of the
+    oldest queued row in seconds (0 when none waits), and dead-lettered rows."""
+
+    peer_id: int
+    label: str
+    depth: int
+    oldest_age_seconds: float
+    dead: int
+
+
+def outbox_backlog(*, now: datetime | None = None) -> list[OutboxBacklog]:
+    """The outbox of every live peer, and of any revoked peer that still has queued or dead
+    rows, by peer id (spec §8 "Operators see queued and dead rows"); ages are measured at
+    ``now`` (default: now). Two queries whatever the number of rows."""
+    now = now or timezone.now()
+    rows = (
+        OutboxMessage.objects.filter(status__in=[OutboxMessage.Status.QUEUED, OutboxMessage.Status.DEAD])
+        .values("peer_id", "status")
+        .annotate(n=Count("id"), oldest=Min("created_at"))
+    )
+    depth: dict[int, int] = {}
+    oldest: dict[int, datetime] = {}
+    dead: dict[int, int] = {}
+    for row in rows:
+        if row["status"] == OutboxMessage.Status.QUEUED:
+            depth[row["peer_id"]], oldest[row["peer_id"]] = row["n"], row["oldest"]
+        else:
+            dead[row["peer_id"]] = row["n"]
+    peers = Peer.objects.filter(Q(revoked_at__isnull=True) | Q(pk__in=[*depth, *dead])).order_by("pk")
+    return [
+        OutboxBacklog(
+            peer_id=peer_id,
+            label=label,
+            depth=depth.get(peer_id, 0),
+            oldest_age_seconds=max(0.0, (now - oldest[peer_id]).total_seconds()) if peer_id in oldest else 0.0,
+            dead=dead.get(peer_id, 0),
+        )
+        for peer_id, label in peers.values_list("pk", "label")
+    ]

@@ -39,9 +39,11 @@ from agents.models import Agent
 from agents.protocol import UserEventMessage
 from agents.services import user_events_group
 from agents.stream import sse_frame
+from core.openapi import Operation, documented
 from core.protocol import CredentialEndedMessage
 from core.realtime import Subscription
 from core.revocation import StreamCredential, stream_closed, stream_opened
+from peers.auth import PEER_SECURITY, PeerAuthError, peer_authenticate, peer_error_response
 from peers.models import Peer
 
 logger = logging.getLogger(__name__)
@@ -200,6 +202,15 @@ async def peer_events_open(peer: Peer) -> AsyncIterator[str]:
     return peer_frames(peer, live)
 
 
+@documented(
+    Operation(
+        "get",
+        "Server-sent events mirroring the link user's local agents",
+        "peer API",
+        security=PEER_SECURITY,
+        responses={"200": "text/event-stream: snapshot, then agent.upsert frames"},
+    )
+)
 @csrf_exempt
 @login_not_required  # peers authenticate with their bearer token and a signature
 @require_GET
@@ -210,8 +221,6 @@ async def peer_events(request: HttpRequest) -> HttpResponseBase:
     Authentication failures answer before streaming (``peers.auth``: 401 for a missing,
     unknown or revoked token or a bad signature, 403 for a foreign ``keyid``).
     """
-    from peers.auth import PeerAuthError, peer_authenticate, peer_error_response
-
     try:
         peer = await peer_authenticate(request)
     except PeerAuthError as exc:

@@ -15,7 +15,9 @@ from rest_framework.response import Response
 from core.api import DispatchAPIView
 from core.authentication import authenticated_user
 from core.http import json_api, json_object
+from core.openapi import Operation, documented
 from remotes.calls import call_from_body
+from remotes.protocol import RemoteCallAnswer, RemoteCallBody
 from remotes.selectors import remotes_for
 
 
@@ -40,6 +42,9 @@ class RemoteListView(DispatchAPIView):
         return Response({"remotes": RemoteSerializer(remotes_for(user=authenticated_user(request)), many=True).data})
 
 
+@documented(
+    Operation("post", "Call a function of one of your connected remotes", "remotes", RemoteCallBody, RemoteCallAnswer)
+)
 @require_POST
 @json_api
 async def remote_call_api(request: HttpRequest, user: User, remotename: str) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.db.models import QuerySet
 
-from remotes.models import Remote
+from remotes.models import Remote, WsSession
 
 
 def remotes_for(*, user: User) -> QuerySet[Remote]:
@@ -23,3 +23,12 @@ def remote_list_for(*, user: User) -> list[dict[str, Any]]:
         for spec in tools:
             entries.append({"remotename": remotename, **spec})
     return entries
+
+
+def connections_held_by(*, server_process_id: str) -> tuple[int, int]:
+    """How many ``/ws`` sessions the process ``server_process_id`` holds, and how many
+    remotes they serve: ``(ws sessions, remotes)``, counted from the rows (``/metrics``)."""
+    return (
+        WsSession.objects.filter(server_process_id=server_process_id).count(),
+        Remote.objects.filter(server_process_id=server_process_id).count(),
+    )

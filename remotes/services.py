@@ -25,6 +25,7 @@ from jsonschema.exceptions import ValidationError, best_match
 from jsonschema.protocols import Validator
 from referencing.exceptions import Unresolvable
 
+from core import metrics
 from core.errors import DispatchError
 from core.models import ServerProcess
 from core.presence import current_process_id
@@ -373,6 +374,7 @@ def check_arguments(route: RemoteRoute, remotename: str, function: str, args: di
         raise RemoteError("arguments too large", "INVALID_REQUEST")
 
 
+@metrics.observe_remote_calls
 async def remote_call(
     *, user: User, remotename: str, function: str, args: dict[str, Any], timeout: float | None = None
 ) -> Any:

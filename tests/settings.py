@@ -10,6 +10,8 @@ import os
 import tempfile
 
 os.environ.setdefault("DISPATCH_DATA_DIR", tempfile.mkdtemp(prefix="dispatch-tests-"))
+# An empty folder: no client wheels unless a test puts some there (settings.DIST_DIR).
+os.environ.setdefault("DISPATCH_DIST_DIR", tempfile.mkdtemp(prefix="dispatch-tests-dist-"))
 os.environ.setdefault("DISPATCH_REMOTE_CALL_TIMEOUT", "5")
 os.environ.setdefault("DISPATCH_REMOTE_LIVENESS_INTERVAL", "0.5")
 os.environ.setdefault("DISPATCH_PROCESS_TTL", "4")

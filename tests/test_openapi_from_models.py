@@ -1,6 +1,7 @@
 """The OpenAPI schema (``/api/schema/``, OpenAPI 3.1) describes the routes drf-spectacular
-cannot see from the pydantic models their views validate with (dispatch/schema.py), and
-still documents every path, method and status it documented before the models."""
+cannot see from the pydantic models their views validate with, declared on each view
+(``core.openapi.documented``), and still documents every path, method and status it
+documented before the models (a peer launch answers 201, as it always did)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from dispatch.schema import REF, ROUTES
+from core.openapi import REF, documented_routes, served_routes
 from machines.protocol import SessionOpBody
 from peers.protocol import LaunchBody
 from remotes.protocol import RemoteCallBody
@@ -21,6 +22,7 @@ DOCUMENTED = {
     ("post", "/api/v1/remotes/{remotename}/call"): "200 400 401 403 404 409 413 4XX 503 5XX",
     ("post", "/api/v1/sessions/{session_id}/ops"): "200 400 401 403 404 409 413 4XX 503 5XX",
     ("post", "/api/v1/sessions/{session_id}/copy"): "200 400 401 403 404 409 413 4XX 503 5XX",
+    ("put", "/api/v1/machines/default"): "200 400 401 403 404 409 413 4XX 503 5XX",
     ("get", "/api/v1/events"): "200 400 401 403 404 503",
     ("post", "/api/v1/machines/device/code"): "200 400 404 409 413 429 503",
     ("post", "/api/v1/machines/device/token"): "200 400 404 409 413 429 503",
@@ -30,7 +32,7 @@ DOCUMENTED = {
     ("get", "/api/v1/peers"): "200 400 401 403 404 4XX 503 5XX",
     ("delete", "/api/v1/peers/{peer_id}"): "200 400 401 403 404 409 4XX 503 5XX",
     ("patch", "/api/v1/peers/{peer_id}"): "200 400 401 403 404 409 413 4XX 503 5XX",
-    ("post", "/api/v1/peers/launch"): "200 400 401 403 404 409 413 4XX 503 5XX",
+    ("post", "/api/v1/peers/launch"): "201 400 401 403 404 409 413 4XX 503 5XX",
     ("post", "/api/v1/peers/messages"): "200 400 401 403 404 409 413 4XX 503 5XX",
     ("get", "/api/v1/peers/events"): "200 400 401 403 404 503",
     ("get", "/api/v1/peers/repos"): "200 400 401 403 404 4XX 503 5XX",
@@ -73,18 +75,18 @@ def test_it_is_openapi_3_1_with_every_route_it_documented_before(schema: dict[st
     assert schema["openapi"] == "3.1.0"
     for (method, path), statuses in DOCUMENTED.items():
         assert " ".join(sorted(schema["paths"][path][method]["responses"])) == statuses, (method, path)
-    assert {(route.method, route.path) for route in ROUTES} == set(DOCUMENTED)
+    assert {(operation.method, route.path) for route, operation in documented_routes()} == set(DOCUMENTED)
 
 
 def test_each_route_body_is_the_schema_of_the_model_its_view_validates_with(schema: dict[str, Any]) -> None:
-    for route in ROUTES:
-        if route.body is None:
+    for route, operation in documented_routes():
+        if operation.body is None:
             continue
-        operation = schema["paths"][route.path][route.method]
-        documented = _resolve(schema, operation["requestBody"]["content"]["application/json"]["schema"])
-        expected = route.body.model_json_schema(mode="validation", ref_template=REF)
+        described = schema["paths"][route.path][operation.method]
+        documented = _resolve(schema, described["requestBody"]["content"]["application/json"]["schema"])
+        expected = operation.body.model_json_schema(mode="validation", ref_template=REF)
         expected.pop("$defs", None)
-        for field in set(route.path_fields) & set(route.body.model_fields):  # from the path, not the body
+        for field in set(route.parameters) & set(operation.body.model_fields):  # from the path, not the body
             expected["properties"].pop(field)
             expected["required"] = [name for name in expected.get("required", []) if name != field]
         assert documented == expected, route.path
@@ -96,6 +98,10 @@ def test_a_body_fields_rules_reach_the_schema(schema: dict[str, Any]) -> None:
     assert components["LaunchBody"]["properties"]["launched_by"] == {"$ref": "#/components/schemas/SenderAddress"}
     assert components["SenderAddress"]["properties"]["agent_id"]["anyOf"][1] == {"type": "null"}
     assert components["SessionOpBody"]["required"] == ["op"]
+    default = components["DefaultMachineBody"]
+    assert default["required"] == ["machine_id"]
+    assert default["properties"]["machine_id"]["anyOf"] == [{"type": "string", "minLength": 1}, {"type": "null"}]
+    assert "target_machine" in default["properties"]["machine_id"]["description"]
     call = schema["paths"]["/api/v1/remotes/{remotename}/call"]["post"]
     body = call["requestBody"]["content"]["application/json"]["schema"]
     assert "remotename" not in body["properties"] and body["required"] == ["function"]
@@ -126,3 +132,39 @@ def test_peer_routes_keep_their_security_and_signed_headers(schema: dict[str, An
     assert schema["paths"]["/api/v1/peers/repos"]["get"]["parameters"] == []
     assert schema["paths"]["/api/v1/machines/device/code"]["post"]["security"] == []
     assert "required" not in schema["paths"]["/api/v1/machines/device/code"]["post"]["requestBody"]
+
+
+def test_a_routes_path_and_parameters_are_read_from_the_urlconf(schema: dict[str, Any]) -> None:
+    routes = {route.path: route for route in served_routes()}
+    assert routes["/api/v1/peers/{peer_id}"].parameters == {"peer_id": "integer"}  # <int:peer_id>
+    assert routes["/api/v1/remotes/{remotename}/call"].parameters == {"remotename": "string"}  # <path:remotename>
+    patch = schema["paths"]["/api/v1/peers/{peer_id}"]["patch"]
+    assert patch["parameters"] == [{"name": "peer_id", "in": "path", "required": True, "schema": {"type": "integer"}}]
+    assert patch["operationId"] == "api_v1_peers_peer_id_patch"
+    # Rate-limited views, plain or DRF, can answer 429; others cannot.
+    assert {path for path, route in routes.items() if route.rate_limited} == {
+        "/api/v1/auth/token",
+        "/api/v1/peers/claim",
+        "/api/v1/machines/device/code",
+        "/api/v1/machines/device/token",
+    }
+    assert "429" in schema["paths"]["/api/v1/auth/token"]["post"]["responses"]
+    assert "429" not in schema["paths"]["/api/v1/peers/link"]["post"]["responses"]
+
+
+def test_the_device_login_routes_answer_the_success_status_the_schema_documents(
+    schema: dict[str, Any], owner: Any
+) -> None:
+    from django.test import Client
+
+    shim, browser = Client(), Client()
+    browser.force_login(owner)
+    machine = {"machine_id": "3f2b9c1e-0000-4000-8000-000000000009", "hostname": "h", "platform": "linux", "arch": "x"}
+    grant = shim.post("/api/v1/machines/device/code", machine, content_type="application/json")
+    browser.post("/machines/activate", {"user_code": grant.json()["user_code"], "decision": "approve"})
+    token = shim.post(
+        "/api/v1/machines/device/token", {"device_code": grant.json()["device_code"]}, content_type="application/json"
+    )
+    for path, response in (("/api/v1/machines/device/code", grant), ("/api/v1/machines/device/token", token)):
+        documented = [code for code in schema["paths"][path]["post"]["responses"] if code.startswith("2")]
+        assert documented == [str(response.status_code)], (path, response.content)

@@ -67,6 +67,7 @@ class UserFeed:
             receives=[ToolsChangedMessage],
             health=LoopHealth(
                 f"the tool-change relay of user {self.user_id}",
+                metric_name="tool-change relay",
                 base=FEED_RETRY_SECONDS,
                 cap=FEED_RETRY_SECONDS,
                 log=logger,

@@ -13,6 +13,7 @@ import contextvars
 import json
 import logging
 import re
+import sys
 import time
 import uuid
 from datetime import timedelta
@@ -23,7 +24,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from core import wire
+from core import metrics, wire
 from core.errors import DispatchError, InvalidRequest
 from core.presence import current_process_id
 from core.realtime import Gone, request_reply
@@ -190,6 +191,9 @@ async def machine_op(
         raise
     finally:
         result["duration_ms"] = round((time.monotonic() - started) * 1000)
+        metrics.machine_operation_observed(
+            operation=op, ok=result["ok"], failure=sys.exc_info()[1], seconds=time.monotonic() - started
+        )
         _after_reply(
             user=user,
             session_id=session_id,
@@ -306,9 +310,13 @@ async def request_snapshots(*, user_id: int, connection_ids: list[str]) -> None:
     _in_background(every())
 
 
-def list_machines(*, user: User, session_id: str) -> list[dict[str, Any]]:
-    """``list_machines``: per attached machine, the snapshot plus ``display_name``,
-    ``last_active_ts``, ``status`` and ``is_default`` (§6 "Tools")."""
+def attached_machines(*, user: User, session_id: str) -> list[dict[str, Any]]:
+    """Per machine of ``user`` attached to ``session_id``, by name: its snapshot (the cached
+    ``MACHINE_LIST_RESPONSE`` payload, else what its ``HELLO`` said, §4) plus
+    ``display_name`` (its name), ``last_active_at`` (an aware ``datetime`` of its last
+    routed operation, or ``None``), ``status`` and ``is_default``. Each edge renders
+    ``last_active_at`` in its own words (REST: ISO 8601; the tool: ``last_active_ts``).
+    Raises ``InvalidRequest`` for a malformed ``session_id``."""
     check_session_id(session_id)
     default_id = router.default_machine_id(user=user)
     attached = {c.machine_id for c in router.attached_candidates(user=user, session_id=session_id)}
@@ -327,12 +335,28 @@ def list_machines(*, user: User, session_id: str) -> list[dict[str, Any]]:
             {
                 **snapshot,
                 "display_name": machine.name,
-                "last_active_ts": machine.last_active_at.timestamp() if machine.last_active_at else None,
+                "last_active_at": machine.last_active_at,
                 "status": machine_status(machine),
                 "is_default": machine.machine_id == default_id,
             }
         )
     return snapshots
+
+
+def list_machines(*, user: User, session_id: str) -> list[dict[str, Any]]:
+    """The ``list_machines`` tool's answer (§6 "Tools"): ``attached_machines`` with, in place
+    of ``last_active_at``, the spec's ``last_active_ts`` (epoch seconds, or ``None``)."""
+    listed = []
+    for entry in attached_machines(user=user, session_id=session_id):
+        listed.append(
+            {
+                ("last_active_ts" if key == "last_active_at" else key): (
+                    value.timestamp() if key == "last_active_at" and value is not None else value
+                )
+                for key, value in entry.items()
+            }
+        )
+    return listed
 
 
 def machine_status(machine: Machine) -> dict[str, str]:

@@ -11,8 +11,9 @@ every server process.
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -57,9 +58,6 @@ class Candidate:
             limits=dict(row.limits),
         )
 
-    def describe(self) -> dict[str, str]:
-        return {"machine_id": self.machine_id, "hostname": self.hostname, "display_name": self.display_name}
-
 
 def attached_candidates(*, user: User, session_id: str) -> list[Candidate]:
     """Every machine of ``user`` attached to ``session_id`` now, by name."""
@@ -68,9 +66,40 @@ def attached_candidates(*, user: User, session_id: str) -> list[Candidate]:
     return sorted(found, key=lambda c: (c.name.lower(), c.machine_id))
 
 
-def match_target(candidates: list[Candidate], target: str) -> Candidate:
-    """Resolve an explicit ``target_machine`` (step 1) or raise ``MACHINE_NOT_ATTACHED`` /
-    ``MACHINE_AMBIGUOUS`` (the latter listing the candidates)."""
+class Named(Protocol):
+    """What ``match_target`` reads of a machine: a ``Candidate`` or a ``Machine`` row."""
+
+    @property
+    def machine_id(self) -> str: ...
+
+    @property
+    def hostname(self) -> str: ...
+
+    @property
+    def display_name(self) -> str: ...
+
+    @property
+    def name(self) -> str: ...
+
+
+NamedMachine = TypeVar("NamedMachine", bound=Named)
+
+
+def describe(machine: Named) -> dict[str, str]:
+    """``{machine_id, hostname, display_name}``: a machine as an error's details list it.
+    ``display_name`` is the name shown everywhere else (``GET /api/v1/machines``, the
+    Machines page): the one set, else the hostname, else the id — never empty."""
+    return {"machine_id": machine.machine_id, "hostname": machine.hostname, "display_name": machine.name}
+
+
+def match_target(
+    candidates: Sequence[NamedMachine], target: str, *, scope: str = "is attached to this session"
+) -> NamedMachine:
+    """Resolve an explicit ``target_machine`` (step 1) among ``candidates``: exact
+    ``machine_id``, then exact host or display name (case-insensitive), then a unique
+    prefix of either. Raises ``MACHINE_AMBIGUOUS`` (details: the ``candidates`` matched) or
+    ``MACHINE_NOT_ATTACHED`` ("no machine '<target>' <scope>"; details: the ``attached``
+    candidates)."""
     wanted = target.strip()
     lowered = wanted.lower()
     for rule in (
@@ -90,12 +119,12 @@ def match_target(candidates: list[Candidate], target: str) -> Candidate:
                 "MACHINE_AMBIGUOUS",
                 f"'{target}' matches {len(matches)} machines: "
                 + ", ".join(f"{c.name} ({c.machine_id})" for c in matches),
-                {"candidates": [c.describe() for c in matches]},
+                {"candidates": [describe(c) for c in matches]},
             )
     raise DispatchError(
         "MACHINE_NOT_ATTACHED",
-        f"no machine '{target}' is attached to this session",
-        {"attached": [c.describe() for c in candidates]},
+        f"no machine '{target}' {scope}",
+        {"attached": [describe(c) for c in candidates]},
     )
 
 
@@ -188,13 +217,18 @@ def default_machine_id(*, user: User) -> str | None:
 
 
 @transaction.atomic
-def default_machine_set(*, user: User, machine_id: str | None) -> str | None:
-    """Set (or clear, with ``None``) the user's default machine; ``NOT_FOUND`` for an unknown id."""
-    if machine_id is None:
+def default_machine_set(*, user: User, machine: str | None) -> str | None:
+    """Set the user's default machine (step 3) to ``machine`` — whatever a ``target_machine``
+    may be: a ``machine_id``, a host or display name, a unique prefix — among their machines
+    that are not revoked, connected or not; ``None`` clears it. Returns the ``machine_id``
+    set (or ``None``). Raises ``MACHINE_NOT_ATTACHED`` (no such machine) or
+    ``MACHINE_AMBIGUOUS``, as ``match_target`` does."""
+    machine_id = None
+    if machine is None:
         DefaultMachine.objects.filter(user=user).delete()
     else:
-        if not Machine.objects.filter(user=user, machine_id=machine_id, revoked_at__isnull=True).exists():
-            raise DispatchError("NOT_FOUND", f"no machine '{machine_id}'")
+        machines = list(Machine.objects.filter(user=user, revoked_at__isnull=True).order_by("display_name", "hostname"))
+        machine_id = match_target(machines, machine, scope="is one of yours").machine_id
         DefaultMachine.objects.update_or_create(user=user, defaults={"machine_id": machine_id})
     if settings.REDIS_URL:
         key = f"{settings.REDIS_PREFIX}:machines:default_machine:{user.pk}"

@@ -18,6 +18,8 @@ from core.errors import DispatchError, InvalidRequest
 from core.models import InstanceIdentity
 from core.services import instance_identity_get
 from peers.identity import Identity, b64url, fingerprint_of
+from peers.selectors import label_taken
+from peers.services.links import label_from_name
 
 
 @transaction.atomic
@@ -62,11 +64,20 @@ def staff_require(*, user: User) -> None:
 @transaction.atomic
 def instance_rename(*, user: User, name: str) -> str:
     """Set this instance's display name (spec §1: editable; it seeds the label peers give
-    this instance). Staff only (403); 1–100 characters (400). Returns the stored name."""
+    this instance). Staff only (403); 1–100 characters (400); ``CONFLICT`` (409) when a
+    live link here is labelled so, ignoring case (its agents would be badged with this
+    instance's own name, issue 13). Returns the stored name."""
     staff_require(user=user)
     text = name.strip() if isinstance(name, str) else ""
     if not 1 <= len(text) <= 100:
         raise InvalidRequest("the instance name is 1 to 100 characters")
+    for taken in {text, label_from_name(text)}:
+        if label_taken(label=taken):
+            raise DispatchError(
+                "CONFLICT",
+                f"a linked instance is called '{taken}' here; rename that link first, or pick another name",
+                {"name": text},
+            )
     row = InstanceIdentity.objects.select_for_update().get(pk=instance_identity_get().pk)
     row.display_name = text
     row.save(update_fields=["display_name"])

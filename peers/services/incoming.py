@@ -18,12 +18,14 @@ from django.db import transaction
 
 from agents import lifecycle, messages
 from agents import services as agent_services
-from agents.launching import default_launch_type
+from agents.launching import launch_type_resolve
 from agents.models import Agent, AgentEvent, AgentMessage
 from agents.selectors import is_shadow
 from agents.serializers import agent_data
 from core.errors import DispatchError, InvalidRequest, NotFound
+from core.validation import parse_plain
 from peers.models import Peer
+from peers.protocol import PEER_INSTANCE_ID, LaunchBody, MessageBody
 from peers.services import receipts
 
 # Capability flag → the refusal's message (spec §3: each route checks its own flag).
@@ -33,7 +35,6 @@ CAPABILITY_MESSAGES: dict[str, str] = {
     "allow_full_access": "full access is not permitted for this peer",
     "allow_events": "events are not permitted for this peer",
 }
-NAME_MAX = 100
 
 
 def capability_require(*, peer: Peer, flag: str) -> None:
@@ -99,43 +100,6 @@ def _segments(path: str) -> list[str]:
 # --- launch ---------------------------------------------------------------------------------
 
 
-def _text(value: Any, what: str, *, max_length: int, required: bool = True) -> str:
-    if value is None and not required:
-        return ""
-    if not isinstance(value, str) or (required and not value.strip()):
-        raise InvalidRequest(f"{what} must be a non-empty string")
-    if len(value) > max_length:
-        raise InvalidRequest(f"{what} must be at most {max_length} characters")
-    return value
-
-
-def _flag(value: Any, what: str) -> bool:
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise InvalidRequest(f"{what} must be true or false")
-    return value
-
-
-def sender_address_parse(*, peer: Peer, value: Any, what: str) -> dict[str, Any]:
-    """``{instance_id, agent_id | null, name}`` naming who acts on ``peer`` (spec §5).
-
-    ``instance_id`` must be the peer's own (a peer speaks only for itself:
-    capabilities are never transitive, spec §3); ``agent_id`` a string of at most 64
-    characters or null (a person there); ``name`` 1–100 characters. Returns the three
-    keys only. Raises ``InvalidRequest`` naming ``what`` (``launched_by`` / ``from``).
-    """
-    if not isinstance(value, dict):
-        raise InvalidRequest(f"{what} must be an object {{instance_id, agent_id, name}}")
-    if value.get("instance_id") != peer.instance_id:
-        raise InvalidRequest(f"{what}.instance_id must be the calling peer's instance id ({peer.instance_id})")
-    agent_id = value.get("agent_id")
-    if agent_id is not None and (not isinstance(agent_id, str) or not 0 < len(agent_id) <= 64 or ":" in agent_id):
-        raise InvalidRequest(f"{what}.agent_id must be an agent id (at most 64 characters, no colon) or null")
-    name = _text(value.get("name"), f"{what}.name", max_length=NAME_MAX)
-    return {"instance_id": peer.instance_id, "agent_id": agent_id, "name": name}
-
-
 def launch_preamble(*, peer: Peer, launched_by: dict[str, Any]) -> str:
     """The text a peer-launched agent gets first (spec §5 Launch), ending in a blank line.
 
@@ -164,33 +128,29 @@ def _kind(type: str) -> str:
     return str(spec.kind) if spec is not None else "llm"
 
 
-def peer_launch_here(*, peer: Peer, body: dict[str, Any]) -> Agent:
+def peer_launch_here(*, peer: Peer, launch: LaunchBody) -> Agent:
     """Launch an agent here for ``peer`` (``POST /api/v1/peers/launch``, spec §5) and return it.
 
-    ``body``: ``{name, prompt, type?, cwd, full_access?, child?, launched_by:
-    {instance_id, agent_id | null, name}}``. ``type`` defaults to what
-    ``dispatch_launch_agent`` launches locally (the first available CLI type of kind
-    ``llm``, else ``expert``). ``cwd`` as ``launch_cwd_resolve``. ``child`` is accepted
-    and has no effect here (the parent lives on the peer, as the shadow's parent). The
-    agent is owned by ``peer.owner`` and records ``launched_by_peer``; an ``llm``-kind
-    agent's prompt starts with ``launch_preamble``; a ``shell`` agent gets the prompt alone
-    and the preamble in ``DISPATCH_LAUNCH_CONTEXT`` (its session reads ``launched_by_peer``
-    through ``agents.hooks.linked().launch_context``).
-    Raises ``InvalidRequest`` / ``PATH_OUTSIDE_ALLOWED_ROOT`` (400, bad body, unknown or
-    unavailable type, cwd outside the roots), ``CAPABILITY_NOT_GRANTED`` (403,
-    ``full_access`` without ``allow_full_access``).
+    ``launch``: the validated body (``LaunchBody``, context ``{"peer_instance_id":
+    peer.instance_id}``). Its ``type`` defaults to what a local launch gets
+    (``launch_type_resolve``: 400 listing the available types when there is no default). ``cwd`` as
+    ``launch_cwd_resolve``. ``child`` has no effect here (the parent lives on the peer,
+    as the shadow's parent). The agent is owned by ``peer.owner`` and records
+    ``launched_by_peer``; an ``llm``-kind agent's prompt starts with ``launch_preamble``;
+    a ``shell`` agent gets the prompt alone and the preamble in
+    ``DISPATCH_LAUNCH_CONTEXT`` (its session reads ``launched_by_peer`` through
+    ``agents.hooks.linked().launch_context``).
+    Raises ``CAPABILITY_NOT_GRANTED`` (403, ``full_access`` without
+    ``allow_full_access``), then ``InvalidRequest`` / ``PATH_OUTSIDE_ALLOWED_ROOT`` (400,
+    unknown or unavailable type, cwd outside the roots).
     """
-    name = _text(body.get("name"), "name", max_length=NAME_MAX)
-    prompt = _text(body.get("prompt", ""), "prompt", max_length=messages.MAX_MESSAGE_LENGTH, required=False)
-    type = body.get("type") or default_launch_type()
-    if not isinstance(type, str):
-        raise InvalidRequest("type must be a string")
-    full_access = _flag(body.get("full_access"), "full_access")
-    _flag(body.get("child"), "child")
-    launched_by = sender_address_parse(peer=peer, value=body.get("launched_by"), what="launched_by")
+    full_access = launch.full_access
+    launched_by = launch.launched_by.wire()
+    prompt = launch.prompt
     if full_access:
         capability_require(peer=peer, flag="allow_full_access")
-    cwd = launch_cwd_resolve(body.get("cwd"))
+    cwd = launch_cwd_resolve(launch.cwd)
+    type = launch_type_resolve(launch.type)  # after every check of the body, in LaunchBody's order
     if _kind(type) == "llm":
         prompt = launch_preamble(peer=peer, launched_by=launched_by) + prompt
     # The agent is created with its launched_by_peer (a shell agent's session reads it for
@@ -199,7 +159,7 @@ def peer_launch_here(*, peer: Peer, body: dict[str, Any]) -> Agent:
     agent = lifecycle.agent_launch_any(
         owner=peer.owner,
         type=type,
-        name=name,
+        name=launch.name,
         prompt=prompt,
         cwd=cwd,
         full_access=full_access,
@@ -237,24 +197,19 @@ def _undeliverable(agent_id: str, reason: str, status: str | None = None) -> Dis
     return DispatchError("CONFLICT", f"agent '{agent_id}' cannot take messages: {reason}", details)
 
 
-def peer_message_here(*, peer: Peer, body: dict[str, Any], idempotency_key: str) -> AgentMessage:
+def peer_message_here(*, peer: Peer, message: MessageBody, idempotency_key: str) -> AgentMessage:
     """Deliver ``peer``'s message to one of the link user's local agents (spec §5 Messages).
 
-    ``body``: ``{to_agent_id, content, from: {instance_id, agent_id | null, name}}``;
-    ``content`` 1–200,000 characters. Records an ``AgentMessage`` with ``sender_peer`` /
-    ``peer`` = ``peer``, ``sender_address`` = ``from`` and the key, through
-    ``messages.message_send``: an expert recipient gets a queued run and the message is
-    ``delivered``; a CLI recipient's message is ``queued`` and its supervisor's doorbell
-    rung after commit; ``message.created`` is announced after commit. Call inside the
-    caller's transaction (with the receipt). Raises ``InvalidRequest`` (400, bad body) and
-    ``DispatchError("CONFLICT")`` (409, permanent: no such agent of the link user, a
-    shadow, archived or not running).
+    ``message``: the validated body (``MessageBody``, context ``{"peer_instance_id":
+    peer.instance_id}``). Records an ``AgentMessage`` with ``sender_peer`` / ``peer`` =
+    ``peer``, ``sender_address`` = ``from`` and the key, through ``messages.message_send``:
+    an expert recipient gets a queued run and the message is ``delivered``; a CLI
+    recipient's message is ``queued`` and its supervisor's doorbell rung after commit;
+    ``message.created`` is announced after commit. Call inside the caller's transaction
+    (with the receipt). Raises ``DispatchError("CONFLICT")`` (409, permanent: no such
+    agent of the link user, a shadow, archived or not running).
     """
-    to_agent_id = body.get("to_agent_id")
-    if not isinstance(to_agent_id, str) or not 0 < len(to_agent_id) <= 64:
-        raise InvalidRequest("to_agent_id must be an agent id")
-    sender = sender_address_parse(peer=peer, value=body.get("from"), what="from")
-    text = messages.message_content(body.get("content"))
+    to_agent_id = message.to_agent_id
     recipient = Agent.objects.select_for_update().filter(pk=to_agent_id, owner=peer.owner).first()
     if recipient is None:
         raise _undeliverable(to_agent_id, "no such agent")
@@ -266,9 +221,9 @@ def peer_message_here(*, peer: Peer, body: dict[str, Any], idempotency_key: str)
     # The same rules as every local message (a run for an expert, a paste for a CLI agent).
     return messages.message_send(
         recipient=recipient,
-        content=text,
+        content=message.content,
         sender_peer=peer,
-        sender_address=sender,
+        sender_address=message.sender.wire(),
         idempotency_key=idempotency_key,
     )
 
@@ -311,18 +266,22 @@ def peer_agent_archive(*, peer: Peer, agent_id: str) -> Agent:
 def peer_message_deliver(*, peer: Peer, idempotency_key: str, body: dict[str, Any]) -> receipts.Answer:
     """``POST /api/v1/peers/messages`` (spec §5): the receipt and the message in one transaction.
 
-    New key → ``peer_message_here`` and 200 ``{"delivered": true, "message_id"}`` stored in
-    the receipt. Repeated key, same body → 200 ``{"delivered": true, "duplicate": true}``
-    without delivering again. Raises ``IdempotencyKeyReused`` (422) for another body under
-    the key, and what ``peer_message_here`` raises (400; 409 when the agent is gone or not
-    running) — the transaction rolls back, so the receipt is removed with the message and
-    a retry under the same key is judged afresh.
+    ``body``: the request's JSON object. New key → the body is validated
+    (``MessageBody``), then ``peer_message_here``, and 200 ``{"delivered": true,
+    "message_id"}`` is stored in the receipt. Repeated key, same body → 200 ``{"delivered":
+    true, "duplicate": true}`` without delivering again. Raises ``IdempotencyKeyReused``
+    (422) for another body under the key — whatever that body is: the receipt is opened
+    before the body is judged (spec §5) — then ``InvalidRequest`` (400, the model's
+    sentence), then what ``peer_message_here`` raises (409 when the agent is gone or not
+    running). On any error the transaction rolls back, so the receipt is removed with the
+    message and a retry under the same key is judged afresh.
     """
     with transaction.atomic():
         opened = receipts.receipt_open(peer=peer, key=idempotency_key, route="messages", body=body)
         if isinstance(opened, receipts.Answer):
             return receipts.Answer(status=200, body={"delivered": True, "duplicate": True}, replayed=True)
-        message = peer_message_here(peer=peer, body=body, idempotency_key=idempotency_key)
-        answer = receipts.Answer(status=200, body={"delivered": True, "message_id": message.pk})
+        message = parse_plain(MessageBody, body, context={PEER_INSTANCE_ID: peer.instance_id})
+        delivered = peer_message_here(peer=peer, message=message, idempotency_key=idempotency_key)
+        answer = receipts.Answer(status=200, body={"delivered": True, "message_id": delivered.pk})
         receipts.receipt_close(receipt=opened, answer=answer)
     return answer

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import re
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.contrib.auth.models import User
 from django.db import transaction
@@ -18,6 +19,7 @@ from django.utils import timezone
 
 from core import secrets_at_rest
 from core.errors import DispatchError, InvalidRequest
+from core.services import instance_identity_get
 from core.tool_changes import tools_changed_on_commit
 from peers.models import Peer
 from peers.selectors import label_taken, peer_get_for
@@ -68,6 +70,48 @@ def label_unique(base: str, *, exclude_peer_id: int | None = None) -> str:
         n += 1
 
 
+def _own_names() -> set[str]:
+    """This instance's display name as typed and as a label would hold it, case-folded."""
+    own = instance_identity_get().display_name.strip()
+    return {own.casefold(), label_from_name(own).casefold()}
+
+
+def label_is_own_name(label: str) -> bool:
+    """Whether ``label`` is this instance's own display name, ignoring case: a peer called
+    that here would badge the peer's agents with this instance's name (issue 13)."""
+    return label.strip().casefold() in _own_names()
+
+
+def label_distinct_from_own(label: str, *, url: str) -> str:
+    """``label``, or — when it is this instance's own name (``label_is_own_name``; two
+    instances both named after the host they run on) — ``"<label> at <host> port <port>"``
+    from the peer's ``url`` (``"<label> at <host>"`` without an explicit port), within
+    ``LABEL_MAX`` characters and spec §6's alphabet (no colon). Not made unique: the caller
+    passes the result to ``label_unique``."""
+    if not label_is_own_name(label):
+        return label
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    where = label_from_name(parts.hostname or "") if parts.hostname else "another address"
+    suffix = f" at {where}" + (f" port {port}" if port else "")
+    if len(suffix) > LABEL_MAX - 8:  # a very long host name: keep some of the label
+        suffix = suffix[: LABEL_MAX - 8].rstrip(" .-")
+    return label[: LABEL_MAX - len(suffix)].rstrip() + suffix
+
+
+def label_for_link(*, label: str | None, name: str, url: str, exclude_peer_id: int | None = None) -> str:
+    """The label a link gets when it is made (spec §2, §6): ``label`` as given (validated by
+    the caller) or, without one, one derived from the peer's reported ``name``; never this
+    instance's own name (``label_distinct_from_own``, with the peer's ``url``: both sides of
+    a pairing must not show the same name for each other); then the first free one among
+    live peers (``label_unique``: ``-2``, ``-3``…)."""
+    base = label if label is not None else label_from_name(name)
+    return label_unique(label_distinct_from_own(base, url=url), exclude_peer_id=exclude_peer_id)
+
+
 def capabilities_validate(values: dict[str, Any]) -> dict[str, bool]:
     """The four flags of spec §3 from ``values`` (missing ones take their defaults,
     ``DEFAULT_CAPABILITIES``). ``InvalidRequest`` (400) for a value that is not a boolean;
@@ -89,13 +133,20 @@ def peer_rename(*, user: User, peer_id: int, label: str) -> Peer:
     """Give one of ``user``'s peers a new label (spec §6). ``reported_name`` is untouched.
 
     Raises ``NotFound`` (404), ``InvalidRequest`` (400) for an invalid label, and
-    ``CONFLICT`` (409) when another live peer has it, ignoring case.
+    ``CONFLICT`` (409) when another live peer has it, or when it is this instance's own
+    name (``label_is_own_name``), ignoring case.
     """
     return _rename(peer_get_for(user=user, peer_id=peer_id), label)
 
 
 def _rename(peer: Peer, label: Any) -> Peer:
     text = label_validate(label)
+    if label_is_own_name(text):
+        raise DispatchError(
+            "CONFLICT",
+            f"'{text}' is this instance's own name; give the linked instance a label of its own",
+            {"label": text},
+        )
     if label_taken(label=text, exclude_peer_id=peer.pk):
         raise DispatchError(
             "CONFLICT",

@@ -38,7 +38,7 @@ from peers.models import OutboxMessage, PairingOffer, Peer
 from peers.protocol import MirrorRescanMessage
 from peers.selectors import live_offers, peer_get_for
 from peers.services.identity import identity_get, staff_require
-from peers.services.links import CAPABILITIES, capabilities_validate, label_from_name, label_unique
+from peers.services.links import CAPABILITIES, capabilities_validate, label_for_link, label_is_own_name
 from peers.services.shadows import shadows_stop_for_unlink
 
 logger = logging.getLogger(__name__)
@@ -205,7 +205,9 @@ def _peer_store(
 ) -> Peer:
     """Create the peer row, or re-pair ``existing`` (rotate its tokens in place): ``inbound``
     is the raw token the peer presents here (stored as its hash), ``token_for_you`` the one
-    this instance presents there (stored encrypted)."""
+    this instance presents there (stored encrypted). The label is ``links.label_for_link``'s:
+    ``label`` or the peer's ``name``, never this instance's own name (then one naming the
+    peer's ``url``), unique among live peers."""
     now = timezone.now()
     tools_changed_on_commit([owner.pk])  # dispatch_launch_agent lists the linked instances
     fields: dict[str, Any] = {
@@ -223,15 +225,19 @@ def _peer_store(
         **flags,
     }
     if existing is not None:
-        if label is not None:
-            fields["label"] = label_unique(label, exclude_peer_id=existing.pk)
+        if label is not None or label_is_own_name(existing.label):
+            # A re-pair keeps the label unless one is given — or the old one is this
+            # instance's own name (a link made before issue 13): it gets a distinct one.
+            fields["label"] = label_for_link(
+                label=label if label is not None else existing.label, name=name, url=url, exclude_peer_id=existing.pk
+            )
         for field, value in fields.items():
             setattr(existing, field, value)
         existing.save()
         return existing
     return Peer.objects.create(
         instance_id=instance_id,
-        label=label_unique(label if label is not None else label_from_name(name)),
+        label=label_for_link(label=label, name=name, url=url),
         created_at=now,
         **fields,
     )
@@ -266,7 +272,9 @@ def offer_redeem(
     mirror's rescan after commit.
 
     ``name``, ``url``, ``public_key``, ``token_for_you`` (encrypted at rest) and
-    ``granted_by_peer`` (what the claimant lets this instance do there) are the claim's.
+    ``granted_by_peer`` (what the claimant lets this instance do there) are the claim's;
+    the claimant's label is its ``name`` — or, when that is this instance's own name, one
+    naming its ``url`` (``links.label_for_link``).
     Returns ``None`` (nothing written) when no live offer has that code — unknown, used,
     expired or burned. Raises ``CONFLICT`` (409) when ``instance_id`` is linked here under
     another key or for another user.
@@ -322,7 +330,8 @@ def peer_link_store(
     its hash is kept). ``url``: the address the person typed (proven to reach the peer).
     ``name``, ``public_key``, ``token_for_you`` and ``granted_by_peer`` are the answer's;
     ``label`` (validated, ``links.label_validate``; a collision gets ``-2``, ``-3``…)
-    defaults to the peer's name; ``flags`` are what the peer may do here. Raises
+    defaults to the peer's name — but is never this instance's own name: then it names the
+    peer's address (``links.label_for_link``); ``flags`` are what the peer may do here. Raises
     ``CONFLICT`` (409) when ``instance_id`` is linked here under another key or for another
     user.
     """

@@ -32,6 +32,10 @@ from peers.models import Peer
 logger = logging.getLogger(__name__)
 
 Status = Agent.Status
+# The ``system`` notes a shadow gets when its peer's stream drops and when it is back
+# (spec/peers.md §7), each followed by the peer's label.
+LOST_CONTACT = "lost contact with"
+CONTACT_RESTORED = "contact restored with"
 # Statuses a shadow keeps when its peer stops listing it or is unlinked.
 _AT_REST = (Status.STOPPED, Status.ARCHIVED)
 
@@ -88,7 +92,8 @@ def shadow_upsert(
     with its original timestamp as a mirrored event (a replay adds nothing); ``None``
     leaves the shadow's events alone. ``parent_peer_agent_id`` links a new shadow (or one
     without a parent) to the shadow of its parent when that exists. Any frame clears
-    ``stale`` (the stream is connected). ``seen_at`` is when the frame arrived; it
+    ``stale`` (the stream is connected), with the ``system`` event "contact restored with
+    <peer label>" (``shadows_clear_stale``). ``seen_at`` is when the frame arrived; it
     becomes ``updated_at`` when something changed. Writes and announces ``agent.upsert``
     only when something changed.
 
@@ -124,6 +129,7 @@ def shadow_upsert(
         )
         changed = True
     else:
+        was_stale = shadow.stale
         fields = []
         for field, value in (("name", name), ("type", type), ("status", status), ("stale", False)):
             if getattr(shadow, field) != value:
@@ -136,6 +142,8 @@ def shadow_upsert(
         if changed:
             shadow.updated_at = seen_at
             shadow.save(update_fields=[*fields, "updated_at"])
+        if was_stale:
+            _contact_restored_note(shadow, peer)
     recorded = None
     if event is not None:
         event_type, message, created_at = event
@@ -174,12 +182,15 @@ def shadow_apply_frame(*, peer: Peer, data: Mapping[str, Any], seen_at: datetime
 
 
 def shadows_apply_snapshot(*, peer: Peer, agents: Iterable[Any], seen_at: datetime) -> dict[str, int]:
-    """Apply a ``snapshot`` frame's ``agents``: upsert each, reap the shadows it no longer
-    lists, clear ``stale`` on every shadow of the peer (spec/peers.md §7).
+    """Apply a ``snapshot`` frame's ``agents``: clear ``stale`` on every shadow of the peer
+    (contact is back: ``shadows_clear_stale`` notes it on each), upsert each agent, reap the
+    shadows it no longer lists (spec/peers.md §7).
 
     A malformed item is logged and skipped (its shadow, if any, is not reaped). Returns
     ``{"applied", "rejected", "reaped"}`` counts.
     """
+    # First, so a shadow's timeline reads "contact restored", then what the peer reports.
+    shadows_clear_stale(peer=peer)
     listed: set[str] = set()
     applied = rejected = 0
     for item in agents:
@@ -192,7 +203,6 @@ def shadows_apply_snapshot(*, peer: Peer, agents: Iterable[Any], seen_at: dateti
             rejected += 1
             logger.warning("peer %s: agent frame rejected: %s", peer.label, exc)
     reaped = shadows_reap_missing(peer=peer, listed_ids=listed)
-    shadows_clear_stale(peer=peer)
     return {"applied": applied, "rejected": rejected, "reaped": reaped}
 
 
@@ -231,18 +241,33 @@ def shadows_mark_stale(*, peer: Peer) -> int:
     shadows = list(Agent.objects.select_for_update().filter(peer=peer, stale=False).exclude(status=Status.ARCHIVED))
     for shadow in shadows:
         Agent.objects.filter(pk=shadow.pk).update(stale=True, updated_at=timezone.now())
-        agent_event_record(agent=shadow, type=AgentEvent.Type.SYSTEM, message=f"lost contact with {peer.label}")
+        agent_event_record(agent=shadow, type=AgentEvent.Type.SYSTEM, message=f"{LOST_CONTACT} {peer.label}")
     return len(shadows)
+
+
+def _contact_restored_note(shadow: Agent, peer: Peer) -> bool:
+    """Record the ``system`` event "contact restored with <peer label>" (which announces the
+    shadow) on a shadow that was stale; not on an archived one, which never got "lost
+    contact" either. Returns whether it was recorded."""
+    if shadow.status == Status.ARCHIVED:
+        return False
+    agent_event_record(agent=shadow, type=AgentEvent.Type.SYSTEM, message=f"{CONTACT_RESTORED} {peer.label}")
+    return True
 
 
 @transaction.atomic
 def shadows_clear_stale(*, peer: Peer) -> int:
-    """Clear ``stale`` on every shadow of the peer (a snapshot arrived); announces each. Returns the count."""
-    ids = list(Agent.objects.select_for_update().filter(peer=peer, stale=True).values_list("pk", flat=True))
-    Agent.objects.filter(pk__in=ids).update(stale=False, updated_at=timezone.now())
-    for agent_id in ids:
-        _publish(agent_id)
-    return len(ids)
+    """The peer's stream is back (a snapshot arrived): clear ``stale`` on every shadow of the
+    peer, each not archived with one ``system`` event "contact restored with <peer label>" —
+    the counterpart of ``shadows_mark_stale``'s "lost contact", so only a shadow that lost
+    contact gets it, once per drop (issue 13). Announces each. Returns the count."""
+    shadows = list(Agent.objects.select_for_update().filter(peer=peer, stale=True))
+    Agent.objects.filter(pk__in=[shadow.pk for shadow in shadows]).update(stale=False, updated_at=timezone.now())
+    for shadow in shadows:
+        shadow.stale = False
+        if not _contact_restored_note(shadow, peer):
+            _publish(shadow.pk)
+    return len(shadows)
 
 
 @transaction.atomic

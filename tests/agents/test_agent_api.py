@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.utils import timezone
 
 from agents.models import Agent, AgentEvent, AgentMessage, Run
-from agents.services import agent_event_record, run_claim_next, run_enqueue
+from agents.services import agent_create, agent_event_record, run_claim_next, run_enqueue
 from agents.types import parse_agent_types
 from tests.agents.conftest import error_of
 
@@ -70,7 +71,7 @@ def test_it_refuses_a_type_whose_program_is_missing_listing_the_available_ones(a
     assert response.status_code == 400
     error = error_of(response)
     assert error["message"] == "agent type 'ghost' is unavailable here: its program is not on PATH"
-    assert error["details"] == {"available_types": ["expert", "shell"]}
+    assert error["details"] == {"available_types": ["shell"]}  # expert: no model endpoint here
     assert not Agent.objects.exists()
 
 
@@ -86,17 +87,83 @@ def test_agent_types_lists_every_type_with_its_kind_and_availability(api, settin
     settings.AGENT_TYPES = parse_agent_types(
         {"ghost": {"argv": ["no-such-program-here"], "kind": "llm"}, "shell": {"argv": ["bash"], "kind": "shell"}}
     )
+    settings.LLM_BASE_URL = "http://127.0.0.1:9/v1"
 
     response = api.get("/api/v1/agent-types")
 
     assert response.status_code == 200
     assert response.json() == {
         "types": [
-            {"type": "expert", "kind": "expert", "available": True},
-            {"type": "ghost", "kind": "llm", "available": False},
-            {"type": "shell", "kind": "shell", "available": True},
-        ]
+            {"type": "expert", "kind": "expert", "available": True, "reason": ""},
+            {
+                "type": "ghost",
+                "kind": "llm",
+                "available": False,
+                "reason": "not installed here: no-such-program-here not on PATH",
+            },
+            {"type": "shell", "kind": "shell", "available": True, "reason": ""},
+        ],
+        "default": "expert",
     }
+
+
+def test_without_a_model_endpoint_expert_is_listed_unavailable_with_why_and_there_is_no_default(api, settings):
+    settings.AGENT_TYPES = parse_agent_types({"shell": {"argv": ["bash"], "kind": "shell"}})
+    settings.LLM_BASE_URL = ""
+
+    body = api.get("/api/v1/agent-types").json()
+
+    assert body["types"][0] == {
+        "type": "expert",
+        "kind": "expert",
+        "available": False,
+        "reason": "no model endpoint configured (set DISPATCH_LLM_BASE_URL)",
+    }
+    assert body["default"] is None  # never the shell
+
+
+def test_a_launch_without_a_type_gets_the_first_installed_llm_cli(api, workdir, settings, monkeypatch):
+    launched: dict[str, object] = {}
+    settings.AGENT_TYPES = parse_agent_types(
+        {"shell": {"argv": ["bash"], "kind": "shell"}, "fake-llm": {"argv": ["true"], "kind": "llm"}}
+    )
+    settings.LLM_BASE_URL = ""
+
+    def launch(**kwargs: Any) -> Agent:  # no tmux here: which type the launch asked for is the point
+        launched.update(kwargs)
+        return agent_create(owner=kwargs["owner"], type=kwargs["type"], name=kwargs["name"], cwd=workdir)
+
+    monkeypatch.setattr("agents.cli.agent_launch", launch)
+
+    response = api.post("/api/v1/agents", {"name": "helper", "cwd": workdir, "prompt": "summarise"})
+
+    assert response.status_code == 201, response.content
+    assert response.json()["type"] == launched["type"] == "fake-llm"
+
+
+def test_a_launch_without_a_type_is_expert_when_a_model_endpoint_is_configured(api, workdir, settings):
+    settings.LLM_BASE_URL = "http://127.0.0.1:9/v1"
+
+    response = api.post("/api/v1/agents", {"name": "helper", "cwd": workdir})
+
+    assert response.status_code == 201, response.content
+    assert response.json()["type"] == "expert"
+
+
+def test_without_a_default_a_launch_must_name_its_type_and_is_told_the_available_ones(api, workdir, settings):
+    settings.AGENT_TYPES = parse_agent_types(
+        {"ghost": {"argv": ["no-such-program-here"], "kind": "llm"}, "shell": {"argv": ["bash"], "kind": "shell"}}
+    )
+    settings.LLM_BASE_URL = ""
+
+    response = api.post("/api/v1/agents", {"name": "helper", "cwd": workdir, "prompt": "summarise the repo"})
+
+    assert response.status_code == 400
+    error = error_of(response)
+    assert error["code"] == "INVALID_REQUEST"
+    assert error["message"].startswith("type is required") and error["message"].endswith("available types: shell")
+    assert error["details"] == {"available_types": ["shell"]}
+    assert not Agent.objects.exists()
 
 
 def test_agent_types_needs_authentication(client):
@@ -115,7 +182,6 @@ def test_without_cwd_an_agent_works_in_the_default_cwd(api, tmp_path, settings):
 @pytest.mark.parametrize(
     ("body", "status", "code"),
     [
-        ({"name": "a", "cwd": "/tmp"}, 400, "VALIDATION_ERROR"),
         ({"type": "expert", "cwd": "/tmp"}, 400, "VALIDATION_ERROR"),
         ({"type": "expert", "name": "a", "cwd": 3}, 400, "VALIDATION_ERROR"),
         ({"type": "expert", "name": 5, "cwd": "/tmp"}, 400, "VALIDATION_ERROR"),

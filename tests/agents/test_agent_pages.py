@@ -72,13 +72,55 @@ def test_the_launch_form_lists_every_type_and_disables_missing_ones(browser, set
         {"ghost": {"argv": ["no-such-program-here"], "kind": "llm"}, "shell": {"argv": ["bash"], "kind": "shell"}}
     )
     settings.DEFAULT_CWD = "/srv/default-cwd"
+    settings.LLM_BASE_URL = "http://127.0.0.1:9/v1"
 
     page = browser.get("/").content.decode()
 
-    assert '<option value="expert" data-kind="expert"' in page
+    assert '<option value="expert" data-kind="expert" selected>expert</option>' in page
     assert '<option value="shell" data-kind="shell" >shell</option>' in page
-    assert '<option value="ghost" data-kind="llm" disabled>ghost (not installed)</option>' in page
+    assert (
+        '<option value="ghost" data-kind="llm" disabled>ghost (not installed here: no-such-program-here not on PATH)'
+        "</option>" in page
+    )
     assert 'value="/srv/default-cwd"' in page and 'name="full_access"' in page
+
+
+def test_without_a_model_endpoint_the_form_disables_expert_with_why_and_preselects_no_shell(browser, settings):
+    settings.AGENT_TYPES = parse_agent_types({"shell": {"argv": ["bash"], "kind": "shell"}})
+    settings.LLM_BASE_URL = ""
+
+    page = browser.get("/").content.decode()
+
+    assert (
+        '<option value="expert" data-kind="expert" disabled>'
+        "expert (no model endpoint configured (set DISPATCH_LLM_BASE_URL))</option>" in page
+    )
+    assert '<option value="" disabled selected>choose a type</option>' in page
+    assert '<option value="shell" data-kind="shell" >shell</option>' in page  # offered, not chosen
+    assert '<select name="type" id="launch-type" required>' in page
+
+
+def test_the_launch_form_preselects_the_first_installed_llm_cli_without_an_endpoint(browser, settings):
+    settings.AGENT_TYPES = parse_agent_types(
+        {"shell": {"argv": ["bash"], "kind": "shell"}, "fake-llm": {"argv": ["true"], "kind": "llm"}}
+    )
+    settings.LLM_BASE_URL = ""
+
+    page = browser.get("/").content.decode()
+
+    assert '<option value="fake-llm" data-kind="llm" selected>fake-llm</option>' in page
+    assert '<option value="" disabled >choose a type</option>' in page
+
+
+def test_the_launch_form_without_a_type_and_no_default_says_which_types_exist(browser, owner, tmp_path, settings):
+    settings.AGENT_TYPES = parse_agent_types({"shell": {"argv": ["bash"], "kind": "shell"}})
+    settings.LLM_BASE_URL = ""
+
+    response = browser.post("/", {"type": "", "name": "helper", "cwd": str(tmp_path), "prompt": "summarise"})
+
+    assert response.status_code == 400
+    assert "type is required" in response.content.decode() and "available types: shell" in response.content.decode()
+    assert not Agent.objects.exists()
 
 
 def test_the_launch_form_refuses_a_missing_program(browser, owner, tmp_path, settings):

@@ -65,26 +65,70 @@ def test_an_agent_caller_also_gets_dispatch_event_unless_left_out(owner, workdir
     assert list(tools_of(owner, agent, event_tool=False)) == USER_TOOLS
 
 
-def test_the_launch_description_lists_the_types_available_here(owner, settings):
-    settings.AGENT_TYPES = parse_agent_types(
-        json.dumps({"shell": {"argv": ["bash"], "kind": "shell"}, "ghost": {"argv": ["no-such-program-x"]}})
-    )
+SHELL_AND_GHOST = {"shell": {"argv": ["bash"], "kind": "shell"}, "ghost": {"argv": ["no-such-program-x"]}}
+
+
+def test_the_launch_description_lists_the_types_available_here_and_why_the_others_are_not(owner, settings):
+    settings.AGENT_TYPES = parse_agent_types(json.dumps(SHELL_AND_GHOST))
+    settings.LLM_BASE_URL = ""
     tool = tools_of(owner)["dispatch_launch_agent"]
-    assert "Types available now: expert, shell" in tool.description
-    assert "not installed here: ghost" in tool.description
+    assert "Types available now: shell." in tool.description
+    assert (
+        "Unavailable here: expert (no model endpoint configured (set DISPATCH_LLM_BASE_URL)); "
+        "ghost (not installed here: no-such-program-x not on PATH)." in tool.description
+    )
     assert "omit location" in tool.description
     assert tool.parameters["properties"]["type"]["enum"] == ["expert", "shell", "ghost"]
 
+    settings.LLM_BASE_URL = "http://127.0.0.1:9/v1"
+    tool = tools_of(owner)["dispatch_launch_agent"]
+    assert "Types available now: expert, shell." in tool.description
+    assert "Unavailable here: ghost (not installed here: no-such-program-x not on PATH)." in tool.description
 
-def test_the_default_type_is_the_first_available_llm_cli_else_expert(settings):
+
+def test_the_default_type_is_expert_with_an_endpoint_else_the_first_installed_llm_cli_never_a_shell(settings):
+    settings.LLM_BASE_URL = ""
+    settings.AGENT_TYPES = parse_agent_types(json.dumps(SHELL_AND_GHOST))
+    assert default_launch_type() is None
     settings.AGENT_TYPES = parse_agent_types(
-        json.dumps({"shell": {"argv": ["bash"], "kind": "shell"}, "ghost": {"argv": ["no-such-program-x"]}})
-    )
-    assert default_launch_type() == "expert"
-    settings.AGENT_TYPES = parse_agent_types(
-        json.dumps({"ghost": {"argv": ["no-such-program-x"]}, "fake-llm": {"argv": ["true"], "kind": "llm"}})
+        json.dumps({"shell": {"argv": ["bash"], "kind": "shell"}, "fake-llm": {"argv": ["true"], "kind": "llm"}})
     )
     assert default_launch_type() == "fake-llm"
+    settings.LLM_BASE_URL = "http://127.0.0.1:9/v1"
+    assert default_launch_type() == "expert"
+
+
+def test_the_launch_tool_says_its_default_type(owner, settings):
+    settings.LLM_BASE_URL = ""
+    settings.AGENT_TYPES = parse_agent_types(
+        json.dumps({"shell": {"argv": ["bash"], "kind": "shell"}, "fake-llm": {"argv": ["true"], "kind": "llm"}})
+    )
+    tool = tools_of(owner)["dispatch_launch_agent"]
+    assert "Default type: fake-llm." in tool.description
+    assert tool.parameters["properties"]["type"]["description"] == "Default: fake-llm."
+
+
+async def test_without_a_default_type_a_launch_must_name_one_and_is_told_the_available_ones(owner, settings):
+    settings.LLM_BASE_URL = ""
+    settings.AGENT_TYPES = parse_agent_types(json.dumps(SHELL_AND_GHOST))
+    tool = (await atools_of(owner))["dispatch_launch_agent"]
+    assert "No default type here: give type" in tool.description
+    assert tool.parameters["properties"]["type"]["description"].startswith("Required for a launch here")
+
+    error = await fails(owner, "dispatch_launch_agent", {"name": "helper", "prompt": "summarise the repo"})
+
+    assert error.code == "INVALID_REQUEST"
+    assert error.message.startswith("type is required: there is no default agent type here")
+    assert error.message.endswith("available types: shell")
+    assert error.details == {"available_types": ["shell"]}
+    assert not await database_sync_to_async(Agent.objects.exists)()  # above all, no shell got the prompt
+
+
+async def test_with_an_endpoint_a_launch_without_a_type_is_an_expert_agent(owner, settings, tmp_path):
+    settings.LLM_BASE_URL = "http://127.0.0.1:9/v1"
+    settings.DEFAULT_CWD = str(tmp_path)
+    launched = await call(owner, "dispatch_launch_agent", {"name": "helper", "prompt": ""})
+    assert (launched["type"], launched["status"]) == ("expert", "running")
 
 
 # --- list_agents / get_agent_history ------------------------------------------------------
@@ -170,9 +214,9 @@ HOSTILE = [
     ("dispatch_launch_agent", {"name": "a", "prompt": "p" * 200_001}),
     ("dispatch_launch_agent", {"name": "a", "prompt": "p", "type": "rm -rf /"}),
     ("dispatch_launch_agent", {"name": "a", "prompt": "p", "child": "yes"}),
-    ("dispatch_launch_agent", {"name": "a", "prompt": "p", "cwd": ["/"]}),
-    ("dispatch_launch_agent", {"name": "a", "prompt": "p", "cwd": "relative/dir"}),
-    ("dispatch_launch_agent", {"name": "a", "prompt": "p", "cwd": "/no/such/dir"}),
+    ("dispatch_launch_agent", {"name": "a", "prompt": "p", "type": "expert", "cwd": ["/"]}),
+    ("dispatch_launch_agent", {"name": "a", "prompt": "p", "type": "expert", "cwd": "relative/dir"}),
+    ("dispatch_launch_agent", {"name": "a", "prompt": "p", "type": "expert", "cwd": "/no/such/dir"}),
     ("dispatch_launch_agent", {"name": "a\x00b", "prompt": "p"}),
     ("dispatch_send_message", {"target": "x"}),
     ("dispatch_send_message", {"target": ["agt_000000000000"], "message": "hi"}),

@@ -76,7 +76,7 @@ def test_a_user_launches_a_shell_agent_watches_its_pane_messages_it_and_stops_it
         expect(shell).to_be_enabled()
         if shutil.which("claude") is None:
             claude = page.locator('#launch-type option[value="claude"]')
-            expect(claude).to_have_text("claude (not installed)")
+            expect(claude).to_have_text("claude (not installed here: claude not on PATH)")
             expect(claude).to_be_disabled()
 
         page.select_option("#launch-type", "shell")

@@ -10,7 +10,7 @@ and something that happens to the agent on B (a message pasted into its terminal
 
 Each instance is a real ``manage.py serve`` on its own port, data dir, SQLite database and
 tmux server; each ``DISPATCH_PUBLIC_URL`` is its real address. The two pages live in two
-browser contexts: cookies ignore ports, so one context would mix the two sessions.
+browser contexts, one per person (one browser serving both: test_two_instances_browser.py).
 """
 
 from __future__ import annotations
@@ -184,3 +184,152 @@ def test_two_people_link_instances_and_watch_a_remote_agent_live(
         raise
     finally:
         context_b.close()
+
+
+# --- issue 13: the first hour with linked instances ---------------------------------------------
+
+
+@pytest.fixture
+def twins() -> Iterator[tuple[Instance, Server, Instance, Server]]:
+    """Instances A and B, both served on the ports their ``DISPATCH_PUBLIC_URL`` names; both
+    get the same name in the test (as two fresh installs on one computer both start with
+    its host name)."""
+    port_a, port_b = free_port(), free_port()
+    with (
+        instance(DISPATCH_PUBLIC_URL=f"http://127.0.0.1:{port_a}") as a,
+        instance(DISPATCH_PUBLIC_URL=f"http://127.0.0.1:{port_b}") as b,
+    ):
+        yield a, serve_at(a, port_a), b, serve_at(b, port_b)
+
+
+def name_instance(page: Any, server: Server, name: str) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(f"{server.url}/peers/")
+    page.fill("#this-instance input[name=name]", name)
+    page.click("#this-instance button[type=submit]")
+    expect(page.locator("#this-instance input[name=name]")).to_have_value(name)
+
+
+def test_two_instances_with_the_same_name_link_under_labels_naming_each_others_address(
+    twins: tuple[Instance, Server, Instance, Server], browser: Any, context: Any, artifacts: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    a, server_a, b, server_b = twins
+    page_a = context.new_page()
+    context_b = browser.new_context(viewport={"width": 1280, "height": 900})
+    context_b.set_default_timeout(15_000)
+    page_b = context_b.new_page()
+    try:
+        log_in(page_a, server_a, a.admin_password)
+        log_in(page_b, server_b, b.admin_password)
+        name_instance(page_a, server_a, "devbox")
+        name_instance(page_b, server_b, "devbox")
+
+        page_b.click("#offer-form button[type=submit]")
+        code = page_b.locator("#pairing-code").inner_text().strip()
+
+        # A links without typing a label: B reports A's own name, so A proposes one naming B's address.
+        page_a.fill("#link-form input[name=url]", server_b.url)
+        page_a.fill("#link-form input[name=code]", code)
+        page_a.click("#link-form button[type=submit]")
+        label_b = f"devbox at 127.0.0.1 port {server_b.port}"
+        expect(page_a.locator("#link-result")).to_contain_text(f"Linked to {label_b}")
+        expect(page_a.locator("#link-same-name")).to_contain_text("the same name as this instance")
+        card_a = page_a.locator("#linked article.peer")
+        expect(card_a).to_have_count(1)
+        expect(card_a).to_have_attribute("data-label", label_b)
+        expect(card_a.locator(".calls-itself")).to_have_text("calls itself devbox (the same name as this instance)")
+        page_a.screenshot(path=str(artifacts / "peers-same-name-linked.png"), full_page=True)
+
+        # B, which took the claim, labels A by A's address the same way.
+        page_b.goto(f"{server_b.url}/peers/")
+        card_b = page_b.locator("#linked article.peer")
+        expect(card_b).to_have_count(1)
+        expect(card_b).to_have_attribute("data-label", f"devbox at 127.0.0.1 port {server_a.port}")
+        expect(card_b.locator(".calls-itself")).to_have_text("calls itself devbox (the same name as this instance)")
+        page_b.screenshot(path=str(artifacts / "peers-same-name-claimed.png"), full_page=True)
+    except BaseException:
+        page_a.screenshot(path=str(artifacts / "peers-same-name-failure-a.png"), full_page=True)
+        page_b.screenshot(path=str(artifacts / "peers-same-name-failure-b.png"), full_page=True)
+        print(f"--- A log ---\n{server_a.log()[-6000:]}\n--- B log ---\n{server_b.log()[-6000:]}")
+        raise
+    finally:
+        context_b.close()
+
+
+A_PEER = """
+import secrets
+from django.contrib.auth import get_user_model
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from core import secrets_at_rest
+from core.services import generate_token, token_digest
+from peers.identity import b64url, fingerprint_of
+from peers.models import Peer
+
+public = b64url(Ed25519PrivateKey.generate().public_key().public_bytes(Encoding.Raw, PublicFormat.Raw))
+inbound = generate_token()
+Peer.objects.create(
+    owner=get_user_model().objects.get(username="admin"), instance_id="inst_" + secrets.token_hex(6),
+    label="Cloud", reported_name="cloud", url="http://127.0.0.1:9", public_key=public,
+    fingerprint=fingerprint_of(public), inbound_digest=token_digest(inbound), inbound_prefix=inbound[:8],
+    outbound_token_encrypted=secrets_at_rest.encrypt(generate_token().encode()),
+)
+"""
+
+# Per checkbox under ``scope``: its box and the box of the first line of its label's text.
+CHECKBOX_GEOMETRY = """
+scope => Array.from(document.querySelectorAll(scope + ' input[type=checkbox]')).map(box => {
+  const label = box.closest('label');
+  const range = document.createRange();
+  range.selectNodeContents(label);
+  range.setStartAfter(box);
+  const line = Array.from(range.getClientRects()).find(rect => rect.width > 0 && rect.height > 0);
+  const b = box.getBoundingClientRect();
+  return {
+    name: box.name,
+    text: range.toString().trim(),
+    box: {top: b.top, bottom: b.bottom, left: b.left, right: b.right},
+    line: line ? {top: line.top, bottom: line.bottom, left: line.left, right: line.right} : null,
+  };
+})
+"""
+
+
+def assert_checkboxes_inline(page: Any, scope: str, expected: int) -> None:
+    """Each checkbox under ``scope`` is vertically centred within the line box of its
+    label's text, and left of that text (the page used to put it on a line of its own)."""
+    found = page.evaluate(CHECKBOX_GEOMETRY, scope)
+    assert len(found) == expected, found
+    for checkbox in found:
+        box, line = checkbox["box"], checkbox["line"]
+        assert line is not None and checkbox["text"], checkbox
+        middle = (box["top"] + box["bottom"]) / 2
+        assert line["top"] <= middle <= line["bottom"], f"{scope} {checkbox['name']}: off its text's line: {checkbox}"
+        assert box["right"] <= line["left"], f"{scope} {checkbox['name']}: not left of its text: {checkbox}"
+
+
+def test_each_permission_checkbox_sits_inline_before_its_label(context: Any, artifacts: Path) -> None:
+    with instance() as site:
+        site.manage("shell", "-c", A_PEER)
+        server = site.serve()
+        page = context.new_page()
+        try:
+            log_in(page, server, site.admin_password)
+            page.goto(f"{server.url}/peers/")
+            assert_checkboxes_inline(page, "#offer-form", 4)
+            assert_checkboxes_inline(page, "#link-form", 4)
+            page.click("#linked article.peer details summary")  # the link's own permissions
+            assert_checkboxes_inline(page, "#linked article.peer details form", 4)
+            page.screenshot(path=str(artifacts / "peers-checkboxes.png"), full_page=True)
+            # The admin's pairing page has the same switches.
+            page.goto(f"{server.url}/admin/peers/peer/pairing/")
+            assert_checkboxes_inline(page, "#admin-offer-form", 4)
+            assert_checkboxes_inline(page, "#admin-link-form", 4)
+            page.screenshot(path=str(artifacts / "peers-admin-checkboxes.png"), full_page=True)
+        except BaseException:
+            page.screenshot(path=str(artifacts / "peers-checkboxes-failure.png"), full_page=True)
+            print("--- server log ---\n" + server.log()[-6000:])
+            raise

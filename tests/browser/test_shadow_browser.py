@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.infra import Instance, Server, instance
+from tests.infra import Instance, Server, instance, wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -31,13 +31,16 @@ LIVE = 20_000  # ms
 
 
 class HeldStream:
-    """A TCP server that answers every GET with event-stream headers and holds the connection
-    open until ``drop()`` closes every one of them, and refuses every POST (a launch) with
-    403 ``CAPABILITY_NOT_GRANTED``."""
+    """A TCP server that answers every GET with event-stream headers (then ``snapshot``, a
+    frame, when given) and holds the connection open until ``drop()`` closes every one of
+    them, and refuses every POST (a launch) with 403 ``CAPABILITY_NOT_GRANTED``. While
+    ``down`` is set it answers every GET 503 instead (the peer is away)."""
 
-    def __init__(self) -> None:
+    def __init__(self, snapshot: bytes = b"") -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
+        self.snapshot = snapshot
+        self.down = False
         self.held: list[socket.socket] = []
         self.requests: list[str] = []
         self.connected = threading.Event()
@@ -68,7 +71,12 @@ class HeldStream:
                     )
                     conn.close()
                     continue
+                if self.down:
+                    conn.sendall(b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-length: 0\r\n\r\n")
+                    conn.close()
+                    continue
                 conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n\r\n")
+                conn.sendall(self.snapshot)
             except OSError:
                 conn.close()
                 continue
@@ -173,6 +181,7 @@ def test_a_user_watches_a_shadow_agent_and_sees_the_link_go_down_live(live, stan
         # page's script and its refusal is shown on the page (nothing is launched here).
         expect(page.locator('#launch-location option[value="Cloud"]')).to_be_enabled()
         shoot(page, artifacts / "shadow-agents.png")
+        page.select_option("#launch-type", "shell")  # no model endpoint here: no default type
         page.fill("#launch-form input[name=name]", "far-away")
         page.fill("#launch-form input[name=cwd]", str(tmp_path))
         page.select_option("#launch-location", "Cloud")
@@ -204,3 +213,120 @@ def test_a_user_watches_a_shadow_agent_and_sees_the_link_go_down_live(live, stan
         page.screenshot(path=str(artifacts / "shadow-failure.png"), full_page=True)
         print("--- server log ---\n" + server.log())
         raise
+
+
+# --- the peer comes back (issue 13) ----------------------------------------------------------------
+
+SNAPSHOT = (
+    "event: snapshot\ndata: "
+    + json.dumps(
+        {
+            "agents": [
+                {"id": "agt_aaaaaaaaaaaa", "name": "remote-lead", "type": "claude", "status": "running"},
+                {
+                    "id": "agt_bbbbbbbbbbbb",
+                    "name": "remote-helper",
+                    "type": "claude",
+                    "status": "running",
+                    "parent_id": "agt_aaaaaaaaaaaa",
+                },
+            ]
+        }
+    )
+    + "\n\n"
+).encode()
+
+
+@pytest.fixture
+def returning_peer() -> Iterator[HeldStream]:
+    server = HeldStream(snapshot=SNAPSHOT)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def log_in_as(page: Any, server: Server) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(f"{server.url}/")
+    page.fill("input[name=username]", USERNAME)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("#login-button")
+    expect(page).to_have_url(f"{server.url}/")
+
+
+def _contact_notes(server: Server, token: str, agent_id: str) -> list[str]:
+    events = server.get(f"/api/v1/agents/{agent_id}/events", token).json()["events"]
+    return [e["message"] for e in events if e["type"] == "system" and "contact" in e["message"]]
+
+
+def test_a_shadow_says_contact_is_restored_when_its_peer_is_back_live_and_after_the_tab_reconnects(
+    returning_peer: HeldStream, context: Any, artifacts: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    stand_in = returning_peer
+    with instance() as site:
+        site.create_user(USERNAME, PASSWORD)
+        token = site.token(USERNAME)
+        config = json.dumps({"user": USERNAME, "url": f"http://127.0.0.1:{stand_in.port}"})
+        ids = json.loads(site.manage("shell", "-c", SETUP.format(config=config)).stdout.strip().splitlines()[-1])
+        server = site.serve(DISPATCH_PEER_BACKOFF_SCALE="0.05")
+        page = context.new_page()
+        try:
+            log_in_as(page, server)
+            assert stand_in.connected.wait(20), "the mirror never opened the peer's event stream"
+            page.goto(f"{server.url}/agents/{ids['lead']}/")
+            state = page.locator("#mirror-state")
+            lost = page.locator("#remote-timeline li.lost-contact")
+            restored = page.locator("#remote-timeline li.contact-restored")
+            expect(state).to_have_text("Mirroring live")
+            expect(restored).to_have_count(0)  # the first snapshot restores nothing: nothing was lost
+            page.evaluate("window.sameDocument = true")
+
+            # The peer's stream drops and is back at once (a peer restarting): "lost contact",
+            # then "contact restored" a moment later — the page ends on the latter, live.
+            stand_in.drop()
+            expect(lost).to_have_count(1, timeout=LIVE)
+            expect(restored).to_have_count(1, timeout=LIVE)
+            expect(page.locator("#remote-timeline li").first).to_contain_text("contact restored with Cloud")
+            expect(state).to_have_text("Mirroring live")
+            assert page.evaluate("window.sameDocument") is True
+            shoot(page, artifacts / "shadow-agent-contact-restored.png")
+
+            # The peer goes away for a while: "Link down". It comes back while the tab's own
+            # event stream is down too: the user logs out in another tab (which ends this tab's
+            # stream) and back in, and this tab's reconnects are held off until the note is
+            # recorded. When its stream reconnects, the page catches up without a reload.
+            stand_in.down = True
+            stand_in.drop()
+            expect(state).to_contain_text("Link down — last known state", timeout=LIVE)
+            expect(lost).to_have_count(2)
+            # Let the burst's trailing re-fetch (≤ 500 ms after the first) happen while still
+            # logged in: one after the logout would send this tab to the login page.
+            page.wait_for_timeout(1000)
+            page.route("**/api/v1/events*", lambda route: route.abort())
+            other = context.new_page()
+            other.goto(f"{server.url}/")
+            other.click(".logout button")
+            expect(page.locator("body.offline")).to_have_count(1, timeout=LIVE)  # this tab's stream ended
+            stand_in.down = False
+            wait_until(
+                lambda: _contact_notes(server, token, ids["lead"]).count("contact restored with Cloud") == 2,
+                timeout=30,
+                interval=0.25,
+                what="the second 'contact restored' recorded",
+            )
+            log_in_as(other, server)
+            expect(restored).to_have_count(1)  # this tab has not heard of it yet
+            page.unroute("**/api/v1/events*")
+            expect(restored).to_have_count(2, timeout=LIVE)
+            expect(page.locator("#remote-timeline li").first).to_contain_text("contact restored with Cloud")
+            expect(state).to_have_text("Mirroring live")
+            expect(page.locator("body.offline")).to_have_count(0)
+            assert page.evaluate("window.sameDocument") is True
+        except BaseException:
+            page.screenshot(path=str(artifacts / "shadow-restored-failure.png"), full_page=True)
+            print("--- server log ---\n" + server.log()[-8000:])
+            raise

@@ -3,8 +3,10 @@
 // Usage: node mcp_client.mjs <mcp url> <bearer token> <remote tool name> <remote tool arguments as JSON>
 // Prints one JSON object per line on stdout ({"step": ...}); the test reads them as they come.
 // Steps: initialize (the SDK then opens its GET stream after the notifications/initialized
-// POST got 202), the list_changed every (re)connect of that stream brings, tools/list, a
-// machine tool (list_machines), then "waiting_for_remote": the test connects a remote now,
+// POST got 202), the list_changed every (re)connect of that stream brings, tools/list, the
+// launch tool as listed ("launch_tool": its description and input schema) and a launch without
+// a type ("launch_without_type"), a machine tool (list_machines), then "waiting_for_remote":
+// the test connects a remote now,
 // and the client waits for notifications/tools/list_changed, lists again and calls the
 // remote's function. Exits 0 when every step passed, 1 otherwise.
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
@@ -53,6 +55,14 @@ async function main() {
 
   const before = await client.listTools();
   say("tools", { names: before.tools.map((tool) => tool.name) });
+
+  const launch = before.tools.find((tool) => tool.name === "dispatch_launch_agent");
+  say("launch_tool", { description: launch?.description ?? null, inputSchema: launch?.inputSchema ?? null });
+  const untyped = await client.callTool({
+    name: "dispatch_launch_agent",
+    arguments: { name: "helper", prompt: "summarise the repository" },
+  });
+  say("launch_without_type", { isError: untyped.isError ?? false, text: untyped.content?.[0]?.text ?? null });
 
   const machines = await client.callTool({ name: "list_machines", arguments: {} });
   say("machine_tool", { isError: machines.isError ?? false, text: machines.content?.[0]?.text ?? null });

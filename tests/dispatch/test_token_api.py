@@ -150,5 +150,6 @@ def test_the_schema_describes_the_event_stream(client, owner_token):
 
 def test_the_schema_and_swagger_ui_need_a_login_or_a_token(client, owner_token):
     assert client.get("/api/schema/").status_code == 401
-    assert client.get("/api/docs/").status_code == 401
+    assert client.get("/api/docs/").status_code == 302  # a browser without a session: to the login page
+    assert client.get("/api/docs/", HTTP_AUTHORIZATION="Bearer nope").status_code == 401
     assert client.get("/api/schema/", HTTP_AUTHORIZATION=f"Bearer {owner_token}").status_code == 200

@@ -151,7 +151,7 @@ def test_a_single_machine_runs_every_operation_without_being_named(live: Live, t
         assert entry["display_name"] == "solo"
         assert entry["status"]["connection"] == "connected"
         assert entry["is_default"] is False
-        assert "last_active_ts" in entry
+        assert "last_active_at" in entry and "last_active_ts" not in entry
         assert "MACHINE_LIST_REQUEST" not in shim.audited_ops()  # nothing to tell apart at N = 1
         assert "EXECUTE_COMMAND" in shim.audited_ops()
     finally:
@@ -202,7 +202,7 @@ def test_a_second_machine_makes_the_platform_ask_both_for_their_snapshots(rig: R
         assert entry["status"] == {"connection": "connected", "health": "ok", "reason": "connected"}
         assert entry["is_default"] is False
     wait_until(
-        lambda: rig.api.machines(rig.session)[alpha.machine_id]["last_active_ts"] is not None,
+        lambda: rig.api.machines(rig.session)[alpha.machine_id]["last_active_at"] is not None,
         timeout=5,
         what="alpha's last activity to be recorded",
     )

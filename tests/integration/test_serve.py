@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import pytest
 
 from examples.weather_service import get_forecast
@@ -256,6 +257,34 @@ async def test_healthz_and_the_remotes_api_describe_a_live_server(
         assert remote["remotename"] == "weather-service"
         assert remote["functions"] == weather_tools
     assert live.server.get("/api/v1/remotes").status_code == 401
+
+
+# Found by schemathesis: an empty multipart body (its closing boundary alone) on
+# POST /api/v1/agents/{id}/messages, with an agent id it generated. twisted parsed the form
+# before daphne and answered a bare "400 Bad Request" with no headers and no body.
+SCHEMATHESIS_BOUNDARY = "e584996c2ee01d4debe27470e75f0d0b"
+UNPARSABLE_FORMS = [
+    (f"multipart/form-data; boundary={SCHEMATHESIS_BOUNDARY}", f"--{SCHEMATHESIS_BOUNDARY}--\r\n".encode()),
+    ("multipart/form-data", b"content=hello"),  # no boundary at all
+]
+
+
+@pytest.mark.parametrize(("content_type", "body"), UNPARSABLE_FORMS, ids=["closing-boundary-only", "no-boundary"])
+def test_a_form_body_twisted_cannot_parse_gets_the_api_error_shape(live: Live, content_type: str, body: bytes) -> None:
+    headers = {"Authorization": f"Bearer {live.token}", "Content-Type": content_type}
+    agent_id = "%F0%A9%88%90%C3%BB%0E%F3%BE%BC%8F%F1%8A%8C%86"  # schemathesis's agent id
+    answers = {
+        path: httpx.post(f"{live.server.url}{path}", headers=headers, content=body, timeout=10)
+        for path in (f"/api/v1/agents/{agent_id}/messages", "/api/v1/agents")
+    }
+    for path, response in answers.items():
+        assert response.headers.get("content-type") == "application/json", (path, response.headers)
+        assert set(response.json()["error"]) == {"code", "message", "details"}, path
+    # Django answered: the agent is looked up before the body is read (404); a launch reads
+    # the form and refuses it (an empty form lacks the fields, a boundless one is unreadable).
+    assert answers[f"/api/v1/agents/{agent_id}/messages"].status_code == 404
+    launch = answers["/api/v1/agents"]
+    assert launch.status_code == 400 and launch.json()["error"]["code"] in ("VALIDATION_ERROR", "INVALID_REQUEST")
 
 
 # --- stopping and crashing -------------------------------------------------------------------

@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import json
 import os
+import time
 from typing import Any
 
 import pytest
@@ -106,10 +107,34 @@ async def test_session_machines_are_the_attached_snapshots(shims, owner, api):
     assert machines["m1"]["hostname"] == "laptop"
     assert machines["m1"]["platform"] == "linux" and machines["m1"]["arch"] == "x86_64"
     assert set(machines["m1"]["capabilities"]) == {"shell", "files"}
-    assert isinstance(machines["m1"]["last_active_ts"], float)
-    assert machines["m2"]["last_active_ts"] is None
+    assert machines["m2"]["last_active_at"] is None
+    assert machines["m1"]["status"]["connection"] == "connected"
     assert machines["m1"]["status"]["connection"] == "connected"
     assert (machines["m1"]["is_default"], machines["m2"]["is_default"]) == (False, True)
+
+
+async def test_rest_machine_routes_say_last_active_at_in_iso_8601(shims, owner, api):
+    from datetime import datetime
+
+    await shims.connect(owner, machine_id="m1", hostname="laptop")
+    await shims.connect(owner, machine_id="m2", hostname="idle")
+    await snapshots_stored(owner, 2)
+    before = time.time()
+    ran = await api.post(
+        "/api/v1/sessions/s1/ops", {"op": "FILE_STAT", "payload": {"path": "/home/alice/x"}, "target_machine": "m1"}
+    )
+    assert ran.status_code == 200
+    await settle()
+    in_session = {m["machine_id"]: m for m in (await api.get("/api/v1/sessions/s1/machines")).json()["machines"]}
+    mine = {m["machine_id"]: m for m in (await api.get("/api/v1/machines")).json()["machines"]}
+    for listed in (in_session, mine):
+        assert all("last_active_ts" not in entry for entry in listed.values())
+        stamp = listed["m1"]["last_active_at"]
+        assert isinstance(stamp, str)
+        parsed = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+        assert parsed.tzinfo is not None and parsed.timestamp() >= before - 1
+        assert listed["m2"]["last_active_at"] is None
+    assert in_session["m1"]["last_active_at"] == mine["m1"]["last_active_at"]  # one format for one field
 
 
 async def test_session_machines_refuse_a_bad_session_id(owner, api):
@@ -124,13 +149,74 @@ async def test_put_default_sets_and_clears_the_default(shims, owner, member, api
     assert (await api.put("/api/v1/machines/default", {"machine_id": "m1"})).json() == {"machine_id": "m1"}
     unknown = await api.put("/api/v1/machines/default", {"machine_id": "bobs"})
     assert unknown.status_code == 404
-    assert error_of(unknown)["code"] == "NOT_FOUND"
-    assert (await api.put("/api/v1/machines/default", {"machine_id": 3})).status_code == 400
-    assert (await api.put("/api/v1/machines/default", {})).status_code == 400
+    assert error_of(unknown)["code"] == "MACHINE_NOT_ATTACHED"
+    for body, message in (
+        ({"machine_id": 3}, "machine_id must be a non-empty string or null"),
+        ({"machine_id": ""}, "machine_id must be a non-empty string or null"),
+        ({}, "machine_id is required (a machine id, host name, display name or unique prefix; null to clear)"),
+    ):
+        refused = await api.put("/api/v1/machines/default", body)
+        assert refused.status_code == 400
+        assert error_of(refused) == {"code": "INVALID_REQUEST", "message": message, "details": {}}
     machines = (await api.get("/api/v1/machines")).json()["machines"]
     assert machines[0]["is_default"] is True
     assert (await api.put("/api/v1/machines/default", {"machine_id": None})).json() == {"machine_id": None}
     assert (await api.get("/api/v1/machines")).json()["machines"][0]["is_default"] is False
+
+
+async def test_put_default_takes_what_target_machine_takes(shims, owner, api):
+    laptop_id, server_id = "3f2b9c1e-aaaa-4000-8000-000000000001", "3f2b9c1e-bbbb-4000-8000-000000000002"
+    await shims.connect(owner, machine_id=laptop_id, hostname="Laptop.local", display_name="Alice's Laptop")
+    await shims.connect(owner, machine_id=server_id, hostname="build-server")
+    for spelling, chosen in (
+        ("alice's laptop", laptop_id),  # display name, any case
+        ("BUILD-SERVER", server_id),  # host name
+        ("laptop", laptop_id),  # unique prefix of the host name
+        ("3f2b9c1e-b", server_id),  # unique prefix of the id
+        (laptop_id, laptop_id),
+    ):
+        response = await api.put("/api/v1/machines/default", {"machine_id": spelling})
+        assert response.status_code == 200, (spelling, response.content)
+        assert response.json() == {"machine_id": chosen}
+        listed = (await api.get("/api/v1/machines")).json()["machines"]
+        assert {m["machine_id"] for m in listed if m["is_default"]} == {chosen}
+
+
+async def test_put_default_answers_the_routers_errors(shims, owner, member, api):
+    await shims.connect(owner, machine_id="3f2b-1", hostname="laptop")
+    await shims.connect(owner, machine_id="3f2b-2", hostname="server")
+    await shims.connect(member, machine_id="bobs", hostname="bobs-box")
+    ambiguous = await api.put("/api/v1/machines/default", {"machine_id": "3f2b"})
+    assert ambiguous.status_code == 409
+    error = error_of(ambiguous)
+    assert error["code"] == "MACHINE_AMBIGUOUS"
+    assert {c["machine_id"] for c in error["details"]["candidates"]} == {"3f2b-1", "3f2b-2"}
+    # Each candidate is named as the machine list names it (a machine without a display
+    # name shows its hostname there, so here too: never an empty name).
+    listed = {m["machine_id"]: m["display_name"] for m in (await api.get("/api/v1/machines")).json()["machines"]}
+    assert {c["machine_id"]: c["display_name"] for c in error["details"]["candidates"]} == {
+        "3f2b-1": listed["3f2b-1"],
+        "3f2b-2": listed["3f2b-2"],
+    }
+    assert listed["3f2b-1"] == "laptop"
+    for other in ("bobs-box", "bobs", "nowhere"):
+        missing = await api.put("/api/v1/machines/default", {"machine_id": other})
+        assert missing.status_code == 404
+        error = error_of(missing)
+        assert error["code"] == "MACHINE_NOT_ATTACHED"
+        assert error["message"] == f"no machine '{other}' is one of yours"
+        assert {m["machine_id"] for m in error["details"]["attached"]} == {"3f2b-1", "3f2b-2"}
+    assert (await api.get("/api/v1/machines")).json()["machines"][0]["is_default"] is False
+
+
+async def test_put_default_may_name_a_disconnected_machine_but_not_a_revoked_one(shims, owner, api):
+    shim = await shims.connect(owner, machine_id="m1", hostname="nas")
+    await shim.disconnect()
+    await shims.connect(owner, machine_id="m2", hostname="gone")
+    assert (await api.delete("/api/v1/machines/m2")).status_code == 200
+    assert (await api.put("/api/v1/machines/default", {"machine_id": "nas"})).json() == {"machine_id": "m1"}
+    revoked = await api.put("/api/v1/machines/default", {"machine_id": "gone"})
+    assert error_of(revoked)["code"] == "MACHINE_NOT_ATTACHED"
 
 
 async def test_delete_revokes_the_machine_and_its_tokens(shims, owner, api, count_rows):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -190,3 +191,130 @@ def test_the_capabilities_form_refuses_another_users_machine_and_unknown_capabil
     response = browser.post("/machines/mine/capabilities", {"capability": ["files", "root"]}, follow=True)
     assert "unknown capability" in response.content.decode()
     assert Machine.objects.get(machine_id="mine").allowed_capabilities == ["files", "shell"]
+
+
+# --- connecting a machine, shim versions, names in the audit (issue 13 items 2-4) ---------
+
+
+def wheel(folder: Any, version: str, project: str = "dispatch_shim") -> str:
+    """Put a (fake) wheel in the dist folder; return its file name."""
+    name = f"{project}-{version}-py3-none-any.whl"
+    (folder / name).write_bytes(b"PK fake wheel " + version.encode())
+    return name
+
+
+@pytest.fixture
+def dist(settings: Any, tmp_path: Any) -> Any:
+    folder = tmp_path / "dist"
+    folder.mkdir()
+    settings.DIST_DIR = folder
+    settings.PUBLIC_URL = "https://dispatch.example.org"
+    return folder
+
+
+def row_of(page: str, machine_id: str) -> str:
+    row = page[page.index(f'data-machine="{machine_id}"') :]
+    return row[: row.index("</tr>")]
+
+
+def test_the_connect_panel_shows_this_instances_commands_for_the_newest_wheel(browser, dist):
+    wheel(dist, "0.9.0")
+    wheel(dist, "0.10.0")  # newer than 0.9.0, though it sorts before it as text
+    wheel(dist, "1.0.0", project="dispatch_remote")
+    (dist / "dispatch_shim-0.10.0.tar.gz").write_bytes(b"an sdist")
+    page = browser.get("/machines/").content.decode()
+    panel = page[page.index('id="connect-machine"') :]
+    commands = [
+        "pipx install https://dispatch.example.org/downloads/dispatch_shim-0.10.0-py3-none-any.whl",
+        "dispatch-shim login --server https://dispatch.example.org",
+        "dispatch-shim run --root ~/src",
+        "dispatch-shim service install --root ~/src",
+    ]
+    for element, command in zip(("install", "login", "run", "service"), commands, strict=True):
+        assert f'<code id="{element}-command" class="command">{command}</code>' in panel
+        assert f'data-copy="#{element}-command"' in panel
+    assert "make dist" not in panel
+
+
+def test_without_a_shim_wheel_the_panel_says_to_run_make_dist_first(browser, dist):
+    wheel(dist, "1.0.0", project="dispatch_remote")
+    page = browser.get("/machines/").content.decode()
+    assert 'id="no-shim-wheel"' in page and "<code>make dist</code>" in page
+    assert "pipx install" not in page
+    assert "dispatch-shim login --server https://dispatch.example.org" in page
+
+
+def test_the_list_shows_each_shims_version_and_flags_the_older_ones(browser, owner, dist):
+    wheel(dist, "0.9.0")
+    wheel(dist, "0.10.0")
+    machine(owner, "m-old", shim_version="0.9.1")
+    machine(owner, "m-current", shim_version="0.10.0")
+    machine(owner, "m-newer", shim_version="0.11.0.dev1")
+    machine(owner, "m-unknown", shim_version="")
+    machine(owner, "m-odd", shim_version="not a version")
+    for path in ("/machines/", "/machines/fragment"):
+        page = browser.get(path).content.decode()
+        assert '<span class="version">0.9.1</span>' in row_of(page, "m-old")
+        assert "older than 0.10.0" in row_of(page, "m-old")
+        assert '<span class="version">0.10.0</span>' in row_of(page, "m-current")
+        assert '<span class="version">—</span>' in row_of(page, "m-unknown")
+        for current in ("m-current", "m-newer", "m-unknown", "m-odd"):
+            assert "older than" not in row_of(page, current), current
+
+
+def test_no_shim_is_flagged_when_no_wheel_is_served(browser, owner, dist):
+    machine(owner, "m-old", shim_version="0.0.1")
+    page = browser.get("/machines/").content.decode()
+    assert '<span class="version">0.0.1</span>' in row_of(page, "m-old")
+    assert "older than" not in page
+
+
+def test_the_fragment_changes_when_a_newer_wheel_is_served(browser, owner, dist):
+    machine(owner, "m1", shim_version="0.1.0")
+    version = browser.get("/machines/fragment").context["version"]
+    assert browser.get("/machines/fragment", {"version": version}).status_code == 204
+    wheel(dist, "0.2.0")
+    changed = browser.get("/machines/fragment", {"version": version})
+    assert changed.status_code == 200
+    assert "older than 0.2.0" in changed.content.decode()
+
+
+def test_recent_operations_name_the_machine(browser, owner, member):
+    from django.utils import timezone
+
+    machine(owner, "66ccea40-1111-4000-8000-000000000001", display_name="Work laptop")
+    machine(owner, "66ccea40-2222-4000-8000-000000000002", hostname="nas")
+    machine(owner, "66ccea40-3333-4000-8000-000000000003", hostname="old-box", revoked_at=timezone.now())
+    machine(member, "66ccea40-4444-4000-8000-000000000004", hostname="bobs-secret-box")
+    for index, machine_id in enumerate(
+        [
+            "66ccea40-1111-4000-8000-000000000001",
+            "66ccea40-2222-4000-8000-000000000002",
+            "66ccea40-3333-4000-8000-000000000003",
+            "66ccea40-4444-4000-8000-000000000004",  # another user's id: not named
+            "",  # refused before a machine was chosen
+        ]
+    ):
+        AuditRecord.objects.create(
+            user=owner,
+            session_id="s1",
+            machine_id=machine_id,
+            request_id=f"r{index}",
+            op="FILE_STAT",
+            details={"path": f"/p{index}"},
+            result={"ok": True, "duration_ms": 1},
+            caller="api",
+        )
+    page = browser.get("/machines/").content.decode()
+    audit = page[page.index("Recent operations") :]
+    rows = audit.split("<tr>")[2:]  # after the header row
+    assert len(rows) == 5
+    by_path = {
+        re.search(r"path=(/p\d)", row)[1]: row.split('<td class="audit-machine">')[1].split("</td>")[0] for row in rows
+    }
+    assert by_path["/p0"] == '<span title="66ccea40-1111-4000-8000-000000000001">Work laptop</span>'
+    assert by_path["/p1"] == '<span title="66ccea40-2222-4000-8000-000000000002">nas</span>'
+    assert by_path["/p2"] == '<span title="66ccea40-3333-4000-8000-000000000003">old-box</span>'
+    assert "bobs-secret-box" not in page
+    assert by_path["/p3"].startswith("<code") and "66ccea40" in by_path["/p3"]
+    assert by_path["/p4"] == "—"

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 
 from core.errors import InvalidRequest
 from machines.tools import ROUTING_NOTE, machine_tools
+from tests.machines.conftest import settle, snapshots_stored
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -124,6 +126,23 @@ async def test_list_machines_returns_the_snapshots(shims, owner):
     assert [m["machine_id"] for m in machines] == ["m1"]
     assert machines[0]["status"]["connection"] == "connected"
     assert machines[0]["is_default"] is False
+
+
+async def test_list_machines_keeps_last_active_ts_in_epoch_seconds(shims, owner):
+    # The spec's word for the tool (§6 "Tools"); the REST routes say last_active_at.
+    await shims.connect(owner, machine_id="m1", hostname="laptop")
+    await shims.connect(owner, machine_id="m2", hostname="idle")
+    await snapshots_stored(owner, 2)
+    tools = await tools_for(owner)
+    before = time.time()
+    await tools["local_pc_file_stat"]({"path": "/home/alice/x", "target_machine": "m1"})
+    await settle()
+    listed = {m["machine_id"]: m for m in await tools["list_machines"]({})}
+    assert all("last_active_at" not in entry for entry in listed.values())
+    assert isinstance(listed["m1"]["last_active_ts"], float)
+    assert before - 1 <= listed["m1"]["last_active_ts"] <= time.time()
+    assert listed["m2"]["last_active_ts"] is None
+    assert list(listed["m1"])[-3:] == ["last_active_ts", "status", "is_default"]  # where it always was
 
 
 async def test_the_copy_tool_copies_between_machines(shims, owner):

@@ -205,7 +205,7 @@ async def test_a_default_machine_that_is_not_capable_is_skipped(shims, owner):
 
     await shims.connect(owner, machine_id="files", capabilities=["files"])
     await shims.connect(owner, machine_id="both")
-    await database_sync_to_async(default_machine_set)(user=owner, machine_id="files")
+    await database_sync_to_async(default_machine_set)(user=owner, machine="files")
     assert [await run(owner, *COMMAND) for _ in range(2)] == ["both", "both"]
 
 

@@ -240,7 +240,7 @@ async def test_an_agent_launches_an_expert_child_recorded_as_its_launcher(live: 
     launched = await ok(live, live.boss_token, "dispatch_launch_agent", {"name": "child", "prompt": "do the thing"})
 
     agent = live.api(f"/api/v1/agents/{launched['id']}")
-    assert agent["type"] == "expert"  # the default: no llm CLI on this server's PATH
+    assert agent["type"] == "expert"  # the default: this server has a model endpoint
     assert (agent["parent"], agent["launched_by"], agent["cwd"]) == (live.boss, live.boss, live.cwd)
 
     def succeeded() -> Any:

@@ -30,6 +30,7 @@ CLIENTS = REPO / "tests" / "clients"
 SCRIPT = CLIENTS / "mcp_client.mjs"
 INSTALL = "apt-get install nodejs npm && make tests/clients/node_modules/.installed"
 REMOTE_TOOL = "remote__weather-service__get_forecast"
+ONLY_SHELL = json.dumps({"shell": {"argv": ["bash", "--norc", "-i"], "kind": "shell"}})
 
 
 def node_or_skip() -> str:
@@ -86,7 +87,8 @@ class NodeClient:
 
 def test_the_typescript_sdk_client_lists_calls_and_hears_a_remote_connect(tmp_path: Path) -> None:
     node = node_or_skip()
-    with instance() as inst:
+    # No model endpoint and no LLM CLI (whatever this computer has installed): no default type.
+    with instance(DISPATCH_AGENT_TYPES=ONLY_SHELL) as inst:
         server = inst.serve()
         shim = inst.shim("ts-box", tmp_path)
         client = NodeClient(node, f"{server.url}/mcp", inst.admin_token, REMOTE_TOOL, json.dumps({"city": "Oslo"}))
@@ -98,6 +100,19 @@ def test_the_typescript_sdk_client_lists_calls_and_hears_a_remote_connect(tmp_pa
 
             tools = client.until("tools")["names"]
             assert "list_machines" in tools and REMOTE_TOOL not in tools
+            # The launch tool as a client lists it: expert unavailable and why, no default type
+            # (never the shell), and a launch without a type refused with the types that work.
+            launch = client.until("launch_tool")
+            assert "Types available now: shell." in launch["description"]
+            assert "expert (no model endpoint configured (set DISPATCH_LLM_BASE_URL))" in launch["description"]
+            assert "No default type here: give type" in launch["description"]
+            type_schema = launch["inputSchema"]["properties"]["type"]
+            assert type_schema["enum"] == ["expert", "shell"]
+            assert type_schema["description"].startswith("Required for a launch here")
+            untyped = client.until("launch_without_type")
+            assert untyped["isError"] is True
+            assert untyped["text"].startswith("INVALID_REQUEST: type is required")
+            assert untyped["text"].endswith("available types: shell")
             machines = client.until("machine_tool")
             assert machines["isError"] is False
             [machine] = json.loads(machines["text"])

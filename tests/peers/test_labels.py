@@ -129,3 +129,135 @@ def test_an_ambiguous_location_lists_the_matches(owner: Any, make_peer: Any) -> 
     assert refused.value.http_status == 400
     assert "ambiguous" in refused.value.message
     assert {match["label"] for match in refused.value.details["matches"]} == {"Cloud", second.peer.label}
+
+
+# --- two instances with the same name (issue 13: both default to the host name) ---------------
+
+
+def _name_this_instance(owner: Any, name: str) -> None:
+    from peers.services.identity import instance_rename
+
+    instance_rename(user=owner, name=name)
+
+
+def _claim(code: str, *, instance_id: str, name: str, url: str) -> Any:
+    _, public = new_key_pair()
+    body = {
+        "code": code,
+        "protocol_version": 2,
+        "instance_id": instance_id,
+        "name": name,
+        "url": url,
+        "public_key": public,
+        "token_for_you": generate_token(),
+    }
+    return Client().post("/api/v1/peers/claim", body, content_type="application/json")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claimant_with_this_instances_own_name_is_labelled_by_its_address(owner: Any) -> None:
+    _name_this_instance(owner, "devbox")
+    response = _claim(
+        offer_create(user=owner).code, instance_id="inst_00000000abc1", name="DevBox", url="http://127.0.0.1:8001"
+    )
+    assert response.status_code == 200, response.content
+    peer = Peer.objects.get()
+    assert (peer.label, peer.reported_name) == ("DevBox at 127.0.0.1 port 8001", "DevBox")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claimant_with_another_name_keeps_its_name_as_label(owner: Any) -> None:
+    _name_this_instance(owner, "devbox")
+    response = _claim(
+        offer_create(user=owner).code, instance_id="inst_00000000abc2", name="cloud", url="http://127.0.0.1:8001"
+    )
+    assert response.status_code == 200, response.content
+    assert Peer.objects.get().label == "cloud"
+
+
+def _store(
+    owner: Any,
+    *,
+    name: str,
+    url: str,
+    label: str | None = None,
+    instance_id: str = "inst_00000000abc3",
+    public_key: str | None = None,
+) -> Peer:
+    from peers.services.links import DEFAULT_CAPABILITIES
+    from peers.services.pairing import peer_link_store
+
+    public = public_key or new_key_pair()[1]
+    return peer_link_store(
+        owner=owner,
+        inbound=generate_token(),
+        instance_id=instance_id,
+        name=name,
+        url=url,
+        public_key=public,
+        token_for_you=generate_token(),
+        granted_by_peer={},
+        label=label,
+        flags=dict(DEFAULT_CAPABILITIES),
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_linking_side_labels_a_peer_with_its_own_name_by_the_peers_address(owner: Any) -> None:
+    _name_this_instance(owner, "devbox")
+    assert _store(owner, name="devbox", url="https://cloud.example.org").label == "devbox at cloud.example.org"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_typed_label_that_is_this_instances_name_is_made_distinct_too(owner: Any) -> None:
+    _name_this_instance(owner, "devbox")
+    assert (
+        _store(owner, name="other", url="http://10.0.0.5:8000", label="DEVBOX").label == "DEVBOX at 10.0.0.5 port 8000"
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_distinct_label_that_is_taken_gets_a_suffix(owner: Any, make_peer: Any) -> None:
+    _name_this_instance(owner, "devbox")
+    make_peer(owner, label="devbox at 127.0.0.1 port 8001")
+    assert _store(owner, name="devbox", url="http://127.0.0.1:8001").label == "devbox at 127.0.0.1 port 8001-2"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_long_name_and_address_still_make_a_valid_label(owner: Any) -> None:
+    name = "x" * 100
+    _name_this_instance(owner, name)
+    label = _store(owner, name=name, url=f"http://{'h' * 80}.example.org:8001").label
+    assert label_validate(label) == label and len(label) <= 64
+    assert label.startswith("xxxxxxxx at hhhh")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_re_pairing_a_link_labelled_with_this_instances_own_name_relabels_it(owner: Any, make_peer: Any) -> None:
+    _name_this_instance(owner, "devbox")
+    fake = make_peer(owner, label="devbox", url="http://127.0.0.1:8001")
+    peer = _store(
+        owner, name="devbox", url="http://127.0.0.1:8001", instance_id=fake.instance_id, public_key=fake.public_key
+    )
+    assert Peer.objects.get(pk=fake.peer.pk).label == peer.label == "devbox at 127.0.0.1 port 8001"
+
+
+def test_renaming_a_peer_to_this_instances_own_name_is_409(owner: Any, make_peer: Any) -> None:
+    _name_this_instance(owner, "devbox")
+    fake = make_peer(owner, label="Cloud")
+    with pytest.raises(DispatchError) as refused:
+        peer_rename(user=owner, peer_id=fake.peer.pk, label="DevBox")
+    assert refused.value.http_status == 409
+    assert refused.value.message == "'DevBox' is this instance's own name; give the linked instance a label of its own"
+    assert Peer.objects.get(pk=fake.peer.pk).label == "Cloud"
+
+
+def test_naming_this_instance_like_a_linked_one_is_409(owner: Any, make_peer: Any) -> None:
+    from peers.services.identity import identity_get
+
+    make_peer(owner, label="Cloud")
+    with pytest.raises(DispatchError) as refused:
+        _name_this_instance(owner, "cloud")
+    assert refused.value.http_status == 409
+    assert "a linked instance is called 'cloud' here" in refused.value.message
+    assert identity_get().name != "cloud"

@@ -181,6 +181,59 @@ def test_a_protocol_mismatch_is_400_naming_both_versions(client: Client, owner: 
     assert PairingOffer.objects.get().used_at is None
 
 
+ABSENT = object()
+BAD_CLAIMS: list[tuple[dict[str, Any], str]] = [  # (fields changed, or ABSENT; the 400's message)
+    ({"protocol_version": ABSENT}, "protocol_version must be an integer (this instance speaks 2)"),
+    ({"protocol_version": 1, "instance_id": "x"}, "peer speaks protocol 1, this instance speaks 2"),
+    ({"instance_id": ABSENT}, "instance_id must be text of 1 to 17 characters"),
+    ({"instance_id": "inst_0123456789AB"}, "instance_id must be 'inst_' and 12 lowercase hex digits"),
+    ({"name": None}, "name must be text of 1 to 100 characters"),
+    ({"name": "n" * 101}, "name must be text of 1 to 100 characters"),
+    ({"url": "ftp://example.org"}, "url must start with http:// or https://"),
+    ({"url": ABSENT}, "url must be text of 1 to 2048 characters"),
+    ({"url": None}, "url must be text of 1 to 2048 characters"),
+    ({"public_key": "abc"}, "public_key must be a raw Ed25519 public key in base64url"),
+    ({"token_for_you": " "}, "token_for_you must be text of 1 to 200 characters"),
+    # Two faults: the first one in spec §2's order is named.
+    ({"name": 7, "url": 5, "token_for_you": ""}, "name must be text of 1 to 100 characters"),
+]
+
+
+@pytest.mark.parametrize(("changes", "message"), BAD_CLAIMS, ids=range(len(BAD_CLAIMS)))
+def test_a_malformed_claim_is_400_with_the_models_sentence_before_its_code(
+    client: Client, owner: Any, changes: dict[str, Any], message: str
+) -> None:
+    issued = offer_create(user=owner)
+    body = {key: value for key, value in claim_body(issued.code, **changes).items() if value is not ABSENT}
+    response = claim(client, body)
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == message
+    assert PairingOffer.objects.get().used_at is None
+
+
+def test_a_protocol_refusal_names_the_version_this_instance_speaks(client: Client, owner: Any) -> None:
+    issued = offer_create(user=owner)
+    for version in (1, "2"):
+        response = claim(client, claim_body(issued.code, protocol_version=version))
+        assert response.json()["error"]["details"] == {"protocol_version": 2}
+
+
+def test_malformed_claims_with_wrong_codes_are_not_counted_as_wrong_codes(client: Client, owner: Any) -> None:
+    issued = offer_create(user=owner)
+    for n in range(5):  # the body is refused before the code is looked at (spec §2 step 3)
+        response = claim(client, claim_body("BBBB-BBBB", url="ftp://x"), address=f"10.3.0.{n}")
+        assert response.status_code == 400
+    assert PairingOffer.objects.get().burned_at is None
+    assert claim(client, claim_body(issued.code), address="10.3.1.1").status_code == 200
+
+
+def test_the_rate_limit_comes_before_the_body(client: Client, owner: Any) -> None:
+    for _ in range(5):
+        assert claim(client, {"protocol_version": 1}, address="10.4.0.1").status_code == 400
+    limited = claim(client, {"protocol_version": 1}, address="10.4.0.1")
+    assert limited.status_code == 429 and limited["Retry-After"] == "60"
+
+
 def test_a_slot_takeover_is_409_and_leaves_the_existing_link_intact(client: Client, owner: Any, make_peer: Any) -> None:
     existing = make_peer(owner, label="Cloud")
     before = Peer.objects.values().get(pk=existing.peer.pk)
@@ -260,3 +313,75 @@ def test_a_protocol_version_that_is_not_an_integer_is_named_as_such(client: Clie
     assert response.status_code == 400
     assert "protocol_version must be an integer" in response.json()["error"]["message"]
     assert PairingOffer.objects.get().used_at is None
+
+
+def _answering(monkeypatch: pytest.MonkeyPatch, answer: dict[str, Any]) -> None:
+    """``peer_link``'s HTTP client reaches a fake B that answers every claim with ``answer``."""
+    import functools
+
+    import httpx
+
+    from peers import pairing
+
+    transport = httpx.MockTransport(lambda request: httpx.Response(200, json=answer))
+    monkeypatch.setattr(pairing.httpx, "AsyncClient", functools.partial(httpx.AsyncClient, transport=transport))
+
+
+def _claim_answer(**overrides: Any) -> dict[str, Any]:
+    _, public = new_key_pair()
+    answer = {
+        "protocol_version": 2,
+        "instance_id": "inst_" + secrets.token_hex(6),
+        "name": "cloud",
+        "url": "http://127.0.0.1:9",
+        "public_key": public,
+        "token_for_you": generate_token(),
+        "capabilities": {"allow_launch": True},
+    }
+    answer.update(overrides)
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"protocol_version": 1}, "protocol 1"),
+        ({"instance_id": "inst_nothex000000"}, "instance_id must be 'inst_' and 12 lowercase hex digits"),
+        ({"public_key": "abc"}, "public_key must be a raw Ed25519 public key in base64url"),
+        ({"token_for_you": None}, "token_for_you must be text of 1 to 200 characters"),
+    ],
+)
+async def test_a_claim_answer_that_is_not_one_is_refused_and_nothing_is_linked(
+    owner: Any, monkeypatch: pytest.MonkeyPatch, overrides: dict[str, Any], reason: str
+) -> None:
+    from channels.db import database_sync_to_async
+
+    from peers.pairing import peer_link
+
+    _answering(monkeypatch, _claim_answer(**overrides))
+    with pytest.raises(DispatchError) as refused:
+        await peer_link(user=owner, url="http://127.0.0.1:9", code="BCDF-GHJK")
+    assert refused.value.code == "INVALID_RESPONSE"
+    assert refused.value.message == f"http://127.0.0.1:9 gave an unusable pairing answer: {reason}"
+    assert await database_sync_to_async(Peer.objects.count)() == 0
+
+
+async def test_an_answer_from_ourselves_is_refused_and_one_without_name_or_capabilities_links(
+    owner: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from channels.db import database_sync_to_async
+
+    from peers.pairing import peer_link
+
+    ours = await database_sync_to_async(identity_get)()
+    _answering(monkeypatch, _claim_answer(instance_id=ours.instance_id))
+    with pytest.raises(DispatchError) as refused:
+        await peer_link(user=owner, url="http://127.0.0.1:9", code="BCDF-GHJK")
+    assert refused.value.message.endswith("an instance cannot be linked to itself")
+
+    answer = {key: value for key, value in _claim_answer().items() if key not in ("name", "capabilities")}
+    _answering(monkeypatch, answer)
+    linked = await peer_link(user=owner, url="http://127.0.0.1:9/", code="BCDF-GHJK", label="Cloud")
+    peer = linked.peer
+    assert (peer.instance_id, peer.reported_name, peer.granted_by_peer) == (answer["instance_id"], "", {})
+    assert peer.url == "http://127.0.0.1:9"

@@ -14,6 +14,7 @@ from django.test import Client
 
 from agents import services as agent_services
 from agents.models import Agent, AgentMessage, Run
+from agents.types import parse_agent_types
 from peers.models import Peer, PeerReceipt, new_idempotency_key
 from peers.services import incoming as peer_services
 from tests.agents.conftest import Api, error_of, force_status
@@ -154,7 +155,8 @@ def test_a_failed_launch_leaves_no_receipt_so_a_corrected_setup_can_retry_the_ke
     assert retried.status_code == 201
 
 
-def test_an_unavailable_type_is_refused_with_the_available_ones(client, cloud, repo_root):
+def test_an_unavailable_type_is_refused_with_the_available_ones(client, cloud, repo_root, settings):
+    settings.LLM_BASE_URL = "http://127.0.0.1:9/v1"  # expert works here
     response = peer_post(client, cloud, LAUNCH, launch_body(cloud, repo_root, type="no-such-type"))
 
     assert response.status_code == 400
@@ -204,6 +206,26 @@ def test_another_user_of_this_instance_does_not_see_a_peer_launched_agent(
     assert mine.json()["launched_by_peer"]["instance_id"] == cloud.instance_id
     assert theirs.status_code == 404
     assert agent_id not in [a["id"] for a in Api(member_token).get("/api/v1/agents").json()["agents"]]
+
+
+def test_a_launch_without_a_type_gets_the_local_default_never_a_shell(client, cloud, repo_root, settings):
+    settings.AGENT_TYPES = parse_agent_types({"shell": {"argv": ["bash"], "kind": "shell"}})
+    settings.LLM_BASE_URL = ""
+    body = launch_body(cloud, repo_root)
+    del body["type"]
+
+    refused = peer_post(client, cloud, LAUNCH, body)
+
+    assert refused.status_code == 400
+    error = error_of(refused)
+    assert error["message"].startswith("type is required") and error["details"] == {"available_types": ["shell"]}
+    assert not Agent.objects.exists()
+
+    settings.LLM_BASE_URL = "http://127.0.0.1:9/v1"  # a model endpoint: expert is the default
+    launched = peer_post(client, cloud, LAUNCH, body)
+
+    assert launched.status_code == 201, launched.content
+    assert Agent.objects.get(pk=launched.json()["agent_id"]).type == "expert"
 
 
 # --- capabilities ---------------------------------------------------------------------------------

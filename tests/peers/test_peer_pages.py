@@ -160,3 +160,45 @@ def test_the_outbox_buttons_discard_and_retry_a_row(owner: Any, make_peer: Any) 
     client.post(f"/peers/outbox/{row.pk}/retry")
     row.refresh_from_db()
     assert row.status == OutboxMessage.Status.QUEUED
+
+
+def test_linking_an_instance_with_this_instances_name_proposes_a_label_naming_its_address(
+    owner: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 13: both instances default to the host name; the page must not call the other
+    one by this instance's own name."""
+    import httpx
+
+    from tests.peers.conftest import new_key_pair
+
+    assert logged_in(owner).post("/peers/name", {"name": "devbox"}).status_code == 302
+    _, public = new_key_pair()
+    answer = {
+        "protocol_version": 2,
+        "instance_id": "inst_0000000000b2",
+        "name": "devbox",
+        "url": "http://127.0.0.1:8001",
+        "public_key": public,
+        "token_for_you": "t" * 40,
+        "capabilities": {"allow_launch": True},
+    }
+    claims: list[httpx.Request] = []
+
+    def other_instance(request: httpx.Request) -> httpx.Response:
+        claims.append(request)
+        return httpx.Response(200, json=answer)
+
+    real_client = httpx.AsyncClient
+    monkeypatch.setattr(
+        httpx, "AsyncClient", lambda **kwargs: real_client(transport=httpx.MockTransport(other_instance), **kwargs)
+    )
+    page = logged_in(owner).post("/peers/link", {"url": "http://127.0.0.1:8001", "code": "BCDF-GHJK"})
+    assert page.status_code == 200, page.content.decode()[-2000:]
+    assert [str(claim.url) for claim in claims] == ["http://127.0.0.1:8001/api/v1/peers/claim"]
+    html = page.content.decode()
+    assert "Linked to <strong>devbox at 127.0.0.1 port 8001</strong>" in html
+    assert 'id="link-same-name"' in html and "the same name as this instance" in html
+    assert Peer.objects.get().label == "devbox at 127.0.0.1 port 8001"
+    listed = logged_in(owner).get("/peers/").content.decode()
+    assert 'data-label="devbox at 127.0.0.1 port 8001"' in listed
+    assert "calls itself devbox (the same name as this instance)" in listed

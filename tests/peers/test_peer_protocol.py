@@ -1,18 +1,26 @@
-"""The peer API's body models (peers/protocol.py) say what the routes say (spec/peers.md §2,
-§5, §6): for every malformed body, the model's verdict is the route's — the sentence
-``peers.services`` and ``peers.pairing`` answer — and the bodies this instance sends are
-bodies the models accept."""
+"""The peer API's body models (peers/protocol.py) are what the routes validate with (spec/peers.md
+§2, §5, §6): a malformed body is refused by the route with the model's sentence, at the
+point the spec orders (a launch's and a message's after the Idempotency-Key receipt), and
+the bodies this instance sends are bodies the models accept. The claim's order is in
+tests/peers/test_pairing.py."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+from django.test import Client
 from pydantic import ValidationError
 
+from agents import services as agent_services
 from agents.messages import MAX_MESSAGE_LENGTH
+from agents.models import Agent, AgentMessage
 from core.errors import InvalidRequest
 from core.validation import parse_plain
+from peers.models import PeerReceipt, new_idempotency_key
 from peers.protocol import (
     PEER_INSTANCE_ID,
     ClaimBody,
@@ -22,73 +30,138 @@ from peers.protocol import (
     OfferBody,
     PeerUpdateBody,
 )
-from peers.services import incoming as services
+from tests.peers.conftest import FakePeer
+from tests.peers.signing import peer_post
 
 pytestmark = pytest.mark.django_db
 
+LAUNCH_ROUTE = "/api/v1/peers/launch"
+MESSAGES_ROUTE = "/api/v1/peers/messages"
 INSTANCE = "inst_0123456789ab"
 PERSON = {"instance_id": INSTANCE, "agent_id": None, "name": "Ann"}
 LAUNCH = {"name": "worker", "prompt": "go", "cwd": "/srv/repo", "launched_by": PERSON}
 MESSAGE = {"to_agent_id": "agt_0123456789ab", "content": "hello", "from": PERSON}
 
-BAD_LAUNCHES: list[dict[str, Any]] = [
-    {k: v for k, v in LAUNCH.items() if k != "name"},
-    {**LAUNCH, "name": "  "},
-    {**LAUNCH, "name": 7},
-    {**LAUNCH, "name": "n" * 101},
-    {**LAUNCH, "prompt": 5},
-    {**LAUNCH, "prompt": "p" * (MAX_MESSAGE_LENGTH + 1)},
-    {**LAUNCH, "type": ["expert"]},
-    {**LAUNCH, "full_access": "yes"},
-    {**LAUNCH, "child": 1},
-    {k: v for k, v in LAUNCH.items() if k != "launched_by"},
-    {**LAUNCH, "launched_by": "Ann"},
-    {**LAUNCH, "launched_by": {**PERSON, "instance_id": "inst_ffffffffffff"}},
-    {**LAUNCH, "launched_by": {**PERSON, "agent_id": "a:b"}},
-    {**LAUNCH, "launched_by": {**PERSON, "agent_id": ""}},
-    {**LAUNCH, "launched_by": {**PERSON, "name": ""}},
+NOT_AN_ADDRESS = "must be an object {instance_id, agent_id, name}"
+NOT_THE_PEER = f"must be the calling peer's instance id ({INSTANCE})"
+NOT_AN_AGENT_ID = "must be an agent id (at most 64 characters, no colon) or null"
+
+# (body, the sentence the route answers with 400)
+BAD_LAUNCHES: list[tuple[dict[str, Any], str]] = [
+    ({k: v for k, v in LAUNCH.items() if k != "name"}, "name must be a non-empty string"),
+    ({**LAUNCH, "name": "  "}, "name must be a non-empty string"),
+    ({**LAUNCH, "name": 7}, "name must be a non-empty string"),
+    ({**LAUNCH, "name": "n" * 101}, "name must be at most 100 characters"),
+    ({**LAUNCH, "prompt": 5}, "prompt must be a non-empty string"),
+    ({**LAUNCH, "prompt": "p" * (MAX_MESSAGE_LENGTH + 1)}, f"prompt must be at most {MAX_MESSAGE_LENGTH} characters"),
+    ({**LAUNCH, "type": ["expert"]}, "type must be a string"),
+    ({**LAUNCH, "full_access": "yes"}, "full_access must be true or false"),
+    ({**LAUNCH, "child": 1}, "child must be true or false"),
+    ({k: v for k, v in LAUNCH.items() if k != "launched_by"}, f"launched_by {NOT_AN_ADDRESS}"),
+    ({**LAUNCH, "launched_by": "Ann"}, f"launched_by {NOT_AN_ADDRESS}"),
+    (
+        {**LAUNCH, "launched_by": {**PERSON, "instance_id": "inst_ffffffffffff"}},
+        f"launched_by.instance_id {NOT_THE_PEER}",
+    ),
+    ({**LAUNCH, "launched_by": {**PERSON, "agent_id": "a:b"}}, f"launched_by.agent_id {NOT_AN_AGENT_ID}"),
+    ({**LAUNCH, "launched_by": {**PERSON, "agent_id": ""}}, f"launched_by.agent_id {NOT_AN_AGENT_ID}"),
+    ({**LAUNCH, "launched_by": {**PERSON, "name": ""}}, "launched_by.name must be a non-empty string"),
     # Two faults: the first one in the route's order is named.
-    {**LAUNCH, "name": None, "full_access": "x"},
-    {**LAUNCH, "child": "x", "launched_by": None},
+    ({**LAUNCH, "name": None, "full_access": "x"}, "name must be a non-empty string"),
+    ({**LAUNCH, "child": "x", "launched_by": None}, "child must be true or false"),
 ]
 
-BAD_MESSAGES: list[dict[str, Any]] = [
-    {k: v for k, v in MESSAGE.items() if k != "to_agent_id"},
-    {**MESSAGE, "to_agent_id": "a" * 65},
-    {**MESSAGE, "from": None},
-    {**MESSAGE, "from": {**PERSON, "instance_id": "inst_ffffffffffff"}},
-    {**MESSAGE, "from": {**PERSON, "agent_id": 5}},
-    {k: v for k, v in MESSAGE.items() if k != "content"},
-    {**MESSAGE, "content": "   "},
-    {**MESSAGE, "content": "c" * (MAX_MESSAGE_LENGTH + 1)},
-    {**MESSAGE, "content": "nul \x00 inside"},
-    {**MESSAGE, "to_agent_id": 3, "content": None},
+BAD_MESSAGES: list[tuple[dict[str, Any], str]] = [
+    ({k: v for k, v in MESSAGE.items() if k != "to_agent_id"}, "to_agent_id must be an agent id"),
+    ({**MESSAGE, "to_agent_id": "a" * 65}, "to_agent_id must be an agent id"),
+    ({**MESSAGE, "from": None}, f"from {NOT_AN_ADDRESS}"),
+    ({**MESSAGE, "from": {**PERSON, "instance_id": "inst_ffffffffffff"}}, f"from.instance_id {NOT_THE_PEER}"),
+    ({**MESSAGE, "from": {**PERSON, "agent_id": 5}}, f"from.agent_id {NOT_AN_AGENT_ID}"),
+    ({k: v for k, v in MESSAGE.items() if k != "content"}, "content must be a non-empty string"),
+    ({**MESSAGE, "content": "   "}, "content must be a non-empty string"),
+    (
+        {**MESSAGE, "content": "c" * (MAX_MESSAGE_LENGTH + 1)},
+        f"content must be at most {MAX_MESSAGE_LENGTH} characters",
+    ),
+    ({**MESSAGE, "content": "nul \x00 inside"}, "content holds a NUL character or a lone surrogate"),
+    ({**MESSAGE, "to_agent_id": 3, "content": None}, "to_agent_id must be an agent id"),
 ]
 
 
-def _verdict(check: Any) -> str:
+def _verdict(check: Callable[[], Any]) -> str:
     with pytest.raises(InvalidRequest) as refused:
         check()
     return refused.value.message
 
 
 @pytest.fixture
-def cloud(make_peer: Any, owner: Any) -> Any:
-    return make_peer(owner, instance_id=INSTANCE).peer
+def cloud(make_peer: Callable[..., FakePeer], owner: Any) -> FakePeer:
+    return make_peer(owner, instance_id=INSTANCE)
 
 
-@pytest.mark.parametrize("body", BAD_LAUNCHES, ids=range(len(BAD_LAUNCHES)))
-def test_a_bad_launch_is_refused_by_the_model_as_the_route_refuses_it(cloud: Any, body: dict[str, Any]) -> None:
-    model = _verdict(lambda: parse_plain(LaunchBody, body, context={PEER_INSTANCE_ID: cloud.instance_id}))
-    route = _verdict(lambda: services.peer_launch_here(peer=cloud, body=body))
-    assert model == route
+@pytest.fixture
+def client() -> Client:
+    return Client()
 
 
-@pytest.mark.parametrize("body", BAD_MESSAGES, ids=range(len(BAD_MESSAGES)))
-def test_a_bad_message_is_refused_by_the_model_as_the_route_refuses_it(cloud: Any, body: dict[str, Any]) -> None:
-    model = _verdict(lambda: parse_plain(MessageBody, body, context={PEER_INSTANCE_ID: cloud.instance_id}))
-    route = _verdict(lambda: services.peer_message_here(peer=cloud, body=body, idempotency_key="k"))
-    assert model == route
+@pytest.mark.parametrize(("body", "sentence"), BAD_LAUNCHES, ids=range(len(BAD_LAUNCHES)))
+def test_a_bad_launch_is_refused_by_the_route_with_the_models_sentence(
+    client: Client, cloud: FakePeer, body: dict[str, Any], sentence: str
+) -> None:
+    assert _verdict(lambda: parse_plain(LaunchBody, body, context={PEER_INSTANCE_ID: INSTANCE})) == sentence
+
+    response = peer_post(client, cloud, LAUNCH_ROUTE, body)
+
+    assert response.status_code == 400
+    assert response.json()["error"] == {"code": "INVALID_REQUEST", "message": sentence, "details": {}}
+    assert not Agent.objects.exists()
+    assert not PeerReceipt.objects.exists()  # a retry under the key is judged afresh
+
+
+@pytest.mark.parametrize(("body", "sentence"), BAD_MESSAGES, ids=range(len(BAD_MESSAGES)))
+def test_a_bad_message_is_refused_by_the_route_with_the_models_sentence(
+    client: Client, cloud: FakePeer, body: dict[str, Any], sentence: str
+) -> None:
+    assert _verdict(lambda: parse_plain(MessageBody, body, context={PEER_INSTANCE_ID: INSTANCE})) == sentence
+
+    response = peer_post(client, cloud, MESSAGES_ROUTE, body)
+
+    assert response.status_code == 400
+    assert response.json()["error"] == {"code": "INVALID_REQUEST", "message": sentence, "details": {}}
+    assert not AgentMessage.objects.exists()
+    assert not PeerReceipt.objects.exists()
+
+
+def test_a_reused_message_key_is_422_before_the_body_is_judged(
+    client: Client, cloud: FakePeer, owner: Any, tmp_path: Path
+) -> None:
+    # spec §5: the receipt comes first, so another body under a used key is 422 even when
+    # that body is malformed; a malformed first body leaves no receipt behind.
+    helper = agent_services.agent_create(owner=owner, type="expert", name="helper", cwd=str(tmp_path))
+    good = {**MESSAGE, "to_agent_id": helper.pk}
+    key = new_idempotency_key()
+    refused = peer_post(client, cloud, MESSAGES_ROUTE, {**good, "content": ""}, idempotency_key=key)
+    delivered = peer_post(client, cloud, MESSAGES_ROUTE, good, idempotency_key=key)
+    reused = peer_post(client, cloud, MESSAGES_ROUTE, {**good, "from": None}, idempotency_key=key)
+
+    assert (refused.status_code, delivered.status_code, reused.status_code) == (400, 200, 422)
+    assert reused.json()["error"]["code"] == "IDEMPOTENCY_KEY_REUSED"
+    assert AgentMessage.objects.count() == 1
+
+
+def test_a_reused_launch_key_is_422_before_the_body_is_judged(
+    client: Client, cloud: FakePeer, tmp_path: Path, settings: Any
+) -> None:
+    settings.REPO_ROOTS = [os.path.realpath(tmp_path)]
+    key = new_idempotency_key()
+    launched = peer_post(
+        client, cloud, LAUNCH_ROUTE, {**LAUNCH, "type": "expert", "cwd": str(tmp_path)}, idempotency_key=key
+    )
+    reused = peer_post(client, cloud, LAUNCH_ROUTE, {**LAUNCH, "name": ""}, idempotency_key=key)
+
+    assert (launched.status_code, reused.status_code) == (201, 422)
+    assert reused.json()["error"]["code"] == "IDEMPOTENCY_KEY_REUSED"
+    assert Agent.objects.count() == 1
 
 
 def test_a_good_launch_and_message_pass_the_models() -> None:

@@ -189,6 +189,27 @@ def test_a_stale_shadow_says_the_link_is_down_with_its_last_known_state(browser,
     assert re.search(r'<li class="event-system lost-contact">.*lost contact with Cloud</li>', page)
 
 
+def test_a_shadow_whose_peer_is_back_says_contact_was_restored_after_the_lost_contact(browser, cloud):
+    from peers.services.shadows import shadows_apply_snapshot, shadows_mark_stale
+
+    agent = shadow(cloud, "builder")
+    listed = [{"id": agent.peer_agent_id, "name": "builder", "type": "claude", "status": "running"}]
+    shadows_mark_stale(peer=cloud.peer)
+    shadows_apply_snapshot(peer=cloud.peer, agents=listed, seen_at=timezone.now())
+
+    page = browser.get(f"/agents/{agent.pk}/").content.decode()
+
+    assert '<p class="mirror-state mirror-live" id="mirror-state">Mirroring live' in page
+    timeline = page[page.index('id="remote-timeline"') :].split("</ol>")[0]
+    assert re.findall(r'<li class="([\w -]+)">.*?</strong> ([^<]+)</li>', timeline) == [
+        ("event-system contact-restored", "contact restored with Cloud"),
+        ("event-system lost-contact", "lost contact with Cloud"),
+    ]
+    # The Agents list shows the newest event: contact restored, not lost.
+    listing = browser.get("/").content.decode()
+    assert "contact restored with Cloud" in listing and "lost contact with Cloud" not in listing
+
+
 @pytest.mark.parametrize("status", ["stopped", "error", "archived"])
 def test_a_shadow_that_is_not_running_says_so_and_offers_no_message_box(browser, cloud, status):
     agent = shadow(cloud, "builder", status=status)

@@ -155,8 +155,66 @@ def test_a_drop_marks_shadows_stale_once_and_the_next_snapshot_clears_it(owner, 
     shadows_mark_stale(peer=peer)  # a second drop is a second event
     assert timeline(Agent.objects.get(peer=peer, peer_agent_id="ag_a")) == [
         ("system", "lost contact with Cloud"),
+        ("system", "contact restored with Cloud"),
         ("system", "lost contact with Cloud"),
     ]
+
+
+def test_contact_restored_is_noted_once_per_drop_and_only_after_a_lost_contact(owner, make_peer):
+    peer = make_peer(owner, label="Cloud").peer
+    agents = [frame("ag_a", latest_event=event("reading")), frame("ag_b", "stopped")]
+    shadows_apply_snapshot(peer=peer, agents=agents, seen_at=timezone.now())
+    shadows_apply_snapshot(peer=peer, agents=agents, seen_at=timezone.now())  # a reconnect that lost nothing
+    for shadow in Agent.objects.filter(peer=peer):
+        assert "contact restored with Cloud" not in [message for _, message in timeline(shadow)]
+    shadows_mark_stale(peer=peer)
+    shadows_mark_stale(peer=peer)  # reconnects that failed
+    shadows_apply_snapshot(peer=peer, agents=agents, seen_at=timezone.now())
+    shadows_apply_snapshot(peer=peer, agents=agents, seen_at=timezone.now())  # the next one adds nothing
+    lead = Agent.objects.get(peer=peer, peer_agent_id="ag_a")
+    assert timeline(lead) == [
+        ("working", "reading"),  # the peer's event, at the peer's (earlier) time
+        ("system", "lost contact with Cloud"),
+        ("system", "contact restored with Cloud"),
+    ]
+    # The agents list shows the newest event: contact is back, not lost.
+    assert (lead.stale, lead.latest_event_type, lead.latest_event_message) == (
+        False,
+        "system",
+        "contact restored with Cloud",
+    )
+    assert timeline(Agent.objects.get(peer=peer, peer_agent_id="ag_b"))[-1] == ("system", "contact restored with Cloud")
+
+
+def test_contact_restored_comes_before_what_the_snapshot_reports(owner, make_peer):
+    peer = make_peer(owner, label="Cloud").peer
+    shadows_apply_snapshot(peer=peer, agents=[frame("ag_a"), frame("ag_gone")], seen_at=timezone.now())
+    shadows_mark_stale(peer=peer)
+    shadows_apply_snapshot(peer=peer, agents=[frame("ag_a")], seen_at=timezone.now())
+    assert timeline(Agent.objects.get(peer=peer, peer_agent_id="ag_gone")) == [
+        ("system", "lost contact with Cloud"),
+        ("system", "contact restored with Cloud"),
+        ("system", "no longer reported by Cloud"),
+    ]
+
+
+def test_a_frame_reaching_a_stale_shadow_notes_contact_restored(owner, make_peer):
+    peer = make_peer(owner, label="Cloud").peer
+    shadow_apply_frame(peer=peer, data=frame("ag_a"), seen_at=timezone.now())
+    shadows_mark_stale(peer=peer)
+    shadow_apply_frame(peer=peer, data=frame("ag_a"), seen_at=timezone.now())
+    shadow_apply_frame(peer=peer, data=frame("ag_a"), seen_at=timezone.now())
+    shadow = Agent.objects.get(peer=peer)
+    assert not shadow.stale
+    assert timeline(shadow) == [("system", "lost contact with Cloud"), ("system", "contact restored with Cloud")]
+
+
+def test_an_archived_shadow_gets_no_contact_notes(owner, make_peer):
+    peer = make_peer(owner, label="Cloud").peer
+    shadows_apply_snapshot(peer=peer, agents=[frame("ag_a", "archived")], seen_at=timezone.now())
+    shadows_mark_stale(peer=peer)
+    shadows_apply_snapshot(peer=peer, agents=[frame("ag_a", "archived")], seen_at=timezone.now())
+    assert timeline(Agent.objects.get(peer=peer)) == []
 
 
 def test_unlink_stops_the_running_shadows_with_an_explanation(owner, make_peer):

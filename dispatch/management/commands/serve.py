@@ -111,6 +111,30 @@ def cap_request_bodies(max_bytes: int) -> None:
     WebRequest.requestReceived = request_received
 
 
+def leave_form_bodies_to_django() -> None:
+    """Keep twisted from parsing form bodies: daphne hands the raw body to Django.
+
+    twisted's ``Request`` parses a ``multipart/form-data`` or urlencoded POST body into
+    ``request.args`` before daphne sees the request, and answers a body it cannot parse
+    (an empty multipart, a bad boundary) itself: ``400 Bad Request`` with no headers and
+    no body, outside the API's error shape. daphne never reads ``args``, so every request
+    is built with ``parsePOSTFormSubmission=False`` (twisted's own switch for this) and
+    such a body reaches Django, which answers it like any other (DRF: 415).
+    """
+    from daphne.http_protocol import WebRequest
+
+    if getattr(WebRequest.__init__, "dispatch_patched", False):
+        return
+    original_init = WebRequest.__init__
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        kwargs["parsePOSTFormSubmission"] = False
+        original_init(self, *args, **kwargs)
+
+    init.dispatch_patched = True  # type: ignore[attr-defined]
+    WebRequest.__init__ = init
+
+
 def _refuse_body(request: Any, max_bytes: int) -> None:
     """Answer 413 REQUEST_TOO_LARGE on ``request``'s connection, drop the rest, close."""
     import json
@@ -179,6 +203,7 @@ class Command(BaseCommand):
 
         allow_protocol_close_codes()
         cap_request_bodies(settings.MAX_REQUEST_BYTES)
+        leave_form_bodies_to_django()
         services.server_process_register(kind=ServerProcess.Kind.SERVE)
         connection.close()  # the main thread does no more queries
 
