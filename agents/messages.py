@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from agents import services
 from agents.models import Agent, AgentEvent, AgentMessage
+from agents.protocol import CliDoorbellMessage
 from agents.selectors import is_shadow
 from agents.serializers import AgentMessageSerializer
 from core.errors import DispatchError, InvalidRequest, NotFound
@@ -65,7 +66,7 @@ def doorbell_ring(host: str) -> None:
     At most once and best effort: a lost ring only delays delivery to the next poll.
     Call from sync code; never raises.
     """
-    ring_on_commit(doorbell_group(host), {"type": "cli.doorbell"})
+    ring_on_commit(doorbell_group(host), CliDoorbellMessage())
 
 
 def message_content(content: Any) -> str:

@@ -2,7 +2,11 @@
 
 - ``SendAgentPromptBody``: the body of the ``/ws`` action ``send-agent-prompt``;
 - ``UserEventMessage``: the channel-layer message ``agents.services.publish_on_commit``
-  sends to a user's live-events group, which every ws session of the user receives;
+  sends to a user's live-events group, which every ws session and event stream of the
+  user receives;
+- ``CliDoorbellMessage``: the channel-layer ring ``agents.messages.doorbell_ring`` sends to
+  a host's CLI supervisor (``dispatch.background.cli_supervisor_loop``) when a message
+  waits for one of its agents;
 - ``agent_event_frame`` / ``run_finished_frame``: the ``/ws`` events made from those
   (``agent-event``, ``run-finished``; never a nonce).
 """
@@ -14,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from core.errors import InvalidRequest
+from core.protocol import ChannelMessage
 
 FINISHED_RUN_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 NOT_AN_OBJECT = "body must be a JSON object with agentId and instruction"
@@ -44,16 +49,23 @@ class SendAgentPromptBody(BaseModel):
             raise InvalidRequest(NOT_AN_OBJECT) from None
 
 
-class UserEventMessage(BaseModel):
+class UserEventMessage(ChannelMessage):
     """``user.event``: ``{"type": "user.event", "event": <name>, "data": {...}}``, one of the
     user's live events (``agent.upsert``, ``agent.deleted``, ``agent.event``,
-    ``run.updated``, ``message.created``, …; spec/agents.md §5)."""
+    ``run.updated``, ``message.created``, …; spec/agents.md §5); ``data`` is the row as
+    the REST API shows it (JSON-safe)."""
 
-    model_config = ConfigDict(extra="ignore")
+    type: Literal["user.event"] = "user.event"
+    event: str
+    data: dict[str, Any]
 
-    type: Literal["user.event"]
-    event: str | None = None
-    data: dict[str, Any] | None = None
+
+class CliDoorbellMessage(ChannelMessage):
+    """``cli.doorbell``: a message waits for a CLI agent of the host whose group it rings
+    (``agents.messages.doorbell_group``); its supervisor passes now rather than at its
+    next period."""
+
+    type: Literal["cli.doorbell"] = "cli.doorbell"
 
 
 def agent_event_frame(data: dict[str, Any]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from agents.models import Agent, AgentEvent, Run
+from agents.protocol import UserEventMessage
 from agents.selectors import is_valid_id, not_found
 from agents.serializers import agent_data, event_data, run_data
 from core import wire
@@ -69,7 +70,7 @@ def publish_on_commit(*, user_id: int, event: str, data: dict[str, Any]) -> None
     or an unreachable layer loses the doorbell, never the change: readers reload from the
     rows (``core.realtime.ring_on_commit``; never raises).
     """
-    ring_on_commit(user_events_group(user_id), {"type": "user.event", "event": event, "data": data})
+    ring_on_commit(user_events_group(user_id), UserEventMessage(event=event, data=data))
 
 
 def _publish_agent(agent: Agent) -> None:

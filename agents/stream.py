@@ -30,6 +30,7 @@ from django.views.decorators.http import require_GET
 
 from agents import cli
 from agents.models import Agent
+from agents.protocol import UserEventMessage
 from agents.selectors import agent_get_for, agents_for, is_shadow
 from agents.serializers import agent_data
 from agents.services import EXPERT, user_events_group
@@ -39,8 +40,9 @@ from core.http import bearer_credentials, error_response, request_user
 from core.models import ApiToken
 from core.openapi import Operation, documented
 from core.presence import HOSTNAME
+from core.protocol import CredentialEndedMessage
 from core.realtime import Subscription
-from core.revocation import CREDENTIAL_ENDED, StreamCredential, stream_closed, stream_opened
+from core.revocation import StreamCredential, stream_closed, stream_opened
 
 logger = logging.getLogger(__name__)
 
@@ -105,12 +107,12 @@ async def _frames(
             if pane is not None:
                 wait = min(wait, next_capture - now)
             message = await live.wait(max(wait, 0.0))
-            if message is not None:
-                if message.get("type") == CREDENTIAL_ENDED:
-                    return
+            if isinstance(message, CredentialEndedMessage):
+                return
+            if isinstance(message, UserEventMessage):
                 frame_id += 1
                 last_sent = loop.time()
-                yield sse_frame(frame_id=frame_id, event=str(message.get("event")), data=message.get("data"))
+                yield sse_frame(frame_id=frame_id, event=message.event, data=message.data)
                 continue
             if pane is not None and loop.time() >= next_capture:
                 text = await _pane_text(pane)
@@ -179,7 +181,7 @@ async def events_stream(request: HttpRequest) -> HttpResponseBase:
     except DispatchError as exc:
         return error_response(exc)
     # Subscribe before the snapshot is read: nothing that happens in between is lost.
-    live = await Subscription(user_events_group(user.pk)).open()
+    live = await Subscription(user_events_group(user.pk), receives=[UserEventMessage, CredentialEndedMessage]).open()
     response = StreamingHttpResponse(_frames(user, live, pane, credential), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"

@@ -17,27 +17,35 @@ While the channel layer cannot be reached (``core.errors.channel_layer_unavailab
 a new socket is accepted and closed with 1013 (try again later) and an open one closes
 with 1012 (service restart) after its rows are gone, so clients reconnect and register
 again once Redis is back.
+
+A channel-layer handler is declared with ``@receives(<its message model>)``: the method
+named after the model's ``type`` gets the message validated as that model, and one that
+does not fit — or a message of a type the consumer has no handler for — is logged and
+dropped, never raised (``core.realtime.message_received``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Awaitable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
-from channels.layers import get_channel_layer
 
 from core import presence
 from core.errors import channel_layer_unavailable, database_unavailable
 from core.http import bearer_credentials
+from core.protocol import ChannelMessage, CredentialEndedMessage, ServerShutdownMessage
+from core.realtime import layer_send, message_received
 
 logger = logging.getLogger(__name__)
 
-# Sent to every consumer of this process when it stops or finds itself reaped.
-SHUTDOWN_MESSAGE = {"type": "server.shutdown"}
+Consumer = TypeVar("Consumer", bound="DispatchConsumer")
+Message = TypeVar("Message", bound=ChannelMessage)
+ChannelHandler = Callable[[Consumer, dict[str, Any]], Awaitable[None]]
 
 CLOSE_INTERNAL_ERROR = 1011
 CLOSE_SERVICE_RESTART = 1012  # an open socket whose process lost the channel layer
@@ -51,6 +59,35 @@ def outage(exc: BaseException) -> bool:
 
 # The credential's close code, 4401 on both /ws (sessions-and-remotes §1.1) and /ws/shim/.
 CLOSE_CREDENTIAL_ENDED = 4401
+
+
+def receives(
+    model: type[Message],
+) -> Callable[[Callable[[Consumer, Message], Awaitable[None]]], ChannelHandler[Consumer]]:
+    """Declare a consumer method the handler of ``model``'s channel-layer messages.
+
+    The method must bear the name Channels dispatches ``model``'s ``type`` to
+    (``"remote.call"`` → ``remote_call``; a ``TypeError`` at import otherwise); it is
+    called with the message validated as ``model``. A message that does not validate is
+    logged and dropped (``core.realtime.message_received``). The handler keeps ``model``
+    as its ``channel_message`` attribute (the tests enumerate them).
+    """
+
+    def decorate(method: Callable[[Consumer, Message], Awaitable[None]]) -> ChannelHandler[Consumer]:
+        expected = get_handler_name({"type": model.message_type()})
+        if method.__name__ != expected:
+            raise TypeError(f"the handler of {model.__name__} must be named {expected}, not {method.__name__}")
+
+        @functools.wraps(method)
+        async def handler(self: Consumer, event: dict[str, Any]) -> None:
+            message = message_received(model, event, receiver=type(self).__name__)
+            if message is not None:
+                await method(self, message)
+
+        handler.channel_message = model  # type: ignore[attr-defined]
+        return handler
+
+    return decorate
 
 
 class DispatchConsumer(AsyncWebsocketConsumer):
@@ -151,9 +188,18 @@ class DispatchConsumer(AsyncWebsocketConsumer):
         await self._cleanup()
 
     async def dispatch(self, message: dict[str, Any]) -> None:
-        handler = getattr(self, get_handler_name(message), None)
-        if handler is None:
-            raise ValueError(f"no handler for message type {message['type']}")
+        kind = message.get("type")
+        try:
+            handler = getattr(self, get_handler_name(message), None)
+        except (ValueError, AttributeError):  # no type, not text, a leading underscore
+            handler = None
+        websocket = isinstance(kind, str) and kind.startswith("websocket.")
+        # From the channel layer, only a handler declared with @receives takes a message.
+        if handler is None or not (websocket or hasattr(handler, "channel_message")):
+            if websocket:
+                raise ValueError(f"no handler for message type {kind}")
+            logger.warning("%s dropped a message of type %r: no handler", type(self).__name__, kind)
+            return
         try:
             await handler(message)
         except StopConsumer:
@@ -184,11 +230,13 @@ class DispatchConsumer(AsyncWebsocketConsumer):
                 return bearer_credentials(value.decode("latin-1"))
         return None
 
-    async def server_shutdown(self, event: dict[str, Any]) -> None:
+    @receives(ServerShutdownMessage)
+    async def server_shutdown(self, message: ServerShutdownMessage) -> None:
         """``server.shutdown``: close with 1012 (service restart); subclasses fail work first."""
         await self.close(code=CLOSE_SERVICE_RESTART)
 
-    async def credential_ended(self, event: dict[str, Any]) -> None:
+    @receives(CredentialEndedMessage)
+    async def credential_ended(self, message: CredentialEndedMessage) -> None:
         """``credential.ended`` (``core.revocation``): the token, user or session this
         connection stands on ended: close 4401; the usual disconnect path cleans up."""
         await self.close(code=CLOSE_CREDENTIAL_ENDED)
@@ -203,11 +251,10 @@ async def shutdown_local_connections() -> int:
 
     Returns how many were told.
     """
-    layer = get_channel_layer()
     names = presence.local_channel_names()
     for name in names:
         try:
-            await layer.send(name, SHUTDOWN_MESSAGE)
+            await layer_send(name, ServerShutdownMessage())
         except Exception:  # a full channel must not stop the others from closing
             logger.warning("could not tell %s to shut down", name, exc_info=True)
     return len(names)

@@ -1,7 +1,12 @@
 """The channel layer, one way for each job (CONVENTIONS.md habit 14; spec/overview.md "How it runs").
 
 The layer is a doorbell, never the only copy of anything (the rows are the truth), and
-this module is the only one that calls ``group_send`` or ``receive`` on it:
+this module is the only one that sends on it, calls ``group_send`` or ``receive``.
+Every message is a typed model (``core.protocol.ChannelMessage``; each app's own in its
+``protocol.py``): the functions here take the model, never a dict, and turn it into the
+plain dict the layer carries (``ChannelMessage.for_layer``) right before sending; what
+arrives is validated with its model, and a message that does not fit is logged and
+dropped (``message_received``), never raised into a loop or a consumer.
 
 - **Rings after commit** — ``ring_on_commit(group, message)`` sends ``message`` to
   ``group`` once the current transaction commits (at once outside one), ``send_on_commit``
@@ -12,6 +17,9 @@ this module is the only one that calls ``group_send`` or ``receive`` on it:
   ``agents.messages.doorbell_group``, ``agents.services.user_events_group``,
   ``peers.services.outbox.DOORBELL_GROUP``); the one a lower module rings for a higher one is here
   (``PEERS_MIRROR_GROUP``: pairing rings the mirroring loop).
+- **Sending now** — ``layer_send(channel, message)``, from async code, raising what the
+  layer raises (``ChannelFull``; a message it cannot serialize): a consumer's answer on a
+  reply channel, a takeover, a shutdown, a revocation.
 - **Listening** — a ``Subscription`` is one channel of this process in some groups, read
   by **one long-lived receive task** that hands each message to ``wait(timeout)``. A
   channel-layer ``receive`` is never cancelled while the channel lives: channels-redis
@@ -22,12 +30,13 @@ this module is the only one that calls ``group_send`` or ``receive`` on it:
   loop's ``wait`` just times out — the loop's periodic pass is the guarantee. An event
   stream's subscription (no ``LoopHealth``) ends instead: ``wait`` raises the layer's
   error and the client reconnects to a fresh snapshot.
-- **Request/reply** — ``request_reply`` sends a request carrying a fresh
-  ``reply_channel`` and waits, bounded, for the one answer (the consumer answers with
-  ``channel_layer.send(reply_channel, {...})``), re-checking the answerer's liveness
-  while it waits; used by remote calls (spec/sessions-and-remotes.md §2.4) and machine
-  operations (spec/machines.md §5). ``layer_request`` is its short form for probes
-  (§2 "Lifetime"), ``layer_round_trip`` the ``/healthz`` check of the layer.
+- **Request/reply** — ``request_reply`` sends a request (a ``ChannelRequest``) carrying a
+  fresh ``reply_channel`` and waits, bounded, for the one answer, validated as the
+  caller's reply model (the consumer answers with ``layer_send(reply_channel, <reply>)``),
+  re-checking the answerer's liveness while it waits; used by remote calls
+  (spec/sessions-and-remotes.md §2.4) and machine operations (spec/machines.md §5).
+  ``layer_request`` is its short form for probes (§2 "Lifetime"), ``layer_round_trip``
+  the ``/healthz`` check of the layer.
 - ``LoopHealth``: how a background loop is doing — its backoff after errors and its
   once-per-change-of-state log (spec/quality.md "Faults").
 """
@@ -39,18 +48,21 @@ import logging
 import random
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from asgiref.sync import async_to_sync
 from channels.exceptions import ChannelFull
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.db import transaction
+from pydantic import ValidationError
 
 from core import metrics
 from core.errors import DispatchError, channel_layer_unavailable, database_unavailable
+from core.protocol import ChannelMessage, ChannelRequest, HealthProbeMessage
+from core.validation import describe_validation_error
 
 logger = logging.getLogger(__name__)
 
@@ -58,10 +70,10 @@ BACKOFF_JITTER = 0.2  # ± this fraction of a backoff delay, drawn at random
 LEAVE_TIMEOUT = 5.0  # seconds ``Subscription.close`` waits to leave its groups
 PEERS_MIRROR_GROUP = "peers.mirror"
 """The mirroring loop's doorbell (``peers.mirror``), rung by ``peers.services.pairing`` (below it)
-after a link changes: ``{"type": MIRROR_RESCAN}``, or ``{"type": MIRROR_RESNAPSHOT,
-"peer_id": <int>}`` to restart one peer's stream."""
-MIRROR_RESCAN = "mirror.rescan"
-MIRROR_RESNAPSHOT = "mirror.resnapshot"
+after a link changes (``peers.protocol.MirrorRescanMessage``, ``MirrorResnapshotMessage``)."""
+
+Message = TypeVar("Message", bound=ChannelMessage)
+Reply = TypeVar("Reply", bound=ChannelMessage)
 
 
 def _outage(exc: BaseException) -> bool:
@@ -133,11 +145,33 @@ class LoopHealth:
             self.failures = 0
 
 
-# --- rings -------------------------------------------------------------------------------------
+# --- receiving ---------------------------------------------------------------------------------
 
 
-def _ring_failed(target: str, message: dict[str, Any], exc: Exception) -> None:
-    kind = message.get("type")
+def _kind(message: Any) -> str:
+    """The ``type`` of a message off the layer, for a log line (``None`` when it has none)."""
+    return repr(message.get("type") if isinstance(message, dict) else None)[:100]
+
+
+def message_received(model: type[Message], message: Any, *, receiver: str) -> Message | None:
+    """``message`` (a dict taken from the layer) validated as ``model``
+    (``ChannelMessage.received``), or ``None`` when it does not fit: then one warning names
+    the ``receiver``, the message's type and what is wrong, and the message is dropped — a
+    malformed message never raises into a consumer or a loop."""
+    try:
+        return model.received(message)
+    except ValidationError as exc:
+        logger.warning(
+            "%s dropped a malformed message of type %s: %s", receiver, _kind(message), describe_validation_error(exc)
+        )
+        return None
+
+
+# --- rings and sends ---------------------------------------------------------------------------
+
+
+def _ring_failed(target: str, message: ChannelMessage, exc: Exception) -> None:
+    kind = message.type
     if isinstance(exc, ChannelFull):
         logger.warning("ring %s to %s dropped: channel full", kind, target)
     elif _outage(exc):
@@ -146,30 +180,30 @@ def _ring_failed(target: str, message: dict[str, Any], exc: Exception) -> None:
         logger.exception("ring %s to %s failed", kind, target)
 
 
-async def ring(group: str, message: dict[str, Any]) -> None:
-    """Send ``message`` (a JSON-safe dict with a ``type``) to ``group`` now, from async code
-    outside a transaction. Never raises: a failure is logged (the layer is at-most-once, so
-    listeners poll anyway)."""
+async def ring(group: str, message: ChannelMessage) -> None:
+    """Send ``message`` to ``group`` now, from async code outside a transaction. Never
+    raises: a failure (a value with no JSON form included) is logged (the layer is
+    at-most-once, so listeners poll anyway)."""
     layer = get_channel_layer()
     if layer is None:
         return
     try:
-        await layer.group_send(group, message)
+        await layer.group_send(group, message.for_layer())
     except Exception as exc:
         _ring_failed(group, message, exc)
 
 
-def _ring_now(target: str, message: dict[str, Any], *, group: bool) -> None:
+def _ring_now(target: str, message: ChannelMessage, *, group: bool) -> None:
     layer = get_channel_layer()
     if layer is None:
         return
     try:
-        async_to_sync(layer.group_send if group else layer.send)(target, message)
+        async_to_sync(layer.group_send if group else layer.send)(target, message.for_layer())
     except Exception as exc:
         _ring_failed(target, message, exc)
 
 
-def ring_on_commit(group: str, message: dict[str, Any]) -> None:
+def ring_on_commit(group: str, message: ChannelMessage) -> None:
     """Send ``message`` to ``group`` once the current transaction commits — at once when
     none is open, never when it rolls back (CONVENTIONS.md "Write, then announce").
 
@@ -179,11 +213,22 @@ def ring_on_commit(group: str, message: dict[str, Any]) -> None:
     transaction.on_commit(lambda: _ring_now(group, message, group=True))
 
 
-def send_on_commit(channel_name: str, message: dict[str, Any]) -> None:
+def send_on_commit(channel_name: str, message: ChannelMessage) -> None:
     """``ring_on_commit`` for one channel rather than a group: tell one consumer (a served
     remote disconnected, a machine revoked) once the current transaction commits. Never
     raises; sync code only."""
     transaction.on_commit(lambda: _ring_now(channel_name, message, group=False))
+
+
+async def layer_send(channel_name: str, message: ChannelMessage) -> None:
+    """Send ``message`` to one channel now, from async code: an answer on a reply channel
+    (the consumers' replies to ``request_reply``), a takeover, a shutdown, a revocation.
+
+    Raises what the layer raises — ``ChannelFull``; a Redis ``ConnectionError`` while it is
+    unreachable — and ``TypeError``/``ValueError`` when the message cannot be serialized
+    (``ChannelMessage.for_layer``, or msgpack: a lone surrogate); the caller decides, as
+    each sender has its own answer to a full channel."""
+    await get_channel_layer().send(channel_name, message.for_layer())
 
 
 # --- listening ---------------------------------------------------------------------------------
@@ -199,8 +244,12 @@ async def _sleep(timeout: float | None) -> None:
 class Subscription:
     """One channel of this process in ``groups``, read by one long-lived receive task.
 
-    ``await open()`` (or ``async with``) makes the channel; ``await wait(timeout)`` returns
-    the next message (a dict), in arrival order, or ``None`` after ``timeout`` seconds
+    ``receives`` names the message models the channel takes (``ChannelMessage``
+    subclasses, one per ``type``): each message is validated with the model of its type as
+    it arrives, and one of another type, or malformed, is logged and dropped
+    (``message_received``). ``await open()`` (or ``async with``) makes the channel;
+    ``await wait(timeout)`` returns the next message (one of those models), in arrival
+    order, or ``None`` after ``timeout`` seconds
     (``None``: no limit) — a message that arrived while the caller was busy is returned by
     the next ``wait`` at once; ``await close()`` ends it. The receive task holds one
     ``layer.receive`` at a time and never cancels it while the channel lives; ``wait``
@@ -224,17 +273,21 @@ class Subscription:
     def __init__(
         self,
         *groups: str,
+        receives: Iterable[type[ChannelMessage]],
         health: LoopHealth | None = None,
         rejoin_every: float | None = None,
         layer: Any = None,
     ) -> None:
         self.groups = groups
+        self.models = {model.message_type(): model for model in receives}
+        if not self.models:
+            raise TypeError("a Subscription receives at least one message model")
         self.health = health
         self.rejoin_every = rejoin_every
         self._layer = layer
         self._channel: str | None = None
         self._task: asyncio.Task[None] | None = None
-        self._pending: deque[dict[str, Any]] = deque()
+        self._pending: deque[ChannelMessage] = deque()
         self._capacity = 100
         self._arrived = asyncio.Event()
         self._joined = asyncio.Event()  # set after the first attempt to join the groups
@@ -276,8 +329,9 @@ class Subscription:
         await self._joined.wait()
         return self._joined_at is not None
 
-    async def wait(self, timeout: float | None = None) -> dict[str, Any] | None:
-        """The next message, or ``None`` when none arrives within ``timeout`` seconds.
+    async def wait(self, timeout: float | None = None) -> ChannelMessage | None:
+        """The next message (one of the ``receives`` models), or ``None`` when none arrives
+        within ``timeout`` seconds.
 
         Raises the layer's error after a failed receive when there is no ``health``."""
         if not self._opened:
@@ -332,13 +386,24 @@ class Subscription:
             self._task = asyncio.get_running_loop().create_task(self._receive_forever())
 
     def _deliver(self, message: dict[str, Any]) -> None:
+        receiver = f"the subscription to {', '.join(self.groups) or self._channel}"
+        kind = message.get("type") if isinstance(message, dict) else None
+        model = self.models.get(kind) if isinstance(kind, str) else None
+        if model is None:
+            logger.warning(
+                "%s dropped a message of type %s: it takes %s", receiver, _kind(message), ", ".join(sorted(self.models))
+            )
+            return
+        parsed = message_received(model, message, receiver=receiver)
+        if parsed is None:
+            return
         if len(self._pending) >= self._capacity:
             if not self._overflowing:  # once per overflow, as a full channel drops silently
                 logger.info("messages to %s dropped: %d wait to be taken", self._channel, len(self._pending))
             self._overflowing = True
             return
         self._overflowing = False
-        self._pending.append(message)
+        self._pending.append(parsed)
         self._arrived.set()
 
     async def _receive_forever(self) -> None:
@@ -403,8 +468,9 @@ class _NoReply(DispatchError):
 
 async def request_reply(
     channel_name: str,
-    message: dict[str, Any],
+    message: ChannelRequest,
     *,
+    reply: type[Reply],
     timed_out: DispatchError,
     timeout: float | None = None,
     deadline: float | None = None,
@@ -412,19 +478,20 @@ async def request_reply(
     unsendable: Callable[[Exception], DispatchError] | None = None,
     liveness: Callable[[], Awaitable[Gone | None]] | None = None,
     check_every: float | None = None,
-) -> dict[str, Any]:
-    """Send ``message`` plus a fresh ``reply_channel`` to ``channel_name`` and return the
-    reply (the first message on that channel, a dict).
+) -> Reply:
+    """Send ``message`` with a fresh ``reply_channel`` to ``channel_name`` and return the
+    reply: the first message on that channel that validates as ``reply`` (one that does not
+    is logged and dropped, and the wait goes on).
 
     The wait ends at ``deadline`` (the running loop's ``time()``) or ``timeout`` seconds
     after the send (exactly one of the two), raising ``timed_out``. While waiting, every
     ``check_every`` seconds (default ``DISPATCH_REMOTE_LIVENESS_INTERVAL``) ``liveness()``
     is asked whether the answerer still lives: ``None`` goes on waiting, a ``Gone`` ends
-    the wait (after its grace) with its error. One receive is held for the whole wait and
-    cancelled only when the wait is over (the reply channel is used once).
+    the wait (after its grace) with its error. One receive is held at a time and cancelled
+    only when the wait is over (the reply channel is used once).
 
     Raises ``busy`` when the target channel is full (``ChannelFull`` itself when ``busy``
-    is ``None``), ``unsendable(exc)`` when the layer cannot serialize the message
+    is ``None``), ``unsendable(exc)`` when the message cannot be serialized
     (``TypeError``/``ValueError``; raised as is without ``unsendable``), and what the layer
     raises while it is unreachable (a Redis ``ConnectionError``: the edges answer it as
     ``TEMPORARILY_UNAVAILABLE``).
@@ -434,7 +501,7 @@ async def request_reply(
     layer = get_channel_layer()
     reply_channel = await layer.new_channel()
     try:
-        await layer.send(channel_name, {**message, "reply_channel": reply_channel})
+        await layer.send(channel_name, message.model_copy(update={"reply_channel": reply_channel}).for_layer())
     except ChannelFull:
         if busy is None:
             raise
@@ -455,35 +522,36 @@ async def request_reply(
             if remaining <= 0:
                 raise timed_out
             done, _ = await asyncio.wait({receive}, timeout=remaining if liveness is None else min(remaining, interval))
-            if done:
-                break
-            if liveness is None:
+            if not done and liveness is not None:
+                gone = await liveness()
+                if gone is not None:
+                    if gone.grace > 0:
+                        done, _ = await asyncio.wait({receive}, timeout=gone.grace)
+                    if not done:
+                        raise gone.error
+            if not done:
                 continue
-            gone = await liveness()
-            if gone is None:
-                continue
-            if gone.grace > 0:
-                done, _ = await asyncio.wait({receive}, timeout=gone.grace)
-                if done:
-                    break
-            raise gone.error
+            answer = message_received(reply, receive.result(), receiver=f"the {message.type} request")
+            if answer is not None:
+                return answer
+            receive = asyncio.ensure_future(layer.receive(reply_channel))  # the malformed one is dropped
     finally:
         if not receive.done():
             receive.cancel()  # the reply channel's life ends here
-    reply: dict[str, Any] = receive.result()
-    return reply
 
 
-async def layer_request(channel_name: str, message: dict[str, Any], *, timeout: float) -> dict[str, Any] | None:
+async def layer_request(
+    channel_name: str, message: ChannelRequest, *, reply: type[Reply], timeout: float
+) -> Reply | None:
     """Send ``message`` plus ``reply_channel`` to ``channel_name``; return the first reply
-    that arrives within ``timeout`` seconds, or ``None`` when none does (a probe: "do you
-    still serve this?", spec/sessions-and-remotes.md §2 "Lifetime").
+    (validated as ``reply``) that arrives within ``timeout`` seconds, or ``None`` when none
+    does (a probe: "do you still serve this?", spec/sessions-and-remotes.md §2 "Lifetime").
 
     Raises what the layer raises on send (``ChannelFull``; a Redis ``ConnectionError``
     while the layer is unreachable).
     """
     try:
-        return await request_reply(channel_name, message, timeout=timeout, timed_out=_NoReply())
+        return await request_reply(channel_name, message, reply=reply, timeout=timeout, timed_out=_NoReply())
     except _NoReply:
         return None
 
@@ -493,11 +561,11 @@ async def layer_round_trip(*, timeout: float) -> bool:
     process comes back within ``timeout`` seconds (``/healthz``). Never raises."""
     probe = uuid.uuid4().hex
     try:
-        async with Subscription() as echo:
+        async with Subscription(receives=[HealthProbeMessage]) as echo:
             if echo.channel is None:
                 return False  # no channel layer configured
-            await get_channel_layer().send(echo.channel, {"type": "health.probe", "probe": probe})
+            await layer_send(echo.channel, HealthProbeMessage(probe=probe))
             message = await echo.wait(timeout)
     except Exception:
         return False
-    return message is not None and message.get("probe") == probe
+    return isinstance(message, HealthProbeMessage) and message.probe == probe

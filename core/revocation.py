@@ -10,11 +10,11 @@ records its credential (``WsSession.api_token`` / ``session_key``,
 rows every ``SWEEP_INTERVAL`` seconds (``dispatch.background.revocation_loop``, started by ``serve`` beside
 the heartbeat). A sweep is one indexed query (``ended_connection_channels``: the rows of
 this process, by ``server_process``, joined to their credential by primary key); each
-channel it finds gets ``CREDENTIAL_ENDED`` and its consumer closes with 4401
-(``DispatchConsumer.credential_ended``; the remotes a ``/ws`` session served go by its
-normal close path). The services that revoke ring ``DOORBELL_GROUP`` after commit so the
-sweep runs at once; the doorbell is only a doorbell (the layer is at-most-once) — the
-periodic sweep is the guarantee.
+channel it finds gets ``credential.ended`` (``core.protocol.CredentialEndedMessage``) and
+its consumer closes with 4401 (``DispatchConsumer.credential_ended``; the remotes a
+``/ws`` session served go by its normal close path). The services that revoke ring
+``DOORBELL_GROUP`` after commit so the sweep runs at once; the doorbell is only a
+doorbell (the layer is at-most-once) — the periodic sweep is the guarantee.
 
 Server-sent-event streams (``/api/v1/events``, ``/api/v1/peers/events``) have no rows:
 they register here while open (``stream_opened``/``stream_closed``), and the same sweep
@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db.models import CharField, Exists, OuterRef, Q, QuerySet, Value
@@ -39,12 +38,11 @@ from django.utils import timezone
 
 from core.models import ApiToken
 from core.presence import current_process_id
-from core.realtime import ring_on_commit
+from core.protocol import CredentialEndedMessage, CredentialsRingMessage
+from core.realtime import layer_send, ring_on_commit
 
 logger = logging.getLogger(__name__)
 
-CREDENTIAL_ENDED = "credential.ended"
-"""Channel-layer message type: the receiver's credential ended; close 4401 / end the stream."""
 DOORBELL_GROUP = "dispatch.credentials"
 """Rung after commit by the services that revoke; every process's sweep listens."""
 SWEEP_INTERVAL = 2.0  # seconds between two sweeps of a process (the guarantee, doorbell or not)
@@ -150,7 +148,7 @@ def ended_connection_channels(*, process_id: str | None = None) -> list[str]:
 
 
 def stream_opened(channel_name: str, credential: StreamCredential) -> None:
-    """Register an open event stream of this process (its channel gets ``CREDENTIAL_ENDED``)."""
+    """Register an open event stream of this process (its channel gets ``CredentialEndedMessage``)."""
     _streams[channel_name] = credential
 
 
@@ -221,11 +219,10 @@ def _ended_channels(streams: dict[str, StreamCredential]) -> list[str]:
 
 async def revocation_sweep_once() -> int:
     """Find this process's connections and streams whose credential ended and send each
-    ``CREDENTIAL_ENDED`` (again after ``RETELL_AFTER`` seconds if it is still there).
+    ``CredentialEndedMessage`` (again after ``RETELL_AFTER`` seconds if it is still there).
     Returns how many were told. Raises what the database or the layer raises."""
     streams = dict(_streams)
     channels = await sync_to_async(_ended_channels, thread_sensitive=True)(streams)
-    layer = get_channel_layer()
     now = time.monotonic()
     for channel in list(_told):
         if channel not in channels:
@@ -236,7 +233,7 @@ async def revocation_sweep_once() -> int:
             continue
         _told[channel] = now
         try:
-            await layer.send(channel, {"type": CREDENTIAL_ENDED})
+            await layer_send(channel, CredentialEndedMessage())
             told += 1
         except Exception:  # one full channel must not keep the others open
             logger.warning("could not tell %s that its credential ended", channel, exc_info=True)
@@ -253,7 +250,7 @@ def credentials_ended_on_commit() -> None:
     services that revoke a token, deactivate a user or end sessions). A failure to ring is
     logged, never raised: the periodic sweep still runs within ``SWEEP_INTERVAL``
     (``core.realtime.ring_on_commit``)."""
-    ring_on_commit(DOORBELL_GROUP, {"type": "credentials.ring"})
+    ring_on_commit(DOORBELL_GROUP, CredentialsRingMessage())
 
 
 def sessions_end_for(user_ids: Iterable[int]) -> None:

@@ -4,9 +4,10 @@ A user's MCP tools are their machines and their remotes, and ``dispatch_launch_a
 description lists their linked instances. The services that attach or detach a machine,
 connect or disconnect a remote, close a ws session, reap a dead process, or link, relabel,
 re-permission or unlink a peer call ``tools_changed_on_commit(user_ids)``; after commit
-each user's channel-layer group ``mcp-tools.<user id>`` is rung, and the MCP endpoint's
-event streams in any process (``GET /mcp`` for 2025-11-25, ``subscriptions/listen`` for
-2026-07-28; ``dispatch.mcp.relay``) send ``notifications/tools/list_changed``. A doorbell
+each user's channel-layer group ``mcp-tools.<user id>`` is rung
+(``core.protocol.ToolsChangedMessage``), and the MCP endpoint's event streams in any
+process (``GET /mcp`` for 2025-11-25, ``subscriptions/listen`` for 2026-07-28;
+``dispatch.mcp.relay``) send ``notifications/tools/list_changed``. A doorbell
 only: a lost ring costs a client a stale list until its next ``tools/list`` (a ``GET /mcp``
 reconnect always brings one).
 """
@@ -15,9 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from core.protocol import ToolsChangedMessage
 from core.realtime import ring, ring_on_commit
-
-TOOLS_CHANGED_MESSAGE = "tools.changed"
 
 
 def tools_group(user_id: int) -> str:
@@ -28,7 +28,7 @@ def tools_group(user_id: int) -> str:
 async def tools_changed(user_id: int) -> None:
     """Ring ``user_id``'s group now (async code, outside a transaction); never raises
     (``core.realtime.ring``)."""
-    await ring(tools_group(user_id), {"type": TOOLS_CHANGED_MESSAGE})
+    await ring(tools_group(user_id), ToolsChangedMessage())
 
 
 def tools_changed_on_commit(user_ids: Iterable[int | None]) -> None:
@@ -38,4 +38,4 @@ def tools_changed_on_commit(user_ids: Iterable[int | None]) -> None:
     itself has happened (``core.realtime.ring_on_commit``).
     """
     for user_id in sorted({int(user_id) for user_id in user_ids if user_id is not None}):
-        ring_on_commit(tools_group(user_id), {"type": TOOLS_CHANGED_MESSAGE})
+        ring_on_commit(tools_group(user_id), ToolsChangedMessage())

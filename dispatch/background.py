@@ -17,6 +17,7 @@ from django.conf import settings
 
 from core import services
 from core.consumers import shutdown_local_connections
+from core.protocol import CredentialsRingMessage
 from core.realtime import LoopHealth, Subscription
 
 logger = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ async def revocation_loop() -> None:
     health = LoopHealth("revocation sweep", base=revocation.SWEEP_INTERVAL, cap=revocation.MAX_BACKOFF, log=logger)
     doorbell = Subscription(
         revocation.DOORBELL_GROUP,
+        receives=[CredentialsRingMessage],
         health=LoopHealth("revocation doorbell", cap=revocation.SWEEP_INTERVAL, log=logger),
         rejoin_every=revocation.SWEEP_INTERVAL,
     )
@@ -112,6 +114,7 @@ async def cli_supervisor_loop() -> None:
     cancellation (clean shutdown) the lease is released so another process takes over.
     """
     from agents.messages import doorbell_group
+    from agents.protocol import CliDoorbellMessage
     from agents.supervisor import supervise_once, supervisor_lease_release
     from core.presence import HOSTNAME, current_process_id
 
@@ -123,6 +126,7 @@ async def cli_supervisor_loop() -> None:
     interval = settings.CLI_SUPERVISE_INTERVAL
     doorbell = Subscription(
         doorbell_group(HOSTNAME),
+        receives=[CliDoorbellMessage],
         health=LoopHealth("CLI supervisor doorbell", cap=interval, log=logger),
         rejoin_every=interval,
     )

@@ -19,18 +19,22 @@ from django.conf import settings
 from pydantic import ValidationError
 
 from core import wire
-from core.consumers import DispatchConsumer
+from core.consumers import DispatchConsumer, receives
+from core.protocol import ServerShutdownMessage
+from core.realtime import layer_send
 from core.validation import describe_validation_error
 from core.wire import encode
 from machines.protocol import (
     OPERATIONS,
     Hello,
     MachineOpMessage,
+    MachineReplyMessage,
+    MachineRevokedMessage,
     MachineTakeoverMessage,
     negotiate,
 )
 from machines.services import connections
-from machines.services.connections import REPLY_MESSAGE, ShimIdentity
+from machines.services.connections import ShimIdentity
 from machines.shim.protocol import MAX_FRAME_BYTES, PROTOCOL_VERSION, CloseCode, MessageType, envelope, error_payload
 
 logger = logging.getLogger(__name__)
@@ -195,7 +199,7 @@ class ShimConsumer(DispatchConsumer):
             await self._error("INVALID_REQUEST", refused)
             return
         del self.pending[message_id]
-        await self._answer(pending.reply_channel, {"response_type": message_type, "payload": payload})
+        await self._answer(pending.reply_channel, MachineReplyMessage(response_type=message_type, payload=payload))
         if pending.op == MessageType.MACHINE_LIST_REQUEST and message_type == expected:
             await database_sync_to_async(connections.machine_snapshot_store)(
                 connection_id=self.connection_id, snapshot=payload
@@ -203,9 +207,9 @@ class ShimConsumer(DispatchConsumer):
 
     # --- channel-layer messages ---------------------------------------------------------
 
-    async def machine_op(self, event: dict[str, Any]) -> None:
+    @receives(MachineOpMessage)
+    async def machine_op(self, operation: MachineOpMessage) -> None:
         """``machine.op`` (``MachineOpMessage``): send a routed operation to the shim (§5)."""
-        operation = MachineOpMessage.model_validate(event)
         if self.closing or self.connection_id is None:
             await self._answer(operation.reply_channel, _error_reply("MACHINE_UNREACHABLE", "the machine disconnected"))
             return
@@ -227,16 +231,17 @@ class ShimConsumer(DispatchConsumer):
         )
         await self.send(text_data=text)
 
-    async def machine_revoked(self, event: dict[str, Any]) -> None:
+    @receives(MachineRevokedMessage)
+    async def machine_revoked(self, message: MachineRevokedMessage) -> None:
         """``machine.revoked`` (``MachineRevokedMessage``): the machine token was revoked:
         close 4401 (§1)."""
         await self._error("AUTH_FAILED", "the machine token was revoked", fatal=True)
         await self._close(CloseCode.AUTH_FAILED)
 
-    async def machine_takeover(self, event: dict[str, Any]) -> None:
+    @receives(MachineTakeoverMessage)
+    async def machine_takeover(self, takeover: MachineTakeoverMessage) -> None:
         """``machine.takeover`` (``MachineTakeoverMessage``): the same machine reconnected
         elsewhere: 4427 (§4)."""
-        takeover = MachineTakeoverMessage.model_validate(event)
         if takeover.connection_id != self.connection_id:
             return
         self.connection_id = None  # the new connection owns the machine's rows now
@@ -245,7 +250,8 @@ class ShimConsumer(DispatchConsumer):
             await self._fail(request_id, "MACHINE_UNREACHABLE", "the machine reconnected on another socket")
         await self._close(CloseCode.SESSION_REVOKED)
 
-    async def server_shutdown(self, event: dict[str, Any]) -> None:
+    @receives(ServerShutdownMessage)
+    async def server_shutdown(self, message: ServerShutdownMessage) -> None:
         """``server.shutdown``: this process is stopping; the shim reconnects elsewhere."""
         for request_id in list(self.pending):
             await self._fail(request_id, "MACHINE_UNREACHABLE", "the server holding the machine is shutting down")
@@ -277,16 +283,17 @@ class ShimConsumer(DispatchConsumer):
         if pending is not None:
             await self._answer(pending.reply_channel, _error_reply(code, message))
 
-    async def _answer(self, reply_channel: str, reply: dict[str, Any]) -> None:
+    async def _answer(self, reply_channel: str, reply: MachineReplyMessage) -> None:
         try:
-            await self.channel_layer.send(reply_channel, {"type": REPLY_MESSAGE, **reply})
+            await layer_send(reply_channel, reply)
         except ChannelFull:
             logger.warning("dropping a machine reply: caller channel full")
         except (TypeError, ValueError, RecursionError) as exc:
             # The layer could not carry it (nested too deeply, not serialisable): the
             # caller still gets an answer now, not a timeout.
-            error = _error_reply("INVALID_RESPONSE", f"the machine's response could not be relayed: {exc}")
-            await self.channel_layer.send(reply_channel, {"type": REPLY_MESSAGE, **error})
+            await layer_send(
+                reply_channel, _error_reply("INVALID_RESPONSE", f"the machine's response could not be relayed: {exc}")
+            )
 
     async def _error(
         self, code: str, message: str, *, fatal: bool = False, details: dict[str, Any] | None = None
@@ -310,5 +317,5 @@ def _answer_id(request_id: Any) -> str | None:
     return str(request_id or "") or None
 
 
-def _error_reply(code: str, message: str) -> dict[str, Any]:
-    return {"response_type": str(MessageType.ERROR), "payload": error_payload(code, message)}
+def _error_reply(code: str, message: str) -> MachineReplyMessage:
+    return MachineReplyMessage(response_type=str(MessageType.ERROR), payload=error_payload(code, message))

@@ -12,8 +12,9 @@ server), and imported from there. This module adds only what the server needs on
 - the server's views of the shared tables: ``DEFAULT_LIMITS`` (the ``HELLO_ACK.limits``
   it grants), ``OPERATIONS`` keyed the way the router reads it, ``CALLER_OPERATIONS``,
   ``CAPABILITIES``;
-- the channel-layer messages the shim consumer receives from ``machines.services``
-  (``MachineOpMessage``, ``MachineRevokedMessage``, ``MachineTakeoverMessage``);
+- the channel-layer messages (``core.protocol.ChannelMessage``) the shim consumer
+  receives from ``machines.services`` (``MachineOpMessage``, ``MachineRevokedMessage``,
+  ``MachineTakeoverMessage``), and the ``MachineReplyMessage`` it answers an operation with;
 - the bodies of the machines app's async REST routes (§1, §6), which validate them and
   which their views document (``core.openapi.documented``): ``SessionOpBody``, ``SessionCopyBody``,
   ``DeviceCodeBody``, ``DeviceTokenBody``, ``DefaultMachineBody``, and their answers.
@@ -37,6 +38,7 @@ from pydantic import (
 )
 
 from core import wire
+from core.protocol import ChannelMessage, ChannelRequest
 from core.validation import WireModel
 from machines.shim.protocol import (
     MACHINE_ID_PATTERN,
@@ -61,6 +63,7 @@ __all__ = [
     "DeviceTokenBody",
     "Hello",
     "MachineOpMessage",
+    "MachineReplyMessage",
     "MachineRevokedMessage",
     "MachineTakeoverMessage",
     "SessionCopyAnswer",
@@ -141,41 +144,46 @@ def negotiate(shim_version: str) -> str | None:
     return f"{our_major}.{min(shim_minor, our_minor)}"
 
 
-# --- channel-layer messages the shim consumer receives (sent by machines.services) --------
+# --- channel-layer messages: the shim consumer receives them from machines.services, and replies
 
 
-class MachineOpMessage(BaseModel):
+class MachineOpMessage(ChannelRequest):
     """``machine.op``: send operation ``op`` with ``payload`` to this shim as the frame
-    ``request_id`` of session ``session_id``, and answer on ``reply_channel``; the caller
-    waits ``timeout`` seconds (the pending entry is kept 5 s longer)."""
+    ``request_id`` of session ``session_id``, and answer on ``reply_channel``
+    (``MachineReplyMessage``); the caller waits ``timeout`` seconds (the pending entry is
+    kept 5 s longer)."""
 
-    model_config = ConfigDict(extra="ignore")
-
-    type: Literal["machine.op"]
+    type: Literal["machine.op"] = "machine.op"
     op: str
     payload: dict[str, Any]
     request_id: str
     session_id: str | None
-    reply_channel: str
     timeout: float
 
 
-class MachineRevokedMessage(BaseModel):
+class MachineReplyMessage(ChannelMessage):
+    """``machine.reply`` to a ``machine.op``: the shim's response frame's ``type``
+    (``response_type``: the operation's response, or ``ERROR``) and its ``payload`` (§5; an
+    ``ERROR`` payload ``{code, message, details?}``, the platform's own when the machine
+    could not be reached)."""
+
+    type: Literal["machine.reply"] = "machine.reply"
+    response_type: str
+    payload: dict[str, Any]
+
+
+class MachineRevokedMessage(ChannelMessage):
     """``machine.revoked``: the machine's token was revoked (close 4401, §1)."""
 
-    model_config = ConfigDict(extra="ignore")
-
-    type: Literal["machine.revoked"]
+    type: Literal["machine.revoked"] = "machine.revoked"
 
 
-class MachineTakeoverMessage(BaseModel):
+class MachineTakeoverMessage(ChannelMessage):
     """``machine.takeover``: the machine reconnected on another socket; the connection
     ``connection_id`` (this one, unless it already changed) gives way (4427, §4)."""
 
-    model_config = ConfigDict(extra="ignore")
-
-    type: Literal["machine.takeover"]
-    connection_id: str | None = None
+    type: Literal["machine.takeover"] = "machine.takeover"
+    connection_id: str
 
 
 # --- bodies of the async REST routes (§1 device login, §6 operations) -----------------------

@@ -43,14 +43,13 @@ from django.utils import timezone
 
 from core.presence import current_process_id
 from core.realtime import (
-    MIRROR_RESCAN,
-    MIRROR_RESNAPSHOT,
     PEERS_MIRROR_GROUP,
     LoopHealth,
     Subscription,
     ring_on_commit,
 )
 from peers.models import Peer
+from peers.protocol import MirrorRescanMessage, MirrorResnapshotMessage
 from peers.services import shadows
 from peers.services.leases import subscribe_lease_claim, subscribe_lease_release
 from peers.services.links import peer_reconnected, peer_seen_stamp
@@ -88,13 +87,13 @@ def mirror_rescan() -> None:
 
     Call it after a link is created, changed or revoked (spec §7: rescanned on link/unlink).
     """
-    ring_on_commit(DOORBELL_GROUP, {"type": MIRROR_RESCAN})
+    ring_on_commit(DOORBELL_GROUP, MirrorRescanMessage())
 
 
 def mirror_resnapshot(peer_id: int) -> None:
     """Ask the process subscribed to peer ``peer_id`` to reconnect now, which brings a fresh
     snapshot (after commit; sync code). Used after launching an agent on the peer (spec §6)."""
-    ring_on_commit(DOORBELL_GROUP, {"type": MIRROR_RESNAPSHOT, "peer_id": int(peer_id)})
+    ring_on_commit(DOORBELL_GROUP, MirrorResnapshotMessage(peer_id=int(peer_id)))
 
 
 # --- one peer ----------------------------------------------------------------------------
@@ -296,6 +295,7 @@ async def mirror_loop() -> None:
     scanning = LoopHealth("peer mirror scan", log=logger, cap=RESCAN_SECONDS)
     doorbell = Subscription(
         DOORBELL_GROUP,
+        receives=[MirrorRescanMessage, MirrorResnapshotMessage],
         health=LoopHealth("peer mirror wait (doorbell)", log=logger, cap=RESCAN_SECONDS),
         rejoin_every=RESCAN_SECONDS,  # groups expire, and a restarted Redis forgets them
     )
@@ -319,8 +319,8 @@ async def mirror_loop() -> None:
                     # still peeks and rescans.
                     message = await doorbell.wait(max(min(PEEK_SECONDS, deadline - loop.time()), 0.0))
                     if message is not None:
-                        if message.get("type") == MIRROR_RESNAPSHOT:
-                            restart = message.get("peer_id")
+                        if isinstance(message, MirrorResnapshotMessage):
+                            restart = message.peer_id
                         break
                     if loop.time() >= deadline:
                         break

@@ -45,6 +45,7 @@ from django.utils import timezone
 from core.realtime import LoopHealth, Subscription
 from peers.client import PeerClient, PeerUnreachable
 from peers.models import OutboxMessage, Peer
+from peers.protocol import OutboxDoorbellMessage
 from peers.services.leases import DRAIN_LEASE_TTL, drain_lease_claim, drain_lease_release
 from peers.services.outbox import (
     DOORBELL_GROUP,
@@ -262,6 +263,7 @@ async def outbox_drain_loop() -> None:
     # the doorbell retries with backoff up to the drain interval, the drain goes on polling.
     doorbell = Subscription(
         DOORBELL_GROUP,
+        receives=[OutboxDoorbellMessage],
         health=LoopHealth("outbox doorbell", log=logger, cap=DRAIN_INTERVAL),
         rejoin_every=DRAIN_INTERVAL,
     )

@@ -25,12 +25,16 @@ the validated model. ``ClaimAnswer`` also validates the claim's answer on the cl
 (``pairing.peer_link``). Fields whose rules need this instance's state (a launch's ``cwd``
 against ``DISPATCH_REPO_ROOTS``, the capability flags' defaults) are typed for the schema
 and checked by the service.
+
+The peers app's channel-layer messages (``core.protocol.ChannelMessage``) are at the end:
+the outbox doorbell (``OutboxDoorbellMessage``) and the mirroring loop's
+(``MirrorRescanMessage``, ``MirrorResnapshotMessage``).
 """
 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -45,6 +49,7 @@ from pydantic import (
 
 from agents.messages import MAX_MESSAGE_LENGTH, message_content
 from core.errors import InvalidRequest
+from core.protocol import ChannelMessage
 from core.validation import WireModel, refusal
 from peers.identity import PEER_PROTOCOL_VERSION, public_key_from
 
@@ -491,3 +496,28 @@ class PeerListAnswer(BaseModel):
     """``{"peers": [...]}``: the caller's live links with their outbox counts."""
 
     peers: list[PeerAnswer]
+
+
+# --- channel-layer messages (doorbells of the peers app's background loops) ---------------------
+
+
+class OutboxDoorbellMessage(ChannelMessage):
+    """``outbox.doorbell``: outbox rows are due; every process's drain loop passes now
+    (``peers.services.outbox.DOORBELL_GROUP``, spec §8)."""
+
+    type: Literal["outbox.doorbell"] = "outbox.doorbell"
+
+
+class MirrorRescanMessage(ChannelMessage):
+    """``mirror.rescan``: a link was made, changed or revoked; every process's mirroring loop
+    rescans the links now (``core.realtime.PEERS_MIRROR_GROUP``, spec §7)."""
+
+    type: Literal["mirror.rescan"] = "mirror.rescan"
+
+
+class MirrorResnapshotMessage(ChannelMessage):
+    """``mirror.resnapshot``: the process subscribed to peer ``peer_id`` reconnects its stream
+    now, which brings a fresh snapshot (after a launch on that peer, spec §6)."""
+
+    type: Literal["mirror.resnapshot"] = "mirror.resnapshot"
+    peer_id: int

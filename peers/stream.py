@@ -36,11 +36,13 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET
 
 from agents.models import Agent
+from agents.protocol import UserEventMessage
 from agents.services import user_events_group
 from agents.stream import sse_frame
 from core.openapi import Operation, documented
+from core.protocol import CredentialEndedMessage
 from core.realtime import Subscription
-from core.revocation import CREDENTIAL_ENDED, StreamCredential, stream_closed, stream_opened
+from core.revocation import StreamCredential, stream_closed, stream_opened
 from peers.auth import PEER_SECURITY, PeerAuthError, peer_authenticate, peer_error_response
 from peers.models import Peer
 
@@ -162,9 +164,9 @@ async def peer_frames(peer: Peer, live: Subscription) -> AsyncIterator[str]:
             # Keep-alives never cancel the layer's receive (core.realtime).
             message = await live.wait(max(last_sent + KEEPALIVE_SECONDS - loop.time(), 0.0))
             if message is not None:
-                if message.get("type") == CREDENTIAL_ENDED:
+                if isinstance(message, CredentialEndedMessage):
                     return
-                if message.get("event") != "agent.upsert" or not isinstance(message.get("data"), dict):
+                if not isinstance(message, UserEventMessage) or message.event != "agent.upsert":
                     continue
                 if loop.time() - checked >= LINK_RECHECK_SECONDS:
                     # spec §3: a changed flag takes effect on the next request — the stream is
@@ -175,7 +177,7 @@ async def peer_frames(peer: Peer, live: Subscription) -> AsyncIterator[str]:
                     if link is None or not link[0] or link[2] != owner_id:
                         return
                     allow_events = link[1]
-                scoped = peer_upsert_from_local(message["data"], allow_events=allow_events)
+                scoped = peer_upsert_from_local(message.data, allow_events=allow_events)
                 if scoped is None:
                     continue
                 frame_id += 1
@@ -194,7 +196,9 @@ async def peer_frames(peer: Peer, live: Subscription) -> AsyncIterator[str]:
 async def peer_events_open(peer: Peer) -> AsyncIterator[str]:
     """Subscribe to ``peer.owner``'s live events, then return ``peer_frames`` (subscribing
     before the snapshot is read, so nothing in between is lost)."""
-    live = await Subscription(user_events_group(peer.owner_id)).open()
+    live = await Subscription(
+        user_events_group(peer.owner_id), receives=[UserEventMessage, CredentialEndedMessage]
+    ).open()
     return peer_frames(peer, live)
 
 

@@ -5,8 +5,10 @@
   ``remote-call`` (``RemoteCallBody``, also the body of ``POST
   /api/v1/remotes/{remotename}/call``), ``remote-call-result`` (``RemoteCallResult``);
 - the downstream ``remote-call`` event the server sends (§2.2, ``remote_call_event``);
-- the channel-layer messages the ``/ws`` consumer receives from ``remotes.services``
-  (``RemoteCallMessage``, ``RemoteProbeMessage``, ``RemoteDisconnectedMessage``).
+- the channel-layer messages (``core.protocol.ChannelMessage``) the ``/ws`` consumer
+  receives from ``remotes.services`` (``RemoteCallMessage``, ``RemoteProbeMessage``,
+  ``RemoteDisconnectedMessage``), and the ``remote.reply`` it answers a call or a probe
+  with (``RemoteCallReply``, ``RemoteProbeReply``).
 
 Every parser raises ``InvalidRequest`` whose message names the field that is wrong
 (``core.validation.describe_validation_error``); the consumer turns it into
@@ -24,6 +26,7 @@ from jsonschema.validators import validator_for
 from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
 
 from core.errors import InvalidRequest
+from core.protocol import ChannelMessage, ChannelRequest
 from core.validation import parse_body
 from core.wire import encode
 from remotes.schemas import non_local_refs
@@ -33,11 +36,13 @@ __all__ = [
     "RemoteCallAnswer",
     "RemoteCallBody",
     "RemoteCallMessage",
+    "RemoteCallReply",
     "RemoteCallResult",
     "RemoteConnectBody",
     "RemoteDisconnectedMessage",
     "RemoteNameBody",
     "RemoteProbeMessage",
+    "RemoteProbeReply",
     "check_remotename",
     "encode",
     "parse_body",
@@ -228,49 +233,61 @@ class RemoteCallResult(BaseModel):
         fields = message if "requestId" in message else (body if isinstance(body, dict) else {})
         return cls.model_validate(fields)
 
-    def reply(self) -> dict[str, Any]:
+    def reply(self) -> RemoteCallReply:
         """What the waiting caller gets: ``{"error": text}`` or ``{"result": value}``."""
         if self.error is not None:
-            return {"error": self.error if isinstance(self.error, str) else json.dumps(self.error)}
-        return {"result": self.result}
+            return RemoteCallReply(error=self.error if isinstance(self.error, str) else json.dumps(self.error))
+        return RemoteCallReply(result=self.result)
 
 
-# --- channel-layer messages the /ws consumer receives (sent by remotes.services) ----------
+# --- channel-layer messages: the /ws consumer receives them from remotes.services, and replies --
 
 
-class RemoteCallMessage(BaseModel):
+class RemoteCallMessage(ChannelRequest):
     """``remote.call``: run ``function`` of the remote ``remote_id`` this session serves and
-    answer on ``reply_channel``; ``timeout`` is the caller's wait in seconds (the pending
-    call is kept that long plus a grace), ``None`` for the default."""
+    answer on ``reply_channel`` (``RemoteCallReply``); ``timeout`` is the caller's wait in
+    seconds (the pending call is kept that long plus a grace), ``None`` for the default."""
 
-    model_config = ConfigDict(extra="ignore")
-
-    type: Literal["remote.call"]
+    type: Literal["remote.call"] = "remote.call"
     remote_id: int
     remotename: str
     function: str
     args: dict[str, Any]
-    reply_channel: str
     timeout: float | None = None
 
 
-class RemoteProbeMessage(BaseModel):
+class RemoteProbeMessage(ChannelRequest):
     """``remote.probe``: does this session still serve ``remote_id``? Answered at once on
-    ``reply_channel`` with ``{"serving": bool}`` (§2, a takeover of a stale name)."""
+    ``reply_channel`` with a ``RemoteProbeReply`` (§2, a takeover of a stale name)."""
 
-    model_config = ConfigDict(extra="ignore")
-
-    type: Literal["remote.probe"]
-    remote_id: int | None = None
-    reply_channel: str
+    type: Literal["remote.probe"] = "remote.probe"
+    remote_id: int
 
 
-class RemoteDisconnectedMessage(BaseModel):
+class RemoteDisconnectedMessage(ChannelMessage):
     """``remote.disconnected``: the remote ``remote_id`` was disconnected (maybe by another
     session); ``reason`` is shown to the client, a default when absent."""
 
-    model_config = ConfigDict(extra="ignore")
-
-    type: Literal["remote.disconnected"]
+    type: Literal["remote.disconnected"] = "remote.disconnected"
     remote_id: int
     reason: str | None = None
+
+
+class RemoteCallReply(ChannelMessage):
+    """``remote.reply`` to a ``remote.call``: ``{"result": <any JSON value>}``, or ``{"error":
+    <text>}`` with, for a platform error, its ``code`` (``REMOTE_DISCONNECTED``, …) and
+    ``delivered: false`` when the call never reached the client (the caller may re-route
+    it, §2.4)."""
+
+    type: Literal["remote.reply"] = "remote.reply"
+    result: Any = None
+    error: str | None = None
+    code: str | None = None
+    delivered: bool | None = None
+
+
+class RemoteProbeReply(ChannelMessage):
+    """``remote.reply`` to a ``remote.probe``: ``{"serving": bool}``."""
+
+    type: Literal["remote.reply"] = "remote.reply"
+    serving: bool

@@ -33,7 +33,15 @@ from core.realtime import Gone, layer_request, request_reply, send_on_commit
 from core.services import server_process_ensure
 from core.tool_changes import tools_changed_on_commit
 from remotes.models import Remote, WsSession
-from remotes.protocol import FunctionSpec, remote_call_event
+from remotes.protocol import (
+    FunctionSpec,
+    RemoteCallMessage,
+    RemoteCallReply,
+    RemoteDisconnectedMessage,
+    RemoteProbeMessage,
+    RemoteProbeReply,
+    remote_call_event,
+)
 from remotes.schemas import compile_validator, has_patterns
 
 logger = logging.getLogger(__name__)
@@ -42,11 +50,9 @@ logger = logging.getLogger(__name__)
 # DISPATCH_REMOTE_CALL_TIMEOUT and per call.
 REMOTE_CALL_TIMEOUT = 30.0
 
-# Channel-layer message types (handled by dispatch.ws.consumer.SessionConsumer).
-CALL_MESSAGE = "remote.call"
-REPLY_MESSAGE = "remote.reply"
-DISCONNECTED_MESSAGE = "remote.disconnected"
-PROBE_MESSAGE = "remote.probe"  # "do you still serve this remote?" (answered with REPLY_MESSAGE)
+# The channel-layer messages (remotes.protocol: RemoteCallMessage, RemoteProbeMessage,
+# RemoteDisconnectedMessage) are handled by dispatch.ws.consumer.SessionConsumer, which
+# answers a call with a RemoteCallReply and a probe with a RemoteProbeReply.
 REMOTE_PROBE_TIMEOUT = 1.0  # seconds a name's holder has to answer a probe before it is stale
 
 
@@ -205,9 +211,11 @@ async def remote_connect_probing(
         if holder is not None and holder.channel_name == channel_name:
             raise  # this very session serves it
         if holder is not None:
-            probe = {"type": PROBE_MESSAGE, "remote_id": holder.remote_id}
-            answer = await layer_request(holder.channel_name, probe, timeout=REMOTE_PROBE_TIMEOUT)
-            if answer is not None and answer.get("serving"):
+            probe = RemoteProbeMessage(remote_id=holder.remote_id)
+            answer = await layer_request(
+                holder.channel_name, probe, reply=RemoteProbeReply, timeout=REMOTE_PROBE_TIMEOUT
+            )
+            if answer is not None and answer.serving:
                 raise
             await database_sync_to_async(remote_holder_forget)(holder=holder, session_stale=answer is None)
     return await connect(
@@ -230,7 +238,7 @@ def remote_disconnect(*, user: User, remotename: str) -> Remote:
     remote.delete()
     forget_route(user.pk, remotename)
     tools_changed_on_commit([user.pk])
-    send_on_commit(channel_name, {"type": DISCONNECTED_MESSAGE, "remote_id": remote_id})
+    send_on_commit(channel_name, RemoteDisconnectedMessage(remote_id=remote_id))
     return remote
 
 
@@ -398,9 +406,9 @@ async def remote_call(
         else:
             check_arguments(route, remotename, function, args)
         reply = await _deliver(route, remotename, function, args, timeout, deadline)
-        if "error" not in reply:
-            return reply.get("result")
-        if reply.get("delivered") is False:
+        if reply.error is None:
+            return reply.result
+        if reply.delivered is False:
             # The serving session no longer serves that remote row: nothing ran, so the
             # call may go to the remote's current session, if it has one.
             forget_route(user.pk, remotename)
@@ -408,7 +416,7 @@ async def remote_call(
                 reroutes_left -= 1
                 route, _cached = await _route(user.pk, remotename, fresh=True)
                 continue
-        raise RemoteError(str(reply["error"]), reply.get("code", "REMOTE_ERROR"))
+        raise RemoteError(reply.error, reply.code or "REMOTE_ERROR")
 
 
 class _NotDelivered(RemoteError):
@@ -417,7 +425,7 @@ class _NotDelivered(RemoteError):
 
 async def _deliver(
     route: RemoteRoute, remotename: str, function: str, args: dict[str, Any], timeout: float, deadline: float
-) -> dict[str, Any]:
+) -> RemoteCallReply:
     """Send one call to the serving channel and wait for its reply until ``deadline``
     (``core.realtime.request_reply``), re-checking the serving side every
     ``DISPATCH_REMOTE_LIVENESS_INTERVAL`` seconds."""
@@ -437,14 +445,10 @@ async def _deliver(
     try:
         return await request_reply(
             route.channel_name,
-            {
-                "type": CALL_MESSAGE,
-                "remote_id": route.remote_id,
-                "remotename": remotename,
-                "function": function,
-                "args": args,
-                "timeout": timeout,
-            },
+            RemoteCallMessage(
+                remote_id=route.remote_id, remotename=remotename, function=function, args=args, timeout=timeout
+            ),
+            reply=RemoteCallReply,
             deadline=deadline,
             timed_out=RemoteError(f"remote call '{remotename}.{function}' timed out after {timeout:g}s", "TIMEOUT"),
             busy=RemoteError(f"remote '{remotename}' is busy", "REMOTE_BUSY"),
@@ -452,4 +456,4 @@ async def _deliver(
             liveness=serving,
         )
     except _NotDelivered as exc:
-        return {"error": exc.message, "code": exc.code, "delivered": False}
+        return RemoteCallReply(error=exc.message, code=exc.code, delivered=False)

@@ -17,8 +17,9 @@ from contextlib import asynccontextmanager
 
 from mcp.server.subscriptions import InMemorySubscriptionBus, ToolsListChanged
 
+from core.protocol import ToolsChangedMessage
 from core.realtime import LoopHealth, Subscription
-from core.tool_changes import TOOLS_CHANGED_MESSAGE, tools_group
+from core.tool_changes import tools_group
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ class UserFeed:
         # the layer is back).
         changes = Subscription(
             tools_group(self.user_id),
+            receives=[ToolsChangedMessage],
             health=LoopHealth(
                 f"the tool-change relay of user {self.user_id}",
                 metric_name="tool-change relay",
@@ -79,7 +81,7 @@ class UserFeed:
                 self.joined.set_result(None)
             while True:
                 message = await changes.wait(None)
-                if message is not None and message.get("type") == TOOLS_CHANGED_MESSAGE:
+                if isinstance(message, ToolsChangedMessage):
                     await self.bus.publish(ToolsListChanged())
         finally:
             await asyncio.shield(changes.close())

@@ -24,9 +24,11 @@ from agents.protocol import SendAgentPromptBody, UserEventMessage, agent_event_f
 from agents.services import user_events_group
 from core import wire
 from core.authentication import websocket_origin_allowed
-from core.consumers import DispatchConsumer
+from core.consumers import DispatchConsumer, receives
 from core.errors import DispatchError, RateLimited
+from core.protocol import ServerShutdownMessage
 from core.ratelimit import TokenBucket
+from core.realtime import layer_send
 from core.services import AuthenticationFailed, api_token_authenticate, password_authenticate
 from core.wire import encode
 from dispatch.ws.protocol import UNLIMITED_ACTIONS, parse_action
@@ -34,11 +36,13 @@ from remotes import services
 from remotes.protocol import (
     RemoteCallBody,
     RemoteCallMessage,
+    RemoteCallReply,
     RemoteCallResult,
     RemoteConnectBody,
     RemoteDisconnectedMessage,
     RemoteNameBody,
     RemoteProbeMessage,
+    RemoteProbeReply,
     remote_call_event,
 )
 from remotes.selectors import remote_list_for
@@ -297,15 +301,17 @@ class SessionConsumer(DispatchConsumer):
 
     # --- channel-layer messages ------------------------------------------------------
 
-    async def remote_call(self, event: dict[str, Any]) -> None:
+    @receives(RemoteCallMessage)
+    async def remote_call(self, call: RemoteCallMessage) -> None:
         """``remote.call`` (``RemoteCallMessage``): forward a call to this session's client as
         a downstream event."""
-        call = RemoteCallMessage.model_validate(event)
         served = self.served.get(call.remote_id)
         if served is None or self.closing:
             # Never forwarded: the caller may re-route it (its route was stale).
-            refusal = {"error": f"remote '{call.remotename}' disconnected", "code": "REMOTE_DISCONNECTED"}
-            await self._answer(call.reply_channel, {**refusal, "delivered": False})
+            refusal = RemoteCallReply(
+                error=f"remote '{call.remotename}' disconnected", code="REMOTE_DISCONNECTED", delivered=False
+            )
+            await self._answer(call.reply_channel, refusal)
             return
         number = self.request_counters.get(served.name, 0)
         self.request_counters[served.name] = number + 1
@@ -314,7 +320,7 @@ class SessionConsumer(DispatchConsumer):
             request_id=request_id, remotename=call.remotename, function=call.function, args=call.args
         )
         if _utf8_length(frame) > settings.WS_MAX_MESSAGE_BYTES:
-            await self._answer(call.reply_channel, {"error": "arguments too large"})
+            await self._answer(call.reply_channel, RemoteCallReply(error="arguments too large"))
             return
         now = time.monotonic()
         self._expire_pending(now)
@@ -326,11 +332,11 @@ class SessionConsumer(DispatchConsumer):
         )
         await self.send(text_data=frame)
 
-    async def user_event(self, event: dict[str, Any]) -> None:
+    @receives(UserEventMessage)
+    async def user_event(self, message: UserEventMessage) -> None:
         """``user.event`` (``UserEventMessage``): the user's live events; agent progress
         becomes event frames (agents.md §4)."""
-        message = UserEventMessage.model_validate(event)
-        data = message.data or {}
+        data = message.data
         if message.event == "agent.event":
             frame: dict[str, Any] | None = agent_event_frame(data)
         elif message.event == "run.updated":
@@ -340,18 +346,18 @@ class SessionConsumer(DispatchConsumer):
         if frame is not None and not self.closing:
             await self._send(frame)
 
-    async def remote_probe(self, event: dict[str, Any]) -> None:
+    @receives(RemoteProbeMessage)
+    async def remote_probe(self, probe: RemoteProbeMessage) -> None:
         """``remote.probe`` (``RemoteProbeMessage``): another session wants this remote's name;
         answer at once whether this session still serves it (no answer within 1 s makes it
         stale)."""
-        probe = RemoteProbeMessage.model_validate(event)
         serving = probe.remote_id in self.served and not self.closing
-        await self.channel_layer.send(probe.reply_channel, {"type": services.REPLY_MESSAGE, "serving": serving})
+        await layer_send(probe.reply_channel, RemoteProbeReply(serving=serving))
 
-    async def remote_disconnected(self, event: dict[str, Any]) -> None:
+    @receives(RemoteDisconnectedMessage)
+    async def remote_disconnected(self, gone: RemoteDisconnectedMessage) -> None:
         """``remote.disconnected`` (``RemoteDisconnectedMessage``): a remote of this session was
         disconnected (maybe elsewhere)."""
-        gone = RemoteDisconnectedMessage.model_validate(event)
         served = self.served.pop(gone.remote_id, None)
         if served is None:
             return
@@ -365,7 +371,8 @@ class SessionConsumer(DispatchConsumer):
             reason = gone.reason or "disconnected by another session of the user"
             await self._send({"action": "remote-disconnected", "remotename": served.name, "reason": reason})
 
-    async def server_shutdown(self, event: dict[str, Any]) -> None:
+    @receives(ServerShutdownMessage)
+    async def server_shutdown(self, message: ServerShutdownMessage) -> None:
         """``server.shutdown``: this process is stopping (or was reaped): fail calls, close."""
         for task in list(self.calls):
             task.cancel()
@@ -455,29 +462,31 @@ class SessionConsumer(DispatchConsumer):
         if pending is None:
             return False
         error = f"remote '{pending.remotename}' returned a result Dispatch cannot carry: {reason}"
-        await self._answer(pending.reply_channel, {"error": error})
+        await self._answer(pending.reply_channel, RemoteCallReply(error=error))
         await self._send({"error": f"invalid JSON: {reason}"})
         return True
 
     async def _fail_pending(self, request_id: str) -> None:
         pending = self.pending.pop(request_id, None)
         if pending is not None:
-            await self._answer(pending.reply_channel, {"error": f"remote '{pending.remotename}' disconnected"})
+            await self._answer(
+                pending.reply_channel, RemoteCallReply(error=f"remote '{pending.remotename}' disconnected")
+            )
 
     def _expire_pending(self, now: float) -> None:
         for request_id in [rid for rid, call in self.pending.items() if call.expires_at < now]:
             del self.pending[request_id]
 
-    async def _answer(self, reply_channel: str, reply: dict[str, Any]) -> None:
+    async def _answer(self, reply_channel: str, reply: RemoteCallReply) -> None:
         try:
-            await self.channel_layer.send(reply_channel, {"type": services.REPLY_MESSAGE, **reply})
+            await layer_send(reply_channel, reply)
         except ChannelFull:
             logger.warning("dropping a remote-call reply: caller channel full")
         except (TypeError, ValueError, RecursionError) as exc:
             # The layer could not serialise it (e.g. msgpack and a lone surrogate): the
             # caller must still get an answer rather than wait for its timeout.
             error = f"the remote's answer could not be relayed: {exc}"
-            await self.channel_layer.send(reply_channel, {"type": services.REPLY_MESSAGE, "error": error})
+            await layer_send(reply_channel, RemoteCallReply(error=error))
 
     async def _reply(self, nonce: Any, **fields: Any) -> None:
         if nonce is not None:

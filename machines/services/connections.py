@@ -11,25 +11,18 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
-from channels.layers import get_channel_layer
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
-from core.realtime import send_on_commit
+from core.realtime import layer_send, send_on_commit
 from core.services import AuthenticationFailed, api_token_authenticate, server_process_ensure
 from core.tool_changes import tools_changed_on_commit
 from machines.models import Machine, MachineConnection, MachineToken
-from machines.protocol import DEFAULT_LIMITS, Hello
+from machines.protocol import DEFAULT_LIMITS, Hello, MachineRevokedMessage, MachineTakeoverMessage
 from machines.services.operations import request_snapshots
 
 logger = logging.getLogger(__name__)
-
-# Channel-layer message types handled by machines.consumers.ShimConsumer (and the
-# operation itself, ``operations.OP_MESSAGE``).
-REPLY_MESSAGE = "machine.reply"
-REVOKED_MESSAGE = "machine.revoked"
-TAKEOVER_MESSAGE = "machine.takeover"
 
 
 @dataclass(frozen=True)
@@ -132,10 +125,9 @@ def shim_connected(*, identity: ShimIdentity, hello: Hello, channel_name: str, p
 async def announce_attachment(attachment: Attachment) -> None:
     """After a HELLO: revoke taken-over sockets (4427), and on the N = 2 transition ask
     every attached shim of the shared sessions for its ``MACHINE_LIST_RESPONSE`` (§4)."""
-    layer = get_channel_layer()
     for channel_name, connection_id in attachment.replaced_channels:
         try:
-            await layer.send(channel_name, {"type": TAKEOVER_MESSAGE, "connection_id": connection_id})
+            await layer_send(channel_name, MachineTakeoverMessage(connection_id=connection_id))
         except ChannelFull:
             logger.warning("could not tell %s about its takeover: channel full", channel_name)
     targets = await database_sync_to_async(_snapshot_targets)(attachment)
@@ -254,5 +246,5 @@ def machine_revoke(*, user: User, machine_id: str) -> Machine:
     MachineConnection.objects.filter(machine=machine).delete()
     tools_changed_on_commit([user.pk])
     for channel_name in channels:
-        send_on_commit(channel_name, {"type": REVOKED_MESSAGE})
+        send_on_commit(channel_name, MachineRevokedMessage())
     return machine

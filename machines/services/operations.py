@@ -29,16 +29,21 @@ from core.errors import DispatchError, InvalidRequest
 from core.presence import current_process_id
 from core.realtime import Gone, request_reply
 from machines.models import AuditRecord, Machine, MachineConnection, PathRecency
-from machines.protocol import CALLER_OPERATIONS, DEFAULT_LIMITS, SESSION_ID_PATTERN
+from machines.protocol import (
+    CALLER_OPERATIONS,
+    DEFAULT_LIMITS,
+    SESSION_ID_PATTERN,
+    MachineOpMessage,
+    MachineReplyMessage,
+)
 from machines.services import router
 from machines.services.router import Candidate
 from machines.shim.redaction import redact, redact_argv
 
 logger = logging.getLogger(__name__)
 
-# The channel-layer message type of an operation, handled by machines.consumers.ShimConsumer
-# (which answers on the message's reply_channel with connections.REPLY_MESSAGE).
-OP_MESSAGE = "machine.op"
+# An operation travels as a MachineOpMessage to machines.consumers.ShimConsumer, which
+# answers on its reply_channel with a MachineReplyMessage (machines.protocol).
 TIMEOUT_MARGIN = 10.0  # seconds the platform waits past an operation's own timeout (§5)
 SNAPSHOT_TIMEOUT = 10.0  # seconds to wait for MACHINE_LIST_RESPONSEs
 _background: set[asyncio.Future[Any]] = set()
@@ -83,15 +88,16 @@ async def send_to_machine(
     session_id: str,
     timeout: float,
     request_id: str | None = None,
-) -> dict[str, Any]:
+) -> MachineReplyMessage:
     """Send one operation to the chosen machine's connection and wait for its reply
     (``core.realtime.request_reply``), re-checking every ``DISPATCH_REMOTE_LIVENESS_INTERVAL``
     seconds that the connection row exists and its process is alive.
 
     ``request_id`` is the envelope ``id`` the shim sees (a fresh uuid4 unless given);
-    ``timeout`` in seconds from the send. Returns ``{"response_type", "payload"}``
-    (``ERROR`` included); raises ``MachineError`` ``MACHINE_UNREACHABLE`` (connection gone,
-    its process dead, or its channel full) or ``TIMEOUT``.
+    ``timeout`` in seconds from the send. Returns the ``MachineReplyMessage``
+    (``response_type``, ``payload``; ``ERROR`` included); raises ``MachineError``
+    ``MACHINE_UNREACHABLE`` (connection gone, its process dead, or its channel full) or
+    ``TIMEOUT``.
     """
 
     async def connected() -> Gone | None:
@@ -101,14 +107,10 @@ async def send_to_machine(
 
     return await request_reply(
         candidate.channel_name,
-        {
-            "type": OP_MESSAGE,
-            "op": op,
-            "payload": payload,
-            "request_id": request_id or str(uuid.uuid4()),
-            "session_id": session_id,
-            "timeout": timeout,
-        },
+        MachineOpMessage(
+            op=op, payload=payload, request_id=request_id or str(uuid.uuid4()), session_id=session_id, timeout=timeout
+        ),
+        reply=MachineReplyMessage,
         timeout=timeout,
         timed_out=MachineError(
             "TIMEOUT", f"no answer from machine '{candidate.name}' within {timeout:g}s; the operation may have run"
@@ -167,15 +169,15 @@ async def machine_op(
             timeout=operation_timeout(op, payload, candidate.limits),
             request_id=request_id,
         )
-        if reply["response_type"] == "ERROR":
-            error = reply["payload"]
+        if reply.response_type == "ERROR":
+            error = reply.payload
             code = str(error.get("code") or "MACHINE_ERROR")
             result = {"ok": False, "error_code": code}
             raise MachineError(code, str(error.get("message") or code), error.get("details") or {})
-        response = {"machine_id": candidate.machine_id, "type": reply["response_type"], "payload": reply["payload"]}
+        response = {"machine_id": candidate.machine_id, "type": reply.response_type, "payload": reply.payload}
         result = {"ok": True}
         if op == "EXECUTE_COMMAND":
-            result["exit_code"] = reply["payload"].get("exit_code")
+            result["exit_code"] = reply.payload.get("exit_code")
         if router.operation_path(op, payload) is not None:
             # Recency is a routing input: it must be visible to the very next operation
             # (a write and the following read of one file go to one machine, §6 step 2),

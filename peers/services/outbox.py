@@ -27,6 +27,7 @@ from agents.models import Agent, AgentEvent, AgentMessage
 from core.errors import DispatchError, NotFound
 from core.realtime import ring_on_commit
 from peers.models import OutboxMessage, Peer, PeerReceipt
+from peers.protocol import OutboxDoorbellMessage
 
 DOORBELL_GROUP = "peers.outbox"  # channel-layer group the drain loop listens on
 BACKOFF_BASE = 30.0  # seconds
@@ -44,13 +45,13 @@ Status = OutboxMessage.Status
 
 
 def outbox_ring() -> None:
-    """Wake every drain loop (``{"type": "outbox.doorbell"}`` to ``DOORBELL_GROUP``) once the
+    """Wake every drain loop (``OutboxDoorbellMessage`` to ``DOORBELL_GROUP``) once the
     current transaction commits, at once outside one (``core.realtime.ring_on_commit``).
 
     Best effort, at most once: a lost ring only delays delivery to the next 30 s pass.
     Sync code only; never raises.
     """
-    ring_on_commit(DOORBELL_GROUP, {"type": "outbox.doorbell"})
+    ring_on_commit(DOORBELL_GROUP, OutboxDoorbellMessage())
 
 
 def outbox_enqueue(*, message: AgentMessage, peer: Peer, to_agent_id: str, payload: dict[str, Any]) -> OutboxMessage:

@@ -30,11 +30,12 @@ from limits import parse
 from agents.models import AgentMessage
 from core import secrets_at_rest
 from core.errors import DispatchError, InvalidRequest
-from core.realtime import MIRROR_RESCAN, PEERS_MIRROR_GROUP, ring_on_commit
+from core.realtime import PEERS_MIRROR_GROUP, ring_on_commit
 from core.services import generate_token, rate_limiter, token_digest
 from core.tool_changes import tools_changed_on_commit
 from peers.identity import PEER_PROTOCOL_VERSION, fingerprint_of
 from peers.models import OutboxMessage, PairingOffer, Peer
+from peers.protocol import MirrorRescanMessage
 from peers.selectors import live_offers, peer_get_for
 from peers.services.identity import identity_get, staff_require
 from peers.services.links import CAPABILITIES, capabilities_validate, label_for_link, label_is_own_name
@@ -52,7 +53,7 @@ WRONG_CODE_LIMIT = parse("5 per 10 minutes")  # per instance: then every live of
 def _mirror_rescan() -> None:
     """Ring the mirroring loop (``peers.mirror``, which sits above this module) to rescan the
     links after commit, as ``peers.mirror.mirror_rescan`` does (spec §7)."""
-    ring_on_commit(PEERS_MIRROR_GROUP, {"type": MIRROR_RESCAN})
+    ring_on_commit(PEERS_MIRROR_GROUP, MirrorRescanMessage())
 
 
 # --- codes -----------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ caller had before issue 12.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import logging
+from typing import Any, Literal
 
 import pytest
 from channels.exceptions import ChannelFull
@@ -15,11 +16,24 @@ from channels.layers import get_channel_layer
 
 from core import realtime
 from core.errors import DispatchError
+from core.protocol import ChannelMessage, ChannelRequest
+from machines.protocol import MachineReplyMessage
 from machines.services import operations
 from machines.services.operations import MachineError, send_to_machine
 from machines.services.router import Candidate
 from remotes import services as remotes
+from remotes.protocol import RemoteCallReply, RemoteProbeMessage, RemoteProbeReply
 from remotes.services import RemoteError, RemoteRoute
+
+
+class CountRequest(ChannelRequest):
+    type: Literal["test.request"] = "test.request"
+    n: int
+
+
+class CountReply(ChannelMessage):
+    type: Literal["test.reply"] = "test.reply"
+    n: int
 
 
 def _candidate(channel_name: str) -> Candidate:
@@ -69,19 +83,37 @@ class FullLayer:
 
 async def test_the_reply_arrives_and_the_request_carries_its_fields_and_a_reply_channel() -> None:
     channel = await get_channel_layer().new_channel()
-    answering = asyncio.ensure_future(_answer(channel, lambda request: {"n": request["n"] + 1}))
+    answering = asyncio.ensure_future(_answer(channel, lambda request: {"type": "test.reply", "n": request["n"] + 1}))
     reply = await realtime.request_reply(
-        channel, {"type": "test.request", "n": 41}, timeout=5, timed_out=DispatchError("TIMEOUT", "late")
+        channel, CountRequest(n=41), reply=CountReply, timeout=5, timed_out=DispatchError("TIMEOUT", "late")
     )
     request = await answering
-    assert reply == {"n": 42}
+    assert reply == CountReply(n=42)
     assert set(request) == {"type", "n", "reply_channel"} and request["reply_channel"] != channel
+
+
+async def test_a_malformed_reply_is_logged_and_dropped_and_the_wait_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    channel = await get_channel_layer().new_channel()
+
+    async def answer_twice() -> None:
+        request = await get_channel_layer().receive(channel)
+        await get_channel_layer().send(request["reply_channel"], {"type": "test.reply", "n": "many"})
+        await get_channel_layer().send(request["reply_channel"], {"type": "test.reply", "n": 7})
+
+    answering = asyncio.ensure_future(answer_twice())
+    with caplog.at_level(logging.WARNING, logger="core.realtime"):
+        reply = await realtime.request_reply(
+            channel, CountRequest(n=1), reply=CountReply, timeout=5, timed_out=DispatchError("TIMEOUT", "late")
+        )
+    await answering
+    assert reply == CountReply(n=7)
+    assert any("dropped a malformed message of type 'test.reply': invalid n" in r.getMessage() for r in caplog.records)
 
 
 async def test_a_remote_call_gets_its_reply_with_the_call_message_unchanged() -> None:
     channel = await get_channel_layer().new_channel()
-    answering = asyncio.ensure_future(_answer(channel, {"type": remotes.REPLY_MESSAGE, "result": {"hour": 9}}))
-    assert await _deliver(channel, 5) == {"type": remotes.REPLY_MESSAGE, "result": {"hour": 9}}
+    answering = asyncio.ensure_future(_answer(channel, {"type": "remote.reply", "result": {"hour": 9}}))
+    assert await _deliver(channel, 5) == RemoteCallReply(result={"hour": 9})
     request = await answering
     assert request == {
         "type": "remote.call",
@@ -101,7 +133,7 @@ async def test_a_machine_operation_gets_its_reply_with_the_op_message_unchanged(
     reply = await send_to_machine(
         _candidate(channel), op="READ_FILE", payload={"path": "/a"}, session_id="s1", timeout=5, request_id="req-1"
     )
-    assert reply == answer
+    assert reply == MachineReplyMessage(response_type="READ_FILE_RESPONSE", payload={"content": "x"})
     request = await answering
     assert request == {
         "type": "machine.op",
@@ -155,7 +187,7 @@ async def test_a_full_channel_is_busy_for_a_remote_and_unreachable_for_a_machine
         "machine 'laptop' is not taking requests",
     )
     with pytest.raises(ChannelFull):  # a probe has no error of its own: the layer's is raised
-        await realtime.layer_request("specific.x!y", {"type": "remote.probe"}, timeout=1)
+        await realtime.layer_request("specific.x!y", RemoteProbeMessage(remote_id=1), reply=RemoteProbeReply, timeout=1)
 
 
 async def test_arguments_the_layer_cannot_send_are_an_invalid_request_of_the_remote_call(monkeypatch: Any) -> None:
@@ -205,11 +237,9 @@ async def test_a_remote_whose_session_went_away_is_disconnected_after_the_grace(
     monkeypatch.setattr(remotes, "_serving_state", serving_state)
     channel = await get_channel_layer().new_channel()
     if state == "closed":  # never forwarded: the caller may re-route the call
-        assert await _deliver(channel, 5) == {
-            "error": "remote 'clock' disconnected",
-            "code": "REMOTE_DISCONNECTED",
-            "delivered": False,
-        }
+        assert await _deliver(channel, 5) == RemoteCallReply(
+            error="remote 'clock' disconnected", code="REMOTE_DISCONNECTED", delivered=False
+        )
     else:
         with pytest.raises(RemoteError) as failure:
             await _deliver(channel, 5)
@@ -225,19 +255,19 @@ async def test_an_answer_sent_just_before_the_session_closed_is_still_taken(monk
     monkeypatch.setattr(remotes, "_serving_state", serving_state)
     channel = await get_channel_layer().new_channel()
     # Answers 0.1 s in: after the first liveness check (0.05 s), inside its grace (0.2 s).
-    answer = asyncio.ensure_future(_answer(channel, {"type": remotes.REPLY_MESSAGE, "result": 1}, after=0.1))
-    assert await _deliver(channel, 5) == {"type": remotes.REPLY_MESSAGE, "result": 1}
+    answer = asyncio.ensure_future(_answer(channel, {"type": "remote.reply", "result": 1}, after=0.1))
+    assert await _deliver(channel, 5) == RemoteCallReply(result=1)
     await answer
 
 
 async def test_a_probe_without_an_answer_is_none_and_with_one_is_the_answer() -> None:
     silent, answering = await get_channel_layer().new_channel(), await get_channel_layer().new_channel()
-    assert await realtime.layer_request(silent, {"type": "remote.probe", "remote_id": 1}, timeout=0.1) is None
-    answer = asyncio.ensure_future(_answer(answering, {"type": remotes.REPLY_MESSAGE, "serving": True}))
-    assert await realtime.layer_request(answering, {"type": "remote.probe", "remote_id": 1}, timeout=5) == {
-        "type": remotes.REPLY_MESSAGE,
-        "serving": True,
-    }
+    probe = RemoteProbeMessage(remote_id=1)
+    assert await realtime.layer_request(silent, probe, reply=RemoteProbeReply, timeout=0.1) is None
+    answer = asyncio.ensure_future(_answer(answering, {"type": "remote.reply", "serving": True}))
+    assert await realtime.layer_request(answering, probe, reply=RemoteProbeReply, timeout=5) == RemoteProbeReply(
+        serving=True
+    )
     await answer
 
 
@@ -247,4 +277,6 @@ async def test_the_healthz_round_trip_sees_a_working_layer() -> None:
 
 async def test_a_request_takes_exactly_one_of_timeout_and_deadline() -> None:
     with pytest.raises(TypeError):
-        await realtime.request_reply("specific.x!y", {}, timed_out=DispatchError("TIMEOUT", "late"))
+        await realtime.request_reply(
+            "specific.x!y", CountRequest(n=1), reply=CountReply, timed_out=DispatchError("TIMEOUT", "late")
+        )

@@ -8,16 +8,31 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from channels.layers import get_channel_layer
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from core.protocol import ChannelMessage
 from core.realtime import LoopHealth, Subscription, ring
 from tests.outage import LayerOutage
 
 GROUP = "tests.doorbell"
+
+
+class Ring(ChannelMessage):
+    """The tests' doorbell message."""
+
+    type: Literal["test.ring"] = "test.ring"
+    n: int | None = None
+
+
+class Event(ChannelMessage):
+    """The tests' event stream message."""
+
+    type: Literal["user.event"] = "user.event"
+    n: int
 
 
 class CountingLayer:
@@ -76,14 +91,14 @@ def _counting_cancels(layer: Any) -> dict[str, int]:
 
 async def test_many_short_waits_hold_one_receive_and_cancel_it_only_at_close() -> None:
     layer = CountingLayer()
-    bell = Subscription(GROUP, health=LoopHealth("test doorbell"), layer=layer)
+    bell = Subscription(GROUP, receives=[Ring], health=LoopHealth("test doorbell"), layer=layer)
     await bell.open()
     assert await bell.joined()
     for _ in range(50):
         assert await bell.wait(0.005) is None
     assert (layer.receives, layer.cancelled) == (1, 0)
     layer.ring({"type": "test.ring", "n": 1})
-    assert await bell.wait(1) == {"type": "test.ring", "n": 1}
+    assert await bell.wait(1) == Ring(n=1)
     for _ in range(10):
         assert await bell.wait(0.005) is None
     assert (layer.receives, layer.cancelled) == (2, 0)  # a new receive only after a message
@@ -92,14 +107,14 @@ async def test_many_short_waits_hold_one_receive_and_cancel_it_only_at_close() -
 
 
 async def test_a_ring_while_the_loop_is_busy_is_seen_at_the_next_wait() -> None:
-    async with Subscription(GROUP, health=LoopHealth("test doorbell")) as bell:
+    async with Subscription(GROUP, receives=[Ring], health=LoopHealth("test doorbell")) as bell:
         assert await bell.joined()
-        await ring(GROUP, {"type": "test.ring", "n": 1})
+        await ring(GROUP, Ring(n=1))
         await asyncio.sleep(0.2)  # busy with a pass, awaiting other things
-        await ring(GROUP, {"type": "test.ring", "n": 2})
+        await ring(GROUP, Ring(n=2))
         started = asyncio.get_running_loop().time()
-        assert await bell.wait(5) == {"type": "test.ring", "n": 1}
-        assert await bell.wait(5) == {"type": "test.ring", "n": 2}
+        assert await bell.wait(5) == Ring(n=1)
+        assert await bell.wait(5) == Ring(n=2)
         assert asyncio.get_running_loop().time() - started < 1.0  # at once, not after a timeout
         assert await bell.wait(0.05) is None
 
@@ -107,27 +122,27 @@ async def test_a_ring_while_the_loop_is_busy_is_seen_at_the_next_wait() -> None:
 async def test_a_ring_during_a_blocking_pass_is_seen_at_the_next_wait() -> None:
     import time
 
-    async with Subscription(GROUP, health=LoopHealth("test doorbell")) as bell:
+    async with Subscription(GROUP, receives=[Ring], health=LoopHealth("test doorbell")) as bell:
         assert await bell.joined()
-        await ring(GROUP, {"type": "test.ring"})
+        await ring(GROUP, Ring())
         time.sleep(0.1)  # a pass that never yields: the receiver cannot run meanwhile
-        assert await bell.wait(5) == {"type": "test.ring"}
+        assert await bell.wait(5) == Ring()
 
 
 async def test_against_the_in_memory_layer_no_receive_is_cancelled_before_close() -> None:
     layer = get_channel_layer()
     counts = _counting_cancels(layer)
-    async with Subscription(GROUP, health=LoopHealth("test doorbell")) as bell:
+    async with Subscription(GROUP, receives=[Ring], health=LoopHealth("test doorbell")) as bell:
         assert await bell.joined()
         seen = []
         for n in range(20):
             if n % 4 == 0:
-                await ring(GROUP, {"type": "test.ring", "n": n})
+                await ring(GROUP, Ring(n=n))
             message = await bell.wait(0.01)
             while message is None and n % 4 == 0:
                 message = await bell.wait(0.01)
             if message is not None:
-                seen.append(message["n"])
+                seen.append(message.n)
         assert seen == [0, 4, 8, 12, 16]
         assert counts["cancelled"] == 0
         assert counts["receives"] == 6  # one per message, plus the one pending now
@@ -141,7 +156,7 @@ async def test_a_layer_outage_during_the_wait_does_not_raise_and_the_doorbell_co
     outage = LayerOutage(layer)
     health = LoopHealth("test doorbell", base=0.05, cap=0.1, log=logging.getLogger("tests.doorbell"))
     with caplog.at_level(logging.WARNING, logger="tests.doorbell"):
-        async with Subscription(GROUP, health=health, rejoin_every=0.2) as bell:
+        async with Subscription(GROUP, receives=[Ring], health=health, rejoin_every=0.2) as bell:
             assert await bell.joined()
             outage.start()  # the pending receive fails, then every join
             for _ in range(10):
@@ -154,8 +169,8 @@ async def test_a_layer_outage_during_the_wait_does_not_raise_and_the_doorbell_co
                     break
                 await bell.wait(0.02)
             assert health.failures == 0
-            await ring(GROUP, {"type": "test.ring"})
-            assert await bell.wait(2) == {"type": "test.ring"}
+            await ring(GROUP, Ring())
+            assert await bell.wait(2) == Ring()
     warnings = [r.getMessage() for r in caplog.records if r.name == "tests.doorbell"]
     assert len(warnings) == 2, warnings  # once per change of state, not once per retry
     assert warnings[0].startswith("test doorbell failing: ConnectionError")
@@ -166,20 +181,20 @@ async def test_a_doorbell_whose_layer_is_down_from_the_start_only_times_out() ->
     layer = CountingLayer()
     layer.down = True
     health = LoopHealth("test doorbell", base=0.05, cap=0.05)
-    bell = Subscription(GROUP, health=health, layer=layer)
+    bell = Subscription(GROUP, receives=[Ring], health=health, layer=layer)
     await bell.open()
     assert await bell.joined() is False
     assert await bell.wait(0.2) is None
     assert health.failures >= 2 and layer.receives == 0
     layer.down = False
     layer.ring({"type": "test.ring"})
-    assert await bell.wait(2) == {"type": "test.ring"}
+    assert await bell.wait(2) == Ring()
     await bell.close()
 
 
 async def test_memberships_are_renewed_without_a_new_receive() -> None:
     layer = CountingLayer()
-    bell = Subscription(GROUP, health=LoopHealth("test doorbell"), rejoin_every=0.02, layer=layer)
+    bell = Subscription(GROUP, receives=[Ring], health=LoopHealth("test doorbell"), rejoin_every=0.02, layer=layer)
     await bell.open()
     for _ in range(10):
         await bell.wait(0.02)
@@ -191,10 +206,10 @@ async def test_memberships_are_renewed_without_a_new_receive() -> None:
 async def test_a_streams_subscription_ends_with_the_layers_error() -> None:
     layer = get_channel_layer()
     outage = LayerOutage(layer)
-    live = await Subscription(GROUP).open()  # no health: an event stream's
+    live = await Subscription(GROUP, receives=[Event]).open()  # no health: an event stream's
     assert live.channel is not None
-    await ring(GROUP, {"type": "user.event", "n": 1})
-    assert await live.wait(2) == {"type": "user.event", "n": 1}
+    await ring(GROUP, Event(n=1))
+    assert await live.wait(2) == Event(n=1)
     outage.start()
     with pytest.raises(RedisConnectionError):
         await live.wait(2)
@@ -205,7 +220,7 @@ async def test_a_streams_subscription_ends_with_the_layers_error() -> None:
 async def test_a_streams_subscription_refuses_to_open_while_the_layer_is_down() -> None:
     LayerOutage(get_channel_layer()).start()
     with pytest.raises(RedisConnectionError):
-        await Subscription(GROUP).open()
+        await Subscription(GROUP, receives=[Event]).open()
 
 
 async def test_without_a_channel_layer_the_wait_is_a_sleep(settings: Any) -> None:
@@ -213,7 +228,7 @@ async def test_without_a_channel_layer_the_wait_is_a_sleep(settings: Any) -> Non
 
     settings.CHANNEL_LAYERS = {}
     channel_layers.backends.clear()
-    async with Subscription(GROUP, health=LoopHealth("test doorbell")) as bell:
+    async with Subscription(GROUP, receives=[Ring], health=LoopHealth("test doorbell")) as bell:
         started = asyncio.get_running_loop().time()
         assert await bell.wait(0.1) is None
         assert asyncio.get_running_loop().time() - started >= 0.09
@@ -223,11 +238,35 @@ async def test_without_a_channel_layer_the_wait_is_a_sleep(settings: Any) -> Non
 async def test_messages_not_taken_are_kept_up_to_the_channel_capacity() -> None:
     layer = CountingLayer()
     layer.capacity = 3
-    async with Subscription(GROUP, health=LoopHealth("test doorbell"), layer=layer) as bell:
+    async with Subscription(GROUP, receives=[Ring], health=LoopHealth("test doorbell"), layer=layer) as bell:
         for n in range(5):
             layer.ring({"type": "test.ring", "n": n})
         await asyncio.sleep(0.05)  # the loop is busy; the receiver takes all five meanwhile
         taken = []
         while (message := await bell.wait(0.05)) is not None:
-            taken.append(message["n"])
+            taken.append(message.n)
     assert taken == [0, 1, 2]  # the rest dropped, as a full channel drops them
+
+
+async def test_a_message_of_another_type_or_malformed_is_logged_and_dropped(caplog: pytest.LogCaptureFixture) -> None:
+    layer = CountingLayer()
+    with caplog.at_level(logging.WARNING, logger="core.realtime"):
+        async with Subscription(GROUP, receives=[Ring], health=LoopHealth("test doorbell"), layer=layer) as bell:
+            layer.ring({"type": "test.other"})  # a type it does not take
+            layer.ring({"type": "test.ring", "n": "many"})  # a field of the wrong type
+            layer.ring({"type": "test.ring", "n": 1, "extra": True})  # a field the model does not declare
+            layer.ring({"n": 1})  # no type
+            layer.ring({"type": "test.ring", "n": 2})
+            assert await bell.wait(1) == Ring(n=2)
+            assert await bell.wait(0.05) is None
+    dropped = [r.getMessage() for r in caplog.records if r.name == "core.realtime"]
+    assert len(dropped) == 4, dropped
+    assert "dropped a message of type 'test.other': it takes test.ring" in dropped[0]
+    assert "dropped a malformed message of type 'test.ring': invalid n" in dropped[1]
+    assert "dropped a malformed message of type 'test.ring': invalid extra" in dropped[2]
+    assert "dropped a message of type None" in dropped[3]
+
+
+def test_a_subscription_names_the_messages_it_takes() -> None:
+    with pytest.raises(TypeError):
+        Subscription(GROUP, receives=[])

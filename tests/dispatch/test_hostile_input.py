@@ -53,16 +53,19 @@ def test_lone_surrogates_are_refused_by_the_password_check_itself():
 async def test_a_failing_handler_closes_the_socket_and_leaves_no_ghost(
     ws_connect, owner_token, weather_tools, count_rows, monkeypatch
 ):
+    from core.consumers import receives
     from dispatch.ws.consumer import SessionConsumer
+    from remotes.protocol import RemoteCallMessage
 
     async with ws_connect(token=owner_token) as ws:
         await ws.request("remote-connect", {"remotename": "ghost", "tools": weather_tools})
         assert await count_rows(Remote, name="ghost") == 1
 
-        async def broken(self, event):
+        @receives(RemoteCallMessage)
+        async def remote_call(self, call):
             raise RuntimeError("boom")
 
-        monkeypatch.setattr(SessionConsumer, "remote_call", broken)
+        monkeypatch.setattr(SessionConsumer, "remote_call", remote_call)
         async with ws_connect(token=owner_token) as caller:
             await caller.send(
                 {

@@ -169,7 +169,7 @@ async def test_the_cli_supervisor_stands_down_without_tmux(monkeypatch, caplog):
 async def test_reaping_a_process_rings_the_tool_list_doorbell_of_its_remotes_users(owner, member, weather_tools):
     from channels.layers import get_channel_layer
 
-    from core.tool_changes import TOOLS_CHANGED_MESSAGE, tools_group
+    from core.tool_changes import tools_group
 
     dead = await database_sync_to_async(ghost_process)(age=settings.PROCESS_TTL + 1)
     await database_sync_to_async(ghost_remote)(user=owner, process=dead, tools=weather_tools)
@@ -181,6 +181,6 @@ async def test_reaping_a_process_rings_the_tool_list_doorbell_of_its_remotes_use
     assert await database_sync_to_async(server_process_reap)() == [GHOST]
 
     rung = await asyncio.wait_for(layer.receive(owner_channel), timeout=2)
-    assert rung == {"type": TOOLS_CHANGED_MESSAGE}
+    assert rung == {"type": "tools.changed"}
     with pytest.raises(asyncio.TimeoutError):  # nothing of the member's changed
         await asyncio.wait_for(layer.receive(member_channel), timeout=0.3)

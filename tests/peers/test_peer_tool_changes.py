@@ -12,7 +12,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
-from core.tool_changes import TOOLS_CHANGED_MESSAGE, tools_group
+from core.tool_changes import tools_group
 from peers.pairing import peer_unlink
 from peers.services.links import peer_capabilities_set, peer_rename
 from tests.peers.conftest import FakePeer
@@ -35,7 +35,7 @@ def rings(user_id: int, change: Callable[[], Any], capture: Any) -> int:
                     message = await layer.receive(channel)
             except TimeoutError:
                 return
-            heard += message["type"] == TOOLS_CHANGED_MESSAGE
+            heard += message["type"] == "tools.changed"
 
     async_to_sync(receive_all)()
     return heard

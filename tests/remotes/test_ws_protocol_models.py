@@ -14,7 +14,6 @@ from agents.protocol import SendAgentPromptBody, UserEventMessage, run_finished_
 from core.errors import InvalidRequest
 from dispatch.ws.consumer import SessionConsumer
 from dispatch.ws.protocol import ACTIONS, NoBody, parse_action
-from remotes import services
 from remotes.protocol import (
     RemoteCallBody,
     RemoteCallMessage,
@@ -72,17 +71,19 @@ def test_a_remote_call_result_is_read_at_the_top_level_first_then_under_body() -
     assert RemoteCallResult.from_frame(top, top["body"]).request_id == "w#1"
     nested = {"action": "remote-call-result", "body": {"requestId": "w#2", "result": [1, None]}}
     parsed = RemoteCallResult.from_frame(nested, nested["body"])
-    assert (parsed.request_id, parsed.reply()) == ("w#2", {"result": [1, None]})
+    assert (parsed.request_id, parsed.reply().for_layer()) == ("w#2", {"type": "remote.reply", "result": [1, None]})
     assert RemoteCallResult.from_frame({"action": "remote-call-result"}, "not an object").request_id is None
 
 
 def test_a_remote_call_result_never_refuses_and_relays_errors_as_text() -> None:
     assert RemoteCallResult.model_validate({"requestId": 7}).request_id is None  # matches no call
-    assert RemoteCallResult.model_validate({"requestId": "w#0"}).reply() == {"result": None}
-    assert RemoteCallResult.model_validate({"requestId": "w#0", "error": "no city"}).reply() == {"error": "no city"}
-    assert RemoteCallResult.model_validate({"requestId": "w#0", "error": {"code": 1}}).reply() == {
-        "error": '{"code": 1}'
-    }
+    def relayed(result: dict[str, Any]) -> dict[str, Any]:
+        """What the waiting caller's channel gets for a ``remote-call-result``."""
+        return RemoteCallResult.model_validate({"requestId": "w#0", **result}).reply().for_layer()
+
+    assert relayed({}) == {"type": "remote.reply", "result": None}
+    assert relayed({"error": "no city"}) == {"type": "remote.reply", "error": "no city"}
+    assert relayed({"error": {"code": 1}}) == {"type": "remote.reply", "error": '{"code": 1}'}
 
 
 def test_a_prompt_body_passes_its_fields_on_as_sent() -> None:
@@ -92,11 +93,16 @@ def test_a_prompt_body_passes_its_fields_on_as_sent() -> None:
     assert parsed.options is options
 
 
-def test_each_channel_message_model_names_the_type_its_sender_uses() -> None:
-    assert get_args(RemoteCallMessage.model_fields["type"].annotation) == (services.CALL_MESSAGE,)
-    assert get_args(RemoteProbeMessage.model_fields["type"].annotation) == (services.PROBE_MESSAGE,)
-    assert get_args(RemoteDisconnectedMessage.model_fields["type"].annotation) == (services.DISCONNECTED_MESSAGE,)
-    assert get_args(UserEventMessage.model_fields["type"].annotation) == ("user.event",)
+def test_the_session_consumer_handles_each_channel_message_under_its_type_with_its_model() -> None:
+    handled = {
+        "remote.call": RemoteCallMessage,
+        "remote.probe": RemoteProbeMessage,
+        "remote.disconnected": RemoteDisconnectedMessage,
+        "user.event": UserEventMessage,
+    }
+    for kind, model in handled.items():
+        assert get_args(model.model_fields["type"].annotation) == (kind,)
+        assert getattr(SessionConsumer, kind.replace(".", "_")).channel_message is model
 
 
 def test_a_malformed_channel_message_is_refused() -> None:
@@ -109,10 +115,14 @@ def test_a_malformed_channel_message_is_refused() -> None:
         "reply_channel": "reply!x",
         "timeout": 3.0,
     }
-    assert RemoteCallMessage.model_validate(call).timeout == 3.0
-    for broken in ({**call, "type": "remote.probe"}, {k: v for k, v in call.items() if k != "reply_channel"}):
+    assert RemoteCallMessage.received(call).timeout == 3.0
+    for broken in (
+        {**call, "type": "remote.probe"},
+        {k: v for k, v in call.items() if k != "reply_channel"},
+        {**call, "unknown": 1},
+    ):
         with pytest.raises(ValidationError):
-            RemoteCallMessage.model_validate(broken)
+            RemoteCallMessage.received(broken)
 
 
 def test_a_run_update_becomes_an_event_only_when_the_run_finished() -> None:
