@@ -126,8 +126,13 @@ class Remote:
         Prints one line on stderr when the remote is registered (``serving 'name' (2
         functions) on ws://…/ws``) and one on each re-registration after a reconnect, so
         that a plain script says that it serves; the failed attempts in between are
-        logged as warnings.
+        logged as warnings. Without a token or with a malformed URL it exits (``SystemExit``)
+        with ``error: …`` on stderr instead of a traceback.
         """
+        try:
+            self._connection_settings()
+        except ValueError as error:
+            raise SystemExit(f"error: {error}") from None
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(self.serve(announce=announce_on_stderr))
 

@@ -225,3 +225,10 @@ def test_serve_help_says_the_target_names_the_variable_holding_the_remote() -> N
     assert "FILE.py:VARIABLE" in text
     assert "the name of the variable in it that holds the Remote" in text
     assert "its Remote's name" not in text
+
+
+def test_a_script_without_a_token_says_so_instead_of_a_traceback() -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        adder(url="http://127.0.0.1:8000").run()
+
+    assert str(exit_info.value.code).startswith("error: no API token for remote 'math': set DISPATCH_TOKEN")
