@@ -1,16 +1,17 @@
 """Example remote: a fake weather service (spec §2.5).
 
-With ``DISPATCH_URL`` (or ``--server``) and ``DISPATCH_TOKEN`` in the environment and the
-``dispatch-remote`` package installed: ``dispatch-remote serve
-examples/weather_service.py:remote`` (or ``python examples/weather_service.py``), then
-``dispatch-remote call weather-service get_forecast '{"city": "Rome"}'``. In a clone of
-the server, from its root, without installing anything: ``python -m remotes.client serve
-examples/weather_service.py:remote``.
+With ``DISPATCH_URL`` (the instance's base URL, ``http://127.0.0.1:8000``) and
+``DISPATCH_TOKEN`` in the environment and the ``dispatch-remote`` package installed:
+``dispatch-remote serve examples/weather_service.py:remote`` (``--server URL --token T``
+work too), or ``python examples/weather_service.py``; then ``dispatch-remote call
+weather-service get_forecast '{"city": "Rome"}'``. In a clone of the server, from its
+root, without installing anything: ``python -m remotes.client serve
+examples/weather_service.py:remote``. This file is not in the wheel: copy it, or write
+your own (README, "Serve and call a remote").
 """
 
 from __future__ import annotations
 
-import os
 import zlib
 
 try:
@@ -18,11 +19,9 @@ try:
 except ModuleNotFoundError:  # a clone of the server, where the client is `remotes.client`
     from remotes.client import Remote
 
-remote = Remote(
-    "weather-service",
-    url=os.environ.get("DISPATCH_URL", "ws://127.0.0.1:8000/ws"),
-    token=os.environ.get("DISPATCH_TOKEN", ""),
-)
+# No url or token here: they come from the command line (serve --server/--token) or the
+# environment (DISPATCH_URL, DISPATCH_TOKEN) when it starts serving.
+remote = Remote("weather-service")
 
 
 @remote.function

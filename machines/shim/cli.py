@@ -1,26 +1,6 @@
-"""Command line of the shim (spec/machines.md §8), installed as ``dispatch-shim`` (in a
-clone of the server: ``python -m machines.shim``)::
-
-    dispatch-shim login --server URL [--state-dir DIR]
-    dispatch-shim run [--server URL] [--token T] [--state-dir DIR] [--config FILE]
-                      [--root DIR]... [--session ID]... | [--all-sessions]
-                      [--name DISPLAY_NAME] [--no-shell] [--no-files]
-    dispatch-shim status [--state-dir DIR]
-    dispatch-shim logout [--state-dir DIR]
-    dispatch-shim service install [run options] [--system [--run-as USER]] [--dry-run]
-    dispatch-shim service uninstall|status [--system]
-    dispatch-shim --version
-
-The state directory is ``--state-dir``, else ``$DISPATCH_SHIM_STATE_DIR``, else
-``~/.config/dispatch-shim``; it holds ``state.json`` (machine_id, server, token; mode
-0600), ``config.toml`` (allowed_roots, capabilities, [limits]) and ``audit.jsonl``.
-``run`` takes its token from ``--token``, else ``$DISPATCH_SHIM_TOKEN``, else the stored
-login; its roots from ``--root``, else the config file, else the home directory.
-``service install`` makes ``run`` (with the options given) a systemd unit or a launchd
-agent that starts at boot and restarts on failure (:mod:`.service`); it uses the stored
-login (``--token`` is stored in the state file, never in the unit).
-Exit codes: 0 success (``run``: stopped by SIGINT/SIGTERM), 1 refused or failed
-(``service status``: not installed), 2 bad usage or configuration, 130 interrupted login.
+"""Command line of the shim (spec/machines.md §8): ``dispatch-shim``, or ``python -m
+machines.shim`` in a clone of the server. Its help (:data:`DESCRIPTION`) says how it is
+used; ``service`` is :mod:`.service`.
 """
 
 from __future__ import annotations
@@ -31,7 +11,9 @@ import logging
 import os
 import pwd
 import re
+import shlex
 import signal
+import stat
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -54,6 +36,35 @@ from .service import (
     uninstall,
 )
 from .state import STATE_DIR_ENV, ConfigError, ShimConfig, StateError, StateStore, load_config
+
+DESCRIPTION = f"""\
+Connect this computer to a Dispatch instance and serve its operations.
+
+  dispatch-shim login --server URL [--state-dir DIR]
+  dispatch-shim run [--server URL] [--token T] [--state-dir DIR] [--config FILE]
+                    [--root DIR]... [--session ID]... | [--all-sessions]
+                    [--name DISPLAY_NAME] [--no-shell] [--no-files]
+  dispatch-shim status [--state-dir DIR]
+  dispatch-shim logout [--state-dir DIR]
+  dispatch-shim service install [run options] [--system [--run-as USER]] [--dry-run]
+  dispatch-shim service uninstall|status [--system] [--service-name NAME]
+  dispatch-shim --version
+
+The state directory is --state-dir, else ${STATE_DIR_ENV}, else
+~/.config/dispatch-shim; it holds state.json (machine_id, server, token; mode 0600),
+config.toml (allowed_roots, capabilities, [limits]) and audit.jsonl. run takes its
+token from --token, else $DISPATCH_SHIM_TOKEN, else the stored login. File operations
+are allowed only under its roots: --root, else allowed_roots in config.toml, else your
+whole home directory.
+
+service install makes run (with the options given) a systemd unit or a launchd agent
+that starts at boot and restarts on failure; it uses the stored login (--token is
+stored in the state file, never in the unit).
+
+Exit codes: 0 success (run: stopped by SIGINT/SIGTERM), 1 refused or failed (service
+status: not installed), 2 bad usage or configuration, 130 interrupted login.
+The protocol: docs/shim-protocol.md in the Dispatch repository.
+"""
 
 TOKEN_ENV = "DISPATCH_SHIM_TOKEN"
 """Environment variable holding a token for headless ``run`` (§8)."""
@@ -78,7 +89,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "dispatch-shim") -> int:
             return _service(args, prog)
         store = StateStore(args.state_dir)
         if args.command == "login":
-            return _login(args, store)
+            return _login(args, store, prog)
         if args.command == "run":
             return _run(args, store, prog)
         if args.command == "status":
@@ -105,7 +116,11 @@ def _parser(prog: str = "dispatch-shim") -> argparse.ArgumentParser:
     run_options.add_argument("--server", help="base URL, http(s)://host:port (default: the one logged in to)")
     run_options.add_argument("--config", metavar="FILE", help="configuration file (default: <state-dir>/config.toml)")
     run_options.add_argument(
-        "--root", action="append", default=[], metavar="DIR", help="an allowed root (repeatable; default: home)"
+        "--root",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="an allowed root (repeatable; default: allowed_roots in config.toml, else your whole home directory)",
     )
     sessions = run_options.add_mutually_exclusive_group()
     sessions.add_argument(
@@ -117,7 +132,7 @@ def _parser(prog: str = "dispatch-shim") -> argparse.ArgumentParser:
     run_options.add_argument("--no-files", action="store_true", help="do not offer the files capability")
     run_options.add_argument("-v", "--verbose", action="store_true", help="log every frame's handling")
 
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument(
         "--version", action="version", version=f"dispatch-shim {SHIM_VERSION} (shim protocol {PROTOCOL_VERSION})"
@@ -152,7 +167,7 @@ def _parser(prog: str = "dispatch-shim") -> argparse.ArgumentParser:
     install_command = actions.add_parser(
         "install",
         parents=[common, run_options, service_options],
-        help="write, enable and start the service running `run` with these options",
+        help="write, enable and start the service running 'run' with these options",
     )
     install_command.add_argument(
         "--token", help="store this token in the state file first (never in the unit; default: the stored login)"
@@ -161,19 +176,44 @@ def _parser(prog: str = "dispatch-shim") -> argparse.ArgumentParser:
         "--run-as", metavar="USER", help="with --system: the account the shim runs as (default: $SUDO_USER)"
     )
     install_command.add_argument("--dry-run", action="store_true", help="print the unit or plist and change nothing")
-    actions.add_parser("uninstall", parents=[service_options], help="stop, disable and remove the service")
-    actions.add_parser("status", parents=[service_options], help="show the service's file and state")
+    # --state-dir is accepted as install takes it, and not needed: the service is found by
+    # its --service-name (its unit names its state directory).
+    located = argparse.ArgumentParser(add_help=False)
+    located.add_argument(
+        "--state-dir", metavar="DIR", help="accepted as for install; not needed (the service is found by its name)"
+    )
+    actions.add_parser("uninstall", parents=[located, service_options], help="stop, disable and remove the service")
+    actions.add_parser("status", parents=[located, service_options], help="show the service's file and state")
     return parser
 
 
-def _login(args: argparse.Namespace, store: StateStore) -> int:
+def _login(args: argparse.Namespace, store: StateStore, prog: str) -> int:
     try:
         state = device_login(args.server, store)
     except LoginError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(f"Logged in to {state.server} as machine {state.machine_id}; token stored in {store.path}")
+    print(f"Next: {_next_run_command(args, prog)}")
+    print("  (file operations are allowed only under the --root directories; without --root, your whole home)")
     return 0
+
+
+def _next_run_command(args: argparse.Namespace, prog: str) -> str:
+    """``dispatch-shim run --root <dir>``, with ``--state-dir``/``--server`` as ``login`` got them."""
+    words = [prog, "run", "--root", "<dir>"]
+    if args.state_dir:
+        words += ["--state-dir", shlex.quote(args.state_dir)]
+    if args.server:
+        words += ["--server", shlex.quote(args.server.strip())]
+    return " ".join(words)
+
+
+def _login_hint(prog: str, state_dir: str | None) -> str:
+    """How to log in, naming ``--state-dir`` (given, or possibly meant)."""
+    if state_dir:
+        return f"{prog} login --server URL --state-dir {shlex.quote(state_dir)}"
+    return f"{prog} login --server URL; if you logged in with --state-dir DIR, pass the same --state-dir here"
 
 
 def _run(args: argparse.Namespace, store: StateStore, prog: str) -> int:
@@ -182,10 +222,15 @@ def _run(args: argparse.Namespace, store: StateStore, prog: str) -> int:
     assert state.machine_id is not None
     token = args.token or os.environ.get(TOKEN_ENV) or state.token
     if not token:
-        raise _UsageError(f"no token: run `{prog} login --server URL`, pass --token or set {TOKEN_ENV}")
+        raise _UsageError(
+            f"no token in {store.path}: pass --token, set {TOKEN_ENV}, or log in first "
+            f"({_login_hint(prog, args.state_dir)})"
+        )
     server = args.server or state.server
     if not server:
-        raise _UsageError("no server: pass --server http(s)://host:port (or log in first)")
+        raise _UsageError(
+            f"no server: pass --server http(s)://host:port, or log in first ({_login_hint(prog, args.state_dir)})"
+        )
     jail = _checked_run_options(args, server, config, Path.home())
     capabilities = set(config.capabilities or [str(c) for c in Capability])
     if args.no_shell:
@@ -206,6 +251,7 @@ def _run(args: argparse.Namespace, store: StateStore, prog: str) -> int:
         limits=config.limits,
         audit=AuditLog(store.audit_path),
     )
+    print(f"serving roots: {', '.join(jail.roots)}{_roots_origin(args, config, store)}", file=sys.stderr)
     print(
         f"shim {state.machine_id} serving {', '.join(jail.roots)} "
         f"({', '.join(shim.capabilities) or 'no capabilities'}) on {shim.url}",
@@ -248,6 +294,15 @@ def _logout(store: StateStore) -> int:
     store.save(state)
     print(f"Token removed from {store.path} (the machine_id is kept).")
     return 0
+
+
+def _roots_origin(args: argparse.Namespace, config: ShimConfig, store: StateStore) -> str:
+    """Where ``run``'s roots come from, unless from ``--root``: `` (default: no --root given)``."""
+    if args.root:
+        return ""
+    if config.allowed_roots:
+        return f" (allowed_roots of {args.config or store.config_path}; no --root given)"
+    return " (default: no --root given)"
 
 
 def _checked_run_options(args: argparse.Namespace, server: str, config: ShimConfig, home: Path) -> PathJail:
@@ -341,14 +396,20 @@ def _service_install(args: argparse.Namespace, service: Service, prog: str) -> i
         )
     server = args.server or state.server
     if not server:
-        raise _UsageError(f"no server: pass --server http(s)://host:port, or log in first ({prog} login --server URL)")
+        raise _UsageError(
+            f"no server in {store.path}: pass --server http(s)://host:port, or log in first "
+            f"({_login_hint(prog, args.state_dir)})"
+        )
     if not (args.token or state.token):
         raise _UsageError(
-            f"no stored login in {store.path}: run `{prog} login --server URL` first, or pass --token "
+            f"no stored login in {store.path}: log in first ({_login_hint(prog, args.state_dir)}), or pass --token "
             "(stored in the state file, mode 0600, never in the unit)"
         )
     config_path = Path(os.path.abspath(os.path.expanduser(args.config))) if args.config else None
-    _checked_run_options(args, server, load_config(config_path or store.config_path), service.home)
+    config = load_config(config_path or store.config_path)
+    _checked_run_options(args, server, config, service.home)
+    for warning in _service_warnings(args, service, state_dir, config, prog):
+        print(f"warning: {warning}", file=sys.stderr)
 
     run_arguments = ["run", "--state-dir", str(state_dir)]
     if args.server:
@@ -381,6 +442,60 @@ def _service_install(args: argparse.Namespace, service: Service, prog: str) -> i
         store.save(state)
         print(f"Token stored in {store.path} (mode 0600).")
     return install(service)
+
+
+def _service_warnings(
+    args: argparse.Namespace, service: Service, state_dir: Path, config: ShimConfig, prog: str
+) -> list[str]:
+    """What ``service install`` (and its dry run) should tell before it goes on: roots that
+    default to the whole home, a state directory the service's account cannot read, and
+    a user unit installed for root."""
+    warnings = []
+    if not args.root and not config.allowed_roots:
+        warnings.append(
+            f"no --root given: the service will allow file operations anywhere under {service.home} "
+            "(the whole home directory); pass --root DIR to limit it"
+        )
+    if service.system and not _account_can_read(state_dir / "state.json", service.uid):
+        warnings.append(
+            f"{service.account} cannot read {state_dir / 'state.json'}: the service (running as {service.account}) "
+            f"would fail to start; log in as that user (sudo -u {service.account} {prog} login --server URL) "
+            f"or pass a --state-dir {service.account} owns"
+        )
+    if not service.system and service.uid == 0:
+        warnings.append(
+            f"running as root without --system: this installs a user unit for root ({service.path}), "
+            f"which runs only in root's user manager; for a machine-wide service run as an account, "
+            f"use --system --run-as USER"
+        )
+    return warnings
+
+
+def _account_can_read(path: Path, uid: int) -> bool:
+    """Whether the account ``uid`` can reach and read ``path`` by its permission bits
+    (owner, group, other; every folder above it searchable). Root can; a path that does
+    not exist yet (no login stored) is judged by its nearest existing folder."""
+    if uid == 0:
+        return True
+    try:
+        entry = pwd.getpwuid(uid)
+        groups = set(os.getgrouplist(entry.pw_name, entry.pw_gid))
+    except KeyError:
+        groups = set()
+    target = path if path.exists() else next((p for p in path.parents if p.exists()), Path("/"))
+    checks = [(folder, stat.S_IXUSR) for folder in reversed(target.parents)]
+    checks.append((target, stat.S_IRUSR | (stat.S_IXUSR if target.is_dir() else 0)))
+    for checked, owner_bits in checks:
+        mode = checked.stat()
+        if mode.st_uid == uid:
+            granted = mode.st_mode & owner_bits == owner_bits
+        elif mode.st_gid in groups:
+            granted = mode.st_mode & (owner_bits >> 3) == owner_bits >> 3
+        else:
+            granted = mode.st_mode & (owner_bits >> 6) == owner_bits >> 6
+        if not granted:
+            return False
+    return True
 
 
 def _shim_command() -> tuple[list[str], Path | None]:

@@ -1,20 +1,6 @@
-"""Command line for Dispatch remotes (spec §2.5), installed as ``dispatch-remote`` (in a
-clone of the server: ``python -m remotes.client``)::
-
-    dispatch-remote serve FILE.py:ATTR [--server URL | --url URL] [--token T] [-v]
-    dispatch-remote call REMOTENAME FUNCTION ARGS_JSON [--server URL | --url URL] [--token T]
-                         [--timeout SECONDS]
-    dispatch-remote list [--server URL | --url URL] [--token T]
-    dispatch-remote --version
-
-``--server`` takes the instance's base URL, ``http(s)://host:port``, and derives
-``ws(s)://host:port/ws`` from it; ``--url`` takes that ``/ws`` URL itself. Either defaults
-to ``$DISPATCH_URL``, else ``ws://127.0.0.1:8000/ws`` (``serve``: else the Remote's own
-URL); ``--token`` defaults to ``$DISPATCH_TOKEN`` (``serve``: else the Remote's own
-token). ``serve`` prints one line on stderr each time the remote is registered (``serving
-'weather-service' (1 function) on ws://…/ws``, then ``reconnected: …``) and logs warnings
-only, unless ``-v``. Exit codes: 0 success, 1 a failed call or connection, 2 bad usage or
-no token, 130 interrupted.
+"""Command line for Dispatch remotes (spec §2.5): ``dispatch-remote``, or ``python -m
+remotes.client`` in a clone of the server. Its help (:data:`DESCRIPTION`) says how it is
+used; this module's functions are documented one by one below.
 """
 
 from __future__ import annotations
@@ -33,10 +19,31 @@ from typing import Any
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from .remote import Remote, RemoteDisconnected, announce_on_stderr
-from .session import AuthenticationError, RemoteCallError, Session, websocket_url
+from .remote import TOKEN_ENV, URL_ENV, Remote, RemoteDisconnected, announce_on_stderr
+from .session import DEFAULT_URL, AuthenticationError, RemoteCallError, Session, websocket_url
 
-DEFAULT_URL = "ws://127.0.0.1:8000/ws"
+DESCRIPTION = f"""\
+Serve Python functions as a Dispatch remote, and call remotes.
+
+  dispatch-remote serve FILE.py:VARIABLE [--server URL] [--token T] [-v]
+  dispatch-remote call REMOTENAME FUNCTION ARGS_JSON [--server URL] [--token T]
+                       [--timeout SECONDS]
+  dispatch-remote list [--server URL] [--token T]
+  dispatch-remote --version
+
+--server (or --url) names the instance by its base URL, http(s)://host:port, whose
+ws(s)://host:port/ws is used; a ws(s)://host:port/ws URL works too. Default: ${URL_ENV}
+(same forms), else {DEFAULT_URL}; --token defaults to ${TOKEN_ENV}. serve gives
+--server/--url and --token to the Remote in the file, replacing its own url and token;
+without them it uses the Remote's own, else ${URL_ENV} and ${TOKEN_ENV}.
+
+serve prints one line on stderr each time the remote is registered ("serving
+'weather-service' (1 function) on ws://.../ws", then "reconnected: ..."), one for each
+retry while the server still holds the name, and logs warnings only, unless -v.
+
+Exit codes: 0 success, 1 a failed call or connection, 2 bad usage or no token,
+130 interrupted. The protocol: docs/ws-protocol.md in the Dispatch repository.
+"""
 SERVER_CALL_TIMEOUT_MAX = 300.0
 """Seconds: the longest per-call ``timeout`` the server accepts (§2.3)."""
 REPLY_MARGIN = 10.0
@@ -80,20 +87,20 @@ def main(argv: Sequence[str] | None = None, prog: str = "dispatch-remote") -> in
     how the user started it (``python -m remotes.client`` in a clone).
     """
     args = _parser(prog).parse_args(_join_option_values(list(sys.argv[1:] if argv is None else argv)))
-    token: str | None = args.token or os.environ.get("DISPATCH_TOKEN")
     try:
-        url = _session_url(args)
         if args.command == "serve":
-            return _serve(args.target, url, token, verbose=args.verbose)
+            return _serve(args.target, _session_url(args, environment=False), args.token, verbose=args.verbose)
+        url = _session_url(args)
+        token: str | None = args.token or os.environ.get(TOKEN_ENV)
         if not token:
-            raise _UsageError("no API token: pass --token or set DISPATCH_TOKEN")
+            raise _UsageError(f"no API token: pass --token or set {TOKEN_ENV}")
         if args.command == "list":
-            return _request(url or DEFAULT_URL, token, "remote-list", {}, 30.0, "remotes")
+            return _request(url, token, "remote-list", {}, 30.0, "remotes")
         body = {"remotename": args.remotename, "function": args.function, "args": args.args}
         if args.timeout is not None:
             body["timeout"] = args.timeout
         wait = (args.timeout or SERVER_CALL_TIMEOUT_MAX) + REPLY_MARGIN
-        return _request(url or DEFAULT_URL, token, "remote-call", body, wait, "result")
+        return _request(url, token, "remote-call", body, wait, "result")
     except _UsageError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -101,30 +108,40 @@ def main(argv: Sequence[str] | None = None, prog: str = "dispatch-remote") -> in
         return 130
 
 
-def _session_url(args: argparse.Namespace) -> str | None:
-    """``--url``, else the ``/ws`` URL of ``--server``, else ``$DISPATCH_URL``, else ``None``."""
-    if args.url:
-        return str(args.url)
-    if args.server:
-        try:
-            return websocket_url(args.server)
-        except ValueError as error:
-            raise _UsageError(str(error)) from None
-    return os.environ.get("DISPATCH_URL") or None
+def _session_url(args: argparse.Namespace, *, environment: bool = True) -> str | None:
+    """The ``/ws`` URL of ``--url``, else of ``--server``, else (with ``environment``) of
+    ``$DISPATCH_URL`` (each an http(s) base URL or a ws(s) URL,
+    :func:`.session.websocket_url`), else ``None``."""
+    given = args.url or args.server or (os.environ.get(URL_ENV) if environment else None)
+    if not given:
+        return None
+    try:
+        return websocket_url(given)
+    except ValueError as error:
+        source = "--url" if args.url else "--server" if args.server else f"${URL_ENV}"
+        raise _UsageError(f"{source}: {error}") from None
 
 
 def _parser(prog: str = "dispatch-remote") -> argparse.ArgumentParser:
     connection = argparse.ArgumentParser(add_help=False)
     where = connection.add_mutually_exclusive_group()
-    where.add_argument("--server", help="the instance's base URL, http(s)://host:port (its /ws is used)")
-    where.add_argument("--url", help=f"/ws URL (default: $DISPATCH_URL, else {DEFAULT_URL})")
-    connection.add_argument("--token", help="API token (default: $DISPATCH_TOKEN)")
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
+    where.add_argument(
+        "--server",
+        metavar="URL",
+        help=f"the instance's base URL, http(s)://host:port; its /ws is used (default: ${URL_ENV}, else {DEFAULT_URL})",
+    )
+    where.add_argument("--url", metavar="URL", help="the same as --server; also takes ws(s)://host:port/ws")
+    connection.add_argument("--token", help=f"API token (default: ${TOKEN_ENV})")
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--version", action=_PrintVersion)
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", parents=[connection], help="serve a Remote from a file")
-    serve.add_argument("target", metavar="FILE.py:ATTR", help="a file and its Remote's name")
+    serve.add_argument(
+        "target",
+        metavar="FILE.py:VARIABLE",
+        help="a Python file and the name of the variable in it that holds the Remote, e.g. weather.py:remote",
+    )
     serve.add_argument("-v", "--verbose", action="store_true", help="log connections and calls")
     call = commands.add_parser("call", parents=[connection], help="call a remote function")
     call.add_argument("remotename")
@@ -172,21 +189,27 @@ def _json_object(text: str) -> dict[str, Any]:
 
 
 def _request(
-    url: str,
+    url: str | None,
     token: str,
     action: str,
     body: dict[str, Any],
     timeout: float,
     field: str,
 ) -> int:
-    """Send one request (``timeout`` in seconds) and print the reply's ``field`` as JSON.
+    """Send one request (``timeout`` in seconds) to ``url`` (``None``: :data:`DEFAULT_URL`)
+    and print the reply's ``field`` as JSON.
 
     Returns 0, or 1 after printing the error (an error reply, a refused token, a failed
-    connection, no reply in time) on stderr. An absent field prints ``null``.
+    connection, no reply in time) on stderr; a failed connection names the URL tried, and
+    how to name another when it was the default. An absent field prints ``null``.
     """
+    session_url = url or DEFAULT_URL
+    connected = False
 
     async def exchange() -> dict[str, Any]:
-        session = await Session.connect(url, token)
+        nonlocal connected
+        session = await Session.connect(session_url, token)
+        connected = True
         try:
             return await session.request(action, body, timeout=timeout)
         finally:
@@ -195,19 +218,32 @@ def _request(
     try:
         reply = asyncio.run(exchange())
     except _CLIENT_ERRORS as error:
-        print(f"error: {str(error) or type(error).__name__}", file=sys.stderr)
+        message = str(error) or type(error).__name__
+        if not connected:
+            hint = "" if url else f" (the default: pass --server http(s)://host:port or set {URL_ENV})"
+            message = f"cannot connect to {session_url}{hint}: {message}"
+        print(f"error: {message}", file=sys.stderr)
         return 1
     print(json.dumps(reply.get(field), indent=2))
     return 0
 
 
 def _serve(target: str, url: str | None, token: str | None, *, verbose: bool) -> int:
-    """Serve the Remote ``target`` names until it is refused (exit 1) or interrupted."""
+    """Serve the Remote ``target`` names until it is refused (exit 1) or interrupted.
+
+    ``url`` (from ``--url``/``--server``) and ``token`` (``--token``) replace the Remote's
+    own when given; without them it keeps its own, else :meth:`.Remote.serve` falls back
+    to ``$DISPATCH_URL`` and ``$DISPATCH_TOKEN``.
+    """
     remote = _load_remote(target)
     remote.url = url or remote.url
     remote.token = token or remote.token
-    if not remote.token:
-        raise _UsageError("no API token: pass --token, set DISPATCH_TOKEN, or give the Remote a token")
+    if not (remote.token or os.environ.get(TOKEN_ENV)):
+        raise _UsageError(f"no API token: pass --token, set {TOKEN_ENV}, or give the Remote a token")
+    try:
+        remote.session_url()
+    except ValueError as error:
+        raise _UsageError(f"{target}: {error}") from None
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -220,10 +256,12 @@ def _serve(target: str, url: str | None, token: str | None, *, verbose: bool) ->
 
 
 def _load_remote(target: str) -> Remote:
-    """Import ``FILE.py`` by path (its folder first on ``sys.path``) and return its ATTR."""
+    """Import ``FILE.py`` by path (its folder first on ``sys.path``) and return the Remote
+    held by its module-level variable ``VARIABLE``. Code under ``if __name__ ==
+    "__main__":`` does not run (the module is not ``__main__``)."""
     file_name, _, attribute = target.rpartition(":")
     if not file_name or not attribute:
-        raise _UsageError(f"expected FILE.py:ATTR, got {target!r}")
+        raise _UsageError(f"expected FILE.py:VARIABLE, got {target!r}")
     path = Path(file_name).resolve()
     if not path.is_file():
         raise _UsageError(f"no such file: {file_name}")

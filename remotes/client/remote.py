@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import os
 import random
 import sys
 from collections.abc import Callable, Iterable
@@ -18,16 +19,24 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from .schema import function_spec
 from .session import (
+    DEFAULT_URL,
     AuthenticationError,
     MessageTooLarge,
     RemoteCallError,
     Session,
     encode_message,
+    websocket_url,
 )
 
 logger = logging.getLogger("remotes.client")
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+URL_ENV = "DISPATCH_URL"
+"""Environment variable naming the instance: its base URL ``http(s)://host:port`` (as
+Dispatch sets it for its agents) or its ``ws(s)://host:port/ws``."""
+TOKEN_ENV = "DISPATCH_TOKEN"
+"""Environment variable holding the API token."""
 
 Announce = Callable[[str], None]
 """Told one line each time the remote is registered: ``serving 'name' (n functions) on URL``."""
@@ -61,17 +70,20 @@ class _Function:
 class Remote:
     """A named set of functions served over a ``/ws`` session (spec §2.5).
 
-    ``url`` is the ``/ws`` URL (``ws://host:port/ws``) and ``token`` an API token; both
-    are plain attributes and may be changed before :meth:`serve`. ``functions`` are
-    registered as if decorated with :meth:`function`.
+    ``url`` names the instance, by its base URL ``http(s)://host:port`` or its
+    ``ws(s)://host:port/ws``; ``None`` means ``$DISPATCH_URL``, else
+    :data:`.session.DEFAULT_URL`. ``token`` is an API token; ``None`` means
+    ``$DISPATCH_TOKEN``. Both are plain attributes, read each time :meth:`serve` connects (so
+    ``dispatch-remote serve FILE.py:VARIABLE --server URL --token T`` may set them after the
+    file is imported). ``functions`` are registered as if decorated with :meth:`function`.
     """
 
     def __init__(
         self,
         name: str,
         *,
-        url: str,
-        token: str,
+        url: str | None = None,
+        token: str | None = None,
         functions: Iterable[Callable[..., Any]] | None = None,
     ) -> None:
         self.name = name
@@ -114,21 +126,33 @@ class Remote:
         Prints one line on stderr when the remote is registered (``serving 'name' (2
         functions) on ws://…/ws``) and one on each re-registration after a reconnect, so
         that a plain script says that it serves; the failed attempts in between are
-        logged as warnings.
+        logged as warnings. Without a token or with a malformed URL it exits (``SystemExit``)
+        with ``error: …`` on stderr instead of a traceback.
         """
+        try:
+            self._connection_settings()
+        except ValueError as error:
+            raise SystemExit(f"error: {error}") from None
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(self.serve(announce=announce_on_stderr))
+
+    def session_url(self) -> str:
+        """The ``/ws`` URL :meth:`serve` connects to: from ``url``, else ``$DISPATCH_URL``,
+        else :data:`.session.DEFAULT_URL`. Raises ``ValueError`` for a malformed URL."""
+        return websocket_url(self.url or os.environ.get(URL_ENV) or DEFAULT_URL)
 
     def serving_line(self) -> str:
         """``serving 'weather-service' (1 function) on ws://127.0.0.1:8000/ws``."""
         count = len(self._functions)
-        return f"serving {self.name!r} ({count} function{'' if count == 1 else 's'}) on {self.url}"
+        return f"serving {self.name!r} ({count} function{'' if count == 1 else 's'}) on {self.session_url()}"
 
     async def serve(self, *, announce: Announce | None = None) -> NoReturn:
         """Connect, register this remote, answer ``remote-call`` events; never returns.
 
         ``announce`` (if given) is called with :meth:`serving_line` after the first
-        registration, and with ``reconnected: `` and that line after each later one.
+        registration, with ``reconnected: `` and that line after each later one, and with
+        ``remote 'name' is still registered; retrying in 0.5s`` each time the server
+        still holds the name (without ``announce`` that is logged at INFO).
 
         On connection loss it reconnects and registers again, forever, waiting 0.5 s
         doubling up to 30 s plus up to 50 % random jitter; the delay starts over after
@@ -140,19 +164,25 @@ class Remote:
         held by another session 30 s after the first attempt. Raises
         ``RemoteDisconnected`` when another session of the user disconnected this remote
         (the server's ``remote-disconnected`` event): it is not registered again.
+        Raises ``ValueError`` before connecting when the URL is malformed or there is no
+        token (neither ``token`` nor ``$DISPATCH_TOKEN``).
         """
         self._disconnected = None
         attempt = 0
         registered_before = False
         while True:
+            url, token = self._connection_settings()
+            where = url
+            if not (self.url or os.environ.get(URL_ENV)):
+                where = f"{url} (the default: set {URL_ENV} or pass --server http(s)://host:port)"
             try:
-                session = await Session.connect(self.url, self.token, on_event=self._on_event)
+                session = await Session.connect(url, token, on_event=self._on_event)
             except (OSError, InvalidHandshake) as error:  # unreachable, timeout, HTTP error
-                problem = f"cannot connect to {self.url}: {error}"
+                problem = f"cannot connect to {where}: {error}"
             else:
-                logger.info("connected to %s", self.url)
+                logger.info("connected to %s", url)
                 try:
-                    await self._register(session, give_up=not registered_before)
+                    await self._register(session, give_up=not registered_before, announce=announce)
                     if announce is not None:
                         announce(("reconnected: " if registered_before else "") + self.serving_line())
                     registered_before = True
@@ -162,10 +192,10 @@ class Remote:
                         raise RemoteDisconnected(
                             f"remote {self.name!r} was disconnected by another session: {self._disconnected}"
                         )
-                    problem = f"connection to {self.url} lost (code {session.close_code})"
+                    problem = f"connection to {url} lost (code {session.close_code})"
                 except (ConnectionClosed, TimeoutError) as error:
                     reason = str(error) or "no reply in time"
-                    problem = f"connection to {self.url} failed while registering: {reason}"
+                    problem = f"connection to {url} failed while registering: {reason}"
                 finally:
                     await session.close()
             delay = min(RECONNECT_DELAY * 2**attempt, RECONNECT_DELAY_MAX)
@@ -174,12 +204,21 @@ class Remote:
             logger.warning("%s; reconnecting in %.1fs", problem, delay)
             await asyncio.sleep(delay)
 
-    async def _register(self, session: Session, *, give_up: bool) -> None:
+    def _connection_settings(self) -> tuple[str, str]:
+        """``(session URL, token)`` as :meth:`serve` uses them for its next connection."""
+        url = self.session_url()
+        token = self.token or os.environ.get(TOKEN_ENV)
+        if not token:
+            raise ValueError(f"no API token for remote {self.name!r}: set {TOKEN_ENV} or give the Remote a token")
+        return url, token
+
+    async def _register(self, session: Session, *, give_up: bool, announce: Announce | None) -> None:
         """Send ``remote-connect``, retrying while the name is still held (§2, §2.5).
 
         With ``give_up`` the last refusal is raised as ``RemoteCallError`` after
         :data:`REGISTER_RETRY_WINDOW`; without it (a re-registration), the refusal ends
-        this connection as ``TimeoutError`` so that :meth:`serve` reconnects later.
+        this connection as ``TimeoutError`` so that :meth:`serve` reconnects later. Each
+        retry is told to ``announce`` (the user waits on it), else logged at INFO.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + REGISTER_RETRY_WINDOW
@@ -195,7 +234,11 @@ class Remote:
                     if give_up:
                         raise
                     raise TimeoutError(f"remote {self.name!r} is still connected elsewhere") from error
-            logger.info("remote %r is still registered; retrying in %.1fs", self.name, delay)
+            notice = f"remote {self.name!r} is still registered; retrying in {delay:.1f}s"
+            if announce is not None:
+                announce(notice)
+            else:
+                logger.info("%s", notice)
             await asyncio.sleep(delay)
             delay = min(delay * 2, RECONNECT_DELAY_MAX)
         count = len(self._functions)

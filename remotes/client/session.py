@@ -24,6 +24,10 @@ logger = logging.getLogger("remotes.client")
 MAX_MESSAGE_BYTES = 1024 * 1024
 """Largest frame either side may send (``DISPATCH_WS_MAX_MESSAGE_BYTES`` default, §1.2)."""
 
+DEFAULT_URL = "ws://127.0.0.1:8000/ws"
+"""The ``/ws`` URL used when neither ``--server``/``--url``, ``$DISPATCH_URL`` nor a
+Remote's own ``url`` names one: a server started by ``make run`` on this computer."""
+
 REFUSED_CLOSE_CODES = {4401: "authentication failed", 4408: "authentication timed out"}
 """Close codes by which the server refuses the session (§1.1); reconnecting cannot help."""
 
@@ -36,13 +40,18 @@ def websocket_url(server: str) -> str:
     session URL of the instance whose base URL is ``server`` (the shim derives its own
     ``/ws/shim/`` the same way, spec/machines.md §8).
 
-    ``ws(s)://`` URLs are accepted too; a URL already ending in ``/ws`` is kept. Raises
-    ``ValueError`` for another scheme or a URL without a host.
+    The one place the client turns a user's URL into a session URL: ``--server``,
+    ``--url``, ``$DISPATCH_URL`` (which Dispatch sets to its http(s) base URL for its
+    agents) and ``Remote(url=…)`` all go through it. ``ws(s)://`` URLs are accepted too; a
+    URL already ending in ``/ws`` is kept. Raises ``ValueError`` for another scheme or a
+    URL without a host.
     """
     parts = urllib.parse.urlsplit(server.strip())
     schemes = {"http": "ws", "https": "wss", "ws": "ws", "wss": "wss"}
     if parts.scheme not in schemes or not parts.netloc:
-        raise ValueError(f"expected the server's base URL, http(s)://host:port, got {server!r}")
+        raise ValueError(
+            f"expected the server's base URL, http(s)://host:port (or its ws(s)://host:port/ws), got {server!r}"
+        )
     path = parts.path.rstrip("/")
     if not path.endswith("/ws"):
         path += "/ws"
@@ -213,9 +222,11 @@ class Session:
             return
         if "error" in message:
             # e.g. {"error": "authentication failed"} before close 4401 (older servers added
-            # "action": "auth"; both shapes land here)
+            # "action": "auth"; both shapes land here). A refusal is told once, by the
+            # AuthenticationError that carries it; anything else is worth a warning.
             self._server_error = str(message["error"])
-            logger.warning("server error: %s", self._server_error)
+            refusal = self._server_error in REFUSED_CLOSE_CODES.values()
+            logger.log(logging.DEBUG if refusal else logging.WARNING, "server error: %s", self._server_error)
             return
         if self._on_event is not None:
             try:

@@ -239,21 +239,24 @@ def readme_remote_snippet() -> str:
     return blocks[0]
 
 
-def test_the_readme_remote_snippet_runs_as_a_plain_script_outside_the_clone(
-    live: Live, remote_venv: Venv, tmp_path: Path
+@pytest.mark.parametrize("way", ["script", "serve"])
+def test_the_readme_remote_snippet_runs_as_a_script_and_by_serve_outside_the_clone(
+    live: Live, remote_venv: Venv, tmp_path: Path, way: str
 ) -> None:
+    """``DISPATCH_URL=<base URL> python weather.py`` (the URL Dispatch gives its agents),
+    and ``dispatch-remote serve weather.py:remote --server URL --token T``."""
     token = live.instance.admin_token
     script = tmp_path / "weather.py"
     script.write_text(readme_remote_snippet())
 
-    serving = spawn(
-        [remote_venv.python, script],
-        cwd=tmp_path,
-        name="snippet",
-        live=live,
-        DISPATCH_URL=live.server.ws_url,
-        DISPATCH_TOKEN=token,
-    )
+    if way == "script":
+        argv: list[str | Path] = [remote_venv.python, script]
+        env = {"DISPATCH_URL": live.server.url, "DISPATCH_TOKEN": token}
+    else:
+        argv = [remote_venv.bin("dispatch-remote"), "serve", "weather.py:remote", "--server", live.server.url]
+        argv += ["--token", token]
+        env = {}
+    serving = spawn(argv, cwd=tmp_path, name="snippet", live=live, **env)
     try:
         serving.wait_for_log(f"serving 'weather-service' (1 function) on {live.server.ws_url}\n")
         answer = httpx.post(

@@ -216,3 +216,20 @@ def test_the_login_command_prints_the_code_and_stores_the_token(
     assert logout.returncode == 0
     after = json.loads((state_dir / "state.json").read_text())
     assert after == {**state, "token": None}
+
+
+def test_after_approval_login_prints_the_next_command_with_its_own_options(
+    tmp_path: Path, device_server: tuple[str, list[str]]
+) -> None:
+    url, _ = device_server
+    state_dir = tmp_path / "my state"
+    done = subprocess.run(
+        [sys.executable, "-m", "machines.shim", "login", "--server", url, "--state-dir", str(state_dir)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert f"Next: python -m machines.shim run --root <dir> --state-dir '{state_dir}' --server {url}\n" in done.stdout
