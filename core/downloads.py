@@ -76,10 +76,13 @@ def parse_filename(filename: str) -> tuple[str, str, Literal["wheel", "sdist"]] 
 
 
 def _dist_dir() -> Path | None:
+    """``DIST_DIR`` resolved, or ``None`` when it is not a folder (none yet, or a file given
+    by mistake): then nothing is served and the pages say how to build the packages."""
     try:
-        return Path(settings.DIST_DIR).resolve(strict=True)
-    except OSError:  # no dist folder yet: nothing is served
+        directory = Path(settings.DIST_DIR).resolve(strict=True)
+    except OSError:  # no dist folder yet
         return None
+    return directory if directory.is_dir() else None
 
 
 def _package(directory: Path, filename: str) -> ClientPackage | None:

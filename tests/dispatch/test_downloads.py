@@ -191,3 +191,13 @@ def test_parse_filename_accepts_only_client_package_names():
     )
     for name in ("dispatch_shim-x-py3-none-any.whl", "dispatch_shim-0.2.0.zip", "../dispatch_shim-1.0.tar.gz", ""):
         assert downloads.parse_filename(name) is None, name
+
+
+async def test_a_dist_dir_that_is_a_file_serves_nothing_and_says_to_run_make_dist(settings, tmp_path):
+    settings.DIST_DIR = tmp_path / SHIM_WHEEL
+    settings.DIST_DIR.write_bytes(b"a file, not a folder")
+    client = AsyncClient()
+    response = await client.get("/downloads/")
+    assert response.status_code == 200
+    assert "<code>make dist</code>" in response.content.decode()
+    assert (await client.get(f"/downloads/{SHIM_WHEEL}")).status_code == 404
