@@ -44,6 +44,7 @@ DEFAULT_NAME = "dispatch-shim"
 """The service's default name: ``dispatch-shim.service``, launchd label ``dev.dispatch.shim``."""
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f]")  # never in a unit or a plist value
 """A service name: a systemd unit name (without ``.service``) and a launchd label part."""
 
 RESTART_SECONDS = 10
@@ -99,6 +100,12 @@ class Service:
     def __post_init__(self) -> None:
         if not NAME_PATTERN.match(self.name):
             raise ServiceError(f"a service name is 1-64 letters, digits, '_', '.', '-': {self.name!r}")
+        values = [*self.command, self.description, str(self.working_directory or ""), *self.environment.values()]
+        for value in values:
+            if CONTROL_CHARACTER.search(value):
+                # A unit file ends a line at \n and \r, a plist cannot hold them: refuse rather
+                # than write a unit whose paths or options differ from the ones given.
+                raise ServiceError(f"a service cannot run with a control character in {value!r}")
 
     @property
     def unit_name(self) -> str:
@@ -197,7 +204,7 @@ _SYSTEMD_SAFE = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
 
 def _systemd_escape(text: str) -> str:
     """``%`` specifiers and ``$`` variables taken literally in a unit setting."""
-    return text.replace("%", "%%").replace("$", "$$").replace("\n", " ")
+    return text.replace("%", "%%").replace("$", "$$")
 
 
 def _systemd_quote(argument: str) -> str:

@@ -189,6 +189,30 @@ def test_uninstall_disables_and_removes_the_unit_and_status_reports_it(
     assert "Nothing to uninstall" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("odd", ["\r[Service]\rExecStartPre=/bin/false", "two\nlines", "bell\x07"])
+@pytest.mark.parametrize("manager", list(service_module.Manager))
+def test_a_control_character_in_any_value_is_refused_not_written(
+    tmp_path: Path, odd: str, manager: service_module.Manager
+) -> None:
+    for place in ("command", "description"):
+        values: dict[str, object] = {"command": ("/bin/dispatch-shim", "run")}
+        values[place] = ("/bin/dispatch-shim", "run", "--root", f"/srv/{odd}") if place == "command" else odd
+        with pytest.raises(service_module.ServiceError, match="control character"):
+            service_module.Service(
+                name="dispatch-shim", manager=manager, system=False, account="me", uid=1000, home=tmp_path, **values
+            )
+
+
+def test_install_with_a_control_character_in_the_server_says_so_and_writes_nothing(
+    home: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["service", "install", "--dry-run", "--server", "http://127.0.0.1:8000/\r[Service]"])
+
+    assert code != 0
+    assert "control character" in capsys.readouterr().err
+    assert not (home / ".config" / "systemd").exists()
+
+
 def test_dry_run_prints_the_unit_and_changes_nothing(
     home: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
