@@ -17,6 +17,7 @@ import hashlib
 import re
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,31 @@ from jsonschema.exceptions import best_match
 from core.errors import InvalidRequest
 
 ToolHandler = Callable[[dict[str, Any]], Awaitable[Any]]
+
+ProgressReport = Callable[[float, "float | None", "str | None"], Awaitable[None]]
+"""``await report(progress, total, message)``: a long tool call's progress (MCP
+``notifications/progress``: ``progress`` grows with every report, ``total`` when known,
+``message`` for humans, e.g. the command's latest output line)."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """What the edge running a tool call tells the tool about that call (``TOOL_CALL``).
+
+    ``progress``: where to report progress, or ``None`` (nobody listens). ``call_key``:
+    a string naming this call among its user's calls in flight, so that it can be cancelled
+    from any process (``"mcp:<token hash>:<JSON-RPC id>"`` for an MCP ``tools/call``,
+    ``"agent:<agent id>:<run id>"`` for the built-in agent), stored on the in-flight
+    operation rows the call starts; ``None`` when no edge will ever cancel by key.
+    """
+
+    progress: ProgressReport | None = None
+    call_key: str | None = None
+
+
+TOOL_CALL: ContextVar[ToolCall | None] = ContextVar("dispatch_tool_call", default=None)
+"""The ``ToolCall`` of the tool call running in this context (set by the edge around
+``await tool(arguments)``; ``None`` outside one)."""
 
 TOOL_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 TOOL_NAME_MAX = 64

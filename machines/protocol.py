@@ -62,10 +62,15 @@ __all__ = [
     "DeviceCodeBody",
     "DeviceTokenBody",
     "Hello",
+    "MachineCancelMessage",
+    "MachineFlowMessage",
+    "MachineInputMessage",
     "MachineOpMessage",
+    "MachineOutputMessage",
     "MachineReplyMessage",
     "MachineRevokedMessage",
     "MachineTakeoverMessage",
+    "OperationCancelMessage",
     "SessionCopyAnswer",
     "SessionCopyBody",
     "SessionOpAnswer",
@@ -73,7 +78,7 @@ __all__ = [
     "negotiate",
 ]
 
-# The limits the platform grants in HELLO_ACK (§3): bytes, seconds, seconds, operations.
+# The limits the platform grants in HELLO_ACK (§3; 2.1 adds the two stream limits, in bytes).
 DEFAULT_LIMITS: dict[str, Any] = Limits().as_payload()
 
 # Operation → (capability it needs, the response type a success carries) (§5): the shim
@@ -159,6 +164,10 @@ class MachineOpMessage(ChannelRequest):
     request_id: str
     session_id: str | None
     timeout: float
+    relay: bool = False
+    """Protocol 2.1 live operation: besides the final ``MachineReplyMessage``, the consumer
+    relays the shim's ``COMMAND_OUTPUT`` frames (``MachineOutputMessage``) and its stdin
+    ``FLOW`` grants (``MachineFlowMessage``) to ``reply_channel``, in the order they came."""
 
 
 class MachineReplyMessage(ChannelMessage):
@@ -170,6 +179,63 @@ class MachineReplyMessage(ChannelMessage):
     type: Literal["machine.reply"] = "machine.reply"
     response_type: str
     payload: dict[str, Any]
+
+
+class MachineOutputMessage(ChannelMessage):
+    """``machine.output`` (consumer → the caller's reply channel, 2.1): one ``COMMAND_OUTPUT``
+    frame of operation ``request_id``: ``stream`` ``"stdout"|"stderr"``, ``data`` (UTF-8
+    text, or base64 when ``encoding`` is ``"base64"``), ``seq`` (from 0 per operation across
+    both streams; a gap means a message was lost)."""
+
+    type: Literal["machine.output"] = "machine.output"
+    request_id: str
+    stream: Literal["stdout", "stderr"]
+    data: str
+    encoding: Literal["utf-8", "base64"]
+    seq: int
+
+
+class MachineFlowMessage(ChannelMessage):
+    """``machine.flow`` (2.1): a ``FLOW`` credit grant for operation ``request_id``'s
+    ``stream``: ``credit_total`` is cumulative (bytes the sender may have sent since the
+    start; a lost or repeated grant is harmless). Caller → consumer for ``stdout``/``stderr``
+    (forwarded to the shim as ``FLOW``); consumer → caller for ``stdin`` (the shim's grant)."""
+
+    type: Literal["machine.flow"] = "machine.flow"
+    request_id: str
+    stream: Literal["stdin", "stdout", "stderr"]
+    credit_total: int
+
+
+class MachineInputMessage(ChannelMessage):
+    """``machine.input`` (caller → consumer, 2.1): send ``COMMAND_INPUT {request_id, data,
+    encoding, eof}`` to the shim (``data`` UTF-8 text or base64; ``eof`` closes the
+    command's stdin after it)."""
+
+    type: Literal["machine.input"] = "machine.input"
+    request_id: str
+    data: str = ""
+    encoding: Literal["utf-8", "base64"] = "base64"
+    eof: bool = False
+
+
+class MachineCancelMessage(ChannelMessage):
+    """``machine.cancel`` (anyone → consumer, 2.1): send ``CANCEL {request_id}`` to the shim
+    (under a fresh envelope id; the consumer swallows the shim's ``ACK``). Harmless for an
+    operation that already ended."""
+
+    type: Literal["machine.cancel"] = "machine.cancel"
+    request_id: str
+
+
+class OperationCancelMessage(ChannelMessage):
+    """``operation.cancel`` (the cancel route, an MCP ``notifications/cancelled`` → the
+    caller's channel of an in-flight operation): stop operation ``request_id`` (a command,
+    a copy or a pipe); ``reason`` is for humans."""
+
+    type: Literal["operation.cancel"] = "operation.cancel"
+    request_id: str
+    reason: str = "cancelled"
 
 
 class MachineRevokedMessage(ChannelMessage):

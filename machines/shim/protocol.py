@@ -21,8 +21,23 @@ from dataclasses import dataclass, fields, replace
 from enum import IntEnum, StrEnum
 from typing import Any
 
-PROTOCOL_VERSION = "2.0"
-"""The protocol version this shim speaks, ``"major.minor"`` (§2)."""
+PROTOCOL_VERSION = "2.1"
+"""The protocol version this shim speaks, ``"major.minor"`` (§2). 2.1 adds streamed
+command output (``COMMAND_OUTPUT``), ``CANCEL``, streamed stdin (``COMMAND_INPUT``) with
+``FLOW`` credits; a connection negotiated at 2.0 uses none of them."""
+
+LIVE_OPERATIONS_VERSION = (2, 1)
+"""The first ``(major, minor)`` with streamed output, ``CANCEL``, ``COMMAND_INPUT`` and ``FLOW``."""
+
+STREAM_FLUSH_BYTES = 64 * 1024
+"""Bytes: a stream's buffer is sent as a ``COMMAND_OUTPUT`` frame once it holds this much."""
+
+STREAM_FLUSH_SECONDS = 0.1
+"""Seconds: otherwise buffered output goes out this long after the previous frame (the
+first output of an operation goes at once)."""
+
+CANCEL_GRACE_SECONDS = 5.0
+"""Seconds between the SIGTERM a ``CANCEL`` sends a command's process group and the SIGKILL."""
 
 SHIM_VERSION = "0.1.0"
 """This program's version, sent in ``HELLO.shim_version``."""
@@ -67,6 +82,11 @@ class MessageType(StrEnum):
     FILE_MOVE = "FILE_MOVE"
     EXECUTE_COMMAND = "EXECUTE_COMMAND"
     COMMAND_RESULT = "COMMAND_RESULT"
+    # 2.1: live operations
+    COMMAND_OUTPUT = "COMMAND_OUTPUT"
+    CANCEL = "CANCEL"
+    COMMAND_INPUT = "COMMAND_INPUT"
+    FLOW = "FLOW"
 
 
 class ErrorCode(StrEnum):
@@ -269,27 +289,44 @@ def major_version(version: object) -> int | None:
         return None
 
 
+_INTEGER_LIMITS = ("max_file_size_bytes", "max_concurrent", "max_stream_bytes", "stream_window_bytes")
+
+
+def supports_live_operations(version: object) -> bool:
+    """Whether a negotiated ``"major.minor"`` version has the 2.1 live operations."""
+    if not isinstance(version, str):
+        return False
+    try:
+        return parse_version(version) >= LIVE_OPERATIONS_VERSION
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True)
 class Limits:
     """Operation limits (§3 ``HELLO_ACK.limits``); the shim uses the lower of its own and
     the platform's.
 
-    Units: bytes, seconds, seconds, operations in flight. The defaults are the platform's
-    documented defaults.
+    Units: bytes, seconds, seconds, operations in flight, bytes (streamed output of one
+    operation, 2.1), bytes (the initial ``FLOW`` credit of each stream, 2.1). The defaults
+    are the platform's documented defaults.
     """
 
     max_file_size_bytes: int = 10 * 1024 * 1024
     command_timeout_seconds: float = 30
     max_command_timeout_seconds: float = 600
     max_concurrent: int = 4
+    max_stream_bytes: int = 1024 * 1024 * 1024
+    stream_window_bytes: int = 1024 * 1024
 
     def __post_init__(self) -> None:
         for field in fields(self):
             value = getattr(self, field.name)
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ValueError(f"limit {field.name} must be a positive number, got {value!r}")
-        if not isinstance(self.max_file_size_bytes, int) or not isinstance(self.max_concurrent, int):
-            raise ValueError("max_file_size_bytes and max_concurrent must be integers")
+        for name in _INTEGER_LIMITS:
+            if not isinstance(getattr(self, name), int):
+                raise ValueError(f"{name} must be an integer")
         if self.max_file_size_bytes > MAX_FILE_SIZE_CEILING:
             raise ValueError(f"max_file_size_bytes may be at most {MAX_FILE_SIZE_CEILING} (12 MiB)")
 
@@ -306,7 +343,7 @@ class Limits:
             theirs = platform_limits.get(field.name)
             if isinstance(theirs, bool) or not isinstance(theirs, int | float) or theirs <= 0:
                 lowered[field.name] = own
-            elif isinstance(own, int) and field.name in ("max_file_size_bytes", "max_concurrent"):
+            elif isinstance(own, int) and field.name in _INTEGER_LIMITS:
                 lowered[field.name] = min(own, int(theirs)) or 1
             else:
                 lowered[field.name] = min(own, theirs)

@@ -47,7 +47,17 @@ from core.protocol import (
 )
 from dispatch.ws.consumer import SessionConsumer
 from machines.consumers import ShimConsumer
-from machines.protocol import MachineOpMessage, MachineReplyMessage, MachineRevokedMessage, MachineTakeoverMessage
+from machines.protocol import (
+    MachineCancelMessage,
+    MachineFlowMessage,
+    MachineInputMessage,
+    MachineOpMessage,
+    MachineOutputMessage,
+    MachineReplyMessage,
+    MachineRevokedMessage,
+    MachineTakeoverMessage,
+    OperationCancelMessage,
+)
 from peers.protocol import MirrorRescanMessage, MirrorResnapshotMessage, OutboxDoorbellMessage
 from remotes.models import WsSession
 from remotes.protocol import (
@@ -128,6 +138,27 @@ EXAMPLES: list[tuple[ChannelMessage, dict[str, Any]]] = [
         MachineReplyMessage(response_type="ERROR", payload={"code": "TIMEOUT", "message": "late"}),
         {"type": "machine.reply", "response_type": "ERROR", "payload": {"code": "TIMEOUT", "message": "late"}},
     ),
+    (
+        MachineOutputMessage(request_id="req-1", stream="stdout", data="hi\n", encoding="utf-8", seq=0),
+        {
+            "type": "machine.output",
+            "request_id": "req-1",
+            "stream": "stdout",
+            "data": "hi\n",
+            "encoding": "utf-8",
+            "seq": 0,
+        },
+    ),
+    (
+        MachineFlowMessage(request_id="req-1", stream="stdout", credit_total=2097152),
+        {"type": "machine.flow", "request_id": "req-1", "stream": "stdout", "credit_total": 2097152},
+    ),
+    (
+        MachineInputMessage(request_id="req-1", data="aGk=", encoding="base64", eof=True),
+        {"type": "machine.input", "request_id": "req-1", "data": "aGk=", "encoding": "base64", "eof": True},
+    ),
+    (MachineCancelMessage(request_id="req-1"), {"type": "machine.cancel", "request_id": "req-1"}),
+    (OperationCancelMessage(request_id="req-1"), {"type": "operation.cancel", "request_id": "req-1"}),
     (MachineRevokedMessage(), {"type": "machine.revoked"}),
     (MachineTakeoverMessage(connection_id="conn_1"), {"type": "machine.takeover", "connection_id": "conn_1"}),
     (

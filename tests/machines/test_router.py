@@ -55,7 +55,7 @@ async def test_the_envelope_carries_the_session_and_the_chosen_machine(shims, ow
     request = shim.ops("FILE_STAT")[0]
     assert request["session_id"] == "agt_0123456789ab"
     assert request["target_machine"] == "m1"
-    assert request["version"] == "2.0"
+    assert request["version"] == "2.1"
     assert request["payload"] == STAT[1]
 
 

@@ -135,21 +135,21 @@ async def test_a_major_version_mismatch_is_refused_with_4426_and_both_versions(w
     async with ws_connect(token=token, path=SHIM_PATH) as ws:
         error, code = await refused(ws, frame("HELLO", hello_payload(machine_id="m1", protocol_version="3.0")))
     assert error["payload"]["code"] == "PROTOCOL_VERSION_MISMATCH"
-    assert error["payload"]["details"] == {"shim_max": "3.0", "platform_max": "2.0"}
+    assert error["payload"]["details"] == {"shim_max": "3.0", "platform_max": "2.1"}
     assert code == 4426
     assert await count_rows(MachineConnection) == 0
 
 
 async def test_a_newer_minor_version_negotiates_the_lower_minor(shims, owner):
     shim = await shims.connect(owner, protocol_version="2.5")
-    assert shim.ack["payload"]["protocol_version"] == "2.0"
+    assert shim.ack["payload"]["protocol_version"] == "2.1"
 
 
 async def test_hello_ack_reuses_the_hello_id_and_states_capabilities_and_limits(shims, owner):
     shim = await shims.connect(owner, capabilities=["files"])
     ack = shim.ack
     assert ack["type"] == "HELLO_ACK"  # and handshake() checked ack["id"] == the HELLO's id
-    assert ack["version"] == "2.0"
+    assert ack["version"] == "2.1"
     assert ack["payload"]["protocol_version"] == "2.0"
     assert ack["payload"]["connection_id"].startswith("conn_")
     assert set(ack["payload"]["granted_capabilities"]) <= {"files"}
@@ -159,6 +159,8 @@ async def test_hello_ack_reuses_the_hello_id_and_states_capabilities_and_limits(
         "command_timeout_seconds": 30,
         "max_command_timeout_seconds": 600,
         "max_concurrent": 4,
+        "max_stream_bytes": 1024**3,
+        "stream_window_bytes": 1024**2,
     }
 
 

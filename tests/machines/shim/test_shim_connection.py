@@ -58,7 +58,7 @@ async def test_it_says_hello_with_its_identity_then_serves_operations(
         side = await platform.next_side()
         hello = side.hello
         assert set(hello) == {"type", "id", "ts", "version", "session_id", "target_machine", "payload"}
-        assert (hello["type"], hello["version"]) == ("HELLO", "2.0")
+        assert (hello["type"], hello["version"]) == ("HELLO", "2.1")
         assert set(hello["payload"]) == {
             "shim_version",
             "protocol_version",
@@ -73,7 +73,7 @@ async def test_it_says_hello_with_its_identity_then_serves_operations(
             "hardware_devices",
         }
         payload = hello["payload"]
-        assert payload["protocol_version"] == "2.0"
+        assert payload["protocol_version"] == "2.1"
         assert payload["machine_id"] == shim.identity.machine_id
         assert payload["hostname"] == socket.gethostname()
         assert payload["display_name"] == "laptop"

@@ -61,7 +61,7 @@ async def test_it_answers_with_the_request_id_and_session(
     assert response["type"] == "FILE_STAT_RESPONSE"
     assert response["id"] == frame["id"]
     assert response["session_id"] == "agt_0123456789ab"
-    assert response["version"] == "2.0"
+    assert response["version"] == "2.1"
     assert set(response) == {"type", "id", "ts", "version", "session_id", "target_machine", "payload"}
 
 

@@ -15,7 +15,7 @@ from machines.shim.protocol import MAX_MESSAGE_BYTES, decode, encode, envelope, 
 def test_it_builds_the_envelope_of_every_frame() -> None:
     frame = envelope("PING", {}, frame_id="abc", session_id="s", target_machine="m")
     assert set(frame) == {"type", "id", "ts", "version", "session_id", "target_machine", "payload"}
-    assert (frame["type"], frame["id"], frame["version"], frame["payload"]) == ("PING", "abc", "2.0", {})
+    assert (frame["type"], frame["id"], frame["version"], frame["payload"]) == ("PING", "abc", "2.1", {})
     assert isinstance(frame["ts"], float)
 
 
