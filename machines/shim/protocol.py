@@ -92,6 +92,8 @@ class MessageType(StrEnum):
 class ErrorCode(StrEnum):
     """``ERROR.payload.code`` values the shim sends (§5).
 
+    ``CANCELLED`` (2.1): a ``CANCEL`` stopped an operation that is not a command (a command
+    still ends with its ``COMMAND_RESULT {cancelled: true}``).
     ``INTERNAL_ERROR`` is the shim's own addition for a bug in the shim (an exception no
     rule maps); the platform should treat it like any failed operation.
     """
@@ -108,6 +110,7 @@ class ErrorCode(StrEnum):
     UNSUPPORTED_OPERATION = "UNSUPPORTED_OPERATION"
     CAPABILITY_NOT_GRANTED = "CAPABILITY_NOT_GRANTED"
     SHIM_OVERLOADED = "SHIM_OVERLOADED"
+    CANCELLED = "CANCELLED"
     INTERNAL_ERROR = "INTERNAL_ERROR"
 
 
