@@ -50,13 +50,14 @@ class Platform:
         return False
 
     async def run(
-        self, request_id: str, *, grant: bool = True, within: float = 20
+        self, request_id: str, *, grant: bool = True, within: float = 20, stdout_before: int = 0
     ) -> tuple[list[dict[str, Any]], dict[str, Any], list[dict[str, Any]]]:
         """Read until ``request_id``'s reply: ``(its COMMAND_OUTPUT frames, the reply, other
-        frames)``. With ``grant``, consumes like a caller: credit = bytes received + window."""
+        frames)``. With ``grant``, consumes like a caller: credit = bytes received + window
+        (``stdout_before``: stdout bytes the test already took)."""
         outputs: list[dict[str, Any]] = []
         others: list[dict[str, Any]] = []
-        received = {"stdout": 0, "stderr": 0}
+        received = {"stdout": stdout_before, "stderr": 0}
         window = self.dispatcher.operations.limits.stream_window_bytes
         async with asyncio.timeout(within):
             while True:
