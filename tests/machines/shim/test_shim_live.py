@@ -9,6 +9,7 @@ import asyncio
 import base64
 import itertools
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,13 +51,14 @@ class Platform:
         return False
 
     async def run(
-        self, request_id: str, *, grant: bool = True, within: float = 20
+        self, request_id: str, *, grant: bool = True, within: float = 20, stdout_before: int = 0
     ) -> tuple[list[dict[str, Any]], dict[str, Any], list[dict[str, Any]]]:
         """Read until ``request_id``'s reply: ``(its COMMAND_OUTPUT frames, the reply, other
-        frames)``. With ``grant``, consumes like a caller: credit = bytes received + window."""
+        frames)``. With ``grant``, consumes like a caller: credit = bytes received + window
+        (``stdout_before``: stdout bytes the test already took)."""
         outputs: list[dict[str, Any]] = []
         others: list[dict[str, Any]] = []
-        received = {"stdout": 0, "stderr": 0}
+        received = {"stdout": stdout_before, "stderr": 0}
         window = self.dispatcher.operations.limits.stream_window_bytes
         async with asyncio.timeout(within):
             while True:
@@ -142,13 +144,13 @@ async def test_it_sends_the_first_output_at_once_then_at_most_one_frame_per_100_
     connect: Callable[..., Platform],
 ) -> None:
     platform = connect()
-    script = "echo first; sleep 0.3; for i in $(seq 1 40); do echo line$i; sleep 0.01; done"
+    script = "echo first; sleep 0.5; for i in $(seq 1 40); do echo line$i; sleep 0.01; done"
     started = asyncio.get_running_loop().time()
     request_id = platform.send("EXECUTE_COMMAND", {"argv": ["sh", "-c", script], "stream": True})
     outputs, result, _ = await platform.run(request_id)
     times = [platform.sent_at[id(frame)] for frame in outputs]
     assert outputs[0]["payload"]["data"] == "first\n"
-    assert times[0] - started < 0.25  # at once, not after the 0.3 s pause
+    assert times[0] - started < 0.4  # at once, not after the 0.5 s pause
     # between the first and the last (the end flushes at once), one frame per 100 ms at most
     assert all(later - earlier >= 0.09 for earlier, later in itertools.pairwise(times[1:-1]))
     assert 2 <= len(outputs) <= 12  # 40 lines over ≥ 0.4 s went out batched
@@ -268,12 +270,13 @@ async def test_a_cancelled_command_that_is_out_of_credit_still_ends(connect: Cal
     request_id = platform.send(
         "EXECUTE_COMMAND", {"argv": ["head", "-c", "10000000", "/dev/zero"], "stream": True, "binary": True}
     )
-    first = await platform.next()
-    await asyncio.sleep(0.2)  # stalled: the window is spent and nobody grants more
+    stalled = [await platform.next()]
+    while len(joined_bytes(stalled)) < 65536:  # the window is spent and nobody grants more
+        stalled.append(await platform.next())
     platform.send("CANCEL", {"request_id": request_id})
     outputs, result, _ = await platform.run(request_id, grant=False, within=5)
     assert result["payload"]["cancelled"] is True and result["payload"]["exit_code"] == -15
-    assert result["payload"]["stdout_bytes"] == len(joined_bytes([first, *outputs])) == 65536
+    assert result["payload"]["stdout_bytes"] == len(joined_bytes(stalled + outputs)) == 65536
 
 
 async def test_a_cancel_of_a_running_file_operation_answers_cancelled(
@@ -382,3 +385,15 @@ async def test_flow_and_input_for_an_unknown_operation_are_dropped_silently(conn
     platform.send("FLOW", {"request_id": "gone", "stream": "stdout", "credit_total": 10})
     platform.send("COMMAND_INPUT", {"request_id": "gone", "data": "x", "encoding": "utf-8", "eof": True})
     assert await platform.nothing_within(0.2)
+
+
+async def test_a_command_cancelled_before_its_process_started_answers_cancelled_and_never_runs(
+    connect: Callable[..., Platform], root: Path
+) -> None:
+    platform = connect()
+    request_id = platform.send("EXECUTE_COMMAND", {"argv": ["touch", "ran"], "stream": True})
+    cancel_id = platform.send("CANCEL", {"request_id": request_id})  # before its task ever ran
+    answers = {frame["id"]: frame for frame in [await platform.next(), await platform.next()]}
+    assert answers[cancel_id]["type"] == "ACK"
+    assert (answers[request_id]["type"], answers[request_id]["payload"]["code"]) == ("ERROR", "CANCELLED")
+    assert not (root / "ran").exists()
