@@ -145,7 +145,7 @@
     if (run.labelled) {
       var label = document.createElement("span");
       label.className = "run-machine";
-      label.textContent = "[" + (run.names[machineId] || machineId || "?") + "]";
+      label.textContent = "[" + (run.names[machineId] || machineId || "?") + "] ";
       row.appendChild(label);
     }
     row.appendChild(document.createTextNode(text + "\n"));
