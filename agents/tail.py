@@ -118,9 +118,9 @@ class TailReporter:
     of its own (started at the first output, ended by ``close``), so a tool's output sink
     never waits on the database."""
 
-    def __init__(self, record: Record, *, interval: float = TAIL_INTERVAL) -> None:
+    def __init__(self, record: Record, *, interval: float | None = None) -> None:
         self.record = record
-        self.interval = interval
+        self.interval = TAIL_INTERVAL if interval is None else interval
         self.tails: list[OutputTail] = []
         self.reported_at: float | None = None
         self._wake = asyncio.Event()
