@@ -33,7 +33,7 @@ ProgressReport = Callable[[float, "float | None", "str | None"], Awaitable[None]
 ``notifications/progress``: ``progress`` grows with every report, ``total`` when known,
 ``message`` for humans, e.g. the command's latest output line)."""
 
-OutputSink = Callable[[str, str], Awaitable[None]]
+OutputReport = Callable[[str, str], Awaitable[None]]
 """``await sink(stream, text)``: a chunk of a running command's output as it streams
 (``stream`` ``"stdout"`` or ``"stderr"``; ``text`` the chunk's UTF-8 text, in order, not
 split on lines). Binary (base64) output is not passed."""
@@ -56,7 +56,7 @@ class ToolCall:
 
     progress: ProgressReport | None = None
     call_key: str | None = None
-    output: OutputSink | None = None
+    output: OutputReport | None = None
 
 
 TOOL_CALL: ContextVar[ToolCall | None] = ContextVar("dispatch_tool_call", default=None)
