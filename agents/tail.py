@@ -82,7 +82,9 @@ class OutputTail:
 
     async def progress(self, progress: float, total: float | None, message: str | None) -> None:
         """``ToolCall.progress``: ``progress`` bytes so far; ``message`` the latest line,
-        kept as a line of the tail only when no output chunks arrive."""
+        kept as a line of the tail only when no output chunks arrive (a tool that reports
+        at most a few lines a second gives a sampled tail; a message equal to the line
+        before it, e.g. a final report, is not repeated)."""
         self.bytes = max(self.bytes, int(progress))
         if self.chunks == 0 and message:
             if not self.lines or self.lines[-1] != message:
