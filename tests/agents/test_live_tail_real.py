@@ -6,6 +6,7 @@ real ``manage.py serve`` runs the expert's run in its background services, a rea
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ class Live:
     server: Server
     llm: LlmDouble
     shim: ShimProcess
+    root: Path  # the shim's allowed root, where its commands run
     token: str
     agent: str
 
@@ -75,7 +77,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
             created = json.loads(inst.manage("shell", "-c", _SETUP.format(cwd=str(root))).stdout.splitlines()[-1])
             server = inst.serve(DISPATCH_LLM_BASE_URL=llm.url, DISPATCH_LLM_MODEL="double-1")
             shim = inst.shim("workbench", root, "--session", created["agent"], token=created["token"])
-            yield Live(instance=inst, server=server, llm=llm, shim=shim, **created)
+            yield Live(instance=inst, server=server, llm=llm, shim=shim, root=root, **created)
     finally:
         llm.stop()
 
@@ -87,12 +89,17 @@ def llm(live: Live) -> LlmDouble:
     return live.llm
 
 
-def sleeping() -> list[int]:
-    """The pids of the processes running exactly ``sleep 30``."""
+def sleeping(cwd: Path) -> list[int]:
+    """The pids of the processes running exactly ``sleep 30`` in ``cwd`` (this test's
+    commands: other tests on the machine may be sleeping too; Linux /proc)."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and (entry / "cmdline").read_bytes() == b"sleep\x0030\x00":
+            if (
+                entry.name.isdigit()
+                and (entry / "cmdline").read_bytes() == b"sleep\x0030\x00"
+                and Path(os.readlink(entry / "cwd")) == cwd.resolve()
+            ):
                 found.append(int(entry.name))
         except OSError:
             continue
@@ -140,12 +147,12 @@ def test_cancelling_the_run_stops_its_command_on_the_machine(live: Live, llm: Ll
         what="the command's first output on the timeline",
         details=live.server.log,
     )
-    assert sleeping(), "the command is not running"
+    assert sleeping(live.root), "the command is not running"
 
     cancelled_at = time.monotonic()
     response = live.api("POST", f"/api/v1/runs/{run_id}/cancel")
     assert response.status_code in (200, 202), response.text
-    wait_until(lambda: not sleeping(), timeout=8, what="the command to be stopped", details=live.shim.log)
+    wait_until(lambda: not sleeping(live.root), timeout=8, what="the command to be stopped", details=live.shim.log)
 
     assert time.monotonic() - cancelled_at < 8
     assert live.finished(run_id)["status"] == "cancelled"

@@ -9,6 +9,7 @@ that a cancelled command's process is gone.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,12 +37,17 @@ WATCH_OUTPUT = """() => {
 }"""
 
 
-def sleeping(argv: bytes = b"sleep\x0030\x00") -> list[int]:
-    """The pids of the processes running exactly ``sleep 30`` (Linux /proc)."""
+def sleeping(cwd: Path) -> list[int]:
+    """The pids of the processes running exactly ``sleep 30`` in ``cwd`` (this test's
+    commands: other tests on the machine may be sleeping too; Linux /proc)."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and (entry / "cmdline").read_bytes() == argv:
+            if (
+                entry.name.isdigit()
+                and (entry / "cmdline").read_bytes() == b"sleep\x0030\x00"
+                and Path(os.readlink(entry / "cwd")) == cwd.resolve()
+            ):
                 found.append(int(entry.name))
         except OSError:
             continue
@@ -137,7 +143,7 @@ def test_a_running_command_is_listed_in_flight_and_cancelled_from_the_page(site,
     expect(in_flight).to_contain_text("bravo", timeout=8_000)  # the list refreshes every 3 s
     expect(in_flight.locator(".op-summary")).to_contain_text("sleep 30")
     expect(in_flight.locator("button.op-cancel")).to_have_text("Cancel")
-    assert sleeping(), "the command is not running"
+    assert sleeping(site.root), "the command is not running"
 
     cancelled_at = time.monotonic()
     page.click("#run-cancel")
@@ -147,7 +153,7 @@ def test_a_running_command_is_listed_in_flight_and_cancelled_from_the_page(site,
     expect(row.locator(".result-text")).to_contain_text("cancelled")
     expect(row.locator(".exit-code")).to_have_text("-15")  # SIGTERM: the sleep was killed, not finished
     expect(in_flight).to_have_count(0, timeout=8_000)
-    wait_until(lambda: not sleeping(), timeout=3, what="the cancelled command's processes to be gone")
+    wait_until(lambda: not sleeping(site.root), timeout=3, what="the cancelled command's processes to be gone")
 
 
 def test_every_machine_runs_it_and_each_line_names_its_machine(site, page):
