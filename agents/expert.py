@@ -10,6 +10,14 @@ reply concurrently, hands each result back as JSON text capped at
 repeats until the model answers without tool calls or ``DISPATCH_MAX_TOOL_STEPS`` model
 calls were made. Every step is a ``system`` event on the agent and the run; the run ends
 through ``run_finish``.
+
+Live operations (issue 14): each tool call runs with a ``core.tools.ToolCall`` whose
+``call_key`` is ``agent:<agent id>:<run id>`` and whose ``output``/``progress`` feed the
+run's output tail (``agents.tail``: a long command's last lines as ``system`` events, at
+most one per 2 s). While tool calls run, the run's status is checked every
+``CANCEL_POLL`` seconds: a run cancelled meanwhile (``POST /api/v1/runs/{id}/cancel``, in
+any process) cancels the operations started under its key (``cancel_calls``) and the
+tool calls' tasks, and stops.
 """
 
 from __future__ import annotations
@@ -29,9 +37,11 @@ from agents import services
 from agents.launching import NO_ENDPOINT
 from agents.models import Agent, AgentEvent, Run
 from agents.prompting import RemoteEntry, remote_entries, tool_names
+from agents.tail import TailReporter
 from agents.tools import tool_set
 from core.errors import DispatchError, InvalidRequest
-from core.tools import Tool, ToolHandler, tool_name
+from core.tools import TOOL_CALL, Tool, ToolCall, ToolHandler, tool_name
+from machines.services.live import cancel_calls
 from remotes.selectors import remote_list_for
 from remotes.services import remote_call
 
@@ -47,6 +57,7 @@ SYSTEM_PROMPT = (
 HISTORY_BUDGET = 20_000  # characters of earlier runs in a run's context
 HISTORY_RUNS = 20
 EVENT_TEXT_MAX = 2_000  # characters of a tool result or argument kept in an event
+CANCEL_POLL = 1.0  # seconds between two checks of the run's status while its tools run
 _SECRET_KEY = re.compile(r"token|secret|password|passwd|api[_-]?key|authorization|credential", re.IGNORECASE)
 
 def as_openai(tool: Tool) -> dict[str, Any]:
@@ -115,6 +126,12 @@ class ExpertAgent:
         self.run = run
         self.agent: Agent = run.agent
         self.user: User = run.agent.owner
+        self.tail = TailReporter(self._record)
+
+    @property
+    def call_key(self) -> str:
+        """The ``ToolCall.call_key`` of this run's tool calls: ``agent:<agent id>:<run id>``."""
+        return f"agent:{self.agent.pk}:{self.run.pk}"
 
     @classmethod
     async def for_run(cls, run_id: str) -> ExpertAgent:
@@ -123,14 +140,14 @@ class ExpertAgent:
         return cls(run)
 
     async def event(self, message: str, **metadata: Any) -> None:
-        """Record a ``system`` event on the agent and this run."""
+        """Record a ``system`` event on the agent and this run (``message`` cut to
+        ``EVENT_TEXT_MAX`` characters)."""
+        await self._record(cap(message, EVENT_TEXT_MAX), metadata)
+
+    async def _record(self, message: str, metadata: dict[str, Any]) -> None:
         try:
             await database_sync_to_async(services.agent_event_record)(
-                agent=self.agent,
-                run=self.run,
-                type=AgentEvent.Type.SYSTEM,
-                message=cap(message, EVENT_TEXT_MAX),
-                metadata=metadata,
+                agent=self.agent, run=self.run, type=AgentEvent.Type.SYSTEM, message=message, metadata=metadata
             )
         except Exception:
             logger.exception("could not record an event of run %s", self.run.pk)
@@ -207,8 +224,12 @@ class ExpertAgent:
 
         return call
 
-    async def call_tool(self, tools: dict[str, Tool], name: str, arguments_json: str) -> str:
-        """Run one tool call; its result as text for the model (an error string on failure)."""
+    async def call_tool(self, tools: dict[str, Tool], name: str, arguments_json: str, call_id: str = "") -> str:
+        """Run one tool call; its result as text for the model (an error string on failure).
+
+        The call runs with ``TOOL_CALL`` set: the run's ``call_key``, and ``output`` /
+        ``progress`` feeding the run's output tail (``agents.tail``).
+        """
         tool = tools.get(name)
         try:
             arguments = json.loads(arguments_json or "{}")
@@ -222,7 +243,13 @@ class ExpertAgent:
                 raise InvalidRequest(f"no tool named '{name}'")
             if not isinstance(arguments, dict):
                 raise InvalidRequest("tool arguments must be a JSON object")
-            result = await tool(arguments)
+            tail = self.tail.start(name, call_id)
+            token = TOOL_CALL.set(ToolCall(progress=tail.progress, call_key=self.call_key, output=tail.output))
+            try:
+                result = await tool(arguments)
+            finally:
+                TOOL_CALL.reset(token)
+                self.tail.end(tail)
             text = cap(json.dumps(result, ensure_ascii=False, default=str), settings.TOOL_RESULT_MAX_CHARS)
             failed = False
         except asyncio.CancelledError:
@@ -234,6 +261,46 @@ class ExpertAgent:
             failed = True
         await self.event(f"tool result {name}", tool=name, result=cap(text, EVENT_TEXT_MAX), failed=failed)
         return text
+
+    async def call_tools(self, tools: dict[str, Tool], calls: list[Any]) -> list[str] | None:
+        """Run one reply's tool calls concurrently; their results in order, or ``None``
+        when the run was cancelled meanwhile (its operations and the calls cancelled)."""
+        batch = asyncio.gather(
+            *(self.call_tool(tools, call.function.name, call.function.arguments, call.id) for call in calls)
+        )
+        watcher = asyncio.create_task(self._watch_cancel(batch), name=f"run {self.run.pk} cancel watch")
+        try:
+            return list(await batch)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if watcher.done() and not watcher.cancelled() and watcher.result() is not None:
+                if current is None or not current.cancelling():
+                    await self.event(
+                        "run cancelled: its tool calls were stopped", cancelled_operations=watcher.result()
+                    )
+                    return None
+            raise
+        finally:
+            watcher.cancel()
+            batch.cancel()  # no-op when done; on our own cancellation, the calls stop too
+
+    async def _watch_cancel(self, batch: asyncio.Future[Any]) -> int | None:
+        """While ``batch`` runs, check every ``CANCEL_POLL`` seconds that the run is still
+        running; when it is not, cancel the operations started under the run's key (in any
+        process) and ``batch``. Returns how many operations were cancelled, or ``None``
+        when ``batch`` ended first."""
+        while not batch.done():
+            await asyncio.sleep(CANCEL_POLL)
+            if batch.done() or await database_sync_to_async(_run_status)(self.run.pk) == Run.Status.RUNNING:
+                continue
+            try:
+                cancelled = await cancel_calls(user=self.user, call_key=self.call_key)
+            except Exception:
+                logger.exception("run %s: could not cancel its operations", self.run.pk)
+                cancelled = 0
+            batch.cancel()
+            return cancelled
+        return None
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -319,11 +386,12 @@ class ExpertAgent:
                         ],
                     }
                 )
-                results = await asyncio.gather(
-                    *(self.call_tool(by_name, call.function.name, call.function.arguments) for call in calls)
-                )
+                results = await self.call_tools(by_name, calls)
+                if results is None:
+                    return
                 for call, text in zip(calls, results, strict=True):
                     messages.append({"role": "tool", "tool_call_id": call.id, "content": text})
         finally:
+            await self.tail.close()
             await client.close()
         await self.fail(f"the model did not finish within {settings.MAX_TOOL_STEPS} steps (DISPATCH_MAX_TOOL_STEPS)")

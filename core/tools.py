@@ -33,6 +33,11 @@ ProgressReport = Callable[[float, "float | None", "str | None"], Awaitable[None]
 ``notifications/progress``: ``progress`` grows with every report, ``total`` when known,
 ``message`` for humans, e.g. the command's latest output line)."""
 
+OutputReport = Callable[[str, str], Awaitable[None]]
+"""``await sink(stream, text)``: a chunk of a running command's output as it streams
+(``stream`` ``"stdout"`` or ``"stderr"``; ``text`` the chunk's UTF-8 text, in order, not
+split on lines). Binary (base64) output is not passed."""
+
 
 @dataclass(frozen=True)
 class ToolCall:
@@ -43,10 +48,15 @@ class ToolCall:
     from any process (``"mcp:<token hash>:<JSON-RPC id>"`` for an MCP ``tools/call``,
     ``"agent:<agent id>:<run id>"`` for the built-in agent), stored on the in-flight
     operation rows the call starts; ``None`` when no edge will ever cancel by key.
+    ``output``: where the tool sends a streamed command's output chunks as they arrive
+    (``machines.tools``: ``local_pc_execute_command`` runs streamed when ``progress`` or
+    ``output`` is set), or ``None``. The built-in agent uses it for its output tail
+    (issue 14: the last 20 lines, which the one-line ``progress`` message cannot rebuild).
     """
 
     progress: ProgressReport | None = None
     call_key: str | None = None
+    output: OutputReport | None = None
 
 
 TOOL_CALL: ContextVar[ToolCall | None] = ContextVar("dispatch_tool_call", default=None)

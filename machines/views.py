@@ -1,4 +1,11 @@
-"""The Machines page and the device activation page (ui.md; machines.md §1)."""
+"""The Machines page and the device activation page (ui.md; machines.md §1).
+
+The page's live-operation panels (issue 14 "Pages": the "Run" panel, operations in
+flight, a copy with its progress bar) are rendered here and driven by
+``static/js/machines-run.js`` through the REST routes (``/api/v1/sessions/default/ops``
+with ``stream: true``, ``…/ops/{request_id}/cancel``, ``GET …/ops``, ``…/copy``), with the
+page's session cookie and CSRF token; they act in the machine session ``RUN_SESSION``.
+"""
 
 from __future__ import annotations
 
@@ -17,9 +24,45 @@ from core.authentication import authenticated_user
 from core.errors import DispatchError
 from core.views import htmx_login_required
 from machines import selectors
+from machines.models import Machine
 from machines.services import connections, device, router
+from machines.shim.protocol import supports_live_operations
 
 EXAMPLE_ROOT = "~/src"  # in the commands shown: the folder agents may use, for the user to edit
+RUN_SESSION = "default"  # the machine session the page's Run and Copy panels act in (issue 14)
+
+
+def _run_targets(machines: list[Machine], default_machine_id: str | None) -> list[dict[str, object]]:
+    """The machines attached to ``RUN_SESSION`` now, by name, as the Run and Copy panels
+    offer them: ``machine_id``, ``name``, ``shell`` / ``files`` (granted on its
+    connection), ``live`` (its shim speaks protocol 2.1: streamed output and cancel),
+    ``protocol_version``, ``is_default`` and ``checked`` (the Run panel's initial choice:
+    the default machine when it has a shell, else the first one that has). ``machines``
+    come with their connections prefetched."""
+    targets: list[dict[str, object]] = []
+    for machine in machines:
+        attached = [row for row in machine.connections.all() if row.attached_to(RUN_SESSION)]
+        if not attached:
+            continue
+        granted = attached[0].granted_capabilities
+        targets.append(
+            {
+                "machine_id": machine.machine_id,
+                "name": machine.name,
+                "shell": "shell" in granted,
+                "files": "files" in granted,
+                "live": supports_live_operations(attached[0].protocol_version),
+                "protocol_version": attached[0].protocol_version,
+                "is_default": machine.machine_id == default_machine_id,
+                "checked": False,
+            }
+        )
+    targets.sort(key=lambda target: (str(target["name"]).lower(), str(target["machine_id"])))
+    shell = [target for target in targets if target["shell"]]
+    chosen = next((target for target in shell if target["is_default"]), shell[0] if shell else None)
+    if chosen is not None:
+        chosen["checked"] = True
+    return targets
 
 
 def _context(request: HttpRequest, served_shim: downloads.ClientPackage | None) -> dict[str, object]:
@@ -74,10 +117,14 @@ def _connect_commands(served_shim: downloads.ClientPackage | None) -> dict[str, 
 @require_GET
 def machines_page(request: HttpRequest) -> HttpResponse:
     """``/machines/``: machines with live status and shim version, the default selector,
-    revoke, recent audit, and the commands that connect another computer."""
+    revoke, recent audit, the commands that connect another computer, and the live
+    panels (Run, operations in flight, Copy) over the machines attached to
+    ``RUN_SESSION``."""
     served_shim = downloads.newest_wheel(downloads.SHIM)
     context = _context(request, served_shim)
     context["connect"] = _connect_commands(served_shim)
+    targets = _run_targets(context["machines"], context["default_machine_id"])  # type: ignore[arg-type]
+    context["run"] = {"session_id": RUN_SESSION, "targets": targets}
     return render(request, "machines/machines.html", context)
 
 
