@@ -22,14 +22,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from channels.db import database_sync_to_async
 from django.contrib.auth.models import User
 
 from core.errors import InvalidRequest
-from core.tools import TOOL_CALL, ProgressReport, Tool, ToolHandler
+from core.tools import TOOL_CALL, OutputReport, ProgressReport, Tool, ToolHandler
 from core.validation import parse_plain
 from machines.protocol import PIPE_END_SCHEMA, SessionPipeBody
 from machines.services import live, router
@@ -380,6 +380,29 @@ class OutputProgress(ProgressThrottle):
         await super().finish()
 
 
+def _output_handler(
+    progress: OutputProgress | None, output: OutputReport | None
+) -> Callable[[Output], Awaitable[None]]:
+    """``machine_op``'s ``on_output`` for a tool call: each frame goes to the progress
+    report (when a client listens) and, as ``(stream, text)``, to the edge's ``output``
+    sink (the built-in agent's output tail; base64 frames are decoded, invalid UTF-8
+    replaced)."""
+
+    async def on_output(event: Output) -> None:
+        if progress is not None:
+            await progress.on_output(event)
+        if output is not None:
+            text = event.data
+            if event.encoding == "base64":
+                try:
+                    text = base64.b64decode(event.data).decode("utf-8", "replace")
+                except (binascii.Error, ValueError):
+                    return
+            await output(event.stream, text)
+
+    return on_output
+
+
 def _progress_throttle() -> ProgressThrottle | None:
     """A ``ProgressThrottle`` for the running tool call, or ``None`` when nobody listens."""
     call = TOOL_CALL.get()
@@ -399,8 +422,9 @@ def _operation(user: User, op: str, session_of: Callable[[dict[str, Any]], str],
         extra: dict[str, Any] = {}
         if target_machines is not None:
             extra["target_machines"] = target_machines
-        if progress is not None:
-            extra["on_output"] = progress.on_output
+        output = call.output if op == "EXECUTE_COMMAND" and call is not None else None
+        if progress is not None or output is not None:
+            extra["on_output"] = _output_handler(progress, output)
         try:
             response = await machine_op(
                 user=user,

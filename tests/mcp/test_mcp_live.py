@@ -265,6 +265,31 @@ async def test_execute_command_streams_with_on_output_only_when_the_call_listens
     assert reports.sent == [(6.0, None, "hello")]
 
 
+async def test_execute_command_sends_every_chunk_to_the_calls_output_sink(owner, monkeypatch) -> None:
+    # The built-in agent's output tail (ToolCall.output) gets the whole output, chunk by
+    # chunk and decoded, not the one-line progress message.
+    async def machine_op(**kwargs: Any) -> dict[str, Any]:
+        await kwargs["on_output"](out("one\ntwo\n", 0))
+        await kwargs["on_output"](out(base64.b64encode("thr\u00e9e\n".encode()).decode(), 1, encoding="base64"))
+        return {"machine_id": "m1", "type": "COMMAND_RESULT", "payload": {"exit_code": 0}}
+
+    monkeypatch.setattr(machine_tools, "machine_op", machine_op)
+    tools = {
+        tool.name: tool for tool in await machine_tools.machine_tools(user=owner, session_id="default", caller="agt")
+    }
+    chunks: list[tuple[str, str]] = []
+
+    async def sink(stream: str, text: str) -> None:
+        chunks.append((stream, text))
+
+    token = TOOL_CALL.set(ToolCall(output=sink, call_key="agent:a:r"))
+    try:
+        await tools["local_pc_execute_command"]({"argv": ["x"]})
+    finally:
+        TOOL_CALL.reset(token)
+    assert chunks == [("stdout", "one\ntwo\n"), ("stdout", "thr\u00e9e\n")]
+
+
 async def test_every_operation_tool_but_copy_and_pipe_takes_target_machines(owner, monkeypatch) -> None:
     calls: list[dict[str, Any]] = []
 
