@@ -34,6 +34,7 @@ from core.http import error_response, json_api, json_object
 from core.openapi import OPEN, Operation, documented
 from core.validation import parse_plain
 from peers import pairing
+from peers.auth import announce_features
 from peers.models import Peer
 from peers.protocol import (
     OUR_INSTANCE_ID,
@@ -96,6 +97,7 @@ def _claim(body: dict[str, Any], client_address: str) -> dict[str, Any]:
     ),
     rate_limited=True,
 )
+@announce_features
 @csrf_exempt
 @login_not_required
 @require_POST

@@ -44,7 +44,7 @@ from core.errors import DispatchError
 from core.http import json_object
 from core.openapi import Operation, documented
 from core.validation import parse_plain
-from peers.auth import PEER_SECURITY, PeerAuthError, peer_authenticate_sync, peer_error_response
+from peers.auth import PEER_SECURITY, PeerAuthError, announce_features, peer_authenticate_sync, peer_error_response
 from peers.models import Peer
 from peers.protocol import (
     PEER_INSTANCE_ID,
@@ -96,7 +96,7 @@ def peer_route(*, method: str, capability: str | None = None) -> Callable[[PeerV
                 return _error(exc)
             return JsonResponse(answer.body, status=answer.status)
 
-        return csrf_exempt(login_not_required(wrapper))
+        return announce_features(csrf_exempt(login_not_required(wrapper)))
 
     return decorate
 

@@ -51,7 +51,7 @@ from agents.messages import MAX_MESSAGE_LENGTH, message_content
 from core.errors import InvalidRequest
 from core.protocol import ChannelMessage
 from core.validation import WireModel, refusal
-from peers.identity import PEER_PROTOCOL_VERSION, public_key_from
+from peers.identity import PEER_PROTOCOL_VERSION, features_parse, public_key_from
 
 NAME_MAX = 100  # characters of an agent name and of a sender's name (spec §5)
 AGENT_ID_MAX = 64
@@ -396,12 +396,12 @@ ClaimantToken = Annotated[str, BeforeValidator(_claimant_token)]
 
 class ClaimBody(WireModel):
     """``POST /api/v1/peers/claim``: ``{code, protocol_version, instance_id, name, url,
-    public_key, token_for_you, capabilities?}`` (spec §2 step 2), judged after the claim
+    public_key, token_for_you, capabilities?, features?}`` (spec §2 step 2), judged after the claim
     rate limit and before the code (spec §2 step 3): ``protocol_version`` first (refused
     with ``details.protocol_version``), then the fields in this order, each text of bounded
     length, stripped (``url`` without a trailing slash). A ``code`` that cannot be one is a
     wrong code (401), never a bad body; ``capabilities`` keeps its boolean ``allow_*``
-    flags. Validate with the context ``{"our_instance_id": …}``.
+    flags; ``features`` keeps the well-formed names (``peers.identity.features_parse``). Validate with the context ``{"our_instance_id": …}``.
     """
 
     absent_as_null = ("code", "protocol_version", "instance_id", "url", "public_key", "token_for_you")
@@ -417,6 +417,11 @@ class ClaimBody(WireModel):
     token_for_you: ClaimantToken = Field(min_length=1, max_length=200)
     capabilities: Annotated[dict[str, bool] | None, BeforeValidator(_granted)] = Field(
         default=None, description="what the claimant lets this instance do there (recorded as granted_by_peer)"
+    )
+    features: Annotated[list[str], BeforeValidator(features_parse)] = Field(
+        default_factory=list,
+        description="what the claimant can do beyond the protocol version (peers.identity.PEER_FEATURES, "
+        'e.g. "messages.batch"); absent: nothing',
     )
 
     @field_validator("protocol_version", mode="before")
@@ -447,6 +452,9 @@ class ClaimAnswer(WireModel):
     public_key: ClaimantPublicKey
     token_for_you: ClaimantToken
     capabilities: Annotated[dict[str, bool], BeforeValidator(lambda value: _granted(value) or {})]
+    features: Annotated[list[str], BeforeValidator(features_parse)] = Field(
+        default_factory=list, description="what this instance can do beyond the protocol version; absent: nothing"
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -43,7 +43,7 @@ from core.openapi import Operation, documented
 from core.protocol import CredentialEndedMessage
 from core.realtime import Subscription
 from core.revocation import StreamCredential, stream_closed, stream_opened
-from peers.auth import PEER_SECURITY, PeerAuthError, peer_authenticate, peer_error_response
+from peers.auth import PEER_SECURITY, PeerAuthError, announce_features, peer_authenticate, peer_error_response
 from peers.models import Peer
 
 logger = logging.getLogger(__name__)
@@ -211,6 +211,7 @@ async def peer_events_open(peer: Peer) -> AsyncIterator[str]:
         responses={"200": "text/event-stream: snapshot, then agent.upsert frames"},
     )
 )
+@announce_features
 @csrf_exempt
 @login_not_required  # peers authenticate with their bearer token and a signature
 @require_GET
