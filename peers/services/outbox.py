@@ -140,13 +140,23 @@ def outbox_mark_dead(*, row: OutboxMessage, error: str) -> bool:
 def outbox_mark_delivered(*, row: OutboxMessage) -> bool:
     """``queued`` → ``delivered`` for ``row`` (the peer answered 2xx) and its message, in one
     transaction. Returns ``False`` (nothing written) when the row is no longer ``queued``."""
+    return bool(outbox_mark_delivered_many(rows=[row]))
+
+
+def outbox_mark_delivered_many(*, rows: list[OutboxMessage]) -> list[int]:
+    """``outbox_mark_delivered`` for each of ``rows`` (the peer's batch answer had a 2xx
+    receipt for each), in order, in **one** transaction: a batch of 50 costs one commit.
+    Returns the ids of the rows marked; a row no longer ``queued`` is left as it is."""
+    marked: list[int] = []
+    now = timezone.now()
     with transaction.atomic():
-        if not OutboxMessage.objects.filter(pk=row.pk, status=Status.QUEUED).update(
-            status=Status.DELIVERED, delivered_at=timezone.now(), last_error=""
-        ):
-            return False
-        message_mark_delivered(message=AgentMessage.objects.get(pk=row.message_id))
-    return True
+        for row in rows:
+            if OutboxMessage.objects.filter(pk=row.pk, status=Status.QUEUED).update(
+                status=Status.DELIVERED, delivered_at=now, last_error=""
+            ):
+                message_mark_delivered(message=AgentMessage.objects.get(pk=row.message_id))
+                marked.append(row.pk)
+    return marked
 
 
 def outbox_defer(*, row: OutboxMessage, error: str) -> None:
