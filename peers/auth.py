@@ -99,6 +99,18 @@ def peer_error_response(exc: PeerAuthError) -> JsonResponse:
     return response
 
 
+def method_refusal(method: str) -> JsonResponse:
+    """405 ``METHOD_NOT_ALLOWED`` in the API's error shape with ``Allow: method``, answered by
+    the peer route itself (not Django's bare 405, which the API's error middleware replaces
+    and which would lose the route's ``Dispatch-Peer-Features``)."""
+    response = JsonResponse(
+        {"error": {"code": "METHOD_NOT_ALLOWED", "message": f"use {method} on this route", "details": {}}},
+        status=405,
+    )
+    response["Allow"] = method
+    return response
+
+
 def announce_features(view: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap a peer route (sync or async view) so that every answer it gives — success,
     error, 405 — carries this instance's ``Dispatch-Peer-Features`` header

@@ -47,7 +47,14 @@ from core.errors import DispatchError
 from core.http import json_object
 from core.openapi import Operation, documented
 from core.validation import parse_plain
-from peers.auth import PEER_SECURITY, PeerAuthError, announce_features, peer_authenticate_sync, peer_error_response
+from peers.auth import (
+    PEER_SECURITY,
+    PeerAuthError,
+    announce_features,
+    method_refusal,
+    peer_authenticate_sync,
+    peer_error_response,
+)
 from peers.models import Peer
 from peers.protocol import (
     PEER_INSTANCE_ID,
@@ -87,9 +94,7 @@ def peer_route(*, method: str, capability: str | None = None) -> Callable[[PeerV
         @wraps(view)
         def wrapper(request: HttpRequest, **kwargs: Any) -> HttpResponse:
             if request.method != method:
-                response = _error(DispatchError("METHOD_NOT_ALLOWED", f"use {method} on this route"))
-                response["Allow"] = method
-                return response
+                return method_refusal(method)
             try:
                 peer = peer_authenticate_sync(request)
                 if capability is not None:
