@@ -5,7 +5,9 @@ encrypted on the ``Peer`` row) as ``Authorization: Bearer …`` and signs every 
 with this instance's Ed25519 key (``peers.auth.sign_request``). All calls are async
 (httpx.AsyncClient); connection failures and timeouts raise ``PeerUnreachable``. An
 HTTP error status is *not* an exception: callers read the ``httpx.Response`` (the
-outbox tells 409 from 503, spec §8).
+outbox tells 409 from 503, spec §8). Every request announces this instance's features
+(``Dispatch-Peer-Features``), and what every answer announces is kept on the ``Peer`` row
+(``links.peer_features_record``, a write only when it changed).
 """
 
 from __future__ import annotations

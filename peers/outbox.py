@@ -7,6 +7,16 @@ every 30 s and whenever rung: peers concurrently, each under a per-peer drain le
 ``drain``), that peer's rows in order, at most 50 per pass, stopping at the first
 transient failure (so one closed laptop never holds another peer's mail).
 
+To a peer that announced the feature ``messages.batch`` (``Peer.features``: from the
+pairing claim or its answer, then the ``Dispatch-Peer-Features`` header of its every
+request and answer) the rows go in batches: one signed ``POST
+/api/v1/peers/messages/batch`` carries up to ``DISPATCH_PEER_BATCH_MESSAGES`` (default 50)
+rows in order, each under its own key, bounded by ``batch_max_bytes``; its answer has a
+receipt per row, and each receipt is judged exactly like the answer to that row's own
+POST below. A whole batch answered 408/429/5xx or unreachable defers its first row; one
+answered another 4xx (a peer that no longer serves the route) is sent again one by one.
+A peer that did not announce it gets one POST per row.
+
 Outcomes of one POST ``/api/v1/peers/messages`` (header ``Idempotency-Key``):
 
 - 2xx → ``delivered`` (a repeated key answered ``{"duplicate": true}`` counts: the peer
