@@ -80,6 +80,9 @@ LEASE_RENEW_AFTER = SEND_TIMEOUT / 2  # seconds
 PURGE_INTERVAL = 3600.0  # seconds between retention purges of one drain loop
 MESSAGES_PATH = "/api/v1/peers/messages"
 BATCH_PATH = "/api/v1/peers/messages/batch"  # feature messages.batch
+# Delivered rows of a batch marked per transaction (and per call on the shared sync thread):
+# marking costs ~6 ms a row, so 10 keep each call near 60 ms instead of ~300 ms for 50.
+MARK_GROUP = 10
 
 Status = OutboxMessage.Status
 
@@ -270,7 +273,7 @@ async def _send_single(client: PeerClient, row: OutboxMessage, report: PeerDrain
 async def _send_batch(client: PeerClient, chunk: list[OutboxMessage], report: PeerDrain) -> tuple[str, int]:
     """One ``POST /api/v1/peers/messages/batch`` for ``chunk`` (its rows in order, each under
     its own key; the request under a fresh key) and each receipt's outcome recorded as a
-    single POST's would be: 2xx → ``delivered`` (in one transaction for the run of them),
+    single POST's would be: 2xx → ``delivered`` (``MARK_GROUP`` rows a transaction),
     permanent → ``dead`` and on with the next, transient → deferred and stop.
 
     Returns (what next, rows settled). The whole request unreachable or answered 408, 429,
@@ -300,9 +303,12 @@ async def _send_batch(client: PeerClient, chunk: list[OutboxMessage], report: Pe
     delivered: list[OutboxMessage] = []
 
     async def settle_delivered() -> None:
-        if delivered:
-            report.delivered.extend(await _db(outbox_mark_delivered_many)(rows=list(delivered)))
-            delivered.clear()
+        # MARK_GROUP rows a call: each call holds Channels' one shared sync thread (and, on
+        # SQLite, the write lock), and the REST requests that enqueue more mail wait for it.
+        for start in range(0, len(delivered), MARK_GROUP):
+            group = delivered[start : start + MARK_GROUP]
+            report.delivered.extend(await _db(outbox_mark_delivered_many)(rows=group))
+        delivered.clear()
 
     for row, (status, receipt_body) in zip(chunk, answered, strict=False):
         if 200 <= status < 300:
