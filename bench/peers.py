@@ -227,8 +227,16 @@ def drain(output: Path, *, label: str, holder: str) -> None:
 
     release_lease = outbox.drain_lease_release
     outbox.drain_lease_release = lambda **kwargs: None  # kept until every pass is done
-    for name in ("drain_lease_claim", "drain_lease_release", "_due_rows", "_live_peer", "outbox_mark_delivered"):
-        setattr(outbox, name, timed(name, getattr(outbox, name)))
+    for name in (
+        "drain_lease_claim",
+        "drain_lease_release",
+        "_due_rows",
+        "_live_peer",
+        "outbox_mark_delivered",
+        "outbox_mark_delivered_many",  # a batch's delivered rows, one transaction (messages.batch)
+    ):
+        if hasattr(outbox, name):
+            setattr(outbox, name, timed(name, getattr(outbox, name)))
     original_db = outbox._db
 
     def db_hop(function: Any) -> Any:  # the whole database_sync_to_async call, thread hop included
@@ -253,7 +261,7 @@ def drain(output: Path, *, label: str, holder: str) -> None:
         try:
             return await original_post(self, *args, **kwargs)
         finally:
-            entry = steps.setdefault("PeerClient.post (signed POST, new connection)", {"calls": 0, "seconds": 0.0})
+            entry = steps.setdefault("PeerClient.post (signed POST: one row, or a batch)", {"calls": 0, "seconds": 0.0})
             entry["calls"] += 1
             entry["seconds"] += time.perf_counter() - began
 
@@ -662,6 +670,26 @@ def check_phase(peers: Peers, phase: Phase) -> dict[str, Any]:
     }
 
 
+async def healthz_rate(url: str, token: str, count: int) -> dict[str, Any]:
+    """The REST floor for issue 15's enqueue target ("REST enqueue >= 0.5x the /healthz rate
+    with the same posters"): ``count`` ``GET /healthz`` on A from ``POSTERS`` concurrent
+    sequential clients, as the phases' posters send their messages. ``{count, seconds, rate}``."""
+    rest = Rest(url, token)
+    try:
+        share = [count // POSTERS + (1 if i < count % POSTERS else 0) for i in range(POSTERS)]
+
+        async def poster(n: int) -> None:
+            for _ in range(n):
+                await rest.call("GET", "/healthz")
+
+        began = time.perf_counter()
+        await asyncio.gather(*(poster(n) for n in share))
+        seconds = time.perf_counter() - began
+    finally:
+        await rest.close()
+    return {"count": count, "seconds": seconds, "rate": count / seconds}
+
+
 async def run_b8(peers: Peers, sizes: Sizes) -> dict[str, Any]:
     rest_a = Rest(peers.server_a.url, peers.a.admin_token)
     rest_b = Rest(peers.server_b.url, peers.b.admin_token)
@@ -694,6 +722,8 @@ async def run_b8(peers: Peers, sizes: Sizes) -> dict[str, Any]:
     drain_phase = Phase(name="drain alone", prefix="b8-drain-", messages=sizes.drain_messages, c_mail=False)
     drain_phase.started_wall = time.time() - drained["seconds"]
     drain_check = await asyncio.to_thread(check_phase, peers, drain_phase)
+    print(f"· B8 REST floor: {sizes.alone_messages:,} GET /healthz on A, {POSTERS} posters…", flush=True)
+    healthz = await healthz_rate(peers.server_a.url, peers.a.admin_token, sizes.alone_messages)
     phases = []
     for phase in (
         Phase(name="alone", prefix="b8-alone-", messages=sizes.alone_messages, c_mail=False),
@@ -719,6 +749,7 @@ async def run_b8(peers: Peers, sizes: Sizes) -> dict[str, Any]:
             "checks": drain_check["checks"],
         },
         "backlog": backlog,
+        "healthz": healthz,
     }
 
 
@@ -926,6 +957,12 @@ def print_details(report: dict[str, Any]) -> None:
         print(f"      {name}: {step['calls']} calls, {per_row:.2f} ms per row")
     print(f"    checks: {drained['checks']}")
     print(f"B8 backlog: {b8['backlog']}")
+    healthz = b8["healthz"]
+    for phase in b8["phases"]:
+        print(
+            f"B8 REST enqueue ({phase['name']}) {phase['enqueue_rate']:.1f}/s vs GET /healthz {healthz['rate']:.1f}/s "
+            f"with the same {POSTERS} posters: {phase['enqueue_rate'] / healthz['rate']:.2f}x (issue 15: >= 0.5x)"
+        )
 
 
 def main(argv: list[str]) -> int:

@@ -386,6 +386,9 @@ AGENT_STOP_TIMEOUT = env_float("DISPATCH_AGENT_STOP_TIMEOUT", 60.0)
 # Directories advertised to peers for incoming launches (spec/peers.md §1); none: refused.
 REPO_ROOTS = [os.path.realpath(os.path.expanduser(root)) for root in env_list("DISPATCH_REPO_ROOTS", [])]
 OUTBOX_MAX_AGE = env_float("DISPATCH_OUTBOX_MAX_AGE", 7 * 86400.0, minimum=60.0)  # seconds; spec/peers.md §8
+# Messages one signed POST carries to a peer that announced "messages.batch" (spec/peers.md §8;
+# also bounded by bytes under the body cap, and by the receiver's 500); 1: one POST a message.
+PEER_BATCH_MESSAGES = env_int("DISPATCH_PEER_BATCH_MESSAGES", 50, minimum=1)
 # Scales the peer mirror's reconnect back-off (spec/peers.md §7; a test knob: 0.05 = 20× faster).
 PEER_BACKOFF_SCALE = env_float("DISPATCH_PEER_BACKOFF_SCALE", 1.0, minimum=0.0)
 # Where agents launched without a cwd work (MCP dispatch_launch_agent with a user token).

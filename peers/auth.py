@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import datetime
 import hmac
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import wraps
 from typing import Any
 
 import httpx
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from channels.db import database_sync_to_async
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from django.http import HttpRequest, JsonResponse
@@ -36,7 +39,7 @@ from http_message_signatures.exceptions import HTTPMessageSignaturesException
 from core.http import bearer_credentials
 from core.openapi import Security
 from core.services import token_digest
-from peers.identity import Identity, public_key_from
+from peers.identity import FEATURES_HEADER, Identity, features_header_value, features_parse, public_key_from
 from peers.models import Peer
 from peers.services import links
 from peers.services.identity import identity_get
@@ -94,6 +97,43 @@ def peer_error_response(exc: PeerAuthError) -> JsonResponse:
     if exc.www_authenticate:
         response["WWW-Authenticate"] = exc.www_authenticate
     return response
+
+
+def method_refusal(method: str) -> JsonResponse:
+    """405 ``METHOD_NOT_ALLOWED`` in the API's error shape with ``Allow: method``, answered by
+    the peer route itself (not Django's bare 405, which the API's error middleware replaces
+    and which would lose the route's ``Dispatch-Peer-Features``)."""
+    response = JsonResponse(
+        {"error": {"code": "METHOD_NOT_ALLOWED", "message": f"use {method} on this route", "details": {}}},
+        status=405,
+    )
+    response["Allow"] = method
+    return response
+
+
+def announce_features(view: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a peer route (sync or async view) so that every answer it gives — success,
+    error, 405 — carries this instance's ``Dispatch-Peer-Features`` header
+    (``peers.identity.features_header_value``, spec/peers.md §2, §5): the calling peer
+    learns what it may ask for from any exchange. Apply it outside the view's other
+    decorators (inside ``documented``)."""
+    if iscoroutinefunction(view):
+
+        @wraps(view)
+        async def announcing(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+            response = await view(request, *args, **kwargs)
+            response[FEATURES_HEADER] = features_header_value()
+            return response
+
+        return markcoroutinefunction(announcing)
+
+    @wraps(view)
+    def announcing_sync(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        response = view(request, *args, **kwargs)
+        response[FEATURES_HEADER] = features_header_value()
+        return response
+
+    return announcing_sync
 
 
 # --- signing (the sending side) ---------------------------------------------------------------
@@ -292,7 +332,9 @@ def peer_authenticate_sync(request: HttpRequest) -> Peer:
     signature verifies with the peer's pinned Ed25519 key, covers ``COVERED_COMPONENTS``
     (and ``idempotency-key`` when sent), has a ``created`` within ±300 s, and its
     ``Content-Digest`` matches the body. On success stamps ``last_seen_at`` (at most once
-    a minute, ``links.peer_seen``) and returns the peer with ``owner`` loaded.
+    a minute, ``links.peer_seen``), keeps the features its ``Dispatch-Peer-Features``
+    header announces (``links.peer_features_record``; none without the header) and returns
+    the peer with ``owner`` loaded.
 
     Raises ``PeerAuthError``: 401 ``NOT_AUTHENTICATED`` / ``AUTHENTICATION_FAILED`` with
     ``WWW-Authenticate: Bearer error="invalid_token"`` for a missing, unknown or revoked
@@ -303,6 +345,7 @@ def peer_authenticate_sync(request: HttpRequest) -> Peer:
     peer = _peer_for_token(request)
     _verify_signature(request, peer)
     links.peer_seen(peer=peer)
+    links.peer_features_record(peer=peer, features=features_parse(request.headers.get(FEATURES_HEADER)))
     return peer
 
 

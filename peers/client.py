@@ -5,7 +5,9 @@ encrypted on the ``Peer`` row) as ``Authorization: Bearer …`` and signs every 
 with this instance's Ed25519 key (``peers.auth.sign_request``). All calls are async
 (httpx.AsyncClient); connection failures and timeouts raise ``PeerUnreachable``. An
 HTTP error status is *not* an exception: callers read the ``httpx.Response`` (the
-outbox tells 409 from 503, spec §8).
+outbox tells 409 from 503, spec §8). Every request announces this instance's features
+(``Dispatch-Peer-Features``), and what every answer announces is kept on the ``Peer`` row
+(``links.peer_features_record``, a write only when it changed).
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from channels.db import database_sync_to_async
 
 from core import secrets_at_rest
 from peers.auth import sign_request
-from peers.identity import Identity
+from peers.identity import FEATURES_HEADER, Identity, features_header_value, features_parse
 from peers.models import Peer, new_idempotency_key
 from peers.services.identity import identity_get
+from peers.services.links import peer_features_record
 
 # Read timeout on the event stream: the peer writes a keep-alive every 20 s (spec §5), so
 # 45 s of silence means it vanished without closing the connection (spec §7).
@@ -112,9 +115,19 @@ class PeerClient:
         request = build(client)
         await self._signed(request)
         try:
-            return await client.send(request)
+            response = await client.send(request)
         except httpx.HTTPError as exc:
             raise self._unreachable(exc) from exc
+        await self._note_features(response)
+        return response
+
+    async def _note_features(self, response: httpx.Response) -> None:
+        """Keep what the peer announced in its answer's ``Dispatch-Peer-Features`` header
+        (``links.peer_features_record``: a write only when it changed). A peer that vanished
+        from the database meanwhile (a test's row, an unlink) is left alone."""
+        features = features_parse(response.headers.get(FEATURES_HEADER))
+        if self.peer.pk is not None and features != self.peer.features:
+            await database_sync_to_async(peer_features_record)(peer=self.peer, features=features)
 
     def _authorization(self) -> str:
         token = secrets_at_rest.decrypt(self.peer.outbound_token_encrypted).decode("utf-8")
@@ -127,6 +140,7 @@ class PeerClient:
 
     async def _signed(self, request: httpx.Request) -> httpx.Request:
         request.headers["Authorization"] = self._authorization()
+        request.headers[FEATURES_HEADER] = features_header_value()
         sign_request(request, identity=await self._our_identity())
         return request
 
@@ -184,6 +198,7 @@ class PeerClient:
             except httpx.HTTPError as exc:
                 raise self._unreachable(exc) from exc
             try:
+                await self._note_features(response)
                 yield httpx_sse.EventSource(response)
             except httpx.TransportError as exc:
                 raise self._unreachable(exc) from exc

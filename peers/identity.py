@@ -11,11 +11,44 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
 from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 PEER_PROTOCOL_VERSION = 2
+
+# Optional abilities an instance announces to its peers (spec/peers.md §2, §5): in the pairing
+# claim and its answer (``features``) and in a ``Dispatch-Peer-Features`` header on every peer
+# request and response. Not a protocol version — pairing needs an exact version match, so a
+# bump would stop old and new instances from linking; a peer that does not announce a
+# feature is simply not asked to use it.
+FEATURE_MESSAGES_BATCH = "messages.batch"  # POST /api/v1/peers/messages/batch
+PEER_FEATURES: tuple[str, ...] = (FEATURE_MESSAGES_BATCH,)
+FEATURES_HEADER = "Dispatch-Peer-Features"
+FEATURES_MAX = 20  # names kept from one announcement
+_FEATURE = re.compile(r"[a-z0-9][a-z0-9._-]{0,39}")
+
+
+def features_header_value() -> str:
+    """This instance's features as the ``Dispatch-Peer-Features`` value: ``messages.batch``
+    (comma-separated when there are several)."""
+    return ", ".join(PEER_FEATURES)
+
+
+def features_parse(value: object) -> list[str]:
+    """The feature names a peer announced, sorted and unique: ``value`` is a header value
+    (comma-separated) or a claim's ``features`` list. Anything that is not a name of 1–40
+    characters from ``a-z0-9._-`` is left out, as is everything past ``FEATURES_MAX``
+    names; ``None`` or another type → ``[]`` (an instance that announces nothing)."""
+    if isinstance(value, str):
+        items: list[object] = list(value.split(","))
+    elif isinstance(value, list | tuple):
+        items = list(value)
+    else:
+        return []
+    names = {item.strip() for item in items if isinstance(item, str)}
+    return sorted(name for name in names if _FEATURE.fullmatch(name))[:FEATURES_MAX]
 
 
 def b64url(raw: bytes) -> str:

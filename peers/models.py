@@ -43,6 +43,10 @@ class Peer(models.Model):
     outbound_token_encrypted = models.TextField()
     granted_by_peer = models.JSONField(default=dict, blank=True)  # the peer's flags for us, as reported
     protocol_version = models.PositiveIntegerField(default=2)
+    # What the peer announced it can do (``peers.identity.PEER_FEATURES`` names): from the
+    # pairing claim or its answer, then from the ``Dispatch-Peer-Features`` header of every
+    # peer request it sends and every answer it gives (``links.peer_features_record``).
+    features = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
     last_seen_at = models.DateTimeField(null=True, blank=True)
@@ -73,6 +77,10 @@ class Peer(models.Model):
         ``NOT_RESPONDING_AFTER`` of ``now`` (default: now); never seen is not responding."""
         now = now or timezone.now()
         return self.last_seen_at is not None and now - self.last_seen_at <= NOT_RESPONDING_AFTER
+
+    def announces(self, feature: str) -> bool:
+        """Whether the peer announced ``feature`` (e.g. ``messages.batch``) when last heard from."""
+        return isinstance(self.features, list) and feature in self.features
 
     def launch_refusal(self) -> str:
         """Why launching on this peer cannot be chosen, ``""`` when it can: "unlinked by the

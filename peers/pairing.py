@@ -31,7 +31,7 @@ from limits import parse
 from core.errors import DispatchError, InvalidRequest, NotFound, RateLimited
 from core.services import generate_token, rate_limiter
 from core.validation import parse_plain
-from peers.identity import PEER_PROTOCOL_VERSION, Identity
+from peers.identity import PEER_FEATURES, PEER_PROTOCOL_VERSION, Identity
 from peers.models import Peer, new_idempotency_key
 from peers.protocol import OUR_INSTANCE_ID, ClaimAnswer, ClaimBody
 from peers.services.identity import identity_get, staff_require
@@ -102,6 +102,7 @@ def offer_claim(*, claim: ClaimBody) -> dict[str, Any]:
             public_key=claim.public_key,
             token_for_you=claim.token_for_you,
             granted_by_peer=claim.capabilities or {},
+            features=claim.features,
         )
     if accepted is None:
         offer_wrong_code_record()
@@ -116,6 +117,7 @@ def offer_claim(*, claim: ClaimBody) -> dict[str, Any]:
         "public_key": identity.public_key,
         "token_for_you": accepted.token_for_you,
         "capabilities": accepted.capabilities,
+        "features": list(PEER_FEATURES),
     }
 
 
@@ -215,6 +217,7 @@ async def peer_link(
         "public_key": identity.public_key,
         "token_for_you": inbound,
         "capabilities": flags,
+        "features": list(PEER_FEATURES),
     }
     try:
         async with httpx.AsyncClient(timeout=timeout) as client:
@@ -241,6 +244,7 @@ async def peer_link(
         public_key=answer.public_key,
         token_for_you=answer.token_for_you,
         granted_by_peer=answer.capabilities,
+        features=answer.features,
         label=label,
         flags=flags,
     )

@@ -34,6 +34,7 @@ from core.http import error_response, json_api, json_object
 from core.openapi import OPEN, Operation, documented
 from core.validation import parse_plain
 from peers import pairing
+from peers.auth import announce_features, method_refusal
 from peers.models import Peer
 from peers.protocol import (
     OUR_INSTANCE_ID,
@@ -96,9 +97,9 @@ def _claim(body: dict[str, Any], client_address: str) -> dict[str, Any]:
     ),
     rate_limited=True,
 )
+@announce_features
 @csrf_exempt
 @login_not_required
-@require_POST
 async def claim_api(request: HttpRequest) -> HttpResponse:
     """``POST /api/v1/peers/claim`` (spec §2 step 3): open, for another instance's server.
 
@@ -106,6 +107,8 @@ async def claim_api(request: HttpRequest) -> HttpResponse:
     capabilities}``; 429 rate limit, 400 protocol or body (``ClaimBody``), 401 bad code,
     409 slot taken.
     """
+    if request.method != "POST":
+        return method_refusal("POST")
     try:
         body = json_object(request)
         answer = await database_sync_to_async(_claim)(body, _client_address(request))

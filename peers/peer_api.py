@@ -4,10 +4,13 @@
 |---|---|---|
 | ``POST /api/v1/peers/launch`` | ``allow_launch`` | 201 ``{agent_id, name, status}`` |
 | ``POST /api/v1/peers/messages`` | ``allow_message`` | 200 ``{"delivered": true, "message_id"}`` |
+| ``POST /api/v1/peers/messages/batch`` | ``allow_message`` | 200 ``{"receipts": [{idempotency_key, status, body}]}`` |
 | ``GET /api/v1/peers/repos`` | — | 200 ``{"roots": [...]}`` |
 | ``POST /api/v1/peers/agents/{agent_id}/stop`` / ``archive`` | ``allow_launch`` | 200 ``{agent_id, name, status}`` |
 | ``POST /api/v1/peers/unlink`` | — | 200 ``{"unlinked": true}`` |
 
+Every answer, errors included, carries this instance's ``Dispatch-Peer-Features`` header
+(``peers.auth.announce_features``); ``messages.batch`` there announces the batch route.
 Every request is authenticated as a peer (``peers.auth``: bearer token + RFC 9421
 signature, spec §4); then the route's own capability flag is checked (403
 ``CAPABILITY_NOT_GRANTED``); every POST needs an ``Idempotency-Key`` (400 without) and is
@@ -44,13 +47,22 @@ from core.errors import DispatchError
 from core.http import json_object
 from core.openapi import Operation, documented
 from core.validation import parse_plain
-from peers.auth import PEER_SECURITY, PeerAuthError, peer_authenticate_sync, peer_error_response
+from peers.auth import (
+    PEER_SECURITY,
+    PeerAuthError,
+    announce_features,
+    method_refusal,
+    peer_authenticate_sync,
+    peer_error_response,
+)
 from peers.models import Peer
 from peers.protocol import (
     PEER_INSTANCE_ID,
     EmptyBody,
     LaunchBody,
     MessageAnswer,
+    MessageBatchAnswer,
+    MessageBatchBody,
     MessageBody,
     PeerAgentAnswer,
     ReposAnswer,
@@ -82,9 +94,7 @@ def peer_route(*, method: str, capability: str | None = None) -> Callable[[PeerV
         @wraps(view)
         def wrapper(request: HttpRequest, **kwargs: Any) -> HttpResponse:
             if request.method != method:
-                response = _error(DispatchError("METHOD_NOT_ALLOWED", f"use {method} on this route"))
-                response["Allow"] = method
-                return response
+                return method_refusal(method)
             try:
                 peer = peer_authenticate_sync(request)
                 if capability is not None:
@@ -96,7 +106,7 @@ def peer_route(*, method: str, capability: str | None = None) -> Callable[[PeerV
                 return _error(exc)
             return JsonResponse(answer.body, status=answer.status)
 
-        return csrf_exempt(login_not_required(wrapper))
+        return announce_features(csrf_exempt(login_not_required(wrapper)))
 
     return decorate
 
@@ -156,16 +166,51 @@ def messages(request: HttpRequest, peer: Peer) -> Answer:
         raise
     except Exception:
         logger.exception("delivering a message from peer %s failed", peer.label)
-        return Answer(
-            status=503,
-            body={
-                "error": {
-                    "code": "TEMPORARILY_UNAVAILABLE",
-                    "message": "the message could not be delivered now; retry with the same Idempotency-Key",
-                    "details": {},
-                }
-            },
-        )
+        return services.message_unavailable_answer()
+
+
+@documented(
+    _peer_operation(
+        "post",
+        "Deliver several messages in order, a receipt each (allow_message; feature messages.batch)",
+        MessageBatchBody,
+        MessageBatchAnswer,
+    )
+)
+@peer_route(method="POST", capability="allow_message")
+def messages_batch(request: HttpRequest, peer: Peer) -> Answer:
+    """``POST /api/v1/peers/messages/batch`` (feature ``messages.batch``, announced in
+    ``Dispatch-Peer-Features``): ``{"messages": [{idempotency_key, to_agent_id, content,
+    from}, …]}`` — up to ``BATCH_MAX_MESSAGES`` messages in the sender's outbox order, each
+    handled as its own ``POST /api/v1/peers/messages`` under its own key
+    (``services.peer_messages_deliver``).
+
+    200 ``{"receipts": [{idempotency_key, status, body}, …]}``: one per message, in order,
+    ending at the first 503 (the rest were not attempted). The request's own
+    ``Idempotency-Key`` is required and signed like every peer POST; a replayed batch is
+    answered from the messages' receipts (each ``{"delivered": true, "duplicate": true}``),
+    never delivered again. 400 for a malformed envelope (nothing delivered); 503 when the
+    batch as a whole failed.
+    """
+    receipts.idempotency_key_of(request)
+    batch = parse_plain(MessageBatchBody, json_object(request))
+    try:
+        answers = services.peer_messages_deliver(peer=peer, batch=batch)
+    except DispatchError:
+        raise
+    except Exception:
+        logger.exception("delivering a batch of messages from peer %s failed", peer.label)
+        return services.message_unavailable_answer()
+    keys = [entry["idempotency_key"] for entry in batch.messages]
+    return Answer(
+        status=200,
+        body={
+            "receipts": [
+                {"idempotency_key": key, "status": answer.status, "body": answer.body}
+                for key, answer in zip(keys, answers, strict=False)
+            ]
+        },
+    )
 
 
 @documented(_peer_operation("get", "The repo roots advertised for launches", None, ReposAnswer))
@@ -220,6 +265,7 @@ def unlink(request: HttpRequest, peer: Peer) -> Answer:
 api_urlpatterns: list[URLPattern | URLResolver] = [
     path("peers/launch", launch, name="peer-launch"),
     path("peers/messages", messages, name="peer-messages"),
+    path("peers/messages/batch", messages_batch, name="peer-messages-batch"),
     path("peers/repos", repos, name="peer-repos"),
     path("peers/agents/<str:agent_id>/stop", agent_stop, name="peer-agent-stop"),
     path("peers/agents/<str:agent_id>/archive", agent_archive, name="peer-agent-archive"),

@@ -11,6 +11,7 @@ already had:
 |---|---|---|
 | ``POST /api/v1/peers/launch`` | ``LaunchBody`` | ``peer_api.launch``, after the receipt |
 | ``POST /api/v1/peers/messages`` | ``MessageBody`` | ``services.incoming.peer_message_deliver``, after the receipt |
+| ``POST /api/v1/peers/messages/batch`` | ``MessageBatchBody`` | ``peer_api.messages_batch``; each message as above |
 | ``POST /api/v1/peers/agents/{id}/stop``, ``archive``, ``POST /api/v1/peers/unlink`` | ``EmptyBody`` | the edge |
 | ``POST /api/v1/peers/claim`` | ``ClaimBody`` | ``pairing_api.claim_api``, after the rate limit |
 | ``POST /api/v1/peers/offers`` | ``OfferBody`` | ``pairing_api.offers_api`` |
@@ -51,7 +52,7 @@ from agents.messages import MAX_MESSAGE_LENGTH, message_content
 from core.errors import InvalidRequest
 from core.protocol import ChannelMessage
 from core.validation import WireModel, refusal
-from peers.identity import PEER_PROTOCOL_VERSION, public_key_from
+from peers.identity import PEER_PROTOCOL_VERSION, features_parse, public_key_from
 
 NAME_MAX = 100  # characters of an agent name and of a sender's name (spec §5)
 AGENT_ID_MAX = 64
@@ -217,6 +218,87 @@ class MessageBody(WireModel):
             return message_content(value)
         except InvalidRequest as exc:
             raise ValueError(exc.message) from None
+
+
+BATCH_MAX_MESSAGES = 500  # messages one POST /api/v1/peers/messages/batch may carry (a receiver's bound)
+_IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,100}")  # as the Idempotency-Key header (peers.services.receipts)
+
+
+def _batch_entries(value: Any) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not 0 < len(value) <= BATCH_MAX_MESSAGES:
+        raise ValueError(f"messages must be a list of 1 to {BATCH_MAX_MESSAGES} messages")
+    for index, entry in enumerate(value):
+        if not isinstance(entry, dict):
+            raise ValueError(f"messages[{index}] must be an object {{idempotency_key, to_agent_id, content, from}}")
+        key = entry.get("idempotency_key")
+        if not isinstance(key, str) or not _IDEMPOTENCY_KEY.fullmatch(key):
+            raise ValueError(
+                f"messages[{index}].idempotency_key must be 1 to 100 printable ASCII characters without spaces"
+            )
+    return value
+
+
+# One message of a batch: a ``MessageBody`` plus the ``idempotency_key`` it would carry as
+# its own ``POST /api/v1/peers/messages`` (its receipt's key, spec §5 Messages).
+_BATCH_MESSAGES_SCHEMA: dict[str, Any] = {
+    "type": "array",
+    "minItems": 1,
+    "maxItems": BATCH_MAX_MESSAGES,
+    "items": {
+        "type": "object",
+        "required": ["idempotency_key", "to_agent_id", "content", "from"],
+        "properties": {
+            "idempotency_key": {"type": "string", "minLength": 1, "maxLength": 100},
+            "to_agent_id": {"type": "string", "minLength": 1, "maxLength": AGENT_ID_MAX},
+            "content": {"type": "string", "minLength": 1, "maxLength": MAX_MESSAGE_LENGTH},
+            "from": {
+                "type": "object",
+                "required": ["instance_id", "agent_id", "name"],
+                "properties": {
+                    "instance_id": {"type": "string"},
+                    "agent_id": {"type": ["string", "null"], "maxLength": AGENT_ID_MAX},
+                    "name": {"type": "string", "minLength": 1, "maxLength": NAME_MAX},
+                },
+            },
+        },
+    },
+}
+
+
+class MessageBatchBody(WireModel):
+    """``POST /api/v1/peers/messages/batch`` (feature ``messages.batch``): ``{"messages":
+    [{idempotency_key, to_agent_id, content, from}, …]}``, 1 to ``BATCH_MAX_MESSAGES``, in
+    the sender's outbox order. Only the envelope is judged here (a list of objects, each
+    with a well-formed key): each message's own body is judged after its receipt, as the
+    single route does, so a bad one is refused alone (400 in its receipt)."""
+
+    absent_as_null = ("messages",)
+
+    messages: Annotated[list[dict[str, Any]], WithJsonSchema(_BATCH_MESSAGES_SCHEMA)]
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _messages(cls, value: Any) -> list[dict[str, Any]]:
+        return _batch_entries(value)
+
+
+class BatchReceipt(BaseModel):
+    """The answer to one message of a batch: its ``idempotency_key``, the HTTP ``status`` and
+    ``body`` its own ``POST /api/v1/peers/messages`` would have had (200 ``{"delivered":
+    true, "message_id"}`` or ``{"delivered": true, "duplicate": true}``; 409, 400, 422
+    ``{"error": …}``: refused for good; 503: not now)."""
+
+    idempotency_key: str
+    status: int
+    body: dict[str, Any]
+
+
+class MessageBatchAnswer(BaseModel):
+    """``{"receipts": [...]}``: one ``BatchReceipt`` per message, in the batch's order, up to
+    and including the first transient failure (503); messages after it have none (not
+    attempted: the sender sends them again later, after that one)."""
+
+    receipts: list[BatchReceipt]
 
 
 class EmptyBody(BaseModel):
@@ -396,12 +478,13 @@ ClaimantToken = Annotated[str, BeforeValidator(_claimant_token)]
 
 class ClaimBody(WireModel):
     """``POST /api/v1/peers/claim``: ``{code, protocol_version, instance_id, name, url,
-    public_key, token_for_you, capabilities?}`` (spec §2 step 2), judged after the claim
+    public_key, token_for_you, capabilities?, features?}`` (spec §2 step 2), judged after the claim
     rate limit and before the code (spec §2 step 3): ``protocol_version`` first (refused
     with ``details.protocol_version``), then the fields in this order, each text of bounded
     length, stripped (``url`` without a trailing slash). A ``code`` that cannot be one is a
     wrong code (401), never a bad body; ``capabilities`` keeps its boolean ``allow_*``
-    flags. Validate with the context ``{"our_instance_id": …}``.
+    flags; ``features`` keeps the well-formed names (``peers.identity.features_parse``).
+    Validate with the context ``{"our_instance_id": …}``.
     """
 
     absent_as_null = ("code", "protocol_version", "instance_id", "url", "public_key", "token_for_you")
@@ -417,6 +500,11 @@ class ClaimBody(WireModel):
     token_for_you: ClaimantToken = Field(min_length=1, max_length=200)
     capabilities: Annotated[dict[str, bool] | None, BeforeValidator(_granted)] = Field(
         default=None, description="what the claimant lets this instance do there (recorded as granted_by_peer)"
+    )
+    features: Annotated[list[str], BeforeValidator(features_parse)] = Field(
+        default_factory=list,
+        description="what the claimant can do beyond the protocol version (peers.identity.PEER_FEATURES, "
+        'e.g. "messages.batch"); absent: nothing',
     )
 
     @field_validator("protocol_version", mode="before")
@@ -447,6 +535,9 @@ class ClaimAnswer(WireModel):
     public_key: ClaimantPublicKey
     token_for_you: ClaimantToken
     capabilities: Annotated[dict[str, bool], BeforeValidator(lambda value: _granted(value) or {})]
+    features: Annotated[list[str], BeforeValidator(features_parse)] = Field(
+        default_factory=list, description="what this instance can do beyond the protocol version; absent: nothing"
+    )
 
     @model_validator(mode="before")
     @classmethod

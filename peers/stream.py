@@ -33,7 +33,6 @@ from django.http import HttpRequest, HttpResponseBase, StreamingHttpResponse
 from django.urls import URLPattern, path
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_GET
 
 from agents.models import Agent
 from agents.protocol import UserEventMessage
@@ -43,7 +42,14 @@ from core.openapi import Operation, documented
 from core.protocol import CredentialEndedMessage
 from core.realtime import Subscription
 from core.revocation import StreamCredential, stream_closed, stream_opened
-from peers.auth import PEER_SECURITY, PeerAuthError, peer_authenticate, peer_error_response
+from peers.auth import (
+    PEER_SECURITY,
+    PeerAuthError,
+    announce_features,
+    method_refusal,
+    peer_authenticate,
+    peer_error_response,
+)
 from peers.models import Peer
 
 logger = logging.getLogger(__name__)
@@ -211,9 +217,9 @@ async def peer_events_open(peer: Peer) -> AsyncIterator[str]:
         responses={"200": "text/event-stream: snapshot, then agent.upsert frames"},
     )
 )
+@announce_features
 @csrf_exempt
 @login_not_required  # peers authenticate with their bearer token and a signature
-@require_GET
 async def peer_events(request: HttpRequest) -> HttpResponseBase:
     """``GET /api/v1/peers/events`` (spec/peers.md §5): ``text/event-stream`` of
     ``snapshot`` then ``agent.upsert`` frames for an authenticated peer.
@@ -221,6 +227,8 @@ async def peer_events(request: HttpRequest) -> HttpResponseBase:
     Authentication failures answer before streaming (``peers.auth``: 401 for a missing,
     unknown or revoked token or a bad signature, 403 for a foreign ``keyid``).
     """
+    if request.method != "GET":
+        return method_refusal("GET")
     try:
         peer = await peer_authenticate(request)
     except PeerAuthError as exc:

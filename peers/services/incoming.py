@@ -10,6 +10,7 @@ checked here.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -25,8 +26,10 @@ from agents.serializers import agent_data
 from core.errors import DispatchError, InvalidRequest, NotFound
 from core.validation import parse_plain
 from peers.models import Peer
-from peers.protocol import PEER_INSTANCE_ID, LaunchBody, MessageBody
+from peers.protocol import PEER_INSTANCE_ID, LaunchBody, MessageBatchBody, MessageBody
 from peers.services import receipts
+
+logger = logging.getLogger(__name__)
 
 # Capability flag → the refusal's message (spec §3: each route checks its own flag).
 CAPABILITY_MESSAGES: dict[str, str] = {
@@ -263,6 +266,18 @@ def peer_agent_archive(*, peer: Peer, agent_id: str) -> Agent:
     return lifecycle.agent_archive_any(agent=agent)
 
 
+def _message_deliver(*, peer: Peer, idempotency_key: str, body: dict[str, Any]) -> receipts.Answer:
+    """The receipt and the message, inside the caller's transaction (``peer_message_deliver``)."""
+    opened = receipts.receipt_open(peer=peer, key=idempotency_key, route="messages", body=body)
+    if isinstance(opened, receipts.Answer):
+        return receipts.Answer(status=200, body={"delivered": True, "duplicate": True}, replayed=True)
+    message = parse_plain(MessageBody, body, context={PEER_INSTANCE_ID: peer.instance_id})
+    delivered = peer_message_here(peer=peer, message=message, idempotency_key=idempotency_key)
+    answer = receipts.Answer(status=200, body={"delivered": True, "message_id": delivered.pk})
+    receipts.receipt_close(receipt=opened, answer=answer)
+    return answer
+
+
 def peer_message_deliver(*, peer: Peer, idempotency_key: str, body: dict[str, Any]) -> receipts.Answer:
     """``POST /api/v1/peers/messages`` (spec §5): the receipt and the message in one transaction.
 
@@ -277,11 +292,51 @@ def peer_message_deliver(*, peer: Peer, idempotency_key: str, body: dict[str, An
     message and a retry under the same key is judged afresh.
     """
     with transaction.atomic():
-        opened = receipts.receipt_open(peer=peer, key=idempotency_key, route="messages", body=body)
-        if isinstance(opened, receipts.Answer):
-            return receipts.Answer(status=200, body={"delivered": True, "duplicate": True}, replayed=True)
-        message = parse_plain(MessageBody, body, context={PEER_INSTANCE_ID: peer.instance_id})
-        delivered = peer_message_here(peer=peer, message=message, idempotency_key=idempotency_key)
-        answer = receipts.Answer(status=200, body={"delivered": True, "message_id": delivered.pk})
-        receipts.receipt_close(receipt=opened, answer=answer)
-    return answer
+        return _message_deliver(peer=peer, idempotency_key=idempotency_key, body=body)
+
+
+def message_unavailable_answer() -> receipts.Answer:
+    """503 ``TEMPORARILY_UNAVAILABLE``: a message could not be delivered now for a reason
+    that is not its own (the sender retries with the same Idempotency-Key)."""
+    return receipts.Answer(
+        status=503,
+        body={
+            "error": {
+                "code": "TEMPORARILY_UNAVAILABLE",
+                "message": "the message could not be delivered now; retry with the same Idempotency-Key",
+                "details": {},
+            }
+        },
+    )
+
+
+def peer_messages_deliver(*, peer: Peer, batch: MessageBatchBody) -> list[receipts.Answer]:
+    """``POST /api/v1/peers/messages/batch`` (feature ``messages.batch``): each message of
+    ``batch``, in order, exactly as ``peer_message_deliver`` would deliver it alone — its
+    receipt under its own ``idempotency_key`` (route ``messages``, digest of its
+    ``{to_agent_id, content, from}``, so a message first sent alone and then in a batch, or
+    the reverse, is still delivered once), its validation, its ``AgentMessage``.
+
+    Returns one ``Answer`` per message handled, in order: 200 delivered or duplicate (a
+    replayed batch is answered from the receipts, delivering nothing again); a
+    ``DispatchError`` (400, 409, 422: refused for good — that message's work and receipt are
+    rolled back, the next message goes on); an unexpected failure → 503 and **stop**: the
+    messages after it get no answer (the sender keeps them queued, in order). Every message
+    runs in a savepoint of one transaction, so the batch costs one commit; the messages
+    handled before a failure are committed with it.
+    """
+    answers: list[receipts.Answer] = []
+    with transaction.atomic():
+        for entry in batch.messages:
+            key = entry["idempotency_key"]
+            body = {name: value for name, value in entry.items() if name != "idempotency_key"}
+            try:
+                with transaction.atomic():
+                    answers.append(_message_deliver(peer=peer, idempotency_key=key, body=body))
+            except DispatchError as exc:
+                answers.append(receipts.Answer(status=exc.http_status, body=exc.as_dict()))
+            except Exception:
+                logger.exception("delivering message %s of a batch from peer %s failed", key, peer.label)
+                answers.append(message_unavailable_answer())
+                break
+    return answers

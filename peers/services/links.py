@@ -226,6 +226,20 @@ def peer_seen(*, peer: Peer) -> None:
     peer.last_seen_at = now
 
 
+def peer_features_record(*, peer: Peer, features: list[str]) -> bool:
+    """Keep what ``peer`` just announced (``features``: ``peers.identity.features_parse`` of
+    a ``Dispatch-Peer-Features`` header or of a claim): one UPDATE, only when it differs from
+    what ``peer`` (the object passed in, updated too) holds — every peer request and answer
+    carries the header, so an unchanged announcement costs nothing. An absent header is an
+    instance that announces nothing (an older one, or a downgrade): ``[]``. Returns whether
+    it wrote."""
+    if peer.features == features:
+        return False
+    Peer.objects.filter(pk=peer.pk).update(features=features)
+    peer.features = features
+    return True
+
+
 def peer_seen_stamp(*, peer_id: int) -> None:
     """Stamp peer ``peer_id``'s ``last_seen_at`` now, unconditionally: its events stream is
     connected (spec §7 "a connected stream proves the peer alive"). The mirroring subscriber

@@ -11,11 +11,14 @@ signed POSTs — is ``peers.outbox``, which calls these.
 
 from __future__ import annotations
 
+import asyncio
+import os
 import random
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+from asgiref.sync import SyncToAsync
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Q
@@ -25,7 +28,7 @@ from agents import services as agent_services
 from agents.messages import message_mark_delivered, message_mark_failed
 from agents.models import Agent, AgentEvent, AgentMessage
 from core.errors import DispatchError, NotFound
-from core.realtime import ring_on_commit
+from core.realtime import ring, ring_on_commit
 from peers.models import OutboxMessage, Peer, PeerReceipt
 from peers.protocol import OutboxDoorbellMessage
 
@@ -46,12 +49,34 @@ Status = OutboxMessage.Status
 
 def outbox_ring() -> None:
     """Wake every drain loop (``OutboxDoorbellMessage`` to ``DOORBELL_GROUP``) once the
-    current transaction commits, at once outside one (``core.realtime.ring_on_commit``).
+    current transaction commits, at once outside one.
 
     Best effort, at most once: a lost ring only delays delivery to the next 30 s pass.
-    Sync code only; never raises.
+    Sync code only; never raises, and never waits for the ring (``_ring_without_waiting``).
     """
-    ring_on_commit(DOORBELL_GROUP, OutboxDoorbellMessage())
+    transaction.on_commit(_ring_without_waiting)
+
+
+def _ring_without_waiting() -> None:
+    """Hand ``core.realtime.ring`` to the server's event loop and return at once.
+
+    A sync view runs on Channels' one shared sync thread; ``core.realtime.ring_on_commit``
+    makes that thread wait (``async_to_sync``) until the busy event loop has sent the ring —
+    with every REST enqueue ringing, the queue for that thread was part of the ~20 ms an
+    enqueue cost under load (issue 15, B8). Nothing here needs the ring's outcome (``ring``
+    logs its own failures), so it is scheduled on the loop that runs this thread's caller
+    (asgiref's ``SyncToAsync`` records it) and not awaited. Without such a loop (a
+    management command, a test, a worker thread) it rings as before, waiting.
+    """
+    loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None)
+    same_process = getattr(SyncToAsync.threadlocal, "main_event_loop_pid", None) == os.getpid()
+    if loop is not None and same_process and loop.is_running() and not loop.is_closed():
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no loop in this thread: we are the sync thread of that loop
+            asyncio.run_coroutine_threadsafe(ring(DOORBELL_GROUP, OutboxDoorbellMessage()), loop)
+            return
+    ring_on_commit(DOORBELL_GROUP, OutboxDoorbellMessage())  # after commit already: rings now
 
 
 def outbox_enqueue(*, message: AgentMessage, peer: Peer, to_agent_id: str, payload: dict[str, Any]) -> OutboxMessage:
@@ -140,13 +165,23 @@ def outbox_mark_dead(*, row: OutboxMessage, error: str) -> bool:
 def outbox_mark_delivered(*, row: OutboxMessage) -> bool:
     """``queued`` → ``delivered`` for ``row`` (the peer answered 2xx) and its message, in one
     transaction. Returns ``False`` (nothing written) when the row is no longer ``queued``."""
+    return bool(outbox_mark_delivered_many(rows=[row]))
+
+
+def outbox_mark_delivered_many(*, rows: list[OutboxMessage]) -> list[int]:
+    """``outbox_mark_delivered`` for each of ``rows`` (the peer's batch answer had a 2xx
+    receipt for each), in order, in **one** transaction: a batch of 50 costs one commit.
+    Returns the ids of the rows marked; a row no longer ``queued`` is left as it is."""
+    marked: list[int] = []
+    now = timezone.now()
     with transaction.atomic():
-        if not OutboxMessage.objects.filter(pk=row.pk, status=Status.QUEUED).update(
-            status=Status.DELIVERED, delivered_at=timezone.now(), last_error=""
-        ):
-            return False
-        message_mark_delivered(message=AgentMessage.objects.get(pk=row.message_id))
-    return True
+        for row in rows:
+            if OutboxMessage.objects.filter(pk=row.pk, status=Status.QUEUED).update(
+                status=Status.DELIVERED, delivered_at=now, last_error=""
+            ):
+                message_mark_delivered(message=AgentMessage.objects.get(pk=row.message_id))
+                marked.append(row.pk)
+    return marked
 
 
 def outbox_defer(*, row: OutboxMessage, error: str) -> None:

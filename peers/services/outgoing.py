@@ -16,18 +16,20 @@ from agents.messages import MAX_MESSAGE_LENGTH, message_data
 from agents.models import Agent, AgentMessage
 from agents.selectors import AGENT_ID
 from core.errors import InvalidRequest, NotFound
+from core.services import instance_identity_get
 from peers.models import Peer, new_idempotency_key
-from peers.services.identity import identity_get
 from peers.services.outbox import outbox_enqueue
 
 
 def launcher_address(*, user: User, caller_agent: Agent | None) -> dict[str, Any]:
     """``{instance_id, agent_id | null, name}``: who on this instance launches or sends
     (spec §5 ``launched_by`` / ``from``): ``caller_agent``, else the person ``user``."""
-    identity = identity_get()
+    # The instance id alone: one SELECT, not identity_get()'s locked read and key decryption
+    # (a third of the REST enqueue's own work, issue 15 B8).
+    instance_id = instance_identity_get().instance_id
     if caller_agent is not None:
-        return {"instance_id": identity.instance_id, "agent_id": caller_agent.pk, "name": caller_agent.name}
-    return {"instance_id": identity.instance_id, "agent_id": None, "name": user.get_username()}
+        return {"instance_id": instance_id, "agent_id": caller_agent.pk, "name": caller_agent.name}
+    return {"instance_id": instance_id, "agent_id": None, "name": user.get_username()}
 
 
 def _shadow_for(peer: Peer, agent_id: str) -> Agent:

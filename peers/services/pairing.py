@@ -200,6 +200,7 @@ def _peer_store(
     public_key: str,
     token_for_you: str,
     granted_by_peer: dict[str, bool],
+    features: list[str],
     label: str | None,
     flags: dict[str, bool],
 ) -> Peer:
@@ -220,6 +221,7 @@ def _peer_store(
         "inbound_prefix": inbound[:8],
         "outbound_token_encrypted": secrets_at_rest.encrypt(token_for_you.encode()),
         "granted_by_peer": granted_by_peer,
+        "features": features,
         "protocol_version": PEER_PROTOCOL_VERSION,
         "updated_at": now,
         **flags,
@@ -263,6 +265,7 @@ def offer_redeem(
     public_key: str,
     token_for_you: str,
     granted_by_peer: dict[str, bool],
+    features: list[str] | None = None,
 ) -> ClaimAccepted | None:
     """Redeem the live offer of ``code`` (normalized, ``code_normalize``) for the claiming
     instance (spec §2 step 3, after the rate limit and the body's validation), in one
@@ -272,7 +275,8 @@ def offer_redeem(
     mirror's rescan after commit.
 
     ``name``, ``url``, ``public_key``, ``token_for_you`` (encrypted at rest) and
-    ``granted_by_peer`` (what the claimant lets this instance do there) are the claim's;
+    ``granted_by_peer`` (what the claimant lets this instance do there) and ``features``
+    (what it announced, ``peers.identity.PEER_FEATURES`` names; none by default) are the claim's;
     the claimant's label is its ``name`` — or, when that is this instance's own name, one
     naming its ``url`` (``links.label_for_link``).
     Returns ``None`` (nothing written) when no live offer has that code — unknown, used,
@@ -295,6 +299,7 @@ def offer_redeem(
         public_key=public_key,
         token_for_you=token_for_you,
         granted_by_peer=granted_by_peer,
+        features=features or [],
         label=None,
         flags=flags,
     )
@@ -321,6 +326,7 @@ def peer_link_store(
     granted_by_peer: dict[str, bool],
     label: str | None,
     flags: dict[str, bool],
+    features: list[str] | None = None,
 ) -> Peer:
     """Store the instance that answered this instance's claim (spec §2 step 4), acting here
     as ``owner``: a new peer, or — same id and key — the existing link with both tokens
@@ -328,7 +334,8 @@ def peer_link_store(
 
     ``inbound``: the raw token this instance sent in the claim (the peer presents it here;
     its hash is kept). ``url``: the address the person typed (proven to reach the peer).
-    ``name``, ``public_key``, ``token_for_you`` and ``granted_by_peer`` are the answer's;
+    ``name``, ``public_key``, ``token_for_you``, ``granted_by_peer`` and ``features`` (none
+    by default) are the answer's;
     ``label`` (validated, ``links.label_validate``; a collision gets ``-2``, ``-3``…)
     defaults to the peer's name — but is never this instance's own name: then it names the
     peer's address (``links.label_for_link``); ``flags`` are what the peer may do here. Raises
@@ -346,6 +353,7 @@ def peer_link_store(
         public_key=public_key,
         token_for_you=token_for_you,
         granted_by_peer=granted_by_peer,
+        features=features or [],
         label=label,
         flags=flags,
     )

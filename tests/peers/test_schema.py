@@ -81,6 +81,8 @@ def test_every_peer_and_pairing_route_answers_the_success_status_the_schema_docu
     helper = agent_services.agent_create(owner=owner, type="expert", name="helper", cwd=str(tmp_path))
     message = {"to_agent_id": helper.pk, "content": "hello", "from": person}
     answer("post", "/api/v1/peers/messages", peer_post(client, cloud, "/api/v1/peers/messages", message))
+    batch = {"messages": [{"idempotency_key": "batched-1", **message}]}
+    answer("post", "/api/v1/peers/messages/batch", peer_post(client, cloud, "/api/v1/peers/messages/batch", batch))
     answer("get", "/api/v1/peers/repos", peer_get(client, cloud, "/api/v1/peers/repos"))
     for action in ("stop", "archive"):
         path = f"/api/v1/peers/agents/{launched.json()['agent_id']}/{action}"
