@@ -1,8 +1,12 @@
 """The shim's local audit log: one JSON line per operation (spec/machines.md §5, §7).
 
 Each record is ``{ts, session_id, machine_id, request_id, op, details, result: {ok,
-error_code, duration_ms[, exit_code]}}``. ``details`` names paths, argv (secret-looking
-values redacted) and sizes — never file contents, never env values (only env keys).
+error_code, duration_ms[, exit_code][, cancelled][, bytes: {stdout, stderr, stdin}]}}``.
+``details`` names paths, argv (secret-looking values redacted), sizes and the 2.1 command
+options (``stream``, ``binary``, ``pipe``, ``stdin``) — never file contents, never env
+values (only env keys), never streamed data. Protocol 2.1 control frames (``CANCEL``,
+``FLOW``, ``COMMAND_INPUT``) and ``COMMAND_OUTPUT`` frames get no record of their own: the
+operation's one record carries the bytes per stream and whether it was cancelled (issue 14).
 The file is created with mode 0600 and only ever appended to.
 """
 
@@ -32,7 +36,7 @@ def operation_details(op: str, payload: Mapping[str, Any]) -> dict[str, Any]:
     ``null`` rather than trusted.
     """
     details: dict[str, Any] = {}
-    for name in ("path", "src", "dst", "cwd", "encoding", "glob"):
+    for name in ("path", "src", "dst", "cwd", "encoding", "glob", "stdin"):
         if isinstance(payload.get(name), str):
             details[name] = payload[name]
     for name in (
@@ -47,6 +51,9 @@ def operation_details(op: str, payload: Mapping[str, Any]) -> dict[str, Any]:
         "create_parents",
         "append",
         "hash",
+        "stream",
+        "binary",
+        "pipe",
     ):
         value = payload.get(name)
         if isinstance(value, bool | int | float):
@@ -89,12 +96,20 @@ class AuditLog:
         error_code: str | None,
         duration_ms: float,
         exit_code: int | None = None,
+        cancelled: bool | None = None,
+        byte_counts: Mapping[str, int] | None = None,
     ) -> None:
         """Append one record (see the module docstring for its shape; ``ts`` is now, in
-        seconds since the epoch; ``exit_code`` is added to ``result`` for commands)."""
+        seconds since the epoch). ``result`` gets ``exit_code`` (commands), ``cancelled``
+        (whether a ``CANCEL`` or the connection's end stopped the operation) and ``bytes``
+        (``{stdout, stderr, stdin}`` raw byte counts of a command) when given."""
         result: dict[str, Any] = {"ok": ok, "error_code": error_code, "duration_ms": round(duration_ms, 3)}
         if exit_code is not None:
             result["exit_code"] = exit_code
+        if cancelled is not None:
+            result["cancelled"] = cancelled
+        if byte_counts is not None:
+            result["bytes"] = dict(byte_counts)
         record = {
             "ts": time.time(),
             "session_id": session_id,

@@ -20,7 +20,6 @@ import hashlib
 import os
 import platform
 import shutil
-import signal
 import socket
 import stat
 import sys
@@ -31,7 +30,17 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .jail import JailedPath, PathJail
-from .protocol import OPERATIONS, Capability, ErrorCode, Limits, MessageType, ShimError
+from .live import PIPE_CHUNK, STDIN_MODES, CommandOptions, FrameSender, LiveCommand
+from .protocol import (
+    OPERATIONS,
+    PROTOCOL_VERSION,
+    Capability,
+    ErrorCode,
+    Limits,
+    MessageType,
+    ShimError,
+    supports_live_operations,
+)
 
 ENCODINGS = ("utf-8", "base64")
 """``encoding`` values of FILE_READ and FILE_WRITE."""
@@ -42,10 +51,7 @@ MAX_LIST_ENTRIES = 100_000
 DEFAULT_LIST_ENTRIES = 1000
 """FILE_LIST's ``max_entries`` when the request names none (§5)."""
 
-_KILL_GRACE = 5.0
-"""Seconds to wait for a killed command's pipes to close before answering anyway."""
 _READ_CHUNK = 1024 * 1024
-_PIPE_CHUNK = 64 * 1024
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 
 _ERRNO_CODES: Mapping[int, ErrorCode] = {
@@ -128,6 +134,8 @@ class Operations:
     ``capabilities`` are the granted ones (``HELLO_ACK.granted_capabilities`` ∩ the
     shim's own); ``limits`` are the lower of both sides' (§3). ``shell`` is the program
     that runs ``command`` strings with ``-c`` (default ``$SHELL``, else ``/bin/sh``).
+    ``protocol_version`` is the connection's negotiated ``"major.minor"`` (§3): below 2.1
+    the live fields of ``EXECUTE_COMMAND`` are refused ``UNSUPPORTED_OPERATION``.
     """
 
     def __init__(
@@ -138,8 +146,10 @@ class Operations:
         capabilities: Iterable[str],
         identity: MachineIdentity,
         shell: str | None = None,
+        protocol_version: str = PROTOCOL_VERSION,
     ) -> None:
         self.jail = jail
+        self.protocol_version = protocol_version
         self.limits = limits
         self.capabilities = frozenset(capabilities)
         self.identity = identity
@@ -169,14 +179,51 @@ class Operations:
                 {"op": op, "capability": str(capability), "granted": sorted(self.capabilities)},
             )
 
-    async def perform(self, op: str, payload: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    async def perform(
+        self, op: str, payload: Mapping[str, Any], *, live: LiveCommand | None = None
+    ) -> tuple[str, dict[str, Any]]:
         """Run one operation; return ``(response type, response payload)`` per the §5 table.
 
+        ``live`` is the command's :class:`LiveCommand` when ``op`` is ``EXECUTE_COMMAND``
+        and the caller wants to cancel it or feed it (see :meth:`live_command`).
         Raises ``ShimError`` with a §5 code for every refusal and failure.
         """
         self.check_allowed(op)
         response_type = OPERATIONS[op][0]
+        if op == MessageType.EXECUTE_COMMAND:
+            return response_type, await self.execute_command(payload, live=live)
         return response_type, await self._handlers[op](payload)
+
+    def live_command(self, payload: Mapping[str, Any], send: FrameSender | None = None) -> LiveCommand:
+        """The :class:`LiveCommand` of an ``EXECUTE_COMMAND`` with this ``payload``, for
+        ``CANCEL``/``FLOW``/``COMMAND_INPUT`` to reach it while it runs (issue 14).
+
+        Checks the 2.1 fields: ``stream``, ``binary``, ``pipe`` booleans, ``stdin``
+        ``"null"`` or ``"stream"`` (else ``INVALID_REQUEST``); asking any of them on a
+        connection negotiated below 2.1 is ``UNSUPPORTED_OPERATION`` (details:
+        ``protocol_version``, ``required_version``, ``fields``). ``send`` sends its
+        ``COMMAND_OUTPUT`` and stdin ``FLOW`` frames.
+        """
+        stdin = _choice(payload, "stdin", STDIN_MODES, default="null")
+        options = CommandOptions(
+            stream=_flag(payload, "stream"),
+            binary=_flag(payload, "binary"),
+            stdin_stream=stdin == "stream",
+            pipe=_flag(payload, "pipe"),
+        )
+        asked = options.live_fields
+        if asked and not supports_live_operations(self.protocol_version):
+            raise ShimError(
+                ErrorCode.UNSUPPORTED_OPERATION,
+                f"this connection negotiated shim protocol {self.protocol_version}; "
+                f"{', '.join(asked)} need{'s' if len(asked) == 1 else ''} protocol 2.1 "
+                f"(this shim speaks {PROTOCOL_VERSION})",
+                {"protocol_version": self.protocol_version, "required_version": "2.1", "fields": asked},
+            )
+        limits = self.limits
+        return LiveCommand(
+            options, window=limits.stream_window_bytes, max_stream_bytes=limits.max_stream_bytes, send=send
+        )
 
     # -- operations ---------------------------------------------------------------------
 
@@ -317,39 +364,52 @@ class Operations:
         await asyncio.to_thread(_move_path, source, destination, overwrite)
         return {}
 
-    async def execute_command(self, payload: Mapping[str, Any]) -> dict[str, Any]:
-        """EXECUTE_COMMAND ``{argv | command, cwd?, timeout_seconds?, env?}`` →
-        COMMAND_RESULT ``{stdout, stderr, exit_code, timed_out, duration_seconds,
-        output_truncated}``.
+    async def execute_command(self, payload: Mapping[str, Any], live: LiveCommand | None = None) -> dict[str, Any]:
+        """EXECUTE_COMMAND ``{argv | command, cwd?, timeout_seconds?, env?, stream?, binary?,
+        stdin?, pipe?}`` → COMMAND_RESULT ``{stdout, stderr, exit_code, timed_out,
+        duration_seconds, output_truncated, cancelled}`` (§5; the 2.1 fields: issue 14).
 
         ``argv`` runs without a shell, ``command`` through ``<shell> -c``. The process
         starts in its own session (so its own process group) in ``cwd`` (default: the
-        first root; must be inside a root), with stdin from /dev/null and ``env`` merged
-        over :func:`safe_environment`. ``timeout_seconds`` defaults to
+        first root; must be inside a root), with stdin from /dev/null (a pipe fed by
+        ``COMMAND_INPUT`` with ``stdin: "stream"``) and ``env`` merged over
+        :func:`safe_environment`. ``timeout_seconds`` defaults to
         ``command_timeout_seconds`` and may be up to ``max_command_timeout_seconds``; when
         it runs out (or the operation is cancelled) the whole group gets SIGKILL and the
         result is ``timed_out: true, exit_code: -1``. stdout + stderr together keep at
         most ``max_file_size_bytes`` (``output_truncated``), decoded as UTF-8 with
         replacement. A process killed by a signal has ``exit_code`` −signal.
-        Errors: ``INVALID_REQUEST``, ``PATH_NOT_FOUND`` (no such program or cwd),
-        ``PERMISSION_DENIED``, ``PATH_OUTSIDE_ALLOWED_ROOT`` (cwd).
+        With ``stream: true`` the output goes out as ``COMMAND_OUTPUT`` frames instead (see
+        :mod:`machines.shim.live`) and the result has ``stdout``/``stderr`` ``""`` plus
+        ``stdout_bytes``, ``stderr_bytes`` and ``stream_truncated``. ``cancelled`` says a
+        ``CANCEL`` stopped it (``exit_code`` then −SIGTERM, or −SIGKILL after the grace).
+        ``live`` carries the command's cancel/credit/stdin state (default: a fresh one
+        from :meth:`live_command`, whose frames go nowhere).
+        Errors: ``INVALID_REQUEST``, ``UNSUPPORTED_OPERATION`` (a 2.1 field on a 2.0
+        connection), ``PATH_NOT_FOUND`` (no such program or cwd), ``PERMISSION_DENIED``,
+        ``PATH_OUTSIDE_ALLOWED_ROOT`` (cwd), ``CANCELLED`` (cancelled before its process
+        started: nothing ran).
         """
         args = self._command_args(payload)
         timeout = self._command_timeout(payload)
         environment = safe_environment(self.shell) | _environment(payload.get("env"))
+        if live is None:
+            live = self.live_command(payload)
         cwd = self.jail.check(payload.get("cwd") or self.jail.roots[0], "cwd")
         await asyncio.to_thread(_require_directory, cwd)
+        if live.cancelled:
+            raise ShimError(ErrorCode.CANCELLED, "the command was cancelled before it started; nothing ran")
         started = time.monotonic()
         loop = asyncio.get_running_loop()
         try:
             # What create_subprocess_exec does, keeping the transport so that it can be
             # closed even when a process that left the group still holds the pipes.
             transport, protocol = await loop.subprocess_exec(
-                lambda: asyncio.subprocess.SubprocessStreamProtocol(limit=_PIPE_CHUNK, loop=loop),
+                lambda: asyncio.subprocess.SubprocessStreamProtocol(limit=PIPE_CHUNK, loop=loop),
                 *args,
                 cwd=cwd.real,
                 env=environment,
-                stdin=asyncio.subprocess.DEVNULL,
+                stdin=asyncio.subprocess.PIPE if live.options.stdin_stream else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,
@@ -357,39 +417,9 @@ class Operations:
         except OSError as error:
             raise os_error(error, args[0]) from None
         process = asyncio.subprocess.Process(transport, protocol, loop)
-        budget = _OutputBudget(self.limits.max_file_size_bytes)
-        stdout, stderr = bytearray(), bytearray()
-        timed_out = False
-        try:
-            async with asyncio.timeout(timeout):
-                assert process.stdout is not None and process.stderr is not None
-                await asyncio.gather(
-                    _collect(process.stdout, stdout, budget),
-                    _collect(process.stderr, stderr, budget),
-                )
-                await process.wait()
-        except TimeoutError:
-            # The leader may have exited while a background child holds the pipes open:
-            # kill the group either way.
-            timed_out = True
-            _kill_group(process.pid)
-            # wait() also waits for the pipes to close, which a process that left the
-            # group (setsid) may hold open for ever: bound it.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(process.wait(), _KILL_GRACE)
-        except BaseException:  # cancelled (the connection went away): leave nothing behind
-            _kill_group(process.pid)
-            raise
-        finally:
-            transport.close()
-        return {
-            "stdout": stdout.decode("utf-8", "replace"),
-            "stderr": stderr.decode("utf-8", "replace"),
-            "exit_code": -1 if timed_out else process.returncode,
-            "timed_out": timed_out,
-            "duration_seconds": round(time.monotonic() - started, 3),
-            "output_truncated": budget.truncated,
-        }
+        return await live.run(
+            process, transport, timeout=timeout, output_limit=self.limits.max_file_size_bytes, started=started
+        )
 
     def _command_args(self, payload: Mapping[str, Any]) -> list[str]:
         argv, command = payload.get("argv"), payload.get("command")
@@ -763,37 +793,6 @@ def _move_across_devices(source: JailedPath, destination: JailedPath) -> None:
         shutil.move(source.entry, destination.entry)
     except OSError as error:
         raise os_error(error, destination.requested) from None
-
-
-# -- commands ------------------------------------------------------------------------------
-
-
-class _OutputBudget:
-    """The combined stdout + stderr allowance of one command, in bytes."""
-
-    def __init__(self, limit: int) -> None:
-        self.remaining = limit
-        self.truncated = False
-
-    def take(self, size: int) -> int:
-        granted = min(size, self.remaining)
-        self.remaining -= granted
-        if granted < size:
-            self.truncated = True
-        return granted
-
-
-async def _collect(stream: asyncio.StreamReader, sink: bytearray, budget: _OutputBudget) -> None:
-    """Read ``stream`` to its end, keeping what the budget allows; the rest is drained and
-    dropped so the command never blocks on a full pipe."""
-    while chunk := await stream.read(_PIPE_CHUNK):
-        sink += chunk[: budget.take(len(chunk))]
-
-
-def _kill_group(pid: int) -> None:
-    """SIGKILL the process group led by ``pid`` (the command started its own session)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
 
 
 __all__ = [

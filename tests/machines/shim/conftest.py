@@ -50,8 +50,19 @@ def identity() -> MachineIdentity:
 
 @pytest.fixture
 def make_operations(root: Path, identity: MachineIdentity) -> Callable[..., Operations]:
-    def make(*, capabilities: tuple[str, ...] = ("shell", "files"), limits: Limits = TEST_LIMITS) -> Operations:
-        return Operations(jail=PathJail([root]), limits=limits, capabilities=capabilities, identity=identity)
+    def make(
+        *,
+        capabilities: tuple[str, ...] = ("shell", "files"),
+        limits: Limits = TEST_LIMITS,
+        protocol_version: str = "2.1",
+    ) -> Operations:
+        return Operations(
+            jail=PathJail([root]),
+            limits=limits,
+            capabilities=capabilities,
+            identity=identity,
+            protocol_version=protocol_version,
+        )
 
     return make
 
@@ -180,6 +191,7 @@ class FakePlatform:
             "max_command_timeout_seconds": 600,
             "max_concurrent": 4,
         }
+        self.protocol_version = "2.0"  # what HELLO_ACK negotiates (2.1: live operations)
         self.upgrade_status: int | None = None  # answer the upgrade with this HTTP status
         self.send_ack = True
         self.paths: list[str] = []
@@ -219,7 +231,7 @@ class FakePlatform:
                         "session_id": None,
                         "target_machine": None,
                         "payload": {
-                            "protocol_version": "2.0",
+                            "protocol_version": self.protocol_version,
                             "connection_id": f"conn-{len(self.hellos)}",
                             "granted_capabilities": self.granted,
                             "limits": self.limits,
