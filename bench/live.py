@@ -841,7 +841,10 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     for name, label in (("rest", "REST (SSE output event)"), ("mcp", "MCP (notifications/progress)")):
         what = f"first output byte of a streamed command via {label}, then cancel (ms p50/p95/p99)"
         if name in b10["skipped"]:
-            table.append(_skip("B10", what, b10["skipped"][name], target10))
+            row = _skip("B10", what, b10["skipped"][name], target10)
+            if relay:
+                row["baseline"] = f"{_lat(relay['first_output'])} (bare relay)"
+            table.append(row)
             continue
         first = b10[name]["first_output"]
         table.append(
