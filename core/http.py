@@ -13,7 +13,7 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from channels.db import database_sync_to_async
 from django.contrib.auth.models import User
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 
 from core import wire
 from core.authentication import other_bearer_credential
@@ -202,7 +202,7 @@ def error_response(exc: DispatchError) -> JsonResponse:
 def json_api(view: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
     """Wrap an async view ``view(request, user, **kwargs) -> JSON value`` with auth and errors."""
 
-    async def wrapper(request: HttpRequest, **kwargs: Any) -> HttpResponse:
+    async def wrapper(request: HttpRequest, **kwargs: Any) -> HttpResponseBase:
         try:
             user = await request_user(request)
             result = await view(request, user, **kwargs)
@@ -213,7 +213,7 @@ def json_api(view: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
             if mapped is None:
                 raise
             return error_response(mapped)
-        if isinstance(result, HttpResponse):
+        if isinstance(result, HttpResponseBase):  # a response of its own (an event stream too)
             return result
         # ASCII escapes: a lone surrogate from a shim or remote must not make this a 500.
         return JsonResponse(result, safe=False)

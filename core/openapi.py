@@ -68,7 +68,9 @@ class Operation:
     of the success answer, sent with ``status``. ``responses`` (descriptions only)
     replaces the default success + 4XX + 5XX, for answers that are not one JSON object (an
     event stream, RFC 8628's). ``body_required`` is false where a form body is accepted
-    too. ``query``: OpenAPI query parameters.
+    too. ``query``: OpenAPI query parameters. ``events``: the route answers
+    ``text/event-stream`` too when the body asks (e.g. ``stream: true``); the text says
+    which events, and is added to the success response beside its JSON answer.
     """
 
     method: str
@@ -81,6 +83,7 @@ class Operation:
     query: tuple[dict[str, Any], ...] = ()
     responses: dict[str, str] | None = None
     body_required: bool = True
+    events: str | None = None
 
 
 def documented(*operations: Operation, rate_limited: bool = False) -> Callable[[View], View]:
@@ -195,13 +198,14 @@ def operation_schema(route: ServedRoute, operation: Operation, components: Compo
         described["responses"] = {status: {"description": text} for status, text in operation.responses.items()}
     else:
         answer = {} if operation.answer is None else components.schema_of(operation.answer, "serialization")
-        described["responses"] = {
-            str(operation.status): {
-                "description": HTTPStatus(operation.status).phrase,
-                "content": {"application/json": {"schema": answer}},
-            },
-            **DEFAULT_ERRORS,
+        success: dict[str, Any] = {
+            "description": HTTPStatus(operation.status).phrase,
+            "content": {"application/json": {"schema": answer}},
         }
+        if operation.events is not None:
+            success["description"] += f"; or text/event-stream: {operation.events}"
+            success["content"]["text/event-stream"] = {"schema": {"type": "string"}}
+        described["responses"] = {str(operation.status): success, **DEFAULT_ERRORS}
     if operation.body is not None:
         fields = tuple(name for name in route.parameters if name in operation.body.model_fields)
         schema = components.schema_of(operation.body, "validation", without=fields)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -71,10 +72,15 @@ __all__ = [
     "MachineRevokedMessage",
     "MachineTakeoverMessage",
     "OperationCancelMessage",
+    "OperationsInFlightAnswer",
+    "SessionCancelAnswer",
     "SessionCopyAnswer",
     "SessionCopyBody",
+    "SessionFanOutAnswer",
     "SessionOpAnswer",
     "SessionOpBody",
+    "SessionPipeAnswer",
+    "SessionPipeBody",
     "negotiate",
 ]
 
@@ -257,12 +263,78 @@ class MachineTakeoverMessage(ChannelMessage):
 _TEXT = WithJsonSchema({"type": "string"})
 
 
+REQUEST_ID_SCHEMA = {
+    "anyOf": [{"type": "string", "format": "uuid"}, {"type": "null"}],
+    "description": "a UUID you choose, to cancel the operation by (POST …/ops/{request_id}/cancel); "
+    "unset: the platform picks one",
+}
+TARGET_MACHINES_MAX = 256  # names in one target_machines list (more than a session attaches)
+
+
+def request_id_of(value: Any) -> str | None:
+    """A client-chosen ``request_id`` in canonical form (lower-case, hyphenated), or ``None``.
+
+    Raises ``ValueError("request_id must be a UUID …")`` for anything but a UUID string
+    (issue 14: "a request may carry a client-chosen request_id (UUID)").
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > 45:
+        raise ValueError("request_id must be a UUID string, e.g. 3f2b9c1e-8d4a-4c3b-9f00-5e6d7c8b9a01")
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise ValueError(
+            f"request_id must be a UUID, e.g. 3f2b9c1e-8d4a-4c3b-9f00-5e6d7c8b9a01 (got {value[:45]!r})"
+        ) from None
+
+
+def target_machines_of(value: Any) -> list[str] | Literal["*"] | None:
+    """``target_machines`` as given (issue 14 "Fan-out"): a non-empty list of distinct
+    machine names (each what a ``target_machine`` may be), ``"*"`` (every attached machine
+    with the capability), or ``None``. Raises ``ValueError`` saying what is wrong."""
+    if value is None or value == "*":
+        return value
+    if not isinstance(value, list) or not value:
+        raise ValueError('target_machines must be a non-empty list of machine names, or "*" for every machine')
+    if len(value) > TARGET_MACHINES_MAX:
+        raise ValueError(f"target_machines names at most {TARGET_MACHINES_MAX} machines")
+    for name in value:
+        if not isinstance(name, str) or not name.strip() or len(name) > MACHINE_NAME_MAX:
+            raise ValueError(
+                f"target_machines entries must be non-empty machine names of at most {MACHINE_NAME_MAX} characters"
+            )
+    if len(set(value)) != len(value):
+        raise ValueError("target_machines names a machine twice")
+    return list(value)
+
+
+TARGET_MACHINES_SCHEMA = {
+    "anyOf": [
+        {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1},
+            "minItems": 1,
+            "maxItems": TARGET_MACHINES_MAX,
+        },
+        {"const": "*"},
+        {"type": "null"},
+    ],
+    "description": 'run on each of these machines in parallel ("*": every attached machine with the '
+    "capability); the answer is then per machine. Exclusive with target_machine.",
+}
+
+
 class SessionOpBody(WireModel):
-    """``POST /api/v1/sessions/{session_id}/ops``: ``{op, payload?, target_machine?}``.
+    """``POST /api/v1/sessions/{session_id}/ops``: ``{op, payload?, target_machine?,
+    target_machines?, stream?, request_id?}`` (§6; issue 14).
 
     ``op`` must be a string (``"op is required (e.g. FILE_READ, EXECUTE_COMMAND)"``); the
     operation's name, its ``payload`` (default ``{}``) and the ``target_machine`` are
     checked by ``machines.services.operations.machine_op`` with the §5 error codes.
+    ``target_machines`` (``target_machines_of``) and ``target_machine`` are exclusive;
+    ``stream`` (a boolean, default false) is for ``EXECUTE_COMMAND`` only; ``request_id``
+    is a UUID (``request_id_of``, canonical form).
     """
 
     absent_as_null = ("op",)
@@ -274,6 +346,19 @@ class SessionOpBody(WireModel):
     target_machine: Annotated[
         Any, WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "null"}], "description": "a machine_id"})
     ] = None
+    target_machines: Annotated[Any, WithJsonSchema(TARGET_MACHINES_SCHEMA)] = None
+    stream: Annotated[
+        Any,
+        WithJsonSchema(
+            {
+                "type": "boolean",
+                "default": False,
+                "description": "EXECUTE_COMMAND only: answer text/event-stream (started, output, result or "
+                "error; fan-out: those of each machine, then done); closing the stream cancels the command",
+            }
+        ),
+    ] = False
+    request_id: Annotated[Any, WithJsonSchema(REQUEST_ID_SCHEMA)] = None
 
     @field_validator("op", mode="before")
     @classmethod
@@ -281,6 +366,31 @@ class SessionOpBody(WireModel):
         if not isinstance(value, str):
             raise ValueError("op is required (e.g. FILE_READ, EXECUTE_COMMAND)")
         return value
+
+    @field_validator("target_machines", mode="before")
+    @classmethod
+    def _target_machines(cls, value: Any) -> Any:
+        return target_machines_of(value)
+
+    @field_validator("stream", mode="before")
+    @classmethod
+    def _stream(cls, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ValueError("stream must be a boolean")
+        return value
+
+    @field_validator("request_id", mode="before")
+    @classmethod
+    def _request_id(cls, value: Any) -> str | None:
+        return request_id_of(value)
+
+    @model_validator(mode="after")
+    def _combinations(self) -> SessionOpBody:
+        if self.target_machines is not None and self.target_machine is not None:
+            raise ValueError("target_machine and target_machines are exclusive: give one of them")
+        if self.stream and self.op != "EXECUTE_COMMAND":
+            raise ValueError(f"stream: true is for EXECUTE_COMMAND only (op is {self.op[:40]!r})")
+        return self
 
 
 class SessionOpAnswer(BaseModel):
@@ -291,11 +401,142 @@ class SessionOpAnswer(BaseModel):
     payload: dict[str, Any]
 
 
+class MachineOutcome(BaseModel):
+    """One machine's part of a fan-out: ``{machine_id, name, ok, result | error}``
+    (``result`` as ``SessionOpAnswer``; ``error`` ``{code, message}``)."""
+
+    machine_id: str
+    name: str
+    ok: bool
+    result: SessionOpAnswer | None = None
+    error: dict[str, Any] | None = None
+
+
+class SessionFanOutAnswer(BaseModel):
+    """A fan-out's answer (``target_machines``): ``{"results": [outcome, …]}``, one per machine."""
+
+    results: list[MachineOutcome]
+
+
+class SessionCancelAnswer(BaseModel):
+    """``POST …/ops/{request_id}/cancel`` answers 202 ``{request_id, cancelled: true}``: the
+    cancel was sent; the operation itself ends with its own answer (``cancelled: true``)."""
+
+    request_id: str
+    cancelled: bool
+
+
+class OperationInFlight(BaseModel):
+    """One operation in flight (``machines.services.live.operations_in_flight``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    request_id: str
+    session_id: str
+    kind: Literal["command", "copy", "pipe"]
+    op: str
+    machine_ids: list[str]
+    machines: list[str]
+    summary: str
+    caller: str
+    started_at: str
+
+
+class OperationsInFlightAnswer(BaseModel):
+    """``GET /api/v1/sessions/{session_id}/ops``: ``{"operations": [...]}``, newest first."""
+
+    operations: list[OperationInFlight]
+
+
+def _pipe_end(value: Any, field: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{field} is required: {{machine, argv | command, cwd?}}")
+    machine = value.get("machine")
+    if not isinstance(machine, str) or not machine.strip() or len(machine) > MACHINE_NAME_MAX:
+        raise ValueError(f"{field}.machine is required (a machine name)")
+    argv, command = value.get("argv"), value.get("command")
+    if (argv is None) == (command is None):
+        raise ValueError(f"{field} needs argv (a list of strings) or command (a string), exactly one")
+    if argv is not None and (not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv)):
+        raise ValueError(f"{field}.argv must be a non-empty list of strings")
+    if command is not None and (not isinstance(command, str) or not command):
+        raise ValueError(f"{field}.command must be a non-empty string")
+    cwd = value.get("cwd")
+    if cwd is not None and not isinstance(cwd, str):
+        raise ValueError(f"{field}.cwd must be a string")
+    unknown = set(value) - {"machine", "argv", "command", "cwd"}
+    if unknown:
+        raise ValueError(f"{field} has unknown fields: {', '.join(sorted(unknown)[:5])}")
+    return {k: v for k, v in value.items() if v is not None}
+
+
+PIPE_END_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "machine": {"type": "string", "minLength": 1, "description": "a machine name, as target_machine"},
+        "argv": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        "command": {"type": "string", "minLength": 1, "description": "run through the user's shell"},
+        "cwd": {"type": "string"},
+    },
+    "required": ["machine"],
+    "additionalProperties": False,
+}
+
+
+class SessionPipeBody(WireModel):
+    """``POST /api/v1/sessions/{session_id}/pipe``: ``{source, destination, timeout_seconds?,
+    request_id?}`` (issue 14 "Cross-machine pipe"): each end ``{machine, argv | command,
+    cwd?}`` (exactly one of argv and command); the source's stdout goes into the
+    destination's stdin. ``timeout_seconds`` bounds the pipe (a number > 0)."""
+
+    absent_as_null = ("source", "destination")
+
+    source: Annotated[Any, WithJsonSchema(PIPE_END_SCHEMA)]
+    destination: Annotated[Any, WithJsonSchema(PIPE_END_SCHEMA)]
+    timeout_seconds: Annotated[
+        Any, WithJsonSchema({"anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "null"}]})
+    ] = None
+    request_id: Annotated[Any, WithJsonSchema(REQUEST_ID_SCHEMA)] = None
+
+    @field_validator("source", "destination", mode="before")
+    @classmethod
+    def _end(cls, value: Any, info: ValidationInfo) -> dict[str, Any]:
+        return _pipe_end(value, str(info.field_name))
+
+    @field_validator("timeout_seconds", mode="before")
+    @classmethod
+    def _timeout(cls, value: Any) -> float | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 10**7:
+            raise ValueError("timeout_seconds must be a number of seconds greater than 0")
+        return float(value)
+
+    @field_validator("request_id", mode="before")
+    @classmethod
+    def _request_id(cls, value: Any) -> str | None:
+        return request_id_of(value)
+
+
+class SessionPipeAnswer(BaseModel):
+    """A pipe's answer: ``{request_id, bytes, source, destination}`` — ``bytes`` moved
+    (raw), each end's result (``machine_id``, ``name``, ``exit_code``, ``stderr``,
+    ``timed_out``, ``cancelled``, …; the destination's ``stdout`` too)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    request_id: str
+    bytes: int
+    source: dict[str, Any]
+    destination: dict[str, Any]
+
+
 class SessionCopyBody(WireModel):
     """``POST /api/v1/sessions/{session_id}/copy``: ``{source_machine, source_path,
-    destination_machine, destination_path, overwrite?}`` (§6 cross-machine copy); each of
-    the four a non-empty string (``"<field> is required (a string)"``, in this order), then
-    ``overwrite`` a boolean (default false)."""
+    destination_machine, destination_path, overwrite?, stream?, request_id?}`` (§6
+    cross-machine copy; issue 14); each of the four a non-empty string (``"<field> is
+    required (a string)"``, in this order), then ``overwrite`` and ``stream`` booleans
+    (default false), ``request_id`` a UUID."""
 
     absent_as_null = ("source_machine", "source_path", "destination_machine", "destination_path")
 
@@ -304,6 +545,30 @@ class SessionCopyBody(WireModel):
     destination_machine: str = Field(min_length=1)
     destination_path: str = Field(min_length=1)
     overwrite: bool = False
+    stream: Annotated[
+        Any,
+        WithJsonSchema(
+            {
+                "type": "boolean",
+                "default": False,
+                "description": "answer text/event-stream: progress {request_id, bytes_done, bytes_total} events, "
+                "then result or error; closing the stream cancels the copy",
+            }
+        ),
+    ] = False
+    request_id: Annotated[Any, WithJsonSchema(REQUEST_ID_SCHEMA)] = None
+
+    @field_validator("stream", mode="before")
+    @classmethod
+    def _stream(cls, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ValueError("stream must be a boolean")
+        return value
+
+    @field_validator("request_id", mode="before")
+    @classmethod
+    def _request_id(cls, value: Any) -> str | None:
+        return request_id_of(value)
 
     @field_validator("source_machine", "source_path", "destination_machine", "destination_path", mode="before")
     @classmethod
