@@ -1,8 +1,16 @@
-"""The ``/ws/shim/`` consumer (machines.md §2–§4).
+"""The ``/ws/shim/`` consumer (machines.md §2–§4; protocol 2.1, issue 14).
 
 A thin edge: bearer auth, the HELLO handshake, forwarding routed operations to the shim
 and their responses back to the waiting caller's reply channel, PING/PONG presence. Its
-own state is only this connection's: the operations pending on it.
+own state is only this connection's: the operations pending on it, and the ids of the
+``CANCEL`` frames it sent (whose ``ACK`` it swallows).
+
+Live operations (2.1, design §2): an operation sent with ``relay`` also gets the shim's
+``COMMAND_OUTPUT`` frames (``MachineOutputMessage``) and its stdin ``FLOW`` grants
+(``MachineFlowMessage``) on its reply channel, in the order they came; the caller's
+``MachineFlowMessage`` (stdout/stderr credit), ``MachineInputMessage`` and
+``MachineCancelMessage`` become ``FLOW``, ``COMMAND_INPUT`` and ``CANCEL`` frames. The
+consumer holds no output and counts no credit: flow control is end to end.
 """
 
 from __future__ import annotations
@@ -27,7 +35,11 @@ from core.wire import encode
 from machines.protocol import (
     OPERATIONS,
     Hello,
+    MachineCancelMessage,
+    MachineFlowMessage,
+    MachineInputMessage,
     MachineOpMessage,
+    MachineOutputMessage,
     MachineReplyMessage,
     MachineRevokedMessage,
     MachineTakeoverMessage,
@@ -35,12 +47,21 @@ from machines.protocol import (
 )
 from machines.services import connections
 from machines.services.connections import ShimIdentity
-from machines.shim.protocol import MAX_FRAME_BYTES, PROTOCOL_VERSION, CloseCode, MessageType, envelope, error_payload
+from machines.shim.protocol import (
+    MAX_FRAME_BYTES,
+    PROTOCOL_VERSION,
+    CloseCode,
+    MessageType,
+    envelope,
+    error_payload,
+    supports_live_operations,
+)
 
 logger = logging.getLogger(__name__)
 
 PING_INTERVAL = 30.0  # seconds between the platform's PINGs (§4)
 PONG_TIMEOUT = 10.0  # seconds a shim has to answer a PING
+CANCEL_ACK_SECONDS = 60.0  # how long the id of a CANCEL sent is remembered (its ACK swallowed)
 
 
 @dataclass
@@ -50,10 +71,13 @@ class PendingOperation:
     op: str
     reply_channel: str
     expires_at: float
+    relay: bool = False  # 2.1: COMMAND_OUTPUT and stdin FLOW go to reply_channel too
 
 
 class ShimConsumer(DispatchConsumer):
     """One shim connection."""
+
+    protocol_version: str | None = None  # negotiated in the HELLO (§3)
 
     async def connect(self) -> None:
         await self.accept()  # custom close codes need an accepted socket
@@ -61,6 +85,8 @@ class ShimConsumer(DispatchConsumer):
         self.connection_id: str | None = None
         self.machine_id: str | None = None
         self.pending: dict[str, PendingOperation] = {}
+        self.cancels: dict[str, float] = {}  # id of a CANCEL sent → when to forget it
+        self.protocol_version: str | None = None
         self.closing = False
         self.tasks: list[asyncio.Task[None]] = []
         self.awaiting_pong: str | None = None
@@ -148,6 +174,7 @@ class ShimConsumer(DispatchConsumer):
         )
         self.connection_id = attached.connection_id
         self.machine_id = hello.machine_id
+        self.protocol_version = negotiated
         for task in self.tasks:
             task.cancel()
         self.tasks = [asyncio.ensure_future(self._ping_loop())]
@@ -185,6 +212,14 @@ class ShimConsumer(DispatchConsumer):
         if message_type == MessageType.PONG and message_id == self.awaiting_pong:
             self.awaiting_pong = None
             return
+        if isinstance(message_id, str) and self.cancels.pop(message_id, None) is not None:
+            return  # the ACK (or ERROR) of a CANCEL this consumer sent
+        if message_type == MessageType.COMMAND_OUTPUT:
+            await self._relay_output(message_id, frame.get("payload"))
+            return
+        if message_type == MessageType.FLOW:
+            await self._relay_flow(frame.get("payload"))
+            return
         pending = self.pending.get(message_id) if isinstance(message_id, str) else None
         if pending is None or not isinstance(message_id, str):
             logger.debug("shim %s sent %s for unknown id %r", self.machine_id, message_type, message_id)
@@ -205,6 +240,46 @@ class ShimConsumer(DispatchConsumer):
                 connection_id=self.connection_id, snapshot=payload
             )
 
+    async def _relay_output(self, message_id: Any, payload: Any) -> None:
+        """A ``COMMAND_OUTPUT`` frame (2.1) → ``MachineOutputMessage`` to the relayed
+        operation's reply channel. A malformed one is refused (``ERROR INVALID_REQUEST``)
+        and dropped: the caller sees the ``seq`` gap and ends the operation ``OUTPUT_LOST``.
+        Output of an operation not relayed (or already answered) is dropped."""
+        pending = self.pending.get(message_id) if isinstance(message_id, str) else None
+        if pending is None or not pending.relay:
+            logger.debug("shim %s sent output for %r, not relayed", self.machine_id, str(message_id)[:64])
+            return
+        fields = payload if isinstance(payload, dict) else {}
+        try:
+            frame: dict[str, Any] = {key: fields.get(key) for key in ("stream", "data", "encoding", "seq")}
+            output = MachineOutputMessage(request_id=message_id, **frame)
+        except ValidationError as exc:
+            await self._error("INVALID_REQUEST", f"malformed COMMAND_OUTPUT: {describe_validation_error(exc)}")
+            return
+        await self._relay(pending.reply_channel, output)
+
+    async def _relay_flow(self, payload: Any) -> None:
+        """A stdin ``FLOW`` grant of the shim (2.1) → ``MachineFlowMessage`` to the relayed
+        operation's reply channel (the shim grants no other stream)."""
+        fields = payload if isinstance(payload, dict) else {}
+        request_id = fields.get("request_id")
+        pending = self.pending.get(request_id) if isinstance(request_id, str) else None
+        if pending is None or not pending.relay or fields.get("stream") != "stdin":
+            return
+        try:
+            credit: dict[str, Any] = {key: fields.get(key) for key in ("request_id", "credit_total")}
+            grant = MachineFlowMessage(stream="stdin", **credit)
+        except ValidationError as exc:
+            await self._error("INVALID_REQUEST", f"malformed FLOW: {describe_validation_error(exc)}")
+            return
+        await self._relay(pending.reply_channel, grant)
+
+    async def _relay(self, reply_channel: str, message: MachineOutputMessage | MachineFlowMessage) -> None:
+        try:
+            await layer_send(reply_channel, message)
+        except ChannelFull:
+            logger.warning("dropping a relayed %s: caller channel full", message.type)
+
     # --- channel-layer messages ---------------------------------------------------------
 
     @receives(MachineOpMessage)
@@ -212,6 +287,11 @@ class ShimConsumer(DispatchConsumer):
         """``machine.op`` (``MachineOpMessage``): send a routed operation to the shim (§5)."""
         if self.closing or self.connection_id is None:
             await self._answer(operation.reply_channel, _error_reply("MACHINE_UNREACHABLE", "the machine disconnected"))
+            return
+        if operation.relay and not supports_live_operations(self.protocol_version):
+            # The services refuse first (naming the shim's version); this is the backstop.
+            refused = f"this connection speaks protocol {self.protocol_version}; live operations need 2.1"
+            await self._answer(operation.reply_channel, _error_reply("UNSUPPORTED_OPERATION", refused))
             return
         frame = envelope(
             operation.op,
@@ -227,9 +307,50 @@ class ShimConsumer(DispatchConsumer):
         now = time.monotonic()
         self.pending = {rid: p for rid, p in self.pending.items() if p.expires_at > now}
         self.pending[operation.request_id] = PendingOperation(
-            op=operation.op, reply_channel=operation.reply_channel, expires_at=now + operation.timeout + 5
+            op=operation.op,
+            reply_channel=operation.reply_channel,
+            expires_at=now + operation.timeout + 5,
+            relay=operation.relay,
         )
         await self.send(text_data=text)
+
+    @receives(MachineFlowMessage)
+    async def machine_flow(self, grant: MachineFlowMessage) -> None:
+        """``machine.flow`` (``MachineFlowMessage``, 2.1): the caller's stdout/stderr credit →
+        a ``FLOW {request_id, stream, credit_total}`` frame (own id; no answer)."""
+        if grant.stream == "stdin" or not self._live():
+            return
+        payload = {"request_id": grant.request_id, "stream": grant.stream, "credit_total": grant.credit_total}
+        await self._send(envelope(MessageType.FLOW, payload, target_machine=self.machine_id))
+
+    @receives(MachineInputMessage)
+    async def machine_input(self, message: MachineInputMessage) -> None:
+        """``machine.input`` (``MachineInputMessage``, 2.1) → a ``COMMAND_INPUT {request_id,
+        data, encoding, eof}`` frame (own id; no answer; the shim drops input for an
+        operation that ended)."""
+        if not self._live():
+            return
+        payload = {
+            "request_id": message.request_id,
+            "data": message.data,
+            "encoding": message.encoding,
+            "eof": message.eof,
+        }
+        await self._send(envelope(MessageType.COMMAND_INPUT, payload, target_machine=self.machine_id))
+
+    @receives(MachineCancelMessage)
+    async def machine_cancel(self, message: MachineCancelMessage) -> None:
+        """``machine.cancel`` (``MachineCancelMessage``, 2.1) → a ``CANCEL {request_id}``
+        frame under a fresh id, remembered so the shim's ``ACK`` to it is swallowed. The
+        operation still ends with its own response (``COMMAND_RESULT {cancelled: true}``,
+        or ``ERROR CANCELLED`` for a FILE_* operation)."""
+        if not self._live():
+            return
+        now = time.monotonic()
+        self.cancels = {cancel_id: until for cancel_id, until in self.cancels.items() if until > now}
+        frame = envelope(MessageType.CANCEL, {"request_id": message.request_id}, target_machine=self.machine_id)
+        self.cancels[frame["id"]] = now + CANCEL_ACK_SECONDS
+        await self._send(frame)
 
     @receives(MachineRevokedMessage)
     async def machine_revoked(self, message: MachineRevokedMessage) -> None:
@@ -258,6 +379,17 @@ class ShimConsumer(DispatchConsumer):
         await self._close(1012)
 
     # --- helpers -------------------------------------------------------------------------
+
+    def _live(self) -> bool:
+        """Whether this connection is up and speaks 2.1 (a live message for a 2.0 shim, or
+        after the socket went, is dropped: the services refuse before sending)."""
+        if self.closing or self.connection_id is None:
+            return False
+        if not supports_live_operations(self.protocol_version):
+            version = self.protocol_version
+            logger.info("dropping a live-operation message for shim %s (protocol %s)", self.machine_id, version)
+            return False
+        return True
 
     async def _ping_loop(self) -> None:
         """PING every ``SHIM_PING_INTERVAL`` seconds (a fixed period, §4); drop the shim if

@@ -225,3 +225,46 @@ class AuditRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.op} on {self.machine_id or '?'} ({'ok' if self.result.get('ok') else 'failed'})"
+
+
+class OperationInFlight(models.Model):
+    """A live operation in flight: an ``EXECUTE_COMMAND`` (one machine or a fan-out), a
+    cross-machine copy or a pipe (issue 14, design §3). Written when the operation is sent,
+    deleted when it is answered; FILE_* operations have none.
+
+    ``request_id`` is the id the shims see (a fan-out sends it to every machine; a pipe's
+    two commands get their own). ``shim_channels`` are the consumers to send ``CANCEL`` to
+    (with their negotiated ``protocol_versions``, in the order of ``machine_ids``);
+    ``caller_channel`` is where an ``OperationCancelMessage`` reaches the caller ("" when
+    the shims alone are enough). ``call_key`` is the ``core.tools.ToolCall.call_key`` the
+    operation runs under. ``server_process`` is the caller's process: when it dies its
+    rows go with it (CASCADE), as the shims kill their process groups when the socket drops.
+    """
+
+    class Kind(models.TextChoices):
+        COMMAND = "command"
+        COPY = "copy"
+        PIPE = "pipe"
+
+    request_id = models.UUIDField(primary_key=True)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    session_id = models.CharField(max_length=256)
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    op = models.CharField(max_length=40)
+    machine_ids = models.JSONField(default=list)
+    machine_names = models.JSONField(default=list)
+    shim_channels = models.JSONField(default=list)
+    protocol_versions = models.JSONField(default=list)
+    caller_channel = models.CharField(max_length=200, blank=True)
+    caller = models.CharField(max_length=200)
+    call_key = models.CharField(max_length=300, blank=True, db_index=True)  # "" outside a tool call
+    summary = models.CharField(max_length=500, blank=True)
+    server_process = models.ForeignKey(ServerProcess, on_delete=models.CASCADE, related_name="+")
+    started_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-started_at"]
+        indexes = [models.Index(fields=["user", "session_id"])]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.request_id} ({self.summary[:60]})"

@@ -9,35 +9,42 @@ seconds (``MACHINE_UNREACHABLE``).
 from __future__ import annotations
 
 import asyncio
+import base64
+import codecs
 import contextvars
+import inspect
 import json
 import logging
 import re
 import sys
 import time
 import uuid
-from datetime import timedelta
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
 
 from channels.db import database_sync_to_async
-from django.conf import settings
+from channels.exceptions import ChannelFull
 from django.contrib.auth.models import User
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from core import metrics, wire
 from core.errors import DispatchError, InvalidRequest
-from core.presence import current_process_id
-from core.realtime import Gone, request_reply
-from machines.models import AuditRecord, Machine, MachineConnection, PathRecency
+from core.realtime import Gone, layer_send, request_reply
+from core.services import server_process_ensure
+from core.tools import TOOL_CALL
+from machines.models import AuditRecord, Machine, MachineConnection, OperationInFlight, PathRecency
 from machines.protocol import (
     CALLER_OPERATIONS,
     DEFAULT_LIMITS,
     SESSION_ID_PATTERN,
+    MachineCancelMessage,
     MachineOpMessage,
     MachineReplyMessage,
 )
 from machines.services import router
-from machines.services.router import Candidate
+from machines.services.relay import Failed, LiveCommand, Output, connection_alive
+from machines.services.router import Candidate, FanOutTarget
 from machines.shim.redaction import redact, redact_argv
 
 logger = logging.getLogger(__name__)
@@ -71,13 +78,7 @@ def operation_timeout(op: str, payload: dict[str, Any], limits: dict[str, int]) 
     return float(timeout) + TIMEOUT_MARGIN
 
 
-@database_sync_to_async
-def _connection_alive(connection_id: str, server_process_id: str) -> bool:
-    rows = MachineConnection.objects.filter(connection_id=connection_id)
-    if server_process_id != current_process_id():
-        cutoff = timezone.now() - timedelta(seconds=settings.PROCESS_TTL)
-        rows = rows.filter(server_process__heartbeat_at__gte=cutoff)
-    return rows.exists()
+_connection_alive = connection_alive  # the liveness check (machines.services.relay), patched by tests
 
 
 async def send_to_machine(
@@ -120,25 +121,102 @@ async def send_to_machine(
     )
 
 
-async def machine_op(
+OutputSink = Callable[[Output], Awaitable[None] | None]
+"""``on_output(output)``: called with each ``Output`` of a streamed command (it may be async)."""
+
+LIVE_PAYLOAD_FIELDS = ("stream", "binary", "stdin", "pipe")
+SUMMARY_MAX = 500  # characters of an in-flight row's summary
+
+
+def check_request_id(request_id: Any) -> str:
+    """A caller's ``request_id`` in canonical form (a UUID string, lower case with hyphens),
+    or a fresh uuid4 for ``None``. Raises ``InvalidRequest`` for anything else (issue 14:
+    "a request may carry a client-chosen request_id (UUID)")."""
+    if request_id is None:
+        return str(uuid.uuid4())
+    if isinstance(request_id, str) and len(request_id) <= 45:
+        try:
+            return str(uuid.UUID(request_id))
+        except ValueError:
+            pass
+    raise InvalidRequest(f"request_id must be a UUID, e.g. {uuid.uuid4()} (got {str(request_id)[:45]!r})")
+
+
+def check_target_machines(target_machines: Any) -> list[str] | Literal["*"]:
+    """``target_machines`` as a fan-out takes it: ``"*"`` or a non-empty list of names;
+    ``InvalidRequest`` otherwise."""
+    if target_machines == "*":
+        return "*"
+    if (
+        not isinstance(target_machines, list)
+        or not target_machines
+        or not all(isinstance(name, str) and name.strip() for name in target_machines)
+    ):
+        raise InvalidRequest('target_machines must be a non-empty list of machine names, or "*" for every machine')
+    return list(target_machines)
+
+
+def command_summary(payload: dict[str, Any]) -> str:
+    """What an in-flight list shows of a command: its argv or command line, redacted (§7)."""
+    if isinstance(payload.get("argv"), list):
+        text = " ".join(str(part) for part in redact_argv(payload["argv"]))
+    else:
+        text = redact(str(payload.get("command") or ""))
+    return text[:SUMMARY_MAX]
+
+
+def current_call_key() -> str | None:
+    """The ``call_key`` of the tool call running in this context (``core.tools.TOOL_CALL``)."""
+    call = TOOL_CALL.get()
+    return call.call_key if call is not None else None
+
+
+def inflight_create(
     *,
     user: User,
     session_id: str,
+    request_id: str,
+    kind: str,
     op: str,
-    payload: dict[str, Any],
-    target_machine: str | None = None,
+    candidates: list[Candidate],
     caller: str,
-) -> dict[str, Any]:
-    """Route ``op`` with ``payload`` to a machine of ``session_id`` and return its response.
+    summary: str,
+    call_key: str | None,
+    caller_channel: str = "",
+    machine_ids: list[str] | None = None,
+    machine_names: list[str] | None = None,
+) -> None:
+    """Record an operation in flight (``OperationInFlight``, design §3), owned by this
+    process. Raises ``MachineError`` ``OPERATION_EXISTS`` when ``request_id`` already is."""
+    try:
+        with transaction.atomic():
+            OperationInFlight.objects.create(
+                request_id=request_id,
+                user=user,
+                session_id=session_id,
+                kind=kind,
+                op=op,
+                machine_ids=machine_ids if machine_ids is not None else [c.machine_id for c in candidates],
+                machine_names=machine_names if machine_names is not None else [c.name for c in candidates],
+                shim_channels=[c.channel_name for c in candidates],
+                protocol_versions=[c.protocol_version for c in candidates],
+                caller_channel=caller_channel,
+                caller=caller[:200],
+                call_key=(call_key or "")[:300],
+                summary=summary[:SUMMARY_MAX],
+                server_process_id=server_process_ensure(),
+            )
+    except IntegrityError:
+        refused = f"an operation with request_id {request_id} is already in flight"
+        raise MachineError("OPERATION_EXISTS", refused) from None
 
-    Returns ``{"machine_id", "type", "payload"}`` (the shim's response). Raises
-    ``InvalidRequest`` (unknown op, bad payload or session id) and ``MachineError`` with a
-    §5/§6 code (``MACHINE_NOT_ATTACHED``, ``MACHINE_AMBIGUOUS``, ``CAPABILITY_NOT_GRANTED``,
-    ``MACHINE_UNREACHABLE``, ``TIMEOUT``, or the shim's own code such as
-    ``PATH_OUTSIDE_ALLOWED_ROOT``). Never retried automatically. An ``AuditRecord`` is
-    written after the reply, off the hot path (§7). ``caller`` names who asked (agent id,
-    ``mcp:…``, ``api``).
-    """
+
+def inflight_delete(*, request_id: str) -> None:
+    """Forget an operation in flight (it was answered)."""
+    OperationInFlight.objects.filter(request_id=request_id).delete()
+
+
+def _check_operation(op: str, payload: Any, session_id: str, target_machine: Any) -> None:
     check_session_id(session_id)
     if op not in CALLER_OPERATIONS:
         raise InvalidRequest(
@@ -150,46 +228,254 @@ async def machine_op(
         raise InvalidRequest("payload holds a lone surrogate (\\ud800-\\udfff), which is not Unicode text")
     if target_machine is not None and not isinstance(target_machine, str):
         raise InvalidRequest("target_machine must be a string or null")
-    started = time.monotonic()
-    request_id = str(uuid.uuid4())
-    candidate: Candidate | None = None
-    result: dict[str, Any] = {"ok": False}
-    try:
-        try:
-            candidate = await database_sync_to_async(router.choose)(
-                user=user, session_id=session_id, op=op, payload=payload, target_machine=target_machine
+
+
+def _check_plain_payload(op: str, payload: dict[str, Any]) -> None:
+    """The 2.1 live fields are the platform's to set (a stream, a pipe), not a payload's."""
+    if op != "EXECUTE_COMMAND":
+        return
+    for key in LIVE_PAYLOAD_FIELDS:
+        value = payload.get(key)
+        if value not in (None, False) and not (key == "stdin" and value == "null"):
+            raise InvalidRequest(
+                f"payload field '{key}' is set by the platform: ask for streamed output with stream "
+                "(operation_stream) and for stdin from another command with a pipe"
             )
-        except DispatchError as exc:
-            raise MachineError(exc.code, exc.message, exc.details) from None
-        reply = await send_to_machine(
-            candidate,
+
+
+async def machine_op(
+    *,
+    user: User,
+    session_id: str,
+    op: str,
+    payload: dict[str, Any],
+    target_machine: str | None = None,
+    target_machines: list[str] | Literal["*"] | None = None,
+    caller: str,
+    request_id: str | None = None,
+    on_output: OutputSink | None = None,
+) -> dict[str, Any]:
+    """Route ``op`` with ``payload`` to a machine of ``session_id`` and return its response.
+
+    Returns ``{"machine_id", "type", "payload"}`` (the shim's response). Raises
+    ``InvalidRequest`` (unknown op, bad payload, session id or ``request_id``) and
+    ``MachineError`` with a §5/§6 code (``MACHINE_NOT_ATTACHED``, ``MACHINE_AMBIGUOUS``,
+    ``CAPABILITY_NOT_GRANTED``, ``MACHINE_UNREACHABLE``, ``TIMEOUT``, or the shim's own code
+    such as ``PATH_OUTSIDE_ALLOWED_ROOT``). Never retried automatically. An ``AuditRecord``
+    is written after the reply, off the hot path (§7). ``caller`` names who asked (agent
+    id, ``mcp:…``, ``api``).
+
+    Issue 14 (design §3):
+
+    - ``target_machines`` (a list of names, or ``"*"``: every attached machine granted the
+      op's capability; exclusive with ``target_machine``) runs the operation on each machine
+      in parallel and answers ``{"results": [{"machine_id", "name", "ok", "result" |
+      "error": {"code", "message", "details"}}]}`` (``result`` the usual ``{machine_id,
+      type, payload}``); a machine that is unreachable, unknown or not capable is one
+      failed entry (``machine_id`` ``None`` when the name matched no machine). Only ``"*"``
+      finding nothing raises (``MACHINE_NOT_ATTACHED`` / ``CAPABILITY_NOT_GRANTED``).
+    - ``request_id``: a client-chosen UUID, the id the shim sees (every machine of a
+      fan-out sees the same); ``InvalidRequest`` when not a UUID. ``EXECUTE_COMMAND`` gets an
+      in-flight row (``OperationInFlight``, cancellable with ``cancel_operation`` on a 2.1
+      shim; its ``call_key`` is ``core.tools.TOOL_CALL``'s), ``MachineError``
+      ``OPERATION_EXISTS`` when that ``request_id`` is already in flight.
+    - ``on_output(Output)`` (async or not): ``EXECUTE_COMMAND`` on a 2.1 shim runs streamed,
+      each output frame handed to it as it arrives, and the result is assembled to look like
+      a 2.0 ``COMMAND_RESULT`` plus ``cancelled``: ``stdout``/``stderr`` capped together at
+      ``max_file_size_bytes`` (``output_truncated``). A 2.0 shim runs it unstreamed.
+    - the caller's task cancelled while a command runs on a 2.1 shim → ``CANCEL`` is sent.
+    """
+    _check_operation(op, payload, session_id, target_machine)
+    _check_plain_payload(op, payload)
+    if target_machines is not None:
+        if target_machine is not None:
+            raise InvalidRequest("target_machine and target_machines are exclusive: pass one of them")
+        return await _fan_out(
+            user=user,
+            session_id=session_id,
             op=op,
             payload=payload,
-            session_id=session_id,
-            timeout=operation_timeout(op, payload, candidate.limits),
-            request_id=request_id,
+            target_machines=check_target_machines(target_machines),
+            caller=caller,
+            request_id=check_request_id(request_id),
+            on_output=on_output,
         )
+    return await _routed_op(
+        user=user,
+        session_id=session_id,
+        op=op,
+        payload=payload,
+        target_machine=target_machine,
+        caller=caller,
+        request_id=check_request_id(request_id),
+        on_output=on_output,
+        own_row=True,
+    )
+
+
+async def _fan_out(
+    *,
+    user: User,
+    session_id: str,
+    op: str,
+    payload: dict[str, Any],
+    target_machines: list[str] | Literal["*"],
+    caller: str,
+    request_id: str,
+    on_output: OutputSink | None,
+) -> dict[str, Any]:
+    """``machine_op`` over ``target_machines`` (see there): one in-flight row for the whole
+    fan-out (a command), the operations in parallel, one entry per machine."""
+    try:
+        targets = await database_sync_to_async(router.choose_many)(
+            user=user, session_id=session_id, op=op, target_machines=target_machines
+        )
+    except DispatchError as exc:
+        raise MachineError(exc.code, exc.message, exc.details) from None
+    runnable = [t.candidate for t in targets if t.error is None and t.candidate is not None]
+    row = op == "EXECUTE_COMMAND" and bool(runnable)
+    if row:
+        await database_sync_to_async(inflight_create)(
+            user=user,
+            session_id=session_id,
+            request_id=request_id,
+            kind=OperationInFlight.Kind.COMMAND,
+            op=op,
+            candidates=runnable,
+            caller=caller,
+            summary=command_summary(payload),
+            call_key=current_call_key(),
+        )
+
+    async def one(target: FanOutTarget) -> dict[str, Any]:
+        machine = target.candidate
+        entry: dict[str, Any] = {
+            "machine_id": machine.machine_id if machine else None,
+            "name": machine.name if machine else target.requested,
+        }
+        if target.error is not None or machine is None:
+            error = target.error or DispatchError("MACHINE_NOT_ATTACHED", f"no machine '{target.requested}'")
+            return {**entry, "ok": False, "error": fan_out_error(error)}
+        try:
+            result = await _routed_op(
+                user=user,
+                session_id=session_id,
+                op=op,
+                payload=payload,
+                caller=caller,
+                request_id=request_id,
+                on_output=on_output,
+                candidate=machine,
+                own_row=False,
+            )
+        except MachineError as exc:
+            return {**entry, "ok": False, "error": fan_out_error(exc)}
+        return {**entry, "ok": True, "result": result}
+
+    try:
+        return {"results": list(await asyncio.gather(*(one(target) for target in targets)))}
+    finally:
+        if row:
+            await database_sync_to_async(inflight_delete)(request_id=request_id)
+
+
+def fan_out_error(error: DispatchError) -> dict[str, Any]:
+    """A fan-out entry's ``error``: ``{code, message, details}``."""
+    return {"code": error.code, "message": error.message, "details": error.details or {}}
+
+
+async def _routed_op(
+    *,
+    user: User,
+    session_id: str,
+    op: str,
+    payload: dict[str, Any],
+    caller: str,
+    request_id: str,
+    on_output: OutputSink | None,
+    own_row: bool,
+    target_machine: str | None = None,
+    candidate: Candidate | None = None,
+) -> dict[str, Any]:
+    """One operation on one machine (``candidate``, else routed with ``target_machine``):
+    streamed when ``on_output`` asks it of a 2.1 shim; with its own in-flight row
+    (``own_row``, commands only); audited, measured."""
+    started = time.monotonic()
+    result: dict[str, Any] = {"ok": False}
+    row_written = False
+    try:
+        if candidate is None:
+            try:
+                candidate = await database_sync_to_async(router.choose)(
+                    user=user, session_id=session_id, op=op, payload=payload, target_machine=target_machine
+                )
+            except DispatchError as exc:
+                raise MachineError(exc.code, exc.message, exc.details) from None
+        chosen = candidate
+        timeout = operation_timeout(op, payload, chosen.limits)
+
+        async def register(caller_channel: str) -> None:
+            nonlocal row_written
+            if own_row and op == "EXECUTE_COMMAND":
+                await database_sync_to_async(inflight_create)(
+                    user=user,
+                    session_id=session_id,
+                    request_id=request_id,
+                    kind=OperationInFlight.Kind.COMMAND,
+                    op=op,
+                    candidates=[chosen],
+                    caller=caller,
+                    summary=command_summary(payload),
+                    call_key=current_call_key(),
+                    caller_channel=caller_channel,
+                )
+                row_written = True
+
+        if op == "EXECUTE_COMMAND" and on_output is not None and chosen.live:
+            response, audited = await _execute_streamed(
+                chosen,
+                session_id=session_id,
+                payload=payload,
+                request_id=request_id,
+                timeout=timeout,
+                on_output=on_output,
+                register=register,
+            )
+            result = {"ok": True, **audited}
+            return response
+        await register("")
+        try:
+            reply = await send_to_machine(
+                chosen, op=op, payload=payload, session_id=session_id, timeout=timeout, request_id=request_id
+            )
+        except asyncio.CancelledError:
+            if op == "EXECUTE_COMMAND" and chosen.live:
+                await _cancel_quietly(chosen, request_id)
+            raise
         if reply.response_type == "ERROR":
             error = reply.payload
             code = str(error.get("code") or "MACHINE_ERROR")
-            result = {"ok": False, "error_code": code}
             raise MachineError(code, str(error.get("message") or code), error.get("details") or {})
-        response = {"machine_id": candidate.machine_id, "type": reply.response_type, "payload": reply.payload}
+        response = {"machine_id": chosen.machine_id, "type": reply.response_type, "payload": reply.payload}
         result = {"ok": True}
         if op == "EXECUTE_COMMAND":
             result["exit_code"] = reply.payload.get("exit_code")
+            if "cancelled" in reply.payload:
+                result["cancelled"] = bool(reply.payload.get("cancelled"))
         if router.operation_path(op, payload) is not None:
             # Recency is a routing input: it must be visible to the very next operation
             # (a write and the following read of one file go to one machine, §6 step 2),
             # so unlike the audit record it is written before the reply is returned.
             await database_sync_to_async(path_recency_record)(
-                user=user, session_id=session_id, machine_id=candidate.machine_id, op=op, payload=payload
+                user=user, session_id=session_id, machine_id=chosen.machine_id, op=op, payload=payload
             )
         return response
     except MachineError as exc:
-        result = {"ok": False, "error_code": exc.code}
+        result = {**result, "ok": False, "error_code": exc.code}
         raise
     finally:
+        if row_written:
+            await database_sync_to_async(inflight_delete)(request_id=request_id)
         result["duration_ms"] = round((time.monotonic() - started) * 1000)
         metrics.machine_operation_observed(
             operation=op, ok=result["ok"], failure=sys.exc_info()[1], seconds=time.monotonic() - started
@@ -204,6 +490,115 @@ async def machine_op(
             result=result,
             caller=caller,
         )
+
+
+async def _cancel_quietly(candidate: Candidate, request_id: str) -> None:
+    """Send ``CANCEL`` for ``request_id`` to ``candidate``'s shim; a failure is logged."""
+    try:
+        await layer_send(candidate.channel_name, MachineCancelMessage(request_id=request_id))
+    except (ChannelFull, OSError) as exc:
+        logger.warning("could not cancel %s on %s: %s", request_id, candidate.name, exc)
+
+
+async def _execute_streamed(
+    candidate: Candidate,
+    *,
+    session_id: str,
+    payload: dict[str, Any],
+    request_id: str,
+    timeout: float,
+    on_output: OutputSink,
+    register: Callable[[str], Awaitable[None]],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run a command streamed (2.1), handing each ``Output`` to ``on_output`` and assembling
+    stdout/stderr up to ``max_file_size_bytes`` together (``output_truncated``). Returns the
+    response ``{machine_id, type, payload}`` (a 2.0-shaped ``COMMAND_RESULT`` plus
+    ``cancelled``) and what the audit record adds (``exit_code``, ``cancelled``, ``bytes``).
+    Raises ``MachineError`` (the shim's ``ERROR``, ``OUTPUT_LOST``, ``MACHINE_UNREACHABLE``,
+    ``TIMEOUT``); cancelled, it sends ``CANCEL`` first."""
+    command = LiveCommand(
+        candidate,
+        request_id=request_id,
+        session_id=session_id,
+        payload={k: v for k, v in payload.items() if k not in LIVE_PAYLOAD_FIELDS},
+        timeout=timeout,
+    )
+    cap = int(candidate.limits.get("max_file_size_bytes", DEFAULT_LIMITS["max_file_size_bytes"]))
+    assembled = OutputAssembly(cap)
+    try:
+        await command.open()
+        await register(command.channel)
+        failure = await command.send()
+        while failure is None:
+            event = await command.next_event()
+            if isinstance(event, Output):
+                assembled.add(event)
+                outcome = on_output(event)
+                if inspect.isawaitable(outcome):
+                    await outcome
+                await command.consumed(event)
+                continue
+            if isinstance(event, Failed):
+                failure = event
+                break
+            answer = assembled.result(event.payload)
+            audited = {
+                "exit_code": answer.get("exit_code"),
+                "cancelled": bool(answer.get("cancelled")),
+                "bytes": {"stdout": command.bytes["stdout"], "stderr": command.bytes["stderr"]},
+            }
+            return {"machine_id": candidate.machine_id, "type": event.type, "payload": answer}, audited
+        raise MachineError(failure.code, failure.message, failure.details)
+    except BaseException:
+        if not command.finished:
+            await command.cancel()
+        raise
+    finally:
+        await command.close()
+
+
+class OutputAssembly:
+    """Streamed stdout/stderr put back together for a result, at most ``cap`` bytes of the
+    two together (the rest dropped, ``truncated``); base64 frames are decoded as UTF-8
+    with replacement."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.kept = 0
+        self.truncated = False
+        self.parts: dict[str, list[str]] = {"stdout": [], "stderr": []}
+        self.decoders = {stream: codecs.getincrementaldecoder("utf-8")("replace") for stream in self.parts}
+
+    def add(self, output: Output) -> None:
+        """Keep what fits of ``output``."""
+        room = self.cap - self.kept
+        if output.encoding == "base64":
+            raw = base64.b64decode(output.data)
+            if len(raw) > room:
+                raw, self.truncated = raw[: max(room, 0)], True
+            text = self.decoders[output.stream].decode(raw)
+        else:
+            raw = output.data.encode("utf-8", "surrogatepass")
+            if len(raw) > room:
+                raw, self.truncated = raw[: max(room, 0)], True
+            text = raw.decode("utf-8", "ignore")  # a character the cap split is dropped whole
+        self.kept += len(raw)
+        if text:
+            self.parts[output.stream].append(text)
+
+    def result(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """``payload`` (a streamed ``COMMAND_RESULT``) as a 2.0 ``COMMAND_RESULT`` plus
+        ``cancelled``: the assembled ``stdout``/``stderr``, ``output_truncated`` when the cap
+        or the shim's ``max_stream_bytes`` cut anything."""
+        answer = dict(payload)
+        stream_truncated = bool(answer.pop("stream_truncated", False))
+        answer.pop("stdout_bytes", None)
+        answer.pop("stderr_bytes", None)
+        answer["stdout"] = "".join(self.parts["stdout"])
+        answer["stderr"] = "".join(self.parts["stderr"])
+        answer["output_truncated"] = bool(answer.get("output_truncated")) or stream_truncated or self.truncated
+        answer["cancelled"] = bool(answer.get("cancelled"))
+        return answer
 
 
 def _after_reply(**record: Any) -> None:

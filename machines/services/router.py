@@ -23,6 +23,7 @@ from django.db.models import F
 from core.errors import DispatchError
 from machines.models import DefaultMachine, Machine, MachineConnection, PathRecency, RoutingCounter
 from machines.protocol import OPERATIONS
+from machines.shim.protocol import supports_live_operations
 
 
 @dataclass(frozen=True)
@@ -38,10 +39,34 @@ class Candidate:
     granted_capabilities: tuple[str, ...]
     allowed_roots: tuple[str, ...]
     limits: dict[str, int]
+    protocol_version: str = "2.0"  # the connection's negotiated version (§3)
+    shim_version: str = ""  # the shim program's version, from its HELLO
 
     @property
     def name(self) -> str:
         return self.display_name or self.hostname or self.machine_id
+
+    @property
+    def live(self) -> bool:
+        """Whether the connection has protocol 2.1's live operations (streamed output,
+        ``CANCEL``, streamed stdin, ``FLOW``)."""
+        return supports_live_operations(self.protocol_version)
+
+    def require_live(self, feature: str) -> None:
+        """Raise ``DispatchError`` ``UNSUPPORTED_OPERATION`` unless the connection speaks
+        2.1 (issue 14: a 2.0 shim keeps working, and asking it for a live feature names its
+        version): "machine 'laptop' runs shim 0.1.0 (protocol 2.0); <feature> needs protocol 2.1"."""
+        if not self.live:
+            raise DispatchError(
+                "UNSUPPORTED_OPERATION",
+                f"machine '{self.name}' runs shim {self.shim_version or '(unknown version)'} "
+                f"(protocol {self.protocol_version}); {feature} needs protocol 2.1",
+                {
+                    "machine_id": self.machine_id,
+                    "shim_version": self.shim_version,
+                    "protocol_version": self.protocol_version,
+                },
+            )
 
     @classmethod
     def of(cls, row: MachineConnection) -> Candidate:
@@ -56,6 +81,8 @@ class Candidate:
             granted_capabilities=tuple(row.granted_capabilities),
             allowed_roots=tuple(row.machine.allowed_roots),
             limits=dict(row.limits),
+            protocol_version=row.protocol_version,
+            shim_version=row.machine.shim_version,
         )
 
 
@@ -190,6 +217,60 @@ def choose(*, user: User, session_id: str, op: str, payload: dict[str, Any], tar
         if candidate.machine_id == default_id:
             return candidate
     return capable[_next_turn(user=user, session_id=session_id) % len(capable)]
+
+
+@dataclass(frozen=True)
+class FanOutTarget:
+    """One entry of a fan-out: the machine asked for (``requested``: a name, or the
+    machine's id for ``"*"``) and either the ``candidate`` chosen or the routing ``error``."""
+
+    requested: str
+    candidate: Candidate | None = None
+    error: DispatchError | None = None
+
+
+def choose_many(*, user: User, session_id: str, op: str, target_machines: list[str] | str) -> list[FanOutTarget]:
+    """The machines of a fan-out (issue 14 "Fan-out"): ``"*"`` → every machine attached to
+    ``session_id`` that was granted the op's capability (by name); a list → each entry
+    resolved as an explicit ``target_machine`` (step 1), in order, a machine named twice
+    kept once. An entry that does not resolve (``MACHINE_NOT_ATTACHED``,
+    ``MACHINE_AMBIGUOUS``) or lacks the capability (``CAPABILITY_NOT_GRANTED``) is an entry
+    with its ``error``, not a failure of the whole call.
+
+    Raises ``DispatchError`` only when ``"*"`` finds nothing: ``MACHINE_NOT_ATTACHED`` (no
+    machine attached) or ``CAPABILITY_NOT_GRANTED`` (none capable).
+    """
+    candidates = attached_candidates(user=user, session_id=session_id)
+    capability = OPERATIONS[op][0]
+    if target_machines == "*":
+        if not candidates:
+            raise DispatchError("MACHINE_NOT_ATTACHED", f"no machine is attached to session '{session_id}'")
+        capable = [c for c in candidates if capability is None or capability in c.granted_capabilities]
+        if not capable:
+            raise DispatchError(
+                "CAPABILITY_NOT_GRANTED",
+                f"no machine attached to this session was granted the '{capability}' capability",
+            )
+        return [FanOutTarget(requested=c.name, candidate=c) for c in capable]
+    targets: list[FanOutTarget] = []
+    seen: set[str] = set()
+    for requested in target_machines:
+        try:
+            chosen = match_target(candidates, requested)
+        except DispatchError as exc:
+            targets.append(FanOutTarget(requested=requested, error=exc))
+            continue
+        if chosen.machine_id in seen:
+            continue
+        seen.add(chosen.machine_id)
+        if capability and capability not in chosen.granted_capabilities:
+            error = DispatchError(
+                "CAPABILITY_NOT_GRANTED", f"machine '{chosen.name}' was not granted the '{capability}' capability"
+            )
+            targets.append(FanOutTarget(requested=requested, candidate=chosen, error=error))
+            continue
+        targets.append(FanOutTarget(requested=requested, candidate=chosen))
+    return targets
 
 
 def _next_turn(*, user: User, session_id: str) -> int:

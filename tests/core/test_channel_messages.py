@@ -377,6 +377,9 @@ def test_every_type_a_consumer_handles_has_its_model_under_its_name() -> None:
     }
     assert handled["ShimConsumer"] == {
         "machine.op",
+        "machine.flow",
+        "machine.input",
+        "machine.cancel",
         "machine.revoked",
         "machine.takeover",
         "server.shutdown",

@@ -1,0 +1,437 @@
+"""Live operations: streamed commands, cancel, the in-flight list (issue 14, design §2–§3).
+
+What the edges call (REST, MCP, the built-in agent, the pages):
+
+- ``operation_stream(...)``: an ``EXECUTE_COMMAND`` on one machine or many, as an async
+  iterator of ``LiveEvent`` (``Started``, ``Output``, ``Result`` | ``Failed``), credit
+  granted as the consumer pulls;
+- ``cancel_operation(...)`` / ``cancel_calls(...)``: stop operations in flight, from any
+  process (the ``OperationInFlight`` rows name the shims' and the caller's channels);
+- ``operations_in_flight(...)``: the rows, for a list;
+- ``pipe(...)``: a cross-machine pipe (``machines.services.pipe``, re-exported here).
+
+``machines.services.operations.machine_op`` (``target_machines``, ``request_id``,
+``on_output``) and ``machines.services.copy.copy_between_machines`` (``request_id``,
+``on_progress``) are the other two entries. The caller's side of one streamed command is
+``machines.services.relay.LiveCommand``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any, Literal
+
+from channels.db import database_sync_to_async
+from channels.exceptions import ChannelFull
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db.models import Q
+from django.utils import timezone
+
+from core import metrics
+from core.errors import DispatchError, InvalidRequest
+from core.presence import current_process_id
+from core.realtime import layer_send
+from machines.models import Machine, OperationInFlight
+from machines.protocol import MachineCancelMessage, OperationCancelMessage
+from machines.services import router
+from machines.services.operations import (
+    LIVE_PAYLOAD_FIELDS,
+    MachineError,
+    _after_reply,
+    _check_operation,
+    check_request_id,
+    check_session_id,
+    check_target_machines,
+    command_summary,
+    current_call_key,
+    inflight_create,
+    inflight_delete,
+    operation_timeout,
+)
+from machines.services.relay import Failed, LiveCommand, LiveEvent, Output, Progress, Result, Started
+from machines.services.router import Candidate
+from machines.shim.protocol import supports_live_operations
+
+__all__ = [
+    "Failed",
+    "LiveEvent",
+    "Output",
+    "Progress",
+    "Result",
+    "Started",
+    "cancel_calls",
+    "cancel_operation",
+    "operation_stream",
+    "operations_in_flight",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def _stream_payload(payload: dict[str, Any]) -> dict[str, Any]:
+    """The payload of a streamed command: ``binary`` (a bool) may be asked; ``stdin`` and
+    ``pipe`` are a pipe's (``InvalidRequest``); ``stream`` is the platform's to set."""
+    binary = payload.get("binary", False)
+    if not isinstance(binary, bool):
+        raise InvalidRequest("payload field 'binary' must be a boolean")
+    for key in ("stdin", "pipe"):
+        value = payload.get(key)
+        if value not in (None, False) and not (key == "stdin" and value == "null"):
+            raise InvalidRequest(f"payload field '{key}' belongs to a pipe (machines pipe), not to a stream")
+    clean = {key: value for key, value in payload.items() if key not in LIVE_PAYLOAD_FIELDS}
+    if binary:
+        clean["binary"] = True
+    return clean
+
+
+async def operation_stream(
+    *,
+    user: User,
+    session_id: str,
+    op: str,
+    payload: dict[str, Any],
+    target_machine: str | None = None,
+    target_machines: list[str] | Literal["*"] | None = None,
+    caller: str,
+    request_id: str | None = None,
+) -> AsyncIterator[LiveEvent]:
+    """Run ``EXECUTE_COMMAND`` streamed (protocol 2.1) and yield its events.
+
+    One machine (routed as ``machine_op`` routes, ``target_machine`` or not): ``Started``,
+    ``Output``* (``seq`` order), then ``Result`` (``COMMAND_RESULT``: ``stdout``/``stderr``
+    empty, ``stdout_bytes``, ``stderr_bytes``, ``stream_truncated``, ``cancelled``, exit
+    code …) or ``Failed`` (``OUTPUT_LOST``, ``MACHINE_UNREACHABLE``, ``TIMEOUT``, the shim's
+    ``ERROR``). ``target_machines`` (names or ``"*"``, exclusive with ``target_machine``):
+    per machine ``Started``/``Output``/``Result`` | ``Failed`` interleaved, each naming its
+    machine; a machine that could not be routed to, or runs protocol 2.0, is one ``Failed``
+    (``machine_id`` ``None`` when no machine matched). Every event carries ``request_id``
+    (the caller's UUID, or a fresh one), which every machine sees and which
+    ``cancel_operation`` takes. ``payload`` may ask ``binary: true`` (``Output.data`` base64).
+
+    Raises before the first event: ``InvalidRequest`` (not ``EXECUTE_COMMAND``, a bad
+    payload, session id, ``request_id`` or ``target_machines``), ``MachineError`` — routing
+    (``MACHINE_NOT_ATTACHED``, ``MACHINE_AMBIGUOUS``, ``CAPABILITY_NOT_GRANTED``),
+    ``UNSUPPORTED_OPERATION`` (a single machine on protocol 2.0, naming its shim's version),
+    ``OPERATION_EXISTS`` (``request_id`` in flight).
+
+    Credit is granted as the consumer pulls events (a slow consumer slows the command, never
+    grows memory). Leaving the iterator early (``aclose()``, ``break``, the consuming task
+    cancelled) sends ``CANCEL`` for every command still running. An in-flight row is kept
+    while it runs; one ``AuditRecord`` per machine (bytes per stream, cancelled, exit code).
+    """
+    if op != "EXECUTE_COMMAND":
+        raise InvalidRequest("only EXECUTE_COMMAND streams its output")
+    _check_operation(op, payload, session_id, target_machine)
+    streamed = _stream_payload(payload)
+    request_id = check_request_id(request_id)
+    refused: list[Failed] = []
+    if target_machines is None:
+        try:
+            chosen = await database_sync_to_async(router.choose)(
+                user=user, session_id=session_id, op=op, payload=payload, target_machine=target_machine
+            )
+            chosen.require_live("streamed output")
+        except DispatchError as exc:
+            raise MachineError(exc.code, exc.message, exc.details) from None
+        candidates = [chosen]
+    else:
+        if target_machine is not None:
+            raise InvalidRequest("target_machine and target_machines are exclusive: pass one of them")
+        wanted = check_target_machines(target_machines)
+        try:
+            targets = await database_sync_to_async(router.choose_many)(
+                user=user, session_id=session_id, op=op, target_machines=wanted
+            )
+        except DispatchError as exc:
+            raise MachineError(exc.code, exc.message, exc.details) from None
+        candidates = []
+        for target in targets:
+            machine = target.candidate
+            error = target.error
+            if error is None and machine is not None and not machine.live:
+                try:
+                    machine.require_live("streamed output")
+                except DispatchError as exc:
+                    error = exc
+            if error is not None or machine is None:
+                error = error or DispatchError("MACHINE_NOT_ATTACHED", f"no machine '{target.requested}'")
+                refused.append(
+                    Failed(
+                        request_id=request_id,
+                        machine_id=machine.machine_id if machine else None,
+                        name=machine.name if machine else target.requested,
+                        code=error.code,
+                        message=error.message,
+                        details=error.details or {},
+                    )
+                )
+            else:
+                candidates.append(machine)
+    async for event in _stream(
+        user=user,
+        session_id=session_id,
+        payload=streamed,
+        candidates=candidates,
+        refused=refused,
+        caller=caller,
+        request_id=request_id,
+    ):
+        yield event
+
+
+async def _stream(
+    *,
+    user: User,
+    session_id: str,
+    payload: dict[str, Any],
+    candidates: list[Candidate],
+    refused: list[Failed],
+    caller: str,
+    request_id: str,
+) -> AsyncIterator[LiveEvent]:
+    """The commands of ``operation_stream`` on ``candidates`` (2.1 connections), after the
+    ``refused`` machines' ``Failed`` events; one task per command feeds one queue, and
+    credit is granted when the consumer takes an ``Output``."""
+    commands = [
+        LiveCommand(
+            candidate,
+            request_id=request_id,
+            session_id=session_id,
+            payload=payload,
+            timeout=operation_timeout("EXECUTE_COMMAND", payload, candidate.limits),
+        )
+        for candidate in candidates
+    ]
+    queue: asyncio.Queue[tuple[LiveCommand, LiveEvent]] = asyncio.Queue()
+    tasks: list[asyncio.Task[None]] = []
+    started = time.monotonic()
+    ended: dict[int, LiveEvent] = {}
+    row = False
+
+    async def produce(command: LiveCommand) -> None:
+        failure = await command.send()
+        if failure is not None:
+            await queue.put((command, failure))
+            return
+        await queue.put((command, command.started()))
+        while True:
+            event = await command.next_event()
+            await queue.put((command, event))
+            if not isinstance(event, Output):
+                return
+
+    try:
+        for command in commands:
+            await command.open()
+        if commands:
+            await database_sync_to_async(inflight_create)(
+                user=user,
+                session_id=session_id,
+                request_id=request_id,
+                kind=OperationInFlight.Kind.COMMAND,
+                op="EXECUTE_COMMAND",
+                candidates=candidates,
+                caller=caller,
+                summary=command_summary(payload),
+                call_key=current_call_key(),
+                caller_channel=commands[0].channel,
+            )
+            row = True
+        for failure in refused:
+            yield failure
+        tasks = [asyncio.ensure_future(produce(command)) for command in commands]
+        while len(ended) < len(commands):
+            command, event = await queue.get()
+            if isinstance(event, (Result, Failed)):
+                ended[id(command)] = event
+                _audit_stream(
+                    command, event, user=user, session_id=session_id, caller=caller, payload=payload, started=started
+                )
+            yield event
+            if isinstance(event, Output):
+                await command.consumed(event)
+    finally:
+        for command in commands:
+            if id(command) not in ended:
+                await command.cancel()
+                _audit_stream(
+                    command, None, user=user, session_id=session_id, caller=caller, payload=payload, started=started
+                )
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for command in commands:
+            await command.close()
+        if row:
+            await database_sync_to_async(inflight_delete)(request_id=request_id)
+
+
+def _audit_stream(
+    command: LiveCommand,
+    event: LiveEvent | None,
+    *,
+    user: User,
+    session_id: str,
+    caller: str,
+    payload: dict[str, Any],
+    started: float,
+) -> None:
+    """One ``AuditRecord`` for a streamed command (``event``: how it ended; ``None``: the
+    caller left and it was cancelled): exit code, cancelled, bytes per stream (§7)."""
+    result: dict[str, Any] = {"ok": isinstance(event, Result), "bytes": dict(command.bytes)}
+    if isinstance(event, Result):
+        result["exit_code"] = event.payload.get("exit_code")
+        result["cancelled"] = bool(event.payload.get("cancelled"))
+    elif isinstance(event, Failed):
+        result["error_code"] = event.code
+        result["cancelled"] = command.cancel_sent
+    else:
+        result["error_code"] = "CANCELLED"
+        result["cancelled"] = command.cancel_sent
+    seconds = time.monotonic() - started
+    result["duration_ms"] = round(seconds * 1000)
+    metrics.machine_operation_observed(
+        operation="EXECUTE_COMMAND", ok=result["ok"], failure=sys.exc_info()[1], seconds=seconds
+    )
+    _after_reply(
+        user=user,
+        session_id=session_id,
+        machine_id=command.candidate.machine_id,
+        request_id=command.request_id,
+        op="EXECUTE_COMMAND",
+        payload={**payload, "stream": True},
+        result=result,
+        caller=caller,
+    )
+
+
+# --- cancel ------------------------------------------------------------------------------------
+
+
+def _row_for(*, user: User, session_id: str, request_id: str) -> OperationInFlight | None:
+    return OperationInFlight.objects.filter(user=user, session_id=session_id, request_id=request_id).first()
+
+
+def _shim_versions(*, user_id: int, machine_ids: list[str]) -> dict[str, str]:
+    rows = Machine.objects.filter(user_id=user_id, machine_id__in=machine_ids)
+    return dict(rows.values_list("machine_id", "shim_version"))
+
+
+async def _cancel_row(row: OperationInFlight, *, reason: str) -> None:
+    """Stop the operation of ``row`` from this process: ``CANCEL`` to each 2.1 shim of a
+    command, and ``OperationCancelMessage`` to its caller (a copy or a pipe stops there; a
+    command's caller sends ``CANCEL`` again, after its own send). Raises ``MachineError``
+    ``UNSUPPORTED_OPERATION`` for a command whose shims all run protocol 2.0."""
+    request_id = str(row.request_id)
+    if row.kind == OperationInFlight.Kind.COMMAND:
+        live = [
+            channel
+            for channel, version in zip(row.shim_channels, row.protocol_versions, strict=False)
+            if supports_live_operations(version)
+        ]
+        if not live:
+            shims = database_sync_to_async(_shim_versions)
+            versions = await shims(user_id=row.user_id, machine_ids=list(row.machine_ids))
+            names = ", ".join(
+                f"machine '{name}' runs shim {versions.get(machine_id) or '(unknown version)'} (protocol {version})"
+                for machine_id, name, version in zip(
+                    row.machine_ids, row.machine_names, row.protocol_versions, strict=False
+                )
+            )
+            raise MachineError(
+                "UNSUPPORTED_OPERATION",
+                f"{names}; cancelling a command needs protocol 2.1",
+                {"request_id": request_id},
+            )
+        for channel in live:
+            await _send_quietly(channel, MachineCancelMessage(request_id=request_id))
+    if row.caller_channel:
+        await _send_quietly(row.caller_channel, OperationCancelMessage(request_id=request_id, reason=reason))
+
+
+async def _send_quietly(channel: str, message: MachineCancelMessage | OperationCancelMessage) -> None:
+    try:
+        await layer_send(channel, message)
+    except ChannelFull:
+        logger.warning("could not send %s to %s: channel full", message.type, channel)
+
+
+async def cancel_operation(*, user: User, session_id: str, request_id: str) -> dict[str, Any]:
+    """Cancel operation ``request_id`` (a command, a fan-out, a copy or a pipe) that
+    ``user`` runs in ``session_id``, from any process: returns ``{"request_id",
+    "cancelled": true}`` once the cancel is sent (the operation then ends on its own:
+    a command with ``cancelled: true``, a copy with ``CANCELLED``).
+
+    Raises ``InvalidRequest`` (a malformed session id or ``request_id``), ``MachineError``
+    ``OPERATION_NOT_FOUND`` (not in flight in that session of that user: never started,
+    already answered, or another user's) or ``UNSUPPORTED_OPERATION`` (a command on shims of
+    protocol 2.0, naming their versions).
+    """
+    check_session_id(session_id)
+    request_id = check_request_id(request_id)
+    row = await database_sync_to_async(_row_for)(user=user, session_id=session_id, request_id=request_id)
+    if row is None:
+        raise MachineError("OPERATION_NOT_FOUND", f"no operation {request_id} is in flight in session '{session_id}'")
+    await _cancel_row(row, reason="cancelled")
+    return {"request_id": request_id, "cancelled": True}
+
+
+def _rows_of_call(*, user: User, call_key: str) -> list[OperationInFlight]:
+    return list(OperationInFlight.objects.filter(user=user, call_key=call_key))
+
+
+async def cancel_calls(*, user: User, call_key: str) -> int:
+    """Cancel every operation in flight that ``user`` started under the tool call
+    ``call_key`` (``core.tools.ToolCall.call_key``: an MCP ``notifications/cancelled``, an
+    agent run cancelled), from any process; returns how many were cancelled (commands on
+    protocol 2.0 shims cannot be, and are not counted). An empty key cancels nothing."""
+    if not call_key:
+        return 0
+    cancelled = 0
+    for row in await database_sync_to_async(_rows_of_call)(user=user, call_key=call_key):
+        try:
+            await _cancel_row(row, reason="the tool call was cancelled")
+        except MachineError:
+            continue
+        cancelled += 1
+    return cancelled
+
+
+# --- the list ----------------------------------------------------------------------------------
+
+
+def operations_in_flight(*, user: User, session_id: str | None = None) -> list[dict[str, Any]]:
+    """``user``'s operations in flight (in ``session_id``, or every session), newest first:
+    ``{request_id, session_id, kind: "command"|"copy"|"pipe", op, machine_ids, machines
+    (names), summary (the redacted argv/command, or "src → dst"), caller, started_at (ISO
+    8601)}``. Rows of a process that stopped heartbeating are left out (the reaper deletes
+    them). Sync (a database read). Raises ``InvalidRequest`` for a malformed session id."""
+    if session_id is not None:
+        check_session_id(session_id)
+    cutoff = timezone.now() - timedelta(seconds=settings.PROCESS_TTL)
+    rows = OperationInFlight.objects.filter(user=user).filter(
+        Q(server_process_id=current_process_id()) | Q(server_process__heartbeat_at__gte=cutoff)
+    )
+    if session_id is not None:
+        rows = rows.filter(session_id=session_id)
+    return [
+        {
+            "request_id": str(row.request_id),
+            "session_id": row.session_id,
+            "kind": row.kind,
+            "op": row.op,
+            "machine_ids": list(row.machine_ids),
+            "machines": list(row.machine_names),
+            "summary": row.summary,
+            "caller": row.caller,
+            "started_at": row.started_at.isoformat(),
+        }
+        for row in rows.order_by("-started_at")
+    ]
