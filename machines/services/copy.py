@@ -5,6 +5,12 @@ with ``append`` into ``<destination>.dispatch-partial`` on the destination (the 
 chunk without), then ``FILE_STAT {hash: true}`` on both ends; only when size and SHA-256
 match is the partial file moved into place (``FILE_MOVE``, replacing an existing
 destination only with ``overwrite``). A failed copy removes the partial file.
+
+Issue 14: a copy is an operation in flight (an ``OperationInFlight`` row of kind ``copy``,
+under its ``request_id``), reports progress after each chunk, and can be cancelled from
+any process (``machines.services.live.cancel_operation`` sends ``OperationCancelMessage``
+to the copy's own channel): it stops between chunks, removes the partial file and fails
+``CANCELLED``.
 """
 
 from __future__ import annotations
@@ -15,9 +21,23 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from channels.db import database_sync_to_async
 from django.contrib.auth.models import User
 
-from machines.services.operations import MachineError, machine_op
+from core.errors import DispatchError
+from core.realtime import Subscription
+from machines.models import OperationInFlight
+from machines.protocol import OperationCancelMessage
+from machines.services import router
+from machines.services.operations import (
+    MachineError,
+    check_request_id,
+    check_session_id,
+    current_call_key,
+    inflight_create,
+    inflight_delete,
+    machine_op,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -36,15 +56,84 @@ async def copy_between_machines(
     destination_path: str,
     overwrite: bool = False,
     caller: str,
+    request_id: str | None = None,
+    on_progress: Progress | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Copy a file from one machine to another; returns ``{"size_bytes", "sha256"}``.
 
-    ``progress(copied_bytes, total_bytes)`` is called after each chunk (it may be async).
-    Raises ``MachineError``: the source's or destination's own errors (``PATH_NOT_FOUND``,
-    ``PATH_EXISTS`` when the destination exists without ``overwrite``, …), routing errors,
-    or ``COPY_VERIFICATION_FAILED`` when sizes or hashes differ.
+    ``on_progress(bytes_done, bytes_total)`` (bytes; it may be async) is called after each
+    chunk; ``progress`` is its older name. ``request_id`` (a UUID; a fresh one unless
+    given) names the copy in flight: ``cancel_operation`` stops it between chunks.
+    Raises ``InvalidRequest`` (a malformed ``request_id`` or session id) and
+    ``MachineError``: routing errors (``MACHINE_NOT_ATTACHED``, …), ``OPERATION_EXISTS``
+    (``request_id`` in flight), the source's or destination's own errors
+    (``PATH_NOT_FOUND``, ``PATH_EXISTS`` when the destination exists without ``overwrite``,
+    …), ``COPY_VERIFICATION_FAILED`` when sizes or hashes differ, ``CANCELLED`` (the
+    partial file removed).
     """
+    check_session_id(session_id)
+    request_id = check_request_id(request_id)
+    report = on_progress or progress
+    try:
+        source_candidate = await database_sync_to_async(router.choose)(
+            user=user, session_id=session_id, op="FILE_READ", payload={}, target_machine=source_machine
+        )
+        destination_candidate = await database_sync_to_async(router.choose)(
+            user=user, session_id=session_id, op="FILE_WRITE", payload={}, target_machine=destination_machine
+        )
+    except DispatchError as exc:
+        raise MachineError(exc.code, exc.message, exc.details) from None
+    candidates = [source_candidate, destination_candidate]
+    async with Subscription(receives=[OperationCancelMessage]) as cancels:
+        await database_sync_to_async(inflight_create)(
+            user=user,
+            session_id=session_id,
+            request_id=request_id,
+            kind=OperationInFlight.Kind.COPY,
+            op="COPY",
+            candidates=candidates,
+            caller=caller,
+            summary=f"{source_candidate.name}:{source_path} → {destination_candidate.name}:{destination_path}",
+            call_key=current_call_key(),
+            caller_channel=cancels.channel or "",
+        )
+        try:
+            return await _copy(
+                user=user,
+                session_id=session_id,
+                source_machine=source_candidate.machine_id,
+                source_path=source_path,
+                destination_machine=destination_candidate.machine_id,
+                destination_path=destination_path,
+                overwrite=overwrite,
+                caller=caller,
+                progress=report,
+                cancels=cancels,
+            )
+        finally:
+            await database_sync_to_async(inflight_delete)(request_id=request_id)
+
+
+async def _copy(
+    *,
+    user: User,
+    session_id: str,
+    source_machine: str,
+    source_path: str,
+    destination_machine: str,
+    destination_path: str,
+    overwrite: bool,
+    caller: str,
+    progress: Progress | None,
+    cancels: Subscription,
+) -> dict[str, Any]:
+    """The copy itself (see ``copy_between_machines``), between two chosen machines."""
+
+    async def check_cancelled() -> None:
+        message = await cancels.wait(0)
+        if isinstance(message, OperationCancelMessage):
+            raise MachineError("CANCELLED", f"the copy was cancelled ({message.reason}); the partial file was removed")
 
     async def op(machine: str, name: str, payload: dict[str, Any]) -> dict[str, Any]:
         response = await machine_op(
@@ -93,6 +182,7 @@ async def copy_between_machines(
                     await outcome
             if read == 0:
                 break
+            await check_cancelled()
         source_final = await op(source_machine, "FILE_STAT", {"path": source_path, "hash": True})
         copied = await op(destination_machine, "FILE_STAT", {"path": partial, "hash": True})
         if (copied.get("size_bytes"), copied.get("sha256")) != (
