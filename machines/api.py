@@ -4,18 +4,31 @@ The device-login endpoints are unauthenticated (rate-limited) and answer RFC 862
 RFC 6749 §5.2 errors. The operation routes wait on a shim, so they are async views. The
 bodies of these plain views are the models of ``machines.protocol``, which validate them
 and describe them in the OpenAPI schema (``core.openapi.documented``).
+
+Live operations (issue 14): ``POST …/ops`` and ``POST …/copy`` with ``stream: true``
+answer ``text/event-stream`` (``event: <name>`` + one JSON ``data:`` line per event, no
+``id``: nothing is replayed; a ``: keep-alive`` comment after ``KEEPALIVE_SECONDS`` of
+silence), read from ``machines.services.live`` as the body is written, so the command's
+output credit follows the client; closing the HTTP stream cancels the operation.
+Errors found before the first event (bad input, routing, a 2.0 shim) are plain JSON
+errors. On these routes ``UNSUPPORTED_OPERATION`` (a feature the machine's shim protocol
+lacks) answers 409, not the generic 400: the request is fine, the machine cannot do it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
 from django.contrib.auth.models import User
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods, require_POST
 from drf_spectacular.utils import extend_schema, inline_serializer
@@ -27,8 +40,8 @@ from rest_framework.response import Response
 from agents.tokens import agent_scope_forbid, agent_scope_session, calling_agent
 from core.api import DispatchAPIView
 from core.authentication import authenticated_user
-from core.errors import InvalidRequest
-from core.http import json_api, json_object
+from core.errors import DispatchError, InvalidRequest, unavailable_error
+from core.http import error_response, json_api, json_object
 from core.openapi import OPEN, Operation, documented
 from core.services import rate_limiter
 from core.validation import parse_plain
@@ -38,16 +51,23 @@ from machines.protocol import (
     DefaultMachineBody,
     DeviceCodeBody,
     DeviceTokenBody,
+    OperationsInFlightAnswer,
+    SessionCancelAnswer,
     SessionCopyAnswer,
     SessionCopyBody,
     SessionOpAnswer,
     SessionOpBody,
+    request_id_of,
 )
-from machines.services import connections, device, router
+from machines.services import connections, device, live, router
 from machines.services.copy import copy_between_machines
-from machines.services.operations import attached_machines, machine_op
+from machines.services.operations import attached_machines, check_session_id, machine_op
+
+logger = logging.getLogger(__name__)
 
 DEVICE_ENDPOINT_RATE = "30 per 60 seconds"  # per client address, each device endpoint
+KEEPALIVE_SECONDS = 15.0  # a comment on a silent event stream, so proxies keep it open
+MACHINE_ROUTE_STATUS = {"UNSUPPORTED_OPERATION": 409}  # see the module docstring
 
 
 def _device_body(request: HttpRequest) -> dict[str, Any]:
@@ -235,51 +255,342 @@ async def default_machine(request: HttpRequest, user: User) -> dict[str, Any]:
     return DefaultMachineAnswer(machine_id=machine_id).model_dump()
 
 
-@documented(
-    Operation("post", "Route an operation to a machine of the session", "machines", SessionOpBody, SessionOpAnswer)
+def _machine_errors(view: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """Render a ``DispatchError`` of a machine operation route with ``MACHINE_ROUTE_STATUS``
+    (``UNSUPPORTED_OPERATION`` → 409), every other code with its usual status."""
+
+    async def wrapper(request: HttpRequest, user: User, **kwargs: Any) -> Any:
+        try:
+            return await view(request, user, **kwargs)
+        except DispatchError as exc:
+            return _error_answer(exc)
+
+    wrapper.__name__ = view.__name__
+    wrapper.__doc__ = view.__doc__
+    return wrapper
+
+
+def _error_answer(exc: DispatchError) -> JsonResponse:
+    response = error_response(exc)
+    response.status_code = MACHINE_ROUTE_STATUS.get(exc.code, response.status_code)
+    return response
+
+
+def _given(**arguments: Any) -> dict[str, Any]:
+    """The keyword arguments that are set (the live-operation ones are passed only then)."""
+    return {name: value for name, value in arguments.items() if value is not None}
+
+
+def sse_event(event: str, data: Any) -> str:
+    """One server-sent event: ``event: <event>`` and a single-line JSON ``data`` field (ASCII
+    escapes, so a lone surrogate from a shim cannot break the body)."""
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+def _event_stream(frames: AsyncIterator[str]) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(frames, content_type="text/event-stream; charset=utf-8")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once
+    return response
+
+
+def _unexpected(exc: Exception) -> DispatchError:
+    """What the stream says about an exception that is not a ``DispatchError``."""
+    mapped = unavailable_error(exc)
+    if mapped is not None:
+        return mapped
+    logger.exception("live operation stream failed", exc_info=exc)
+    return DispatchError("INTERNAL_ERROR", "the operation's stream failed unexpectedly; see the server log")
+
+
+EVENT_NAMES: dict[type, str] = {
+    live.Started: "started",
+    live.Output: "output",
+    live.Result: "result",
+    live.Failed: "error",
+    live.Progress: "progress",
+}
+
+
+def _outcome(event: live.Result | live.Failed) -> dict[str, Any]:
+    """A fan-out ``done`` entry, as the JSON answer has it: ``{machine_id, name, ok, result | error}``."""
+    if isinstance(event, live.Result):
+        result = {"machine_id": event.machine_id, "type": event.type, "payload": event.payload}
+        return {"machine_id": event.machine_id, "name": event.name, "ok": True, "result": result}
+    error = {"code": event.code, "message": event.message}
+    return {"machine_id": event.machine_id, "name": event.name, "ok": False, "error": error}
+
+
+async def _close(events: AsyncIterator[Any]) -> None:
+    """Close ``events`` when it is an async generator (ending the operations it runs)."""
+    aclose = getattr(events, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+async def _next_or_keepalive(events: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    """``events`` one by one, with ``None`` after each ``KEEPALIVE_SECONDS`` of silence.
+
+    Each ``__anext__`` runs as a task that a keep-alive never cancels (cancelling it would
+    end ``events``); leaving this generator early cancels the pending one and closes
+    ``events`` — for ``machines.services.live`` that cancels the operations still running.
+    """
+    pending: asyncio.Future[Any] | None = None
+    try:
+        while True:
+            pending = asyncio.ensure_future(anext(events))
+            while not (await asyncio.wait({pending}, timeout=KEEPALIVE_SECONDS))[0]:
+                yield None
+            try:
+                event = pending.result()
+            except StopAsyncIteration:
+                return
+            finally:
+                pending = None
+            yield event
+    finally:
+        if pending is not None:
+            pending.cancel()
+            await asyncio.gather(pending, return_exceptions=True)
+        await _close(events)
+
+
+async def _operation_frames(
+    first: live.LiveEvent | None, events: AsyncIterator[live.LiveEvent], *, fan_out: bool
+) -> AsyncIterator[str]:
+    """The SSE body of ``POST …/ops`` with ``stream: true``: ``first``, then ``events``
+    (``started``, ``output``, ``result`` | ``error``; fan-out: each machine's, then ``done
+    {results}``). A failure of the stream itself after the first event is one ``error``
+    event naming no machine."""
+    outcomes: list[dict[str, Any]] = []
+
+    def frame(event: live.LiveEvent) -> str:
+        if isinstance(event, live.Result | live.Failed):
+            outcomes.append(_outcome(event))
+        return sse_event(EVENT_NAMES.get(type(event), "event"), event.as_json())
+
+    request_id = getattr(first, "request_id", None)
+    try:
+        if first is not None:
+            yield frame(first)
+        async for event in _next_or_keepalive(events):
+            yield ": keep-alive\n\n" if event is None else frame(event)
+    except Exception as exc:
+        failure = exc if isinstance(exc, DispatchError) else _unexpected(exc)
+        data = {"request_id": request_id, "machine_id": None, "name": None, "code": failure.code}
+        yield sse_event("error", {**data, "message": failure.message, "details": failure.details})
+        return
+    if fan_out:
+        yield sse_event("done", {"results": outcomes})
+
+
+OPS_EVENTS = (
+    "with stream: true, `started {request_id, machine_id, name}`, `output {request_id, machine_id, name, "
+    "stream, data, encoding, seq}`, then `result {request_id, machine_id, name, type, payload}` or `error "
+    "{request_id, machine_id, name, code, message, details}`; with target_machines, those of each machine "
+    "(each names its machine), then `done {results}`"
 )
+
+
 @require_POST
 @json_api
-async def session_op(request: HttpRequest, user: User, session_id: str) -> dict[str, Any]:
-    """``POST /api/v1/sessions/{session_id}/ops`` ``{op, payload, target_machine?}``.
+@_machine_errors
+async def session_op(request: HttpRequest, user: User, session_id: str) -> Any:
+    """``POST /api/v1/sessions/{session_id}/ops`` ``{op, payload, target_machine? |
+    target_machines?, stream?, request_id?}`` (§6; issue 14).
 
-    200 ``{"machine_id", "type", "payload"}`` (the shim's response); errors carry the
-    spec's code (``MACHINE_NOT_ATTACHED`` 404, ``PATH_OUTSIDE_ALLOWED_ROOT`` 400, …).
+    200 ``{"machine_id", "type", "payload"}`` (the shim's response); with
+    ``target_machines`` ``{"results": [{machine_id, name, ok, result | error}]}``. With
+    ``stream: true`` (EXECUTE_COMMAND): ``text/event-stream`` (``OPS_EVENTS``); closing
+    it cancels the command. Errors carry the spec's code (``MACHINE_NOT_ATTACHED`` 404,
+    ``PATH_OUTSIDE_ALLOWED_ROOT`` 400, ``OPERATION_EXISTS`` 409 for a ``request_id`` in
+    flight, ``UNSUPPORTED_OPERATION`` 409 for streaming on a protocol 2.0 shim,
+    ``INVALID_REQUEST`` 400 for ``target_machine`` with ``target_machines``, …).
     """
     agent_scope_session(calling_agent(request), session_id)
     body = parse_plain(SessionOpBody, json_object(request))
-    return await machine_op(
+    if not body.stream:
+        return await machine_op(
+            user=user,
+            session_id=session_id,
+            op=body.op,
+            payload=body.payload,
+            target_machine=body.target_machine,
+            caller="api",
+            **_given(target_machines=body.target_machines, request_id=body.request_id),
+        )
+    events = live.operation_stream(
         user=user,
         session_id=session_id,
         op=body.op,
         payload=body.payload,
         target_machine=body.target_machine,
+        target_machines=body.target_machines,
         caller="api",
+        request_id=body.request_id,
     )
+    try:
+        first: live.LiveEvent | None = await anext(events)  # routing errors: a JSON answer
+    except StopAsyncIteration:
+        first = None
+    except BaseException:
+        await _close(events)
+        raise
+    return _event_stream(_operation_frames(first, events, fan_out=body.target_machines is not None))
 
 
 @documented(
     Operation(
         "post",
-        "Copy a file between two machines, verified by SHA-256",
+        "Cancel an operation in flight (a command, a copy or a pipe), from any server process",
         "machines",
-        SessionCopyBody,
-        SessionCopyAnswer,
+        answer=SessionCancelAnswer,
+        status=202,
     )
 )
 @require_POST
 @json_api
-async def session_copy(request: HttpRequest, user: User, session_id: str) -> dict[str, Any]:
-    """``POST /api/v1/sessions/{session_id}/copy`` → ``{"size_bytes", "sha256"}`` (§6 cross-machine copy)."""
+@_machine_errors
+async def session_op_cancel(request: HttpRequest, user: User, session_id: str, request_id: str) -> HttpResponse:
+    """``POST /api/v1/sessions/{session_id}/ops/{request_id}/cancel`` → 202 ``{request_id,
+    cancelled: true}``: the cancel was sent; the operation ends with its own answer
+    (a command's result says ``cancelled: true``; a copy fails ``CANCELLED``). Errors:
+    ``OPERATION_NOT_FOUND`` 404 (not in flight in this session of yours),
+    ``UNSUPPORTED_OPERATION`` 409 (on a protocol 2.0 shim), ``INVALID_REQUEST`` 400 (not a UUID).
+    """
+    agent_scope_session(calling_agent(request), session_id)
+    check_session_id(session_id)
+    try:
+        canonical = request_id_of(request_id)
+    except ValueError as exc:
+        raise InvalidRequest(str(exc)) from None
+    assert canonical is not None
+    answer = await live.cancel_operation(user=user, session_id=session_id, request_id=canonical)
+    return JsonResponse(answer, status=202)
+
+
+@documented(
+    Operation(
+        "post",
+        "Route an operation to a machine of the session, or to several (target_machines); "
+        "stream: true answers server-sent events",
+        "machines",
+        SessionOpBody,
+        SessionOpAnswer,
+        events=OPS_EVENTS,
+    ),
+    Operation(
+        "get",
+        "The operations in flight in the session (commands, copies, pipes), newest first",
+        "machines",
+        answer=OperationsInFlightAnswer,
+    ),
+)
+@login_not_required  # each view answers 401 itself (json_api)
+@require_http_methods(["GET", "POST"])
+async def session_ops(request: HttpRequest, **kwargs: Any) -> HttpResponse:
+    """``/api/v1/sessions/{session_id}/ops``: ``POST`` runs an operation (``session_op``),
+    ``GET`` lists the operations in flight (``session_ops_in_flight``)."""
+    view = session_op if request.method == "POST" else session_ops_in_flight
+    response: HttpResponse = await view(request, **kwargs)
+    return response
+
+
+@json_api
+async def session_ops_in_flight(request: HttpRequest, user: User, session_id: str) -> dict[str, Any]:
+    """``GET /api/v1/sessions/{session_id}/ops`` → ``{"operations": [{request_id, session_id,
+    kind, op, machine_ids, machines, summary, caller, started_at}, …]}`` (newest first;
+    ``machines.services.live.operations_in_flight``)."""
+    agent_scope_session(calling_agent(request), session_id)
+    check_session_id(session_id)
+    operations = await database_sync_to_async(live.operations_in_flight)(user=user, session_id=session_id)
+    return {"operations": operations}
+
+
+COPY_EVENTS = (
+    "with stream: true, `progress {request_id, bytes_done, bytes_total}` events, then `result {request_id, "
+    "size_bytes, sha256}` or `error {request_id, code, message, details}`"
+)
+
+
+@documented(
+    Operation(
+        "post",
+        "Copy a file between two machines, verified by SHA-256; stream: true answers progress events",
+        "machines",
+        SessionCopyBody,
+        SessionCopyAnswer,
+        events=COPY_EVENTS,
+    )
+)
+@require_POST
+@json_api
+@_machine_errors
+async def session_copy(request: HttpRequest, user: User, session_id: str) -> Any:
+    """``POST /api/v1/sessions/{session_id}/copy`` → ``{"size_bytes", "sha256"}`` (§6
+    cross-machine copy); ``request_id`` (a UUID) makes it cancellable by that id; with
+    ``stream: true``, ``text/event-stream`` (``COPY_EVENTS``), and closing it cancels the
+    copy (the partial file is removed)."""
     agent_scope_session(calling_agent(request), session_id)
     body = parse_plain(SessionCopyBody, json_object(request))
-    return await copy_between_machines(
-        user=user,
-        session_id=session_id,
-        source_machine=body.source_machine,
-        source_path=body.source_path,
-        destination_machine=body.destination_machine,
-        destination_path=body.destination_path,
-        overwrite=body.overwrite,
-        caller="api",
+    copy_arguments: dict[str, Any] = {
+        "user": user,
+        "session_id": session_id,
+        "source_machine": body.source_machine,
+        "source_path": body.source_path,
+        "destination_machine": body.destination_machine,
+        "destination_path": body.destination_path,
+        "overwrite": body.overwrite,
+        "caller": "api",
+    }
+    if not body.stream:
+        return await copy_between_machines(**copy_arguments, **_given(request_id=body.request_id))
+    request_id = body.request_id or str(uuid.uuid4())
+    return _event_stream(_copy_frames(copy_arguments, request_id))
+
+
+async def _copy_frames(copy_arguments: dict[str, Any], request_id: str) -> AsyncIterator[str]:
+    """The SSE body of a streamed copy: the latest progress whenever it changed (a slow
+    reader skips reports, never queues them), then ``result`` or ``error``. Leaving early
+    (the client went away) cancels the copy task."""
+    changed = asyncio.Event()
+    latest: tuple[int, int | None] | None = None
+
+    async def on_progress(bytes_done: int, bytes_total: int | None) -> None:
+        nonlocal latest
+        latest = (bytes_done, bytes_total)
+        changed.set()
+
+    copying = asyncio.ensure_future(
+        copy_between_machines(**copy_arguments, request_id=request_id, on_progress=on_progress)
     )
+    copying.add_done_callback(lambda _task: changed.set())
+    try:
+        while True:
+            try:
+                async with asyncio.timeout(KEEPALIVE_SECONDS):
+                    await changed.wait()
+            except TimeoutError:
+                yield ": keep-alive\n\n"
+                continue
+            changed.clear()
+            if latest is not None:
+                bytes_done, bytes_total = latest
+                latest = None
+                yield sse_event(
+                    "progress", {"request_id": request_id, "bytes_done": bytes_done, "bytes_total": bytes_total}
+                )
+            if copying.done():
+                break
+        try:
+            answer = copying.result()
+        except Exception as exc:
+            failure = exc if isinstance(exc, DispatchError) else _unexpected(exc)
+            data = {"request_id": request_id, "code": failure.code, "message": failure.message}
+            yield sse_event("error", {**data, "details": failure.details})
+            return
+        yield sse_event("result", {"request_id": request_id, **answer})
+    finally:
+        if not copying.done():
+            copying.cancel()
+            await asyncio.gather(copying, return_exceptions=True)

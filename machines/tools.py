@@ -5,20 +5,38 @@ tools (``core.tools.Tool``) with JSON-schema parameters and descriptions compute
 this request (they list the attached machines when two or more are attached). Calling one
 validates the arguments against its schema and runs it; an operation's result is the
 response payload plus the ``machine_id`` that served it.
+
+Issue 14: every operation tool takes ``target_machines`` (a list of names, or ``"*"``:
+every attached machine with the capability), exclusive with ``target_machine``; its
+result is then ``{"results": [{machine_id, name, ok, result | error}]}``, one entry per
+machine. When the edge running the call listens for progress
+(``core.tools.TOOL_CALL``), ``local_pc_execute_command`` runs streamed and reports the
+bytes of output so far with the latest complete output line (``OutputProgress``), and
+``local_pc_file_copy`` reports bytes copied — at most
+``PROGRESS_PER_SECOND`` reports a second, and always a final one.
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import binascii
 from collections.abc import Callable
 from typing import Any
 
 from channels.db import database_sync_to_async
 from django.contrib.auth.models import User
 
-from core.tools import Tool, ToolHandler
+from core.errors import InvalidRequest
+from core.tools import TOOL_CALL, ProgressReport, Tool, ToolHandler
 from machines.services import router
 from machines.services.copy import copy_between_machines
+from machines.services.live import Output
 from machines.services.operations import list_machines, machine_op
+
+PROGRESS_PER_SECOND = 4  # at most this many progress reports a second (plus the final one)
+PROGRESS_LINE_MAX = 200  # characters of the latest output line a progress report carries
+PARTIAL_LINE_MAX = 4096  # characters of an unfinished line kept per stream
 
 ROUTING_NOTE = (
     "If you don't pass target_machine, the router picks based on capability, your default machine and recency."
@@ -28,6 +46,20 @@ _TARGET = {
     "type": ["string", "null"],
     "description": "Machine id, host name, display name or a unique prefix; unset: the router decides.",
 }
+_TARGETS = {
+    "anyOf": [
+        {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        {"const": "*"},
+    ],
+    "description": 'Run on each of these machines in parallel ("*": every attached machine that can); '
+    "exclusive with target_machine. The result is then per machine.",
+}
+FAN_OUT_NOTE = (
+    ' Give target_machines (a list of machine names, or "*" for every attached machine that can) instead of '
+    "target_machine to run it on several machines in parallel: the result is then "
+    '{"results": [{machine_id, name, ok, result | error}]}, one entry per machine, so one unreachable machine '
+    "is one failed entry."
+)
 _SESSION = {"type": "string", "description": "The machine session to act in (default: your own)."}
 _PATH = {"type": "string", "description": "Absolute path, or relative to the machine's first allowed root."}
 
@@ -35,7 +67,7 @@ _PATH = {"type": "string", "description": "Absolute path, or relative to the mac
 def _schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
     return {
         "type": "object",
-        "properties": {**properties, "target_machine": _TARGET, "session_id": _SESSION},
+        "properties": {**properties, "target_machine": _TARGET, "target_machines": _TARGETS, "session_id": _SESSION},
         "required": required,
         "additionalProperties": False,
     }
@@ -46,7 +78,9 @@ OPERATION_TOOLS: dict[str, tuple[str, str, dict[str, Any]]] = {
     "local_pc_execute_command": (
         "EXECUTE_COMMAND",
         "Run a command on a machine: argv without a shell, or command through the user's shell. "
-        "Returns stdout, stderr, exit_code, timed_out, duration_seconds, output_truncated.",
+        "Returns stdout, stderr, exit_code, timed_out, duration_seconds, output_truncated. While it runs, "
+        "progress notifications (when your client asks for them) carry the bytes of output so far and the "
+        "latest output line; cancelling the call stops the command.",
         _schema(
             {
                 "argv": {"type": "array", "items": {"type": "string"}, "minItems": 1},
@@ -131,6 +165,7 @@ COPY_PARAMETERS = {
 }
 LIST_PARAMETERS = {"type": "object", "properties": {"session_id": _SESSION}, "additionalProperties": False}
 
+
 async def machine_tools(
     *, user: User, session_id: str, caller: str, session_guard: Callable[[str], None] | None = None
 ) -> list[Tool]:
@@ -173,28 +208,35 @@ async def machine_tools(
         tools.append(
             Tool(
                 name=name,
-                description=summary + note,
+                description=summary + FAN_OUT_NOTE + note,
                 parameters=parameters,
                 handler=_operation(user, op, session_of, caller),
             )
         )
 
     async def copy(arguments: dict[str, Any]) -> Any:
-        return await copy_between_machines(
-            user=user,
-            session_id=session_of(arguments),
-            source_machine=arguments["source_machine"],
-            source_path=arguments["source_path"],
-            destination_machine=arguments["destination_machine"],
-            destination_path=arguments["destination_path"],
-            overwrite=bool(arguments.get("overwrite", False)),
-            caller=caller,
-        )
+        progress = _progress_throttle()
+        try:
+            return await copy_between_machines(
+                user=user,
+                session_id=session_of(arguments),
+                source_machine=arguments["source_machine"],
+                source_path=arguments["source_path"],
+                destination_machine=arguments["destination_machine"],
+                destination_path=arguments["destination_path"],
+                overwrite=bool(arguments.get("overwrite", False)),
+                caller=caller,
+                on_progress=None if progress is None else progress.bytes_moved,
+            )
+        finally:
+            if progress is not None:
+                await progress.finish()
 
     tools.append(
         Tool(
             name="local_pc_file_copy",
-            description="Copy a file from one machine to another through the platform, verified by SHA-256." + note,
+            description="Copy a file from one machine to another through the platform, verified by SHA-256. "
+            "Progress notifications (when your client asks for them) carry the bytes copied of the total." + note,
             parameters=COPY_PARAMETERS,
             handler=copy,
         )
@@ -202,17 +244,139 @@ async def machine_tools(
     return tools
 
 
+class ProgressThrottle:
+    """Progress reports of one tool call, at most ``PROGRESS_PER_SECOND`` a second.
+
+    ``update(progress, total, message)`` records the state and sends it at once when the
+    last report is old enough, else once the interval has passed (a timer task), so the
+    latest state always goes out; ``finish()`` sends the final state (always one report
+    per call, even without any update). ``progress`` only grows between reports (MCP
+    "Progress": it MUST increase); a state whose ``progress`` did not grow is not sent.
+    """
+
+    def __init__(self, report: ProgressReport) -> None:
+        self.report = report
+        self.progress = 0.0
+        self.total: float | None = None
+        self.message: str | None = None
+        self._sent: float | None = None  # the progress of the last report
+        self._sent_at = -1e9
+        self._timer: asyncio.Task[None] | None = None
+
+    async def update(self, progress: float, total: float | None = None, message: str | None = None) -> None:
+        """Record the state (bytes so far, total, message) and report it when the interval allows."""
+        self.progress, self.total = max(self.progress, progress), total
+        if message is not None:
+            self.message = message
+        wait = self._sent_at + 1 / PROGRESS_PER_SECOND - asyncio.get_running_loop().time()
+        if wait <= 0:
+            await self._send()
+        elif self._timer is None:
+            self._timer = asyncio.create_task(self._later(wait))
+
+    async def bytes_moved(self, bytes_done: int, bytes_total: int | None = None) -> None:
+        """``on_progress`` of a copy or a pipe: bytes moved, of ``bytes_total`` when known."""
+        await self.update(float(bytes_done), None if bytes_total is None else float(bytes_total))
+
+    async def _later(self, wait: float) -> None:
+        await asyncio.sleep(wait)
+        self._timer = None
+        await self._send()
+
+    async def _send(self) -> None:
+        if self._sent is not None and self.progress <= self._sent:
+            return
+        self._sent, self._sent_at = self.progress, asyncio.get_running_loop().time()
+        await self.report(self.progress, self.total, self.message)
+
+    async def finish(self) -> None:
+        """Send the final state (the first report when none went out yet)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            await asyncio.gather(self._timer, return_exceptions=True)
+            self._timer = None
+        await self._send()
+
+
+class OutputProgress(ProgressThrottle):
+    """``local_pc_execute_command``'s progress: ``on_output`` (``machine_op``'s callback)
+    counts the raw bytes of output so far and keeps the latest complete non-blank output
+    line (stdout or stderr, cut to ``PROGRESS_LINE_MAX`` characters; in a fan-out
+    prefixed with the machine's name) as the report's message; ``finish`` counts an
+    unfinished last line as complete."""
+
+    def __init__(self, report: ProgressReport, *, fan_out: bool = False) -> None:
+        super().__init__(report)
+        self.fan_out = fan_out
+        self.bytes = 0
+        self._partial: dict[tuple[str, str], str] = {}  # (machine name, stream) -> unfinished line
+
+    async def on_output(self, output: Output) -> None:
+        """Count one output frame and report."""
+        text = output.data
+        if output.encoding == "base64":
+            try:
+                raw = base64.b64decode(output.data)
+            except (binascii.Error, ValueError):
+                raw = b""
+            self.bytes += len(raw)
+            text = raw.decode("utf-8", "replace")
+        else:
+            self.bytes += len(output.data.encode("utf-8", "surrogatepass"))
+        key = (output.name, output.stream)
+        *lines, rest = (self._partial.get(key, "") + text).split("\n")
+        self._partial[key] = rest[-PARTIAL_LINE_MAX:]
+        line = next((line for line in reversed(lines) if line.strip()), None)
+        await self.update(float(self.bytes), None, None if line is None else self._message(output.name, line))
+
+    def _message(self, name: str, line: str) -> str:
+        line = line.strip()
+        return (f"{name}: {line}" if self.fan_out else line)[:PROGRESS_LINE_MAX]
+
+    async def finish(self) -> None:
+        for (name, _stream), rest in self._partial.items():
+            if rest.strip():
+                self.message = self._message(name, rest)
+        self._partial.clear()
+        await super().finish()
+
+
+def _progress_throttle() -> ProgressThrottle | None:
+    """A ``ProgressThrottle`` for the running tool call, or ``None`` when nobody listens."""
+    call = TOOL_CALL.get()
+    return None if call is None or call.progress is None else ProgressThrottle(call.progress)
+
+
 def _operation(user: User, op: str, session_of: Callable[[dict[str, Any]], str], caller: str) -> ToolHandler:
     async def run(arguments: dict[str, Any]) -> Any:
-        payload = {k: v for k, v in arguments.items() if k not in ("target_machine", "session_id")}
-        response = await machine_op(
-            user=user,
-            session_id=session_of(arguments),
-            op=op,
-            payload=payload,
-            target_machine=arguments.get("target_machine"),
-            caller=caller,
-        )
+        payload = {k: v for k, v in arguments.items() if k not in ("target_machine", "target_machines", "session_id")}
+        target_machines = arguments.get("target_machines")
+        if target_machines is not None and arguments.get("target_machine") is not None:
+            raise InvalidRequest("target_machine and target_machines are exclusive: give one of them")
+        call = TOOL_CALL.get()
+        progress = None
+        if op == "EXECUTE_COMMAND" and call is not None and call.progress is not None:
+            progress = OutputProgress(call.progress, fan_out=target_machines is not None)
+        extra: dict[str, Any] = {}
+        if target_machines is not None:
+            extra["target_machines"] = target_machines
+        if progress is not None:
+            extra["on_output"] = progress.on_output
+        try:
+            response = await machine_op(
+                user=user,
+                session_id=session_of(arguments),
+                op=op,
+                payload=payload,
+                target_machine=arguments.get("target_machine"),
+                caller=caller,
+                **extra,
+            )
+        finally:
+            if progress is not None:
+                await progress.finish()
+        if target_machines is not None:
+            return response  # {"results": [...]}, one per machine
         return {**response["payload"], "machine_id": response["machine_id"]}
 
     return run

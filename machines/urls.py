@@ -20,6 +20,11 @@ api_urlpatterns = [
     path("machines/default", api.default_machine, name="api-machine-default"),
     path("machines/<str:machine_id>", api.MachineDetailView.as_view(), name="api-machine"),
     path("sessions/<str:session_id>/machines", api.SessionMachinesView.as_view(), name="api-session-machines"),
-    path("sessions/<str:session_id>/ops", api.session_op, name="api-session-ops"),
+    path("sessions/<str:session_id>/ops", api.session_ops, name="api-session-ops"),
+    path(
+        "sessions/<str:session_id>/ops/<str:request_id>/cancel",
+        api.session_op_cancel,
+        name="api-session-op-cancel",
+    ),
     path("sessions/<str:session_id>/copy", api.session_copy, name="api-session-copy"),
 ]

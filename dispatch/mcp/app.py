@@ -5,9 +5,21 @@ Each request: ``Host`` (and ``Origin``, when a browser sends one) checked agains
 authenticated (401 with ``WWW-Authenticate: Bearer`` otherwise, in the REST error shape;
 an agent token makes that agent the caller, ``agents.tokens``);
 then the SDK's ``StreamableHTTPSessionManager`` answers POSTs, **stateless** (any server
-process can answer any request) with JSON responses; ``GET`` is the 2025-11-25 event
-stream, answered by ``dispatch.mcp.events`` (the SDK serves none when stateless); other
-methods get 405.
+process can answer any request); ``GET`` is the 2025-11-25 event stream, answered by
+``dispatch.mcp.events`` (the SDK serves none when stateless); other methods get 405.
+
+A ``tools/call`` whose client accepts ``text/event-stream`` (as MCP asks every client to)
+is answered as server-sent events by a second manager (``json_response=False``): the
+JSON-response mode has no wire for request-scoped notifications, and a long tool call
+sends ``notifications/progress`` there (issue 14). Everything else — initialize,
+tools/list, a client that accepts only JSON — keeps its JSON answer.
+
+A ``notifications/cancelled`` POST (stateless: it may reach any process, never the one
+running the call) is answered here, 202: the call it names is found by its ``call_key``
+(``dispatch.mcp.server.call_key``: the bearer token's hash and the JSON-RPC id), and the
+operations it started are cancelled wherever they run
+(``machines.services.live.cancel_calls``). Two clients sharing a token and reusing a
+request id cannot be told apart: both calls are cancelled.
 
 Daphne sends no ASGI lifespan events, so the session manager is started lazily by the
 first request on an event loop (``ensure_started``), and runs until ``shutdown`` or the
@@ -35,38 +47,53 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agents.models import Agent
 from core import wire
-from core.errors import DispatchError
+from core.errors import DispatchError, unavailable_error
 from core.http import NOT_AUTHENTICATED, bearer_caller, bearer_credentials
-from dispatch.mcp.events import event_stream
-from dispatch.mcp.server import CALLER_SCOPE_KEY, TOKEN_SCOPE_KEY, Caller, build_server, error_result, uncarriable
+from dispatch.mcp.events import accepts_event_stream, event_stream
+from dispatch.mcp.server import (
+    CALLER_SCOPE_KEY,
+    TOKEN_SCOPE_KEY,
+    Caller,
+    build_server,
+    call_key,
+    error_result,
+    uncarriable,
+)
+from machines.services.live import cancel_calls
 
 logger = logging.getLogger(__name__)
 
 MCP_PATH = "/mcp"
 
 
+def _manager(*, json_response: bool) -> StreamableHTTPSessionManager:
+    # Host and Origin are checked before a manager sees a request (``_refusal``), with
+    # Django's own rules (wildcards included), so the SDK's copy stays off.
+    return StreamableHTTPSessionManager(
+        app=build_server(),
+        stateless=True,
+        json_response=json_response,
+        security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        # serve's body cap (DISPATCH_MAX_REQUEST_BYTES), not the SDK's 4 MiB: a 10 MiB
+        # file write (base64 in JSON) must get through.
+        max_request_body_size=settings.MAX_REQUEST_BYTES,
+    )
+
+
 class _Running:
-    """The session manager of one event loop and the task holding its ``run()`` open."""
+    """The session managers of one event loop — ``manager`` answering JSON, ``streaming``
+    answering tool calls as server-sent events — and the task holding their ``run()`` open."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        # Host and Origin are checked before the manager sees a request (``_refusal``),
-        # with Django's own rules (wildcards included), so the SDK's copy stays off.
-        self.manager = StreamableHTTPSessionManager(
-            app=build_server(),
-            stateless=True,
-            json_response=True,
-            security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
-            # serve's body cap (DISPATCH_MAX_REQUEST_BYTES), not the SDK's 4 MiB: a 10 MiB
-            # file write (base64 in JSON) must get through.
-            max_request_body_size=settings.MAX_REQUEST_BYTES,
-        )
+        self.manager = _manager(json_response=True)
+        self.streaming = _manager(json_response=False)
         self.ready: asyncio.Future[None] = loop.create_future()
         self.task = loop.create_task(self._hold())
 
     async def _hold(self) -> None:
         try:
-            async with self.manager.run():
+            async with self.manager.run(), self.streaming.run():
                 self.ready.set_result(None)
                 await asyncio.Event().wait()  # until shutdown() cancels this task
         except BaseException as exc:
@@ -78,20 +105,26 @@ class _Running:
 _running: _Running | None = None
 
 
-async def ensure_started() -> StreamableHTTPSessionManager:
-    """The running session manager of the current event loop, started on first use.
-
-    Idempotent and safe under concurrent first requests (no await between the check
-    and the start). A new event loop (tests) gets a manager of its own: one manager
-    runs only once and belongs to the loop it started on.
-    """
+async def _started() -> _Running:
     global _running
     loop = asyncio.get_running_loop()
     if _running is None or _running.loop is not loop or _running.task.done():
         _running = _Running(loop)
     running = _running
     await asyncio.shield(running.ready)
-    return running.manager
+    return running
+
+
+async def ensure_started(*, streaming: bool = False) -> StreamableHTTPSessionManager:
+    """The running session manager of the current event loop (``streaming``: the one
+    answering server-sent events), both started on first use.
+
+    Idempotent and safe under concurrent first requests (no await between the check
+    and the start). A new event loop (tests) gets managers of its own: one manager
+    runs only once and belongs to the loop it started on.
+    """
+    running = await _started()
+    return running.streaming if streaming else running.manager
 
 
 async def shutdown() -> None:
@@ -170,10 +203,49 @@ async def mcp_app(scope: Scope, receive: Receive, send: Send) -> None:
     if edge is not None:
         await JSONResponse(edge[1], status_code=edge[0])(scope, receive, send)
         return
-    manager = await ensure_started()
+    message = _message(body)
+    if message.get("method") == "notifications/cancelled" and "id" not in message:
+        answer = await _cancelled(message, caller=caller, raw_token=raw_token)
+        await answer(scope, receive, send)
+        return
+    streaming = message.get("method") == "tools/call" and accepts_event_stream(headers)
+    manager = await ensure_started(streaming=streaming)
     await manager.handle_request(
         {**scope, CALLER_SCOPE_KEY: caller, TOKEN_SCOPE_KEY: raw_token}, _replay(body, receive), send
     )
+
+
+def _message(body: bytes) -> dict[str, Any]:
+    """The JSON-RPC message of a POST body, or ``{}`` when it is not one JSON object (the
+    SDK answers those itself)."""
+    try:
+        message = json.loads(body)
+    except (ValueError, RecursionError):
+        return {}
+    return message if isinstance(message, dict) else {}
+
+
+async def _cancelled(message: dict[str, Any], *, caller: Caller, raw_token: str) -> Response:
+    """Answer a ``notifications/cancelled`` POST: 202, after cancelling the operations of
+    the call it names (``params.requestId``, a string or an integer) under the caller's
+    token, in any process. A malformed one is acknowledged and ignored (a notification
+    gets no error, MCP 2025-11-25 "Cancellation"); an outage answers 503."""
+    params = message.get("params")
+    request_id = _readable_id(params.get("requestId")) if isinstance(params, dict) else None
+    if request_id is None:
+        return Response(status_code=202)
+    key = call_key(raw_token, request_id)
+    try:
+        cancelled = await cancel_calls(user=caller.user, call_key=key)
+    except DispatchError as exc:
+        return _error_response(exc)
+    except Exception as exc:
+        mapped = unavailable_error(exc)
+        if mapped is None:
+            raise
+        return _error_response(mapped)
+    logger.info("MCP notifications/cancelled for request %s: %d operation(s) cancelled", request_id, cancelled)
+    return Response(status_code=202)
 
 
 async def _request_body(receive: Receive) -> bytes:

@@ -5,6 +5,12 @@ Tool lists differ per user and per request, so the handlers compute the catalogu
 caller (``Caller``: the user, and the agent of an agent token) is what ``dispatch.mcp.app``
 authenticated and put in the ASGI scope.
 
+A ``tools/call`` runs with ``core.tools.TOOL_CALL`` set (issue 14): ``progress`` sends
+``notifications/progress`` on the call's own response stream when the client sent a
+``progressToken`` (else ``None``: nobody listens), and ``call_key`` names the call so that
+a ``notifications/cancelled`` POST reaching any process cancels its operations
+(``dispatch.mcp.app``).
+
 Errors (spec/overview.md "Error shapes"): a ``DispatchError`` while running a tool, and
 arguments that fail the tool's schema, are tool results with ``isError: true`` whose text
 starts with the code (``MACHINE_NOT_ATTACHED: …``, ``INVALID_REQUEST: …``); an unknown
@@ -24,6 +30,7 @@ the end on revocation or shutdown).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -36,11 +43,13 @@ from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.models import InitializationOptions
 from mcp.server.subscriptions import ListenHandler
 from mcp.shared.exceptions import MCPError
+from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 
 from agents.models import Agent
 from core import wire
 from core.errors import DispatchError
+from core.tools import TOOL_CALL, ToolCall
 from dispatch.mcp.relay import user_feed
 from dispatch.mcp.streams import stream_close, stream_open
 from dispatch.mcp.tools import tools_for
@@ -72,6 +81,31 @@ def caller_of(ctx: ServerRequestContext[Any, Any]) -> Caller:
     if not isinstance(caller, Caller) or not isinstance(caller.user, User):
         raise PermissionError("MCP request without an authenticated caller")
     return caller
+
+
+def call_key(raw_token: str, request_id: str | int) -> str:
+    """The ``ToolCall.call_key`` of an MCP ``tools/call``: ``"mcp:" + sha256(token)[:32] +
+    ":" + json.dumps(request_id)`` — the JSON-RPC id as JSON, so ``1`` and ``"1"`` differ
+    as they do on the wire. ``notifications/cancelled`` names the call by the same pair."""
+    digest = hashlib.sha256(raw_token.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"mcp:{digest}:{json.dumps(request_id)}"
+
+
+def tool_call_of(ctx: ServerRequestContext[Any, Any]) -> ToolCall:
+    """The ``ToolCall`` of the ``tools/call`` behind ``ctx``: a progress sink when the
+    client asked for progress (``_meta.progressToken``), and its ``call_key``."""
+    request_id = ctx.request_id
+    key = call_key(token_of(ctx), request_id) if isinstance(request_id, str | int) else None
+    if progress_token_from_params(ctx.params) is None:
+        return ToolCall(progress=None, call_key=key)
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        try:
+            await ctx.session.report_progress(done, total, message)
+        except Exception as exc:  # the client went away: the call goes on (or is cancelled)
+            logger.debug("MCP progress for request %s not sent: %r", request_id, exc)
+
+    return ToolCall(progress=progress, call_key=key)
 
 
 def tool_result(value: Any) -> types.CallToolResult:
@@ -134,6 +168,7 @@ async def call_tool(ctx: ServerRequestContext[Any, Any], params: types.CallToolR
     problem = uncarriable(arguments)
     if problem is not None:
         return error_result("INVALID_REQUEST", problem)
+    token = TOOL_CALL.set(tool_call_of(ctx))
     try:
         value = await tool(arguments)
     except DispatchError as exc:
@@ -141,6 +176,8 @@ async def call_tool(ctx: ServerRequestContext[Any, Any], params: types.CallToolR
     except Exception:
         logger.exception("MCP tool %s failed", params.name)
         return error_result("INTERNAL_ERROR", f"the tool '{params.name}' failed unexpectedly")
+    finally:
+        TOOL_CALL.reset(token)
     return tool_result(value)
 
 

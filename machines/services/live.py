@@ -54,6 +54,7 @@ from machines.services.operations import (
     inflight_delete,
     operation_timeout,
 )
+from machines.services.pipe import pipe
 from machines.services.relay import Failed, LiveCommand, LiveEvent, Output, Progress, Result, Started
 from machines.services.router import Candidate
 from machines.shim.protocol import supports_live_operations
@@ -69,6 +70,7 @@ __all__ = [
     "cancel_operation",
     "operation_stream",
     "operations_in_flight",
+    "pipe",
 ]
 
 logger = logging.getLogger(__name__)

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any, ClassVar, Literal
@@ -109,10 +109,7 @@ class Output(LiveEvent):
         the UTF-8 text encoded again (an invalid byte became U+FFFD: a few bytes more, never
         fewer than a window's worth short)."""
         if self.encoding == "base64":
-            try:
-                return len(base64.b64decode(self.data, validate=True))
-            except (binascii.Error, ValueError):
-                return len(self.data) * 3 // 4
+            return base64_length(self.data)
         return len(self.data.encode("utf-8", "surrogatepass"))
 
 
@@ -156,6 +153,12 @@ class Failed(LiveEvent):
     details: dict[str, Any] = field(default_factory=dict)
 
 
+def base64_length(data: str) -> int:
+    """The number of bytes base64 ``data`` decodes to, counted without decoding it."""
+    padding = 2 if data.endswith("==") else 1 if data.endswith("=") else 0
+    return max(len(data) * 3 // 4 - padding, 0)
+
+
 # --- liveness ----------------------------------------------------------------------------------
 
 
@@ -189,9 +192,10 @@ class LiveCommand:
     ``request_id`` is the envelope id the shim sees. ``payload`` is the EXECUTE_COMMAND
     payload (``stream: true`` is added; ``binary``, ``stdin``, ``pipe`` as given).
     ``timeout`` (seconds) bounds the whole operation. ``event_request_id`` is the id the
-    events carry (the fan-out's or the pipe's; default ``request_id``).
-    ``auto_credit``: grant stdout/stderr credit in ``consumed`` (a pipe grants the source's
-    stdout credit itself, as the destination grants stdin).
+    events carry (the fan-out's or the pipe's; default ``request_id``). ``on_cancel()`` is
+    awaited after an ``OperationCancelMessage`` made it cancel itself (a pipe cancels its
+    other end); ``on_stdin_credit(credit_total)`` after the shim granted more stdin credit
+    (a pipe grants its source as much stdout credit).
     """
 
     def __init__(
@@ -203,6 +207,8 @@ class LiveCommand:
         payload: dict[str, Any],
         timeout: float,
         event_request_id: str | None = None,
+        on_cancel: Callable[[], Awaitable[None]] | None = None,
+        on_stdin_credit: Callable[[int], Awaitable[None]] | None = None,
     ) -> None:
         self.candidate = candidate
         self.request_id = request_id
@@ -210,6 +216,8 @@ class LiveCommand:
         self.session_id = session_id
         self.payload = {**payload, "stream": True}
         self.timeout = timeout
+        self.on_cancel = on_cancel
+        self.on_stdin_credit = on_stdin_credit
         self.window = stream_window(candidate.limits)
         self.subscription = Subscription(
             receives=[MachineOutputMessage, MachineFlowMessage, MachineReplyMessage, OperationCancelMessage]
@@ -324,10 +332,14 @@ class LiveCommand:
                     if message.credit_total > self.stdin_credit:
                         self.stdin_credit = message.credit_total
                         self._stdin_granted.set()
+                        if self.on_stdin_credit is not None:
+                            await self.on_stdin_credit(message.credit_total)
                 continue
             if isinstance(message, OperationCancelMessage):
                 self.cancel_requested = True
                 await self.cancel()
+                if self.on_cancel is not None:
+                    await self.on_cancel()
                 continue
             if isinstance(message, MachineReplyMessage):
                 self.finished = True
@@ -387,6 +399,20 @@ class LiveCommand:
             )
             if last:
                 break
+        return True
+
+    async def write_base64(self, data: str, *, eof: bool = False) -> bool:
+        """Send base64 ``data`` (at most 64 KiB raw, e.g. a binary ``COMMAND_OUTPUT`` frame
+        of another command) to stdin as it is, after waiting for its credit; ``eof`` closes
+        stdin after it. Returns ``False`` when the command ended first."""
+        size = base64_length(data)
+        while not self.finished and self.bytes["stdin"] + size > self.stdin_credit:
+            self._stdin_granted.clear()
+            await self._stdin_granted.wait()
+        if self.finished:
+            return False
+        self.bytes["stdin"] += size
+        await self._to_shim(MachineInputMessage(request_id=self.request_id, data=data, encoding="base64", eof=eof))
         return True
 
     async def cancel(self) -> None:

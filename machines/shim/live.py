@@ -15,8 +15,9 @@ it. :meth:`LiveCommand.run` then drives the started process to its end and build
   character is never split; invalid bytes become U+FFFD); ``binary: true`` sends base64 of
   the raw bytes.
 - **Flow control**: a stream never sends more raw bytes than its latest ``FLOW``
-  ``credit_total`` (initially ``stream_window_bytes``); out of credit, its pipe is not read,
-  so the command blocks writing and nothing grows. Streamed output of one operation (both
+  ``credit_total`` (initially ``stream_window_bytes``); out of credit, its pipe is not read
+  (but for one byte held back, to notice the end of the output), so the command blocks
+  writing and nothing grows. Streamed output of one operation (both
   streams) stops at ``max_stream_bytes`` (the rest is read and dropped,
   ``stream_truncated``) unless ``pipe: true``.
 - **Streamed stdin** (``stdin: "stream"``): ``COMMAND_INPUT`` data is written to the
@@ -257,14 +258,14 @@ class LiveCommand:
                 # kill the group either way, and stop waiting for credit.
                 timed_out = True
                 self._drain()
-                _kill_group(process.pid)
+                kill_group(process.pid)
                 # a process that left the group (setsid) may hold the pipes for ever: bound it
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(KILL_GRACE_SECONDS):
                         await asyncio.wait(pumps)
                         await process.wait()
         except BaseException:  # cancelled (the connection went away): leave nothing behind
-            _kill_group(process.pid)
+            kill_group(process.pid)
             raise
         finally:
             for task in [*pumps, writer]:
@@ -300,7 +301,7 @@ class LiveCommand:
     def _terminate(self, pid: int) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGTERM)
-        asyncio.get_running_loop().call_later(CANCEL_GRACE_SECONDS, _kill_group, pid)
+        asyncio.get_running_loop().call_later(CANCEL_GRACE_SECONDS, kill_group, pid)
 
     def _drain(self) -> None:
         self._draining = True
@@ -321,17 +322,27 @@ class LiveCommand:
         return max(0, self.max_stream_bytes - self._streamed)
 
     async def _pump(self, output: _Output, budget: _OutputBudget) -> None:
+        held = b""  # one byte read past the credit, so that the end of the output is seen
         while True:
             room = self._room(output)
             if room <= 0:
+                if not held:
+                    held = await output.reader.read(1)
+                    if not held:
+                        break
+                    output.read += len(held)
+                    continue
                 output.credit.clear()
                 if self._room(output) <= 0:
                     await output.credit.wait()
                 continue
-            chunk = await output.reader.read(room)
-            if not chunk:
-                break
-            output.read += len(chunk)
+            if held:
+                chunk, held = held, b""
+            else:
+                chunk = await output.reader.read(room)
+                if not chunk:
+                    break
+                output.read += len(chunk)
             if not self.options.stream:
                 output.kept += chunk[: budget.take(len(chunk))]
                 continue
@@ -457,7 +468,7 @@ class _OutputBudget:
         return granted
 
 
-def _kill_group(pid: int) -> None:
+def kill_group(pid: int) -> None:
     """SIGKILL the process group led by ``pid`` (the command started its own session)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
@@ -471,4 +482,5 @@ __all__ = [
     "CommandOptions",
     "FrameSender",
     "LiveCommand",
+    "kill_group",
 ]

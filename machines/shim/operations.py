@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .jail import JailedPath, PathJail
-from .live import PIPE_CHUNK, STDIN_MODES, CommandOptions, FrameSender, LiveCommand
+from .live import PIPE_CHUNK, STDIN_MODES, CommandOptions, FrameSender, LiveCommand, kill_group
 from .protocol import (
     OPERATIONS,
     PROTOCOL_VERSION,
@@ -401,10 +401,10 @@ class Operations:
             raise ShimError(ErrorCode.CANCELLED, "the command was cancelled before it started; nothing ran")
         started = time.monotonic()
         loop = asyncio.get_running_loop()
-        try:
-            # What create_subprocess_exec does, keeping the transport so that it can be
-            # closed even when a process that left the group still holds the pipes.
-            transport, protocol = await loop.subprocess_exec(
+        # What create_subprocess_exec does, keeping the transport so that it can be closed
+        # even when a process that left the group still holds the pipes.
+        spawn = asyncio.ensure_future(
+            loop.subprocess_exec(
                 lambda: asyncio.subprocess.SubprocessStreamProtocol(limit=PIPE_CHUNK, loop=loop),
                 *args,
                 cwd=cwd.real,
@@ -414,8 +414,20 @@ class Operations:
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,
             )
+        )
+        try:
+            transport, protocol = await asyncio.shield(spawn)
         except OSError as error:
             raise os_error(error, args[0]) from None
+        except asyncio.CancelledError:
+            # Cancelled (the connection went away) while the process was starting: asyncio
+            # would kill only its leader, and wait for children that hold the pipes. Let
+            # it start, then kill its whole group.
+            with contextlib.suppress(OSError):
+                started_transport, _ = await spawn
+                kill_group(started_transport.get_pid())
+                started_transport.close()
+            raise
         process = asyncio.subprocess.Process(transport, protocol, loop)
         return await live.run(
             process, transport, timeout=timeout, output_limit=self.limits.max_file_size_bytes, started=started

@@ -167,6 +167,24 @@ REST: list[Row] = [
         403,
         {"op": "FILE_STAT", "payload": {"path": "/tmp"}},
     ),
+    Row("sessions/<str:session_id>/ops", "GET", lambda w: f"sessions/{w.me.pk}/ops", ALLOWED, 200),
+    Row("sessions/<str:session_id>/ops", "GET", lambda w: f"sessions/{w.sibling.pk}/ops", FORBIDDEN, 403),
+    Row(
+        "sessions/<str:session_id>/ops/<str:request_id>/cancel",
+        "POST",
+        lambda w: f"sessions/{w.me.pk}/ops/3f2b9c1e-8d4a-4c3b-9f00-5e6d7c8b9a01/cancel",
+        ALLOWED,
+        404,  # OPERATION_NOT_FOUND: looked up in its own session
+        {},
+    ),
+    Row(
+        "sessions/<str:session_id>/ops/<str:request_id>/cancel",
+        "POST",
+        lambda w: f"sessions/{w.sibling.pk}/ops/3f2b9c1e-8d4a-4c3b-9f00-5e6d7c8b9a01/cancel",
+        FORBIDDEN,
+        403,
+        {},
+    ),
     Row(
         "sessions/<str:session_id>/copy",
         "POST",

@@ -46,6 +46,9 @@ class LiveMachine:
         self.acked: set[str] = set()
         self.running: set[str] = set()
         self.exit_code = 0
+        self.stdin_paused = False  # stop taking COMMAND_INPUT (a command that does not read)
+        self.ignore_stdin = False  # exit without reading stdin (a destination that ends first)
+        self.after_stdin: Callable[[bytes], bytes] | None = None  # stdout written after stdin's EOF
         self.window = int(shim.ack["payload"]["limits"]["stream_window_bytes"])
         shim.handler = self.handle
 
@@ -73,6 +76,8 @@ class LiveMachine:
             await self.shim.send(frame("ACK", {}, message_id=cancel["id"]))
 
     async def _take_input(self, request_id: str) -> None:
+        if self.stdin_paused:
+            return
         for message in [f for f in self.shim.frames if f["type"] == "COMMAND_INPUT" and not f.get("_taken")]:
             if message["payload"]["request_id"] != request_id:
                 continue
@@ -117,12 +122,17 @@ class LiveMachine:
                 await self.shim.send(frame("COMMAND_OUTPUT", output, message_id=request_id))
                 sent[stream] += len(data)
                 seq += 1
-            if payload.get("stdin") == "stream" and not cancelled:
+            if payload.get("stdin") == "stream" and not cancelled and not self.ignore_stdin:
                 while request_id not in self.stdin_eof and not self.cancels(request_id):
                     await self._answer_cancels()
                     await self._take_input(request_id)
                     await asyncio.sleep(0.005)
                 cancelled = bool(self.cancels(request_id))
+                if self.after_stdin is not None and not cancelled:
+                    written = self.after_stdin(bytes(self.stdin.get(request_id, b"")))
+                    output = {"stream": "stdout", "data": written.decode(), "encoding": "utf-8", "seq": seq}
+                    await self.shim.send(frame("COMMAND_OUTPUT", output, message_id=request_id))
+                    sent["stdout"] += len(written)
             await self._answer_cancels()
         finally:
             self.running.discard(request_id)

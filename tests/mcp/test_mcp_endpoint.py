@@ -267,6 +267,15 @@ def call(name: Any, arguments: Any) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": name, "arguments": arguments}}
 
 
+def answer_of(response: httpx.Response) -> Any:
+    """The JSON-RPC answer of a POST: the JSON body, or — a tool call answered as server-sent
+    events (issue 14) — the last ``data:`` message of the stream."""
+    if not response.headers.get("content-type", "").startswith("text/event-stream"):
+        return response.json()
+    messages = [json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:") and line[5:]]
+    return messages[-1]
+
+
 BAD_BODIES: list[tuple[str, bytes, int, int | None]] = [
     # (case, body, HTTP status, JSON-RPC error code)
     ("invalid JSON", b"{not json", 400, -32700),
@@ -301,11 +310,11 @@ def test_it_answers_bad_input_with_a_clear_error_and_keeps_serving(
     response = httpx.post(live.mcp_url, content=body, headers=headers, timeout=30)
     assert response.status_code == status, response.text
     if code is not None:
-        error = response.json()["error"]
+        error = answer_of(response)["error"]
         assert error["code"] == code
         assert len(error["message"]) < 2000
     if case == "a lone surrogate":
-        result = response.json()["result"]
+        result = answer_of(response)["result"]
         assert result["isError"] is True
         assert result["content"][0]["text"].startswith("INVALID_REQUEST: arguments.session_id: a string holds a")
     assert live.server.running, live.server.log()

@@ -21,7 +21,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from dispatch.mcp.server import uncarriable
 from tests.infra import Instance, LiveSession, Server, instance
-from tests.mcp.test_mcp_endpoint import text_of
+from tests.mcp.test_mcp_endpoint import answer_of, text_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.redis, pytest.mark.timeout(120)]
 
@@ -82,7 +82,7 @@ async def test_a_tool_call_with_an_uncarriable_argument_is_an_error_result_namin
             response = await http.post(f"{live.server.url}/mcp", content=body, headers=headers)
         assert time.monotonic() - started < 3
         assert response.status_code == 200, response.text
-        result = response.json()["result"]
+        result = answer_of(response)["result"]
         assert result["isError"] is True
         text = result["content"][0]["text"]
         assert text.startswith("INVALID_REQUEST: ") and named in text, text

@@ -19,7 +19,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
-from machines.shim import Limits, MachineIdentity, Operations, PathJail, ShimError
+from machines.shim import AuditLog, Limits, MachineIdentity, Operations, PathJail, Shim, ShimError
 
 TEST_LIMITS = Limits(
     max_file_size_bytes=1024, command_timeout_seconds=5, max_command_timeout_seconds=20, max_concurrent=2
@@ -256,3 +256,21 @@ async def platform() -> AsyncIterator[FakePlatform]:
         port = server.sockets[0].getsockname()[1]
         fake.url = f"http://127.0.0.1:{port}"
         yield fake
+
+
+@pytest.fixture
+def make_shim(root: Path, tmp_path: Path, platform: FakePlatform) -> Callable[..., Shim]:
+    def make(**overrides: Any) -> Shim:
+        options: dict[str, Any] = {
+            "server": platform.url,
+            "token": platform.token,
+            "identity": MachineIdentity.detect(str(uuid.uuid4()), "laptop"),
+            "jail": PathJail([root]),
+            "audit": AuditLog(tmp_path / "audit.jsonl"),
+            "backoff_scale": 0.001,
+            "handshake_timeout": 5.0,
+        }
+        options.update(overrides)
+        return Shim(**options)
+
+    return make

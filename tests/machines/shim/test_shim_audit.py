@@ -83,3 +83,37 @@ def test_it_appends_records_to_a_private_file(tmp_path: Path) -> None:
     assert json.loads(lines[0])["result"] == {"ok": True, "error_code": None, "duration_ms": 1.235}
     assert stat.S_IMODE(log.path.stat().st_mode) == 0o600
     assert stat.S_IMODE(log.path.parent.stat().st_mode) == 0o700
+
+
+def test_it_records_the_live_options_of_a_command_but_not_its_input() -> None:
+    details = operation_details(
+        "EXECUTE_COMMAND",
+        {"argv": ["sha256sum"], "stream": True, "binary": False, "stdin": "stream", "pipe": True, "data": "x"},
+    )
+    assert details == {"argv": ["sha256sum"], "stream": True, "binary": False, "stdin": "stream", "pipe": True}
+
+
+def test_it_adds_cancelled_and_bytes_per_stream_to_the_result(tmp_path: Path) -> None:
+    log = AuditLog(tmp_path / "audit.jsonl")
+    log.write(
+        session_id="s",
+        machine_id="m",
+        request_id="r",
+        op="EXECUTE_COMMAND",
+        details={},
+        ok=True,
+        error_code=None,
+        duration_ms=5,
+        exit_code=-15,
+        cancelled=True,
+        byte_counts={"stdout": 10, "stderr": 0, "stdin": 3},
+    )
+    (line,) = log.path.read_text().splitlines()
+    assert json.loads(line)["result"] == {
+        "ok": True,
+        "error_code": None,
+        "duration_ms": 5,
+        "exit_code": -15,
+        "cancelled": True,
+        "bytes": {"stdout": 10, "stderr": 0, "stdin": 3},
+    }

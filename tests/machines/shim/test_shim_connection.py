@@ -17,25 +17,7 @@ from typing import Any
 
 import pytest
 
-from machines.shim import AuditLog, Limits, MachineIdentity, PathJail, Shim, ShimRefused
-
-
-@pytest.fixture
-def make_shim(root: Path, tmp_path: Path, platform: Any) -> Callable[..., Shim]:
-    def make(**overrides: Any) -> Shim:
-        options: dict[str, Any] = {
-            "server": platform.url,
-            "token": platform.token,
-            "identity": MachineIdentity.detect(str(uuid.uuid4()), "laptop"),
-            "jail": PathJail([root]),
-            "audit": AuditLog(tmp_path / "audit.jsonl"),
-            "backoff_scale": 0.001,
-            "handshake_timeout": 5.0,
-        }
-        options.update(overrides)
-        return Shim(**options)
-
-    return make
+from machines.shim import Limits, Shim, ShimRefused
 
 
 @asynccontextmanager

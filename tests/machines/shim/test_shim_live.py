@@ -9,6 +9,7 @@ import asyncio
 import base64
 import itertools
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -50,13 +51,14 @@ class Platform:
         return False
 
     async def run(
-        self, request_id: str, *, grant: bool = True, within: float = 20
+        self, request_id: str, *, grant: bool = True, within: float = 20, stdout_before: int = 0
     ) -> tuple[list[dict[str, Any]], dict[str, Any], list[dict[str, Any]]]:
         """Read until ``request_id``'s reply: ``(its COMMAND_OUTPUT frames, the reply, other
-        frames)``. With ``grant``, consumes like a caller: credit = bytes received + window."""
+        frames)``. With ``grant``, consumes like a caller: credit = bytes received + window
+        (``stdout_before``: stdout bytes the test already took)."""
         outputs: list[dict[str, Any]] = []
         others: list[dict[str, Any]] = []
-        received = {"stdout": 0, "stderr": 0}
+        received = {"stdout": stdout_before, "stderr": 0}
         window = self.dispatcher.operations.limits.stream_window_bytes
         async with asyncio.timeout(within):
             while True:
@@ -382,3 +384,15 @@ async def test_flow_and_input_for_an_unknown_operation_are_dropped_silently(conn
     platform.send("FLOW", {"request_id": "gone", "stream": "stdout", "credit_total": 10})
     platform.send("COMMAND_INPUT", {"request_id": "gone", "data": "x", "encoding": "utf-8", "eof": True})
     assert await platform.nothing_within(0.2)
+
+
+async def test_a_command_cancelled_before_its_process_started_answers_cancelled_and_never_runs(
+    connect: Callable[..., Platform], root: Path
+) -> None:
+    platform = connect()
+    request_id = platform.send("EXECUTE_COMMAND", {"argv": ["touch", "ran"], "stream": True})
+    cancel_id = platform.send("CANCEL", {"request_id": request_id})  # before its task ever ran
+    answers = {frame["id"]: frame for frame in [await platform.next(), await platform.next()]}
+    assert answers[cancel_id]["type"] == "ACK"
+    assert (answers[request_id]["type"], answers[request_id]["payload"]["code"]) == ("ERROR", "CANCELLED")
+    assert not (root / "ran").exists()

@@ -1,0 +1,372 @@
+"""Cross-machine pipes: one command's stdout into another's stdin, through the platform
+(issue 14 "Cross-machine pipe"; design §1, §3; protocol 2.1).
+
+The source runs ``EXECUTE_COMMAND {stream, binary, pipe: true}``; the destination
+``EXECUTE_COMMAND {stream, stdin: "stream", pipe: true}``. Each source stdout frame (base64,
+at most 64 KiB raw) goes on, as it is, as a ``COMMAND_INPUT`` of the destination. Credit is
+end to end: the destination's stdin credit (its shim grants it as it writes into the
+command) is granted to the source as stdout credit, byte for byte, so nothing waits in the
+platform and memory stays constant however much flows. The source ending (or failing)
+closes the destination's stdin; the destination ending first cancels the source. A pipe is
+bounded by its ``timeout_seconds`` (each command's own timeout), not by
+``max_stream_bytes``. Both machines need ``shell``; each shim applies its path jail to its
+``cwd``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from channels.db import database_sync_to_async
+from django.contrib.auth.models import User
+
+from core import metrics
+from core.errors import DispatchError, InvalidRequest
+from machines.models import OperationInFlight
+from machines.protocol import DEFAULT_LIMITS
+from machines.services import router
+from machines.services.operations import (
+    MachineError,
+    OutputAssembly,
+    _after_reply,
+    check_request_id,
+    check_session_id,
+    command_summary,
+    current_call_key,
+    inflight_create,
+    inflight_delete,
+    operation_timeout,
+)
+from machines.services.relay import Failed, LiveCommand, Output, Result
+from machines.services.router import Candidate
+
+logger = logging.getLogger(__name__)
+
+PipeProgress = Callable[[int, "int | None"], Awaitable[None] | None]
+END_FIELDS = frozenset({"machine", "argv", "command", "cwd", "env"})
+
+
+def _command(end: Any, which: str) -> dict[str, Any]:
+    """One end of a pipe, ``{machine?, argv | command, cwd?, env?}``, as an
+    ``EXECUTE_COMMAND`` payload; ``InvalidRequest`` naming the field otherwise."""
+    if not isinstance(end, dict):
+        raise InvalidRequest(f"{which} must be an object {{machine, argv | command, cwd?}}")
+    unknown = sorted(set(end) - END_FIELDS)
+    if unknown:
+        raise InvalidRequest(
+            f"{which} has an unknown field '{unknown[0]}' (expected machine, argv or command, cwd, env)"
+        )
+    if ("argv" in end) == ("command" in end):
+        raise InvalidRequest(f"{which} needs exactly one of argv (a list of strings) and command (a string)")
+    payload: dict[str, Any] = {}
+    if "argv" in end:
+        argv = end["argv"]
+        if not isinstance(argv, list) or not argv or not all(isinstance(part, str) for part in argv):
+            raise InvalidRequest(f"{which}.argv must be a non-empty list of strings")
+        payload["argv"] = argv
+    else:
+        if not isinstance(end["command"], str) or not end["command"].strip():
+            raise InvalidRequest(f"{which}.command must be a non-empty string")
+        payload["command"] = end["command"]
+    if end.get("cwd") is not None:
+        if not isinstance(end["cwd"], str):
+            raise InvalidRequest(f"{which}.cwd must be a string")
+        payload["cwd"] = end["cwd"]
+    if end.get("env") is not None:
+        env = end["env"]
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise InvalidRequest(f"{which}.env must be an object of strings")
+        payload["env"] = env
+    machine = end.get("machine")
+    if machine is not None and not isinstance(machine, str):
+        raise InvalidRequest(f"{which}.machine must be a string")
+    return payload
+
+
+def _timeout(timeout_seconds: Any, limits: dict[str, Any]) -> float:
+    """The pipe's timeout in seconds: ``timeout_seconds`` (a positive number, at most
+    ``max_command_timeout_seconds``) or the command timeout default."""
+    default = float(limits.get("command_timeout_seconds", DEFAULT_LIMITS["command_timeout_seconds"]))
+    if timeout_seconds is None:
+        return default
+    ceiling = float(limits.get("max_command_timeout_seconds", DEFAULT_LIMITS["max_command_timeout_seconds"]))
+    if isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, int | float) or timeout_seconds <= 0:
+        raise InvalidRequest("timeout_seconds must be a positive number of seconds")
+    if timeout_seconds > ceiling:
+        raise InvalidRequest(f"timeout_seconds may be at most {ceiling:g}")
+    return float(timeout_seconds)
+
+
+async def pipe(
+    *,
+    user: User,
+    session_id: str,
+    source: dict[str, Any],
+    destination: dict[str, Any],
+    timeout_seconds: float | None = None,
+    caller: str,
+    request_id: str | None = None,
+    on_progress: PipeProgress | None = None,
+) -> dict[str, Any]:
+    """Run ``source`` and ``destination`` (each ``{machine, argv | command, cwd?, env?}``;
+    ``machine`` as a ``target_machine``, or left to the router) with the source's stdout
+    piped into the destination's stdin, and answer both results::
+
+        {"request_id", "bytes": <raw bytes moved>,
+         "source": {machine_id, name, ok, exit_code, stderr, timed_out, cancelled,
+                    duration_seconds, output_truncated} | {machine_id, name, ok: false, error},
+         "destination": {... the same plus stdout}}
+
+    ``stderr`` (and the destination's ``stdout``) are capped at ``max_file_size_bytes``
+    (``output_truncated``). A failed end is ``{machine_id, name, ok: false, error: {code,
+    message, details}}`` (e.g. ``MACHINE_UNREACHABLE``): the pipe still answers. The source
+    failing or ending closes the destination's stdin; the destination ending first cancels
+    the source (its result ``cancelled: true``). ``timeout_seconds`` (default: the command
+    timeout default, 30 s) bounds both commands. ``on_progress(bytes_moved, None)`` (it may
+    be async) after each piece moved. ``request_id``: the pipe's UUID in the in-flight list
+    (kind ``pipe``), which ``cancel_operation`` takes (both commands are cancelled).
+
+    Raises before anything runs: ``InvalidRequest`` (a malformed end, timeout, session id
+    or ``request_id``) and ``MachineError`` (routing: ``MACHINE_NOT_ATTACHED``,
+    ``MACHINE_AMBIGUOUS``, ``CAPABILITY_NOT_GRANTED`` without ``shell``;
+    ``UNSUPPORTED_OPERATION`` for a machine on protocol 2.0, naming its shim's version;
+    ``OPERATION_EXISTS``).
+    """
+    check_session_id(session_id)
+    source_payload = _command(source, "source")
+    destination_payload = _command(destination, "destination")
+    request_id = check_request_id(request_id)
+    _timeout(timeout_seconds, DEFAULT_LIMITS)  # a malformed one is refused before routing
+    ends: list[Candidate] = []
+    try:
+        for end, payload in ((source, source_payload), (destination, destination_payload)):
+            chosen = await database_sync_to_async(router.choose)(
+                user=user,
+                session_id=session_id,
+                op="EXECUTE_COMMAND",
+                payload=payload,
+                target_machine=end.get("machine"),
+            )
+            chosen.require_live("a pipe")
+            ends.append(chosen)
+    except DispatchError as exc:
+        raise MachineError(exc.code, exc.message, exc.details) from None
+    source_machine, destination_machine = ends
+    timeout = min(
+        _timeout(timeout_seconds, source_machine.limits), _timeout(timeout_seconds, destination_machine.limits)
+    )
+    source_payload.update(timeout_seconds=timeout, binary=True, pipe=True)
+    destination_payload.update(timeout_seconds=timeout, stdin="stream", pipe=True)
+    run = _Pipe(
+        source=LiveCommand(
+            source_machine,
+            request_id=str(uuid.uuid4()),
+            session_id=session_id,
+            payload=source_payload,
+            timeout=operation_timeout("EXECUTE_COMMAND", source_payload, source_machine.limits),
+            event_request_id=request_id,
+        ),
+        destination=LiveCommand(
+            destination_machine,
+            request_id=str(uuid.uuid4()),
+            session_id=session_id,
+            payload=destination_payload,
+            timeout=operation_timeout("EXECUTE_COMMAND", destination_payload, destination_machine.limits),
+            event_request_id=request_id,
+        ),
+        on_progress=on_progress,
+    )
+    row = False
+    started = time.monotonic()
+    try:
+        await run.source.open()
+        await run.destination.open()
+        await database_sync_to_async(inflight_create)(
+            user=user,
+            session_id=session_id,
+            request_id=request_id,
+            kind=OperationInFlight.Kind.PIPE,
+            op="PIPE",
+            candidates=ends,
+            caller=caller,
+            summary=f"{source_machine.name}: {command_summary(source_payload)} → "
+            f"{destination_machine.name}: {command_summary(destination_payload)}",
+            call_key=current_call_key(),
+            caller_channel=run.source.channel,
+        )
+        row = True
+        await run.run()
+    finally:
+        await run.stop()
+        if row:
+            await database_sync_to_async(inflight_delete)(request_id=request_id)
+        for command, payload in ((run.source, source_payload), (run.destination, destination_payload)):
+            _audit(
+                command,
+                run.ends.get(id(command)),
+                user=user,
+                session_id=session_id,
+                caller=caller,
+                payload=payload,
+                started=started,
+            )
+    return {
+        "request_id": request_id,
+        "bytes": run.moved,
+        "source": run.answer(run.source, with_stdout=False),
+        "destination": run.answer(run.destination, with_stdout=True),
+    }
+
+
+class _Pipe:
+    """The two commands of one pipe, run: the source's stdout into the destination's stdin."""
+
+    def __init__(self, *, source: LiveCommand, destination: LiveCommand, on_progress: PipeProgress | None) -> None:
+        self.source = source
+        self.destination = destination
+        self.on_progress = on_progress
+        self.moved = 0
+        self.ends: dict[int, Result | Failed] = {}
+        self.outputs = {
+            id(command): OutputAssembly(
+                int(command.candidate.limits.get("max_file_size_bytes", DEFAULT_LIMITS["max_file_size_bytes"]))
+            )
+            for command in (source, destination)
+        }
+        source.on_cancel = self._cancel_both
+        destination.on_cancel = self._cancel_both
+        destination.on_stdin_credit = self._credit_source
+
+    async def _cancel_both(self) -> None:
+        await self.source.cancel()
+        await self.destination.cancel()
+
+    async def _credit_source(self, credit_total: int) -> None:
+        # The destination may now be sent this many bytes in all: the source may send as many.
+        await self.source.grant("stdout", credit_total)
+
+    async def run(self) -> None:
+        """Send both (the destination first, so its stdin is there), pump until both end."""
+        failure = await self.destination.send()
+        if failure is not None:
+            self.ends[id(self.destination)] = failure
+            return  # nothing for the source to feed: it is never sent
+        failure = await self.source.send()
+        if failure is not None:
+            self.ends[id(self.source)] = failure
+        await asyncio.gather(self._pump_source(), self._read_destination())
+
+    async def _pump_source(self) -> None:
+        command = self.source
+        if id(command) not in self.ends:
+            while True:
+                event = await command.next_event()
+                if isinstance(event, Output):
+                    if event.stream == "stdout":
+                        if await self.destination.write_base64(event.data):
+                            self.moved += event.raw_bytes
+                            await self._progress()
+                    else:
+                        self.outputs[id(command)].add(event)
+                        await command.consumed(event)
+                    continue
+                self.ends[id(command)] = event
+                break
+        await self.destination.write_base64("", eof=True)  # the source ended: close stdin
+
+    async def _read_destination(self) -> None:
+        command = self.destination
+        while True:
+            event = await command.next_event()
+            if isinstance(event, Output):
+                self.outputs[id(command)].add(event)
+                await command.consumed(event)
+                continue
+            self.ends[id(command)] = event
+            break
+        await self.source.cancel()  # the destination ended first: stop the source (a no-op after)
+
+    async def _progress(self) -> None:
+        if self.on_progress is None:
+            return
+        outcome = self.on_progress(self.moved, None)
+        if inspect.isawaitable(outcome):
+            await outcome
+
+    async def stop(self) -> None:
+        """Cancel whatever still runs (the caller left, or an error), end both channels."""
+        for command in (self.source, self.destination):
+            if not command.finished:
+                await command.cancel()
+            await command.close()
+
+    def answer(self, command: LiveCommand, *, with_stdout: bool) -> dict[str, Any]:
+        """One end's part of the answer."""
+        end = self.ends.get(id(command))
+        entry: dict[str, Any] = {"machine_id": command.candidate.machine_id, "name": command.candidate.name}
+        if not isinstance(end, Result):
+            error = end or Failed(
+                request_id=command.event_request_id,
+                machine_id=command.candidate.machine_id,
+                name=command.candidate.name,
+                code="CANCELLED",
+                message="the pipe stopped before this command ended",
+            )
+            return {
+                **entry,
+                "ok": False,
+                "error": {"code": error.code, "message": error.message, "details": error.details},
+            }
+        result = self.outputs[id(command)].result(end.payload)
+        entry.update(
+            ok=True,
+            exit_code=result.get("exit_code"),
+            timed_out=bool(result.get("timed_out")),
+            cancelled=bool(result.get("cancelled")),
+            duration_seconds=result.get("duration_seconds"),
+            output_truncated=bool(result.get("output_truncated")),
+            stderr=result["stderr"],
+        )
+        if with_stdout:
+            entry["stdout"] = result["stdout"]
+        return entry
+
+
+def _audit(
+    command: LiveCommand,
+    end: Result | Failed | None,
+    *,
+    user: User,
+    session_id: str,
+    caller: str,
+    payload: dict[str, Any],
+    started: float,
+) -> None:
+    """One ``AuditRecord`` per command of a pipe (bytes per stream, cancelled, exit code)."""
+    result: dict[str, Any] = {"ok": isinstance(end, Result), "bytes": dict(command.bytes)}
+    if isinstance(end, Result):
+        result["exit_code"] = end.payload.get("exit_code")
+        result["cancelled"] = bool(end.payload.get("cancelled"))
+    else:
+        result["error_code"] = end.code if end is not None else "CANCELLED"
+        result["cancelled"] = command.cancel_sent
+    seconds = time.monotonic() - started
+    result["duration_ms"] = round(seconds * 1000)
+    if command.sent:
+        metrics.machine_operation_observed(operation="EXECUTE_COMMAND", ok=result["ok"], failure=None, seconds=seconds)
+    _after_reply(
+        user=user,
+        session_id=session_id,
+        machine_id=command.candidate.machine_id,
+        request_id=command.request_id,
+        op="EXECUTE_COMMAND",
+        payload={**payload, "stream": True},
+        result=result,
+        caller=caller,
+    )

@@ -1,0 +1,146 @@
+"""Public MCP clients running a live command on a real shim through a real ``serve``
+(issue 14 "What callers get", MCP): the Python SDK's client and the official TypeScript
+SDK (tests/clients/mcp_live_client.mjs) receive ``notifications/progress`` while
+``local_pc_execute_command`` runs (progress = bytes of output so far, message = the
+latest line), and a TypeScript ``AbortSignal`` — the SDK POSTs ``notifications/cancelled``
+on its own, stateless, so it is matched by (token, request id) — stops the command on the
+machine: its process ends, nothing stays in flight, the file it would have written after
+sleeping never appears. One server and one shim for the module.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.infra import Instance, Server, ShimProcess, children_of, instance, wait_until
+from tests.mcp.test_mcp_endpoint import mcp_client, text_of
+from tests.mcp.test_mcp_typescript_client import CLIENTS, NodeClient, node_or_skip
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+SCRIPT = CLIENTS / "mcp_live_client.mjs"
+SLOW_LINES = "for i in 1 2 3 4; do echo step$i; sleep 0.4; done"
+
+
+@dataclass
+class Live:
+    instance: Instance
+    server: Server
+    shim: ShimProcess
+    root: Path
+    session: str = "default"  # a user token's MCP session (machines.md §4)
+
+    @property
+    def mcp_url(self) -> str:
+        return f"{self.server.url}/mcp"
+
+    @property
+    def token(self) -> str:
+        return self.instance.admin_token
+
+    def in_flight(self) -> list[dict[str, Any]]:
+        response = httpx.get(
+            f"{self.server.url}/api/v1/sessions/{self.session}/ops",
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=10,
+        )
+        assert response.status_code == 200, response.text
+        return list(response.json()["operations"])
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    root = tmp_path_factory.mktemp("live-mcp-root")
+    with instance() as inst:
+        server = inst.serve()
+        shim = inst.shim("mcp-box", root, "--session", "default")
+        yield Live(instance=inst, server=server, shim=shim, root=root)
+
+
+class LiveNodeClient(NodeClient):
+    """``node mcp_live_client.mjs <url> <token> <mode> <arguments>``, read as ``NodeClient`` reads."""
+
+    def __init__(self, node: str, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [node, str(SCRIPT), *args], cwd=CLIENTS, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.lines = queue.Queue()
+        self.seen = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+
+def sleeping(shim: ShimProcess) -> list[int]:
+    found = []
+    for pid, name in children_of(shim.pid):
+        found += [pid] if name == "sleep" else [g for g, inner in children_of(pid) if inner == "sleep"]
+    return found
+
+
+async def test_the_python_sdk_client_hears_progress_while_a_command_runs(live: Live) -> None:
+    heard: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        heard.append((progress, total, message))
+
+    async with mcp_client(live.mcp_url, live.token) as client:
+        result = await client.call_tool(
+            "local_pc_execute_command", {"command": SLOW_LINES}, progress_callback=on_progress
+        )
+    assert not result.is_error, result
+    answer = json.loads(text_of(result))
+    assert answer["exit_code"] == 0 and answer["stdout"] == "step1\nstep2\nstep3\nstep4\n"
+    assert len(heard) >= 3, heard  # one per line here: 0.4 s apart, throttled to 4/s
+    assert [p for p, _, _ in heard] == sorted({p for p, _, _ in heard})  # strictly growing
+    assert heard[0][2] == "step1" and heard[-1] == (24.0, None, "step4")
+    assert {total for _, total, _ in heard} == {None}
+
+
+def test_the_typescript_sdk_client_hears_progress_with_onprogress(live: Live) -> None:
+    node = node_or_skip()
+    client = LiveNodeClient(node, live.mcp_url, live.token, "progress", json.dumps({"command": SLOW_LINES}))
+    try:
+        client.until("initialized")
+        first = client.until("progress")
+        assert first["message"] == "step1" and first["progress"] == 6
+        result = client.until("result", timeout=30)
+        assert result["isError"] is False, result
+        assert json.loads(result["text"])["stdout"] == "step1\nstep2\nstep3\nstep4\n"
+        client.until("done")
+        assert client.proc.wait(10) == 0, client.stderr()
+    finally:
+        client.stop()
+    progress = [line for line in client.seen if line["step"] == "progress"]
+    assert progress[-1]["message"] == "step4" and progress[-1]["progress"] == 24
+    assert not [line for line in client.seen if line["step"] == "transport_error"], client.seen
+
+
+def test_the_typescript_sdk_abort_cancels_the_command_on_the_machine(live: Live) -> None:
+    node = node_or_skip()
+    marker = live.root / f"marker-{uuid.uuid4().hex[:8]}"
+    command = f"echo begun; sleep 30; touch {marker}"
+    client = LiveNodeClient(node, live.mcp_url, live.token, "cancel", json.dumps({"command": command}))
+    try:
+        client.until("progress", timeout=30)
+        aborted = client.until("aborted")
+        assert "cancel" in aborted["message"].lower() or "abort" in aborted["message"].lower(), aborted
+        posted = client.until("posted")["methods"]
+        assert "notifications/cancelled" in posted, posted
+        client.until("done")
+    finally:
+        client.stop()
+    wait_until(lambda: live.in_flight() == [], timeout=10, what="the command to leave the in-flight list")
+    wait_until(lambda: not sleeping(live.shim), timeout=10, what="the command's sleep to end")
+    assert not marker.exists()
+    [record] = [r for r in live.shim.audit() if str(marker) in json.dumps(r)]
+    assert record["result"].get("cancelled") is True, record
