@@ -75,6 +75,7 @@ from common import (  # noqa: E402
     free_port,
     latency_summary,
     percentile,
+    process_cpu_seconds,
     stop_process,
     wait_for_port,
     with_timeout,
@@ -701,6 +702,20 @@ async def b11(rig: Rig, sizes: Sizes) -> dict[str, Any]:
     return report
 
 
+async def settled(pid: int, *, busy: float = 0.10, limit: float = 90.0) -> dict[str, float]:
+    """Wait until process ``pid`` uses less than ``busy`` of a core over a second (at most
+    ``limit`` s). Attaching 50 shims of one user to a session keeps the server busy for tens
+    of seconds (the MACHINE_LIST_REQUEST snapshots, bench/machines.py's (B6')); B12 measures
+    the fan-out, not that. Returns the seconds waited and the CPU seconds used meanwhile."""
+    began, cpu0 = time.monotonic(), process_cpu_seconds(pid)
+    while time.monotonic() - began < limit:
+        before = process_cpu_seconds(pid)
+        await asyncio.sleep(1.0)
+        if process_cpu_seconds(pid) - before < busy:
+            break
+    return {"seconds": round(time.monotonic() - began, 1), "cpu_seconds": round(process_cpu_seconds(pid) - cpu0, 1)}
+
+
 async def b12(rig: Rig, sizes: Sizes) -> dict[str, Any]:
     import httpx
 
@@ -741,12 +756,13 @@ async def b12(rig: Rig, sizes: Sizes) -> dict[str, Any]:
         return seconds
 
     samples: dict[str, list[float]] = {"one": [], "many": []}
+    settle = await settled(rig.server_pid)
     try:
         await one()  # warm-up
         try:
             await many()
         except Skip as why:
-            return {"skipped": str(why), "one": [await one() for _ in range(sizes.fanout_rounds)]}
+            return {"skipped": str(why), "one": [await one() for _ in range(sizes.fanout_rounds)], "settle": settle}
         for round_index in range(sizes.fanout_rounds):
             order = [("one", one), ("many", many)]
             for name, measure in order if round_index % 2 == 0 else order[::-1]:
@@ -761,6 +777,7 @@ async def b12(rig: Rig, sizes: Sizes) -> dict[str, Any]:
         "one_s": round(one_s, 3),
         "many_s": round(many_s, 3),
         "overhead_s": round(many_s - one_s, 3),
+        "settle": settle,
     }
 
 
@@ -1017,6 +1034,12 @@ def main(argv: list[str]) -> int:
     for row in table:
         if row.get("skipped"):
             report["notes"].append(f"{row['id']} not measured: {row['why']}")
+    settle = report["b12"].get("settle")
+    if settle:
+        report["notes"].append(
+            f"B12: after the {sizes.fanout} shims attached, the server stayed busy for {settle['seconds']:g} s "
+            f"({settle['cpu_seconds']:g} CPU s) before it was idle and the fan-out was measured"
+        )
     for name, why in report["b10"]["skipped"].items():
         if name == "relay":
             report["notes"].append(f"B10 baseline (bare relay) not measured: {why}")
