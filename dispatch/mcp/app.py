@@ -14,8 +14,9 @@ JSON-response mode has no wire for request-scoped notifications, and a long tool
 sends ``notifications/progress`` there (issue 14). Everything else — initialize,
 tools/list, a client that accepts only JSON — keeps its JSON answer.
 
-A ``notifications/cancelled`` POST (stateless: it may reach any process, never the one
-running the call) is answered here, 202: the call it names is found by its ``call_key``
+A client that closes a tool call's event stream before its answer cancels the call's
+operations the same way. A ``notifications/cancelled`` POST (stateless: it may reach any
+process, never the one running the call) is answered here, 202: the call it names is found by its ``call_key``
 (``dispatch.mcp.server.call_key``: the bearer token's hash and the JSON-RPC id), and the
 operations it started are cancelled wherever they run
 (``machines.services.live.cancel_calls``). Two clients sharing a token and reusing a
@@ -210,9 +211,27 @@ async def mcp_app(scope: Scope, receive: Receive, send: Send) -> None:
         return
     streaming = message.get("method") == "tools/call" and accepts_event_stream(headers)
     manager = await ensure_started(streaming=streaming)
-    await manager.handle_request(
-        {**scope, CALLER_SCOPE_KEY: caller, TOKEN_SCOPE_KEY: raw_token}, _replay(body, receive), send
-    )
+    scope = {**scope, CALLER_SCOPE_KEY: caller, TOKEN_SCOPE_KEY: raw_token}
+    if not streaming:
+        await manager.handle_request(scope, _replay(body, receive), send)
+        return
+    answered = False
+
+    async def watched(sent: Message) -> None:
+        nonlocal answered
+        if sent["type"] == "http.response.body" and not sent.get("more_body", False):
+            answered = True
+        await send(sent)
+
+    try:
+        await manager.handle_request(scope, _replay(body, receive), watched)
+    finally:
+        request_id = _readable_id(message.get("id"))
+        if not answered and request_id is not None:
+            # The client went away before the answer (its stream closed): the SDK's
+            # stateless 2025-11-25 path lets the handler run on, so its operations are
+            # cancelled the way a notifications/cancelled would (design §4).
+            await _cancel_quietly(caller, call_key(raw_token, request_id))
 
 
 def _message(body: bytes) -> dict[str, Any]:
@@ -246,6 +265,18 @@ async def _cancelled(message: dict[str, Any], *, caller: Caller, raw_token: str)
         return _error_response(mapped)
     logger.info("MCP notifications/cancelled for request %s: %d operation(s) cancelled", request_id, cancelled)
     return Response(status_code=202)
+
+
+async def _cancel_quietly(caller: Caller, key: str) -> None:
+    """``cancel_calls`` for a call whose client went away; a failure is logged, never raised
+    (nobody is left to tell)."""
+    try:
+        cancelled = await asyncio.shield(cancel_calls(user=caller.user, call_key=key))
+    except Exception:
+        logger.warning("cancelling the operations of an abandoned MCP call failed", exc_info=True)
+        return
+    if cancelled:
+        logger.info("MCP client went away mid-call: %d operation(s) of %s cancelled", cancelled, key)
 
 
 async def _request_body(receive: Receive) -> bytes:

@@ -33,6 +33,7 @@ import asyncio
 import hashlib
 import json
 import logging
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +60,7 @@ logger = logging.getLogger(__name__)
 SERVER_NAME = "dispatch"
 CALLER_SCOPE_KEY = "dispatch.caller"  # where dispatch.mcp.app puts the authenticated caller
 TOKEN_SCOPE_KEY = "dispatch.token"  # ... and the bearer token it came with (for stream rows)
+PROGRESS_SEND_SECONDS = 5.0  # a progress notification not written by then: the client is gone
 
 
 @dataclass(frozen=True)
@@ -99,11 +101,21 @@ def tool_call_of(ctx: ServerRequestContext[Any, Any]) -> ToolCall:
     if progress_token_from_params(ctx.params) is None:
         return ToolCall(progress=None, call_key=key)
 
+    gone = False
+
     async def progress(done: float, total: float | None, message: str | None) -> None:
+        # A client that went away leaves the request's stream unread: a report must never
+        # hold the call (and its command) up, so one that cannot go within
+        # PROGRESS_SEND_SECONDS ends the reports of this call.
+        nonlocal gone
+        if gone:
+            return
         try:
-            await ctx.session.report_progress(done, total, message)
-        except Exception as exc:  # the client went away: the call goes on (or is cancelled)
-            logger.debug("MCP progress for request %s not sent: %r", request_id, exc)
+            async with asyncio.timeout(PROGRESS_SEND_SECONDS):
+                await ctx.session.report_progress(done, total, message)
+        except Exception as exc:
+            gone = True
+            logger.info("MCP progress for request %s not sent (%r); no more reports for it", request_id, exc)
 
     return ToolCall(progress=progress, call_key=key)
 
@@ -170,7 +182,7 @@ async def call_tool(ctx: ServerRequestContext[Any, Any], params: types.CallToolR
         return error_result("INVALID_REQUEST", problem)
     token = TOOL_CALL.set(tool_call_of(ctx))
     try:
-        value = await tool(arguments)
+        value = await _detached(tool(arguments))
     except DispatchError as exc:
         return error_result(exc.code, exc.message)
     except Exception:
@@ -179,6 +191,28 @@ async def call_tool(ctx: ServerRequestContext[Any, Any], params: types.CallToolR
     finally:
         TOOL_CALL.reset(token)
     return tool_result(value)
+
+
+_detached_calls: set[asyncio.Future[Any]] = set()
+
+
+async def _detached(call: Coroutine[Any, Any, Any]) -> Any:
+    """Run a tool ``call`` as a task of its own and wait for it.
+
+    The SDK runs a handler inside an anyio cancel scope, and anyio cancellation is
+    level-triggered: once a client is gone and the scope is cancelled, every ``await`` in
+    the handler fails at once, so a tool's own cleanup (cancelling its command on the
+    machine, deleting its in-flight row) could not run. Here the handler's cancellation
+    reaches the task as one ordinary ``CancelledError``, and the task cleans up on its own.
+    """
+    task = asyncio.ensure_future(call)
+    _detached_calls.add(task)
+    task.add_done_callback(_detached_calls.discard)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
 
 
 # --- tools/list_changed over subscriptions/listen (2026-07-28) ------------------------------------

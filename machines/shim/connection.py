@@ -3,7 +3,8 @@
 :class:`Shim` connects to ``ws(s)://host:port/ws/shim/`` with ``Authorization: Bearer
 <token>``, sends ``HELLO``, waits for ``HELLO_ACK`` and then serves the platform's
 requests through a :class:`RequestDispatcher` (one task per operation, so PINGs are
-answered while a long command runs). When the connection ends it reconnects after
+answered while a long command runs; protocol 2.1's CANCEL, FLOW and COMMAND_INPUT reach
+running commands at once, issue 14). When the connection ends it reconnects after
 ``min(2^n, 60) s + 0–5 s`` of jitter — never after close 4401/4426/4427 or an HTTP
 401/403 at the upgrade, which raise :class:`ShimRefused`.
 """
@@ -28,7 +29,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 
 from .audit import AuditLog, operation_details
 from .jail import PathJail
-from .live import OUTPUT_STREAMS, LiveCommand
+from .live import OUTPUT_STREAMS, FrameSender, LiveCommand
 from .operations import MachineIdentity, Operations
 from .protocol import (
     MAX_MESSAGE_BYTES,
@@ -310,7 +311,7 @@ class RequestDispatcher:
     async def _answer(self, frame: Mapping[str, Any]) -> None:
         await self._send(frame)
 
-    def _live_sender(self, request: Mapping[str, Any]) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
+    def _live_sender(self, request: Mapping[str, Any]) -> FrameSender:
         """How a command's ``LiveCommand`` sends: ``COMMAND_OUTPUT`` under the request's id,
         ``FLOW`` under a fresh id naming the request (issue 14)."""
 
@@ -372,7 +373,8 @@ class RequestDispatcher:
         finally:
             if task is not None:
                 self._running.discard(task)
-                if self._operations.get(request_id, (None,))[0] is task:
+                entry = self._operations.get(request_id)
+                if entry is not None and entry[0] is task:  # finished: a CANCEL now only gets its ACK
                     del self._operations[request_id]
             self._cancel_requested.discard(request_id)
         self._release(frame)  # before answering: the platform may send the next one at once

@@ -338,6 +338,12 @@ class LiveCommand:
                 continue
             if held:
                 chunk, held = held, b""
+                if room > 1:  # join what the reader already holds, so no 1-byte frame — never wait for more
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(0):
+                            more = await output.reader.read(room - 1)
+                            output.read += len(more)
+                            chunk += more
             else:
                 chunk = await output.reader.read(room)
                 if not chunk:

@@ -139,8 +139,46 @@ def test_the_typescript_sdk_abort_cancels_the_command_on_the_machine(live: Live)
         client.until("done")
     finally:
         client.stop()
-    wait_until(lambda: live.in_flight() == [], timeout=10, what="the command to leave the in-flight list")
     wait_until(lambda: not sleeping(live.shim), timeout=10, what="the command's sleep to end")
+    wait_until(lambda: live.in_flight() == [], timeout=10, what="the command to leave the in-flight list")
+    assert not marker.exists()
+    [record] = [r for r in live.shim.audit() if str(marker) in json.dumps(r)]
+    assert record["result"].get("cancelled") is True, record
+
+
+def test_closing_a_tool_calls_event_stream_cancels_the_command(live: Live) -> None:
+    """A client that goes away (the 2026-07-28 way to cancel; any client that drops the
+    connection) stops the command too: the call's handler is cancelled with its stream."""
+    marker = live.root / f"marker-{uuid.uuid4().hex[:8]}"
+    command = f"echo begun; sleep 30; touch {marker}"
+    body = {
+        "jsonrpc": "2.0",
+        "id": 41,
+        "method": "tools/call",
+        "params": {
+            "name": "local_pc_execute_command",
+            "arguments": {"command": command},
+            "_meta": {"progressToken": "close-me"},
+        },
+    }
+    headers = {
+        "Authorization": f"Bearer {live.token}",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": "2025-11-25",
+    }
+    with httpx.Client(timeout=30) as http, http.stream("POST", live.mcp_url, json=body, headers=headers) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = []
+        for line in response.iter_lines():
+            lines.append(line)
+            if line.startswith("data:") and "notifications/progress" in line:
+                break
+        assert json.loads(lines[-1][5:])["params"]["message"] == "begun", lines
+        response.close()  # the client goes away mid-call
+    wait_until(lambda: live.in_flight() == [], timeout=10, what="the command to leave the in-flight list")
+    wait_until(
+        lambda: [r for r in live.shim.audit() if str(marker) in json.dumps(r)], timeout=10, what="the audit record"
+    )
     assert not marker.exists()
     [record] = [r for r in live.shim.audit() if str(marker) in json.dumps(r)]
     assert record["result"].get("cancelled") is True, record

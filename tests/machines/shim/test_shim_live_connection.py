@@ -33,9 +33,10 @@ async def test_over_a_2_1_connection_it_streams_takes_credit_and_cancels(
     shim = make_shim()
     async with running(shim):
         side = await platform.next_side()
-        script = "echo started; head -c 1000000 /dev/zero; sleep 30"
+        script = "echo started; head -c 1000000 /dev/zero; sleep 30"  # 8 + 1000000 bytes
         request_id = await side.send("EXECUTE_COMMAND", {"argv": ["sh", "-c", script], "stream": True})
-        await frames_until(side, lambda f: f["type"] == "COMMAND_OUTPUT" and f["payload"]["data"] == "started\n")
+        first = await frames_until(side, lambda f: f["type"] == "COMMAND_OUTPUT")
+        assert first["payload"]["data"].startswith("started\n") and first["payload"]["seq"] == 0
         assert shim.negotiated is not None and shim.negotiated.protocol_version == "2.1"
         assert shim.negotiated.limits.stream_window_bytes == 65536  # the lower of both sides
 

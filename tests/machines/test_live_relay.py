@@ -1,0 +1,138 @@
+"""The shim consumer's relay of live operations (issue 14, design §2), driven from the
+channel layer as a caller in any process would: ``MachineOpMessage(relay=True)`` in,
+``MachineOutputMessage``/``MachineFlowMessage``/``MachineReplyMessage`` out; FLOW,
+COMMAND_INPUT and CANCEL frames towards the shim."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+
+from machines.models import MachineConnection
+from machines.protocol import (
+    MachineCancelMessage,
+    MachineFlowMessage,
+    MachineInputMessage,
+    MachineOpMessage,
+)
+from tests.machines.conftest import frame
+
+pytestmark = [pytest.mark.django_db(transaction=True)]
+
+
+async def hold(request: dict[str, Any]) -> None:
+    return None
+
+
+async def relayed(shims: Any, owner: Any, *, relay: bool = True) -> tuple[Any, str, str]:
+    """A 2.1 fake shim holding a relayed EXECUTE_COMMAND ``r1``; returns it, the consumer's
+    channel and the caller's reply channel."""
+    shim = await shims.connect(owner, protocol_version="2.1")
+    shim.handler = hold
+    layer = get_channel_layer()
+    reply = await layer.new_channel()
+    channel = await database_sync_to_async(lambda: MachineConnection.objects.get().channel_name)()
+    message = MachineOpMessage(
+        op="EXECUTE_COMMAND",
+        payload={"argv": ["ls"], "stream": relay},
+        request_id="r1",
+        session_id="s1",
+        timeout=30,
+        relay=relay,
+    )
+    await layer.send(channel, message.model_copy(update={"reply_channel": reply}).for_layer())
+    await shim.next_request("EXECUTE_COMMAND")
+    return shim, channel, reply
+
+
+async def receive(reply: str, timeout: float = 3) -> dict[str, Any]:
+    return dict(await asyncio.wait_for(get_channel_layer().receive(reply), timeout))
+
+
+async def test_output_and_stdin_grants_go_to_the_reply_channel_in_order_then_the_result(shims, owner):
+    shim, _, reply = await relayed(shims, owner)
+    await shim.send(
+        frame("COMMAND_OUTPUT", {"stream": "stdout", "data": "a", "encoding": "utf-8", "seq": 0}, message_id="r1")
+    )
+    await shim.send(frame("FLOW", {"request_id": "r1", "stream": "stdin", "credit_total": 4096}))
+    await shim.send(
+        frame("COMMAND_OUTPUT", {"stream": "stderr", "data": "Yg==", "encoding": "base64", "seq": 1}, message_id="r1")
+    )
+    await shim.send(
+        frame("COMMAND_RESULT", {"stdout": "", "stderr": "", "exit_code": 0, "cancelled": False}, message_id="r1")
+    )
+    assert await receive(reply) == {
+        "type": "machine.output",
+        "request_id": "r1",
+        "stream": "stdout",
+        "data": "a",
+        "encoding": "utf-8",
+        "seq": 0,
+    }
+    assert await receive(reply) == {"type": "machine.flow", "request_id": "r1", "stream": "stdin", "credit_total": 4096}
+    assert (await receive(reply))["seq"] == 1
+    final = await receive(reply)
+    assert final["type"] == "machine.reply" and final["response_type"] == "COMMAND_RESULT"
+    assert not [f for f in shim.frames if f["type"] == "ERROR"]
+
+
+async def test_output_of_an_operation_not_relayed_is_dropped_quietly(shims, owner):
+    shim, _, reply = await relayed(shims, owner, relay=False)
+    await shim.send(
+        frame("COMMAND_OUTPUT", {"stream": "stdout", "data": "a", "encoding": "utf-8", "seq": 0}, message_id="r1")
+    )
+    await shim.send(frame("COMMAND_RESULT", {"stdout": "a", "stderr": "", "exit_code": 0}, message_id="r1"))
+    assert (await receive(reply))["type"] == "machine.reply"
+    assert not [f for f in shim.frames if f["type"] == "ERROR"]
+
+
+async def test_a_malformed_output_frame_is_refused_and_the_caller_sees_a_gap(shims, owner):
+    shim, _, reply = await relayed(shims, owner)
+    await shim.send(
+        frame("COMMAND_OUTPUT", {"stream": "stdin", "data": "a", "encoding": "utf-8", "seq": 0}, message_id="r1")
+    )
+    await shim.send(
+        frame("COMMAND_OUTPUT", {"stream": "stdout", "data": "b", "encoding": "utf-8", "seq": 1}, message_id="r1")
+    )
+    error = await shim.next_frame("ERROR")
+    assert error["payload"]["code"] == "INVALID_REQUEST" and "COMMAND_OUTPUT" in error["payload"]["message"]
+    assert (await receive(reply))["seq"] == 1  # seq 0 never came: the caller ends OUTPUT_LOST
+
+
+async def test_caller_messages_become_flow_input_and_cancel_frames(shims, owner):
+    shim, channel, _ = await relayed(shims, owner)
+    layer = get_channel_layer()
+    await layer.send(channel, MachineFlowMessage(request_id="r1", stream="stdout", credit_total=2 << 20).for_layer())
+    await layer.send(channel, MachineInputMessage(request_id="r1", data="aGk=", eof=True).for_layer())
+    await layer.send(channel, MachineCancelMessage(request_id="r1").for_layer())
+    flow = await shim.next_frame("FLOW")
+    assert flow["payload"] == {"request_id": "r1", "stream": "stdout", "credit_total": 2 << 20}
+    given = await shim.next_frame("COMMAND_INPUT")
+    assert given["payload"] == {"request_id": "r1", "data": "aGk=", "encoding": "base64", "eof": True}
+    cancel = await shim.next_frame("CANCEL")
+    assert cancel["payload"] == {"request_id": "r1"} and cancel["id"] != "r1"
+    await shim.send(frame("ACK", {}, message_id=cancel["id"]))  # swallowed: no "no pending request"
+    await asyncio.sleep(0.1)
+    assert not [f for f in shim.frames if f["type"] == "ERROR"]
+
+
+async def test_live_messages_for_a_2_0_connection_are_dropped(shims, owner):
+    shim = await shims.connect(owner)
+    channel = await database_sync_to_async(lambda: MachineConnection.objects.get().channel_name)()
+    layer = get_channel_layer()
+    await layer.send(channel, MachineCancelMessage(request_id="r1").for_layer())
+    await layer.send(channel, MachineInputMessage(request_id="r1", data="").for_layer())
+    await asyncio.sleep(0.1)
+    assert not [f for f in shim.frames if f["type"] in ("CANCEL", "COMMAND_INPUT")]
+    assert shim.consumer_alive()
+
+
+async def test_a_disconnecting_shim_fails_its_relayed_operation_machine_unreachable(shims, owner):
+    shim, _, reply = await relayed(shims, owner)
+    await shim.disconnect()
+    final = await receive(reply)
+    assert final["type"] == "machine.reply" and final["payload"]["code"] == "MACHINE_UNREACHABLE"
