@@ -57,6 +57,8 @@ from machines.protocol import (
     SessionCopyBody,
     SessionOpAnswer,
     SessionOpBody,
+    SessionPipeAnswer,
+    SessionPipeBody,
     request_id_of,
 )
 from machines.services import connections, device, live, router
@@ -313,11 +315,12 @@ EVENT_NAMES: dict[type, str] = {
 
 
 def _outcome(event: live.Result | live.Failed) -> dict[str, Any]:
-    """A fan-out ``done`` entry, as the JSON answer has it: ``{machine_id, name, ok, result | error}``."""
+    """A fan-out ``done`` entry, as the JSON answer has it: ``{machine_id, name, ok, result |
+    error: {code, message, details}}`` (``machines.services.operations.fan_out_error``)."""
     if isinstance(event, live.Result):
         result = {"machine_id": event.machine_id, "type": event.type, "payload": event.payload}
         return {"machine_id": event.machine_id, "name": event.name, "ok": True, "result": result}
-    error = {"code": event.code, "message": event.message}
+    error = {"code": event.code, "message": event.message, "details": event.details or {}}
     return {"machine_id": event.machine_id, "name": event.name, "ok": False, "error": error}
 
 
@@ -505,6 +508,39 @@ async def session_ops_in_flight(request: HttpRequest, user: User, session_id: st
     check_session_id(session_id)
     operations = await database_sync_to_async(live.operations_in_flight)(user=user, session_id=session_id)
     return {"operations": operations}
+
+
+@documented(
+    Operation(
+        "post",
+        "Pipe a command's stdout on one machine into a command's stdin on another",
+        "machines",
+        SessionPipeBody,
+        SessionPipeAnswer,
+    )
+)
+@require_POST
+@json_api
+@_machine_errors
+async def session_pipe(request: HttpRequest, user: User, session_id: str) -> dict[str, Any]:
+    """``POST /api/v1/sessions/{session_id}/pipe`` ``{source: {machine, argv | command,
+    cwd?}, destination: {…}, timeout_seconds?, request_id?}`` → ``{request_id, bytes,
+    source, destination}`` (issue 14 "Cross-machine pipe": both need ``shell``; the source
+    failing closes the destination's stdin, the destination exiting first stops the
+    source). Errors: the router's (404, 403, 409), ``UNSUPPORTED_OPERATION`` 409 (a
+    protocol 2.0 shim), ``OPERATION_EXISTS`` 409, ``INVALID_REQUEST`` 400.
+    """
+    agent_scope_session(calling_agent(request), session_id)
+    body = parse_plain(SessionPipeBody, json_object(request))
+    return await live.pipe(
+        user=user,
+        session_id=session_id,
+        source=body.source,
+        destination=body.destination,
+        timeout_seconds=body.timeout_seconds,
+        caller="api",
+        request_id=body.request_id,
+    )
 
 
 COPY_EVENTS = (

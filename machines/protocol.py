@@ -464,7 +464,12 @@ def _pipe_end(value: Any, field: str) -> dict[str, Any]:
     cwd = value.get("cwd")
     if cwd is not None and not isinstance(cwd, str):
         raise ValueError(f"{field}.cwd must be a string")
-    unknown = set(value) - {"machine", "argv", "command", "cwd"}
+    env = value.get("env")
+    if env is not None and (
+        not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+    ):
+        raise ValueError(f"{field}.env must be an object of strings")
+    unknown = set(value) - {"machine", "argv", "command", "cwd", "env"}
     if unknown:
         raise ValueError(f"{field} has unknown fields: {', '.join(sorted(unknown)[:5])}")
     return {k: v for k, v in value.items() if v is not None}
@@ -477,6 +482,7 @@ PIPE_END_SCHEMA = {
         "argv": {"type": "array", "items": {"type": "string"}, "minItems": 1},
         "command": {"type": "string", "minLength": 1, "description": "run through the user's shell"},
         "cwd": {"type": "string"},
+        "env": {"type": "object", "additionalProperties": {"type": "string"}},
     },
     "required": ["machine"],
     "additionalProperties": False,
@@ -486,7 +492,7 @@ PIPE_END_SCHEMA = {
 class SessionPipeBody(WireModel):
     """``POST /api/v1/sessions/{session_id}/pipe``: ``{source, destination, timeout_seconds?,
     request_id?}`` (issue 14 "Cross-machine pipe"): each end ``{machine, argv | command,
-    cwd?}`` (exactly one of argv and command); the source's stdout goes into the
+    cwd?, env?}`` (exactly one of argv and command); the source's stdout goes into the
     destination's stdin. ``timeout_seconds`` bounds the pipe (a number > 0)."""
 
     absent_as_null = ("source", "destination")

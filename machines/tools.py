@@ -9,10 +9,11 @@ response payload plus the ``machine_id`` that served it.
 Issue 14: every operation tool takes ``target_machines`` (a list of names, or ``"*"``:
 every attached machine with the capability), exclusive with ``target_machine``; its
 result is then ``{"results": [{machine_id, name, ok, result | error}]}``, one entry per
-machine. When the edge running the call listens for progress
+machine. ``local_pc_pipe`` streams a command's stdout on one machine into a command's
+stdin on another. When the edge running the call listens for progress
 (``core.tools.TOOL_CALL``), ``local_pc_execute_command`` runs streamed and reports the
 bytes of output so far with the latest complete output line (``OutputProgress``), and
-``local_pc_file_copy`` reports bytes copied — at most
+``local_pc_file_copy`` and ``local_pc_pipe`` report bytes moved — at most
 ``PROGRESS_PER_SECOND`` reports a second, and always a final one.
 """
 
@@ -29,7 +30,9 @@ from django.contrib.auth.models import User
 
 from core.errors import InvalidRequest
 from core.tools import TOOL_CALL, ProgressReport, Tool, ToolHandler
-from machines.services import router
+from core.validation import parse_plain
+from machines.protocol import PIPE_END_SCHEMA, SessionPipeBody
+from machines.services import live, router
 from machines.services.copy import copy_between_machines
 from machines.services.live import Output
 from machines.services.operations import list_machines, machine_op
@@ -163,6 +166,24 @@ COPY_PARAMETERS = {
     "required": ["source_machine", "source_path", "destination_machine", "destination_path"],
     "additionalProperties": False,
 }
+PIPE_PARAMETERS = {
+    "type": "object",
+    "properties": {
+        "source": {**PIPE_END_SCHEMA, "description": "{machine, argv | command, cwd?}: its stdout is piped"},
+        "destination": {**PIPE_END_SCHEMA, "description": "{machine, argv | command, cwd?}: reads the pipe on stdin"},
+        "timeout_seconds": {"type": "number", "exclusiveMinimum": 0, "description": "bounds the whole pipe"},
+        "session_id": _SESSION,
+    },
+    "required": ["source", "destination"],
+    "additionalProperties": False,
+}
+PIPE_SUMMARY = (
+    "Pipe the stdout of a command on one machine into the stdin of a command on another, through the platform "
+    "(constant memory; both machines need shell). Each end is {machine, argv | command, cwd?}. Returns "
+    "{request_id, bytes, source: {exit_code, stderr, ...}, destination: {exit_code, stdout, stderr, ...}}. "
+    "The source failing closes the destination's stdin; the destination exiting first stops the source. "
+    "No target_machines: a pipe joins exactly two machines."
+)
 LIST_PARAMETERS = {"type": "object", "properties": {"session_id": _SESSION}, "additionalProperties": False}
 
 
@@ -232,6 +253,23 @@ async def machine_tools(
             if progress is not None:
                 await progress.finish()
 
+    async def pipe(arguments: dict[str, Any]) -> Any:
+        body = parse_plain(SessionPipeBody, arguments)
+        progress = _progress_throttle()
+        try:
+            return await live.pipe(
+                user=user,
+                session_id=session_of(arguments),
+                source=body.source,
+                destination=body.destination,
+                timeout_seconds=body.timeout_seconds,
+                caller=caller,
+                on_progress=None if progress is None else progress.bytes_moved,
+            )
+        finally:
+            if progress is not None:
+                await progress.finish()
+
     tools.append(
         Tool(
             name="local_pc_file_copy",
@@ -241,6 +279,7 @@ async def machine_tools(
             handler=copy,
         )
     )
+    tools.append(Tool(name="local_pc_pipe", description=PIPE_SUMMARY + note, parameters=PIPE_PARAMETERS, handler=pipe))
     return tools
 
 

@@ -26,5 +26,6 @@ api_urlpatterns = [
         api.session_op_cancel,
         name="api-session-op-cancel",
     ),
+    path("sessions/<str:session_id>/pipe", api.session_pipe, name="api-session-pipe"),
     path("sessions/<str:session_id>/copy", api.session_copy, name="api-session-copy"),
 ]

@@ -24,6 +24,7 @@ DOCUMENTED = {
     ("post", "/api/v1/sessions/{session_id}/copy"): "200 400 401 403 404 409 413 4XX 503 5XX",
     ("get", "/api/v1/sessions/{session_id}/ops"): "200 400 401 403 404 4XX 503 5XX",
     ("post", "/api/v1/sessions/{session_id}/ops/{request_id}/cancel"): "202 400 401 403 404 409 413 4XX 503 5XX",
+    ("post", "/api/v1/sessions/{session_id}/pipe"): "200 400 401 403 404 409 413 4XX 503 5XX",
     ("put", "/api/v1/machines/default"): "200 400 401 403 404 409 413 4XX 503 5XX",
     ("get", "/api/v1/events"): "200 400 401 403 404 503",
     ("post", "/api/v1/machines/device/code"): "200 400 404 409 413 429 503",

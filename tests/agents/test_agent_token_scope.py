@@ -186,6 +186,22 @@ REST: list[Row] = [
         {},
     ),
     Row(
+        "sessions/<str:session_id>/pipe",
+        "POST",
+        lambda w: f"sessions/{w.me.pk}/pipe",
+        ALLOWED,
+        404,  # MACHINE_NOT_ATTACHED: routed in its own session
+        {"source": {"machine": "a", "argv": ["true"]}, "destination": {"machine": "b", "argv": ["cat"]}},
+    ),
+    Row(
+        "sessions/<str:session_id>/pipe",
+        "POST",
+        lambda w: f"sessions/{w.sibling.pk}/pipe",
+        FORBIDDEN,
+        403,
+        {"source": {"machine": "a", "argv": ["true"]}, "destination": {"machine": "b", "argv": ["cat"]}},
+    ),
+    Row(
         "sessions/<str:session_id>/copy",
         "POST",
         lambda w: f"sessions/{w.me.pk}/copy",
@@ -432,6 +448,7 @@ MACHINE_OP_TOOLS = {
     "local_pc_file_delete": {"path": "/tmp/x"},
     "local_pc_file_move": {"src": "/tmp/x", "dst": "/tmp/y"},
     "local_pc_execute_command": {"argv": ["true"]},
+    "local_pc_pipe": {"source": {"machine": "a", "argv": ["true"]}, "destination": {"machine": "b", "argv": ["cat"]}},
     "local_pc_file_copy": {
         "source_machine": "a",
         "source_path": "/a",

@@ -30,7 +30,6 @@ from tests.infra import (
     Server,
     ShimProcess,
     api_error,
-    children_of,
     instance,
     wait_until,
 )
@@ -164,14 +163,9 @@ class EventStream:
         self.client.close()
 
 
-def sleeping_children(shim: ShimProcess, command: str = "sleep") -> list[int]:
-    """The pids of ``command`` processes the shim started (directly or under a shell)."""
-    found = []
-    for pid, name in children_of(shim.pid):
-        if name == command:
-            found.append(pid)
-        found += [grandchild for grandchild, inner in children_of(pid) if inner == command]
-    return found
+def audited(shim: ShimProcess, request_id: str) -> list[dict[str, Any]]:
+    """The shim's audit records of operation ``request_id`` (written when it ended)."""
+    return [record for record in shim.audit() if record.get("request_id") == request_id]
 
 
 # --- streaming ------------------------------------------------------------------------------------
@@ -222,7 +216,6 @@ def test_a_command_is_cancelled_by_the_route_from_another_connection(rig: Rig) -
         stream.until("output")
         [row] = rig.in_flight()
         assert row["request_id"] == request_id and row["kind"] == "command" and row["machines"] == ["box"]
-        assert sleeping_children(shim)
         cancelled = rig.api.client.post(f"{rig.ops}/{request_id}/cancel")
         assert cancelled.status_code == 202, cancelled.text
         assert cancelled.json() == {"request_id": request_id, "cancelled": True}
@@ -232,7 +225,8 @@ def test_a_command_is_cancelled_by_the_route_from_another_connection(rig: Rig) -
     assert result["payload"]["cancelled"] is True and result["payload"]["exit_code"] < 0
     # The row goes when the service finishes, just after the result event was written.
     wait_until(lambda: rig.in_flight() == [], timeout=5, what="the command to leave the in-flight list")
-    assert not sleeping_children(shim)
+    [record] = wait_until(lambda: audited(shim, request_id), timeout=5, what="the shim's audit record")
+    assert record["result"]["cancelled"] is True, record
     again = rig.api.client.post(f"{rig.ops}/{request_id}/cancel")
     assert (again.status_code, api_error(again)["code"]) == (404, "OPERATION_NOT_FOUND")
     assert not marker.exists()
@@ -247,10 +241,11 @@ def test_closing_the_stream_cancels_the_command(rig: Rig) -> None:
     assert len(rig.in_flight()) == 1
     stream.close()
     wait_until(lambda: rig.in_flight() == [], timeout=10, what="the command to leave the in-flight list")
-    wait_until(lambda: not sleeping_children(shim), timeout=10, what="the command's process to end")
-    assert not marker.exists()
-    [record] = [r for r in shim.audit() if r["op"] == "EXECUTE_COMMAND"]
+    [record] = wait_until(
+        lambda: [r for r in shim.audit() if r["op"] == "EXECUTE_COMMAND"], timeout=10, what="the audit record"
+    )
     assert record["result"].get("cancelled") is True, record
+    assert not marker.exists()
 
 
 def test_a_request_id_in_flight_is_refused_and_a_bad_one_is_400(rig: Rig) -> None:
@@ -315,6 +310,25 @@ def test_star_runs_on_every_attached_machine(rig: Rig) -> None:
 # --- pipe, copy -----------------------------------------------------------------------------------
 
 
+def test_a_pipe_whose_destination_exits_first_stops_the_source(rig: Rig) -> None:
+    rig.shim("source"), rig.shim("sink")
+    body = {
+        "source": {"machine": "source", "argv": ["yes", "dispatch"]},
+        "destination": {"machine": "sink", "argv": ["head", "-c", "1000"]},
+        "timeout_seconds": 30,
+    }
+    started = time.monotonic()
+    answer = rig.api.client.post(f"/api/v1/sessions/{rig.session}/pipe", json=body)
+    assert answer.status_code == 200, answer.text
+    assert time.monotonic() - started < 15
+    result = answer.json()
+    assert result["destination"]["exit_code"] == 0
+    assert result["destination"]["stdout"] == ("dispatch\n" * 112)[:1000]
+    assert result["source"]["cancelled"] is True, result["source"]
+    assert result["bytes"] >= 1000 and uuid.UUID(result["request_id"])
+    wait_until(lambda: rig.in_flight() == [], timeout=5, what="the pipe to leave the in-flight list")
+
+
 def test_a_streamed_copy_reports_progress_then_its_result(rig: Rig) -> None:
     rig.shim("source"), rig.shim("sink")
     data = os.urandom(3 * MiB + 7)
@@ -354,6 +368,10 @@ def test_a_protocol_2_0_shim_refuses_the_new_features_clearly_and_still_works(ri
     error = api_error(refused)
     assert error["code"] == "UNSUPPORTED_OPERATION"
     assert "old" in error["message"] and "2.0" in error["message"] and "2.1" in error["message"], error
+
+    pipe = {"source": {"machine": "old", "argv": ["echo", "x"]}, "destination": {"machine": "old", "argv": ["cat"]}}
+    refused_pipe = rig.api.client.post(f"/api/v1/sessions/{rig.session}/pipe", json=pipe)
+    assert (refused_pipe.status_code, api_error(refused_pipe)["code"]) == (409, "UNSUPPORTED_OPERATION")
 
     request_id = str(uuid.uuid4())
     pending = _PendingOp(rig, {"op": "EXECUTE_COMMAND", "payload": {"argv": ["sleep", "2"]}, "request_id": request_id})

@@ -153,7 +153,7 @@ async def test_a_streamed_fan_out_names_each_machine_then_sends_done_with_every_
                 "machine_id": "m2",
                 "name": "buildbox",
                 "ok": False,
-                "error": {"code": "MACHINE_UNREACHABLE", "message": "gone"},
+                "error": {"code": "MACHINE_UNREACHABLE", "message": "gone", "details": {}},
             },
             {"machine_id": "m1", "name": "laptop", "ok": True, "result": {"machine_id": "m1", **_typed(result())}},
         ]
@@ -332,6 +332,34 @@ async def test_get_ops_lists_the_operations_in_flight_of_the_session(api, owner,
 
 
 # --- pipe, copy ------------------------------------------------------------------------------------
+
+
+async def test_pipe_validates_both_ends_and_answers_the_services_result(api, monkeypatch):
+    calls: list[dict[str, Any]] = []
+
+    async def pipe(**kwargs: Any) -> dict[str, Any]:
+        calls.append(kwargs)
+        return {"request_id": RID, "bytes": 3, "source": {"exit_code": 0}, "destination": {"exit_code": 0}}
+
+    monkeypatch.setattr(live, "pipe", pipe)
+    body = {"source": {"machine": "a", "argv": ["cat", "x"]}, "destination": {"machine": "b", "command": "wc -c"}}
+    response = await api.post("/api/v1/sessions/s1/pipe", {**body, "timeout_seconds": 30})
+    assert response.status_code == 200 and response.json()["bytes"] == 3
+    assert calls[0]["source"] == body["source"] and calls[0]["destination"] == body["destination"]
+    assert calls[0]["timeout_seconds"] == 30.0 and calls[0]["caller"] == "api"
+    for bad, message in [
+        ({"destination": body["destination"]}, "source is required"),
+        ({**body, "source": {"machine": "a"}}, "source needs argv"),
+        ({**body, "source": {"machine": "a", "argv": ["x"], "command": "y"}}, "source needs argv"),
+        ({**body, "destination": {"machine": "", "argv": ["x"]}}, "destination.machine is required"),
+        ({**body, "destination": {"machine": "b", "argv": ["x"], "stdin": "x"}}, "destination has unknown fields"),
+        ({**body, "destination": {"machine": "b", "argv": ["x"], "env": {"A": 1}}}, "destination.env must be"),
+        ({**body, "timeout_seconds": 0}, "timeout_seconds must be a number"),
+    ]:
+        refused = await api.post("/api/v1/sessions/s1/pipe", bad)
+        assert refused.status_code == 400, bad
+        assert refused.json()["error"]["message"].startswith(message), refused.json()
+    assert len(calls) == 1
 
 
 async def test_a_streamed_copy_sends_progress_then_its_result(api, monkeypatch):

@@ -23,6 +23,7 @@ TOOL_NAMES = {
     "local_pc_file_delete",
     "local_pc_file_move",
     "local_pc_file_copy",
+    "local_pc_pipe",
 }
 
 

@@ -38,6 +38,7 @@ MACHINE_TOOLS = {
     "local_pc_file_delete",
     "local_pc_file_move",
     "local_pc_file_copy",
+    "local_pc_pipe",
 }
 # The agent tools of a user token (dispatch_event is for agent tokens only).
 AGENT_TOOLS = {"list_agents", "get_agent_history", "dispatch_launch_agent", "dispatch_send_message", "message_status"}

@@ -283,7 +283,7 @@ async def test_every_operation_tool_but_copy_and_pipe_takes_target_machines(owne
             {"const": "*"},
         ]
         assert "target_machines" in tools[name].description and "exclusive" in schema["description"]
-    for name in ("local_pc_file_copy", "list_machines"):
+    for name in ("local_pc_file_copy", "local_pc_pipe", "list_machines"):
         assert "target_machines" not in tools[name].parameters["properties"]
     answer = await tools["local_pc_file_stat"]({"path": "/x", "target_machines": "*"})
     assert answer["results"][0]["name"] == "laptop"
@@ -292,4 +292,30 @@ async def test_every_operation_tool_but_copy_and_pipe_takes_target_machines(owne
         await tools["local_pc_file_stat"]({"path": "/x", "target_machines": ["a"], "target_machine": "b"})
     with pytest.raises(Exception, match="invalid arguments"):
         await tools["local_pc_file_stat"]({"path": "/x", "target_machines": []})
+    assert len(calls) == 1
+
+
+async def test_the_pipe_tool_validates_its_ends_and_reports_bytes_moved(owner, monkeypatch) -> None:
+    calls: list[dict[str, Any]] = []
+
+    async def pipe(**kwargs: Any) -> dict[str, Any]:
+        calls.append(kwargs)
+        await kwargs["on_progress"](1024, None)
+        return {"request_id": "r", "bytes": 1024, "source": {}, "destination": {}}
+
+    monkeypatch.setattr(live, "pipe", pipe)
+    tools = {
+        tool.name: tool for tool in await machine_tools.machine_tools(user=owner, session_id="default", caller="mcp")
+    }
+    ends = {"source": {"machine": "a", "argv": ["cat", "f"]}, "destination": {"machine": "b", "command": "wc -c"}}
+    reports = Reports()
+    token = TOOL_CALL.set(ToolCall(progress=reports))
+    try:
+        assert (await tools["local_pc_pipe"](ends))["bytes"] == 1024
+    finally:
+        TOOL_CALL.reset(token)
+    assert calls[0]["source"] == ends["source"] and calls[0]["caller"] == "mcp"
+    assert reports.sent == [(1024.0, None, None)]
+    with pytest.raises(Exception, match="source needs argv"):
+        await tools["local_pc_pipe"]({**ends, "source": {"machine": "a"}})
     assert len(calls) == 1
