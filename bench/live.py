@@ -70,6 +70,7 @@ from machines.shim import protocol as shim_protocol  # noqa: E402
 sys.path.append(str(BENCH))
 
 from common import (  # noqa: E402
+    CpuMeter,
     encode,
     finish_report,
     free_port,
@@ -790,7 +791,7 @@ def run(sizes: Sizes) -> dict[str, Any]:
     from tests.infra import instance
 
     report: dict[str, Any] = {"notes": []}
-    with tempfile.TemporaryDirectory(prefix="bench-live-") as scratch, relay_server() as (relay_url, _relay_pid):
+    with tempfile.TemporaryDirectory(prefix="bench-live-") as scratch, relay_server() as (relay_url, relay_pid):
         work = Path(scratch)
         for directory in ("src", "dst", "fan", "relay-src"):
             (work / directory).mkdir()
@@ -809,12 +810,18 @@ def run(sizes: Sizes) -> dict[str, Any]:
                     f"· B10: {sizes.warmup} warm-up + {sizes.samples} samples each (relay, REST, MCP), interleaved…",
                     flush=True,
                 )
-                report["b10"] = asyncio.run(b10(rig, sizes))
+                names = ("src", "dst", "relay")
+                shim_pids = {f"shim.{name}": shim.pid for name, shim in zip(names, shims, strict=True)}
+                with CpuMeter({"server": server.proc.pid, "relay": relay_pid, **shim_pids}) as meter:
+                    report["b10"] = asyncio.run(b10(rig, sizes))
+                report["cpu"] = {"b10": meter.percent}
                 print(
                     f"· B11: {sizes.transfer_rounds} x ({sizes.pipe_mib} MiB pipe, {sizes.pipe_mib} MiB copy)…",
                     flush=True,
                 )
-                report["b11"] = asyncio.run(b11(rig, sizes))
+                with CpuMeter({"server": server.proc.pid, **shim_pids}) as meter:
+                    report["b11"] = asyncio.run(b11(rig, sizes))
+                report["cpu"]["b11"] = meter.percent
             finally:
                 for shim in shims:
                     shim.stop()
@@ -824,7 +831,9 @@ def run(sizes: Sizes) -> dict[str, Any]:
                 "--root", str(work / "fan"), "--session", FANOUT_SESSION, "--prefix", "fan",
             ]  # fmt: skip
             with child(fleet_args, "fleet", "connected ", timeout=120) as fleet:
-                report["b12"] = asyncio.run(b12(rig, sizes))
+                with CpuMeter({"server": server.proc.pid, "fleet": fleet.pid}) as meter:
+                    report["b12"] = asyncio.run(b12(rig, sizes))
+                report["cpu"]["b12"] = meter.percent
                 report["b12"]["fleet_pid"] = fleet.pid
     return report
 
@@ -1034,6 +1043,15 @@ def main(argv: list[str]) -> int:
     for row in table:
         if row.get("skipped"):
             report["notes"].append(f"{row['id']} not measured: {row['why']}")
+    print("CPU, % of one core, over each phase ('others': the rest of the machine, the shims' commands included):")
+    for phase, cpu in report["cpu"].items():
+        print(f"  {phase.upper()}: " + ", ".join(f"{name} {value:.0f}%" for name, value in cpu.items()))
+    busiest = max(cpu.get("others", 0.0) for cpu in report["cpu"].values())
+    if busiest > 50:
+        report["notes"].append(
+            f"other processes used up to {busiest:.0f}% of a core during a phase: absolute numbers are inflated, "
+            "ratios less so"
+        )
     settle = report["b12"].get("settle")
     if settle:
         report["notes"].append(
