@@ -255,6 +255,9 @@ async def _stream(
                 _audit_stream(
                     command, event, user=user, session_id=session_id, caller=caller, payload=payload, started=started
                 )
+                if row and len(ended) == len(commands):
+                    row = False  # answered: out of the in-flight list before the last event goes out
+                    await database_sync_to_async(inflight_delete)(request_id=request_id)
             yield event
             if isinstance(event, Output):
                 await command.consumed(event)

@@ -7,23 +7,30 @@ operations, so every frame crosses the Redis channel layer between the caller an
 consumer holding the shim. Covered: streaming, closing the stream, cancel from another
 process, a SIGKILLed shim mid-stream, fan-out with one machine unreachable, a pipe whose
 destination exits first, a 2.0 shim refused, credit under a slow consumer (memory flat).
+Then through the edges with the shim on the other serve process: a REST stream cancelled
+by the route on that other process, a REST stream closed, an MCP ``notifications/cancelled``
+posted to the other process.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.infra import (
     PYTHON,
     Instance,
+    MachineApi,
     Process,
     Server,
     ShimProcess,
@@ -80,6 +87,7 @@ class Live:
     session: str = field(default_factory=lambda: f"live-{uuid.uuid4().hex[:10]}")
     shims: list[ShimProcess] = field(default_factory=list)
     callers: list[Process] = field(default_factory=list)
+    apis: list[MachineApi] = field(default_factory=list)
 
     def shim(self, name: str, server: Server) -> ShimProcess:
         root = self.tmp_path / f"root-{name}"
@@ -101,6 +109,15 @@ class Live:
         shim = ShimProcess(proc=started.proc, log_path=started.log_path, state_dir=state, name=name)
         self.shims.append(shim)
         return shim.wait_connected()
+
+    @property
+    def ops(self) -> str:
+        return f"/api/v1/sessions/{self.session}/ops"
+
+    def api(self, server: Server) -> MachineApi:
+        api = MachineApi(server.url, self.instance.admin_token)
+        self.apis.append(api)
+        return api
 
     def call(self, do: str, **request: Any) -> Caller:
         body = json.dumps({"do": do, "session_id": self.session, **request})
@@ -126,6 +143,8 @@ def live(servers: tuple[Instance, Server, Server], tmp_path: Path) -> Iterator[L
     finally:
         for process in [*world.callers, *world.shims]:
             process.stop()
+        for api in world.apis:
+            api.client.close()
         for server in (a, b):
             assert server.running, server.log()
 
@@ -135,16 +154,23 @@ def outputs(events: list[dict[str, Any]], machine_id: str | None = None) -> str:
 
 
 def running_with(marker: str) -> list[int]:
-    """Pids of processes whose command line holds ``marker``."""
+    """Pids of processes whose command line holds ``marker`` (the test's own clients aside)."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and entry.name != str(os.getpid()):
             try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    found.append(int(entry.name))
+                cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
+            if marker.encode() in cmdline and not cmdline.startswith(b"curl\0"):
+                found.append(int(entry.name))
     return found
+
+
+def idle(marker: str) -> str:
+    """A shell loop that runs until stopped and keeps ``marker`` in its command line (a
+    shell ``exec``s a last simple command, which would drop it)."""
+    return f"while true; do sleep 0.2; done # {marker}"
 
 
 def rss_kib(pid: int) -> int:
@@ -180,7 +206,8 @@ def test_a_command_streams_its_output_to_a_caller_in_another_process(live: Live)
 def test_closing_the_stream_cancels_the_command(live: Live) -> None:
     shim = live.shim("closer", live.a)
     marker = f"m{uuid.uuid4().hex[:8]}"
-    caller = live.call("stream", payload={"command": f"echo go; sleep 30 # {marker}"}, stop_after=1)
+    caller = live.call("stream", payload={"command": f"echo go; {idle(marker)}"}, stop_after=1)
+    caller.wait_for("output")
     assert caller.end()["answer"] is None
     wait_until(lambda: not running_with(marker), timeout=10, what="the command to be gone")
     record = wait_until(
@@ -313,3 +340,86 @@ def test_a_slow_consumer_holds_a_fast_command_back_and_memory_stays_flat(live: L
         assert after[name] - before[name] < 16 * 1024, f"{name} grew {after[name] - before[name]} KiB"
     assert events[-1]["rss"] - events[10]["rss"] < 16 * 1024, "the caller grew"
     wait_until(lambda: not [p for p, n in children_of(shim.pid) if n in ("head", "tr")], timeout=10, what="cancelled")
+
+
+# --- through the edges, across processes ------------------------------------------------------------
+# The REST and MCP edges (branch live-edges) on one serve process, the shim on the other.
+
+
+def test_a_rest_stream_on_one_process_is_cancelled_by_the_route_on_the_other(live: Live) -> None:
+    from tests.integration.test_live_edges import EventStream
+
+    shim = live.shim("rest-cancel", live.b)
+    request_id = str(uuid.uuid4())
+    body = {"op": "EXECUTE_COMMAND", "payload": {"argv": ["sh", "-c", "echo begun; exec sleep 30"]}}
+    stream = EventStream(live.api(live.a), live.ops, {**body, "stream": True, "request_id": request_id})
+    try:
+        assert stream.until("started")["machine_id"] == shim.machine_id
+        assert stream.until("output")["data"] == "begun\n"
+        listed = live.api(live.a).client.get(live.ops).json()["operations"]
+        assert [entry["request_id"] for entry in listed] == [request_id]
+        cancel = live.api(live.b).client.post(f"{live.ops}/{request_id}/cancel")
+        assert cancel.status_code == 202 and cancel.json() == {"request_id": request_id, "cancelled": True}
+        result = stream.until("result")
+        assert result["payload"]["cancelled"] is True and result["payload"]["exit_code"] == -15
+    finally:
+        stream.close()
+    wait_until(lambda: not [n for _, n in children_of(shim.pid) if n == "sleep"], timeout=10, what="sleep gone")
+    assert live.api(live.b).client.get(live.ops).json()["operations"] == []
+
+
+def test_closing_a_rest_stream_cancels_a_command_held_by_the_other_process(live: Live) -> None:
+    from tests.integration.test_live_edges import EventStream
+
+    shim = live.shim("rest-close", live.b)
+    marker = f"m{uuid.uuid4().hex[:8]}"
+    body = {"op": "EXECUTE_COMMAND", "payload": {"command": f"echo begun; {idle(marker)}"}, "stream": True}
+    stream = EventStream(live.api(live.a), live.ops, body)
+    assert stream.until("output")["data"] == "begun\n"
+    assert running_with(marker)
+    stream.close()
+    wait_until(lambda: not running_with(marker), timeout=10, what="the command to be gone")
+    assert shim.running
+
+
+def test_an_mcp_cancel_on_one_process_stops_a_tool_call_running_on_the_other(live: Live) -> None:
+    if shutil.which("curl") is None:
+        pytest.skip("no curl to play the MCP client")
+    shim = live.shim("mcp-cancel", live.b)
+    marker = f"m{uuid.uuid4().hex[:8]}"
+    headers = {
+        "Authorization": f"Bearer {live.instance.admin_token}",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": "2025-11-25",
+        "Content-Type": "application/json",
+    }
+    call = {
+        "jsonrpc": "2.0",
+        "id": 41,
+        "method": "tools/call",
+        "params": {
+            "name": "local_pc_execute_command",
+            "arguments": {"command": f"echo begun; {idle(marker)}", "session_id": live.session},
+            "_meta": {"progressToken": "tok-41"},
+        },
+    }
+    # The tool call is a client process of its own (curl), as an MCP client is.
+    command = ["curl", "-sS", "-N", "-X", "POST", f"{live.a.url}/mcp", "--data", json.dumps(call)]
+    for name, value in headers.items():
+        command += ["-H", f"{name}: {value}"]
+    client = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_until(lambda: running_with(marker) or client.poll() is not None, timeout=15, what="the command")
+        assert client.poll() is None, client.communicate()[0]
+        cancelled = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 41}}
+        assert httpx.post(f"{live.b.url}/mcp", json=cancelled, headers=headers, timeout=10).status_code == 202
+        wait_until(lambda: not running_with(marker), timeout=10, what="the command to be gone")
+        output, _ = client.communicate(timeout=15)
+    finally:
+        if client.poll() is None:
+            client.kill()
+    messages = [json.loads(line[5:]) for line in output.splitlines() if line.startswith("data:")]
+    assert messages, output
+    answer = messages[-1]
+    assert answer["id"] == 41 and answer["result"]["structuredContent"]["cancelled"] is True, answer
+    assert shim.running
