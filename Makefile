@@ -60,6 +60,7 @@ lint: dev
 bench: dev
 	$(PY) bench/remote_calls.py
 	$(PY) bench/machines.py
+	$(PY) bench/live.py
 	$(PY) bench/agents.py
 	$(PY) bench/peers.py
 
