@@ -324,6 +324,7 @@ REST: list[Row] = [
     Row("peers/events", "GET", lambda w: "peers/events", PEER_ONLY, 401),
     Row("peers/launch", "POST", lambda w: "peers/launch", PEER_ONLY, 401, {}),
     Row("peers/messages", "POST", lambda w: "peers/messages", PEER_ONLY, 401, {}),
+    Row("peers/messages/batch", "POST", lambda w: "peers/messages/batch", PEER_ONLY, 401, {"messages": []}),
     Row("peers/repos", "GET", lambda w: "peers/repos", PEER_ONLY, 401),
     Row("peers/agents/<str:agent_id>/stop", "POST", lambda w: f"peers/agents/{w.me.pk}/stop", PEER_ONLY, 401, {}),
     Row(

@@ -422,6 +422,15 @@ def build_old_database(alias: str) -> dict[str, list[dict[str, Any]]]:
 # --- what today's code must find -------------------------------------------------------------
 
 
+def check_at_the_latest_migrations(alias: str, old: dict[str, list[dict[str, Any]]]) -> None:
+    """Migrate ``alias`` on to the latest migrations (the ones after the move add columns
+    and tables today's models read, e.g. issue 15's ``peers`` 0003) and check the rows with
+    today's models: a test's last step (their ``post_migrate`` adds content types)."""
+    migrate(alias, latest_nodes())
+    with routed_to(alias):
+        check_with_todays_models(old)
+
+
 def check_with_todays_models(old: dict[str, list[dict[str, Any]]]) -> None:
     """Read the migrated database with today's models and Django's auth and admin."""
     content_type_ids = {row["model"]: row["id"] for row in old["django_content_type"] if row["app_label"] == "dispatch"}
@@ -501,8 +510,8 @@ def test_an_old_database_migrates_forward_with_every_row_and_back(backend: str, 
         plan = migrate(alias, moved_nodes())
         assert {(m.app_label, m.name) for m, backwards in plan if not backwards} == NEW_MIGRATIONS
         assert dump(alias) == relabelled(old)  # post_migrate made no new content type or permission
-        with routed_to(alias):
-            check_with_todays_models(old)
+        # (today's models read the rows at the end: the later migrations' post_migrate adds
+        # content types that would stay in the dumps compared before that)
 
         plan = migrate(alias, old_targets())
         assert {(m.app_label, m.name) for m, backwards in plan if backwards} == NEW_MIGRATIONS
@@ -514,8 +523,7 @@ def test_an_old_database_migrates_forward_with_every_row_and_back(backend: str, 
 
         migrate(alias, moved_nodes())
         assert dump(alias) == relabelled(old)
-        with routed_to(alias):
-            check_with_todays_models(old)
+        check_at_the_latest_migrations(alias, old)
 
 
 @backends
@@ -535,8 +543,7 @@ def test_content_types_made_between_the_two_steps_give_way_to_the_old_ones(backe
 
         migrate(alias, moved_nodes())
         assert dump(alias) == relabelled(old)
-        with routed_to(alias):
-            check_with_todays_models(old)
+        check_at_the_latest_migrations(alias, old)
 
 
 @backends
