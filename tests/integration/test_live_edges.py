@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 import time
 import uuid
@@ -398,3 +399,47 @@ class _PendingOp:
         self.thread.join(timeout)
         assert self.response is not None, f"no answer within {timeout:g}s"
         return self.response
+
+
+def _rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def test_a_slow_reader_holds_the_command_back_and_the_server_memory_stays_flat(rig: Rig) -> None:
+    # The event stream's credit follows what the client has actually taken off the socket:
+    # a command printing 300 MB to a reader taking ~600 KiB/s stays held on the machine
+    # (still in flight after 4 s, where unpaced it ends in about 8 s), and the server does
+    # not buffer what the reader has not taken.
+    rig.shim("laptop")
+    server_pid = rig.live.server.proc.pid
+    before = _rss_bytes(server_pid)
+    body = json.dumps(
+        {
+            "op": "EXECUTE_COMMAND",
+            "stream": True,
+            "payload": {"command": "head -c 300000000 /dev/zero | tr '\\0' x", "timeout_seconds": 60},
+        }
+    ).encode()
+    host, port = "127.0.0.1", rig.live.server.port
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        sock.connect((host, port))
+        sock.sendall(
+            f"POST {rig.ops} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {rig.api.token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        taken, peak = 0, before
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            taken += len(sock.recv(64 * 1024))
+            time.sleep(0.1)
+            peak = max(peak, _rss_bytes(server_pid))
+        assert taken > 0
+        held = [op for op in rig.in_flight() if op["kind"] == "command"]
+        assert len(held) == 1, "the command ran ahead of its reader"
+        assert peak - before < 48 * MiB, f"server grew {(peak - before) / MiB:.1f} MiB for a reader that took {taken}"
+    wait_until(lambda: not rig.in_flight(), timeout=15, what="the closed stream's command to end")

@@ -135,6 +135,70 @@ def leave_form_bodies_to_django() -> None:
     WebRequest.__init__ = init
 
 
+class _SocketDrained:
+    """A twisted push producer registered on a streamed response: twisted pauses it when
+    the connection's send buffer is full and resumes it when that buffer has drained."""
+
+    def __init__(self) -> None:
+        self.drained = asyncio.Event()
+        self.drained.set()
+
+    def pauseProducing(self) -> None:
+        self.drained.clear()
+
+    def resumeProducing(self) -> None:
+        self.drained.set()
+
+    def stopProducing(self) -> None:
+        self.drained.set()
+
+
+def pace_streamed_responses() -> None:
+    """Back-pressure for streamed HTTP responses: an application's ``send`` of a body chunk
+    with ``more_body`` returns only once the client has taken the bytes (the socket's send
+    buffer drained below twisted's mark, about 64 KiB past the kernel's own buffer).
+
+    daphne writes every ``http.response.body`` message into the transport and returns at
+    once, so a streamed response to a slow reader grew the server's memory without bound:
+    a live operation's event stream (issue 14) grants the machine more output as it sends
+    events, so without this a command printing fast to a slow ``curl`` was buffered whole
+    in the server. With it the stream's consumer waits, its credit stops, and the command
+    waits on the machine. Uses twisted's producer API on the request (``registerProducer``
+    with a push producer, unregistered before the last chunk finishes the request); the
+    wait re-checks the connection every second, so a client that went away ends it.
+    """
+    from daphne.server import Server
+
+    if getattr(Server.handle_reply, "dispatch_patched", False):
+        return
+    original_handle_reply = Server.handle_reply
+
+    async def handle_reply(self: Any, protocol: Any, message: dict[str, Any]) -> None:
+        pacer: _SocketDrained | None = None
+        if message.get("type") == "http.response.body" and hasattr(protocol, "registerProducer"):
+            pacer = getattr(protocol, "dispatch_pacer", None)
+            if message.get("more_body"):
+                if pacer is None and not protocol.finished and protocol.channel is not None and not protocol.producer:
+                    pacer = protocol.dispatch_pacer = _SocketDrained()
+                    protocol.registerProducer(pacer, True)
+            elif pacer is not None:
+                if protocol.producer is pacer and protocol.channel is not None:
+                    protocol.unregisterProducer()
+                protocol.dispatch_pacer = pacer = None
+        await original_handle_reply(self, protocol, message)
+        while pacer is not None and not pacer.drained.is_set():
+            if protocol.finished or getattr(protocol, "_disconnected", False) or protocol.channel is None:
+                return
+            try:
+                async with asyncio.timeout(1.0):
+                    await pacer.drained.wait()
+            except TimeoutError:
+                continue
+
+    handle_reply.dispatch_patched = True  # type: ignore[attr-defined]
+    Server.handle_reply = handle_reply
+
+
 def _refuse_body(request: Any, max_bytes: int) -> None:
     """Answer 413 REQUEST_TOO_LARGE on ``request``'s connection, drop the rest, close."""
     import json
@@ -204,6 +268,7 @@ class Command(BaseCommand):
         allow_protocol_close_codes()
         cap_request_bodies(settings.MAX_REQUEST_BYTES)
         leave_form_bodies_to_django()
+        pace_streamed_responses()
         services.server_process_register(kind=ServerProcess.Kind.SERVE)
         connection.close()  # the main thread does no more queries
 
