@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from .guardian import GUARDIAN
 from .jail import JailedPath, PathJail
 from .live import PIPE_CHUNK, STDIN_MODES, CommandOptions, FrameSender, LiveCommand, kill_group
 from .protocol import (
@@ -429,9 +430,13 @@ class Operations:
                 started_transport.close()
             raise
         process = asyncio.subprocess.Process(transport, protocol, loop)
-        return await live.run(
-            process, transport, timeout=timeout, output_limit=self.limits.max_file_size_bytes, started=started
-        )
+        GUARDIAN.watch(process.pid)  # killed by the guardian if this shim dies without cleanup
+        try:
+            return await live.run(
+                process, transport, timeout=timeout, output_limit=self.limits.max_file_size_bytes, started=started
+            )
+        finally:
+            GUARDIAN.forget(process.pid)
 
     def _command_args(self, payload: Mapping[str, Any]) -> list[str]:
         argv, command = payload.get("argv"), payload.get("command")

@@ -443,3 +443,36 @@ def test_a_slow_reader_holds_the_command_back_and_the_server_memory_stays_flat(r
         assert len(held) == 1, "the command ran ahead of its reader"
         assert peak - before < 48 * MiB, f"server grew {(peak - before) / MiB:.1f} MiB for a reader that took {taken}"
     wait_until(lambda: not rig.in_flight(), timeout=15, what="the closed stream's command to end")
+
+
+def _running_with(marker: str) -> list[int]:
+    """Pids of processes whose command line holds ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_a_sigkilled_shim_leaves_no_silent_command_running(rig: Rig) -> None:
+    # A command that prints nothing gets no SIGPIPE when its shim dies: the shim's guardian
+    # kills its process group once the shim is gone, however it died.
+    shim = rig.shim("doomed")
+    marker = f"m{uuid.uuid4().hex[:8]}"
+    body = {
+        "op": "EXECUTE_COMMAND",
+        "stream": True,
+        "payload": {"command": f"echo begun; sleep 300; echo never # {marker}"},
+    }
+    stream = EventStream(rig.api, rig.ops, body)
+    stream.until("output")
+    wait_until(lambda: len(_running_with(marker)) >= 1, timeout=10, what="the command to run")
+    shim.kill()
+    event = stream.until("error")
+    assert event["code"] == "MACHINE_UNREACHABLE", event
+    stream.close()
+    wait_until(lambda: not _running_with(marker), timeout=10, what="the command to be killed")
