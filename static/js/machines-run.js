@@ -131,9 +131,13 @@
     return Array.prototype.map.call(boxes, function (box) { return box.value; });
   }
 
+  // "every attached machine" ticks (and locks) every machine with a shell; unticking it
+  // clears them all, so what is ticked afterwards is exactly what the user picks.
   allBox.addEventListener("change", function () {
     form.querySelectorAll("input[name=machine]").forEach(function (box) {
-      if (!box.hasAttribute("data-no-shell")) box.disabled = allBox.checked;
+      if (box.hasAttribute("data-no-shell")) return;
+      box.disabled = allBox.checked;
+      box.checked = allBox.checked;
     });
   });
 
@@ -391,7 +395,7 @@
       var row = document.createElement("tr");
       row.setAttribute("data-request-id", operation.request_id);
       var started = new Date(operation.started_at);
-      cell(row, isNaN(started) ? String(operation.started_at || "") : started.toLocaleTimeString());
+      cell(row, isNaN(started) ? String(operation.started_at || "") : started.toLocaleTimeString([], {hour: "2-digit", minute: "2-digit", second: "2-digit", hour12: false}));
       cell(row, operation.kind || operation.op || "");
       cell(row, (operation.machines || operation.machine_ids || []).join(", "));
       cell(row, operation.summary || "", "op-summary");
