@@ -31,6 +31,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictInt,
     StrictStr,
     ValidationInfo,
     WithJsonSchema,
@@ -198,7 +199,7 @@ class MachineOutputMessage(ChannelMessage):
     stream: Literal["stdout", "stderr"]
     data: str
     encoding: Literal["utf-8", "base64"]
-    seq: int
+    seq: StrictInt = Field(ge=0)
 
 
 class MachineFlowMessage(ChannelMessage):
