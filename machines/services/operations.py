@@ -228,9 +228,7 @@ def operations_of_processes_cancelled(process_ids: list[str]) -> None:
 
     Registered in ``core.services.PROCESSES_GONE_HOOKS`` (it runs in the deleting
     transaction; the cancels are sent when it commits)."""
-    rows = OperationInFlight.objects.filter(server_process_id__in=process_ids).exclude(
-        kind=OperationInFlight.Kind.COPY
-    )
+    rows = OperationInFlight.objects.filter(server_process_id__in=process_ids).exclude(kind=OperationInFlight.Kind.COPY)
     for row in rows:
         request_id = str(row.request_id)
         if row.kind == OperationInFlight.Kind.PIPE:
