@@ -414,6 +414,7 @@ async def test_closing_a_streamed_copy_cancels_it(api, monkeypatch):
 
 async def test_a_failed_streamed_copy_ends_with_an_error_event(api, monkeypatch):
     async def copy(**kwargs: Any) -> dict[str, Any]:
+        kwargs["on_started"]()
         raise MachineError("PATH_NOT_FOUND", "/x does not exist on 'a'")
 
     monkeypatch.setattr(machines_api, "copy_between_machines", copy)
@@ -425,3 +426,15 @@ async def test_a_failed_streamed_copy_ends_with_an_error_event(api, monkeypatch)
             {"request_id": RID, "code": "PATH_NOT_FOUND", "message": "/x does not exist on 'a'", "details": {}},
         )
     ]
+
+
+async def test_a_streamed_copy_refused_before_it_starts_is_a_json_error(api):
+    """No machine attached: the same 404 JSON error as without ``stream`` (not 200 + an
+    ``error`` event)."""
+    body = {"source_machine": "a", "source_path": "/x", "destination_machine": "b", "destination_path": "/y"}
+    plain = await api.post("/api/v1/sessions/s1/copy", body)
+    streamed = await api.post("/api/v1/sessions/s1/copy", {**body, "stream": True})
+    assert plain.status_code == 404 and plain.json()["error"]["code"] == "MACHINE_NOT_ATTACHED"
+    assert streamed.status_code == plain.status_code
+    assert streamed["Content-Type"].startswith("application/json")
+    assert streamed.json() == plain.json()
