@@ -438,3 +438,25 @@ async def test_a_streamed_copy_refused_before_it_starts_is_a_json_error(api):
     assert streamed.status_code == plain.status_code
     assert streamed["Content-Type"].startswith("application/json")
     assert streamed.json() == plain.json()
+
+
+async def test_copy_refuses_target_machines_and_pipe_refuses_unknown_top_level_fields(api, monkeypatch):
+    async def never(**kwargs: Any) -> dict[str, Any]:
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(machines_api, "copy_between_machines", never)
+    monkeypatch.setattr(machines_api.live, "pipe", never)
+    copy = {"source_machine": "a", "source_path": "/x", "destination_machine": "b", "destination_path": "/y"}
+    for name, value in (("target_machines", ["a", "b"]), ("target_machine", "a")):
+        refused = await api.post("/api/v1/sessions/s1/copy", {**copy, name: value})
+        assert refused.status_code == 400
+        error = refused.json()["error"]
+        assert error["code"] == "INVALID_REQUEST"
+        assert error["message"] == f"copy takes source_machine and destination_machine, not {name}"
+    pipe = {"source": {"machine": "a", "argv": ["cat"]}, "destination": {"machine": "b", "argv": ["wc"]}}
+    for extra in ({"stream": True}, {"target_machines": ["a"], "stream": False}):
+        refused = await api.post("/api/v1/sessions/s1/pipe", {**pipe, **extra})
+        assert refused.status_code == 400
+        error = refused.json()["error"]
+        assert error["code"] == "INVALID_REQUEST"
+        assert error["message"] == f"the pipe has unknown fields: {', '.join(sorted(extra))}"
