@@ -137,6 +137,7 @@ class ShimConsumer(DispatchConsumer):
         if size > MAX_FRAME_BYTES or (text_data and len(text_data.encode()) > MAX_FRAME_BYTES):
             await self._close(CloseCode.MESSAGE_TOO_BIG)
             return
+        uncarried: str | None = None  # why a JSON object frame was refused (a value out of range, …)
         try:
             frame = wire.loads(text_data) if text_data is not None else None
         except ValueError as exc:
@@ -148,10 +149,14 @@ class ShimConsumer(DispatchConsumer):
                 reason = f"the machine answered with a value Dispatch cannot carry: {exc}"
                 await self._fail(message_id, "INVALID_RESPONSE", reason)
                 return
+            if refused is not None:
+                uncarried = str(exc)
             frame = None
         if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
             if self.connection_id is None:
                 await self._bad_hello("the first frame must be a JSON HELLO envelope")
+            elif uncarried is not None:
+                await self._error("INVALID_REQUEST", f"the frame has a value Dispatch cannot carry: {uncarried}")
             else:
                 await self._error("INVALID_REQUEST", "frames must be JSON objects with a 'type'")
             return

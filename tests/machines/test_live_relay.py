@@ -237,3 +237,14 @@ async def test_output_past_max_stream_bytes_fails_the_operation_unless_it_is_a_p
     await shim.next_frame("CANCEL")
     final = (await _drain(reply))[-1]["payload"]
     assert final["code"] == "PROTOCOL_ERROR" and "max_stream_bytes" in final["message"]
+
+
+async def test_a_frame_with_an_integer_outside_64_bits_is_refused_saying_so(shims, owner):
+    shim, _, _ = await relayed(shims, owner)
+    payload = '{"request_id": "r1", "stream": "stdin", "credit_total": 99999999999999999999999}'
+    await shim.send('{"type": "FLOW", "id": "f1", "payload": ' + payload + "}")
+    error = await shim.next_frame("ERROR")
+    message = error["payload"]["message"]
+    assert error["payload"]["code"] == "INVALID_REQUEST"
+    assert "cannot carry" in message and "64-bit" in message, message
+    assert shim.consumer_alive()
