@@ -298,7 +298,9 @@ class ShimConsumer(DispatchConsumer):
         ``max_stream_bytes``, each with one frame of slack), or ``None``."""
         raw = _raw_bytes(output.data, output.encoding)
         name = self._name()
-        if raw > STREAM_FLUSH_BYTES:
+        # A text frame may carry the last character begun in the frame before (the shim's
+        # incremental decoder holds up to 3 bytes back).
+        if raw > STREAM_FLUSH_BYTES + (0 if output.encoding == "base64" else 3):
             return f"machine '{name}' sent an output frame of {raw} bytes, over the {STREAM_FLUSH_BYTES}-byte maximum"
         stream = output.stream
         pending.received[stream] = pending.received.get(stream, 0) + raw

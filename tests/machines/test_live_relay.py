@@ -151,6 +151,16 @@ async def test_a_frame_over_64_kib_fails_the_operation_protocol_error(shims, own
     assert messages[-1]["payload"]["code"] == "PROTOCOL_ERROR" and "65536" in messages[-1]["payload"]["message"]
 
 
+async def test_a_text_frame_may_carry_a_character_begun_in_the_frame_before(shims, owner):
+    shim, _, reply = await relayed(shims, owner)
+    text = "a" * 65535 + "€"  # 65 538 bytes: the shim's decoder held "€"'s first bytes back
+    await shim.send(
+        frame("COMMAND_OUTPUT", {"stream": "stdout", "data": text, "encoding": "utf-8", "seq": 0}, message_id="r1")
+    )
+    await shim.send(frame("COMMAND_RESULT", {"stdout": "", "stderr": "", "exit_code": 0}, message_id="r1"))
+    assert [m["type"] for m in await _drain(reply)] == ["machine.output", "machine.reply"]
+
+
 async def test_a_shim_ignoring_its_credit_is_cancelled_and_nothing_past_it_is_relayed(shims, owner):
     """A shim flooding COMMAND_OUTPUT past the window (1 MiB by default), granted nothing
     more: at most the window plus one frame is relayed, then CANCEL and PROTOCOL_ERROR."""
