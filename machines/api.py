@@ -21,7 +21,7 @@ import asyncio
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -582,26 +582,45 @@ async def session_copy(request: HttpRequest, user: User, session_id: str) -> Any
     if not body.stream:
         return await copy_between_machines(**copy_arguments, **_given(request_id=body.request_id))
     request_id = body.request_id or str(uuid.uuid4())
-    return _event_stream(_copy_frames(copy_arguments, request_id))
+    frames = _copy_frames(copy_arguments, request_id)
+    try:
+        await anext(frames)  # the copy started; an error before (routing, …) is a JSON answer
+    except BaseException:
+        await frames.aclose()
+        raise
+    return _event_stream(frames)
 
 
-async def _copy_frames(copy_arguments: dict[str, Any], request_id: str) -> AsyncIterator[str]:
-    """The SSE body of a streamed copy: the latest progress whenever it changed (a slow
+async def _copy_frames(copy_arguments: dict[str, Any], request_id: str) -> AsyncGenerator[str, None]:
+    """The SSE body of a streamed copy: first ``""`` once the copy is in flight (not sent:
+    an error before it — a machine not attached, a ``request_id`` in flight — is raised
+    instead, for a JSON answer), then the latest progress whenever it changed (a slow
     reader skips reports, never queues them), then ``result`` or ``error``. Leaving early
     (the client went away) cancels the copy task."""
     changed = asyncio.Event()
     latest: tuple[int, int | None] | None = None
+    started = False
+
+    def on_started() -> None:
+        nonlocal started
+        started = True
+        changed.set()
 
     async def on_progress(bytes_done: int, bytes_total: int | None) -> None:
-        nonlocal latest
+        nonlocal latest, started
         latest = (bytes_done, bytes_total)
+        started = True
         changed.set()
 
     copying = asyncio.ensure_future(
-        copy_between_machines(**copy_arguments, request_id=request_id, on_progress=on_progress)
+        copy_between_machines(**copy_arguments, request_id=request_id, on_progress=on_progress, on_started=on_started)
     )
     copying.add_done_callback(lambda _task: changed.set())
     try:
+        await changed.wait()
+        if not started:
+            copying.result()  # raises the error that stopped it before it started
+        yield ""
         while True:
             try:
                 async with asyncio.timeout(KEEPALIVE_SECONDS):

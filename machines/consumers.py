@@ -10,15 +10,22 @@ Live operations (2.1, design §2): an operation sent with ``relay`` also gets th
 (``MachineFlowMessage``) on its reply channel, in the order they came; the caller's
 ``MachineFlowMessage`` (stdout/stderr credit), ``MachineInputMessage`` and
 ``MachineCancelMessage`` become ``FLOW``, ``COMMAND_INPUT`` and ``CANCEL`` frames. The
-consumer holds no output and counts no credit: flow control is end to end.
+consumer holds no output (flow control is end to end) but enforces it: it counts each
+relayed operation's output against the stdout/stderr credit the caller granted (the FLOW
+frames it forwards), and a frame over 64 KiB raw, a stream past its credit or the output
+past ``max_stream_bytes`` (one frame of slack; not for a pipe), or a malformed frame,
+cancels the operation and fails it ``PROTOCOL_ERROR`` — a shim ignoring FLOW cannot flood
+the caller.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -47,9 +54,11 @@ from machines.protocol import (
 )
 from machines.services import connections
 from machines.services.connections import ShimIdentity
+from machines.services.relay import base64_length, stream_window
 from machines.shim.protocol import (
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
+    STREAM_FLUSH_BYTES,
     CloseCode,
     MessageType,
     envelope,
@@ -72,6 +81,11 @@ class PendingOperation:
     reply_channel: str
     expires_at: float
     relay: bool = False  # 2.1: COMMAND_OUTPUT and stdin FLOW go to reply_channel too
+    # 2.1, relayed: the stdout/stderr credit granted so far (cumulative, the window first),
+    # the raw bytes received of each stream, and max_stream_bytes (None: a pipe, unbounded).
+    credit: dict[str, int] = field(default_factory=dict)
+    received: dict[str, int] = field(default_factory=dict)
+    max_stream_bytes: int | None = None
 
 
 class ShimConsumer(DispatchConsumer):
@@ -86,6 +100,9 @@ class ShimConsumer(DispatchConsumer):
         self.machine_id: str | None = None
         self.pending: dict[str, PendingOperation] = {}
         self.cancels: dict[str, float] = {}  # id of a CANCEL sent → when to forget it
+        self.refused: dict[str, float] = {}  # id of an operation failed for its output → when to forget it
+        self.limits: dict[str, Any] = {}
+        self.display_name: str | None = None
         self.protocol_version: str | None = None
         self.closing = False
         self.tasks: list[asyncio.Task[None]] = []
@@ -120,6 +137,7 @@ class ShimConsumer(DispatchConsumer):
         if size > MAX_FRAME_BYTES or (text_data and len(text_data.encode()) > MAX_FRAME_BYTES):
             await self._close(CloseCode.MESSAGE_TOO_BIG)
             return
+        uncarried: str | None = None  # why a JSON object frame was refused (a value out of range, …)
         try:
             frame = wire.loads(text_data) if text_data is not None else None
         except ValueError as exc:
@@ -131,10 +149,14 @@ class ShimConsumer(DispatchConsumer):
                 reason = f"the machine answered with a value Dispatch cannot carry: {exc}"
                 await self._fail(message_id, "INVALID_RESPONSE", reason)
                 return
+            if refused is not None:
+                uncarried = str(exc)
             frame = None
         if not isinstance(frame, dict) or not isinstance(frame.get("type"), str):
             if self.connection_id is None:
                 await self._bad_hello("the first frame must be a JSON HELLO envelope")
+            elif uncarried is not None:
+                await self._error("INVALID_REQUEST", f"the frame has a value Dispatch cannot carry: {uncarried}")
             else:
                 await self._error("INVALID_REQUEST", "frames must be JSON objects with a 'type'")
             return
@@ -174,7 +196,9 @@ class ShimConsumer(DispatchConsumer):
         )
         self.connection_id = attached.connection_id
         self.machine_id = hello.machine_id
+        self.display_name = hello.display_name or hello.hostname
         self.protocol_version = negotiated
+        self.limits = dict(attached.limits)
         for task in self.tasks:
             task.cancel()
         self.tasks = [asyncio.ensure_future(self._ping_loop())]
@@ -214,6 +238,8 @@ class ShimConsumer(DispatchConsumer):
             return
         if isinstance(message_id, str) and self.cancels.pop(message_id, None) is not None:
             return  # the ACK (or ERROR) of a CANCEL this consumer sent
+        if isinstance(message_id, str) and message_id in self.refused:
+            return  # more of an operation failed for its output (its frames, its result)
         if message_type == MessageType.COMMAND_OUTPUT:
             await self._relay_output(message_id, frame.get("payload"))
             return
@@ -253,10 +279,53 @@ class ShimConsumer(DispatchConsumer):
         try:
             frame: dict[str, Any] = {key: fields.get(key) for key in ("stream", "data", "encoding", "seq")}
             output = MachineOutputMessage(request_id=message_id, **frame)
-        except ValidationError as exc:
-            await self._error("INVALID_REQUEST", f"malformed COMMAND_OUTPUT: {describe_validation_error(exc)}")
+            if output.encoding == "base64":
+                base64.b64decode(output.data, validate=True)
+        except (ValidationError, binascii.Error, ValueError) as exc:
+            reason = describe_validation_error(exc) if isinstance(exc, ValidationError) else f"data: not base64 ({exc})"
+            await self._error("INVALID_REQUEST", f"malformed COMMAND_OUTPUT: {reason}")
+            await self._refuse(message_id, f"machine '{self._name()}' sent a malformed COMMAND_OUTPUT: {reason}")
+            return
+        violation = self._count_output(pending, output)
+        if violation is not None:
+            await self._refuse(message_id, violation)
             return
         await self._relay(pending.reply_channel, output)
+
+    def _count_output(self, pending: PendingOperation, output: MachineOutputMessage) -> str | None:
+        """Count ``output`` against its operation's credit: what is wrong with it (a frame
+        over 64 KiB raw, a stream past the credit granted or the output past
+        ``max_stream_bytes``, each with one frame of slack), or ``None``."""
+        raw = _raw_bytes(output.data, output.encoding)
+        name = self._name()
+        # A text frame may carry the last character begun in the frame before (the shim's
+        # incremental decoder holds up to 3 bytes back).
+        if raw > STREAM_FLUSH_BYTES + (0 if output.encoding == "base64" else 3):
+            return f"machine '{name}' sent an output frame of {raw} bytes, over the {STREAM_FLUSH_BYTES}-byte maximum"
+        stream = output.stream
+        pending.received[stream] = pending.received.get(stream, 0) + raw
+        credit = pending.credit.get(stream, 0)
+        if pending.received[stream] > credit + STREAM_FLUSH_BYTES:
+            return f"machine '{name}' sent {stream} output past the credit it was granted ({credit} bytes)"
+        total = sum(pending.received.values())
+        if pending.max_stream_bytes is not None and total > pending.max_stream_bytes + STREAM_FLUSH_BYTES:
+            return f"machine '{name}' sent output past max_stream_bytes ({pending.max_stream_bytes} bytes)"
+        return None
+
+    async def _refuse(self, request_id: str, reason: str) -> None:
+        """End operation ``request_id`` for the output its shim sent: ``CANCEL`` to the shim,
+        ``ERROR PROTOCOL_ERROR`` to the caller; what else the shim sends for it is dropped."""
+        logger.warning("shim %s: %s", self.machine_id, reason)
+        now = time.monotonic()
+        self.refused = {rid: until for rid, until in self.refused.items() if until > now}
+        pending = self.pending.get(request_id)
+        self.refused[request_id] = now + (pending.expires_at - now if pending else 0) + CANCEL_ACK_SECONDS
+        if self._live():
+            await self._cancel(request_id)
+        await self._fail(request_id, "PROTOCOL_ERROR", reason)
+
+    def _name(self) -> str:
+        return self.display_name or self.machine_id or "?"
 
     async def _relay_flow(self, payload: Any) -> None:
         """A stdin ``FLOW`` grant of the shim (2.1) → ``MachineFlowMessage`` to the relayed
@@ -306,11 +375,16 @@ class ShimConsumer(DispatchConsumer):
             return
         now = time.monotonic()
         self.pending = {rid: p for rid, p in self.pending.items() if p.expires_at > now}
+        window = stream_window(self.limits)
+        cap = self.limits.get("max_stream_bytes")
+        piped = operation.payload.get("pipe") is True
         self.pending[operation.request_id] = PendingOperation(
             op=operation.op,
             reply_channel=operation.reply_channel,
             expires_at=now + operation.timeout + 5,
             relay=operation.relay,
+            credit={"stdout": window, "stderr": window},
+            max_stream_bytes=None if piped or not isinstance(cap, int) else cap,
         )
         await self.send(text_data=text)
 
@@ -320,6 +394,9 @@ class ShimConsumer(DispatchConsumer):
         a ``FLOW {request_id, stream, credit_total}`` frame (own id; no answer)."""
         if grant.stream == "stdin" or not self._live():
             return
+        pending = self.pending.get(grant.request_id)
+        if pending is not None and pending.relay:
+            pending.credit[grant.stream] = max(pending.credit.get(grant.stream, 0), grant.credit_total)
         payload = {"request_id": grant.request_id, "stream": grant.stream, "credit_total": grant.credit_total}
         await self._send(envelope(MessageType.FLOW, payload, target_machine=self.machine_id))
 
@@ -344,11 +421,13 @@ class ShimConsumer(DispatchConsumer):
         frame under a fresh id, remembered so the shim's ``ACK`` to it is swallowed. The
         operation still ends with its own response (``COMMAND_RESULT {cancelled: true}``,
         or ``ERROR CANCELLED`` for a FILE_* operation)."""
-        if not self._live():
-            return
+        if self._live():
+            await self._cancel(message.request_id)
+
+    async def _cancel(self, request_id: str) -> None:
         now = time.monotonic()
         self.cancels = {cancel_id: until for cancel_id, until in self.cancels.items() if until > now}
-        frame = envelope(MessageType.CANCEL, {"request_id": message.request_id}, target_machine=self.machine_id)
+        frame = envelope(MessageType.CANCEL, {"request_id": request_id}, target_machine=self.machine_id)
         self.cancels[frame["id"]] = now + CANCEL_ACK_SECONDS
         await self._send(frame)
 
@@ -447,6 +526,14 @@ def _answer_id(request_id: Any) -> str | None:
     """The ``id`` of the platform's answer to a shim frame with ``request_id`` (``HELLO_ACK``,
     ``PONG``): that id as text, or a fresh one when it had none."""
     return str(request_id or "") or None
+
+
+def _raw_bytes(data: str, encoding: str) -> int:
+    """The raw bytes an output frame stands for, counted low: the decoded base64, or the
+    UTF-8 text with each U+FFFD counted as the one invalid byte it replaced."""
+    if encoding == "base64":
+        return base64_length(data)
+    return len(data.encode("utf-8", "surrogatepass")) - 2 * data.count("\ufffd")
 
 
 def _error_reply(code: str, message: str) -> MachineReplyMessage:

@@ -238,7 +238,8 @@ class OperationInFlight(models.Model):
     ``caller_channel`` is where an ``OperationCancelMessage`` reaches the caller ("" when
     the shims alone are enough). ``call_key`` is the ``core.tools.ToolCall.call_key`` the
     operation runs under. ``server_process`` is the caller's process: when it dies its
-    rows go with it (CASCADE), as the shims kill their process groups when the socket drops.
+    rows go with it (CASCADE), and the reaper first sends ``CANCEL`` for the commands they
+    still run (``operations_of_processes_cancelled``, a ``PROCESSES_GONE_HOOKS`` hook).
     """
 
     class Kind(models.TextChoices):

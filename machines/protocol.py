@@ -31,6 +31,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictInt,
     StrictStr,
     ValidationInfo,
     WithJsonSchema,
@@ -198,7 +199,7 @@ class MachineOutputMessage(ChannelMessage):
     stream: Literal["stdout", "stderr"]
     data: str
     encoding: Literal["utf-8", "base64"]
-    seq: int
+    seq: StrictInt = Field(ge=0)
 
 
 class MachineFlowMessage(ChannelMessage):
@@ -497,6 +498,16 @@ class SessionPipeBody(WireModel):
 
     absent_as_null = ("source", "destination")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, value: Any) -> Any:
+        # Refused like an end's unknown fields (``stream`` is not a pipe's: it answers JSON).
+        if isinstance(value, dict):
+            unknown = set(value) - {"source", "destination", "timeout_seconds", "request_id"}
+            if unknown:
+                raise ValueError(f"the pipe has unknown fields: {', '.join(sorted(map(str, unknown))[:5])}")
+        return value
+
     source: Annotated[Any, WithJsonSchema(PIPE_END_SCHEMA)]
     destination: Annotated[Any, WithJsonSchema(PIPE_END_SCHEMA)]
     timeout_seconds: Annotated[
@@ -545,6 +556,15 @@ class SessionCopyBody(WireModel):
     (default false), ``request_id`` a UUID."""
 
     absent_as_null = ("source_machine", "source_path", "destination_machine", "destination_path")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_targets(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            for name in ("target_machines", "target_machine"):
+                if name in value:
+                    raise ValueError(f"copy takes source_machine and destination_machine, not {name}")
+        return value
 
     source_machine: str = Field(min_length=1)
     source_path: str = Field(min_length=1)

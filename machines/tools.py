@@ -254,7 +254,7 @@ async def machine_tools(
                 await progress.finish()
 
     async def pipe(arguments: dict[str, Any]) -> Any:
-        body = parse_plain(SessionPipeBody, arguments)
+        body = parse_plain(SessionPipeBody, {k: v for k, v in arguments.items() if k != "session_id"})
         progress = _progress_throttle()
         try:
             return await live.pipe(

@@ -59,11 +59,13 @@ async def copy_between_machines(
     request_id: str | None = None,
     on_progress: Progress | None = None,
     progress: Progress | None = None,
+    on_started: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Copy a file from one machine to another; returns ``{"size_bytes", "sha256"}``.
 
     ``on_progress(bytes_done, bytes_total)`` (bytes; it may be async) is called after each
-    chunk; ``progress`` is its older name. ``request_id`` (a UUID; a fresh one unless
+    chunk; ``progress`` is its older name; ``on_started()`` once both machines are chosen and
+    the copy is in flight (errors before it are the request's own). ``request_id`` (a UUID; a fresh one unless
     given) names the copy in flight: ``cancel_operation`` stops it between chunks.
     Raises ``InvalidRequest`` (a malformed ``request_id`` or session id) and
     ``MachineError``: routing errors (``MACHINE_NOT_ATTACHED``, …), ``OPERATION_EXISTS``
@@ -99,6 +101,8 @@ async def copy_between_machines(
             caller_channel=cancels.channel or "",
         )
         try:
+            if on_started is not None:
+                on_started()
             return await _copy(
                 user=user,
                 session_id=session_id,

@@ -30,7 +30,7 @@ from django.utils import timezone
 
 from core import metrics, wire
 from core.errors import DispatchError, InvalidRequest
-from core.realtime import Gone, layer_send, request_reply
+from core.realtime import Gone, layer_send, request_reply, send_on_commit
 from core.services import server_process_ensure
 from core.tools import TOOL_CALL
 from machines.models import AuditRecord, Machine, MachineConnection, OperationInFlight, PathRecency
@@ -45,6 +45,7 @@ from machines.protocol import (
 from machines.services import router
 from machines.services.relay import Failed, LiveCommand, Output, connection_alive
 from machines.services.router import Candidate, FanOutTarget
+from machines.shim.protocol import supports_live_operations
 from machines.shim.redaction import redact, redact_argv
 
 logger = logging.getLogger(__name__)
@@ -209,6 +210,34 @@ def inflight_create(
     except IntegrityError:
         refused = f"an operation with request_id {request_id} is already in flight"
         raise MachineError("OPERATION_EXISTS", refused) from None
+
+
+def pipe_command_ids(request_id: str) -> tuple[str, str]:
+    """The ids the shims see for pipe ``request_id``'s source and destination commands
+    (derived from it, so a reaper can cancel them from the ``OperationInFlight`` row)."""
+    base = uuid.UUID(str(request_id))
+    return str(uuid.uuid5(base, "pipe-source")), str(uuid.uuid5(base, "pipe-destination"))
+
+
+def operations_of_processes_cancelled(process_ids: list[str]) -> None:
+    """``CANCEL`` every command still running for these (dead or stopping) server
+    processes' operations in flight, once their rows are gone: the caller is gone, so
+    nothing else would stop them and they would hold the shims' ``max_concurrent`` slots
+    until their timeout. A command (or fan-out) → its ``request_id`` to each 2.1 shim; a
+    pipe → its two commands. (A copy's FILE_* chunks are short and end on their own.)
+
+    Registered in ``core.services.PROCESSES_GONE_HOOKS`` (it runs in the deleting
+    transaction; the cancels are sent when it commits)."""
+    rows = OperationInFlight.objects.filter(server_process_id__in=process_ids).exclude(kind=OperationInFlight.Kind.COPY)
+    for row in rows:
+        request_id = str(row.request_id)
+        if row.kind == OperationInFlight.Kind.PIPE:
+            ids: list[str] = list(pipe_command_ids(request_id))
+        else:
+            ids = [request_id] * len(row.shim_channels)
+        for channel, version, shim_request_id in zip(row.shim_channels, row.protocol_versions, ids, strict=False):
+            if supports_live_operations(version):
+                send_on_commit(channel, MachineCancelMessage(request_id=shim_request_id))
 
 
 def inflight_delete(*, request_id: str) -> None:

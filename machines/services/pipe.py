@@ -19,7 +19,6 @@ import asyncio
 import inspect
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -42,6 +41,7 @@ from machines.services.operations import (
     inflight_create,
     inflight_delete,
     operation_timeout,
+    pipe_command_ids,
 )
 from machines.services.relay import Failed, LiveCommand, Output, Result
 from machines.services.router import Candidate
@@ -163,10 +163,11 @@ async def pipe(
     )
     source_payload.update(timeout_seconds=timeout, binary=True, pipe=True)
     destination_payload.update(timeout_seconds=timeout, stdin="stream", pipe=True)
+    source_id, destination_id = pipe_command_ids(request_id)
     run = _Pipe(
         source=LiveCommand(
             source_machine,
-            request_id=str(uuid.uuid4()),
+            request_id=source_id,
             session_id=session_id,
             payload=source_payload,
             timeout=operation_timeout("EXECUTE_COMMAND", source_payload, source_machine.limits),
@@ -174,7 +175,7 @@ async def pipe(
         ),
         destination=LiveCommand(
             destination_machine,
-            request_id=str(uuid.uuid4()),
+            request_id=destination_id,
             session_id=session_id,
             payload=destination_payload,
             timeout=operation_timeout("EXECUTE_COMMAND", destination_payload, destination_machine.limits),

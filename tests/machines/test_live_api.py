@@ -414,6 +414,7 @@ async def test_closing_a_streamed_copy_cancels_it(api, monkeypatch):
 
 async def test_a_failed_streamed_copy_ends_with_an_error_event(api, monkeypatch):
     async def copy(**kwargs: Any) -> dict[str, Any]:
+        kwargs["on_started"]()
         raise MachineError("PATH_NOT_FOUND", "/x does not exist on 'a'")
 
     monkeypatch.setattr(machines_api, "copy_between_machines", copy)
@@ -425,3 +426,37 @@ async def test_a_failed_streamed_copy_ends_with_an_error_event(api, monkeypatch)
             {"request_id": RID, "code": "PATH_NOT_FOUND", "message": "/x does not exist on 'a'", "details": {}},
         )
     ]
+
+
+async def test_a_streamed_copy_refused_before_it_starts_is_a_json_error(api):
+    """No machine attached: the same 404 JSON error as without ``stream`` (not 200 + an
+    ``error`` event)."""
+    body = {"source_machine": "a", "source_path": "/x", "destination_machine": "b", "destination_path": "/y"}
+    plain = await api.post("/api/v1/sessions/s1/copy", body)
+    streamed = await api.post("/api/v1/sessions/s1/copy", {**body, "stream": True})
+    assert plain.status_code == 404 and plain.json()["error"]["code"] == "MACHINE_NOT_ATTACHED"
+    assert streamed.status_code == plain.status_code
+    assert streamed["Content-Type"].startswith("application/json")
+    assert streamed.json() == plain.json()
+
+
+async def test_copy_refuses_target_machines_and_pipe_refuses_unknown_top_level_fields(api, monkeypatch):
+    async def never(**kwargs: Any) -> dict[str, Any]:
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(machines_api, "copy_between_machines", never)
+    monkeypatch.setattr(machines_api.live, "pipe", never)
+    copy = {"source_machine": "a", "source_path": "/x", "destination_machine": "b", "destination_path": "/y"}
+    for name, value in (("target_machines", ["a", "b"]), ("target_machine", "a")):
+        refused = await api.post("/api/v1/sessions/s1/copy", {**copy, name: value})
+        assert refused.status_code == 400
+        error = refused.json()["error"]
+        assert error["code"] == "INVALID_REQUEST"
+        assert error["message"] == f"copy takes source_machine and destination_machine, not {name}"
+    pipe = {"source": {"machine": "a", "argv": ["cat"]}, "destination": {"machine": "b", "argv": ["wc"]}}
+    for extra in ({"stream": True}, {"target_machines": ["a"], "stream": False}):
+        refused = await api.post("/api/v1/sessions/s1/pipe", {**pipe, **extra})
+        assert refused.status_code == 400
+        error = refused.json()["error"]
+        assert error["code"] == "INVALID_REQUEST"
+        assert error["message"] == f"the pipe has unknown fields: {', '.join(sorted(extra))}"

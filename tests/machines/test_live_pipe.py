@@ -15,7 +15,7 @@ from channels.db import database_sync_to_async
 
 from machines.models import AuditRecord, OperationInFlight
 from machines.services import connections, live
-from machines.services.operations import MachineError
+from machines.services.operations import MachineError, pipe_command_ids
 from tests.machines.conftest import settle, until
 from tests.machines.live_shim import LiveMachine, endless
 
@@ -56,6 +56,9 @@ async def test_a_pipe_moves_the_source_stdout_into_the_destination_stdin(shims, 
 
     expected = b"".join(bytes([index]) * 16 * 1024 for index in range(20))
     assert answer["request_id"] == request_id and answer["bytes"] == len(expected)
+    # the commands' ids derive from the pipe's, so a reaper can cancel them from its row
+    sent = (source.shim.ops("EXECUTE_COMMAND")[0]["id"], destination.shim.ops("EXECUTE_COMMAND")[0]["id"])
+    assert sent == pipe_command_ids(request_id)
     assert answer["destination"]["stdout"] == f"{hashlib.sha256(expected).hexdigest()} {len(expected)}\n"
     assert answer["destination"]["ok"] is True and answer["destination"]["exit_code"] == 0
     assert answer["source"] == {

@@ -170,3 +170,19 @@ async def test_a_huge_bad_argument_gives_a_short_error(shims, owner):
         await tools["local_pc_file_read"]({"path": "/x", "encoding": "e" * 200_000})
     assert "local_pc_file_read" in failure.value.message and "…[cut]" in failure.value.message
     assert len(failure.value.message) < 1_000
+
+
+async def test_the_pipe_tool_takes_its_session_id_argument(owner, monkeypatch):
+    from machines import tools as machine_tools_module
+
+    calls: list[dict[str, Any]] = []
+
+    async def pipe(**kwargs: Any) -> dict[str, Any]:
+        calls.append(kwargs)
+        return {"request_id": "r", "bytes": 0, "source": {}, "destination": {}}
+
+    monkeypatch.setattr(machine_tools_module.live, "pipe", pipe)
+    tools = await tools_for(owner)
+    ends = {"source": {"machine": "a", "argv": ["cat"]}, "destination": {"machine": "b", "argv": ["wc"]}}
+    await tools["local_pc_pipe"]({**ends, "session_id": "s1"})
+    assert calls and calls[0]["session_id"] == "s1" and calls[0]["source"]["machine"] == "a"
