@@ -33,7 +33,6 @@ from django.contrib.auth.models import User
 from django.db.models import Q
 from django.utils import timezone
 
-from core import metrics
 from core.errors import DispatchError, InvalidRequest
 from core.presence import current_process_id
 from core.realtime import layer_send
@@ -43,7 +42,6 @@ from machines.services import router
 from machines.services.operations import (
     LIVE_PAYLOAD_FIELDS,
     MachineError,
-    _after_reply,
     _check_operation,
     check_request_id,
     check_session_id,
@@ -53,6 +51,7 @@ from machines.services.operations import (
     inflight_create,
     inflight_delete,
     operation_timeout,
+    streamed_command_audited,
 )
 from machines.services.pipe import pipe
 from machines.services.relay import Failed, LiveCommand, LiveEvent, Output, Progress, Result, Started
@@ -252,8 +251,15 @@ async def _stream(
             command, event = await queue.get()
             if isinstance(event, (Result, Failed)):
                 ended[id(command)] = event
-                _audit_stream(
-                    command, event, user=user, session_id=session_id, caller=caller, payload=payload, started=started
+                streamed_command_audited(
+                    command,
+                    event,
+                    user=user,
+                    session_id=session_id,
+                    caller=caller,
+                    payload=payload,
+                    started=started,
+                    failure=sys.exc_info()[1],
                 )
                 if row and len(ended) == len(commands):
                     row = False  # answered: out of the in-flight list before the last event goes out
@@ -265,8 +271,15 @@ async def _stream(
         for command in commands:
             if id(command) not in ended:
                 await command.cancel()
-                _audit_stream(
-                    command, None, user=user, session_id=session_id, caller=caller, payload=payload, started=started
+                streamed_command_audited(
+                    command,
+                    None,
+                    user=user,
+                    session_id=session_id,
+                    caller=caller,
+                    payload=payload,
+                    started=started,
+                    failure=sys.exc_info()[1],
                 )
         for task in tasks:
             task.cancel()
@@ -276,45 +289,6 @@ async def _stream(
             await command.close()
         if row:
             await database_sync_to_async(inflight_delete)(request_id=request_id)
-
-
-def _audit_stream(
-    command: LiveCommand,
-    event: LiveEvent | None,
-    *,
-    user: User,
-    session_id: str,
-    caller: str,
-    payload: dict[str, Any],
-    started: float,
-) -> None:
-    """One ``AuditRecord`` for a streamed command (``event``: how it ended; ``None``: the
-    caller left and it was cancelled): exit code, cancelled, bytes per stream (§7)."""
-    result: dict[str, Any] = {"ok": isinstance(event, Result), "bytes": dict(command.bytes)}
-    if isinstance(event, Result):
-        result["exit_code"] = event.payload.get("exit_code")
-        result["cancelled"] = bool(event.payload.get("cancelled"))
-    elif isinstance(event, Failed):
-        result["error_code"] = event.code
-        result["cancelled"] = command.cancel_sent
-    else:
-        result["error_code"] = "CANCELLED"
-        result["cancelled"] = command.cancel_sent
-    seconds = time.monotonic() - started
-    result["duration_ms"] = round(seconds * 1000)
-    metrics.machine_operation_observed(
-        operation="EXECUTE_COMMAND", ok=result["ok"], failure=sys.exc_info()[1], seconds=seconds
-    )
-    _after_reply(
-        user=user,
-        session_id=session_id,
-        machine_id=command.candidate.machine_id,
-        request_id=command.request_id,
-        op="EXECUTE_COMMAND",
-        payload={**payload, "stream": True},
-        result=result,
-        caller=caller,
-    )
 
 
 # --- cancel ------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ from machines.protocol import (
     MachineReplyMessage,
 )
 from machines.services import router
-from machines.services.relay import Failed, LiveCommand, Output, connection_alive
+from machines.services.relay import Failed, LiveCommand, Output, Result, connection_alive
 from machines.services.router import Candidate, FanOutTarget
 from machines.shim.protocol import supports_live_operations
 from machines.shim.redaction import redact, redact_argv
@@ -628,6 +628,47 @@ class OutputAssembly:
         answer["output_truncated"] = bool(answer.get("output_truncated")) or stream_truncated or self.truncated
         answer["cancelled"] = bool(answer.get("cancelled"))
         return answer
+
+
+def streamed_command_audited(
+    command: LiveCommand,
+    end: Result | Failed | None,
+    *,
+    user: User,
+    session_id: str,
+    caller: str,
+    payload: dict[str, Any],
+    started: float,
+    failure: BaseException | None,
+    observe: bool = True,
+) -> None:
+    """One ``AuditRecord`` for a streamed command (§7; issue 14: exit code, cancelled,
+    bytes per stream) and, when ``observe``, its metric (``failure``: what ended it, for
+    the metric's label). ``end``: how it ended; ``None``: it was cancelled (the caller
+    left, or the pipe stopped it). ``started``: ``time.monotonic()`` at its start."""
+    result: dict[str, Any] = {"ok": isinstance(end, Result), "bytes": dict(command.bytes)}
+    if isinstance(end, Result):
+        result["exit_code"] = end.payload.get("exit_code")
+        result["cancelled"] = bool(end.payload.get("cancelled"))
+    else:
+        result["error_code"] = end.code if end is not None else "CANCELLED"
+        result["cancelled"] = command.cancel_sent
+    seconds = time.monotonic() - started
+    result["duration_ms"] = round(seconds * 1000)
+    if observe:
+        metrics.machine_operation_observed(
+            operation="EXECUTE_COMMAND", ok=result["ok"], failure=failure, seconds=seconds
+        )
+    _after_reply(
+        user=user,
+        session_id=session_id,
+        machine_id=command.candidate.machine_id,
+        request_id=command.request_id,
+        op="EXECUTE_COMMAND",
+        payload={**payload, "stream": True},
+        result=result,
+        caller=caller,
+    )
 
 
 def _after_reply(**record: Any) -> None:

@@ -25,7 +25,6 @@ from typing import Any
 from channels.db import database_sync_to_async
 from django.contrib.auth.models import User
 
-from core import metrics
 from core.errors import DispatchError, InvalidRequest
 from machines.models import OperationInFlight
 from machines.protocol import DEFAULT_LIMITS
@@ -33,7 +32,6 @@ from machines.services import router
 from machines.services.operations import (
     MachineError,
     OutputAssembly,
-    _after_reply,
     check_request_id,
     check_session_id,
     command_summary,
@@ -42,6 +40,7 @@ from machines.services.operations import (
     inflight_delete,
     operation_timeout,
     pipe_command_ids,
+    streamed_command_audited,
 )
 from machines.services.relay import Failed, LiveCommand, Output, Result
 from machines.services.router import Candidate
@@ -208,7 +207,7 @@ async def pipe(
         if row:
             await database_sync_to_async(inflight_delete)(request_id=request_id)
         for command, payload in ((run.source, source_payload), (run.destination, destination_payload)):
-            _audit(
+            streamed_command_audited(
                 command,
                 run.ends.get(id(command)),
                 user=user,
@@ -216,6 +215,8 @@ async def pipe(
                 caller=caller,
                 payload=payload,
                 started=started,
+                failure=None,
+                observe=command.sent,
             )
     return {
         "request_id": request_id,
@@ -337,37 +338,3 @@ class _Pipe:
         if with_stdout:
             entry["stdout"] = result["stdout"]
         return entry
-
-
-def _audit(
-    command: LiveCommand,
-    end: Result | Failed | None,
-    *,
-    user: User,
-    session_id: str,
-    caller: str,
-    payload: dict[str, Any],
-    started: float,
-) -> None:
-    """One ``AuditRecord`` per command of a pipe (bytes per stream, cancelled, exit code)."""
-    result: dict[str, Any] = {"ok": isinstance(end, Result), "bytes": dict(command.bytes)}
-    if isinstance(end, Result):
-        result["exit_code"] = end.payload.get("exit_code")
-        result["cancelled"] = bool(end.payload.get("cancelled"))
-    else:
-        result["error_code"] = end.code if end is not None else "CANCELLED"
-        result["cancelled"] = command.cancel_sent
-    seconds = time.monotonic() - started
-    result["duration_ms"] = round(seconds * 1000)
-    if command.sent:
-        metrics.machine_operation_observed(operation="EXECUTE_COMMAND", ok=result["ok"], failure=None, seconds=seconds)
-    _after_reply(
-        user=user,
-        session_id=session_id,
-        machine_id=command.candidate.machine_id,
-        request_id=command.request_id,
-        op="EXECUTE_COMMAND",
-        payload={**payload, "stream": True},
-        result=result,
-        caller=caller,
-    )
