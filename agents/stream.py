@@ -184,5 +184,4 @@ async def events_stream(request: HttpRequest) -> HttpResponseBase:
     live = await Subscription(user_events_group(user.pk), receives=[UserEventMessage, CredentialEndedMessage]).open()
     response = StreamingHttpResponse(_frames(user, live, pane, credential), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
-    response["X-Accel-Buffering"] = "no"
     return response

@@ -20,10 +20,12 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from dispatch.mcp.app import with_mcp  # noqa: E402
 from dispatch.routing import websocket_urlpatterns  # noqa: E402
+from dispatch.sse import unbuffered_event_streams  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": with_mcp(django_asgi_app),
+        # Every server-sent-event response goes out unbuffered through a proxy (dispatch.sse).
+        "http": unbuffered_event_streams(with_mcp(django_asgi_app)),
         "websocket": AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
     }
 )

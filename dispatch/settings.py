@@ -93,6 +93,16 @@ ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [*_local_hosts, _public.hostname])
 CSRF_TRUSTED_ORIGINS = [f"{_public.scheme}://{_public.netloc}"]
 CSRF_FAILURE_VIEW = "core.views.csrf_failure"  # the JSON error shape under /api/
 
+# Behind a reverse proxy (docs/operating.md "Behind a proxy", issue 16): ``serve`` takes each
+# request's client address from the first ``X-Forwarded-For`` entry and its scheme from
+# ``X-Forwarded-Proto`` (HTTP and websocket upgrades alike), and Django counts a request as
+# HTTPS when ``X-Forwarded-Proto`` is ``https``. Only safe when the proxy *overwrites* both
+# headers and nothing else reaches the ``serve`` port; off: both headers are ignored.
+BEHIND_PROXY = env_bool("DISPATCH_BEHIND_PROXY", False)
+# No USE_X_FORWARDED_HOST: the proxy passes the client's own ``Host`` (``proxy_set_header
+# Host $http_host``, port included), which ALLOWED_HOSTS and the origin check compare.
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if BEHIND_PROXY else None
+
 # --- applications ----------------------------------------------------------------------
 INSTALLED_APPS = [
     "django.contrib.admin",

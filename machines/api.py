@@ -292,7 +292,6 @@ def sse_event(event: str, data: Any) -> str:
 def _event_stream(frames: AsyncIterator[str]) -> StreamingHttpResponse:
     response = StreamingHttpResponse(frames, content_type="text/event-stream; charset=utf-8")
     response["Cache-Control"] = "no-cache"
-    response["X-Accel-Buffering"] = "no"  # nginx: pass each event on at once
     return response
 
 

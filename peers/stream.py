@@ -236,7 +236,6 @@ async def peer_events(request: HttpRequest) -> HttpResponseBase:
     frames = await peer_events_open(peer)
     response = StreamingHttpResponse(frames, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
-    response["X-Accel-Buffering"] = "no"
     return response
 
 

@@ -45,7 +45,6 @@ KEEPALIVE = b": keep-alive\n\n"
 HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
-    (b"x-accel-buffering", b"no"),  # nginx: pass each event on at once
 ]
 
 

@@ -4,7 +4,9 @@ daphne serves HTTP and websockets with its websocket message and frame caps rais
 16 MiB + 64 KiB and its 24-hour socket timeout off (spec/overview.md "Stack"); each
 consumer enforces its own protocol's limit. Unless ``--no-background`` the background
 services run as asyncio tasks on the same loop. SIGTERM/SIGINT: stop accepting, fail
-pending remote calls, close sockets, exit 0 within 10 s.
+pending remote calls, close sockets, exit 0 within 10 s. With ``DISPATCH_BEHIND_PROXY``
+the client address and scheme come from the proxy's ``X-Forwarded-*`` headers
+(``proxy_header_options``).
 """
 
 from __future__ import annotations
@@ -244,6 +246,32 @@ def _refuse_body(request: Any, max_bytes: int) -> None:
     asyncio.get_event_loop().call_later(REFUSED_BODY_LINGER, abort)  # twisted runs on asyncio here
 
 
+def proxy_header_options(behind_proxy: bool) -> dict[str, str | None]:
+    """daphne's proxy-header options for ``DISPATCH_BEHIND_PROXY`` (issue 16).
+
+    On: the ASGI scope's ``client`` of every HTTP request and websocket upgrade is the
+    first ``X-Forwarded-For`` entry (port 0), and an HTTP request's ``scheme`` is
+    ``X-Forwarded-Proto`` — daphne reads the scheme only when ``X-Forwarded-For`` is
+    present, and never puts one in a websocket scope (the origin check takes it from the
+    header through ``SECURE_PROXY_SSL_HEADER`` instead). A request without the header keeps
+    its TCP peer. The proxy must overwrite ``X-Forwarded-For`` with the address it sees
+    (nginx: ``$remote_addr``), or a client could name any address. ``X-Forwarded-Port``
+    is not read: daphne would take it for the client's port, while proxies send the port
+    the client connected to. Off: all ``None``, the headers are ignored.
+    """
+    if not behind_proxy:
+        return {
+            "proxy_forwarded_address_header": None,
+            "proxy_forwarded_port_header": None,
+            "proxy_forwarded_proto_header": None,
+        }
+    return {
+        "proxy_forwarded_address_header": "X-Forwarded-For",
+        "proxy_forwarded_port_header": None,
+        "proxy_forwarded_proto_header": "X-Forwarded-Proto",
+    }
+
+
 class Command(BaseCommand):
     help = "Serve Dispatch (HTTP + websockets) with daphne, plus the background services."
 
@@ -282,12 +310,15 @@ class Command(BaseCommand):
                 print(
                     f"Dispatch serving on http://{host}:{address.port} "
                     f"(process {current_process_id()}, background services "
-                    f"{'off' if no_background else 'on'})",
+                    f"{'off' if no_background else 'on'}"
+                    f"{', client address from X-Forwarded-For' if settings.BEHIND_PROXY else ''})",
                     flush=True,
                 )
                 public = urlsplit(settings.PUBLIC_URL)
                 public_port = public.port or (443 if public.scheme == "https" else 80)
-                if public.hostname in ("127.0.0.1", "localhost", "::1") and public_port != address.port:
+                # Behind a proxy the public URL is the proxy's, on another port by design.
+                loopback = public.hostname in ("127.0.0.1", "localhost", "::1")
+                if loopback and public_port != address.port and not settings.BEHIND_PROXY:
                     print(
                         f"Warning: DISPATCH_PUBLIC_URL is {settings.PUBLIC_URL}, but this process serves port "
                         f"{address.port}: agents, shims and peers are told the public URL. Set "
@@ -305,6 +336,7 @@ class Command(BaseCommand):
             ping_interval=20,
             ping_timeout=30,
             application_close_timeout=5,
+            **proxy_header_options(settings.BEHIND_PROXY),
         )
         runtime.server = server
         reactor.callWhenRunning(runtime.start)
