@@ -1,0 +1,257 @@
+"""The nginx topology of issue 16 for tests: a private nginx on a free loopback port in front
+of several ``manage.py serve --no-background`` processes and one ``dispatch_worker``, on a
+fresh PostgreSQL database and Redis (``deploy.cluster`` writes nginx's config and runs it;
+``tests.infra`` starts Dispatch's processes).
+
+    with cluster(servers=3, tls=True) as topo:
+        topo.url                 # https://127.0.0.1:PORT, the public URL every process has
+        topo.instance.shim(...)  # clients started through the instance reach nginx ...
+        topo.shim("a", root)     # ... (this one does, by default)
+        topo.servers[0].url      # one process directly (for per-process comparisons)
+        topo.process_of(row_process_id)  # which Server holds a connection row
+
+With ``tls`` the certificate is self-signed (SAN 127.0.0.1 and localhost) and trusted
+through ``SSL_CERT_FILE`` (Python: httpx, websockets, the shim and the remote client) and
+``NODE_EXTRA_CA_CERTS`` (node), set for every child process and, while the cluster runs,
+for the test process itself. The topology runs with ``DISPATCH_PROCESS_TTL=6`` and a 1 s
+heartbeat (``deploy.cluster.topology_env``).
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from deploy.cluster import Certificate, Nginx, body_cap, free_port, nginx_binary, self_signed_certificate, topology_env
+from tests.infra import PYTHON, REPO, Instance, Process, Server, ShimProcess, instance, unavailable, wait_until
+
+MARKS = ("integration", "multiprocess", "postgres", "redis")
+
+
+@dataclass
+class Front:
+    """nginx as a client sees it, with the same client helpers as ``tests.infra.Server``
+    (``url``, ``ws_url``, ``get``, ``remote_names``), so ``Instance.shim(server=front)`` and
+    ``MachineApi(front.url, …)`` go through nginx."""
+
+    nginx: Nginx
+
+    @property
+    def url(self) -> str:
+        return self.nginx.url
+
+    @property
+    def ws_url(self) -> str:
+        return self.nginx.ws_url
+
+    @property
+    def port(self) -> int:
+        return self.nginx.port
+
+    def get(self, path: str, token: str | None = None) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.get(f"{self.url}{path}", headers=headers, timeout=10)
+
+    def remote_names(self, token: str) -> list[str]:
+        response = self.get("/api/v1/remotes", token)
+        response.raise_for_status()
+        return [remote["remotename"] for remote in response.json()["remotes"]]
+
+
+@dataclass
+class Cluster:
+    """A running topology. ``servers`` are the ``serve`` processes (in start order; a
+    restarted one keeps its index and port), ``front`` is nginx, ``token`` an API token
+    of ``admin``."""
+
+    instance: Instance
+    front: Front
+    servers: list[Server]
+    worker: Process | None
+    certificate: Certificate | None
+    workdir: Path
+    extra_serve_args: tuple[str, ...] = ("--no-background",)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return self.front.url
+
+    @property
+    def ws_url(self) -> str:
+        return self.front.ws_url
+
+    @property
+    def token(self) -> str:
+        return self.instance.admin_token
+
+    @property
+    def nginx(self) -> Nginx:
+        return self.front.nginx
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.instance.env
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """A client context trusting the cluster's certificate (``None`` without TLS)."""
+        if self.certificate is None:
+            return None
+        return ssl.create_default_context(cafile=str(self.certificate.cert))
+
+    def http(self, token: str | None = None, **options: Any) -> httpx.Client:
+        """An httpx client of nginx's URL (``Authorization: Bearer token`` when given)."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=options.pop("timeout", 30), **options)
+
+    def shim(self, name: str | None, root: str | os.PathLike[str] | None, *flags: str, **options: Any) -> ShimProcess:
+        """``Instance.shim`` through nginx (``--server`` is nginx's URL)."""
+        options.setdefault("server", self.front)
+        return self.instance.shim(name, root, *flags, **options)
+
+    # --- the processes behind nginx ------------------------------------------------------
+
+    def start_server(self, port: int | None = None, **env: Any) -> Server:
+        """Start one more ``serve`` (on ``port``, default a free one) without waiting for it
+        and without telling nginx (``restart`` reuses the port nginx knows)."""
+        port = port or free_port()
+        started = Process.spawn(
+            {**self.instance.env, **{k: str(v) for k, v in env.items()}},
+            [PYTHON, str(REPO / "manage.py"), "serve", "--port", str(port), *self.extra_serve_args],
+            name=f"serve-{port}",
+        )
+        server = Server(proc=started.proc, log_path=started.log_path, port=port)
+        self.instance.servers.append(server)
+        return server
+
+    def restart(self, index: int, *, timeout: float = 30) -> Server:
+        """Start ``servers[index]`` again on its port once it has exited (after ``stop``/``kill``),
+        wait until it is healthy; it replaces the old entry."""
+        old = self.servers[index]
+        assert not old.running, f"serve on {old.port} is still running"
+        server = self.start_server(old.port).wait_healthy(timeout)
+        self.servers[index] = server
+        return server
+
+    def server_with_pid(self, pid: int) -> int | None:
+        """The index in ``servers`` of the process ``pid``, if it is one of them."""
+        return next((i for i, server in enumerate(self.servers) if server.pid == pid), None)
+
+    # --- the database, read directly ----------------------------------------------------
+
+    def rows(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+        """``sql`` on the cluster's PostgreSQL database (its own connection, autocommit)."""
+        import psycopg
+
+        with psycopg.connect(self.instance.env["DATABASE_URL"], autocommit=True) as conn:
+            return list(conn.execute(sql, params).fetchall())
+
+    def process_pids(self) -> dict[str, int]:
+        """``ServerProcess`` id → pid of every registered process (serve and worker)."""
+        return {str(pid_row[0]): int(pid_row[1]) for pid_row in self.rows("SELECT id, pid FROM dispatch_serverprocess")}
+
+    def process_index(self) -> dict[str, int]:
+        """``ServerProcess`` id → index in ``servers`` (serve processes only)."""
+        found = {}
+        for process_id, pid in self.process_pids().items():
+            index = self.server_with_pid(pid)
+            if index is not None:
+                found[process_id] = index
+        return found
+
+    def details(self) -> str:
+        """nginx's error log and the tail of every process's log, for a failure message."""
+        parts = [f"--- nginx error log\n{self.nginx.error_log()[-3000:]}"]
+        for process in [*self.instance.servers, *self.instance.processes]:
+            parts.append(f"--- {process.log_path.name} (pid {process.pid})\n{process.log()[-2000:]}")
+        return "\n".join(parts)
+
+
+@contextmanager
+def cluster(
+    *, servers: int = 3, tls: bool = False, worker: bool = True, pool_max: int = 10, **env: Any
+) -> Iterator[Cluster]:
+    """Start the topology (``servers`` ``serve --no-background`` processes, a
+    ``dispatch_worker`` unless ``worker=False``, nginx in front; https with ``tls``) on a
+    fresh PostgreSQL database and Redis prefix; ``env`` overrides settings of every process.
+
+    Skips (fails under ``CI=true``) without nginx, PostgreSQL or Redis. Each process's pool
+    is ``pool_max`` connections (``DISPATCH_DB_POOL_MAX``): the machine's PostgreSQL is
+    shared with other tests.
+    """
+    if nginx_binary() is None:
+        unavailable("nginx is not installed (apt-get install nginx; .ci/run installs it)")
+    workdir = Path(tempfile.mkdtemp(prefix="dispatch-cluster-"))
+    port = free_port()
+    certificate = self_signed_certificate(workdir / "tls") if tls else None
+    public_url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+    overrides: dict[str, Any] = {**topology_env(public_url), "DISPATCH_DB_POOL_MAX": pool_max}
+    trust: dict[str, str] = {}
+    if certificate is not None:
+        trust = {"SSL_CERT_FILE": str(certificate.cert), "NODE_EXTRA_CA_CERTS": str(certificate.cert)}
+    overrides.update(trust)
+    overrides.update(env)
+    saved = {name: os.environ.get(name) for name in trust}
+    os.environ.update(trust)
+    try:
+        with instance(postgres=True, redis=True, database_prefix="dispatch_cluster_", **overrides) as inst:
+            topo = Cluster(
+                instance=inst,
+                front=Front(nginx=None),  # type: ignore[arg-type]  # set below, once the servers listen
+                servers=[],
+                worker=None,
+                certificate=certificate,
+                workdir=workdir,
+            )
+            started = [topo.start_server() for _ in range(servers)]
+            if worker:
+                topo.worker = inst.worker()
+            topo.servers = [server.wait_healthy(60) for server in started]
+            nginx = Nginx.start(
+                workdir / "nginx",
+                port=port,
+                upstreams=[server.port for server in topo.servers],
+                max_body_bytes=body_cap(inst.env),
+                tls=certificate,
+            )
+            topo.front = Front(nginx=nginx)
+            try:
+                wait_until(
+                    lambda: _healthy(topo.url),
+                    timeout=15,
+                    what="/healthz through nginx",
+                    details=topo.details,
+                )
+                yield topo
+            finally:
+                nginx.stop()
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        import shutil
+
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def unique(prefix: str) -> str:
+    """``prefix`` + 8 random hex digits (remote names, sessions)."""
+    return f"{prefix}{uuid.uuid4().hex[:8]}"
