@@ -158,8 +158,9 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 def address_allowed(address: str, networks: Iterable[Network]) -> bool:
-    """Whether the client ``address`` (the TCP peer, ``REMOTE_ADDR``; never a forwarded
-    header) lies in one of ``networks`` (``DISPATCH_METRICS_ALLOW``). An IPv4 client seen
+    """Whether the client ``address`` (``REMOTE_ADDR``: the TCP peer, or with
+    ``DISPATCH_BEHIND_PROXY`` the first ``X-Forwarded-For`` entry the proxy wrote) lies in
+    one of ``networks`` (``DISPATCH_METRICS_ALLOW``). An IPv4 client seen
     as an IPv4-mapped IPv6 address (``::ffff:127.0.0.1``, a dual-stack listener) counts as
     its IPv4 address; an empty or unparsable address (a Unix socket) is never allowed."""
     try:
