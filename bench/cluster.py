@@ -12,7 +12,8 @@ load reaches:
 - ``three``: a ``FastRemote`` and ``--callers`` (64) caller sessions open ``/ws`` through
   the topology's nginx and land where least-connections puts them (a call between sessions
   on two processes crosses Redis);
-- ``one``: the same through the one-upstream nginx: every session on the first process.
+- ``one``: the same through the one-upstream nginx: every session on the first process;
+- ``direct``: the same straight to the first process (no nginx), to show nginx's share.
 
 Each caller session keeps one ``remote-call`` in flight (B3, bench/remote_calls.py); the
 windows alternate between the two sides (same machine noise for both). Every call id is
@@ -239,6 +240,7 @@ def run(sizes: Sizes) -> dict[str, Any]:
         sides = [
             Side("one", nginx_one.ws_url, "bench-one"),
             Side("three", topo.ws_url, "bench-three"),
+            Side("direct", topo.servers[0].ws_url, "bench-direct"),  # one process, no nginx: nginx's share
         ]
         groups: dict[str, Callable[[], list[int]]] = {
             f"serve-{i}": _fixed(server.pid) for i, server in enumerate(topo.servers)
@@ -255,16 +257,22 @@ def run(sizes: Sizes) -> dict[str, Any]:
         asyncio.run(measure(topo, sides, sizes, groups))
         for side in sides:
             assert side.tally is not None and side.remote is not None
+            result = side.tally.result(side.remote, sizes.callers)
+            serve_share = sum(value for name, value in side.cpu.items() if name.startswith("serve-")) / 100
+            completed = result["completed"] or 1
             report["sides"][side.name] = {
-                **side.tally.result(side.remote, sizes.callers),
+                **result,
                 "cpu": side.cpu,
+                # CPU seconds of every serve process (and of the whole machine) per answered call, ms.
+                "serve_cpu_ms_per_call": round(1000 * serve_share * result["seconds"] / completed, 2),
+                "machine_cpu_ms_per_call": round(10 * side.cpu.get("all", 0.0) * result["seconds"] / completed, 2),
                 "sessions_per_process": side.spread,
             }
     return report
 
 
 def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    one, three = report["sides"]["one"], report["sides"]["three"]
+    one, three, direct = report["sides"]["one"], report["sides"]["three"], report["sides"]["direct"]
 
     def rate(entry: dict[str, Any]) -> str:
         return f"{entry['calls_per_second']:,.0f}/s{'' if entry['intact'] else ' (!)'}"
@@ -276,6 +284,7 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
             "what": f"B3 load ({three['callers']} callers x 1 in flight) through nginx: 3 serve vs 1 serve",
             "three": rate(three),
             "one": rate(one),
+            "direct": rate(direct),
             "ratio": f"{ratio:.2f}x",
             "target": "none lost/dup (report, no rate goal: 2 cores)",
             "pass": three["intact"] and one["intact"],
@@ -337,6 +346,7 @@ def main(argv: list[str]) -> int:
             ("what", "what"),
             ("three", "3 processes"),
             ("one", "1 process"),
+            ("direct", "1, no nginx"),
             ("ratio", "ratio 3/1"),
             ("target", "goal"),
         ],
@@ -347,7 +357,8 @@ def main(argv: list[str]) -> int:
             f"  {name}: {entry['completed']} answered of {entry['sent']} sent in {entry['seconds']} s; lost "
             f"{entry['lost']}, duplicated {entry['duplicated_replies'] + entry['remote_duplicates']}, errors "
             f"{entry['errors']}{' ' + str(entry['error_samples']) if entry['error_samples'] else ''}; latency p50 "
-            f"{entry['latency']['p50_ms']:.1f} ms, p99 {entry['latency']['p99_ms']:.1f} ms; sessions "
+            f"{entry['latency']['p50_ms']:.1f} ms, p99 {entry['latency']['p99_ms']:.1f} ms; CPU per call: serve "
+            f"{entry['serve_cpu_ms_per_call']:.2f} ms, machine {entry['machine_cpu_ms_per_call']:.2f} ms; sessions "
             f"{json.dumps(entry['sessions_per_process'])}"
         )
     print("CPU while each side was measured, % of one core (200% = both cores):")
