@@ -132,16 +132,18 @@ class GroupCpuMeter:
         self.wall = time.perf_counter()
         self.own = time.process_time()
         self.system = system_busy_seconds()
-        self.start = {name: self._used(pids) for name, pids in self.pids.items()}
+        self.start = {name: {pid: process_cpu_seconds(pid) for pid in pids} for name, pids in self.pids.items()}
         return self
 
     @staticmethod
-    def _used(pids: list[int]) -> float:
-        return sum(value for value in (process_cpu_seconds(pid) for pid in pids) if value == value)  # NaN: gone
+    def _used(start: dict[int, float]) -> float:
+        """CPU seconds since ``start`` of the processes alive at both ends (NaN: gone)."""
+        deltas = (process_cpu_seconds(pid) - before for pid, before in start.items())
+        return sum(delta for delta in deltas if delta == delta and delta >= 0)
 
     def __exit__(self, *exc: object) -> None:
         wall = time.perf_counter() - self.wall
-        used = {name: self._used(pids) - self.start[name] for name, pids in self.pids.items()}
+        used = {name: self._used(start) for name, start in self.start.items()}
         used["driver"] = time.process_time() - self.own
         others = system_busy_seconds() - self.system - sum(used.values())
         self.percent = {name: round(100 * value / wall, 1) for name, value in used.items()}
