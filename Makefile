@@ -7,8 +7,11 @@ PORT   ?= 8000
 PYTEST_ARGS ?=
 DIST   ?= dist
 CLIENTS := tests/clients
+CLUSTER_SERVERS ?= 3
+CLUSTER_PORT    ?= 8080
+CLUSTER_TLS     ?=
 
-.PHONY: run test lint bench venv dev dist clean
+.PHONY: run cluster test lint bench venv dev dist clean
 
 $(VENV)/bin/python:
 	@$(PYTHON) -m venv $(VENV) || { echo "Could not create a virtualenv: install Python's venv module (Debian/Ubuntu: apt-get install python3-venv)"; exit 1; }
@@ -35,6 +38,14 @@ run: venv
 	  export DISPATCH_PUBLIC_URL="$${url:-http://$(HOST):$(PORT)}"; \
 	  echo "$(PY) manage.py serve --host $(HOST) --port $(PORT)  (public URL $$DISPATCH_PUBLIC_URL)"; \
 	  exec $(PY) manage.py serve --host $(HOST) --port $(PORT)
+
+## cluster: CLUSTER_SERVERS (3) `serve --no-background` processes + a dispatch_worker on
+##          PostgreSQL + Redis behind a private nginx on 127.0.0.1:CLUSTER_PORT (8080), until
+##          Ctrl-C (docs/deploy.md). DATABASE_URL/REDIS_URL from the environment, else database
+##          dispatch_cluster on 127.0.0.1:5432 and Redis 127.0.0.1:6379 (prefix dispatch-cluster);
+##          CLUSTER_TLS=1: https with a self-signed certificate. Needs nginx (not its service).
+cluster: venv
+	$(PY) -m deploy.cluster --servers $(CLUSTER_SERVERS) --port $(CLUSTER_PORT) $(if $(filter 1 yes true,$(CLUSTER_TLS)),--tls)
 
 ## test: the whole suite (browser tests need Debian's chromium; see README)
 test: dev $(CLIENTS)/node_modules/.installed
