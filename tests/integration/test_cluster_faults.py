@@ -1,0 +1,319 @@
+"""Issue 16, "Show" 2 and 3: faults of a ``serve`` process behind nginx under load.
+
+One topology (``tests.cluster``: nginx, three ``serve --no-background``, one
+``dispatch_worker``, PostgreSQL + Redis, ``DISPATCH_PROCESS_TTL=6``, 1 s heartbeat) for
+both tests, in order: the SIGKILL test kills one process and starts it again; the rolling
+restart test then SIGTERMs and restarts each in turn.
+
+Clients, all through nginx: real ``remotes.client.Remote`` remotes (their function takes
+0.3 s, so calls are in flight at any moment), callers on raw ``/ws`` sessions calling them
+in a loop (reconnecting when their socket drops), real shims (``python -m
+machines.shim run``) answering ``EXECUTE_COMMAND`` sent through the REST API, and in the
+restart test an ``/api/v1/events`` stream and an MCP ``GET /mcp`` listener. Which process
+holds a connection is read from its row. Each test prints what it saw (reconnect times,
+failed calls by cause) and writes it as JSON under its tmp dir.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from remotes.client import Remote
+from tests.cluster import Cluster, cluster
+from tests.infra import LiveSession, ShimProcess, eventually
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.multiprocess,
+    pytest.mark.postgres,
+    pytest.mark.redis,
+    pytest.mark.timeout(240),
+]
+
+REMOTES = 6
+CALLERS = 6
+SHIMS = 3
+SESSION = "faults"
+TTL = 6.0  # deploy.cluster.PROCESS_TTL
+TAKEOVER_BOUND = 5.0  # issue 16: a dead process's remote registers again within 5 s
+
+
+@pytest.fixture(scope="module")
+def topo() -> Iterator[Cluster]:
+    with cluster(servers=3, tls=False) as topo:
+        yield topo
+
+
+async def work(n: int) -> dict[str, int]:
+    """Answer ``{"n": n}`` after 0.3 s (so that calls are in flight when a process dies)."""
+    await asyncio.sleep(0.3)
+    return {"n": n}
+
+
+def now() -> float:
+    return time.monotonic()
+
+
+# --- the load --------------------------------------------------------------------------------
+
+
+@dataclass
+class Call:
+    """One remote call or machine operation: who, when, and how it ended."""
+
+    kind: str  # "call" or "op"
+    client: str  # caller index or "ops"
+    target: str  # remote name or machine id
+    started: float
+    ended: float = 0.0
+    outcome: str = ""  # "ok" or the failure's cause
+
+
+@dataclass
+class Load:
+    """Remotes, callers, shims and operations running against ``topo`` until ``stop``."""
+
+    topo: Cluster
+    root: Path
+    calls: list[Call] = field(default_factory=list)
+    registrations: dict[str, list[float]] = field(default_factory=dict)  # remote → registration times
+    caller_connects: dict[int, list[float]] = field(default_factory=dict)  # caller → session open times
+    shims: list[ShimProcess] = field(default_factory=list)
+    stopping: bool = False
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    remote_names: list[str] = field(default_factory=list)
+
+    async def start(self) -> None:
+        for n in range(REMOTES):
+            name = f"fault-{n}"
+            self.remote_names.append(name)
+            self.registrations[name] = []
+            remote = Remote(name, url=self.topo.ws_url, token=self.topo.token, functions=[work])
+            self.tasks.append(asyncio.create_task(remote.serve(announce=self._announcer(name))))
+        for n in range(SHIMS):
+            (self.root / f"shim-{n}").mkdir(exist_ok=True)
+        self.shims = [
+            self.topo.shim(f"fault-{n}", self.root / f"shim-{n}", "--session", SESSION, wait=False)
+            for n in range(SHIMS)
+        ]
+        for shim in self.shims:
+            await asyncio.to_thread(shim.wait_connected, 1, 90)
+        await eventually(
+            lambda: all(self.registrations.values()),
+            timeout=60,
+            what="every remote registered",
+            details=self.topo.details,
+        )
+        for n in range(CALLERS):
+            self.caller_connects[n] = []
+            self.tasks.append(asyncio.create_task(self._caller(n)))
+        self.tasks.append(asyncio.create_task(self._operations()))
+        await eventually(lambda: all(self.caller_connects.values()), timeout=30, what="every caller connected")
+
+    def _announcer(self, name: str) -> Any:
+        def announce(line: str) -> None:
+            if line.startswith(("serving", "reconnected")):
+                self.registrations[name].append(now())
+
+        return announce
+
+    async def _caller(self, n: int) -> None:
+        """Call the remotes in turn, one call at a time; reconnect through nginx when the
+        socket drops (a call in flight then fails as "caller's socket closed")."""
+        turn = n
+        while not self.stopping:
+            try:
+                async with LiveSession.open(self.topo.ws_url, self.topo.token) as session:
+                    self.caller_connects[n].append(now())
+                    while not self.stopping:
+                        remote = self.remote_names[turn % REMOTES]
+                        turn += 1
+                        call = Call("call", str(n), remote, now())
+                        self.calls.append(call)
+                        body = {"remotename": remote, "function": "work", "args": {"n": turn}, "timeout": 30}
+                        nonce = await session.send_request("remote-call", body)
+                        reply = asyncio.ensure_future(session.reply(nonce, 40))
+                        closed = asyncio.ensure_future(session.closed(40))
+                        await asyncio.wait({reply, closed}, return_when=asyncio.FIRST_COMPLETED)
+                        call.ended = now()
+                        if reply.done():
+                            closed.cancel()
+                            answer = reply.result()
+                            call.outcome = "ok" if answer.get("result") == {"n": turn} else str(answer.get("error"))
+                        else:
+                            reply.cancel()
+                            call.outcome = "caller's socket closed"
+                            break
+                        await asyncio.sleep(0.05)
+            except Exception as exc:  # refused while connecting: try again
+                if not self.stopping:
+                    self.calls.append(
+                        Call("connect", str(n), "", now(), now(), f"connect failed: {type(exc).__name__}")
+                    )
+            await asyncio.sleep(0.2)
+
+    async def _operations(self) -> None:
+        """``EXECUTE_COMMAND sleep 0.3`` on each shim in turn through nginx, two at a time."""
+        machine_ids = [shim.machine_id for shim in self.shims]
+        headers = {"Authorization": f"Bearer {self.topo.token}"}
+        async with httpx.AsyncClient(base_url=self.topo.url, headers=headers, timeout=40) as http:
+
+            async def lane(offset: int) -> None:
+                turn = offset
+                while not self.stopping:
+                    machine_id = machine_ids[turn % len(machine_ids)]
+                    turn += 1
+                    op = Call("op", "ops", machine_id, now())
+                    self.calls.append(op)
+                    body = {
+                        "op": "EXECUTE_COMMAND",
+                        "payload": {"argv": ["sleep", "0.3"]},
+                        "target_machine": machine_id,
+                    }
+                    try:
+                        response = await http.post(f"/api/v1/sessions/{SESSION}/ops", json=body)
+                    except httpx.HTTPError as exc:
+                        op.ended, op.outcome = now(), f"http error: {type(exc).__name__}"
+                        continue
+                    op.ended = now()
+                    if response.status_code == 200 and response.json()["payload"].get("exit_code") == 0:
+                        op.outcome = "ok"
+                    elif response.status_code == 502:
+                        op.outcome = "502 from nginx"
+                    else:
+                        try:
+                            error = response.json()["error"]
+                            op.outcome = f"{response.status_code} {error['code']}: {error['message'][:80]}"
+                        except (ValueError, KeyError, TypeError):
+                            op.outcome = f"{response.status_code}: {response.text[:80]}"
+                    await asyncio.sleep(0.05)
+
+            await asyncio.gather(lane(0), lane(1))
+
+    async def stop(self) -> None:
+        self.stopping = True
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        for shim in self.shims:
+            shim.stop()
+
+
+@contextlib.asynccontextmanager
+async def running_load(topo: Cluster, root: Path) -> AsyncIterator[Load]:
+    load = Load(topo, root)
+    try:
+        await load.start()
+        yield load
+    finally:
+        await load.stop()
+
+
+def holders(topo: Cluster) -> dict[str, dict[str, str]]:
+    """Which process (id) holds each remote (by name) and each machine (by machine_id)."""
+    remotes = {str(n): str(p) for n, p in topo.rows("SELECT name, server_process_id FROM remotes_remote")}
+    machines = {
+        str(m): str(p)
+        for m, p in topo.rows(
+            "SELECT m.machine_id, c.server_process_id FROM machines_machineconnection c "
+            "JOIN machines_machine m ON m.id = c.machine_id"
+        )
+    }
+    return {"remotes": remotes, "machines": machines}
+
+
+def report(tmp_path: Path, name: str, summary: dict[str, Any]) -> str:
+    text = json.dumps(summary, sort_keys=True)
+    (tmp_path / f"{name}.json").write_text(text)
+    print(f"\n{name}: {text}")
+    return text
+
+
+# --- Show 2: SIGKILL under load ------------------------------------------------------------------
+
+
+async def test_a_sigkilled_process_s_clients_move_to_the_others_and_only_its_calls_fail(
+    topo: Cluster, tmp_path: Path
+) -> None:
+    async with running_load(topo, tmp_path) as load:
+        await asyncio.sleep(3)  # steady load
+        index = topo.process_index()
+        before = holders(topo)
+        by_process = Counter(index[p] for p in before["remotes"].values() if p in index)
+        victim = by_process.most_common(1)[0][0]
+        dead = next(process_id for process_id, i in index.items() if i == victim)
+        dead_remotes = {name for name, p in before["remotes"].items() if p == dead}
+        dead_machines = {m for m, p in before["machines"].items() if p == dead}
+        machine_moves: dict[str, float] = {}
+
+        killed = now()
+        await asyncio.to_thread(topo.servers[victim].kill)
+
+        async def moved() -> bool:
+            current = await asyncio.to_thread(holders, topo)
+            for machine_id in dead_machines:
+                if machine_id not in machine_moves and current["machines"].get(machine_id, dead) != dead:
+                    machine_moves[machine_id] = now() - killed
+            registered = all(any(t > killed for t in load.registrations[name]) for name in dead_remotes)
+            return registered and len(machine_moves) == len(dead_machines)
+
+        await eventually(moved, timeout=30, interval=0.1, what="the dead process's clients back", details=topo.details)
+        await asyncio.sleep(TTL + 2)  # the reaper's turn: calls to the dead process are all over
+        after = await asyncio.to_thread(holders, topo)
+    calls = [call for call in load.calls if call.ended]
+
+    # Which callers were on the dead process: those whose socket closed after the kill.
+    dead_callers = {c.client for c in calls if c.kind == "call" and c.outcome == "caller's socket closed"}
+    reregistered = {name: min(t for t in load.registrations[name] if t > killed) - killed for name in dead_remotes}
+
+    def involves_dead(call: Call) -> bool:
+        if call.kind == "call":
+            back = killed + reregistered.get(call.target, 0.0)
+            callee_dead = call.target in dead_remotes and call.started < back
+            caller_dead = call.client in dead_callers and call.started < killed + 1 and call.ended >= killed
+            return callee_dead or caller_dead
+        if call.kind == "op":
+            shim_dead = call.target in dead_machines and call.started < killed + machine_moves[call.target]
+            return shim_dead or call.outcome == "502 from nginx" or (call.started <= killed <= call.ended)
+        return call.started >= killed  # a reconnect refused while nginx still tried the dead process
+
+    failed = [call for call in calls if call.outcome != "ok"]
+    causes = Counter(f"{call.kind}: {call.outcome}" for call in failed)
+    wrongly = [call for call in failed if not involves_dead(call)]
+    late = [call for call in failed if call.ended - killed > TTL + 2]
+    summary = {
+        "killed_process": victim,
+        "remotes_on_it": sorted(dead_remotes),
+        "machines_on_it": len(dead_machines),
+        "callers_on_it": len(dead_callers),
+        "remote_reregistered_after_s": {k: round(v, 2) for k, v in sorted(reregistered.items())},
+        "shim_reattached_after_s": sorted(round(v, 2) for v in machine_moves.values()),
+        "calls": sum(c.kind == "call" for c in calls),
+        "ops": sum(c.kind == "op" for c in calls),
+        "failed_by_cause": dict(causes),
+        "failed_not_involving_the_dead_process": len(wrongly),
+        "last_failure_after_kill_s": round(max((c.ended - killed for c in failed), default=0.0), 2),
+    }
+    text = report(tmp_path, "sigkill_under_load", summary)
+    assert dead_remotes and dead_machines, f"the killed process held no remote or no shim: {text}"
+    assert wrongly == [], f"{[(c.kind, c.client, c.target, c.outcome) for c in wrongly]}\n{text}"
+    assert late == [], f"failures later than TTL + 2 s: {[(c.kind, c.outcome, c.ended - killed) for c in late]}"
+    assert max(reregistered.values()) <= TAKEOVER_BOUND, text
+    # No ghost: every remote once, every machine once, none on the dead process.
+    assert sorted(after["remotes"]) == sorted(load.remote_names), after
+    assert dead not in after["remotes"].values() and dead not in after["machines"].values(), after
+    assert len(after["machines"]) == SHIMS, after
+    assert dead not in topo.process_pids(), "the dead process was not reaped"
+    assert sum(c.outcome == "ok" for c in calls if c.started > killed + TAKEOVER_BOUND) > 0, text
+    topo.restart(victim, timeout=90)
