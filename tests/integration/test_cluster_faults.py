@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import time
+import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -477,3 +479,50 @@ async def test_a_rolling_restart_under_load_costs_each_client_one_reconnect_and_
     assert mcp_announced == len(mcp.connections), text
     late = [c for c in calls if c.kind == "call" and c.started > windows[-1][1] - 2]
     assert late and all(c.outcome == "ok" for c in late), text
+
+
+# --- Show 2's takeover rule, on a frozen process --------------------------------------------------
+
+WORK_SPEC = {"name": "work", "description": "Work.", "parameters": {"type": "object", "properties": {}}}
+
+
+async def test_a_frozen_process_s_name_is_taken_over_within_5_s_and_its_socket_closes_when_it_wakes(
+    topo: Cluster,
+) -> None:
+    """A process that stops answering (SIGSTOP: its pid exists, so only the presence ping
+    can tell) loses a name to a connect on another process once it has missed two
+    heartbeats — before ``DISPATCH_PROCESS_TTL`` — and is reaped then, so that when it
+    wakes it closes its sockets (its client learns, and registers again) instead of
+    serving a name that is no longer its. While it lives, the name is never taken."""
+    holder_server, taker_server = topo.servers[0], topo.servers[1]
+    name = f"frozen-{uuid.uuid4().hex[:6]}"
+    body = {"remotename": name, "tools": [WORK_SPEC]}
+    async with (
+        LiveSession.open(holder_server.ws_url, topo.token) as holder,
+        LiveSession.open(taker_server.ws_url, topo.token) as taker,
+    ):
+        assert (await holder.request("remote-connect", body))["message"] == "remote connected"
+        refused = await taker.request("remote-connect", body)
+        assert refused.get("error") == f"remote '{name}' is already connected", refused  # alive: never taken
+
+        holder_server.proc.send_signal(signal.SIGSTOP)
+        frozen = now()
+        attempts = []
+        try:
+            while now() - frozen < TTL:
+                reply = await taker.request("remote-connect", body, timeout=10)
+                attempts.append((round(now() - frozen, 2), reply.get("message") or reply.get("error")))
+                if reply.get("message") == "remote connected":
+                    break
+                await asyncio.sleep(0.5)
+            took = now() - frozen
+        finally:
+            holder_server.proc.send_signal(signal.SIGCONT)
+        summary = {"taken_over_after_s": round(took, 2), "attempts": attempts}
+        print(f"\nfrozen_takeover: {json.dumps(summary)}")
+        assert attempts and attempts[-1][1] == "remote connected", summary
+        assert took <= TAKEOVER_BOUND, summary
+        # Woken, the holder finds its process reaped and closes every socket it holds.
+        assert await holder.closed(timeout=15) == 1012, summary
+    remotes = holders(topo)["remotes"]
+    assert topo.process_index()[remotes[name]] == 1, remotes
