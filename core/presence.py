@@ -34,6 +34,28 @@ def connection_closed(consumer: Any) -> None:
     _local_connections.discard(consumer)
 
 
+def presence_group(process_id: str) -> str:
+    """The channel-layer group a process answers ``presence.ping`` on: ``presence.`` + its
+    id (``dispatch.background.presence_loop`` joins it; issue 16, a takeover's check)."""
+    return f"presence.{process_id}"
+
+
+def pid_absent(*, hostname: str, pid: int) -> bool:
+    """Whether process ``pid`` of host ``hostname`` certainly no longer exists: True only on
+    this host (same hostname) when ``kill(pid, 0)`` says there is no such process. A pid
+    found proves nothing (pids are reused), nor does another host's pid: both give False.
+    """
+    if hostname != HOSTNAME or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # EPERM: a process of another user has that pid
+        return False
+    return False
+
+
 def local_channel_names() -> list[str]:
     """The channel names of this process's open consumers."""
     return [consumer.channel_name for consumer in list(_local_connections) if getattr(consumer, "channel_name", None)]

@@ -25,6 +25,8 @@ The kernel's own messages (``core`` imports no app):
 | ``credential.ended`` | ``CredentialEndedMessage`` | ``revocation.revocation_sweep_once`` | consumers, event streams |
 | ``credentials.ring`` | ``CredentialsRingMessage`` | ``revocation.credentials_ended_on_commit`` | the revocation loop |
 | ``tools.changed`` | ``ToolsChangedMessage`` | ``tool_changes`` | the MCP relay (``dispatch.mcp.relay``) |
+| ``presence.ping`` | ``PresencePingMessage`` | ``services.server_process_liveness`` | a process's presence loop |
+| ``presence.pong`` | ``PresencePingReply`` | the presence loop (``dispatch.background``) | the same |
 """
 
 from __future__ import annotations
@@ -129,3 +131,24 @@ class ToolsChangedMessage(ChannelMessage):
     the MCP relay sends ``notifications/tools/list_changed`` (spec/agents.md §6)."""
 
     type: Literal["tools.changed"] = "tools.changed"
+
+
+class PresencePingMessage(ChannelRequest):
+    """``presence.ping``: "are you alive, and which of these channels are your open
+    connections?", sent to a process's presence group (``core.presence.presence_group``) by
+    ``core.services.server_process_liveness`` before a name held by that process is taken
+    over (spec/sessions-and-remotes.md §2 "Lifetime", issue 16). ``channel_names``: at most
+    a few channel names (a takeover asks about one)."""
+
+    type: Literal["presence.ping"] = "presence.ping"
+    channel_names: list[str] = []
+
+
+class PresencePingReply(ChannelMessage):
+    """``presence.pong``: the answer of a live process (``dispatch.background.presence_loop``):
+    its ``process_id`` and ``holding``, the asked channel names that are open connections of
+    it (``core.presence.local_channel_names``)."""
+
+    type: Literal["presence.pong"] = "presence.pong"
+    process_id: str
+    holding: list[str] = []

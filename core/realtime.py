@@ -478,6 +478,7 @@ async def request_reply(
     unsendable: Callable[[Exception], DispatchError] | None = None,
     liveness: Callable[[], Awaitable[Gone | None]] | None = None,
     check_every: float | None = None,
+    group: bool = False,
 ) -> Reply:
     """Send ``message`` with a fresh ``reply_channel`` to ``channel_name`` and return the
     reply: the first message on that channel that validates as ``reply`` (one that does not
@@ -495,13 +496,17 @@ async def request_reply(
     (``TypeError``/``ValueError``; raised as is without ``unsendable``), and what the layer
     raises while it is unreachable (a Redis ``ConnectionError``: the edges answer it as
     ``TEMPORARILY_UNAVAILABLE``).
+
+    With ``group``, ``channel_name`` names a group and the request goes to every member
+    (``group_send``: a full member channel drops it silently); the first valid reply wins.
     """
     if (timeout is None) == (deadline is None):
         raise TypeError("request_reply takes exactly one of timeout and deadline")
     layer = get_channel_layer()
     reply_channel = await layer.new_channel()
     try:
-        await layer.send(channel_name, message.model_copy(update={"reply_channel": reply_channel}).for_layer())
+        request = message.model_copy(update={"reply_channel": reply_channel}).for_layer()
+        await (layer.group_send if group else layer.send)(channel_name, request)
     except ChannelFull:
         if busy is None:
             raise
@@ -541,17 +546,20 @@ async def request_reply(
 
 
 async def layer_request(
-    channel_name: str, message: ChannelRequest, *, reply: type[Reply], timeout: float
+    channel_name: str, message: ChannelRequest, *, reply: type[Reply], timeout: float, group: bool = False
 ) -> Reply | None:
     """Send ``message`` plus ``reply_channel`` to ``channel_name``; return the first reply
     (validated as ``reply``) that arrives within ``timeout`` seconds, or ``None`` when none
     does (a probe: "do you still serve this?", spec/sessions-and-remotes.md §2 "Lifetime").
+    With ``group``, ``channel_name`` is a group (a process's presence ping, issue 16).
 
     Raises what the layer raises on send (``ChannelFull``; a Redis ``ConnectionError``
     while the layer is unreachable).
     """
     try:
-        return await request_reply(channel_name, message, reply=reply, timeout=timeout, timed_out=_NoReply())
+        return await request_reply(
+            channel_name, message, reply=reply, timeout=timeout, timed_out=_NoReply(), group=group
+        )
     except _NoReply:
         return None
 

@@ -10,11 +10,12 @@ import hashlib
 import hmac
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import lru_cache
 
+from channels.db import database_sync_to_async
 from django.conf import settings
 from django.contrib.auth import authenticate
 from django.contrib.auth.models import User
@@ -27,7 +28,9 @@ from limits.strategies import MovingWindowRateLimiter
 from core import wire
 from core.errors import DispatchError, NotFound, RateLimited
 from core.models import ApiToken, InstanceIdentity, ServerProcess
-from core.presence import HOSTNAME, PID, current_process_id
+from core.presence import HOSTNAME, PID, current_process_id, local_channel_names, pid_absent, presence_group
+from core.protocol import PresencePingMessage, PresencePingReply
+from core.realtime import layer_request
 from core.revocation import credentials_ended_on_commit
 
 logger = logging.getLogger(__name__)
@@ -281,3 +284,101 @@ def server_process_unregister() -> None:
     """Delete this process's row and, by cascade, every connection it held (clean shutdown)."""
     _processes_gone([current_process_id()])
     ServerProcess.objects.filter(pk=current_process_id()).delete()
+
+
+# --- takeover checks (issue 16) -------------------------------------------------------
+
+PRESENCE_PING_TIMEOUT = 1.0
+"""Seconds a process has to answer ``presence.ping`` before a takeover may treat it as gone."""
+MISSED_HEARTBEATS = 2
+"""A process whose heartbeat is older than this many ``DISPATCH_HEARTBEAT_INTERVAL``s has
+missed heartbeats: a takeover may check it at once (and reap it if it does not answer)."""
+
+
+def missed_heartbeats_cutoff() -> datetime:
+    """The instant before which a heartbeat means ``MISSED_HEARTBEATS`` were missed."""
+    return timezone.now() - timedelta(seconds=MISSED_HEARTBEATS * settings.PROCESS_HEARTBEAT_INTERVAL)
+
+
+@dataclass(frozen=True)
+class ProcessLiveness:
+    """What ``server_process_liveness`` found about a process holding a connection.
+
+    ``answered``: it answered the presence ping (it lives; ``holding`` are the asked
+    channel names that are its open connections). Otherwise ``stale`` says whether its
+    heartbeat is older than ``MISSED_HEARTBEATS`` intervals (or its row is gone) — only
+    then may ``server_process_takeover_reap`` remove it; ``absent`` says whether this host
+    knows its pid no longer exists (then no ping was sent).
+    """
+
+    answered: bool
+    holding: frozenset[str] = frozenset()
+    stale: bool = False
+    absent: bool = False
+
+
+def _process_presence(process_id: str) -> tuple[str, int, bool] | None:
+    """``(hostname, pid, missed heartbeats)`` of a process's row, or ``None`` without one."""
+    row = ServerProcess.objects.filter(pk=process_id).values_list("hostname", "pid", "heartbeat_at").first()
+    if row is None:
+        return None
+    hostname, pid, heartbeat_at = row
+    return hostname, pid, heartbeat_at < missed_heartbeats_cutoff()
+
+
+async def server_process_liveness(*, process_id: str, channel_names: Sequence[str] = ()) -> ProcessLiveness:
+    """Check at once whether server process ``process_id`` lives, across hosts (issue 16).
+
+    This process answers for itself from its own open connections. Another is sent a
+    ``presence.ping`` on its presence group (``core.presence.presence_group``), answered by
+    its presence loop within ``PRESENCE_PING_TIMEOUT`` (1 s) while its event loop and
+    channel layer work; asking about ``channel_names`` tells which of them are its open
+    connections. A process that has missed two heartbeats and whose pid this host knows to
+    be gone (same hostname, ``kill(pid, 0)`` → no such process) is not pinged. Waits on the
+    channel layer, never on the database thread (two short queries). Raises what the
+    layer raises while it is unreachable.
+    """
+    if process_id == current_process_id():
+        return ProcessLiveness(answered=True, holding=frozenset(channel_names) & frozenset(local_channel_names()))
+    presence = await database_sync_to_async(_process_presence)(process_id)
+    if presence is None:
+        return ProcessLiveness(answered=False, stale=True, absent=True)
+    hostname, pid, stale = presence
+    if stale and pid_absent(hostname=hostname, pid=pid):
+        return ProcessLiveness(answered=False, stale=True, absent=True)
+    ping = PresencePingMessage(channel_names=list(channel_names))
+    answer = await layer_request(
+        presence_group(process_id), ping, reply=PresencePingReply, timeout=PRESENCE_PING_TIMEOUT, group=True
+    )
+    if answer is not None and answer.process_id == process_id:
+        return ProcessLiveness(answered=True, holding=frozenset(answer.holding) & frozenset(channel_names))
+    # Silent for a second: judge by the heartbeat as it is now, not before the ping.
+    presence = await database_sync_to_async(_process_presence)(process_id)
+    return ProcessLiveness(answered=False, stale=presence is None or presence[2])
+
+
+@transaction.atomic
+def server_process_takeover_reap(*, process_id: str) -> bool:
+    """Reap one process found gone by ``server_process_liveness`` (not answering, missed two
+    heartbeats), so that a connect can take over a name it held (issue 16).
+
+    As ``server_process_reap`` does for one process, under a row lock and only while its
+    heartbeat is still older than ``MISSED_HEARTBEATS`` intervals (a process that
+    heartbeats meanwhile keeps everything): the ``PROCESSES_GONE_HOOKS`` close what it
+    held, and its connection rows go by cascade. Returns True when the process has no row
+    any more (reaped now, or already), False when it lives on. Never reaps this process.
+    """
+    if process_id == current_process_id():
+        return False
+    stale = (
+        ServerProcess.objects.select_for_update()
+        .filter(pk=process_id, heartbeat_at__lt=missed_heartbeats_cutoff())
+        .values_list("pk", flat=True)
+        .first()
+    )
+    if stale is None:
+        return not ServerProcess.objects.filter(pk=process_id).exists()
+    _processes_gone([process_id])
+    ServerProcess.objects.filter(pk=process_id).delete()
+    logger.warning("server process %s missed its heartbeats and did not answer a ping: reaped it", process_id)
+    return True

@@ -17,8 +17,8 @@ from django.conf import settings
 
 from core import services
 from core.consumers import shutdown_local_connections
-from core.protocol import CredentialsRingMessage
-from core.realtime import LoopHealth, Subscription
+from core.protocol import CredentialsRingMessage, PresencePingMessage, PresencePingReply
+from core.realtime import LoopHealth, Subscription, layer_send
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,8 @@ def _db(function: Callable[..., object]) -> Callable[..., Awaitable[object]]:
 
 
 async def heartbeat_loop(*, kind: str) -> None:
-    """Stamp this process's heartbeat every ``DISPATCH_HEARTBEAT_INTERVAL`` seconds.
+    """Stamp this process's heartbeat every ``DISPATCH_HEARTBEAT_INTERVAL`` seconds, and
+    answer presence pings meanwhile (``presence_loop``).
 
     If the row was reaped (this process looked dead to others), every socket of the
     process is closed so its clients reconnect and register again.
@@ -41,16 +42,55 @@ async def heartbeat_loop(*, kind: str) -> None:
     # No backoff: a heartbeat that waited longer would make the process look dead.
     interval = settings.PROCESS_HEARTBEAT_INTERVAL
     health = LoopHealth("presence heartbeat", base=interval, cap=interval, log=logger)
-    while True:
-        await asyncio.sleep(interval)
-        try:
-            intact = await _db(services.server_process_heartbeat)(kind=kind)
-        except Exception as exc:
-            health.failed(exc)
-            continue
-        health.ok()
-        if not intact:
-            await shutdown_local_connections()
+    answering = asyncio.ensure_future(presence_loop())
+    try:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                intact = await _db(services.server_process_heartbeat)(kind=kind)
+            except Exception as exc:
+                health.failed(exc)
+                continue
+            health.ok()
+            if not intact:
+                await shutdown_local_connections()
+    finally:
+        answering.cancel()
+        await asyncio.gather(answering, return_exceptions=True)
+
+
+PRESENCE_REJOIN_EVERY = 10.0  # seconds between renewals of the presence group membership
+
+
+async def presence_loop(*, process_id: str | None = None) -> None:
+    """Answer every ``presence.ping`` sent to this process's presence group at once, with
+    the asked channel names that are open connections of this process (issue 16: a
+    takeover checks the holder of a name this way, across hosts; no database query).
+
+    ``process_id`` defaults to this process's (tests answer for another). Survives layer
+    outages (the subscription joins its group again); a reply that cannot be sent is
+    logged and the loop goes on.
+    """
+    from core.presence import current_process_id, local_channel_names, presence_group
+
+    process_id = process_id or current_process_id()
+    pings = Subscription(
+        presence_group(process_id),
+        receives=[PresencePingMessage],
+        health=LoopHealth("presence pings", cap=PRESENCE_REJOIN_EVERY, log=logger),
+        rejoin_every=PRESENCE_REJOIN_EVERY,
+    )
+    async with pings:
+        while True:
+            ping = await pings.wait()
+            if not isinstance(ping, PresencePingMessage):
+                continue
+            local = set(local_channel_names())
+            holding = [name for name in ping.channel_names if name in local]
+            try:
+                await layer_send(ping.reply_channel, PresencePingReply(process_id=process_id, holding=holding))
+            except Exception as exc:
+                logger.info("could not answer a presence ping: %s", exc)
 
 
 async def revocation_loop() -> None:

@@ -30,7 +30,7 @@ from core.errors import DispatchError
 from core.models import ServerProcess
 from core.presence import current_process_id
 from core.realtime import Gone, layer_request, request_reply, send_on_commit
-from core.services import server_process_ensure
+from core.services import server_process_ensure, server_process_liveness, server_process_takeover_reap
 from core.tool_changes import tools_changed_on_commit
 from remotes.models import Remote, WsSession
 from remotes.protocol import (
@@ -53,7 +53,7 @@ REMOTE_CALL_TIMEOUT = 30.0
 # The channel-layer messages (remotes.protocol: RemoteCallMessage, RemoteProbeMessage,
 # RemoteDisconnectedMessage) are handled by dispatch.ws.consumer.SessionConsumer, which
 # answers a call with a RemoteCallReply and a probe with a RemoteProbeReply.
-REMOTE_PROBE_TIMEOUT = 1.0  # seconds a name's holder has to answer a probe before it is stale
+REMOTE_PROBE_TIMEOUT = 1.0  # seconds a name's (live) holder has to answer a probe
 
 
 class RemoteError(DispatchError):
@@ -148,16 +148,21 @@ def remote_connect(
 
 @dataclass(frozen=True)
 class RemoteHolder:
-    """Who holds a remote name: the row, its serving ws session and channel."""
+    """Who holds a remote name: the row, its serving ws session, channel and process."""
 
     remote_id: int
     ws_session_id: str
     channel_name: str
+    server_process_id: str
 
 
 def remote_holder(*, user: User, remotename: str) -> RemoteHolder | None:
     """The row holding ``user``'s ``remotename``, if any."""
-    row = Remote.objects.filter(user=user, name=remotename).values_list("pk", "ws_session_id", "channel_name").first()
+    row = (
+        Remote.objects.filter(user=user, name=remotename)
+        .values_list("pk", "ws_session_id", "channel_name", "server_process_id")
+        .first()
+    )
     return None if row is None else RemoteHolder(*row)
 
 
@@ -165,10 +170,10 @@ def remote_holder(*, user: User, remotename: str) -> RemoteHolder | None:
 def remote_holder_forget(*, holder: RemoteHolder, session_stale: bool) -> None:
     """Delete a stale registration found by ``remote_connect_probing``.
 
-    With ``session_stale`` (its consumer did not answer the probe) the whole ws session
-    goes, with every remote it served (``ws_session_close``); else (the consumer lives but
-    does not serve that row) only the remote row. Nothing happens when the row has
-    changed meanwhile (another connect took the name).
+    With ``session_stale`` (its process lives but has no open connection on the session's
+    channel) the whole ws session goes, with every remote it served (``ws_session_close``);
+    else (the consumer lives but does not serve that row) only the remote row. Nothing
+    happens when the row has changed meanwhile (another connect took the name).
     """
     remote = Remote.objects.select_for_update().filter(pk=holder.remote_id, ws_session_id=holder.ws_session_id).first()
     if remote is None:
@@ -177,7 +182,7 @@ def remote_holder_forget(*, holder: RemoteHolder, session_stale: bool) -> None:
         "remote '%s' of user %s was registered by a session that %s; forgetting it",
         remote.name,
         remote.user_id,
-        "did not answer" if session_stale else "no longer serves it",
+        "is closed" if session_stale else "no longer serves it",
     )
     if session_stale:
         ws_session_close(ws_session_id=holder.ws_session_id)
@@ -187,17 +192,48 @@ def remote_holder_forget(*, holder: RemoteHolder, session_stale: bool) -> None:
         tools_changed_on_commit([remote.user_id])
 
 
+async def _holder_released(holder: RemoteHolder) -> bool:
+    """Whether a name's holder is gone and its registration was removed (issue 16).
+
+    Its process is checked at once (``core.services.server_process_liveness``). Gone — it
+    missed two heartbeats and did not answer (or this host knows its pid is gone) — the
+    process is reaped and its rows go by cascade. Alive without a connection on the
+    session's channel — the consumer died without its cleanup (issue 11) — the ws session
+    is forgotten. Alive with it, the consumer is probed: one that answers it no longer
+    serves the row loses only that row. Anything else keeps the name: a live process's
+    name is never taken, however late its heartbeat or answer.
+    """
+    liveness = await server_process_liveness(process_id=holder.server_process_id, channel_names=[holder.channel_name])
+    if not liveness.answered:
+        if not liveness.stale:
+            return False  # silent, but heartbeating: not proven gone
+        return bool(await database_sync_to_async(server_process_takeover_reap)(process_id=holder.server_process_id))
+    if holder.channel_name not in liveness.holding:
+        await database_sync_to_async(remote_holder_forget)(holder=holder, session_stale=True)
+        return True
+    probe = RemoteProbeMessage(remote_id=holder.remote_id)
+    answer = await layer_request(holder.channel_name, probe, reply=RemoteProbeReply, timeout=REMOTE_PROBE_TIMEOUT)
+    if answer is None or answer.serving:
+        return False
+    await database_sync_to_async(remote_holder_forget)(holder=holder, session_stale=False)
+    return True
+
+
 async def remote_connect_probing(
     *, user: User, ws_session_id: str, channel_name: str, remotename: str, tools: list[FunctionSpec]
 ) -> Remote:
-    """``remote_connect``, taking over a name whose registration is stale (§2 "Lifetime").
+    """``remote_connect``, taking over a name whose holder is gone (§2 "Lifetime", issue 16).
 
-    When the name is taken by another session, that session's channel gets a
-    ``remote.probe``; a live consumer answers at once. Without an answer within
-    ``REMOTE_PROBE_TIMEOUT`` (1 s) the row and its ws session are stale (their consumer
-    died without its cleanup, e.g. in a Redis outage; its process being alive proves
-    nothing) and are deleted, and the connect proceeds. Raises ``RemoteError``
-    ``REMOTE_ALREADY_CONNECTED`` when the holder answers that it serves the name.
+    When the name is taken by another session, the holder's process is checked at once
+    (a ``presence.ping``, answered within ``core.services.PRESENCE_PING_TIMEOUT``, 1 s) and,
+    if it lives and still has that session open, the session's consumer is probed
+    (``remote.probe``, ``REMOTE_PROBE_TIMEOUT``, 1 s). The name is taken over when the
+    holder's process missed two heartbeats and did not answer (it is reaped, with every
+    row it held), when the process no longer has the session open (a consumer that died
+    without its cleanup, e.g. in a Redis outage), or when the consumer answers that it no
+    longer serves the name; never from a live consumer that serves it or does not answer.
+    Of two connects taking over at once, one wins. Waits on the channel layer, never on
+    the database thread. Raises ``RemoteError`` ``REMOTE_ALREADY_CONNECTED`` otherwise.
     """
     connect = database_sync_to_async(remote_connect)
     try:
@@ -208,16 +244,8 @@ async def remote_connect_probing(
         if exc.code != "REMOTE_ALREADY_CONNECTED":
             raise
         holder = await database_sync_to_async(remote_holder)(user=user, remotename=remotename)
-        if holder is not None and holder.channel_name == channel_name:
-            raise  # this very session serves it
-        if holder is not None:
-            probe = RemoteProbeMessage(remote_id=holder.remote_id)
-            answer = await layer_request(
-                holder.channel_name, probe, reply=RemoteProbeReply, timeout=REMOTE_PROBE_TIMEOUT
-            )
-            if answer is not None and answer.serving:
-                raise
-            await database_sync_to_async(remote_holder_forget)(holder=holder, session_stale=answer is None)
+        if holder is not None and (holder.channel_name == channel_name or not await _holder_released(holder)):
+            raise  # this very session serves it, or its holder lives
     return await connect(
         user=user, ws_session_id=ws_session_id, channel_name=channel_name, remotename=remotename, tools=tools
     )

@@ -19,17 +19,20 @@ heartbeat (``deploy.cluster.topology_env``).
 
 from __future__ import annotations
 
+import json
 import os
 import ssl
+import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from deploy.cluster import Certificate, Nginx, body_cap, free_port, nginx_binary, self_signed_certificate, topology_env
 from tests.infra import PYTHON, REPO, Instance, Process, Server, ShimProcess, instance, unavailable, wait_until
@@ -168,6 +171,38 @@ class Cluster:
                 found[process_id] = index
         return found
 
+    def reaped_count(self) -> int:
+        """How many times a ``serve`` process of this cluster logged that another process
+        reaped it (its heartbeat was older than ``DISPATCH_PROCESS_TTL``; it then closed
+        every socket it held)."""
+        return sum(server.log().count("was reaped by another process") for server in self.instance.servers)
+
+    @contextmanager
+    def heartbeat_watch(self, period: float = 0.25) -> Iterator[dict[str, float]]:
+        """Sample every registered process's heartbeat age (seconds) every ``period``
+        seconds while the block runs; yields ``{process id: largest age seen}``."""
+        import threading
+
+        ages: dict[str, float] = {}
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.wait(period):
+                try:
+                    rows = self.rows("SELECT id, extract(epoch from now() - heartbeat_at) FROM dispatch_serverprocess")
+                except Exception:
+                    continue
+                for process_id, age in rows:
+                    ages[str(process_id)] = max(ages.get(str(process_id), 0.0), float(age))
+
+        thread = threading.Thread(target=sample, daemon=True)
+        thread.start()
+        try:
+            yield ages
+        finally:
+            done.set()
+            thread.join(5)
+
     def details(self) -> str:
         """nginx's error log and the tail of every process's log, for a failure message."""
         parts = [f"--- nginx error log\n{self.nginx.error_log()[-3000:]}"]
@@ -178,15 +213,23 @@ class Cluster:
 
 @contextmanager
 def cluster(
-    *, servers: int = 3, tls: bool = False, worker: bool = True, pool_max: int = 10, **env: Any
+    *,
+    servers: int = 3,
+    tls: bool = False,
+    worker: bool = True,
+    pool_max: int = 10,
+    trust_in_this_process: bool = True,
+    **env: Any,
 ) -> Iterator[Cluster]:
     """Start the topology (``servers`` ``serve --no-background`` processes, a
     ``dispatch_worker`` unless ``worker=False``, nginx in front; https with ``tls``) on a
     fresh PostgreSQL database and Redis prefix; ``env`` overrides settings of every process.
 
-    Skips (fails under ``CI=true``) without nginx, PostgreSQL or Redis. Each process's pool
-    is ``pool_max`` connections (``DISPATCH_DB_POOL_MAX``): the machine's PostgreSQL is
-    shared with other tests.
+    With ``tls`` and ``trust_in_this_process``, ``SSL_CERT_FILE`` names the certificate in
+    this process's environment too while the cluster runs (httpx clients made meanwhile
+    and websockets' default context trust it). Skips (fails under ``CI=true``) without
+    nginx, PostgreSQL or Redis. Each process's pool is ``pool_max`` connections
+    (``DISPATCH_DB_POOL_MAX``): the machine's PostgreSQL is shared with other tests.
     """
     if nginx_binary() is None:
         unavailable("nginx is not installed (apt-get install nginx; .ci/run installs it)")
@@ -200,6 +243,8 @@ def cluster(
         trust = {"SSL_CERT_FILE": str(certificate.cert), "NODE_EXTRA_CA_CERTS": str(certificate.cert)}
     overrides.update(trust)
     overrides.update(env)
+    if not trust_in_this_process:
+        trust = {}
     saved = {name: os.environ.get(name) for name in trust}
     os.environ.update(trust)
     try:
@@ -214,8 +259,11 @@ def cluster(
             )
             started = [topo.start_server() for _ in range(servers)]
             if worker:
-                topo.worker = inst.worker()
-            topo.servers = [server.wait_healthy(60) for server in started]
+                topo.worker = inst.spawn([PYTHON, str(REPO / "manage.py"), "dispatch_worker"], name="worker")
+            # Generous: four Django processes start at once on a small (or busy) machine.
+            topo.servers = [server.wait_healthy(90) for server in started]
+            if topo.worker is not None:
+                topo.worker.wait_for_log("Dispatch worker running", timeout=90)
             nginx = Nginx.start(
                 workdir / "nginx",
                 port=port,
@@ -226,7 +274,7 @@ def cluster(
             topo.front = Front(nginx=nginx)
             try:
                 wait_until(
-                    lambda: _healthy(topo.url),
+                    lambda: _healthy(topo.url, topo.ssl_context() or True),
                     timeout=15,
                     what="/healthz through nginx",
                     details=topo.details,
@@ -245,9 +293,49 @@ def cluster(
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _healthy(url: str) -> bool:
+_SHARED: dict[bool, Cluster] = {}
+
+
+def shared_cluster(config: pytest.Config, *, tls: bool = True) -> Cluster:
+    """One 3-process cluster (``tls`` or not) for the whole test run, started on first use
+    and stopped when the run ends (``config.add_cleanup``): for tests that leave it as they
+    found it (no process stopped, every client closed). Its certificate is NOT trusted by
+    this process's environment: use ``trusting(monkeypatch)`` in the test, or
+    ``ssl_context()``."""
+    if tls not in _SHARED:
+        stack = ExitStack()
+        config.add_cleanup(stack.close)
+        tmux_socket = unique("dispatch-cluster-")
+        stack.callback(subprocess.run, ["tmux", "-L", tmux_socket, "kill-server"], capture_output=True, check=False)
+        _SHARED[tls] = stack.enter_context(
+            cluster(
+                servers=3,
+                tls=tls,
+                trust_in_this_process=False,
+                # Shell agents only (no default type: a launch names one), in a private tmux server.
+                DISPATCH_AGENT_TYPES=json.dumps({"shell": {"argv": ["bash", "--norc", "-i"], "kind": "shell"}}),
+                DISPATCH_TMUX_SOCKET=tmux_socket,
+                DISPATCH_CLI_SUPERVISE_INTERVAL="0.3",
+            )
+        )
+        config.add_cleanup(lambda: _SHARED.pop(tls, None))
+    topo = _SHARED[tls]
+    dead = [server.port for server in topo.servers if not server.running]
+    assert not dead and topo.nginx.running, f"the shared cluster lost serve {dead} or nginx:\n{topo.details()}"
+    return topo
+
+
+def trusting(topo: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Trust ``topo``'s certificate in this process for one test (``SSL_CERT_FILE``,
+    ``NODE_EXTRA_CA_CERTS``), as its child processes do."""
+    if topo.certificate is not None:
+        monkeypatch.setenv("SSL_CERT_FILE", str(topo.certificate.cert))
+        monkeypatch.setenv("NODE_EXTRA_CA_CERTS", str(topo.certificate.cert))
+
+
+def _healthy(url: str, verify: Any = True) -> bool:
     try:
-        return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+        return httpx.get(f"{url}/healthz", timeout=2, verify=verify).status_code == 200
     except httpx.HTTPError:
         return False
 

@@ -42,6 +42,8 @@ from core.protocol import (
     CredentialEndedMessage,
     CredentialsRingMessage,
     HealthProbeMessage,
+    PresencePingMessage,
+    PresencePingReply,
     ServerShutdownMessage,
     ToolsChangedMessage,
 )
@@ -91,6 +93,14 @@ EXAMPLES: list[tuple[ChannelMessage, dict[str, Any]]] = [
     (CredentialEndedMessage(), {"type": "credential.ended"}),
     (CredentialsRingMessage(), {"type": "credentials.ring"}),
     (ToolsChangedMessage(), {"type": "tools.changed"}),
+    (
+        PresencePingMessage(channel_names=["specific.a!b"]),
+        {"type": "presence.ping", "channel_names": ["specific.a!b"], "reply_channel": "specific.test!reply"},
+    ),
+    (
+        PresencePingReply(process_id="proc_0123456789abcdef", holding=["specific.a!b"]),
+        {"type": "presence.pong", "process_id": "proc_0123456789abcdef", "holding": ["specific.a!b"]},
+    ),
     (
         RemoteCallMessage(
             remote_id=3, remotename="weather", function="get_forecast", args={"city": "Rome"}, timeout=30.0
