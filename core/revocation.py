@@ -32,6 +32,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.db import transaction
 from django.db.models import CharField, Exists, OuterRef, Q, QuerySet, Value
 from django.db.models.functions import Cast, Concat
 from django.utils import timezone
@@ -221,6 +222,9 @@ async def revocation_sweep_once() -> int:
     """Find this process's connections and streams whose credential ended and send each
     ``CredentialEndedMessage`` (again after ``RETELL_AFTER`` seconds if it is still there).
     Returns how many were told. Raises what the database or the layer raises."""
+    from core.authentication import bearer_cache_clear  # core.authentication imports core.services, which imports us
+
+    bearer_cache_clear()  # the bearer tokens this process looked up are looked up again (issue 15)
     streams = dict(_streams)
     channels = await sync_to_async(_ended_channels, thread_sensitive=True)(streams)
     now = time.monotonic()
@@ -249,7 +253,11 @@ def credentials_ended_on_commit() -> None:
     """Ring every process's sweep once the current transaction commits (sync code: the
     services that revoke a token, deactivate a user or end sessions). A failure to ring is
     logged, never raised: the periodic sweep still runs within ``SWEEP_INTERVAL``
-    (``core.realtime.ring_on_commit``)."""
+    (``core.realtime.ring_on_commit``). This process's cached bearer lookups are dropped on
+    commit too (``core.authentication.bearer_cache_clear``)."""
+    from core.authentication import bearer_cache_clear  # core.authentication imports core.services, which imports us
+
+    transaction.on_commit(bearer_cache_clear)
     ring_on_commit(DOORBELL_GROUP, CredentialsRingMessage())
 
 
