@@ -31,17 +31,18 @@ PATH = "/home/alice/a.txt"
 def every_query() -> Iterator[list[str]]:
     """The SQL run by any thread (the database thread of ``database_sync_to_async`` too)."""
     seen: list[str] = []
-    run = backend_utils.CursorWrapper._execute
+    wrapper: Any = backend_utils.CursorWrapper
+    run = wrapper._execute
 
     def counted(self: Any, sql: str, *args: Any, **kwargs: Any) -> Any:
         seen.append(sql)
         return run(self, sql, *args, **kwargs)
 
-    backend_utils.CursorWrapper._execute = counted  # type: ignore[method-assign]
+    wrapper._execute = counted
     try:
         yield seen
     finally:
-        backend_utils.CursorWrapper._execute = run  # type: ignore[method-assign]
+        wrapper._execute = run
 
 
 def cached_stat(owner: Any) -> router.Candidate | None:
@@ -62,7 +63,7 @@ async def file_stat(client: AsyncClient, token: str, **extra: Any) -> dict[str, 
     return response.json()
 
 
-async def test_a_rest_file_stat_costs_two_queries_once_warm(shims, owner, owner_token):
+async def test_a_rest_file_stat_costs_two_queries_once_warm(shims: Any, owner: Any, owner_token: Any) -> None:
     bearer_cache_clear()
     shim = await shims.connect(owner, machine_id="m1")
     shim.files[PATH] = b"x"
@@ -80,7 +81,9 @@ async def test_a_rest_file_stat_costs_two_queries_once_warm(shims, owner, owner_
     assert await database_sync_to_async(AuditRecord.objects.filter(op="FILE_STAT").count)() == 6
 
 
-async def test_a_route_to_a_connection_gone_is_routed_again_for_an_operation_that_may_run_twice(shims, owner):
+async def test_a_route_to_a_connection_gone_is_routed_again_for_an_operation_that_may_run_twice(
+    shims: Any, owner: Any
+) -> None:
     shim = await shims.connect(owner, machine_id="m1")
     shim.files[PATH] = b"x"
     await machine_op(user=owner, session_id="s1", op="FILE_STAT", payload={"path": PATH}, caller="test")
@@ -99,16 +102,17 @@ async def test_a_route_to_a_connection_gone_is_routed_again_for_an_operation_tha
     assert router._routes[key][1] == (live,)  # the fresh route replaced the stale one
 
 
-async def test_a_command_is_never_routed_from_the_cache(shims, owner):
+async def test_a_command_is_never_routed_from_the_cache(shims: Any, owner: Any) -> None:
     shim = await shims.connect(owner, machine_id="m1")
     shim.files[PATH] = b"x"
     await machine_op(user=owner, session_id="s1", op="FILE_STAT", payload={"path": PATH}, caller="test")
-    for op, payload in [
+    unsafe: list[tuple[str, dict[str, Any]]] = [
         ("EXECUTE_COMMAND", {"argv": ["true"]}),
         ("FILE_MOVE", {"src": PATH, "dst": PATH + ".2"}),
         ("FILE_DELETE", {"path": PATH}),
         ("FILE_WRITE", {"path": PATH, "content": "y", "append": True}),
-    ]:
+    ]
+    for op, payload in unsafe:
         assert not router.rerouting_safe(op, payload)
         assert router.choose_cached(user=owner, session_id="s1", op=op, payload=payload, target_machine=None) is None
     assert router.choose_cached(
@@ -116,7 +120,7 @@ async def test_a_command_is_never_routed_from_the_cache(shims, owner):
     )
 
 
-async def test_a_machine_connecting_here_drops_the_cached_routes_at_once(shims, owner):
+async def test_a_machine_connecting_here_drops_the_cached_routes_at_once(shims: Any, owner: Any) -> None:
     first = await shims.connect(owner, machine_id="m1")
     first.files[PATH] = b"x"
     await machine_op(user=owner, session_id="s1", op="FILE_STAT", payload={"path": PATH}, caller="test")
@@ -129,7 +133,7 @@ async def test_a_machine_connecting_here_drops_the_cached_routes_at_once(shims, 
     assert router._routes == {}
 
 
-async def test_last_active_is_written_once_per_resolution_and_overloaded_clears_at_once(shims, owner):
+async def test_last_active_is_written_once_per_resolution_and_overloaded_clears_at_once(shims: Any, owner: Any) -> None:
     shim = await shims.connect(owner, machine_id="m1")
     record = {"user": owner, "session_id": "s1", "machine_id": "m1", "op": "FILE_STAT", "payload": {}, "caller": "t"}
 
@@ -152,7 +156,7 @@ async def test_last_active_is_written_once_per_resolution_and_overloaded_clears_
     assert shim.consumer_alive()
 
 
-def test_path_recency_is_one_update_once_the_path_is_known(owner):
+def test_path_recency_is_one_update_once_the_path_is_known(owner: Any) -> None:
     path_recency_record(user=owner, session_id="s1", machine_id="m1", op="FILE_STAT", payload={"path": PATH})
     with CaptureQueriesContext(connection) as captured:
         path_recency_record(user=owner, session_id="s1", machine_id="m2", op="FILE_STAT", payload={"path": PATH})
