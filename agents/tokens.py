@@ -50,9 +50,10 @@ def agent_token_mint(*, agent: Agent) -> str:
 
 def agent_tokens_revoke(*, agent: Agent) -> int:
     """Revoke every active token of ``agent`` (stop, archive); returns how many. This
-    process's cached bearer lookups are dropped when the transaction commits (other
+    process's cached bearer lookups are dropped now and when the transaction commits (other
     processes' expire within ``core.authentication.BEARER_CACHE_SECONDS``)."""
-    transaction.on_commit(bearer_cache_clear)
+    bearer_cache_clear()
+    transaction.on_commit(bearer_cache_clear)  # a lookup meanwhile, by another thread, saw it valid
     return AgentToken.objects.filter(agent=agent, revoked_at__isnull=True).update(revoked_at=timezone.now())
 
 

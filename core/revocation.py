@@ -253,11 +253,12 @@ def credentials_ended_on_commit() -> None:
     """Ring every process's sweep once the current transaction commits (sync code: the
     services that revoke a token, deactivate a user or end sessions). A failure to ring is
     logged, never raised: the periodic sweep still runs within ``SWEEP_INTERVAL``
-    (``core.realtime.ring_on_commit``). This process's cached bearer lookups are dropped on
-    commit too (``core.authentication.bearer_cache_clear``)."""
+    (``core.realtime.ring_on_commit``). This process's cached bearer lookups are dropped now
+    and on commit (``core.authentication.bearer_cache_clear``)."""
     from core.authentication import bearer_cache_clear  # core.authentication imports core.services, which imports us
 
-    transaction.on_commit(bearer_cache_clear)
+    bearer_cache_clear()
+    transaction.on_commit(bearer_cache_clear)  # a lookup meanwhile, by another thread, saw it valid
     ring_on_commit(DOORBELL_GROUP, CredentialsRingMessage())
 
 
