@@ -28,7 +28,7 @@ from django.utils import timezone
 from rest_framework.request import Request
 
 from agents.models import Agent, AgentToken
-from core.authentication import bearer_cache_clear
+from core import credential_cache
 from core.errors import DispatchError
 from core.services import TOKEN_PREFIX_LENGTH, generate_token, token_digest
 
@@ -51,9 +51,9 @@ def agent_token_mint(*, agent: Agent) -> str:
 def agent_tokens_revoke(*, agent: Agent) -> int:
     """Revoke every active token of ``agent`` (stop, archive); returns how many. This
     process's cached bearer lookups are dropped now and when the transaction commits (other
-    processes' expire within ``core.authentication.BEARER_CACHE_SECONDS``)."""
-    bearer_cache_clear()
-    transaction.on_commit(bearer_cache_clear)  # a lookup meanwhile, by another thread, saw it valid
+    processes' expire within ``core.credential_cache.BEARER_CACHE_SECONDS``)."""
+    credential_cache.clear()
+    transaction.on_commit(credential_cache.clear)  # a lookup meanwhile, by another thread, saw it valid
     return AgentToken.objects.filter(agent=agent, revoked_at__isnull=True).update(revoked_at=timezone.now())
 
 

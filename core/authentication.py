@@ -13,6 +13,7 @@ from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.request import Request
 
+from core import credential_cache
 from core.models import ApiToken
 from core.services import AuthenticationFailed, api_token_authenticate, token_digest
 
@@ -41,40 +42,25 @@ def other_bearer_credential(raw_token: str) -> tuple[User, Any] | None:
     return None
 
 
-BEARER_CACHE_SECONDS = 1.0
-"""How long a process reuses a bearer token's lookup (issue 15, B4). Revoking a token,
-deactivating a user or stopping an agent clears the cache of the process that did it when
-the transaction commits, and every other process's at its next revocation sweep (rung at
-once by the same commit, at most ``core.revocation.SWEEP_INTERVAL`` apart); this TTL bounds
-it when the ring is lost: a revoked token is refused everywhere within a second, before the
-sweep closes the connections opened with it."""
-BEARER_CACHE_MAX = 4096  # entries; the cache is emptied when full (only valid tokens enter it)
-
-_bearer_cache: dict[str, tuple[float, User, Any]] = {}
-
-
 def bearer_cache_get(raw_token: str) -> tuple[User, Any] | None:
     """The ``(user, credential)`` a valid ``raw_token`` was found to be less than
-    ``BEARER_CACHE_SECONDS`` ago in this process, or ``None`` (no database access: safe on
-    the event loop). Keyed by the token's SHA-256, never the token."""
+    ``core.credential_cache.BEARER_CACHE_SECONDS`` ago in this process, or ``None`` (no
+    database access: safe on the event loop)."""
     if not raw_token or len(raw_token) > 200:
         return None
-    hit = _bearer_cache.get(token_digest(raw_token))
-    if hit is None or time.monotonic() - hit[0] >= BEARER_CACHE_SECONDS:
-        return None
-    return hit[1], hit[2]
+    return credential_cache.cached(token_digest(raw_token))
 
 
 def bearer_cache_clear() -> None:
-    """Forget every cached lookup (a credential ended; ``core.revocation``)."""
-    _bearer_cache.clear()
+    """Forget every cached lookup (a credential ended; ``core.credential_cache.clear``)."""
+    credential_cache.clear()
 
 
 def bearer_credential(raw_token: str) -> tuple[User, Any]:
     """Who a bearer token is: ``(user, ApiToken)`` for a user API token (its ``last_used_at``
     touched as ``api_token_authenticate`` does), else the first registered kind that knows
     it (``(owner, Agent)`` for an agent token). A found pair is cached for
-    ``BEARER_CACHE_SECONDS`` (``bearer_cache_get``); a refusal never is.
+    ``core.credential_cache.BEARER_CACHE_SECONDS`` (``bearer_cache_get``); a refusal never is.
 
     Raises ``core.services.AuthenticationFailed`` for an unknown, revoked or expired token,
     an inactive user (sync: database reads; spec/overview.md "Credentials").
@@ -91,10 +77,7 @@ def bearer_credential(raw_token: str) -> tuple[User, Any]:
         found = other_bearer_credential(raw_token)
         if found is None:
             raise
-    if len(_bearer_cache) >= BEARER_CACHE_MAX:
-        _bearer_cache.clear()
-    # Stamped before the lookup: a clear that raced it leaves an entry at most a TTL old.
-    _bearer_cache[token_digest(raw_token)] = (started, found[0], found[1])
+    credential_cache.remember(token_digest(raw_token), started, found[0], found[1])
     return found
 
 

@@ -37,6 +37,7 @@ from django.db.models import CharField, Exists, OuterRef, Q, QuerySet, Value
 from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
+from core import credential_cache
 from core.models import ApiToken
 from core.presence import current_process_id
 from core.protocol import CredentialEndedMessage, CredentialsRingMessage
@@ -222,9 +223,7 @@ async def revocation_sweep_once() -> int:
     """Find this process's connections and streams whose credential ended and send each
     ``CredentialEndedMessage`` (again after ``RETELL_AFTER`` seconds if it is still there).
     Returns how many were told. Raises what the database or the layer raises."""
-    from core.authentication import bearer_cache_clear  # core.authentication imports core.services, which imports us
-
-    bearer_cache_clear()  # the bearer tokens this process looked up are looked up again (issue 15)
+    credential_cache.clear()  # the bearer tokens this process looked up are looked up again (issue 15)
     streams = dict(_streams)
     channels = await sync_to_async(_ended_channels, thread_sensitive=True)(streams)
     now = time.monotonic()
@@ -254,11 +253,9 @@ def credentials_ended_on_commit() -> None:
     services that revoke a token, deactivate a user or end sessions). A failure to ring is
     logged, never raised: the periodic sweep still runs within ``SWEEP_INTERVAL``
     (``core.realtime.ring_on_commit``). This process's cached bearer lookups are dropped now
-    and on commit (``core.authentication.bearer_cache_clear``)."""
-    from core.authentication import bearer_cache_clear  # core.authentication imports core.services, which imports us
-
-    bearer_cache_clear()
-    transaction.on_commit(bearer_cache_clear)  # a lookup meanwhile, by another thread, saw it valid
+    and on commit (``core.credential_cache``)."""
+    credential_cache.clear()
+    transaction.on_commit(credential_cache.clear)  # a lookup meanwhile, by another thread, saw it valid
     ring_on_commit(DOORBELL_GROUP, CredentialsRingMessage())
 
 

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from agents.models import Agent
 from agents.tokens import agent_token_mint, agent_tokens_revoke
-from core import authentication
+from core import credential_cache
 from core.authentication import bearer_cache_clear, bearer_credential
 from core.models import ApiToken
 from core.revocation import revocation_sweep_once
@@ -33,11 +33,11 @@ def empty_cache() -> Any:
 
 
 class Clock:
-    """``time.monotonic`` of ``core.authentication``, moved by hand."""
+    """``time.monotonic`` of ``core.credential_cache``, moved by hand."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.now = 1000.0
-        monkeypatch.setattr(authentication.time, "monotonic", lambda: self.now)
+        monkeypatch.setattr(credential_cache.time, "monotonic", lambda: self.now)
 
 
 def test_a_token_just_looked_up_costs_no_query(owner: Any) -> None:
@@ -66,9 +66,9 @@ def test_a_token_revoked_elsewhere_is_refused_within_the_cache_time(owner: Any, 
     bearer_credential(issued.raw)
     # Another process revokes it: this process's cache is not told.
     ApiToken.objects.filter(pk=issued.token.pk).update(revoked_at=timezone.now())
-    clock.now += authentication.BEARER_CACHE_SECONDS / 2
+    clock.now += credential_cache.BEARER_CACHE_SECONDS / 2
     assert bearer_credential(issued.raw)[0] == owner  # the bound, not a promise
-    clock.now += authentication.BEARER_CACHE_SECONDS / 2
+    clock.now += credential_cache.BEARER_CACHE_SECONDS / 2
     with pytest.raises(AuthenticationFailed):
         bearer_credential(issued.raw)
 
@@ -86,7 +86,7 @@ def test_the_revocation_sweep_drops_the_cache(owner: Any) -> None:
 def test_a_refused_token_is_not_cached(owner: Any) -> None:
     with pytest.raises(AuthenticationFailed):
         bearer_credential("not-a-token")
-    assert authentication._bearer_cache == {}
+    assert credential_cache._entries == {}
 
 
 def test_an_agent_token_is_cached_and_refused_at_once_when_its_agent_stops(
