@@ -674,7 +674,7 @@ async def b4_tool(rig: Rig, sizes: Sizes, work: Path) -> dict[str, Any]:
 
     (work / "dst-tool").mkdir(exist_ok=True)
     with instance(postgres=True, redis=True, database_prefix="dispatch_bench_", **SERVER_ENV) as inst:
-        server = inst.serve()
+        server = inst.serve(wait=False).wait_healthy(timeout=120)  # a busy machine starts it slowly
         shims = {
             "src": start_shim(server.url, inst.admin_token, "src", work / "src", work / "state-t-src"),
             "dst": start_shim(server.url, inst.admin_token, "dst", work / "dst-tool", work / "state-t-dst"),
