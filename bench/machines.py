@@ -8,6 +8,12 @@ baseline server alone.
       ``/api/v1/sessions/bench/ops`` to one ``manage.py serve`` (SQLite, in-memory channel
       layer); the router picks the machine (two attached, the path is under one root) and
       a real shim (``python -m machines.shim run``) answers. Sequential, after a warm-up.
+      The same FILE_STAT as an MCP ``tools/call`` of ``local_pc_file_stat`` (``POST /mcp``),
+      and, on a PostgreSQL + Redis server of its own, the built-in agent's tool path: the
+      ``local_pc_file_stat`` handler called from a second Django process (``tool-driver``
+      below, as a ``dispatch_worker`` runs an expert), beside REST on that server. Every
+      target is interleaved with the bare relay and ``/healthz``; issue 15's goals: tool
+      path ≤ 3× bare, REST and MCP ≤ the ``/healthz`` floor + 3× bare; server CPU ms per op.
 - B5  ``POST /api/v1/sessions/bench/copy`` of a 100 MiB file between two real shims
       (1 MiB base64 chunks through the platform), MiB/s, and the server's RSS growth
       (peak during the copy minus before it, sampled every 20 ms).
