@@ -28,6 +28,7 @@ from django.utils import timezone
 from rest_framework.request import Request
 
 from agents.models import Agent, AgentToken
+from core import credential_cache
 from core.errors import DispatchError
 from core.services import TOKEN_PREFIX_LENGTH, generate_token, token_digest
 
@@ -48,7 +49,11 @@ def agent_token_mint(*, agent: Agent) -> str:
 
 
 def agent_tokens_revoke(*, agent: Agent) -> int:
-    """Revoke every active token of ``agent`` (stop, archive); returns how many."""
+    """Revoke every active token of ``agent`` (stop, archive); returns how many. This
+    process's cached bearer lookups are dropped now and when the transaction commits (other
+    processes' expire within ``core.credential_cache.BEARER_CACHE_SECONDS``)."""
+    credential_cache.clear()
+    transaction.on_commit(credential_cache.clear)  # a lookup meanwhile, by another thread, saw it valid
     return AgentToken.objects.filter(agent=agent, revoked_at__isnull=True).update(revoked_at=timezone.now())
 
 
@@ -123,8 +128,7 @@ def agent_scope_manage(agent: Agent | None, target: Agent) -> None:
     if agent is not None and not agent.manages(target):
         raise DispatchError(
             "PERMISSION_DENIED",
-            f"agent '{agent.pk}' may stop, start or archive only itself and the agents it launched, "
-            f"not '{target.pk}'",
+            f"agent '{agent.pk}' may stop, start or archive only itself and the agents it launched, not '{target.pk}'",
             {"agent_id": agent.pk, "target": target.pk},
         )
 

@@ -66,7 +66,6 @@ ERROR_MESSAGE_MAX = 500
 REPORTED_EVENT_TYPES = ("working", "blocked", "waiting_user", "done", "idle")
 
 
-
 # --- the work, synchronous (run through database_sync_to_async) ---------------------------------
 
 
@@ -309,9 +308,7 @@ def launch_choices(user: User) -> LaunchChoices:
         + " Returns the new agent (id, name, type, status ...; for a launch on a linked instance, its shadow "
         "here, with peer and peer_agent_id)."
     )
-    return LaunchChoices(
-        linked=linked_text, types=[entry.type for entry in listed], default=default, description=text
-    )
+    return LaunchChoices(linked=linked_text, types=[entry.type for entry in listed], default=default, description=text)
 
 
 def list_agents_tool(user: User) -> Tool:
@@ -532,9 +529,13 @@ async def tool_set(
     audit_caller: str | None = None,
     event_tool: bool = True,
     remotes: Iterable[Tool] = (),
+    machines_only: bool = False,
 ) -> dict[str, Tool]:
     """Every tool of one caller, by name: the machine tools, the agent tools, then
-    ``remotes`` (spec/agents.md §3 "Native tools", §6; machines.md §6). The first tool of a
+    ``remotes`` (spec/agents.md §3 "Native tools", §6; machines.md §6); with
+    ``machines_only``, the machine tools alone — what a call of one of them needs, since
+    they shadow every other tool of their name (issue 15: an MCP ``tools/call`` of a machine
+    tool builds nothing else). The first tool of a
     name wins, so native tools shadow remote functions of the same name.
 
     With ``caller_agent`` the agent is the caller: its id is the machine session (a call
@@ -554,7 +555,7 @@ async def tool_set(
     tools: dict[str, Tool] = {}
     natives = [
         *await machine_tools(user=user, session_id=session_id, caller=audit_caller, session_guard=guard),
-        *await agent_tools(user=user, caller_agent=caller_agent, event_tool=event_tool),
+        *([] if machines_only else await agent_tools(user=user, caller_agent=caller_agent, event_tool=event_tool)),
     ]
     for tool in [*natives, *remotes]:
         tools.setdefault(tool.name, tool)

@@ -8,6 +8,12 @@ baseline server alone.
       ``/api/v1/sessions/bench/ops`` to one ``manage.py serve`` (SQLite, in-memory channel
       layer); the router picks the machine (two attached, the path is under one root) and
       a real shim (``python -m machines.shim run``) answers. Sequential, after a warm-up.
+      The same FILE_STAT as an MCP ``tools/call`` of ``local_pc_file_stat`` (``POST /mcp``),
+      and, on a PostgreSQL + Redis server of its own, the built-in agent's tool path: the
+      ``local_pc_file_stat`` handler called from a second Django process (``tool-driver``
+      below, as a ``dispatch_worker`` runs an expert), beside REST on that server. Every
+      target is interleaved with the bare relay and ``/healthz``; issue 15's goals: tool
+      path ≤ 3× bare, REST and MCP ≤ the ``/healthz`` floor + 3× bare; server CPU ms per op.
 - B5  ``POST /api/v1/sessions/bench/copy`` of a 100 MiB file between two real shims
       (1 MiB base64 chunks through the platform), MiB/s, and the server's RSS growth
       (peak during the copy minus before it, sampled every 20 ms).
@@ -69,6 +75,7 @@ from common import (  # noqa: E402
     free_port,
     latency_summary,
     percentile,
+    process_cpu_seconds,
     process_rss_mib,
     stop_process,
     wait_for_port,
@@ -463,13 +470,72 @@ async def sequential(send: Callable[[], Awaitable[None]], count: int) -> list[fl
     return samples
 
 
+MCP_HEADERS = {"Accept": "application/json", "MCP-Protocol-Version": "2025-11-25"}
+
+
+def mcp_file_stat(path: str, call_id: int) -> dict[str, Any]:
+    """The JSON-RPC ``tools/call`` of ``local_pc_file_stat`` (FILE_STAT's tool, spec/machines.md §6)."""
+    return {
+        "jsonrpc": "2.0",
+        "id": call_id,
+        "method": "tools/call",
+        "params": {"name": "local_pc_file_stat", "arguments": {"path": path, "session_id": SESSION}},
+    }
+
+
+def mcp_checked(response: Any) -> str:
+    """The machine that served an MCP ``local_pc_file_stat`` answer; raises unless it succeeded."""
+    body = response.json() if response.status_code == 200 else {}
+    result = body.get("result") or {}
+    structured = result.get("structuredContent") or {}
+    if not structured and result.get("content"):
+        with contextlib.suppress(ValueError, KeyError, IndexError, TypeError):
+            structured = json.loads(result["content"][0]["text"])
+    if result.get("isError") or not structured.get("exists"):
+        raise RuntimeError(f"MCP FILE_STAT failed: {response.status_code} {response.text[:300]}")
+    return str(structured.get("machine_id"))
+
+
+async def interleaved(
+    targets: dict[str, Callable[[], Awaitable[None]]], sizes: Sizes, pids: dict[str, int], label: str
+) -> tuple[dict[str, list[float]], dict[str, dict[str, float]]]:
+    """Each target warmed up, then ``sizes.calls`` sequential calls each in ``sizes.rounds``
+    rounds, the order rotated every round; samples (ms) and CPU (% of a core) per target."""
+    samples: dict[str, list[float]] = {name: [] for name in targets}
+    cpu: dict[str, dict[str, float]] = {name: {} for name in targets}
+    cpu_seconds: dict[str, dict[str, float]] = {name: {} for name in targets}
+    for send in targets.values():
+        await with_timeout(sequential(send, sizes.warmup), 60, f"{label} warm-up")
+    per_round = max(1, sizes.calls // sizes.rounds)
+    names = list(targets)
+    for round_index in range(sizes.rounds):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            before = {key: process_cpu_seconds(pid) for key, pid in pids.items()}
+            with CpuMeter(pids) as meter:
+                samples[name] += await with_timeout(sequential(targets[name], per_round), 90, f"{label} {name}")
+            for key, pid in pids.items():
+                cpu_seconds[name][key] = cpu_seconds[name].get(key, 0.0) + process_cpu_seconds(pid) - before[key]
+            for key, value in meter.percent.items():
+                cpu[name][key] = round(cpu[name].get(key, 0.0) + value / sizes.rounds, 1)
+    for name, used in cpu_seconds.items():
+        # CPU milliseconds per operation of each process (steadier than wall times on a shared machine).
+        cpu[name].update(
+            {f"{key}_ms_per_op": round(1000 * value / len(samples[name]), 3) for key, value in used.items()}
+        )
+    return samples, cpu
+
+
 async def b4(rig: Rig, sizes: Sizes) -> dict[str, Any]:
+    """B4 over REST and over MCP on the SQLite / in-memory-layer server, interleaved with the
+    bare relay and the ``/healthz`` floor on the same keep-alive client."""
     import httpx
 
     http = httpx.AsyncClient(base_url=rig.dispatch_url, headers={"Authorization": f"Bearer {rig.token}"}, timeout=30)
     caller = await RelayCaller.open(rig.relay_url)
     stat = {"path": str(rig.stat_path)}
-    served: dict[str, set[str]] = {"dispatch": set(), "relay": set()}
+    served: dict[str, set[str]] = {"dispatch": set(), "mcp": set(), "relay": set()}
+    mcp_ids = iter(range(1, 1 << 62))
 
     async def dispatch_once() -> None:
         response = await http.post(f"/api/v1/sessions/{SESSION}/ops", json={"op": "FILE_STAT", "payload": stat})
@@ -477,6 +543,10 @@ async def b4(rig: Rig, sizes: Sizes) -> dict[str, Any]:
         if response.status_code != 200 or not body["payload"]["exists"]:
             raise RuntimeError(f"Dispatch FILE_STAT failed: {response.status_code} {response.text[:300]}")
         served["dispatch"].add(body["machine_id"])
+
+    async def mcp_once() -> None:
+        response = await http.post("/mcp", json=mcp_file_stat(stat["path"], next(mcp_ids)), headers=MCP_HEADERS)
+        served["mcp"].add(mcp_checked(response))
 
     async def relay_once() -> None:
         reply = await caller.request("FILE_STAT", stat)
@@ -492,22 +562,11 @@ async def b4(rig: Rig, sizes: Sizes) -> dict[str, Any]:
     targets: dict[str, Callable[[], Awaitable[None]]] = {
         "relay": relay_once,
         "dispatch": dispatch_once,
+        "mcp": mcp_once,
         "http_floor": healthz_once,
     }
-    samples: dict[str, list[float]] = {name: [] for name in targets}
-    cpu: dict[str, dict[str, float]] = {name: {} for name in targets}
     try:
-        for send in targets.values():
-            await with_timeout(sequential(send, sizes.warmup), 60, "B4 warm-up")
-        per_round = max(1, sizes.calls // sizes.rounds)
-        names = list(targets)
-        for round_index in range(sizes.rounds):
-            shift = round_index % len(names)
-            for name in names[shift:] + names[:shift]:
-                with CpuMeter(rig.pids) as meter:
-                    samples[name] += await with_timeout(sequential(targets[name], per_round), 90, f"B4 {name}")
-                for key, value in meter.percent.items():
-                    cpu[name][key] = round(cpu[name].get(key, 0.0) + value / sizes.rounds, 1)
+        samples, cpu = await interleaved(targets, sizes, rig.pids, "B4")
     finally:
         await caller.close()
         await http.aclose()
@@ -516,6 +575,171 @@ async def b4(rig: Rig, sizes: Sizes) -> dict[str, Any]:
         "machines_used": {name: len(ids) for name, ids in served.items()},
         "cpu": cpu,
     }
+
+
+class ToolDriver:
+    """``bench/machines.py tool-driver``, a process of its own that imports Django with the
+    server's settings (PostgreSQL, the Redis channel layer) and calls the
+    ``local_pc_file_stat`` tool's handler (``machines.tools.machine_tools``: the handler the
+    built-in agent runs, ``machine_op`` under it) as a ``dispatch_worker`` running an expert
+    run does: the operation crosses to the serving process's shim consumer over Redis.
+    One line ``<count>`` on its stdin → that many sequential calls → one JSON line of ms."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    @classmethod
+    async def start(cls, env: dict[str, str], path: str) -> ToolDriver:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "tool-driver",
+            "--path",
+            path,
+            env=env,
+            cwd=REPO,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            limit=16 * MiB,
+        )
+        driver = cls(proc)
+        await with_timeout(driver.calls(1), 60, "the tool driver's first call")
+        return driver
+
+    async def calls(self, count: int) -> list[float]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"{count}\n".encode())
+        await self.proc.stdin.drain()
+        line = await self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the tool driver exited ({await self.proc.wait()})")
+        answer = json.loads(line)
+        if "error" in answer:
+            raise RuntimeError(f"tool driver: {answer['error']}")
+        return [float(ms) for ms in answer["ms"]]
+
+    async def stop(self) -> None:
+        if self.proc.returncode is None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            try:
+                await asyncio.wait_for(self.proc.wait(), 10)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+
+
+def run_tool_driver(path: str) -> None:
+    """The ``tool-driver`` process (see ``ToolDriver``): Django set up from the environment."""
+    import django
+
+    # bench/ (first on sys.path) has modules named like the project's apps (agents.py).
+    sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != BENCH]
+    ours = [name for name, module in sys.modules.items() if str(getattr(module, "__file__", "")).startswith(str(BENCH))]
+    for name in ours:
+        if name != "__main__":
+            del sys.modules[name]
+    django.setup()
+
+    async def main() -> None:
+        from channels.db import database_sync_to_async
+        from django.contrib.auth.models import User
+
+        from machines.tools import machine_tools
+
+        user = await database_sync_to_async(User.objects.get)(username="admin")
+        tools = {t.name: t for t in await machine_tools(user=user, session_id=SESSION, caller="bench:tool-driver")}
+        handler = tools["local_pc_file_stat"].handler
+        loop = asyncio.get_running_loop()
+        clock = time.perf_counter_ns
+        while line := await loop.run_in_executor(None, sys.stdin.readline):
+            samples = []
+            try:
+                for _ in range(int(line)):
+                    started = clock()
+                    result = await handler({"path": path})
+                    samples.append((clock() - started) / 1e6)
+                    if not result.get("exists"):
+                        raise RuntimeError(f"FILE_STAT answered {result}")
+            except Exception as exc:
+                print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}), flush=True)
+                continue
+            print(json.dumps({"ms": samples}), flush=True)
+
+    asyncio.run(main())
+
+
+async def b4_tool(rig: Rig, sizes: Sizes, work: Path) -> dict[str, Any]:
+    """B4 on the built-in agent's path: a fresh PostgreSQL + Redis instance, one
+    ``manage.py serve`` with two real shims (src holds the path, dst does not), the tool
+    called from a second Django process (``ToolDriver``) — interleaved with the bare relay,
+    REST ``…/ops`` and ``/healthz`` on that server."""
+    import httpx
+
+    from tests.infra import instance
+
+    (work / "dst-tool").mkdir(exist_ok=True)
+    with instance(postgres=True, redis=True, database_prefix="dispatch_bench_", **SERVER_ENV) as inst:
+        server = inst.serve(wait=False).wait_healthy(timeout=120)  # a busy machine starts it slowly
+        shims = {
+            "src": start_shim(server.url, inst.admin_token, "src", work / "src", work / "state-t-src"),
+            "dst": start_shim(server.url, inst.admin_token, "dst", work / "dst-tool", work / "state-t-dst"),
+        }
+        http = httpx.AsyncClient(
+            base_url=server.url, headers={"Authorization": f"Bearer {inst.admin_token}"}, timeout=30
+        )
+        caller = await RelayCaller.open(rig.relay_url)
+        try:
+            driver = await ToolDriver.start(inst.env, str(rig.stat_path))
+        except BaseException:
+            await caller.close()
+            await http.aclose()
+            for shim in shims.values():
+                shim.stop()
+            raise
+        stat = {"path": str(rig.stat_path)}
+        tool_batches: list[float] = []
+
+        async def tool_once() -> None:
+            tool_batches.extend(await driver.calls(1))
+
+        async def rest_once() -> None:
+            response = await http.post(f"/api/v1/sessions/{SESSION}/ops", json={"op": "FILE_STAT", "payload": stat})
+            if response.status_code != 200 or not response.json()["payload"]["exists"]:
+                raise RuntimeError(f"Dispatch FILE_STAT failed: {response.status_code} {response.text[:300]}")
+
+        async def relay_once() -> None:
+            reply = await caller.request("FILE_STAT", stat)
+            if reply["type"] != "FILE_STAT_RESPONSE":
+                raise RuntimeError(f"relay FILE_STAT failed: {reply}")
+
+        async def healthz_once() -> None:
+            if (await http.get("/healthz")).status_code != 200:
+                raise RuntimeError("/healthz failed")
+
+        pids = {
+            "dispatch": server.proc.pid,
+            "tool_driver": driver.proc.pid,
+            **{k: v for k, v in rig.pids.items() if k == "relay" or k.startswith("shim.relay")},
+        }
+        try:
+            samples, cpu = await interleaved(
+                {"relay": relay_once, "tool": tool_once, "dispatch": rest_once, "http_floor": healthz_once},
+                sizes,
+                pids,
+                "B4 tool",
+            )
+        finally:
+            await driver.stop()
+            await caller.close()
+            await http.aclose()
+            for shim in shims.values():
+                shim.stop()
+    # The tool's own clock (in the driver, around the handler) beside the bench's (a pipe
+    # round trip more): the row reports the driver's.
+    samples["tool_pipe"] = samples.pop("tool")
+    samples["tool"] = tool_batches[-len(samples["tool_pipe"]) :]
+    return {**{name: latency_summary(values) for name, values in samples.items()}, "cpu": cpu}
 
 
 # --- B5 -------------------------------------------------------------------------------------
@@ -879,6 +1103,8 @@ def run(sizes: Sizes) -> dict[str, Any]:
                     flush=True,
                 )
                 report["b4"] = asyncio.run(b4(rig, sizes))
+                print("· B4 (tool path): PostgreSQL + Redis, serve + a Django tool driver, interleaved…", flush=True)
+                report["b4_tool"] = asyncio.run(b4_tool(rig, sizes, work))
                 print(f"· B5: {sizes.copy_rounds} x {sizes.copy_mib} MiB copy on each, interleaved…", flush=True)
                 report["b5"] = asyncio.run(b5(rig, sizes, server.proc.pid))
                 report["b5"]["relay_rss_mib_after"] = round(process_rss_mib(relay_pid), 1)
@@ -907,6 +1133,55 @@ def run(sizes: Sizes) -> dict[str, Any]:
 
 def _lat(summary: dict[str, float]) -> str:
     return f"{summary['p50_ms']:.2f} / {summary['p95_ms']:.2f} / {summary['p99_ms']:.2f}"
+
+
+def b4_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 15's B4 goals: MCP ≤ the /healthz floor + 3× bare (same run, SQLite server);
+    the built-in agent's tool path ≤ 3× bare, and REST ≤ floor + 3× bare on the PostgreSQL +
+    Redis server it uses."""
+    b4, tool = report["b4"], report["b4_tool"]
+    relay_p50, floor_p50 = b4["relay"]["p50_ms"], b4["http_floor"]["p50_ms"]
+    mcp_p50 = b4["mcp"]["p50_ms"]
+    t_relay, t_floor = tool["relay"]["p50_ms"], tool["http_floor"]["p50_ms"]
+    t_tool, t_rest = tool["tool"]["p50_ms"], tool["dispatch"]["p50_ms"]
+    return [
+        {
+            "id": "B4 rest",
+            "what": "REST …/ops FILE_STAT, SQLite server: p50 - /healthz p50 over bare (ms p50/p95/p99)",
+            "dispatch": f"{_lat(b4['dispatch'])} (HTTP)",
+            "bare_relay": f"{_lat(b4['relay'])} (ws)",
+            "ratio": f"{(b4['dispatch']['p50_ms'] - floor_p50) / relay_p50:.1f}x over floor",
+            "target": f"<= floor + {B4_MAX_RATIO:g}x bare",
+            "pass": b4["dispatch"]["p50_ms"] <= floor_p50 + B4_MAX_RATIO * relay_p50,
+        },
+        {
+            "id": "B4 mcp",
+            "what": "MCP tools/call local_pc_file_stat, SQLite server: p50 - /healthz p50 over bare",
+            "dispatch": f"{_lat(b4['mcp'])} (HTTP)",
+            "bare_relay": f"{_lat(b4['relay'])} (ws)",
+            "ratio": f"{(mcp_p50 - floor_p50) / relay_p50:.1f}x over floor",
+            "target": f"<= floor + {B4_MAX_RATIO:g}x bare",
+            "pass": mcp_p50 <= floor_p50 + B4_MAX_RATIO * relay_p50,
+        },
+        {
+            "id": "B4 tool",
+            "what": "the built-in agent's local_pc_file_stat handler in a 2nd Django process, PostgreSQL + Redis",
+            "dispatch": _lat(tool["tool"]),
+            "bare_relay": f"{_lat(tool['relay'])} (ws)",
+            "ratio": f"{t_tool / t_relay:.1f}x",
+            "target": f"p50 <= {B4_MAX_RATIO:g}x bare",
+            "pass": t_tool <= B4_MAX_RATIO * t_relay,
+        },
+        {
+            "id": "B4 rest/pg",
+            "what": f"REST …/ops on that PostgreSQL + Redis server (/healthz p50 {t_floor:.2f} ms)",
+            "dispatch": f"{_lat(tool['dispatch'])} (HTTP)",
+            "bare_relay": f"{_lat(tool['relay'])} (ws)",
+            "ratio": f"{(t_rest - t_floor) / t_relay:.1f}x over floor",
+            "target": f"<= floor + {B4_MAX_RATIO:g}x bare",
+            "pass": t_rest <= t_floor + B4_MAX_RATIO * t_relay,
+        },
+    ]
 
 
 def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -940,6 +1215,7 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
             "target": "—",
             "pass": None,
         },
+        *b4_rows(report),
         {
             "id": "B5",
             "what": f"copy of a {b5['file_mib']} MiB file between two shims (MiB/s, median); server RSS growth",
@@ -992,6 +1268,12 @@ def print_table(table: list[dict[str, Any]]) -> None:
         print(" | ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)))
 
 
+def _cpu_text(key: str, value: float) -> str:
+    return (
+        f"{key.removesuffix('_ms_per_op')} {value:.2f} ms/op" if key.endswith("_ms_per_op") else f"{key} {value:.0f}%"
+    )
+
+
 def print_details(report: dict[str, Any], sizes: Sizes) -> None:
     b4, b5, b6 = report["b4"], report["b5"], report["b6"]
     print(
@@ -999,10 +1281,19 @@ def print_details(report: dict[str, Any], sizes: Sizes) -> None:
         "websocket: HTTP is not in the baseline. (B4') is Dispatch's cheapest real HTTP round trip (/healthz: "
         "HTTP, Django, one query, no shim), a floor for any REST operation."
     )
-    print(f"    machines that served: Dispatch {b4['machines_used']['dispatch']}, relay {b4['machines_used']['relay']}")
+    used = b4["machines_used"]
+    print(f"    machines that served: REST {used['dispatch']}, MCP {used['mcp']}, relay {used['relay']}")
     print("    CPU, % of one core, while each was measured (shims listed apart; 'others' is the rest of the machine):")
     for name, cpu in b4["cpu"].items():
-        print(f"      {name}: " + ", ".join(f"{k} {v:.0f}%" for k, v in cpu.items()))
+        print(f"      {name}: " + ", ".join(_cpu_text(k, v) for k, v in cpu.items()))
+    tool = report["b4_tool"]
+    print(
+        "B4 tool: the local_pc_file_stat handler timed inside the driver process (ms p50/p95/p99 "
+        f"{_lat(tool['tool'])}; {_lat(tool['tool_pipe'])} with the bench's pipe to it); on that server "
+        f"/healthz {_lat(tool['http_floor'])}, REST {_lat(tool['dispatch'])}, relay {_lat(tool['relay'])}"
+    )
+    for name, cpu in tool["cpu"].items():
+        print(f"      {name}: " + ", ".join(_cpu_text(k, v) for k, v in cpu.items()))
     for name in ("dispatch", "relay"):
         speeds = ", ".join(f"{run['mib_per_second']:.1f}" for run in b5["runs"][name])
         print(f"B5: {name} MiB/s per copy: {speeds}")
@@ -1043,6 +1334,12 @@ def machine() -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["tool-driver"]:
+        parser = argparse.ArgumentParser(description="the B4 tool-path driver (a Django process)")
+        parser.add_argument("kind", choices=["tool-driver"])
+        parser.add_argument("--path", required=True)
+        run_tool_driver(parser.parse_args(argv).path)
+        return 0
     if argv[:1] == ["relay"]:
         parser = argparse.ArgumentParser(description="the bare websockets shim relay (baseline)")
         parser.add_argument("kind", choices=["relay"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -12,8 +13,9 @@ from rest_framework import exceptions
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.request import Request
 
+from core import credential_cache
 from core.models import ApiToken
-from core.services import AuthenticationFailed, api_token_authenticate
+from core.services import AuthenticationFailed, api_token_authenticate, token_digest
 
 BearerCredential = Callable[[str], "tuple[User, Any] | None"]
 """A bearer-token kind other than the user API token: ``raw token → (user, credential)`` or
@@ -40,6 +42,45 @@ def other_bearer_credential(raw_token: str) -> tuple[User, Any] | None:
     return None
 
 
+def bearer_cache_get(raw_token: str) -> tuple[User, Any] | None:
+    """The ``(user, credential)`` a valid ``raw_token`` was found to be less than
+    ``core.credential_cache.BEARER_CACHE_SECONDS`` ago in this process, or ``None`` (no
+    database access: safe on the event loop)."""
+    if not raw_token or len(raw_token) > 200:
+        return None
+    return credential_cache.cached(token_digest(raw_token))
+
+
+def bearer_cache_clear() -> None:
+    """Forget every cached lookup (a credential ended; ``core.credential_cache.clear``)."""
+    credential_cache.clear()
+
+
+def bearer_credential(raw_token: str) -> tuple[User, Any]:
+    """Who a bearer token is: ``(user, ApiToken)`` for a user API token (its ``last_used_at``
+    touched as ``api_token_authenticate`` does), else the first registered kind that knows
+    it (``(owner, Agent)`` for an agent token). A found pair is cached for
+    ``core.credential_cache.BEARER_CACHE_SECONDS`` (``bearer_cache_get``); a refusal never is.
+
+    Raises ``core.services.AuthenticationFailed`` for an unknown, revoked or expired token,
+    an inactive user (sync: database reads; spec/overview.md "Credentials").
+    """
+    cached = bearer_cache_get(raw_token)
+    if cached is not None:
+        return cached
+    started = time.monotonic()
+    found: tuple[User, Any] | None
+    try:
+        token = api_token_authenticate(raw_token)
+        found = (token.user, token)
+    except AuthenticationFailed:
+        found = other_bearer_credential(raw_token)
+        if found is None:
+            raise
+    credential_cache.remember(token_digest(raw_token), started, found[0], found[1])
+    return found
+
+
 class BearerTokenAuthentication(BaseAuthentication):
     """Authenticate a request by a user API token or an agent token (its ``DISPATCH_MCP_TOKEN``).
 
@@ -58,13 +99,9 @@ class BearerTokenAuthentication(BaseAuthentication):
             raise exceptions.AuthenticationFailed("invalid Authorization header: expected 'Bearer <token>'")
         raw = header[1].decode("latin-1")
         try:
-            token = api_token_authenticate(raw)
+            return bearer_credential(raw)
         except AuthenticationFailed:
-            other = other_bearer_credential(raw)
-            if other is None:
-                raise exceptions.AuthenticationFailed("invalid, expired or revoked token") from None
-            return other
-        return token.user, token
+            raise exceptions.AuthenticationFailed("invalid, expired or revoked token") from None
 
     def authenticate_header(self, request: Request) -> str:
         return "Bearer"

@@ -16,9 +16,9 @@ from django.contrib.auth.models import User
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 
 from core import wire
-from core.authentication import other_bearer_credential
+from core.authentication import bearer_cache_get, bearer_credential
 from core.errors import DispatchError, InvalidRequest, unavailable_error
-from core.services import AuthenticationFailed, api_token_authenticate
+from core.services import AuthenticationFailed
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,8 @@ def bearer_credentials(authorization: str) -> str | None:
 
 
 async def bearer_caller(raw_token: str) -> tuple[User, Any]:
-    """Who a bearer token is, with the credential it is: ``(user, ApiToken)`` for a user
+    """Who a bearer token is (``core.authentication.bearer_credential``, cached for a second):
+    ``(user, ApiToken)`` for a user
     API token, ``(owner, Agent)`` for an agent token (its ``DISPATCH_MCP_TOKEN``;
     spec/overview.md "Credentials") — the same pair DRF's ``BearerTokenAuthentication``
     gives as ``(request.user, request.auth)``.
@@ -77,14 +78,13 @@ async def bearer_caller(raw_token: str) -> tuple[User, Any]:
     Raises ``DispatchError`` ``AUTHENTICATION_FAILED`` (401) for an unknown, revoked or
     expired token, an inactive user, an agent that is not creating/running/stopping.
     """
+    cached = bearer_cache_get(raw_token)  # issue 15: no database thread hop for a token just seen
+    if cached is not None:
+        return cached
     try:
-        token = await database_sync_to_async(api_token_authenticate)(raw_token)
+        return await database_sync_to_async(bearer_credential)(raw_token)
     except AuthenticationFailed:
-        other = await database_sync_to_async(other_bearer_credential)(raw_token)
-        if other is None:
-            raise DispatchError("AUTHENTICATION_FAILED", "invalid, expired or revoked token") from None
-        return other
-    return token.user, token
+        raise DispatchError("AUTHENTICATION_FAILED", "invalid, expired or revoked token") from None
 
 
 async def request_user(request: HttpRequest) -> User:

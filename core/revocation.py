@@ -32,10 +32,12 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.db import transaction
 from django.db.models import CharField, Exists, OuterRef, Q, QuerySet, Value
 from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
+from core import credential_cache
 from core.models import ApiToken
 from core.presence import current_process_id
 from core.protocol import CredentialEndedMessage, CredentialsRingMessage
@@ -221,6 +223,7 @@ async def revocation_sweep_once() -> int:
     """Find this process's connections and streams whose credential ended and send each
     ``CredentialEndedMessage`` (again after ``RETELL_AFTER`` seconds if it is still there).
     Returns how many were told. Raises what the database or the layer raises."""
+    credential_cache.clear()  # the bearer tokens this process looked up are looked up again (issue 15)
     streams = dict(_streams)
     channels = await sync_to_async(_ended_channels, thread_sensitive=True)(streams)
     now = time.monotonic()
@@ -249,7 +252,10 @@ def credentials_ended_on_commit() -> None:
     """Ring every process's sweep once the current transaction commits (sync code: the
     services that revoke a token, deactivate a user or end sessions). A failure to ring is
     logged, never raised: the periodic sweep still runs within ``SWEEP_INTERVAL``
-    (``core.realtime.ring_on_commit``)."""
+    (``core.realtime.ring_on_commit``). This process's cached bearer lookups are dropped now
+    and on commit (``core.credential_cache``)."""
+    credential_cache.clear()
+    transaction.on_commit(credential_cache.clear)  # a lookup meanwhile, by another thread, saw it valid
     ring_on_commit(DOORBELL_GROUP, CredentialsRingMessage())
 
 

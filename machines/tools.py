@@ -187,6 +187,10 @@ PIPE_SUMMARY = (
 LIST_PARAMETERS = {"type": "object", "properties": {"session_id": _SESSION}, "additionalProperties": False}
 
 
+MACHINE_TOOL_NAMES = frozenset(["list_machines", *OPERATION_TOOLS, "local_pc_file_copy", "local_pc_pipe"])
+"""The names ``machine_tools`` gives (a call of one needs no other tool: they shadow the rest)."""
+
+
 async def machine_tools(
     *, user: User, session_id: str, caller: str, session_guard: Callable[[str], None] | None = None
 ) -> list[Tool]:

@@ -173,6 +173,7 @@ async def call_tool(ctx: ServerRequestContext[Any, Any], params: types.CallToolR
         user=caller.user,
         session_id=session_id if isinstance(session_id, str) and session_id else None,
         caller_agent=caller.agent,
+        name=params.name,
     )
     tool = tools.get(params.name)
     if tool is None:

@@ -23,6 +23,7 @@ from django.contrib.auth.models import User
 from agents.models import Agent
 from agents.tools import tool_set
 from core.tools import Tool, ToolHandler, remote_tool_names
+from machines.tools import MACHINE_TOOL_NAMES
 from remotes.selectors import remote_list_for
 from remotes.services import remote_call
 
@@ -60,7 +61,7 @@ async def remote_tools(*, user: User) -> list[Tool]:
 
 
 async def tools_for(
-    *, user: User, session_id: str | None = None, caller_agent: Agent | None = None
+    *, user: User, session_id: str | None = None, caller_agent: Agent | None = None, name: str | None = None
 ) -> dict[str, Tool]:
     """Every tool of an MCP caller, by name: machine tools, agent tools, then remote tools.
 
@@ -68,12 +69,16 @@ async def tools_for(
     ``session_id`` is the machine session the descriptions are computed for (the
     ``session_id`` argument of the call); ``None`` means the caller's own: the agent's id,
     or ``"default"`` for a user token (machines.md §4). Names are unique: the first tool
-    of a name wins, so native tools shadow remote functions of the same name.
+    of a name wins, so native tools shadow remote functions of the same name. ``name``: the
+    tool a ``tools/call`` runs; a machine tool's name builds the machine tools only (they
+    shadow the rest), without the agent tools' and the remotes' queries (issue 15, B4).
     """
+    machines_only = name is not None and name in MACHINE_TOOL_NAMES
     return await tool_set(
         user=user,
         caller_agent=caller_agent,  # an agent acts only in its own session; a call naming another is refused
         session_id=session_id or DEFAULT_SESSION,
         audit_caller=CALLER,
-        remotes=await remote_tools(user=user),
+        remotes=() if machines_only else await remote_tools(user=user),
+        machines_only=machines_only,
     )

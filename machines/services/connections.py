@@ -20,7 +20,8 @@ from core.services import AuthenticationFailed, api_token_authenticate, server_p
 from core.tool_changes import tools_changed_on_commit
 from machines.models import Machine, MachineConnection, MachineToken
 from machines.protocol import DEFAULT_LIMITS, Hello, MachineRevokedMessage, MachineTakeoverMessage
-from machines.services.operations import request_snapshots
+from machines.services import router
+from machines.services.operations import last_active_forget, request_snapshots
 
 logger = logging.getLogger(__name__)
 
@@ -95,9 +96,11 @@ def shim_connected(*, identity: ShimIdentity, hello: Hello, channel_name: str, p
     machine.status_reason = "connected"
     machine.revoked_at = None
     machine.save()
+    last_active_forget(user_id=user.pk, machine_id=machine.machine_id)
     replaced = list(MachineConnection.objects.filter(machine=machine).values_list("channel_name", "connection_id"))
     MachineConnection.objects.filter(machine=machine).delete()
     tools_changed_on_commit([user.pk])
+    router.route_cache_clear_on_commit()
     connection = MachineConnection.objects.create(
         machine=machine,
         user=user,
@@ -168,6 +171,7 @@ def shim_disconnected(*, connection_id: str) -> None:
     machine = connection.machine
     connection.delete()
     tools_changed_on_commit([connection.user_id])
+    router.route_cache_clear_on_commit()
     if not MachineConnection.objects.filter(machine=machine).exists():
         Machine.objects.filter(pk=machine.pk).update(
             connection_status=Machine.Connection.DISCONNECTED, status_reason="the shim disconnected"
@@ -225,6 +229,7 @@ def machine_capabilities_set(*, user: User, machine_id: str, allowed: list[str])
     for connection in MachineConnection.objects.select_for_update().filter(machine=machine):
         connection.granted_capabilities = sorted(set(connection.granted_capabilities) & set(allowed))
         connection.save(update_fields=["granted_capabilities"])
+    router.route_cache_clear_on_commit()
     return machine
 
 
@@ -245,6 +250,7 @@ def machine_revoke(*, user: User, machine_id: str) -> Machine:
     channels = list(MachineConnection.objects.filter(machine=machine).values_list("channel_name", flat=True))
     MachineConnection.objects.filter(machine=machine).delete()
     tools_changed_on_commit([user.pk])
+    router.route_cache_clear_on_commit()
     for channel_name in channels:
         send_on_commit(channel_name, MachineRevokedMessage())
     return machine

@@ -26,6 +26,7 @@ from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from core import metrics, wire
@@ -290,8 +291,11 @@ async def machine_op(
     ``InvalidRequest`` (unknown op, bad payload, session id or ``request_id``) and
     ``MachineError`` with a §5/§6 code (``MACHINE_NOT_ATTACHED``, ``MACHINE_AMBIGUOUS``,
     ``CAPABILITY_NOT_GRANTED``, ``MACHINE_UNREACHABLE``, ``TIMEOUT``, or the shim's own code
-    such as ``PATH_OUTSIDE_ALLOWED_ROOT``). Never retried automatically. An ``AuditRecord``
-    is written after the reply, off the hot path (§7). ``caller`` names who asked (agent
+    such as ``PATH_OUTSIDE_ALLOWED_ROOT``). Never retried automatically, but for one case:
+    an operation that may run twice (``router.rerouting_safe``) routed from the route cache
+    (``router.choose_cached``, up to ``ROUTE_CACHE_SECONDS`` old) to a connection found
+    ``MACHINE_UNREACHABLE`` is routed again from the database and sent once more. An
+    ``AuditRecord`` is written after the reply, off the hot path (§7). ``caller`` names who asked (agent
     id, ``mcp:…``, ``api``).
 
     Issue 14 (design §3):
@@ -432,14 +436,17 @@ async def _routed_op(
     started = time.monotonic()
     result: dict[str, Any] = {"ok": False}
     row_written = False
+    from_cache = False
     try:
         if candidate is None:
-            try:
-                candidate = await database_sync_to_async(router.choose)(
-                    user=user, session_id=session_id, op=op, payload=payload, target_machine=target_machine
+            candidate = router.choose_cached(
+                user=user, session_id=session_id, op=op, payload=payload, target_machine=target_machine
+            )
+            from_cache = candidate is not None
+            if candidate is None:
+                candidate = await _route(
+                    user=user, session_id=session_id, op=op, payload=payload, target=target_machine
                 )
-            except DispatchError as exc:
-                raise MachineError(exc.code, exc.message, exc.details) from None
         chosen = candidate
         timeout = operation_timeout(op, payload, chosen.limits)
 
@@ -474,9 +481,23 @@ async def _routed_op(
             return response
         await register("")
         try:
-            reply = await send_to_machine(
-                chosen, op=op, payload=payload, session_id=session_id, timeout=timeout, request_id=request_id
-            )
+            try:
+                reply = await send_to_machine(
+                    chosen, op=op, payload=payload, session_id=session_id, timeout=timeout, request_id=request_id
+                )
+            except MachineError as exc:
+                if not from_cache or exc.code != "MACHINE_UNREACHABLE":
+                    raise
+                # A route of up to a second ago named a connection that is gone: this
+                # operation may run twice (router.rerouting_safe), so route it again, fresh.
+                router.route_cache_clear()
+                candidate = chosen = await _route(
+                    user=user, session_id=session_id, op=op, payload=payload, target=target_machine
+                )
+                timeout = operation_timeout(op, payload, chosen.limits)
+                reply = await send_to_machine(
+                    chosen, op=op, payload=payload, session_id=session_id, timeout=timeout, request_id=request_id
+                )
         except asyncio.CancelledError:
             if op == "EXECUTE_COMMAND" and chosen.live:
                 await _cancel_quietly(chosen, request_id)
@@ -519,6 +540,16 @@ async def _routed_op(
             result=result,
             caller=caller,
         )
+
+
+async def _route(*, user: User, session_id: str, op: str, payload: dict[str, Any], target: str | None) -> Candidate:
+    """``router.choose`` on the database thread; its routing error as a ``MachineError``."""
+    try:
+        return await database_sync_to_async(router.choose)(
+            user=user, session_id=session_id, op=op, payload=payload, target_machine=target
+        )
+    except DispatchError as exc:
+        raise MachineError(exc.code, exc.message, exc.details) from None
 
 
 async def _cancel_quietly(candidate: Candidate, request_id: str) -> None:
@@ -706,6 +737,20 @@ def audit_details(op: str, payload: dict[str, Any]) -> dict[str, Any]:
     return details
 
 
+LAST_ACTIVE_RESOLUTION = 5.0
+"""Seconds: a process stamps a machine's ``last_active_at`` at most this often (issue 15, B4:
+the audit's recency write, one UPDATE an operation before). What reads it — the machine
+list's ``last_active_at`` / ``last_active_ts`` — is that much behind at most."""
+_last_active_written: dict[tuple[int, str], float] = {}  # (user id, machine_id) → monotonic time of the write
+_LAST_ACTIVE_MAX = 10_000  # entries before the memo is emptied
+
+
+def last_active_forget(*, user_id: int, machine_id: str) -> None:
+    """Let the next successful operation on this machine stamp ``last_active_at`` at once
+    (it (re)connected, or refused work)."""
+    _last_active_written.pop((user_id, machine_id), None)
+
+
 def audit_record_create(
     *,
     user: User,
@@ -718,7 +763,10 @@ def audit_record_create(
     caller: str,
 ) -> AuditRecord:
     """Record one routed operation (``request_id``: the envelope id the shim saw, so the
-    record matches the shim's own audit log) and stamp the machine's last activity."""
+    record matches the shim's own audit log) and stamp the machine's last activity: one
+    INSERT, plus — at most once every ``LAST_ACTIVE_RESOLUTION`` seconds per machine and
+    process, or when this process saw the machine refuse work — one UPDATE of
+    ``last_active_at`` that also clears ``OVERLOADED`` (§4's second status axis)."""
     record = AuditRecord.objects.create(
         user=user,
         session_id=session_id,
@@ -729,29 +777,46 @@ def audit_record_create(
         result=result,
         caller=caller[:200],
     )
+    key = (user.pk, machine_id)
     if machine_id and result.get("ok"):
-        machines = Machine.objects.filter(user=user, machine_id=machine_id)
-        machines.update(last_active_at=timezone.now())
-        machines.filter(health=Machine.Health.OVERLOADED).update(health=Machine.Health.OK, status_reason="connected")
+        now = time.monotonic()
+        written = _last_active_written.get(key)
+        if written is None or now - written >= LAST_ACTIVE_RESOLUTION:
+            overloaded = Q(health=Machine.Health.OVERLOADED)
+            Machine.objects.filter(user=user, machine_id=machine_id).update(
+                last_active_at=timezone.now(),
+                health=Case(When(overloaded, then=Value(Machine.Health.OK)), default=F("health")),
+                status_reason=Case(When(overloaded, then=Value("connected")), default=F("status_reason")),
+            )
+            if len(_last_active_written) >= _LAST_ACTIVE_MAX:
+                _last_active_written.clear()
+            _last_active_written[key] = now
     elif machine_id and result.get("error_code") == "SHIM_OVERLOADED":
         # The second status axis (§4): shown until the machine completes an operation again.
         Machine.objects.filter(user=user, machine_id=machine_id).update(
             health=Machine.Health.OVERLOADED, status_reason="the shim refused work: too many operations in flight"
         )
+        last_active_forget(user_id=user.pk, machine_id=machine_id)  # the next success clears it at once
     return record
 
 
 def path_recency_record(*, user: User, session_id: str, machine_id: str, op: str, payload: dict[str, Any]) -> None:
     """Remember that ``machine_id`` last operated on the operation's path in ``session_id``
-    (routing step 2, recency)."""
+    (routing step 2, recency): one UPDATE, and an INSERT the first time a path is seen."""
     path = router.operation_path(op, payload)
-    if path and len(path) <= 1024:
-        PathRecency.objects.update_or_create(
-            user=user,
-            session_id=session_id,
-            path=path,
-            defaults={"machine_id": machine_id, "updated_at": timezone.now()},
-        )
+    if not path or len(path) > 1024:
+        return
+    now = timezone.now()
+    row = PathRecency.objects.filter(user=user, session_id=session_id, path=path)
+    if row.update(machine_id=machine_id, updated_at=now):
+        return
+    try:
+        with transaction.atomic():
+            PathRecency.objects.create(
+                user=user, session_id=session_id, path=path, machine_id=machine_id, updated_at=now
+            )
+    except IntegrityError:  # another process inserted it meanwhile: ours is the later operation
+        row.update(machine_id=machine_id, updated_at=now)
 
 
 async def request_snapshots(*, user_id: int, connection_ids: list[str]) -> None:

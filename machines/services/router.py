@@ -11,6 +11,7 @@ every server process.
 from __future__ import annotations
 
 import posixpath
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -86,11 +87,49 @@ class Candidate:
         )
 
 
+ROUTE_CACHE_SECONDS = 1.0
+"""How long ``choose_cached`` reuses a session's attached machines (issue 15, B4). A
+process forgets them at once when it connects, disconnects, re-grants or revokes a machine
+(``route_cache_clear``); another process's change is seen within this. A candidate taken
+from it whose connection turns out gone is routed again, fresh, only for an operation that
+may run twice (``rerouting_safe``; machine_op)."""
+_ROUTE_CACHE_MAX = 4096  # (user, session) entries before the cache is emptied
+_routes: dict[tuple[int, str], tuple[float, tuple[Candidate, ...]]] = {}
+
+
+def route_cache_clear() -> None:
+    """Forget every cached route of this process (a connection came, went or changed)."""
+    _routes.clear()
+
+
+def route_cache_clear_on_commit() -> None:
+    """``route_cache_clear`` now and when the current transaction commits (a route read
+    meanwhile, by another thread, saw the rows before the change)."""
+    route_cache_clear()
+    transaction.on_commit(route_cache_clear)
+
+
+def rerouting_safe(op: str, payload: dict[str, Any]) -> bool:
+    """Whether running ``op`` twice does no harm, so a stale cached route may be retried:
+    not ``EXECUTE_COMMAND``, ``FILE_MOVE``, an appending ``FILE_WRITE`` (§6: never retried)
+    nor ``FILE_DELETE`` (a second one fails)."""
+    if op in ("EXECUTE_COMMAND", "FILE_MOVE", "FILE_DELETE"):
+        return False
+    return not (op == "FILE_WRITE" and payload.get("append"))
+
+
 def attached_candidates(*, user: User, session_id: str) -> list[Candidate]:
-    """Every machine of ``user`` attached to ``session_id`` now, by name."""
+    """Every machine of ``user`` attached to ``session_id`` now, by name (one query). The
+    answer is kept for ``choose_cached`` (``ROUTE_CACHE_SECONDS``)."""
+    started = time.monotonic()
     rows = MachineConnection.objects.filter(user=user, machine__revoked_at__isnull=True).select_related("machine")
-    found = [Candidate.of(row) for row in rows if row.attached_to(session_id)]
-    return sorted(found, key=lambda c: (c.name.lower(), c.machine_id))
+    found = sorted(
+        (Candidate.of(row) for row in rows if row.attached_to(session_id)), key=lambda c: (c.name.lower(), c.machine_id)
+    )
+    if len(_routes) >= _ROUTE_CACHE_MAX:
+        _routes.clear()
+    _routes[(user.pk, session_id)] = (started, tuple(found))  # stamped before the read: a change racing it ages out
+    return found
 
 
 class Named(Protocol):
@@ -181,6 +220,52 @@ def choose(*, user: User, session_id: str, op: str, payload: dict[str, Any], tar
     unknown), ``MACHINE_AMBIGUOUS`` or ``CAPABILITY_NOT_GRANTED``.
     """
     candidates = attached_candidates(user=user, session_id=session_id)
+    picked = _first_steps(candidates, session_id=session_id, op=op, payload=payload, target_machine=target_machine)
+    if isinstance(picked, Candidate):
+        return picked
+    capable, local, path = picked
+    if len(local) > 1:
+        recent = (
+            PathRecency.objects.filter(user=user, session_id=session_id, path=path)
+            .values_list("machine_id", flat=True)
+            .first()
+        )
+        local = [c for c in local if c.machine_id == recent] or local
+        if len(local) == 1:
+            return local[0]
+    default_id = default_machine_id(user=user)
+    for candidate in capable:
+        if candidate.machine_id == default_id:
+            return candidate
+    return capable[_next_turn(user=user, session_id=session_id) % len(capable)]
+
+
+def choose_cached(
+    *, user: User, session_id: str, op: str, payload: dict[str, Any], target_machine: str | None
+) -> Candidate | None:
+    """``choose`` without the database, for an operation that may run twice
+    (``rerouting_safe``): from this process's attached machines of less than
+    ``ROUTE_CACHE_SECONDS`` ago, when steps 1–2 decide without recency. ``None`` — route
+    with ``choose`` — on a cache miss, a routing error, or a choice that needs recency, the
+    default machine or the round-robin counter. Safe on the event loop (no I/O)."""
+    if not rerouting_safe(op, payload):
+        return None
+    hit = _routes.get((user.pk, session_id))
+    if hit is None or time.monotonic() - hit[0] >= ROUTE_CACHE_SECONDS:
+        return None
+    try:
+        picked = _first_steps(hit[1], session_id=session_id, op=op, payload=payload, target_machine=target_machine)
+    except DispatchError:
+        return None  # a machine may have come meanwhile: the database says
+    return picked if isinstance(picked, Candidate) else None
+
+
+def _first_steps(
+    candidates: Sequence[Candidate], *, session_id: str, op: str, payload: dict[str, Any], target_machine: str | None
+) -> Candidate | tuple[list[Candidate], list[Candidate], str | None]:
+    """Steps 1 and 2 over ``candidates``: the machine they pick, or what is left for
+    recency and steps 3–4: ``(capable, local, path)`` (``local``: the capable machines whose
+    roots hold ``path``, several, or none). Raises as ``choose``."""
     capability = OPERATIONS[op][0]
     if target_machine:
         chosen = match_target(candidates, target_machine)
@@ -199,24 +284,14 @@ def choose(*, user: User, session_id: str, op: str, payload: dict[str, Any], tar
     if len(capable) == 1:
         return capable[0]
     path = operation_path(op, payload)
+    local: list[Candidate] = []
     if path is not None:
         local = [c for c in capable if any(_inside(path, root) for root in c.allowed_roots)]
         if local:
             capable = local
-            if len(local) > 1:
-                recent = (
-                    PathRecency.objects.filter(user=user, session_id=session_id, path=path)
-                    .values_list("machine_id", flat=True)
-                    .first()
-                )
-                local = [c for c in local if c.machine_id == recent] or local
             if len(local) == 1:
                 return local[0]
-    default_id = default_machine_id(user=user)
-    for candidate in capable:
-        if candidate.machine_id == default_id:
-            return candidate
-    return capable[_next_turn(user=user, session_id=session_id) % len(capable)]
+    return capable, local, path
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,164 @@
+"""What a routed operation costs beyond routing (issue 15, B4): queries per FILE_STAT over
+REST, the 1 s route cache and its safe re-routing, the throttled ``last_active_at`` write,
+the one-statement path recency."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from channels.db import database_sync_to_async
+from django.db import connection
+from django.db.backends import utils as backend_utils
+from django.test import AsyncClient
+from django.test.utils import CaptureQueriesContext
+
+from core.authentication import bearer_cache_clear
+from machines.models import AuditRecord, Machine, PathRecency
+from machines.services import router
+from machines.services.operations import audit_record_create, machine_op, path_recency_record
+from tests.machines.conftest import settle
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PATH = "/home/alice/a.txt"
+
+
+@contextmanager
+def every_query() -> Iterator[list[str]]:
+    """The SQL run by any thread (the database thread of ``database_sync_to_async`` too)."""
+    seen: list[str] = []
+    wrapper: Any = backend_utils.CursorWrapper
+    run = wrapper._execute
+
+    def counted(self: Any, sql: str, *args: Any, **kwargs: Any) -> Any:
+        seen.append(sql)
+        return run(self, sql, *args, **kwargs)
+
+    wrapper._execute = counted
+    try:
+        yield seen
+    finally:
+        wrapper._execute = run
+
+
+def cached_stat(owner: Any) -> router.Candidate | None:
+    """What the route cache answers for a FILE_STAT of PATH in s1."""
+    return router.choose_cached(
+        user=owner, session_id="s1", op="FILE_STAT", payload={"path": PATH}, target_machine=None
+    )
+
+
+async def file_stat(client: AsyncClient, token: str, **extra: Any) -> dict[str, Any]:
+    response = await client.post(
+        "/api/v1/sessions/s1/ops",
+        json.dumps({"op": "FILE_STAT", "payload": {"path": PATH}, **extra}),
+        content_type="application/json",
+        headers={"authorization": f"Bearer {token}"},
+    )
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+async def test_a_rest_file_stat_costs_two_queries_once_warm(shims: Any, owner: Any, owner_token: Any) -> None:
+    bearer_cache_clear()
+    shim = await shims.connect(owner, machine_id="m1")
+    shim.files[PATH] = b"x"
+    client = AsyncClient()
+    await file_stat(client, owner_token)  # warms the token, the route and last_active_at
+    await settle()
+    with every_query() as queries:
+        for _ in range(5):
+            assert (await file_stat(client, owner_token))["machine_id"] == "m1"
+        await settle()
+    # Per operation: the path recency UPDATE (a routing input, before the reply) and the
+    # audit INSERT (after it). Before issue 15: token SELECT, route SELECT, recency
+    # update_or_create (savepoint, SELECT, UPDATE, release), audit INSERT and two UPDATEs.
+    assert len(queries) <= 2 * 5, "\n".join(queries)
+    assert await database_sync_to_async(AuditRecord.objects.filter(op="FILE_STAT").count)() == 6
+
+
+async def test_a_route_to_a_connection_gone_is_routed_again_for_an_operation_that_may_run_twice(
+    shims: Any, owner: Any
+) -> None:
+    shim = await shims.connect(owner, machine_id="m1")
+    shim.files[PATH] = b"x"
+    await machine_op(user=owner, session_id="s1", op="FILE_STAT", payload={"path": PATH}, caller="test")
+    key = (owner.pk, "s1")
+    stamped, (live,) = router._routes[key]
+    # As if the shim had reconnected to another process less than a second ago: this
+    # process's cached route names a connection that no longer exists.
+    gone = router.Candidate(**{**live.__dict__, "channel_name": "gone!nowhere", "connection_id": "conn_gone"})
+    router._routes[key] = (stamped, (gone,))
+    assert router.choose_cached(
+        user=owner, session_id="s1", op="FILE_STAT", payload={"path": PATH}, target_machine=None
+    )
+    response = await machine_op(user=owner, session_id="s1", op="FILE_STAT", payload={"path": PATH}, caller="test")
+    assert response["machine_id"] == "m1"
+    assert len(shim.ops("FILE_STAT")) == 2
+    assert router._routes[key][1] == (live,)  # the fresh route replaced the stale one
+
+
+async def test_a_command_is_never_routed_from_the_cache(shims: Any, owner: Any) -> None:
+    shim = await shims.connect(owner, machine_id="m1")
+    shim.files[PATH] = b"x"
+    await machine_op(user=owner, session_id="s1", op="FILE_STAT", payload={"path": PATH}, caller="test")
+    unsafe: list[tuple[str, dict[str, Any]]] = [
+        ("EXECUTE_COMMAND", {"argv": ["true"]}),
+        ("FILE_MOVE", {"src": PATH, "dst": PATH + ".2"}),
+        ("FILE_DELETE", {"path": PATH}),
+        ("FILE_WRITE", {"path": PATH, "content": "y", "append": True}),
+    ]
+    for op, payload in unsafe:
+        assert not router.rerouting_safe(op, payload)
+        assert router.choose_cached(user=owner, session_id="s1", op=op, payload=payload, target_machine=None) is None
+    assert router.choose_cached(
+        user=owner, session_id="s1", op="FILE_STAT", payload={"path": PATH}, target_machine=None
+    )
+
+
+async def test_a_machine_connecting_here_drops_the_cached_routes_at_once(shims: Any, owner: Any) -> None:
+    first = await shims.connect(owner, machine_id="m1")
+    first.files[PATH] = b"x"
+    await machine_op(user=owner, session_id="s1", op="FILE_STAT", payload={"path": PATH}, caller="test")
+    assert router.choose_cached(
+        user=owner, session_id="s1", op="FILE_STAT", payload={"path": PATH}, target_machine=None
+    )
+    await shims.connect(owner, machine_id="m2", hostname="server", allowed_roots=["/srv"])
+    assert cached_stat(owner) is None
+    await first.disconnect()
+    assert router._routes == {}
+
+
+async def test_last_active_is_written_once_per_resolution_and_overloaded_clears_at_once(shims: Any, owner: Any) -> None:
+    shim = await shims.connect(owner, machine_id="m1")
+    record = {"user": owner, "session_id": "s1", "machine_id": "m1", "op": "FILE_STAT", "payload": {}, "caller": "t"}
+
+    def create(result: dict[str, Any]) -> list[str]:
+        with CaptureQueriesContext(connection) as captured:
+            audit_record_create(request_id="00000000-0000-4000-8000-000000000000", result=result, **record)
+        return [q["sql"] for q in captured]
+
+    def health() -> str:
+        return Machine.objects.get(user=owner, machine_id="m1").health
+
+    first = await database_sync_to_async(create)({"ok": True})
+    second = await database_sync_to_async(create)({"ok": True})
+    assert [q.split()[0] for q in first] == ["INSERT", "UPDATE"]
+    assert [q.split()[0] for q in second] == ["INSERT"]
+    await database_sync_to_async(create)({"ok": False, "error_code": "SHIM_OVERLOADED"})
+    assert await database_sync_to_async(health)() == Machine.Health.OVERLOADED
+    await database_sync_to_async(create)({"ok": True})
+    assert await database_sync_to_async(health)() == Machine.Health.OK
+    assert shim.consumer_alive()
+
+
+def test_path_recency_is_one_update_once_the_path_is_known(owner: Any) -> None:
+    path_recency_record(user=owner, session_id="s1", machine_id="m1", op="FILE_STAT", payload={"path": PATH})
+    with CaptureQueriesContext(connection) as captured:
+        path_recency_record(user=owner, session_id="s1", machine_id="m2", op="FILE_STAT", payload={"path": PATH})
+    assert [q["sql"].split()[0] for q in captured] == ["UPDATE"]
+    assert PathRecency.objects.get(user=owner, session_id="s1", path=PATH).machine_id == "m2"
