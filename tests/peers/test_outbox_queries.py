@@ -42,6 +42,7 @@ def shadow(owner: Any, make_peer: Any) -> Agent:
 
 
 def queue(owner: Any, shadow: Agent, count: int, sender: Agent | None = None) -> list[OutboxMessage]:
+    assert shadow.peer is not None
     for index in range(count):
         peer_message_send(
             user=owner, sender_agent=sender, peer=shadow.peer, to_agent_id=REMOTE_AGENT, content=f"m{index}"
@@ -118,7 +119,7 @@ def test_a_marked_batch_is_announced_after_commit_per_message_and_once_per_agent
 
 
 def test_a_rest_enqueue_to_a_shadow_costs_a_fixed_number_of_queries(
-    owner: Any, owner_token: str, shadow: Agent, tmp_path: Any
+    owner: Any, owner_token: str, shadow: Agent
 ) -> None:
     client = Client(headers={"authorization": f"Bearer {owner_token}"})
     url = f"/api/v1/agents/{shadow.pk}/messages"
