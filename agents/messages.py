@@ -13,19 +13,22 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from asgiref.sync import async_to_sync
 from django.contrib.auth.models import User
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from agents import services
 from agents.models import Agent, AgentEvent, AgentMessage
-from agents.protocol import CliDoorbellMessage
+from agents.protocol import CliDoorbellMessage, UserEventMessage
 from agents.selectors import is_shadow
-from agents.serializers import AgentMessageSerializer
+from agents.serializers import AgentMessageSerializer, agent_data, event_data
 from core.errors import DispatchError, InvalidRequest, NotFound
-from core.realtime import ring_on_commit
+from core.realtime import ring, ring_on_commit
 
 if TYPE_CHECKING:
     from agents.hooks import Link
@@ -142,28 +145,91 @@ def messages_pending(*, agent: Agent) -> list[AgentMessage]:
     return list(AgentMessage.objects.filter(recipient_agent=agent, status=Status.QUEUED).order_by("created_at", "pk"))
 
 
-@transaction.atomic
 def message_mark_delivered(*, message: AgentMessage) -> bool:
     """``queued`` → ``delivered`` (pasted into the pane); a ``system`` event on the recipient.
 
     A conditional UPDATE: returns False (and records nothing) if the message was no
-    longer queued.
+    longer queued. ``messages_mark_delivered`` for one message.
     """
-    now = timezone.now()
-    if not AgentMessage.objects.filter(pk=message.pk, status=Status.QUEUED).update(
-        status=Status.DELIVERED, delivered_at=now
-    ):
+    if not messages_mark_delivered(message_ids=[message.pk]):
         return False
     message.refresh_from_db()
-    recipient = Agent.objects.get(pk=message.recipient_agent_id)
-    services.agent_event_record(
-        agent=recipient,
-        type=AgentEvent.Type.SYSTEM,
-        message="message delivered",
-        metadata={"message_id": message.pk, "chars": len(message.content)},
-    )
-    _publish(message, "message.updated")
     return True
+
+
+@transaction.atomic
+def messages_mark_delivered(*, message_ids: Sequence[int]) -> list[int]:
+    """``queued`` → ``delivered`` for each of ``message_ids`` (AgentMessage primary keys)
+    that is still queued, in one transaction and a fixed number of queries whatever their
+    number (issue 15, B8: a peer's batch receipt marks up to 50 at once): one ``system``
+    event "message delivered" (``metadata {message_id, chars}``) on each recipient, each
+    recipient's ``latest_event_*`` moved to it, then after commit, in one hop to the channel
+    layer, ``agent.event`` and ``message.updated`` per message and ``agent.upsert`` once per
+    recipient. Returns the ids marked, in the order given; a message no longer queued
+    (delivered, failed, unknown) is left as it is and not returned.
+    """
+    wanted = list(dict.fromkeys(message_ids))
+    if not wanted:
+        return []
+    now = timezone.now()
+    found = {
+        message.pk: message
+        for message in AgentMessage.objects.select_for_update(of=("self",))
+        .select_related("sender_user", "recipient_agent")
+        .filter(pk__in=wanted, status=Status.QUEUED)
+    }
+    marked = [found[pk] for pk in wanted if pk in found]
+    if not marked:
+        return []
+    AgentMessage.objects.filter(pk__in=[message.pk for message in marked]).update(
+        status=Status.DELIVERED, delivered_at=now
+    )
+    events = AgentEvent.objects.bulk_create(
+        AgentEvent(
+            agent_id=message.recipient_agent_id,
+            type=AgentEvent.Type.SYSTEM,
+            message="message delivered",
+            metadata={"message_id": message.pk, "chars": len(message.content)},
+            created_at=now,
+        )
+        for message in marked
+    )
+    recipients = list(dict.fromkeys(message.recipient_agent_id for message in marked))
+    Agent.objects.filter(pk__in=recipients).filter(
+        Q(latest_event_at__isnull=True) | Q(latest_event_at__lte=now)
+    ).update(
+        latest_event_type=AgentEvent.Type.SYSTEM,
+        latest_event_message="message delivered",
+        latest_event_at=now,
+        updated_at=timezone.now(),
+    )
+    fresh = {agent.pk: agent for agent in Agent.objects.select_related("owner", "peer").filter(pk__in=recipients)}
+    announcements: list[tuple[int, str, dict[str, Any]]] = []
+    for message, event in zip(marked, events, strict=True):
+        message.status = Status.DELIVERED
+        message.delivered_at = now
+        owner_id = message.recipient_agent.owner_id
+        announcements.append((owner_id, "agent.event", event_data(event)))
+        announcements.append((owner_id, "message.updated", message_data(message)))
+    for agent in fresh.values():
+        announcements.append((agent.owner_id, "agent.upsert", agent_data(agent)))
+    transaction.on_commit(lambda: _announce_now(announcements))
+    return [message.pk for message in marked]
+
+
+def _announce_now(announcements: list[tuple[int, str, dict[str, Any]]]) -> None:
+    """Send each ``(user_id, event, data)`` to that user's live-events group, in order, in one
+    hop to the channel layer (``async_to_sync`` once, not once per frame). Never raises:
+    ``core.realtime.ring`` logs each failure, readers reload from the rows."""
+
+    async def send_all() -> None:
+        for user_id, event, data in announcements:
+            await ring(services.user_events_group(user_id), UserEventMessage(event=event, data=data))
+
+    try:
+        async_to_sync(send_all)()
+    except Exception:  # never let an announcement fail a committed write
+        logger.exception("announcing %d delivered messages failed", len(announcements))
 
 
 @transaction.atomic

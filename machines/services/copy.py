@@ -2,7 +2,8 @@
 
 ``FILE_READ`` in 1 MiB chunks (base64, ``offset``/``length``) on the source, ``FILE_WRITE``
 with ``append`` into ``<destination>.dispatch-partial`` on the destination (the first
-chunk without), then ``FILE_STAT {hash: true}`` on both ends; only when size and SHA-256
+chunk without) — pipelined: chunk n+1 is read while chunk n is written, at most two
+chunks held — then ``FILE_STAT {hash: true}`` on both ends; only when size and SHA-256
 match is the partial file moved into place (``FILE_MOVE``, replacing an existing
 destination only with ``overwrite``). A failed copy removes the partial file.
 
@@ -15,6 +16,7 @@ to the copy's own channel): it stops between chunks, removes the partial file an
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import logging
@@ -157,15 +159,30 @@ async def _copy(
         if existing.get("exists"):
             raise MachineError("PATH_EXISTS", f"{destination_path} exists on '{destination_machine}' (pass overwrite)")
     partial = destination_path + PARTIAL_SUFFIX
-    try:
-        offset = 0
-        first = True
-        while first or offset < total:
-            chunk = await op(
+
+    def read(offset: int) -> asyncio.Task[dict[str, Any]]:
+        return asyncio.ensure_future(
+            op(
                 source_machine,
                 "FILE_READ",
                 {"path": source_path, "encoding": "base64", "offset": offset, "length": CHUNK_BYTES},
             )
+        )
+
+    # Pipelined (issue 15, B5): chunk n+1 is read while chunk n is written, so the source's
+    # read and the destination's write overlap; at most two chunks are held (the one being
+    # written and the one being read), whatever the file's size.
+    reading: asyncio.Task[dict[str, Any]] | None = None
+    try:
+        offset = 0
+        first = True
+        reading = read(0)
+        while reading is not None:
+            chunk = await reading
+            reading = None
+            read_bytes = _chunk_length(chunk)
+            if read_bytes > 0 and offset + read_bytes < total:
+                reading = read(offset + read_bytes)  # the next chunk, while this one is written
             await op(
                 destination_machine,
                 "FILE_WRITE",
@@ -177,16 +194,15 @@ async def _copy(
                     "create_parents": first,
                 },
             )
-            read = _chunk_length(chunk)
+            del chunk
             first = False
-            offset += read
+            offset += read_bytes
             if progress is not None:
                 outcome = progress(offset, total)
                 if outcome is not None:
                     await outcome
-            if read == 0:
-                break
-            await check_cancelled()
+            if read_bytes > 0:
+                await check_cancelled()
         source_final = await op(source_machine, "FILE_STAT", {"path": source_path, "hash": True})
         copied = await op(destination_machine, "FILE_STAT", {"path": partial, "hash": True})
         if (copied.get("size_bytes"), copied.get("sha256")) != (
@@ -203,6 +219,9 @@ async def _copy(
             )
         await op(destination_machine, "FILE_MOVE", {"src": partial, "dst": destination_path, "overwrite": overwrite})
     except BaseException:
+        if reading is not None:  # a read in flight when the write (or the cancel) failed
+            reading.cancel()
+            await asyncio.gather(reading, return_exceptions=True)
         try:
             await op(destination_machine, "FILE_DELETE", {"path": partial, "missing_ok": True})
         except Exception:

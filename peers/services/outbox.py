@@ -25,9 +25,10 @@ from django.db.models import Q
 from django.utils import timezone
 
 from agents import services as agent_services
-from agents.messages import message_mark_delivered, message_mark_failed
+from agents.messages import message_mark_failed, messages_mark_delivered
 from agents.models import Agent, AgentEvent, AgentMessage
 from core.errors import DispatchError, NotFound
+from core.protocol import ChannelMessage
 from core.realtime import ring, ring_on_commit
 from peers.models import OutboxMessage, Peer, PeerReceipt
 from peers.protocol import OutboxDoorbellMessage
@@ -52,31 +53,38 @@ def outbox_ring() -> None:
     current transaction commits, at once outside one.
 
     Best effort, at most once: a lost ring only delays delivery to the next 30 s pass.
-    Sync code only; never raises, and never waits for the ring (``_ring_without_waiting``).
+    Sync code only; never raises, and never waits for the ring (``ring_on_commit_unawaited``).
     """
-    transaction.on_commit(_ring_without_waiting)
+    ring_on_commit_unawaited(DOORBELL_GROUP, OutboxDoorbellMessage())
 
 
-def _ring_without_waiting() -> None:
-    """Hand ``core.realtime.ring`` to the server's event loop and return at once.
+def ring_on_commit_unawaited(group: str, message: ChannelMessage) -> None:
+    """``core.realtime.ring_on_commit`` (``message`` to ``group`` once the current
+    transaction commits, never on rollback) without making this thread wait for the send.
 
-    A sync view runs on Channels' one shared sync thread; ``core.realtime.ring_on_commit``
-    makes that thread wait (``async_to_sync``) until the busy event loop has sent the ring —
-    with every REST enqueue ringing, the queue for that thread was part of the ~20 ms an
-    enqueue cost under load (issue 15, B8). Nothing here needs the ring's outcome (``ring``
-    logs its own failures), so it is scheduled on the loop that runs this thread's caller
-    (asgiref's ``SyncToAsync`` records it) and not awaited. Without such a loop (a
-    management command, a test, a worker thread) it rings as before, waiting.
+    A sync view runs on Channels' one shared sync thread; ``ring_on_commit`` makes that
+    thread wait (``async_to_sync``) until the busy event loop has sent the ring — a quarter
+    of a REST enqueue's time under load (issue 15, B8: the outbox doorbell and the
+    ``message.created`` announcement). Nothing here needs the ring's outcome
+    (``core.realtime.ring`` logs its own failures), so after commit it is scheduled on the
+    loop that runs this thread's caller (asgiref's ``SyncToAsync`` records it) and not
+    awaited; rings scheduled from one thread start in the order they were scheduled.
+    Without such a loop (a management command, a test, a worker thread) it rings as
+    ``ring_on_commit`` does, waiting. Sync code only; never raises.
     """
+    transaction.on_commit(lambda: _ring_without_waiting(group, message))
+
+
+def _ring_without_waiting(group: str, message: ChannelMessage) -> None:
     loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None)
     same_process = getattr(SyncToAsync.threadlocal, "main_event_loop_pid", None) == os.getpid()
     if loop is not None and same_process and loop.is_running() and not loop.is_closed():
         try:
             asyncio.get_running_loop()
         except RuntimeError:  # no loop in this thread: we are the sync thread of that loop
-            asyncio.run_coroutine_threadsafe(ring(DOORBELL_GROUP, OutboxDoorbellMessage()), loop)
+            asyncio.run_coroutine_threadsafe(ring(group, message), loop)
             return
-    ring_on_commit(DOORBELL_GROUP, OutboxDoorbellMessage())  # after commit already: rings now
+    ring_on_commit(group, message)  # after commit already: rings now
 
 
 def outbox_enqueue(*, message: AgentMessage, peer: Peer, to_agent_id: str, payload: dict[str, Any]) -> OutboxMessage:
@@ -170,17 +178,27 @@ def outbox_mark_delivered(*, row: OutboxMessage) -> bool:
 
 def outbox_mark_delivered_many(*, rows: list[OutboxMessage]) -> list[int]:
     """``outbox_mark_delivered`` for each of ``rows`` (the peer's batch answer had a 2xx
-    receipt for each), in order, in **one** transaction: a batch of 50 costs one commit.
-    Returns the ids of the rows marked; a row no longer ``queued`` is left as it is."""
-    marked: list[int] = []
+    receipt for each), in **one** transaction of a fixed number of queries whatever the
+    number of rows (issue 15, B8: it was 18 queries a row, the write lock held meanwhile):
+    the rows still ``queued`` are read (locked), marked ``delivered`` in one UPDATE, and
+    their messages marked by ``agents.messages.messages_mark_delivered``.
+    Returns the ids of the rows marked, in the order given; a row no longer ``queued`` is
+    left as it is."""
+    wanted = [row.pk for row in rows]
+    if not wanted:
+        return []
     now = timezone.now()
     with transaction.atomic():
-        for row in rows:
-            if OutboxMessage.objects.filter(pk=row.pk, status=Status.QUEUED).update(
-                status=Status.DELIVERED, delivered_at=now, last_error=""
-            ):
-                message_mark_delivered(message=AgentMessage.objects.get(pk=row.message_id))
-                marked.append(row.pk)
+        queued = dict(
+            OutboxMessage.objects.select_for_update()
+            .filter(pk__in=wanted, status=Status.QUEUED)
+            .values_list("pk", "message_id")
+        )
+        marked = [pk for pk in dict.fromkeys(wanted) if pk in queued]
+        if not marked:
+            return []
+        OutboxMessage.objects.filter(pk__in=marked).update(status=Status.DELIVERED, delivered_at=now, last_error="")
+        messages_mark_delivered(message_ids=[queued[pk] for pk in marked])
     return marked
 
 

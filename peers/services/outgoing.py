@@ -14,11 +14,12 @@ from django.db import transaction
 from agents import services as agent_services
 from agents.messages import MAX_MESSAGE_LENGTH, message_data
 from agents.models import Agent, AgentMessage
+from agents.protocol import UserEventMessage
 from agents.selectors import AGENT_ID
 from core.errors import InvalidRequest, NotFound
 from core.services import instance_identity_get
 from peers.models import Peer, new_idempotency_key
-from peers.services.outbox import outbox_enqueue
+from peers.services.outbox import outbox_enqueue, ring_on_commit_unawaited
 
 
 def launcher_address(*, user: User, caller_agent: Agent | None) -> dict[str, Any]:
@@ -80,12 +81,23 @@ def peer_message_send(
     agent_services.storable_text(content, "content")
     if not AGENT_ID.match(to_agent_id or ""):
         raise InvalidRequest(f"'{to_agent_id}' is not an agent id (agt_ and 12 hex digits)")
-    live = Peer.objects.filter(pk=peer.pk, owner=user, revoked_at__isnull=True).first()
-    if live is None:
-        raise NotFound(f"no linked instance '{peer.label}'")
+    # The usual case in one query: the shadow by its id there, with its peer (checked live
+    # and ``user``'s below, as the peer's own query would).
+    shadow = (
+        Agent.objects.select_related("peer")
+        .filter(peer_id=peer.pk, peer_agent_id=to_agent_id)
+        .order_by("created_at")
+        .first()
+    )
+    live = shadow.peer if shadow is not None else None
+    if live is None or live.owner_id != user.pk or live.revoked_at is not None:
+        live = Peer.objects.filter(pk=peer.pk, owner=user, revoked_at__isnull=True).first()
+        if live is None:
+            raise NotFound(f"no linked instance '{peer.label}'")
     if sender_agent is not None and sender_agent.owner_id != user.pk:
         raise NotFound(f"no agent '{sender_agent.pk}'")
-    shadow = _shadow_for(live, to_agent_id)
+    if shadow is None or shadow.peer_id != live.pk:
+        shadow = _shadow_for(live, to_agent_id)
     to_agent_id = shadow.peer_agent_id
     key = new_idempotency_key()
     message = AgentMessage.objects.create(
@@ -103,5 +115,9 @@ def peer_message_send(
         to_agent_id=to_agent_id,
         payload={"to_agent_id": to_agent_id, "content": content, "from": sender},
     )
-    agent_services.publish_on_commit(user_id=user.pk, event="message.created", data=message_data(message))
+    # Announced as ``publish_on_commit`` would, without the sync thread waiting for the
+    # event loop to send it (``ring_on_commit_unawaited``; issue 15, B8).
+    ring_on_commit_unawaited(
+        agent_services.user_events_group(user.pk), UserEventMessage(event="message.created", data=message_data(message))
+    )
     return message

@@ -14,7 +14,7 @@ from machines.models import OperationInFlight
 from machines.services import live
 from machines.services.copy import CHUNK_BYTES, PARTIAL_SUFFIX, copy_between_machines
 from machines.services.operations import MachineError
-from tests.machines.conftest import until
+from tests.machines.conftest import ShimFailure, until
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -104,3 +104,90 @@ def _process() -> str:
     from core.services import server_process_ensure
 
     return server_process_ensure()
+
+
+# --- the pipeline (issue 15, B5): chunk n+1 is read while chunk n is written ----------------------
+
+
+def record_timeline(source: Any, destination: Any, timeline: list[tuple[str, int]], write_delay: float) -> None:
+    """Make both fake shims log ``("read", offset)`` when a FILE_READ arrives and
+    ``("written", chunk index)`` when a FILE_WRITE is answered (each write taking
+    ``write_delay`` seconds)."""
+    read, write = source.handler, destination.handler
+    writes = 0
+
+    async def reading(request: dict[str, Any]) -> dict[str, Any] | None:
+        if request["type"] == "FILE_READ":
+            timeline.append(("read", request["payload"]["offset"]))
+        return await read(request)
+
+    async def writing(request: dict[str, Any]) -> dict[str, Any] | None:
+        nonlocal writes
+        if request["type"] != "FILE_WRITE":
+            return await write(request)
+        await asyncio.sleep(write_delay)
+        answer = await write(request)
+        timeline.append(("written", writes))
+        writes += 1
+        return answer
+
+    source.handler, destination.handler = reading, writing
+
+
+async def test_the_next_chunk_is_read_while_this_one_is_written_and_no_further(shims: Any, owner: Any) -> None:
+    source, destination = await two_machines(shims, owner, 4 * CHUNK_BYTES)
+    timeline: list[tuple[str, int]] = []
+    record_timeline(source, destination, timeline, write_delay=0.1)
+    answer = await copy(owner)
+    assert answer["size_bytes"] == 4 * CHUNK_BYTES
+    assert destination.files[DESTINATION] == source.files[SOURCE]
+    # Chunk n+1's read arrives before chunk n's write is answered (overlap), and chunk
+    # n+2's only after it (at most two chunks held).
+    assert timeline == [
+        ("read", 0),
+        ("read", CHUNK_BYTES),
+        ("written", 0),
+        ("read", 2 * CHUNK_BYTES),
+        ("written", 1),
+        ("read", 3 * CHUNK_BYTES),
+        ("written", 2),
+        ("written", 3),
+    ]
+
+
+async def test_a_write_failing_mid_pipeline_leaves_no_partial_file_and_no_read_behind(shims: Any, owner: Any) -> None:
+    source, destination = await two_machines(shims, owner, 4 * CHUNK_BYTES)
+    write = destination.handler
+
+    async def full_disk(request: dict[str, Any]) -> dict[str, Any] | None:
+        if request["type"] == "FILE_WRITE" and len(destination.ops("FILE_WRITE")) == 2:
+            await asyncio.sleep(0.05)  # the third chunk's read is in flight meanwhile
+            raise ShimFailure("DISK_FULL", "no space left on device")
+        return await write(request)
+
+    destination.handler = full_disk
+    with pytest.raises(MachineError) as failed:
+        await copy(owner)
+    assert failed.value.code == "DISK_FULL"
+    assert len(destination.ops("FILE_WRITE")) == 2 and len(source.ops("FILE_READ")) == 3
+    assert destination.ops("FILE_DELETE")[-1]["payload"]["path"] == DESTINATION + PARTIAL_SUFFIX
+    assert DESTINATION not in destination.files and DESTINATION + PARTIAL_SUFFIX not in destination.files
+    assert await database_sync_to_async(OperationInFlight.objects.count)() == 0
+
+
+async def test_a_read_failing_mid_pipeline_stops_after_the_chunks_read_before_it(shims: Any, owner: Any) -> None:
+    source, destination = await two_machines(shims, owner, 4 * CHUNK_BYTES)
+    read = source.handler
+
+    async def bad_sector(request: dict[str, Any]) -> dict[str, Any] | None:
+        if request["type"] == "FILE_READ" and request["payload"]["offset"] == 2 * CHUNK_BYTES:
+            raise ShimFailure("IO_ERROR", "input/output error")
+        return await read(request)
+
+    source.handler = bad_sector
+    with pytest.raises(MachineError) as failed:
+        await copy(owner)
+    assert failed.value.code == "IO_ERROR"
+    assert len(destination.ops("FILE_WRITE")) == 2 and len(source.ops("FILE_READ")) == 3
+    assert DESTINATION not in destination.files and DESTINATION + PARTIAL_SUFFIX not in destination.files
+    assert await database_sync_to_async(OperationInFlight.objects.count)() == 0
