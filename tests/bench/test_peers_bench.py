@@ -44,7 +44,7 @@ def test_the_peers_bench_mirrors_every_change_and_delivers_each_message_once_in_
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(output.read_text())
-    assert [row["id"] for row in report["table"]] == ["B7", "(B8')", "B8", "B8", "(B8')", "(B8'')"]
+    assert [row["id"] for row in report["table"]] == ["B7", "(B8')", "B8", "B8", "B8", "(B8')", "(B8'')"]
 
     # B7: every one of the 10 changes (after the warm-up) reached the shadow on A and B's own stream.
     b7 = report["b7"]
