@@ -397,6 +397,8 @@ class Sizes:
     storm_shims: int
     ping_interval: float = 20.0  # B6's DISPATCH_SHIM_PING_INTERVAL (s)
     b6_clients: int = 4  # client processes that open B6's connections
+    b6_users: int = 50  # B6's connections are spread over this many users
+    one_user_shims: int = 1000  # (B6''): shims of one user, in batches of 100
     connect_limit: float = 240.0  # s: B6's connections must be open by then
 
 
@@ -764,6 +766,29 @@ def _gap_summary(values: list[float]) -> dict[str, float | None]:
     }
 
 
+async def one_user_probe(ws_base: str, token: str, pid: int, count: int, batch: int = 100) -> dict[str, Any]:
+    """(B6'') ``count`` shims of ONE user (each its own session) opened in batches of
+    ``batch``, 25 at a time: the server's CPU ms per HELLO in each batch. A HELLO reads every
+    connection of its user (machines/services/connections.py ``_snapshot_targets``), so
+    the cost per HELLO grows with the user's machines; this shows by how much."""
+    shims: list[IdleShim] = []
+    per_batch: list[float] = []
+    gate = asyncio.Semaphore(25)
+
+    async def one(index: int) -> IdleShim:
+        async with gate:
+            return await IdleShim.open(ws_base, token, [f"probe-{index}"])
+
+    try:
+        for start in range(0, count, batch):
+            before = process_cpu_seconds(pid)
+            shims += await asyncio.gather(*(one(index) for index in range(start, min(count, start + batch))))
+            per_batch.append(round(1000 * (process_cpu_seconds(pid) - before) / batch, 2))
+    finally:
+        await asyncio.gather(*(shim.close() for shim in shims), return_exceptions=True)
+    return {"shims": count, "batch": batch, "cpu_ms_per_hello": per_batch}
+
+
 async def b6_clients(
     ws_base: str, token: str, tag: str, shim_count: int, session_count: int, concurrency: int, limit: float
 ) -> None:
@@ -812,14 +837,19 @@ async def b6_clients(
     sessions: list[IdleSession] = []
     try:
         started = time.perf_counter()
-        shims, shim_errors = await open_all(shim_count, lambda i: IdleShim.open(ws_base, token, [f"b6-{tag}-{i}"]))
+        tokens = token.split(",")  # the users' tokens, connection i using the (i mod n)th
+        shims, shim_errors = await open_all(
+            shim_count, lambda i: IdleShim.open(ws_base, tokens[i % len(tokens)], [f"b6-{tag}-{i}"])
+        )
         say("shims", opened=len(shims), errors=len(shim_errors), error_samples=sorted(set(shim_errors))[:3],
             seconds=round(time.perf_counter() - started, 2))  # fmt: skip
         while (command := await lines.get()) not in ("sessions", "close"):
             pass
         if command == "sessions":
             started = time.perf_counter()
-            sessions, session_errors = await open_all(session_count, lambda i: IdleSession.open(ws_base, token))
+            sessions, session_errors = await open_all(
+                session_count, lambda i: IdleSession.open(ws_base, tokens[i % len(tokens)])
+            )
             seconds = round(time.perf_counter() - started, 2)
             say("sessions", opened=len(sessions), errors=len(session_errors),
                 error_samples=sorted(set(session_errors))[:3], seconds=seconds)  # fmt: skip
@@ -892,12 +922,14 @@ class B6Client:
             await self.proc.wait()
 
 
-async def b6(server: Any, token: str, storm_token: str, database: Path, sizes: Sizes) -> dict[str, Any]:
+async def b6(
+    server: Any, tokens: list[str], storm_token: str, probe_token: str, database: Path, sizes: Sizes
+) -> dict[str, Any]:
     """B6: ``sizes.shims`` idle shims + ``sizes.sessions`` idle /ws sessions on one fresh
     ``serve`` process, opened by ``sizes.b6_clients`` client processes (each under the
     descriptor limit), then ``sizes.idle_seconds`` idle. Reports memory per connection, the
     process heartbeat's age, the shims' PING gaps, server CPU ms per connection opened and
-    its CPU while idle."""
+    its CPU while idle. Connection i belongs to user ``tokens[i mod len(tokens)]``."""
     import httpx
 
     ws_base = server.url.replace("http://", "ws://")
@@ -905,8 +937,12 @@ async def b6(server: Any, token: str, storm_token: str, database: Path, sizes: S
     http = httpx.AsyncClient(base_url=server.url, timeout=30)
     process_id = (await http.get("/healthz")).json()["process_id"]
     report: dict[str, Any] = {"ping_interval_s": sizes.ping_interval, "pong_timeout_s": B6_PONG_TIMEOUT,
-                              "client_processes": sizes.b6_clients}  # fmt: skip
+                              "client_processes": sizes.b6_clients, "users": len(tokens)}  # fmt: skip
     report["storm"] = await storm(ws_base, storm_token, sizes.storm_shims)
+    report["one_user"] = await with_timeout(
+        one_user_probe(ws_base, probe_token, pid, sizes.one_user_shims), 180, "(B6'') one user's shims"
+    )
+    await asyncio.sleep(2)
     await asyncio.sleep(1)
     rss0 = process_rss_mib(pid)
     clients: list[B6Client] = []
@@ -919,9 +955,9 @@ async def b6(server: Any, token: str, storm_token: str, database: Path, sizes: S
     try:
         cpu0 = process_cpu_seconds(pid)
         started = time.perf_counter()
-        limit = sizes.connect_limit
+        limit, joined = sizes.connect_limit, ",".join(tokens)
         clients = [
-            await B6Client.start(ws_base, token, str(i), share(sizes.shims, i), share(sizes.sessions, i), per_process,
+            await B6Client.start(ws_base, joined, str(i), share(sizes.shims, i), share(sizes.sessions, i), per_process,
                                  limit)
             for i in range(n)
         ]  # fmt: skip
@@ -1005,6 +1041,23 @@ async def b6(server: Any, token: str, storm_token: str, database: Path, sizes: S
 # --- the run --------------------------------------------------------------------------------
 
 
+def b6_tokens(inst: Any, users: int) -> list[str]:
+    """``users`` new users (``b6-0``…) with an API token each, made in one ``manage.py shell``;
+    their tokens. B6's connections are spread over them, as machines and sessions of many
+    users are: one user's HELLO reads every connection of that user (the N = 2 snapshot
+    rule, machines/services/connections.py ``_snapshot_targets``), which the (B6'') probe
+    of one user's many shims measures apart."""
+    script = (
+        "from django.contrib.auth import get_user_model\n"
+        "from core.services import api_token_create\n"
+        "users = get_user_model().objects\n"
+        f"tokens = [api_token_create(user=users.create_user(f'b6-{{i}}'), name='b6').raw "
+        f"for i in range({users})]\n"
+        "print(','.join(tokens))\n"
+    )
+    return str(inst.manage("shell", "-c", script).stdout).strip().splitlines()[-1].split(",")
+
+
 def raise_fd_limit(wanted: int = 65536) -> int:
     """Raise this process's open-file limit (children inherit it); returns the new soft limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -1066,7 +1119,8 @@ def run(sizes: Sizes) -> dict[str, Any]:
                 DISPATCH_SHIM_PING_INTERVAL=sizes.ping_interval, DISPATCH_SHIM_PONG_TIMEOUT=B6_PONG_TIMEOUT
             )
             database = Path(inst.env["DISPATCH_DATA_DIR"]) / "dispatch.sqlite3"
-            report["b6"] = asyncio.run(b6(b6_server, token, storm_token, database, sizes))
+            tokens = b6_tokens(inst, sizes.b6_users)
+            report["b6"] = asyncio.run(b6(b6_server, tokens, storm_token, token, database, sizes))
     return report
 
 
@@ -1099,6 +1153,7 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     heartbeat_on_time = b6["heartbeat_max_age_s"] <= 2 * b6["heartbeat_interval_s"]
     per_connection = b6["kib_per_connection"]
     storm = b6["storm"]
+    one = b6["one_user"]
     b5_cpu = b5.get("cpu_ms_per_mib", {})
     return [
         bench_row(
@@ -1135,7 +1190,7 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
         ),
         bench_row(
             "B6",
-            f"{b6['shims']:,} idle shims + {b6['sessions']:,} idle /ws sessions, one process, "
+            f"{b6['shims']:,} idle shims + {b6['sessions']:,} idle /ws sessions of {b6['users']} users, one process, "
             f"{b6['client_processes']} client processes; CPU per connection opened",
             dispatch=f"{alive:,}/{wanted:,} alive; {per_connection:.0f} KiB/conn; heartbeat max age "
             f"{b6['heartbeat_max_age_s']:.1f} s; PING gap max {ping_max} s (period {b6['ping_period_s']:g} s); "
@@ -1147,6 +1202,14 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
             numbers={"connections_wanted": wanted, "connections_alive": alive, "kib_per_connection": per_connection,
                      "heartbeat_max_age_s": b6["heartbeat_max_age_s"], "ping_gap_max_s": ping_max,
                      "idle_cpu_percent": b6["idle_cpu_percent"]},
+        ),
+        bench_row(
+            "(B6'')",
+            f"info: {one['shims']:,} shims of ONE user, {one['batch']} at a time: server CPU ms per HELLO, "
+            "first batch -> last",
+            dispatch=f"{one['cpu_ms_per_hello'][0]} -> {one['cpu_ms_per_hello'][-1]} ms",
+            cpu=(one["cpu_ms_per_hello"][-1], None),
+            goal="— (flat if a HELLO's cost did not grow with the user's machines)",
         ),
         bench_row(
             "(B6')",
@@ -1253,7 +1316,7 @@ def main(argv: list[str]) -> int:
     options = parser.parse_args(argv)
     sizes = (
         Sizes(warmup=30, calls=300, rounds=3, copy_rounds=1, copy_mib=100, shims=B6_CONNECTIONS,
-              sessions=B6_CONNECTIONS, idle_seconds=10, storm_shims=30)
+              sessions=B6_CONNECTIONS, idle_seconds=10, storm_shims=30, one_user_shims=300)
         if options.quick
         else Sizes(warmup=100, calls=1000, rounds=5, copy_rounds=2, copy_mib=100, shims=B6_CONNECTIONS,
                    sessions=B6_CONNECTIONS, idle_seconds=20, storm_shims=50)
