@@ -100,8 +100,8 @@ def main(argv: list[str]) -> int:
     print_table(rows)
     print()
     print("time per script: " + "; ".join(timings))
-    if since is not None:
-        print(f"the whole run: {time.time() - since:.0f} s")
+    if since:
+        print(f"the whole run so far: {time.time() - since:.0f} s")
     for note in notes:
         print(f"NOTE: {note}")
     missed = [row["id"] for row in rows if row.get("pass") is False]
