@@ -939,10 +939,6 @@ async def b6(
     report: dict[str, Any] = {"ping_interval_s": sizes.ping_interval, "pong_timeout_s": B6_PONG_TIMEOUT,
                               "client_processes": sizes.b6_clients, "users": len(tokens)}  # fmt: skip
     report["storm"] = await storm(ws_base, storm_token, sizes.storm_shims)
-    report["one_user"] = await with_timeout(
-        one_user_probe(ws_base, probe_token, pid, sizes.one_user_shims), 180, "(B6'') one user's shims"
-    )
-    await asyncio.sleep(2)
     await asyncio.sleep(1)
     rss0 = process_rss_mib(pid)
     clients: list[B6Client] = []
@@ -1035,6 +1031,10 @@ async def b6(
     finally:
         await asyncio.gather(*(client.stop() for client in clients), return_exceptions=True)
         await http.aclose()
+    # After B6, so that the memory it frees does not hide what B6's connections take.
+    report["one_user"] = await with_timeout(
+        one_user_probe(ws_base, probe_token, pid, sizes.one_user_shims), 180, "(B6'') one user's shims"
+    )
     return report
 
 
@@ -1108,8 +1108,9 @@ def run(sizes: Sizes) -> dict[str, Any]:
                     shim.stop()
 
             print(
-                f"· B6: a fresh process; {sizes.storm_shims} shims on '*' first (B6'), then {sizes.shims} idle "
-                f"shims + {sizes.sessions} idle /ws sessions, {sizes.idle_seconds:g} s idle…",
+                f"· B6: a fresh process; {sizes.storm_shims} shims on '*' first (B6'), then {sizes.shims} idle shims + "
+                f"{sizes.sessions} idle /ws sessions of {sizes.b6_users} users from {sizes.b6_clients} client "
+                f"processes, {sizes.idle_seconds:g} s idle; then {sizes.one_user_shims} shims of one user (B6'')…",
                 flush=True,
             )
             server.stop()
@@ -1288,7 +1289,6 @@ def print_details(report: dict[str, Any], sizes: Sizes) -> None:
     )
     print(
         f"    RSS {rss['before']:.0f} -> {rss['after_shims']:.0f} (shims) -> {rss['after_sessions']:.0f} (sessions) -> "
-        f"RSS {rss['before']:.0f} -> {rss['after_shims']:.0f} (shims) -> {rss['after_sessions']:.0f} (sessions) -> "
         f"{rss['after_idle']:.0f} MiB after {sizes.idle_seconds:g} s idle: "
         f"{b6['kib_per_shim']:.0f} KiB per shim, {b6['kib_per_session']:.0f} KiB per /ws session"
     )

@@ -17,7 +17,7 @@ client code drives (a) a bare ``websockets`` relay and (b) a minimal Channels re
 consumer under daphne (bench/baseline.py). The serving side everywhere is a raw client
 that answers each downstream call at once, so the numbers measure the servers.
 
-Prints a table and writes bench/results/latest.json. Stops by itself within ~3 minutes
+Prints a table and writes bench/results/remote_calls.json. Stops by itself within ~3 minutes
 (``--quick``: well under one) and cleans up every process it started.
 """
 
