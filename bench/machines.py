@@ -398,7 +398,7 @@ class Sizes:
     ping_interval: float = 20.0  # B6's DISPATCH_SHIM_PING_INTERVAL (s)
     b6_clients: int = 4  # client processes that open B6's connections
     b6_users: int = 50  # B6's connections are spread over this many users
-    one_user_shims: int = 1000  # (B6''): shims of one user, in batches of 100
+    one_user_shims: int = 500  # (B6''): shims of one user, in batches of 100
     connect_limit: float = 150.0  # s: each of B6's two phases (shims, sessions) gives up then
 
 

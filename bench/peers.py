@@ -1042,7 +1042,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--backlog-messages", type=int, help="(B8'') rows in the backlog (default 500)")
     parser.add_argument("--backlog-window", type=float, help="(B8'') seconds to watch the backlog (default 30)")
     parser.add_argument(
-        "--drain-wait", type=float, help="seconds to wait for delivery after a phase's last POST (default 60)"
+        "--drain-wait", type=float, help="seconds to wait for delivery after a phase's last POST (default 45)"
     )
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument(
@@ -1073,7 +1073,7 @@ def main(argv: list[str]) -> int:
             hole_messages=500,
             backlog_messages=500,
             backlog_window=30,
-            drain_wait=60,
+            drain_wait=45,
         )
     )
     if options.changes:

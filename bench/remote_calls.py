@@ -433,8 +433,8 @@ def machine() -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description="Remote-call benchmarks B1-B3 beside baselines.")
     parser.add_argument("--quick", action="store_true", help="a short run: 300 calls, 3 s throughput windows")
-    parser.add_argument("--calls", type=int, help="sequential calls per server for B1/B2 (default 2000)")
-    parser.add_argument("--seconds", type=float, help="B3 window per server (default 10)")
+    parser.add_argument("--calls", type=int, help="sequential calls per server for B1/B2 (default 1500)")
+    parser.add_argument("--seconds", type=float, help="B3 window per server (default 8)")
     parser.add_argument("--callers", type=int, default=64, help="B3 caller sessions (default 64)")
     parser.add_argument("--skip-b2", action="store_true", help="skip B2 (needs PostgreSQL and Redis)")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
@@ -445,7 +445,7 @@ def main(argv: list[str]) -> int:
     sizes = (
         Sizes(warmup=50, calls=300, rounds=3, callers=options.callers, seconds=3.0, b3_windows=2)
         if options.quick
-        else Sizes(warmup=200, calls=2000, rounds=5, callers=options.callers, seconds=10.0, b3_windows=2)
+        else Sizes(warmup=200, calls=1500, rounds=5, callers=options.callers, seconds=8.0, b3_windows=2)
     )
     if options.calls:
         sizes.calls = options.calls
