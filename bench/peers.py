@@ -552,18 +552,24 @@ class Phase:
     enqueue_seconds: float = 0.0
     cpu: dict[str, float] = field(default_factory=dict)
     cpu_seconds: float = 0.0  # A's and B's, over the phase
+    post_seconds: float | None = None  # posting stops then (``messages`` becomes what was posted)
+    planned: int = 0  # the messages meant, when posting was stopped early
 
 
 async def post_phase(peers: Peers, phase: Phase, shadows_b: list[str], shadow_c: str | None, *, wait: float) -> None:
     """Post ``phase.messages`` messages to B's shadows (``POSTERS`` concurrent posters, each
     sequential on its own shadow), plus C's mail when ``phase.c_mail``; wait until each
     poster's last message is ``delivered`` on A, at most ``wait`` seconds after the last
-    POST (then ``phase.complete`` is False and the phase is measured as it stands)."""
+    POST (then ``phase.complete`` is False and the phase is measured as it stands). With
+    ``phase.post_seconds`` the posters stop then, and ``phase.messages`` becomes what they
+    posted (the whole run must fit its time budget on a slow day)."""
     rest = Rest(peers.server_a.url, peers.a.admin_token)
     try:
         share = [phase.messages // len(shadows_b) + (1 if i < phase.messages % len(shadows_b) else 0)
                  for i in range(len(shadows_b))]  # fmt: skip
         last: list[int] = [0] * len(shadows_b)
+        posted: list[int] = [0] * len(shadows_b)
+        stop_at = time.monotonic() + phase.post_seconds if phase.post_seconds else float("inf")
 
         async def mail_for_c() -> None:
             assert shadow_c is not None
@@ -573,20 +579,25 @@ async def post_phase(peers: Peers, phase: Phase, shadows_b: list[str], shadow_c:
 
         async def poster(index: int) -> None:
             for seq in range(share[index]):
+                if time.monotonic() >= stop_at:
+                    break
                 if phase.c_mail and index == 0 and seq % max(1, C_MAIL_EVERY // len(shadows_b)) == 0:
                     await mail_for_c()
                 body = {"content": f"{phase.prefix}{index}-{seq:05d}"}
                 answer = await rest.call("POST", f"/api/v1/agents/{shadows_b[index]}/messages", body, ok=201)
                 last[index] = answer["id"]
+                posted[index] += 1
 
         with CpuMeter({"A": peers.server_a.pid, "B": peers.server_b.pid}) as meter:
             phase.started_wall = time.time()
             began = time.perf_counter()
             await asyncio.gather(*(poster(index) for index in range(len(shadows_b))))
             phase.enqueue_seconds = time.perf_counter() - began
+            if sum(posted) < phase.messages:
+                phase.planned, phase.messages = phase.messages, sum(posted)
             phase.last_ids = last
             deadline = time.monotonic() + wait
-            pending = list(last)
+            pending = [message_id for message_id in last if message_id]
             while pending:
                 answer = await rest.call("GET", f"/api/v1/messages/{pending[0]}")
                 if answer["status"] == "delivered":
@@ -662,6 +673,7 @@ def check_phase(peers: Peers, phase: Phase) -> dict[str, Any]:
     return {
         "name": phase.name,
         "messages": phase.messages,
+        "planned": phase.planned or phase.messages,
         "c_mail_sent": phase.c_sent,
         "seconds": round(seconds, 3),
         "rate": len(received) / seconds if seconds > 0 else 0.0,
@@ -736,7 +748,7 @@ async def run_b8(peers: Peers, sizes: Sizes) -> dict[str, Any]:
     phases = []
     for phase in (
         Phase(name="alone", prefix="b8-alone-", messages=sizes.alone_messages, c_mail=False),
-        Phase(name="C down", prefix="b8-down-", messages=sizes.messages, c_mail=True),
+        Phase(name="C down", prefix="b8-down-", messages=sizes.messages, c_mail=True, post_seconds=sizes.post_seconds),
     ):
         print(f"· B8 {phase.name}: {phase.messages:,} messages from A to B's agents…", flush=True)
         await post_phase(peers, phase, shadows_b, shadow_c, wait=sizes.drain_wait)
@@ -836,6 +848,7 @@ class Sizes:
     backlog_messages: int
     backlog_window: float
     drain_wait: float
+    post_seconds: float | None = None  # B8 C down: posting stops after this (None: all ``messages``)
 
 
 async def run(sizes: Sizes) -> dict[str, Any]:
@@ -904,6 +917,10 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                 f"outbox: {phase['messages']:,} messages A → B's agents (REST enqueue, {POSTERS} posters), "
                 + situation,
                 dispatch=(
+                    "" if phase.get("planned", phase["messages"]) == phase["messages"]
+                    else f"posting stopped at {phase['messages']:,} of {phase['planned']:,}; "
+                )
+                + (
                     "" if checks["complete"] else f"only {phase['delivered']:,} arrived in {phase['seconds']:.0f} s: "
                 )
                 + f"{phase['rate']:,.1f} msgs/s (max gap {phase['max_gap_ms'] / 1000:.1f} s); once "
@@ -1040,6 +1057,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--drain-messages", type=int, help="(B8') rows drained alone (default 500)")
     parser.add_argument("--hole-messages", type=int, help="B8 messages with C unresponsive (default 500)")
     parser.add_argument("--backlog-messages", type=int, help="(B8'') rows in the backlog (default 500)")
+    parser.add_argument(
+        "--post-seconds", type=float, help="B8 C down: stop posting after this many seconds (default 150; quick: none)"
+    )
     parser.add_argument("--backlog-window", type=float, help="(B8'') seconds to watch the backlog (default 30)")
     parser.add_argument(
         "--drain-wait", type=float, help="seconds to wait for delivery after a phase's last POST (default 45)"
@@ -1074,6 +1094,7 @@ def main(argv: list[str]) -> int:
             backlog_messages=500,
             backlog_window=30,
             drain_wait=45,
+            post_seconds=150,
         )
     )
     if options.changes:
@@ -1089,6 +1110,7 @@ def main(argv: list[str]) -> int:
         "backlog_messages",
         "backlog_window",
         "drain_wait",
+        "post_seconds",
     ):
         if getattr(options, name):
             setattr(sizes, name, getattr(options, name))
