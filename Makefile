@@ -67,13 +67,17 @@ lint: dev
 	$(VENV)/bin/mypy .
 	$(VENV)/bin/lint-imports --no-cache
 
-## bench: benchmarks against a bare websockets relay baseline (writes bench/results/*.json)
+## bench: benchmarks beside their baselines (each script writes bench/results/<script>.json;
+##        a failing script does not stop the others); ends with the combined table of B1-B12
+##        (bench/summary.py), which fails when a result is missing or older than this run
 bench: dev
-	$(PY) bench/remote_calls.py
-	$(PY) bench/machines.py
-	$(PY) bench/live.py
-	$(PY) bench/agents.py
-	$(PY) bench/peers.py
+	@mkdir -p bench/results && date +%s > bench/results/.run-started
+	-$(PY) bench/remote_calls.py
+	-$(PY) bench/machines.py
+	-$(PY) bench/live.py
+	-$(PY) bench/agents.py
+	-$(PY) bench/peers.py
+	$(PY) bench/summary.py --since-file bench/results/.run-started
 
 ## dist: build the installable clients into dist/ with `python -m build` (each wheel built
 ##       from its sdist): dispatch_shim-<version>-py3-none-any.whl (the `dispatch-shim`

@@ -46,7 +46,7 @@ REPO = BENCH.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(BENCH))
 
-from common import CpuMeter, finish_report, latency_summary, print_rows  # noqa: E402
+from common import CpuMeter, CpuPerOp, bench_row, finish_report, latency_summary, print_table  # noqa: E402
 
 RESULTS = BENCH / "results" / "agents.json"
 HARD_LIMIT = 400  # seconds, both databases included
@@ -446,7 +446,13 @@ _ROWS = [  # (key, what, a B9 target?); formatted with the run's sizes
 ]
 
 
+def _cpu(lat: dict[str, Any], key: str) -> float | None:
+    """The server's CPU ms per request: its mean CPU share while ``key`` was measured x the mean latency."""
+    return CpuPerOp.from_percent(lat["cpu"][key].get("dispatch"), lat[key]["mean_ms"]).ms
+
+
 def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The B9 rows (common.bench_row); the baseline is GET /healthz on the same client."""
     table: list[dict[str, Any]] = []
     for run in report["runs"]:
         lat, queries = run["latency"], run["prepared"]["queries"]
@@ -463,18 +469,21 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
             counts = queries.get(key)
             same = counts is None or counts["small"] == counts["large"]
             p50 = lat[key]["p50_ms"]
+            queries_text = f"{counts['small']} / {counts['large']} queries" if counts else "queries as above"
             table.append(
-                {
-                    "id": ("B9" if is_target else "(B9')") + suffix,
-                    "what": what,
-                    "dispatch": _lat(lat[key]),
-                    "floor": _lat(lat["http_floor"]),
-                    "ratio": f"{p50 / floor:.1f}x",
-                    "queries": f"{counts['small']} / {counts['large']}" if counts else "(as above)",
-                    "target": f"p50 <= {B9_MAX_P50_MS:g} ms; queries equal" if is_target else "—",
-                    "pass": (p50 <= B9_MAX_P50_MS and same) if is_target else (None if same else False),
-                }
-            )
+                bench_row(
+                    ("B9" if is_target else "(B9')") + suffix,
+                    what + " (ms p50/p95)",
+                    dispatch=f"{_lat(lat[key])}; {queries_text} (small / large data)",
+                    baseline=f"{_lat(lat['http_floor'])} (/healthz floor)",
+                    ratio=f"{p50 / floor:.1f}x",
+                    cpu=(_cpu(lat, key), _cpu(lat, "http_floor")),
+                    goal=f"p50 <= {B9_MAX_P50_MS:g} ms; queries equal" if is_target else "—",
+                    passed=(p50 <= B9_MAX_P50_MS and same) if is_target else (None if same else False),
+                    numbers={"dispatch_p50_ms": p50, "baseline_p50_ms": floor, "ratio": p50 / floor,
+                             "queries": counts},
+                )
+            )  # fmt: skip
     return table
 
 
@@ -564,9 +573,7 @@ def main(argv: list[str]) -> int:
         signal.alarm(0)
     table = rows(report)
     print()
-    columns = [("id", "id"), ("what", "what"), ("dispatch", "Dispatch ms"), ("floor", "floor /healthz ms"),
-               ("ratio", "ratio vs floor"), ("queries", "queries small / large"), ("target", "target")]  # fmt: skip
-    print_rows(table, columns)
+    print_table(table)
     print()
     print_details(report)
     for run in report["runs"]:

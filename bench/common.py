@@ -10,6 +10,7 @@ so a difference in the numbers is a difference in the server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -17,7 +18,7 @@ import string
 import subprocess
 import time
 from collections import Counter
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -231,8 +232,64 @@ class CpuMeter:
         used = {name: process_cpu_seconds(pid) - self.start[name] for name, pid in self.pids.items()}
         used["driver"] = time.process_time() - self.own
         others = system_busy_seconds() - self.system - sum(used.values())
+        self.seconds = used  # CPU seconds by name over the window (``driver`` included)
+        self.elapsed = wall  # the window, wall-clock seconds
         self.percent = {name: round(100 * value / wall, 1) for name, value in used.items()}
         self.percent["others"] = round(max(0.0, 100 * others / wall), 1)
+
+    def cpu_seconds(self, names: Iterable[str]) -> float:
+        """CPU seconds the processes ``names`` (keys of ``pids``) used over the window."""
+        return sum(self.seconds[name] for name in names)
+
+
+class CpuPerOp:
+    """Server CPU milliseconds per operation (issue 15: "each bench row also prints server
+    CPU milliseconds per operation, from /proc, server processes only").
+
+    Add each measured window: ``add(meter, ops, servers)`` with the ``CpuMeter`` of the
+    window, the operations it completed and the names (``meter.pids`` keys) of the server
+    processes, never the driver, shims or databases. ``ms`` is the total CPU of those
+    processes over all windows, in ms, divided by the total operations (``None`` before
+    any operation). Every bench script reports its ``cpu`` column through this class.
+    """
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.ops = 0
+
+    def add(self, meter: CpuMeter, ops: int, servers: Iterable[str]) -> CpuPerOp:
+        self.seconds += meter.cpu_seconds(servers)
+        self.ops += ops
+        return self
+
+    def add_seconds(self, seconds: float, ops: int) -> CpuPerOp:
+        """A window measured some other way (``process_cpu_seconds`` before and after)."""
+        self.seconds += seconds
+        self.ops += ops
+        return self
+
+    @contextlib.contextmanager
+    def window(self, pids: Iterable[int], ops: int = 1) -> Iterator[None]:
+        """Add the CPU that the server processes ``pids`` use inside the ``with`` block, as
+        ``ops`` operations (/proc counts in clock ticks, 10 ms: sum many short windows)."""
+        pids = list(pids)
+        before = sum(process_cpu_seconds(pid) for pid in pids)
+        yield
+        self.add_seconds(sum(process_cpu_seconds(pid) for pid in pids) - before, ops)
+
+    @classmethod
+    def from_percent(cls, percent: float | None, mean_ms: float, ops: int = 1) -> CpuPerOp:
+        """From a sequential phase's mean CPU share (``CpuMeter.percent``, % of one core,
+        averaged over equal windows) and its mean latency: each op then took ``mean_ms`` of
+        wall time, so it used ``percent / 100 * mean_ms`` of CPU."""
+        tally = cls()
+        if percent is not None and mean_ms == mean_ms:
+            tally.add_seconds(percent / 100 * mean_ms / 1000 * ops, ops)
+        return tally
+
+    @property
+    def ms(self) -> float | None:
+        return round(1000 * self.seconds / self.ops, 3) if self.ops else None
 
 
 async def sequential_latencies(caller: Caller, *, count: int, label: str) -> list[float]:
@@ -371,6 +428,89 @@ async def with_timeout(awaitable: Awaitable[Any], seconds: float, what: str) -> 
         raise RuntimeError(f"{what} did not finish within {seconds:g}s") from None
 
 
+def bench_row(
+    row_id: str,
+    what: str,
+    *,
+    dispatch: str,
+    baseline: str = "—",
+    ratio: str = "—",
+    cpu: tuple[CpuPerOp | float | None, CpuPerOp | float | None] = (None, None),
+    goal: str = "—",
+    passed: bool | None = None,
+    numbers: dict[str, Any] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """One row of a bench table, the same shape in every script and in
+    ``bench/results/<script>.json`` (issue 15):
+
+    ``id`` (``B1``…``B12``; ``(B4')`` for information rows), ``what``, ``dispatch`` and
+    ``baseline`` (text with units; the baseline names itself, e.g. "0.36 (bare relay)"),
+    ``ratio`` (text), ``cpu`` (text "Dispatch / baseline" server CPU ms per operation),
+    ``cpu_ms_per_op`` ({"dispatch", "baseline"}: numbers or None), ``goal`` (issue 15's
+    target, or "—"), ``pass`` (True, False, or None for information rows and rows not
+    measured) and ``numbers`` (the figures behind the text, each key naming its unit).
+    ``extra`` keys (``skipped``, ``why``…) are kept as given.
+    """
+    ms = tuple(value.ms if isinstance(value, CpuPerOp) else value for value in cpu)
+    return {
+        "id": row_id,
+        "what": what,
+        "dispatch": dispatch,
+        "baseline": baseline,
+        "ratio": ratio,
+        "cpu": format_cpu(ms[0], ms[1]),
+        "cpu_ms_per_op": {"dispatch": ms[0], "baseline": ms[1]},
+        "goal": goal,
+        "pass": passed,
+        "numbers": numbers or {},
+        **extra,
+    }
+
+
+def format_cpu(dispatch: float | None, baseline: float | None) -> str:
+    """ "0.52 / 0.12" (ms per operation; "—" for a side not measured)."""
+
+    def one(value: float | None) -> str:
+        if value is None or value != value:
+            return "—"
+        return f"{value:.3g}" if value < 100 else f"{value:,.0f}"
+
+    if dispatch is None and baseline is None:
+        return "—"
+    return f"{one(dispatch)} / {one(baseline)}"
+
+
+TABLE_COLUMNS = [
+    ("id", "id"),
+    ("what", "what"),
+    ("dispatch", "Dispatch"),
+    ("baseline", "baseline"),
+    ("ratio", "ratio"),
+    ("cpu", "CPU ms/op Dispatch / baseline"),
+    ("goal", "goal (issue 15)"),
+]
+
+
+def result_text(row: dict[str, Any]) -> str:
+    if row.get("skipped"):
+        return "SKIP"
+    return {True: "PASS", False: "FAIL", None: "—"}[row.get("pass")]
+
+
+def print_table(table: list[dict[str, Any]], *, columns: list[tuple[str, str]] | None = None) -> None:
+    """Print rows of ``bench_row`` aligned, in the columns every script shares, and a result
+    column (PASS, FAIL, SKIP, or — for information rows)."""
+    columns = columns or TABLE_COLUMNS
+    headers = [header for _, header in columns] + ["result"]
+    lines = [[str(row.get(key, "—")) for key, _ in columns] + [result_text(row)] for row in table]
+    widths = [max(len(x) for x in column) for column in zip(headers, *lines, strict=False)]
+    print(" | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)))
+    print("-+-".join("-" * w for w in widths))
+    for line in lines:
+        print(" | ".join(x.ljust(w) for x, w in zip(line, widths, strict=True)).rstrip())
+
+
 def finish_report(
     *,
     report: dict[str, Any],
@@ -394,7 +534,9 @@ def finish_report(
     output.write_text(
         json.dumps(
             {
+                "script": output.stem,
                 "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "finished_at": time.time(),
                 "mode": "quick" if quick else "full",
                 "machine": info,
                 "sizes": sizes.__dict__,
@@ -414,14 +556,5 @@ def finish_report(
 
 
 def print_rows(table: list[dict[str, Any]], columns: list[tuple[str, str]]) -> None:
-    """Print ``table`` aligned: ``columns`` are (key, header) pairs, then a result column
-    from each row's ``pass`` (True → PASS, False → FAIL, None → —)."""
-    headers = [header for _, header in columns] + ["result"]
-    lines = [
-        [str(row[key]) for key, _ in columns] + [{True: "PASS", False: "FAIL", None: "—"}[row["pass"]]] for row in table
-    ]
-    widths = [max(len(x) for x in column) for column in zip(headers, *lines, strict=False)]
-    print(" | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)))
-    print("-+-".join("-" * w for w in widths))
-    for line in lines:
-        print(" | ".join(x.ljust(w) for x, w in zip(line, widths, strict=True)))
+    """``print_table`` with the caller's columns (kept for older callers)."""
+    print_table(table, columns=columns)

@@ -71,11 +71,14 @@ sys.path.append(str(BENCH))
 
 from common import (  # noqa: E402
     CpuMeter,
+    CpuPerOp,
+    bench_row,
     encode,
     finish_report,
     free_port,
     latency_summary,
     percentile,
+    print_table,
     process_cpu_seconds,
     stop_process,
     wait_for_port,
@@ -551,6 +554,7 @@ class Rig:
     work: Path
     server_pid: int
     notes: list[str] = field(default_factory=list)
+    relay_pid: int = 0
 
 
 async def b10(rig: Rig, sizes: Sizes) -> dict[str, Any]:
@@ -573,6 +577,8 @@ async def b10(rig: Rig, sizes: Sizes) -> dict[str, Any]:
 
     targets = {"relay": bare, "rest": rest, "mcp": mcp}
     samples: dict[str, list[FirstByte]] = {name: [] for name in targets}
+    cpu = {name: CpuPerOp() for name in targets}  # the server's (the relay's) CPU ms per sample
+    server_pid = {"relay": rig.relay_pid, "rest": rig.server_pid, "mcp": rig.server_pid}
     skipped: dict[str, str] = {}
     try:
         for name, sample in targets.items():  # warm-up, and the probe for a missing feature
@@ -585,7 +591,8 @@ async def b10(rig: Rig, sizes: Sizes) -> dict[str, Any]:
         for index in range(sizes.samples):
             shift = index % max(1, len(names))
             for name in names[shift:] + names[:shift]:
-                samples[name].append(await with_timeout(targets[name](), 60, f"B10 {name}"))
+                with cpu[name].window([server_pid[name]]):
+                    samples[name].append(await with_timeout(targets[name](), 60, f"B10 {name}"))
     finally:
         await relay.close()
         await http.aclose()
@@ -596,6 +603,7 @@ async def b10(rig: Rig, sizes: Sizes) -> dict[str, Any]:
         report[name] = {
             "first_output": latency_summary([value.first_ms for value in values]),
             "cancel_to_end": latency_summary([value.cancel_ms for value in values]),
+            "cpu_ms_per_sample": cpu[name].ms,
         }
     return report
 
@@ -677,12 +685,15 @@ async def b11(rig: Rig, sizes: Sizes) -> dict[str, Any]:
             for name in order:
                 if name == "pipe" and skipped:
                     continue
+                server_cpu = CpuPerOp()
                 try:
-                    run = await with_timeout(({"pipe": pipe, "copy": copy}[name])(round_index), 300, f"B11 {name}")
+                    with server_cpu.window([rig.server_pid], sizes.pipe_mib):
+                        run = await with_timeout(({"pipe": pipe, "copy": copy}[name])(round_index), 300, f"B11 {name}")
                 except Skip as why:
                     skipped = str(why)
                     continue
                 run["mib_per_second"] = sizes.pipe_mib / run["seconds"]
+                run["cpu_ms_per_mib"] = server_cpu.ms
                 runs[name].append(run)
     finally:
         await http.aclose()
@@ -693,6 +704,10 @@ async def b11(rig: Rig, sizes: Sizes) -> dict[str, Any]:
 
     report: dict[str, Any] = {"mib": sizes.pipe_mib, "runs": runs, "expected_sha256": expected_hash}
     report["copy_mib_per_second"] = median("copy")
+    report["cpu_ms_per_mib"] = {
+        name: percentile(sorted(run["cpu_ms_per_mib"] for run in runs[name]), 0.5) if runs[name] else None
+        for name in runs
+    }
     if skipped:
         report["skipped"] = skipped
         return report
@@ -757,6 +772,7 @@ async def b12(rig: Rig, sizes: Sizes) -> dict[str, Any]:
         return seconds
 
     samples: dict[str, list[float]] = {"one": [], "many": []}
+    cpu = {"one": CpuPerOp(), "many": CpuPerOp()}  # the server's CPU ms per fan-out
     settle = await settled(rig.server_pid)
     try:
         await one()  # warm-up
@@ -767,7 +783,8 @@ async def b12(rig: Rig, sizes: Sizes) -> dict[str, Any]:
         for round_index in range(sizes.fanout_rounds):
             order = [("one", one), ("many", many)]
             for name, measure in order if round_index % 2 == 0 else order[::-1]:
-                samples[name].append(await with_timeout(measure(), 120, f"B12 {name}"))
+                with cpu[name].window([rig.server_pid]):
+                    samples[name].append(await with_timeout(measure(), 120, f"B12 {name}"))
     finally:
         await http.aclose()
     one_s = percentile(sorted(samples["one"]), 0.5)
@@ -778,6 +795,7 @@ async def b12(rig: Rig, sizes: Sizes) -> dict[str, Any]:
         "one_s": round(one_s, 3),
         "many_s": round(many_s, 3),
         "overhead_s": round(many_s - one_s, 3),
+        "cpu_ms_per_op": {name: tally.ms for name, tally in cpu.items()},
         "settle": settle,
     }
 
@@ -804,7 +822,8 @@ def run(sizes: Sizes) -> dict[str, Any]:
                 start_shim(server.url, token, "dst", work / "dst", work / "state-dst"),
                 start_shim(relay_url, "relay", "src", work / "relay-src", work / "state-relay-src"),
             ]
-            rig = Rig(dispatch_url=server.url, token=token, relay_url=relay_url, work=work, server_pid=server.proc.pid)
+            rig = Rig(dispatch_url=server.url, token=token, relay_url=relay_url, work=work, server_pid=server.proc.pid,
+                      relay_pid=relay_pid)  # fmt: skip
             try:
                 print(
                     f"· B10: {sizes.warmup} warm-up + {sizes.samples} samples each (relay, REST, MCP), interleaved…",
@@ -845,125 +864,103 @@ def _lat(summary: dict[str, float]) -> str:
     return f"{summary['p50_ms']:.1f} / {summary['p95_ms']:.1f} / {summary['p99_ms']:.1f}"
 
 
-def _skip(row_id: str, what: str, why: str, target: str) -> dict[str, Any]:
-    return {
-        "id": row_id,
-        "what": what,
-        "dispatch": f"SKIP: {why if len(why) <= 120 else why[:117] + '...'}",
-        "why": why,
-        "baseline": "—",
-        "ratio": "—",
-        "target": target,
-        "pass": None,
-        "skipped": True,
-    }
+def _skip(row_id: str, what: str, why: str, goal: str, baseline: str = "—") -> dict[str, Any]:
+    return bench_row(
+        row_id,
+        what,
+        dispatch=f"SKIP: {why if len(why) <= 120 else why[:117] + '...'}",
+        baseline=baseline,
+        goal=goal,
+        why=why,
+        skipped=True,
+    )
 
 
 def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The B10–B12 rows (common.bench_row); CPU is the server's (the relay's) ms per sample."""
     table: list[dict[str, Any]] = []
     b10, b11, b12 = report["b10"], report["b11"], report["b12"]
     target10 = f"p95 <= {B10_MAX_P95_MS:g} ms"
     relay = b10.get("relay")
+    relay_text = f"{_lat(relay['first_output'])} (bare relay)" if relay else "SKIP (see notes)"
     for name, label in (("rest", "REST (SSE output event)"), ("mcp", "MCP (notifications/progress)")):
         what = f"first output byte of a streamed command via {label}, then cancel (ms p50/p95/p99)"
         if name in b10["skipped"]:
-            row = _skip("B10", what, b10["skipped"][name], target10)
-            if relay:
-                row["baseline"] = f"{_lat(relay['first_output'])} (bare relay)"
-            table.append(row)
+            table.append(_skip("B10", what, b10["skipped"][name], target10, relay_text if relay else "—"))
             continue
         first = b10[name]["first_output"]
         table.append(
-            {
-                "id": "B10",
-                "what": what,
-                "dispatch": _lat(first),
-                "baseline": f"{_lat(relay['first_output'])} (bare relay)" if relay else "SKIP (see notes)",
-                "ratio": f"{first['p95_ms'] / relay['first_output']['p95_ms']:.1f}x (p95)" if relay else "—",
-                "target": target10,
-                "pass": first["p95_ms"] <= B10_MAX_P95_MS,
-            }
-        )
+            bench_row(
+                "B10",
+                what,
+                dispatch=_lat(first),
+                baseline=relay_text,
+                ratio=f"{first['p95_ms'] / relay['first_output']['p95_ms']:.1f}x (p95)" if relay else "—",
+                cpu=(b10[name].get("cpu_ms_per_sample"), relay.get("cpu_ms_per_sample") if relay else None),
+                goal=target10,
+                passed=first["p95_ms"] <= B10_MAX_P95_MS,
+                numbers={"dispatch_p95_ms": first["p95_ms"],
+                         "baseline_p95_ms": relay["first_output"]["p95_ms"] if relay else None},
+            )
+        )  # fmt: skip
     measured = [name for name in ("relay", "rest", "mcp") if name in b10]
     if measured:
         table.append(
-            {
-                "id": "(B10')",
-                "what": "info: cancel sent -> the operation's end received (ms p50/p95), " + ", ".join(measured),
-                "dispatch": "; ".join(
+            bench_row(
+                "(B10')",
+                "info: cancel sent -> the operation's end received (ms p50/p95), " + ", ".join(measured),
+                dispatch="; ".join(
                     f"{name} {b10[name]['cancel_to_end']['p50_ms']:.1f} / {b10[name]['cancel_to_end']['p95_ms']:.1f}"
                     for name in measured
                 ),
-                "baseline": "—",
-                "ratio": "—",
-                "target": "—",
-                "pass": None,
-            }
+            )
         )
     what11 = f"pipe of {b11['mib']} MiB: head -c on src -> sha256sum on dst (MiB/s median); server RSS growth"
     target11 = f">= {B11_MIN_SHARE:.0%} of the copy; growth <= {B11_MAX_GROWTH_MIB:g} MiB; hash correct"
+    cpu11 = b11.get("cpu_ms_per_mib", {})
     if "skipped" in b11:
-        row = _skip("B11", what11, b11["skipped"], target11)
-        row["baseline"] = f"copy {b11['copy_mib_per_second']:.1f} MiB/s"
-        table.append(row)
+        table.append(_skip("B11", what11, b11["skipped"], target11, f"copy {b11['copy_mib_per_second']:.1f} MiB/s"))
     else:
         share = b11["pipe_mib_per_second"] / b11["copy_mib_per_second"]
         growth = b11["rss_growth_peak_mib"]
         table.append(
-            {
-                "id": "B11",
-                "what": what11,
-                "dispatch": f"{b11['pipe_mib_per_second']:.1f} MiB/s, RSS +{growth:.1f} MiB (peak), "
+            bench_row(
+                "B11",
+                what11 + "; CPU per MiB",
+                dispatch=f"{b11['pipe_mib_per_second']:.1f} MiB/s, RSS +{growth:.1f} MiB (peak), "
                 f"hash {'correct' if b11['hash_ok'] else 'WRONG'}",
-                "baseline": f"copy {b11['copy_mib_per_second']:.1f} MiB/s",
-                "ratio": f"{share:.0%}",
-                "target": target11,
-                "pass": share >= B11_MIN_SHARE and growth <= B11_MAX_GROWTH_MIB and b11["hash_ok"] and b11["bytes_ok"],
-            }
-        )
+                baseline=f"{b11['copy_mib_per_second']:.1f} MiB/s (Dispatch's copy)",
+                ratio=f"{share:.0%}",
+                cpu=(cpu11.get("pipe"), cpu11.get("copy")),
+                goal=target11,
+                passed=share >= B11_MIN_SHARE and growth <= B11_MAX_GROWTH_MIB and b11["hash_ok"] and b11["bytes_ok"],
+                numbers={"dispatch_mib_per_s": b11["pipe_mib_per_second"],
+                         "baseline_mib_per_s": b11["copy_mib_per_second"], "ratio": share, "rss_growth_mib": growth},
+            )
+        )  # fmt: skip
     what12 = f"fan-out of `sleep 1` to {report['sizes_fanout']} in-process shims (s, median)"
     target12 = f"<= {B12_MAX_RATIO:g}x one machine's"
     if "skipped" in b12:
-        row = _skip("B12", what12, b12["skipped"], target12)
         one = percentile(sorted(b12["one"]), 0.5)
-        row["baseline"] = f"{one:.3f} s (one machine)"
-        table.append(row)
+        table.append(_skip("B12", what12, b12["skipped"], target12, f"{one:.3f} s (one machine)"))
     else:
         ratio = b12["many_s"] / b12["one_s"]
+        cpu12 = b12.get("cpu_ms_per_op", {})
         table.append(
-            {
-                "id": "B12",
-                "what": what12,
-                "dispatch": f"{b12['many_s']:.3f} s; overhead time({b12['machines']}) - time(1) = "
+            bench_row(
+                "B12",
+                what12 + "; CPU per fan-out",
+                dispatch=f"{b12['many_s']:.3f} s; overhead time({b12['machines']}) - time(1) = "
                 f"{b12['overhead_s'] * 1000:.0f} ms",
-                "baseline": f"{b12['one_s']:.3f} s (one machine)",
-                "ratio": f"{ratio:.2f}x",
-                "target": target12,
-                "pass": ratio <= B12_MAX_RATIO,
-            }
+                baseline=f"{b12['one_s']:.3f} s (one machine)",
+                ratio=f"{ratio:.2f}x",
+                cpu=(cpu12.get("many"), cpu12.get("one")),
+                goal=target12,
+                passed=ratio <= B12_MAX_RATIO,
+                numbers={"dispatch_s": b12["many_s"], "baseline_s": b12["one_s"], "ratio": ratio},
+            )
         )
     return table
-
-
-def print_table(table: list[dict[str, Any]]) -> None:
-    headers = ["id", "what", "Dispatch", "baseline", "ratio", "target", "result"]
-    lines = [
-        [
-            row["id"],
-            row["what"],
-            row["dispatch"],
-            row["baseline"],
-            row["ratio"],
-            row["target"],
-            "SKIP" if row.get("skipped") else {True: "PASS", False: "FAIL", None: "—"}[row["pass"]],
-        ]
-        for row in table
-    ]
-    widths = [max(len(str(x)) for x in column) for column in zip(headers, *lines, strict=False)]
-    print(" | ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)))
-    print("-+-".join("-" * w for w in widths))
-    for line in lines:
-        print(" | ".join(str(x).ljust(w) for x, w in zip(line, widths, strict=True)))
 
 
 def main(argv: list[str]) -> int:
@@ -988,9 +985,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--quick", action="store_true", help="a short run")
     parser.add_argument("--samples", type=int, help="B10 samples per path (default 100; quick 30)")
     parser.add_argument("--pipe-mib", type=int, help="B11 pipe and copy size in MiB (default 200; quick 64)")
-    parser.add_argument("--rounds", type=int, help="B11 rounds (default 2; quick 1)")
+    parser.add_argument("--rounds", type=int, help="B11 rounds (default 1)")
     parser.add_argument("--fanout", type=int, help="B12 in-process shims (default 50)")
-    parser.add_argument("--fanout-rounds", type=int, help="B12 rounds (default 5; quick 3)")
+    parser.add_argument("--fanout-rounds", type=int, help="B12 rounds (default 3)")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument(
         "--output", type=Path, default=RESULTS, help=f"JSON results (default {RESULTS.relative_to(REPO)})"
@@ -999,7 +996,7 @@ def main(argv: list[str]) -> int:
     sizes = (
         Sizes(samples=30, warmup=3, pipe_mib=64, transfer_rounds=1, fanout=50, fanout_rounds=3)
         if options.quick
-        else Sizes(samples=100, warmup=5, pipe_mib=200, transfer_rounds=2, fanout=50, fanout_rounds=5)
+        else Sizes(samples=100, warmup=5, pipe_mib=200, transfer_rounds=1, fanout=50, fanout_rounds=3)
     )
     for option, name in (
         ("samples", "samples"),

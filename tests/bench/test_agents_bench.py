@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.bench import assert_rows_in_the_shared_format
 from tests.infra import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(200)]  # the bench itself is cut at 170 s
@@ -51,4 +52,5 @@ def test_the_b9_bench_runs_and_counts_the_same_queries_for_small_and_large_data(
     for key in ("http_floor", "events_first", "events_deep", "events_oldest", "agents_page", "agents_api"):
         assert run["latency"][key]["n"] == 4, key
     assert [row["id"] for row in report["table"]] == ["B9", "B9", "(B9')", "B9", "(B9')"]
+    assert_rows_in_the_shared_format(report["table"], {"B9": (True, True), "(B9')": (True, True)})
     assert "100 per page), 150 agents" in report["table"][3]["what"]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.bench import assert_rows_in_the_shared_format
 from tests.infra import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(200)]  # the run itself is cut at 180 s
@@ -45,6 +46,8 @@ def test_the_live_bench_measures_first_output_a_pipe_and_a_fan_out(tmp_path: Pat
     skipped = [f"{row['id']}: {row['why']}" for row in report["table"] if row.get("skipped")]
     assert skipped == [], "rows not measured:\n" + "\n".join(skipped)
     assert [row["id"] for row in report["table"]] == ["B10", "B10", "(B10')", "B11", "B12"]
+    both = (True, True)
+    assert_rows_in_the_shared_format(report["table"], {"B10": both, "B11": both, "B12": both})
 
     # B10: every path (bare relay, REST, MCP) got its first output and its cancel, each sample.
     b10 = report["b10"]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.bench import assert_rows_in_the_shared_format
 from tests.infra import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]  # the bench itself is cut at 400 s
@@ -44,7 +45,10 @@ def test_the_peers_bench_mirrors_every_change_and_delivers_each_message_once_in_
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(output.read_text())
-    assert [row["id"] for row in report["table"]] == ["B7", "(B8')", "B8", "B8", "(B8')", "(B8'')"]
+    assert [row["id"] for row in report["table"]] == ["B7", "(B8')", "B8", "B8", "B8", "(B8')", "(B8'')"]
+    assert_rows_in_the_shared_format(report["table"], {"B7": (True, False)})
+    for row in report["table"][1:4]:  # the phases: A's and B's CPU per message, and B's in the bare loop
+        assert row["cpu_ms_per_op"]["dispatch"] is not None and row["cpu_ms_per_op"]["baseline"] is not None
 
     # B7: every one of the 10 changes (after the warm-up) reached the shadow on A and B's own stream.
     b7 = report["b7"]
