@@ -1373,8 +1373,9 @@ def _sequential_cpu(phase: dict[str, Any], cpu: dict[str, float], server: str) -
     return CpuPerOp.from_percent(cpu.get(server), phase["mean_ms"]).ms
 
 
-def _b4_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 15's B4 goals beyond REST: MCP <= the /healthz floor + 3x bare (same run, SQLite
+def b4_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The B4 rows (common.bench_row): REST and its /healthz floor (_rest_rows), then issue 15's
+    goals beyond REST: MCP <= the /healthz floor + 3x bare (same run, SQLite
     server); the built-in agent's tool path <= 3x bare, and REST <= floor + 3x bare on the
     PostgreSQL + Redis server that path uses (server CPU ms per op of the serve process)."""
     b4, tool = report["b4"], report.get("b4_tool")
@@ -1382,6 +1383,7 @@ def _b4_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     relay_cpu = b4["cpu"].get("relay", {}).get("relay_ms_per_op")
     mcp_p50 = b4["mcp"]["p50_ms"]
     rows = [
+        *_rest_rows(b4),
         bench_row(
             "B4 mcp",
             "MCP tools/call local_pc_file_stat, SQLite server (ms p50/p95/p99)",
@@ -1428,11 +1430,11 @@ def _b4_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
 
 def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     """The B4–B6 rows (common.bench_row), goals from issue 15."""
-    b4, b5, b6 = report["b4"], report["b5"], report["b6"]
+    b5, b6 = report["b5"], report["b6"]
     if "failed" in b6:
         return [
-            *_rows_b4_b5(b4, b5),
-            *_b4_rows(report),
+            *b4_rows(report),
+            *_rows_b5(b5),
             bench_row(
                 "B6",
                 f"{b6['shims']:,} idle shims + {b6['sessions']:,} idle /ws sessions, one process",
@@ -1441,18 +1443,15 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                 passed=False,
             ),
         ]
-    return _rows_b4_b5(b4, b5) + _b4_rows(report) + _rows_b6(b6)
+    return b4_rows(report) + _rows_b5(b5) + _rows_b6(b6)
 
 
-def _rows_b4_b5(b4: dict[str, Any], b5: dict[str, Any]) -> list[dict[str, Any]]:
+def _rest_rows(b4: dict[str, Any]) -> list[dict[str, Any]]:
     relay_p50 = b4["relay"]["p50_ms"]
     floor_p50 = b4["http_floor"]["p50_ms"]
     ratio = b4["dispatch"]["p50_ms"] / relay_p50
     rest_goal = floor_p50 + B4_REST_MAX_RATIO * relay_p50
     relay_cpu = _sequential_cpu(b4["relay"], b4["cpu"]["relay"], "relay")
-    share = b5["dispatch_mib_per_second"] / b5["relay_mib_per_second"]
-    growth = b5["rss_growth_peak_mib"]
-    b5_cpu = b5.get("cpu_ms_per_mib", {})
     return [
         bench_row(
             "B4",
@@ -1474,6 +1473,14 @@ def _rows_b4_b5(b4: dict[str, Any], b5: dict[str, Any]) -> list[dict[str, Any]]:
             ratio=f"{floor_p50 / relay_p50:.1f}x",
             cpu=(_sequential_cpu(b4["http_floor"], b4["cpu"]["http_floor"], "dispatch"), relay_cpu),
         ),
+    ]  # fmt: skip
+
+
+def _rows_b5(b5: dict[str, Any]) -> list[dict[str, Any]]:
+    share = b5["dispatch_mib_per_second"] / b5["relay_mib_per_second"]
+    growth = b5["rss_growth_peak_mib"]
+    b5_cpu = b5.get("cpu_ms_per_mib", {})
+    return [
         bench_row(
             "B5",
             f"copy of a {b5['file_mib']} MiB file between two shims (MiB/s, median); server RSS growth; CPU per MiB",

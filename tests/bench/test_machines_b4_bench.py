@@ -60,4 +60,4 @@ def test_b4_measures_rest_mcp_and_the_tool_path(tmp_path: Path) -> None:
     for name in ("relay", "dispatch", "http_floor", "tool", "tool_pipe"):
         assert tool[name]["n"] == 6, (name, tool[name])
     assert "dispatch_ms_per_op" in tool["cpu"]["tool"] and "tool_driver_ms_per_op" in tool["cpu"]["tool"]
-    assert [row["id"] for row in bench.b4_rows(report)] == ["B4 rest", "B4 mcp", "B4 tool", "B4 rest/pg"]
+    assert [row["id"] for row in bench.b4_rows(report)] == ["B4", "(B4')", "B4 mcp", "B4 tool", "B4 rest/pg"]
