@@ -1394,7 +1394,7 @@ def b4_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
             goal=f"p50 <= /healthz floor + {B4_MAX_RATIO:g}x bare",
             passed=mcp_p50 <= floor_p50 + B4_MAX_RATIO * relay_p50,
             numbers={"dispatch_p50_ms": mcp_p50, "baseline_p50_ms": relay_p50, "floor_p50_ms": floor_p50},
-        )
+        ),
     ]
     if tool is None:
         return rows
