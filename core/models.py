@@ -41,11 +41,21 @@ class InstanceIdentity(models.Model):
         return f"{self.display_name} ({self.instance_id})"
 
 
+STOPPED_MARKER_SECONDS = 60.0
+"""How long the row of a cleanly stopped process stays as its stopped marker (seconds)."""
+
+
 class ServerProcess(models.Model):
     """One running ``serve`` or ``dispatch_worker`` process (spec/overview.md "Many machines").
 
     Alive while ``heartbeat_at`` is younger than ``DISPATCH_PROCESS_TTL``. Live connection
     rows point here with ``on_delete=CASCADE``: reaping a dead process forgets them.
+
+    A process that stops cleanly leaves a *stopped marker*: its row, holding nothing, with
+    ``stopped_at`` set, for ``STOPPED_MARKER_SECONDS``. It tells a caller whose cached route
+    still names the process that the process answered every call it forwarded before it
+    went, so an unanswered call never ran and may go to the remote's new session (issue 16
+    "Rolling restart"). A reaped process leaves no marker: its calls' fate is unknown.
     """
 
     class Kind(models.TextChoices):
@@ -59,7 +69,9 @@ class ServerProcess(models.Model):
     pid = models.PositiveIntegerField()
     started_at = models.DateTimeField(default=timezone.now)
     heartbeat_at = models.DateTimeField(default=timezone.now, db_index=True)
-
+    # Set when the process stopped cleanly (``server_process_unregister``): the row stays a
+    # while as a marker, holding nothing, its heartbeat at STOPPED_HEARTBEAT (never alive).
+    stopped_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "dispatch_serverprocess"  # its name from the `dispatch` app (docs/architecture.md)

@@ -12,7 +12,7 @@ import logging
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 
 from channels.db import database_sync_to_async
@@ -27,7 +27,7 @@ from limits.strategies import MovingWindowRateLimiter
 
 from core import wire
 from core.errors import DispatchError, NotFound, RateLimited
-from core.models import ApiToken, InstanceIdentity, ServerProcess
+from core.models import STOPPED_MARKER_SECONDS, ApiToken, InstanceIdentity, ServerProcess
 from core.presence import HOSTNAME, PID, current_process_id, local_channel_names, pid_absent, presence_group
 from core.protocol import PresencePingMessage, PresencePingReply
 from core.realtime import layer_request
@@ -206,7 +206,7 @@ def server_process_register(*, kind: str) -> ServerProcess:
     """Create or refresh this process's ``ServerProcess`` row and return it."""
     process, _ = ServerProcess.objects.update_or_create(
         id=current_process_id(),
-        defaults={"kind": kind, "hostname": HOSTNAME, "pid": PID, "heartbeat_at": timezone.now()},
+        defaults={"kind": kind, "hostname": HOSTNAME, "pid": PID, "heartbeat_at": timezone.now(), "stopped_at": None},
     )
     return process
 
@@ -217,7 +217,7 @@ def server_process_ensure(*, kind: str = ServerProcess.Kind.SERVE) -> str:
     Connections call this before recording themselves, so a consumer used without
     ``serve`` (tests, a custom ASGI server) still has a process to belong to.
     """
-    if not ServerProcess.objects.filter(pk=current_process_id()).exists():
+    if not ServerProcess.objects.filter(pk=current_process_id(), stopped_at__isnull=True).exists():
         server_process_register(kind=kind)
     return current_process_id()
 
@@ -228,7 +228,9 @@ def server_process_heartbeat(*, kind: str) -> bool:
     A reaped process has lost every connection row: the caller must close its sockets so
     their clients reconnect and register again (the row is recreated here).
     """
-    updated = ServerProcess.objects.filter(pk=current_process_id()).update(heartbeat_at=timezone.now())
+    updated = ServerProcess.objects.filter(pk=current_process_id(), stopped_at__isnull=True).update(
+        heartbeat_at=timezone.now()
+    )
     if updated:
         return True
     logger.warning("this process (%s) was reaped by another process; re-registering", current_process_id())
@@ -268,7 +270,7 @@ def server_process_reap() -> list[str]:
     # Locked: a process that heartbeats meanwhile waits, and is not half-reaped.
     dead = list(
         ServerProcess.objects.select_for_update()
-        .filter(heartbeat_at__lt=cutoff)
+        .filter(heartbeat_at__lt=cutoff, stopped_at__isnull=True)
         .exclude(pk=current_process_id())
         .values_list("pk", flat=True)
     )
@@ -276,14 +278,34 @@ def server_process_reap() -> list[str]:
         _processes_gone(dead)
         ServerProcess.objects.filter(pk__in=dead).delete()
         logger.info("reaped dead server processes: %s", ", ".join(dead))
+    # Stopped markers (server_process_unregister) past their time hold nothing: they just go.
+    ServerProcess.objects.filter(stopped_at__lt=timezone.now() - timedelta(seconds=STOPPED_MARKER_SECONDS)).delete()
     return dead
 
 
+STOPPED_HEARTBEAT = datetime(2000, 1, 1, tzinfo=UTC)
+"""The heartbeat of a stopped marker: older than any cutoff, so no check counts it alive."""
+
+
 @transaction.atomic
-def server_process_unregister() -> None:
-    """Delete this process's row and, by cascade, every connection it held (clean shutdown)."""
-    _processes_gone([current_process_id()])
-    ServerProcess.objects.filter(pk=current_process_id()).delete()
+def server_process_unregister(*, process_id: str | None = None, leave_marker: bool = True) -> None:
+    """Clean shutdown of this process (or ``process_id``, for tests): close what it held (the
+    ``PROCESSES_GONE_HOOKS``), delete its row and by cascade every connection row, and with
+    ``leave_marker`` leave a *stopped marker* in their place: the row again, holding
+    nothing, with ``stopped_at`` set and ``heartbeat_at`` = ``STOPPED_HEARTBEAT``, for
+    ``STOPPED_MARKER_SECONDS``.
+
+    ``leave_marker`` only once the process answered every call it had forwarded (``serve``
+    fails them as "server shutting down" and waits for its sockets to close): the marker
+    tells a caller whose route still names this process that its unanswered call never ran
+    (``remotes.services._serving_state``).
+    """
+    process_id = process_id or current_process_id()
+    _processes_gone([process_id])
+    row = ServerProcess.objects.filter(pk=process_id).values("kind", "hostname", "pid", "started_at").first()
+    ServerProcess.objects.filter(pk=process_id).delete()
+    if row is not None and leave_marker:
+        ServerProcess.objects.create(id=process_id, **row, heartbeat_at=STOPPED_HEARTBEAT, stopped_at=timezone.now())
 
 
 # --- takeover checks (issue 16) -------------------------------------------------------

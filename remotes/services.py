@@ -350,12 +350,19 @@ def forget_route(user_id: int, remotename: str) -> None:
 def _serving_state(route: RemoteRoute) -> str:
     """``"served"`` while the remote's row exists and its process is alive (§2.4);
     ``"closed"`` when the row is gone but its process lives (the session closed cleanly);
-    ``"lost"`` when its process is dead or gone."""
+    ``"lost"`` when its process is dead or gone.
+
+    A process that stopped cleanly (its stopped marker, ``core.models.ServerProcess``) is
+    ``"closed"``: it answered every call it forwarded before its rows went, so a call still
+    unanswered never ran, and the caller may re-route it (a route cached from before a
+    rolling restart, issue 16). A reaped process is ``"lost"``: the call may have run."""
     if route.server_process_id == current_process_id():
         process_alive = True
     else:
-        cutoff = timezone.now() - timedelta(seconds=settings.PROCESS_TTL)
-        process_alive = ServerProcess.objects.filter(pk=route.server_process_id, heartbeat_at__gte=cutoff).exists()
+        row = ServerProcess.objects.filter(pk=route.server_process_id).values_list("heartbeat_at", "stopped_at").first()
+        if row is not None and row[1] is not None:
+            return "closed"
+        process_alive = row is not None and row[0] >= timezone.now() - timedelta(seconds=settings.PROCESS_TTL)
     if not process_alive:
         return "lost"
     return "served" if Remote.objects.filter(pk=route.remote_id).exists() else "closed"

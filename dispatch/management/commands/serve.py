@@ -407,24 +407,29 @@ class _Runtime:
         close_mcp_streams()  # MCP event streams end now: their clients reconnect to another process
         for task in self.tasks:
             task.cancel()
+        # Whether every socket closed in time: then each consumer failed what it had forwarded,
+        # and the row stays as a stopped marker (callers may re-route unanswered calls).
+        answered_all = False
         try:
             await shutdown_local_connections()
             # Background work in threads (a CLI supervisor pass) needs the loop to finish.
             await asyncio.wait(self.tasks, timeout=TASKS_GRACE)
-            await self._wait_for_sockets()
+            answered_all = await self._wait_for_sockets()
         except Exception:
             logger.exception("error while closing connections")
         try:
-            await sync_to_async(services.server_process_unregister, thread_sensitive=True)()
+            await sync_to_async(services.server_process_unregister, thread_sensitive=True)(leave_marker=answered_all)
         except Exception:
             logger.exception("could not remove this process's row; the reaper will")
         reactor.stop()  # type: ignore[misc]
 
-    async def _wait_for_sockets(self) -> None:
+    async def _wait_for_sockets(self) -> bool:
+        """Wait up to SHUTDOWN_GRACE for every websocket to close; whether they all did."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + SHUTDOWN_GRACE
         while loop.time() < deadline:
             live = [p for p, details in self.server.connections.items() if "disconnected" not in details]
             if not any(type(p).__name__ == "WebSocketProtocol" for p in live):
-                return
+                return True
             await asyncio.sleep(0.1)
+        return False
