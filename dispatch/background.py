@@ -11,9 +11,11 @@ import asyncio
 import logging
 import shutil
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import close_old_connections, connection
 
 from core import services
 from core.consumers import shutdown_local_connections
@@ -32,9 +34,37 @@ def _db(function: Callable[..., object]) -> Callable[..., Awaitable[object]]:
     return sync_to_async(function, thread_sensitive=True)
 
 
+# The heartbeat's own thread and database connection (heartbeat_stamp).
+_HEARTBEAT_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dispatch-heartbeat")
+
+
+def _stamp_on_own_connection(*, kind: str) -> bool:
+    close_old_connections()  # a broken or expired connection of this thread goes first
+    try:
+        return services.server_process_heartbeat(kind=kind)
+    finally:
+        close_old_connections()  # without persistent connections: back to the pool now
+
+
+def heartbeat_stamp() -> Callable[..., Awaitable[bool]]:
+    """``await heartbeat_stamp()(kind=...)`` runs ``services.server_process_heartbeat``.
+
+    On its own thread and database connection (``dispatch-heartbeat``), not on the
+    process's one thread for ``database_sync_to_async``: under load that thread has a
+    queue of queries, and a heartbeat waiting behind it for ``DISPATCH_PROCESS_TTL``
+    would get a busy, live process reaped with all its connections (issue 16). An
+    in-memory SQLite database (the tests) exists only on the thread that made it: there
+    the stamp stays on that thread.
+    """
+    if connection.vendor == "sqlite" and connection.is_in_memory_db():  # type: ignore[attr-defined]
+        return _db(services.server_process_heartbeat)  # type: ignore[return-value]
+    return sync_to_async(_stamp_on_own_connection, thread_sensitive=False, executor=_HEARTBEAT_THREAD)
+
+
 async def heartbeat_loop(*, kind: str) -> None:
-    """Stamp this process's heartbeat every ``DISPATCH_HEARTBEAT_INTERVAL`` seconds, and
-    answer presence pings meanwhile (``presence_loop``).
+    """Stamp this process's heartbeat every ``DISPATCH_HEARTBEAT_INTERVAL`` seconds
+    (``heartbeat_stamp``: on its own thread), and answer presence pings meanwhile
+    (``presence_loop``).
 
     If the row was reaped (this process looked dead to others), every socket of the
     process is closed so its clients reconnect and register again.
@@ -42,12 +72,13 @@ async def heartbeat_loop(*, kind: str) -> None:
     # No backoff: a heartbeat that waited longer would make the process look dead.
     interval = settings.PROCESS_HEARTBEAT_INTERVAL
     health = LoopHealth("presence heartbeat", base=interval, cap=interval, log=logger)
+    stamp = heartbeat_stamp()
     answering = asyncio.ensure_future(presence_loop())
     try:
         while True:
             await asyncio.sleep(interval)
             try:
-                intact = await _db(services.server_process_heartbeat)(kind=kind)
+                intact = await stamp(kind=kind)
             except Exception as exc:
                 health.failed(exc)
                 continue
