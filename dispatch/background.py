@@ -53,7 +53,7 @@ def heartbeat_stamp() -> Callable[..., Awaitable[bool]]:
     process's one thread for ``database_sync_to_async``: under load that thread has a
     queue of queries, and a heartbeat waiting behind it for ``DISPATCH_PROCESS_TTL``
     would get a busy, live process reaped with all its connections (issue 16). An
-    in-memory SQLite database (the tests) exists only on the thread that made it: there
+    in-memory SQLite database exists only on the thread that made it: there
     the stamp stays on that thread.
     """
     if connection.vendor == "sqlite" and connection.is_in_memory_db():  # type: ignore[attr-defined]
