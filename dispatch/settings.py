@@ -263,7 +263,8 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels.layers.InMemoryChannelLayer",
+            # Channels' layer with an expiry sweep at most once a second (core.channel_layer).
+            "BACKEND": "core.channel_layer.InMemoryChannelLayer",
             "CONFIG": {"capacity": CHANNEL_CAPACITY, "expiry": 60},
         }
     }
