@@ -487,7 +487,7 @@ class ShimConsumer(DispatchConsumer):
                 await self._close(1000)
                 return
             if self.connection_id:
-                await database_sync_to_async(connections.shim_seen)(connection_id=self.connection_id)
+                connections.shim_seen_soon(self.connection_id)
 
     async def _fail(self, request_id: str, code: str, message: str) -> None:
         pending = self.pending.pop(request_id, None)
