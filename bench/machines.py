@@ -48,7 +48,6 @@ import contextlib
 import hashlib
 import json
 import os
-import resource
 import signal
 import sqlite3
 import subprocess
@@ -84,6 +83,8 @@ from common import (  # noqa: E402
     wait_for_port,
     with_timeout,
 )
+
+from core.open_files import raise_open_file_limit  # noqa: E402
 
 RESULTS = BENCH / "results" / "machines.json"
 HARD_LIMIT = 600  # seconds: the whole run is aborted (and cleaned up) past this
@@ -1287,15 +1288,6 @@ def b6_tokens(inst: Any, users: int) -> list[str]:
     return str(inst.manage("shell", "-c", script).stdout).strip().splitlines()[-1].split(",")
 
 
-def raise_fd_limit(wanted: int = 65536) -> int:
-    """Raise this process's open-file limit (children inherit it); returns the new soft limit."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-    if soft < target:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-
 def run(sizes: Sizes) -> dict[str, Any]:
     from remote_calls import logs_on_failure
 
@@ -1645,7 +1637,7 @@ def main(argv: list[str]) -> int:
             parser.add_argument(name, type=int, required=True)
         parser.add_argument("--limit", type=float, required=True)
         options = parser.parse_args(argv)
-        raise_fd_limit()
+        raise_open_file_limit()
         asyncio.run(b6_clients(options.ws_base, options.token, options.tag, options.shims, options.sessions,
                                options.concurrency, options.limit))  # fmt: skip
         return 0
@@ -1672,7 +1664,7 @@ def main(argv: list[str]) -> int:
     if options.connections:
         sizes.shims = sizes.sessions = options.connections
     sizes.ping_interval = max(4.0, sizes.shims / B6_STAMPS_PER_SECOND)
-    fd_limit = raise_fd_limit()
+    fd_limit = raise_open_file_limit()[1]
 
     def abort(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")

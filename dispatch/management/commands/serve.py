@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import faulthandler
 import logging
-import resource
 import signal
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,6 +25,7 @@ from django.db import connection
 from core import services
 from core.consumers import shutdown_local_connections
 from core.models import ServerProcess
+from core.open_files import raise_open_file_limit
 from core.presence import current_process_id
 from dispatch.background import heartbeat_loop, revocation_loop, run_background_services
 from dispatch.mcp.streams import close_all as close_mcp_streams
@@ -271,27 +271,6 @@ def proxy_header_options(behind_proxy: bool) -> dict[str, str | None]:
         "proxy_forwarded_port_header": None,
         "proxy_forwarded_proto_header": "X-Forwarded-Proto",
     }
-
-
-# Descriptors a process asks for at start: every websocket, HTTP client, database and Redis
-# connection is one. 5,000 shims + 5,000 sessions (bench B6) need ~10,100.
-OPEN_FILES_WANTED = 65536
-
-
-def raise_open_file_limit(wanted: int = OPEN_FILES_WANTED) -> tuple[int, int]:
-    """Raise this process's soft ``RLIMIT_NOFILE`` to ``min(wanted, hard limit)`` (never
-    lower it), as nginx's ``worker_rlimit_nofile`` does: a login shell's soft limit is
-    often 1,024, which would cap a process near 1,000 connections while the hard limit
-    allows far more. Returns ``(before, after)`` soft limits; an OS that refuses leaves
-    the limit as it was (logged)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-    if soft != resource.RLIM_INFINITY and soft < target:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        except (ValueError, OSError) as exc:
-            logger.warning("could not raise the open-file limit from %s to %s: %s", soft, target, exc)
-    return soft, resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 class Command(BaseCommand):
