@@ -24,7 +24,7 @@ from core.tool_changes import tools_changed_on_commit
 from machines.models import Machine, MachineConnection, MachineToken
 from machines.protocol import DEFAULT_LIMITS, Hello, MachineRevokedMessage, MachineTakeoverMessage
 from machines.services import router
-from machines.services.operations import last_active_forget, request_snapshots
+from machines.services.operations import _in_background, last_active_forget, request_snapshots
 
 logger = logging.getLogger(__name__)
 
@@ -222,23 +222,27 @@ class _SeenStamps:
 
     def __init__(self) -> None:
         self.pending: dict[str, datetime] = {}
-        self.task: asyncio.Task[None] | None = None
+        self.flushing_on: asyncio.AbstractEventLoop | None = None  # the loop whose task flushes
 
     def note(self, connection_id: str) -> None:
         self.pending.setdefault(connection_id, timezone.now())
         loop = asyncio.get_running_loop()
-        if self.task is None or self.task.done() or self.task.get_loop() is not loop:
-            self.task = loop.create_task(self._flush_while_pending())
+        if self.flushing_on is not loop:
+            self.flushing_on = loop
+            _in_background(self._flush_while_pending())
 
     async def _flush_while_pending(self) -> None:
-        while self.pending:
-            await asyncio.sleep(SEEN_FLUSH_INTERVAL)
-            batch, self.pending = self.pending, {}
-            try:
-                # The earliest PONG of the batch: never later than any of them was seen.
-                await database_sync_to_async(shim_seen)(connection_ids=list(batch), seen_at=min(batch.values()))
-            except Exception as exc:
-                logger.warning("could not stamp %d shim connections as seen: %s", len(batch), exc)
+        try:
+            while self.pending:
+                await asyncio.sleep(SEEN_FLUSH_INTERVAL)
+                batch, self.pending = self.pending, {}
+                try:
+                    # The earliest PONG of the batch: never later than any of them was seen.
+                    await database_sync_to_async(shim_seen)(connection_ids=list(batch), seen_at=min(batch.values()))
+                except Exception as exc:
+                    logger.warning("could not stamp %d shim connections as seen: %s", len(batch), exc)
+        finally:
+            self.flushing_on = None
 
 
 _seen_stamps = _SeenStamps()
