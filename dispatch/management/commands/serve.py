@@ -296,7 +296,12 @@ class Command(BaseCommand):
 
         before, after = raise_open_file_limit()
         if after < 4096:
-            logger.warning("open-file limit %s: this process can hold fewer than ~%s connections", after, after - 100)
+            logger.warning(
+                "open-file limit %s: this process can hold fewer than ~%s connections; raise the hard limit "
+                "(ulimit -Hn, systemd LimitNOFILE=) to hold more",
+                after,
+                after - 100,
+            )
         elif after != before:
             logger.info("open-file limit raised from %s to %s", before, after)
         allow_protocol_close_codes()
