@@ -75,6 +75,8 @@ class ServerProcess(models.Model):
 
     class Meta:
         db_table = "dispatch_serverprocess"  # its name from the `dispatch` app (docs/architecture.md)
+        verbose_name = "server process"
+        verbose_name_plural = "server processes"  # Django's default appends "s": "server processs"
 
     def __str__(self) -> str:
         return f"{self.id} ({self.kind} pid {self.pid} on {self.hostname})"
