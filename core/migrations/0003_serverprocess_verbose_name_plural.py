@@ -4,14 +4,13 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('core', '0002_serverprocess_stopped_at'),
+        ("core", "0002_serverprocess_stopped_at"),
     ]
 
     operations = [
         migrations.AlterModelOptions(
-            name='serverprocess',
-            options={'verbose_name': 'server process', 'verbose_name_plural': 'server processes'},
+            name="serverprocess",
+            options={"verbose_name": "server process", "verbose_name_plural": "server processes"},
         ),
     ]
