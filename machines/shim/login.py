@@ -28,6 +28,13 @@ SLOW_DOWN_STEP = 5.0
 """Seconds added to the interval on every ``slow_down`` (RFC 8628 §3.5)."""
 
 
+def show_at_once(text: str) -> None:
+    """Print ``text`` on stdout and flush it: when stdout is a pipe, a log file or ssh
+    without ``-t``, Python buffers it in blocks, and the user would not see the code to
+    type until the login is over (docs/shim-protocol.md "Getting a token")."""
+    print(text, flush=True)
+
+
 class LoginError(Exception):
     """The device login failed: denied, expired, unreachable platform or a bad answer."""
 
@@ -145,7 +152,7 @@ def device_login(
     client: httpx.Client | None = None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
-    show: Callable[[str], None] = print,
+    show: Callable[[str], None] = show_at_once,
 ) -> ShimState:
     """The whole login: request a code, ``show`` the user what to open and type, poll,
     then store ``server``, the token and the machine_id in the state file (mode 0600).
