@@ -22,6 +22,7 @@ answered 404 with a JSON error. Thread-safe: the server is a ``ThreadingHTTPServ
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import threading
@@ -397,7 +398,7 @@ def main() -> None:
         print(model.url, flush=True)
         seen = 0
         while True:
-            model.wait_for(lambda done=seen: len(model.requests) > done, timeout=3600)
+            model.wait_for(functools.partial(_more_than, model, seen), timeout=3600)
             with model._cond:
                 fresh = model.requests[seen:]
                 seen = len(model.requests)
@@ -407,6 +408,10 @@ def main() -> None:
                     with open(args.log, "a") as out:
                         out.write(line + "\n")
                 print(f"{r.method} {r.path}", flush=True)
+
+
+def _more_than(model: FakeModel, count: int) -> bool:
+    return len(model.requests) > count
 
 
 if __name__ == "__main__":
