@@ -218,13 +218,27 @@ class AuditRecord(models.Model):
     details = models.JSONField(default=dict)
     result = models.JSONField(default=dict)  # {ok, error_code, exit_code, duration_ms}
     caller = models.CharField(max_length=200)
+    # The request_id of the copy or pipe this record is one step of ("" for an operation of
+    # its own): the Machines page shows each copy and pipe as one row (docs/live-operations.md).
+    operation_id = models.CharField(max_length=64, blank=True, default="", db_index=True)
 
     class Meta:
         ordering = ["-ts"]
         indexes = [models.Index(fields=["user", "-ts"])]
 
     def __str__(self) -> str:
-        return f"{self.op} on {self.machine_id or '?'} ({'ok' if self.result.get('ok') else 'failed'})"
+        return f"{self.op} on {self.machine_id or '?'} ({self.outcome})"
+
+    @property
+    def outcome(self) -> str:
+        """How the operation ended, as the Machines page says it: ``"cancelled"`` (a command
+        stopped by a cancel, whether the shim then reported an exit code or not), ``"ok"``,
+        else the error code (``"failed"`` when none was recorded)."""
+        if self.result.get("cancelled") or self.result.get("error_code") == "CANCELLED":
+            return "cancelled"
+        if self.result.get("ok"):
+            return "ok"
+        return str(self.result.get("error_code") or "failed")
 
 
 class OperationInFlight(models.Model):

@@ -71,7 +71,8 @@ def _context(request: HttpRequest, served_shim: downloads.ClientPackage | None) 
     context: dict[str, object] = {
         "machines": machines,
         "default_machine_id": router.default_machine_id(user=user),
-        "audit_records": list(selectors.audit_records_for(user=user, limit=30)),
+        # A copy or a pipe is one row, however many audit records its steps wrote.
+        "recent_operations": selectors.recent_operations_for(user=user, limit=30),
         # The newest shim wheel /downloads/ serves, and the machines whose shim is older.
         "served_shim": served_shim,
         "outdated_machine_ids": {
@@ -90,9 +91,11 @@ def _version(context: dict[str, object]) -> str:
         fields += [machine.granted_capabilities, machine.allowed_capabilities, machine.allowed_roots]
         fields += [machine.last_active_at, [c.sessions for c in machine.connections.all()], machine.shim_version]
         digest.update(json.dumps(fields, default=str).encode())
-    records = context["audit_records"]
+    operations = context["recent_operations"]
     served = context["served_shim"]
-    digest.update(f"{context['default_machine_id']}|{records[0].pk if records else 0}".encode())  # type: ignore[index]
+    digest.update(f"{context['default_machine_id']}".encode())
+    for row in operations:  # type: ignore[attr-defined]
+        digest.update(f"|{row.key}:{row.outcome}:{row.steps}".encode())  # a running copy's row changes as it goes
     digest.update(f"|{served.filename if served else ''}".encode())  # type: ignore[attr-defined]
     return digest.hexdigest()[:16]
 

@@ -116,6 +116,7 @@ async def copy_between_machines(
                 caller=caller,
                 progress=report,
                 cancels=cancels,
+                request_id=request_id,
             )
         finally:
             await database_sync_to_async(inflight_delete)(request_id=request_id)
@@ -133,8 +134,10 @@ async def _copy(
     caller: str,
     progress: Progress | None,
     cancels: Subscription,
+    request_id: str,
 ) -> dict[str, Any]:
-    """The copy itself (see ``copy_between_machines``), between two chosen machines."""
+    """The copy itself (see ``copy_between_machines``), between two chosen machines; each
+    step is audited under the copy's ``request_id`` (one row on the Machines page)."""
 
     async def check_cancelled() -> None:
         message = await cancels.wait(0)
@@ -143,7 +146,13 @@ async def _copy(
 
     async def op(machine: str, name: str, payload: dict[str, Any]) -> dict[str, Any]:
         response = await machine_op(
-            user=user, session_id=session_id, op=name, payload=payload, target_machine=machine, caller=caller
+            user=user,
+            session_id=session_id,
+            op=name,
+            payload=payload,
+            target_machine=machine,
+            caller=caller,
+            operation_id=request_id,
         )
         result: dict[str, Any] = response["payload"]
         return result

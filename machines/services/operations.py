@@ -284,6 +284,7 @@ async def machine_op(
     caller: str,
     request_id: str | None = None,
     on_output: OutputSink | None = None,
+    operation_id: str = "",
 ) -> dict[str, Any]:
     """Route ``op`` with ``payload`` to a machine of ``session_id`` and return its response.
 
@@ -317,6 +318,10 @@ async def machine_op(
       a 2.0 ``COMMAND_RESULT`` plus ``cancelled``: ``stdout``/``stderr`` capped together at
       ``max_file_size_bytes`` (``output_truncated``). A 2.0 shim runs it unstreamed.
     - the caller's task cancelled while a command runs on a 2.1 shim → ``CANCEL`` is sent.
+
+    ``operation_id``: the ``request_id`` of the copy this operation is one step of, kept on
+    its audit record (``AuditRecord.operation_id``) so the Machines page shows the copy as
+    one row; ``""`` for an operation of its own.
     """
     _check_operation(op, payload, session_id, target_machine)
     _check_plain_payload(op, payload)
@@ -343,6 +348,7 @@ async def machine_op(
         request_id=check_request_id(request_id),
         on_output=on_output,
         own_row=True,
+        operation_id=operation_id,
     )
 
 
@@ -429,6 +435,7 @@ async def _routed_op(
     own_row: bool,
     target_machine: str | None = None,
     candidate: Candidate | None = None,
+    operation_id: str = "",
 ) -> dict[str, Any]:
     """One operation on one machine (``candidate``, else routed with ``target_machine``):
     streamed when ``on_output`` asks it of a 2.1 shim; with its own in-flight row
@@ -539,6 +546,7 @@ async def _routed_op(
             payload=payload,
             result=result,
             caller=caller,
+            operation_id=operation_id,
         )
 
 
@@ -699,6 +707,8 @@ def streamed_command_audited(
         payload={**payload, "stream": True},
         result=result,
         caller=caller,
+        # A pipe's two commands carry the pipe's own id as their event id: it links them.
+        operation_id=command.event_request_id if command.event_request_id != command.request_id else "",
     )
 
 
@@ -761,9 +771,11 @@ def audit_record_create(
     payload: dict[str, Any],
     result: dict[str, Any],
     caller: str,
+    operation_id: str = "",
 ) -> AuditRecord:
     """Record one routed operation (``request_id``: the envelope id the shim saw, so the
-    record matches the shim's own audit log) and stamp the machine's last activity: one
+    record matches the shim's own audit log; ``operation_id``: the copy or pipe it is one
+    step of, ``""`` for none) and stamp the machine's last activity: one
     INSERT, plus — at most once every ``LAST_ACTIVE_RESOLUTION`` seconds per machine and
     process, or when this process saw the machine refuse work — one UPDATE of
     ``last_active_at`` that also clears ``OVERLOADED`` (§4's second status axis)."""
@@ -776,6 +788,7 @@ def audit_record_create(
         details=audit_details(op, payload),
         result=result,
         caller=caller[:200],
+        operation_id=operation_id,
     )
     key = (user.pk, machine_id)
     if machine_id and result.get("ok"):
