@@ -4,7 +4,8 @@
   ``remote-connect`` (``RemoteConnectBody``), ``remote-disconnect`` (``RemoteNameBody``),
   ``remote-call`` (``RemoteCallBody``, also the body of ``POST
   /api/v1/remotes/{remotename}/call``), ``remote-call-result`` (``RemoteCallResult``);
-- the downstream ``remote-call`` event the server sends (§2.2, ``remote_call_event``);
+- the downstream ``remote-call`` event the server sends (§2.2, ``remote_call_event``) and
+  the ``requestId`` it carries (``new_request_id``);
 - the channel-layer messages (``core.protocol.ChannelMessage``) the ``/ws`` consumer
   receives from ``remotes.services`` (``RemoteCallMessage``, ``RemoteProbeMessage``,
   ``RemoteDisconnectedMessage``), and the ``remote.reply`` it answers a call or a probe
@@ -17,8 +18,11 @@ Every parser raises ``InvalidRequest`` whose message names the field that is wro
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import re
+import secrets
 from typing import Any, Literal
 
 from jsonschema import Draft202012Validator, SchemaError
@@ -45,6 +49,7 @@ __all__ = [
     "RemoteProbeReply",
     "check_remotename",
     "encode",
+    "new_request_id",
     "parse_body",
     "remote_call_event",
 ]
@@ -191,6 +196,46 @@ class RemoteCallBody(BaseModel):
         if value is not None and not 0 < value <= MAX_CALL_TIMEOUT:
             raise ValueError(f"must be a number of seconds above 0 and at most {MAX_CALL_TIMEOUT:g}")
         return value
+
+
+REQUEST_BASE_BITS = 52
+
+
+def _request_numbers() -> itertools.count[int]:
+    return itertools.count(secrets.randbits(REQUEST_BASE_BITS))
+
+
+_numbers = _request_numbers()
+
+
+def _renumber_after_fork() -> None:
+    # A forked child would otherwise hand out the very numbers its parent goes on issuing.
+    global _numbers
+    _numbers = _request_numbers()
+
+
+os.register_at_fork(after_in_child=_renumber_after_fork)
+
+
+def new_request_id(remotename: str) -> str:
+    """A ``requestId`` for one downstream call of ``remotename``: ``'<remotename>#<n>'``,
+    ``n`` a decimal integer below 2**53 (exact as a JSON/JavaScript number, should a client
+    parse it); clients treat the whole id as opaque (docs/ws-protocol.md#request-ids).
+
+    An id is never issued twice for a user — not across ws sessions, serving processes or
+    restarts — because a public client that reconnects sends the late
+    ``remote-call-result`` of a failed call on its new socket, where it must not match a
+    newer call. ``n`` is a process-wide counter (never reused within the process, whatever
+    the session or name) that starts at a random base of ``REQUEST_BASE_BITS`` (52) bits
+    drawn from ``secrets`` when the process starts (or forks). Two processes — two
+    servers, or one server before and after a restart — can only issue the same ``n`` if
+    their bases lie closer than the number of calls one of them sends: with a billion
+    calls per process that is a chance of about 2 * 10**9 / 2**52 ≈ 4 * 10**-7 per pair of
+    processes, and even then only an answer that arrives late, for the same name, within
+    the caller's wait could be misrouted. Starting below 2**52 keeps ``n`` below 2**53 for
+    at least 2**52 calls.
+    """
+    return f"{remotename}#{next(_numbers)}"
 
 
 def remote_call_event(*, request_id: str, remotename: str, function: str, args: dict[str, Any]) -> str:

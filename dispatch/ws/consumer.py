@@ -1,8 +1,9 @@
 """The ``/ws`` session consumer (spec/sessions-and-remotes.md §1 and §2).
 
 A thin edge: it authenticates, parses the action envelope, calls services and replies.
-Its own state is only what belongs to this one connection: the remotes it serves (their
-request-id counters) and the calls pending on it. The registry is in the database.
+Its own state is only what belongs to this one connection: the remotes it serves and the
+calls pending on it, by request id (ids are unique for good, ``remotes.protocol.new_request_id``).
+The registry is in the database.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from remotes.protocol import (
     RemoteNameBody,
     RemoteProbeMessage,
     RemoteProbeReply,
+    new_request_id,
     remote_call_event,
 )
 from remotes.selectors import remote_list_for
@@ -61,10 +63,9 @@ PENDING_GRACE = 5.0  # seconds a pending call is kept past its caller's timeout
 
 @dataclass
 class ServedRemote:
-    """A remote served by this session: its name and next request number."""
+    """A remote served by this session: its name."""
 
     name: str
-    next_request: int = 0
 
 
 @dataclass
@@ -90,8 +91,6 @@ class SessionConsumer(DispatchConsumer):
         self.ws_session_id = None
         self.events_group: str | None = None
         self.served: dict[int, ServedRemote] = {}
-        # Per-name request counters for the life of this session: never reset on reconnect.
-        self.request_counters: dict[str, int] = {}
         self.own_disconnects: set[int] = set()  # remote ids this session is disconnecting itself
         self.pending: dict[str, PendingCall] = {}
         self.calls: set[asyncio.Task[None]] = set()
@@ -266,7 +265,9 @@ class SessionConsumer(DispatchConsumer):
         request_id = parsed.request_id
         pending = self.pending.pop(request_id, None) if request_id is not None else None
         if pending is None:
-            # Session-scoped fan-out (§2.2): only calls pending on this session resolve.
+            # Session-scoped fan-out (docs/ws-protocol.md#remote-call-result): only calls
+            # pending on this session resolve, so the late answer a reconnected client sends
+            # on its new socket for a call made on the old one is dropped here.
             logger.debug("ignoring remote-call-result for unknown requestId %r", request_id)
             return
         await self._answer(pending.reply_channel, parsed.reply())
@@ -313,9 +314,7 @@ class SessionConsumer(DispatchConsumer):
             )
             await self._answer(call.reply_channel, refusal)
             return
-        number = self.request_counters.get(served.name, 0)
-        self.request_counters[served.name] = number + 1
-        request_id = f"{served.name}#{number}"
+        request_id = new_request_id(served.name)
         frame = remote_call_event(
             request_id=request_id, remotename=call.remotename, function=call.function, args=call.args
         )
