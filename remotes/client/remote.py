@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
+import math
 import os
 import random
 import sys
@@ -15,7 +15,7 @@ from typing import Any, NoReturn, TypeVar
 
 import pydantic
 from pydantic_core import to_jsonable_python
-from websockets.exceptions import ConnectionClosed, InvalidHandshake
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from .schema import function_spec
 from .session import (
@@ -120,21 +120,36 @@ class Remote:
         """The ``tools`` sent with ``remote-connect``: ``[{name, description, parameters}]``."""
         return [function.spec for function in self._functions.values()]
 
-    def run(self) -> None:
+    def run(self, *, retry_window: float | None = None) -> None:
         """Serve until interrupted (Ctrl-C returns) or refused; see :meth:`serve`.
 
         Prints one line on stderr when the remote is registered (``serving 'name' (2
         functions) on ws://…/ws``) and one on each re-registration after a reconnect, so
         that a plain script says that it serves; the failed attempts in between are
-        logged as warnings. Without a token or with a malformed URL it exits (``SystemExit``)
-        with ``error: …`` on stderr instead of a traceback.
+        logged as warnings. ``retry_window`` (seconds; ``None`` means
+        :data:`REGISTER_RETRY_WINDOW`, 30) is how long the first registration waits for a
+        name another session still holds.
+
+        Ends the program as ``dispatch-remote serve`` does (the refusals of
+        docs/ws-protocol.md "``remote-connect``"):
+        without a token or with a malformed URL, when the name is still held by another
+        session after ``retry_window``, when the token is refused or when another session
+        disconnects the remote, it exits (``SystemExit``, status 1) with one line
+        ``error: …`` on stderr instead of a traceback. Raises ``ValueError`` for a
+        negative or non-finite ``retry_window``.
         """
+        if retry_window is not None and not (math.isfinite(retry_window) and retry_window >= 0):
+            raise ValueError(f"retry_window must be a finite number of seconds >= 0, got {retry_window!r}")
         try:
             self._connection_settings()
         except ValueError as error:
             raise SystemExit(f"error: {error}") from None
-        with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(self.serve(announce=announce_on_stderr))
+        try:
+            asyncio.run(self.serve(announce=announce_on_stderr, retry_window=retry_window))
+        except KeyboardInterrupt:
+            return
+        except (AuthenticationError, RemoteCallError, RemoteDisconnected, InvalidURI) as error:
+            raise SystemExit(f"error: {error}") from None
 
     def session_url(self) -> str:
         """The ``/ws`` URL :meth:`serve` connects to: from ``url``, else ``$DISPATCH_URL``,
@@ -146,7 +161,7 @@ class Remote:
         count = len(self._functions)
         return f"serving {self.name!r} ({count} function{'' if count == 1 else 's'}) on {self.session_url()}"
 
-    async def serve(self, *, announce: Announce | None = None) -> NoReturn:
+    async def serve(self, *, announce: Announce | None = None, retry_window: float | None = None) -> NoReturn:
         """Connect, register this remote, answer ``remote-call`` events; never returns.
 
         ``announce`` (if given) is called with :meth:`serving_line` after the first
@@ -161,7 +176,8 @@ class Remote:
         Raises ``AuthenticationError`` when the server closes with 4401 or 4408 (a bad
         token: retrying cannot help), and ``RemoteCallError`` when ``remote-connect`` is
         refused for a reason retrying cannot fix: an invalid spec, or the name still
-        held by another session 30 s after the first attempt. Raises
+        held by another session ``retry_window`` seconds (``None``:
+        :data:`REGISTER_RETRY_WINDOW`) after the first attempt. Raises
         ``RemoteDisconnected`` when another session of the user disconnected this remote
         (the server's ``remote-disconnected`` event): it is not registered again.
         Raises ``ValueError`` before connecting when the URL is malformed or there is no
@@ -182,7 +198,9 @@ class Remote:
             else:
                 logger.info("connected to %s", url)
                 try:
-                    await self._register(session, give_up=not registered_before, announce=announce)
+                    await self._register(
+                        session, give_up=not registered_before, announce=announce, retry_window=retry_window
+                    )
                     if announce is not None:
                         announce(("reconnected: " if registered_before else "") + self.serving_line())
                     registered_before = True
@@ -212,16 +230,18 @@ class Remote:
             raise ValueError(f"no API token for remote {self.name!r}: set {TOKEN_ENV} or give the Remote a token")
         return url, token
 
-    async def _register(self, session: Session, *, give_up: bool, announce: Announce | None) -> None:
+    async def _register(
+        self, session: Session, *, give_up: bool, announce: Announce | None, retry_window: float | None
+    ) -> None:
         """Send ``remote-connect``, retrying while the name is still held (§2, §2.5).
 
         With ``give_up`` the last refusal is raised as ``RemoteCallError`` after
-        :data:`REGISTER_RETRY_WINDOW`; without it (a re-registration), the refusal ends
-        this connection as ``TimeoutError`` so that :meth:`serve` reconnects later. Each
-        retry is told to ``announce`` (the user waits on it), else logged at INFO.
+        ``retry_window`` seconds (``None``: :data:`REGISTER_RETRY_WINDOW`); without it (a
+        re-registration), the refusal ends this connection as ``TimeoutError`` so that
+        :meth:`serve` reconnects later. Each retry is told to ``announce`` (the user waits on it), else logged at INFO.
         """
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + REGISTER_RETRY_WINDOW
+        deadline = loop.time() + (REGISTER_RETRY_WINDOW if retry_window is None else retry_window)
         delay = RECONNECT_DELAY
         while True:
             try:
