@@ -16,7 +16,14 @@ Rules kept here (spec/agents.md §2):
 - ``remain-on-exit on`` keeps a dead pane, its exit status and its last output until the
   session is killed;
 - messages are pasted through a named tmux buffer loaded from stdin, with bracketed
-  paste (``paste-buffer -p``), so multi-line text arrives as one input at any length.
+  paste (``paste-buffer -p``), so multi-line text arrives as one input at any length;
+- nothing is ever written into a dead pane: ``paste-buffer`` into a dead
+  ``remain-on-exit`` pane crashes tmux 3.3a, and with it every session on that server.
+  Every write (paste, Enter, a stop's keys) runs inside one ``if-shell -F`` that the tmux
+  server evaluates right before the write, in the same command queue
+  (``_write_if_alive``; docs/agents.md "How a message reaches the pane");
+- Dispatch's tmux server is its own (``tmux -L dispatch`` unless another socket name is
+  given), never the user's default server (docs/agents.md "The private tmux server").
 
 Two tmux parsing rules that user text must be protected from (tmux 3.3, verified):
 
@@ -56,6 +63,15 @@ _IDENTIFIER = re.compile(r"[A-Za-z0-9_-]{1,100}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 INSTANCE_OPTION = "@dispatch_instance"
+# The socket name (``tmux -L``) of Dispatch's own tmux server when none is configured
+# (docs/agents.md "The private tmux server"): one fixed name a person can type to attach;
+# instances sharing it stay apart by ``INSTANCE_OPTION``.
+DEFAULT_SOCKET = "dispatch"
+# A tmux key name a stop sequence may send (``C-c``, ``Enter``, ``Escape``, ``F1``): no
+# quoting, separator or format character can appear in one.
+KEY_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,15}")
+# What the ``if-shell`` of ``_write_if_alive`` prints when it wrote.
+_WROTE = "dispatch:written"
 # The pane's first process: reads the agent's environment file and execs its program.
 AGENT_EXEC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent_exec.py")
 # C0 controls and DEL except tab and newline (carriage returns become newlines first).
@@ -86,6 +102,8 @@ def _remove_quietly(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
 # Size of a detached session's window, in character cells (tmux's default is 80x24,
 # narrow for the full-screen CLIs agents run).
 PANE_WIDTH = 200
@@ -107,6 +125,11 @@ class TmuxError(Exception):
 
 class TmuxSessionNotFound(TmuxError):
     """The named session does not exist (never started, killed, or the server is down)."""
+
+
+class TmuxPaneDead(TmuxError):
+    """The session's pane is dead (its program exited; ``remain-on-exit`` keeps it): nothing
+    was written to it."""
 
 
 @dataclass(frozen=True)
@@ -166,15 +189,16 @@ def _is_server_down(stderr: str) -> bool:
 class TmuxRunner:
     """Runs CLI agents in tmux sessions on one tmux server (spec/agents.md §2).
 
-    ``socket_name``: ``None`` for the user's default tmux server (production), or a name
-    for a private server (``tmux -L <name>``, used by tests). Every method is synchronous
+    ``socket_name``: the ``tmux -L`` socket name of the server; ``None`` or ``""`` for
+    Dispatch's own, ``DEFAULT_SOCKET`` — never the user's default tmux server
+    (docs/agents.md "The private tmux server"). Every method is synchronous
     (it runs ``tmux`` subprocesses) and raises ``TmuxError`` — ``TmuxSessionNotFound``
     when the session is missing — with tmux's message.
     """
 
     def __init__(self, socket_name: str | None = None) -> None:
-        self.socket_name = socket_name
-        self._server = libtmux.Server(socket_name=socket_name)
+        self.socket_name: str = socket_name or DEFAULT_SOCKET
+        self._server = libtmux.Server(socket_name=self.socket_name)
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -240,9 +264,7 @@ class TmuxRunner:
             # last lines out of ``capture``); the status is read from ``pane_state``
             # instead. tmux < 3.3 lacks the option: its failure is ignored.
             self._cmd("set-option", "-w", "-t", pane, "remain-on-exit-format", "")
-            self._check(
-                "respawn-pane", "-k", "-t", pane, "-c", directory, "--", *command, session_name=session_name
-            )
+            self._check("respawn-pane", "-k", "-t", pane, "-c", directory, "--", *command, session_name=session_name)
         except TmuxError:
             self._server.cmd("kill-session", "-t", f"={session_name}")
             _remove_quietly(env_file)
@@ -254,9 +276,9 @@ class TmuxRunner:
         self._check("kill-session", "-t", f"={session_name}", session_name=session_name)
 
     def interrupt(self, session_name: str) -> None:
-        """Send C-c to the session's pane. Raises ``TmuxSessionNotFound`` if it is gone."""
-        _check_identifier("session name", session_name)
-        self._check("send-keys", "-t", f"={session_name}:", "C-c", session_name=session_name)
+        """Send C-c to the session's pane (``send_keys``). Raises ``TmuxSessionNotFound`` if
+        it is gone, ``TmuxPaneDead`` if its program has exited."""
+        self.send_keys(session_name, ["C-c"])
 
     # --- inspection ------------------------------------------------------------------
 
@@ -357,32 +379,85 @@ class TmuxRunner:
 
     # --- input -----------------------------------------------------------------------
 
-    def paste(self, session_name: str, text: str, *, enter: bool = True) -> None:
+    def paste(self, session_name: str, text: str, *, enter: bool = True, bracketed: bool = True) -> None:
         """Paste ``text`` into the pane as one input, then press Enter if ``enter``.
 
         The text goes through a buffer of its own (loaded from stdin, deleted after),
-        pasted with bracketed paste so a program that asks for it (readline, the agent
-        CLIs) receives multi-line text whole. Any length; the text never passes through
-        a shell or tmux's parser. Control characters are removed first (``pasteable``):
-        an ESC could end the bracketed paste early and turn the rest into keystrokes.
-        Raises ``TmuxSessionNotFound`` if the session is gone.
+        pasted with bracketed paste (``bracketed``; ``paste-buffer -p``) so a program that
+        asks for it (readline, the agent CLIs) receives multi-line text whole. Any length;
+        the text never passes through a shell or tmux's parser. Control characters are
+        removed first (``pasteable``): an ESC could end the bracketed paste early and turn
+        the rest into keystrokes. The paste and the Enter happen only if the pane is alive
+        at that instant (``_write_if_alive``). ``bracketed=False`` types the text as plain
+        keystrokes (a stop sequence's ``/exit``).
+
+        Raises ``TmuxSessionNotFound`` if the session is gone, ``TmuxPaneDead`` (nothing
+        pasted, the buffer deleted) if its program has exited.
         """
         _check_identifier("session name", session_name)
-        if not self.exists(session_name):
-            raise TmuxSessionNotFound(f"No tmux session named {session_name!r}.")
         text = pasteable(text)
+        pane = f"={session_name}:"
+        commands: list[str] = []
+        buffer_name = ""
         if text:
             buffer_name = f"dispatch-paste-{uuid.uuid4().hex}"
             self._load_buffer(buffer_name, text)
-            try:
-                self._check(
-                    "paste-buffer", "-p", "-b", buffer_name, "-t", f"={session_name}:", session_name=session_name
-                )
-            finally:
-                # ``paste-buffer -d`` would leave the buffer behind when the paste fails.
-                self._cmd("delete-buffer", "-b", buffer_name)
+            commands.append(f"paste-buffer {'-p ' if bracketed else ''}-d -b {buffer_name} -t {pane}")
         if enter:
-            self._check("send-keys", "-t", f"={session_name}:", "Enter", session_name=session_name)
+            commands.append(f"send-keys -t {pane} Enter")
+        if not commands:
+            return
+        try:
+            self._write_if_alive(session_name, commands)
+        except TmuxError:
+            if buffer_name:  # not pasted, so ``paste-buffer -d`` did not delete it
+                self._cmd("delete-buffer", "-b", buffer_name)
+            raise
+
+    def send_keys(self, session_name: str, keys: list[str]) -> None:
+        """Send the tmux keys ``keys`` (names like ``C-c``, ``Enter``: ``KEY_NAME``) to the
+        pane, only if it is alive at that instant (``_write_if_alive``).
+
+        Raises ``TmuxError`` for an empty list or a key that is not a key name,
+        ``TmuxSessionNotFound`` if the session is gone, ``TmuxPaneDead`` if its program
+        has exited.
+        """
+        _check_identifier("session name", session_name)
+        if not keys or not all(isinstance(key, str) and KEY_NAME.fullmatch(key) for key in keys):
+            raise TmuxError(f"Invalid keys {keys!r}: give tmux key names like C-c or Enter.")
+        self._write_if_alive(session_name, [f"send-keys -t ={session_name}: {' '.join(keys)}"])
+
+    def _write_if_alive(self, session_name: str, commands: list[str]) -> None:
+        """Run the tmux ``commands`` (a ``;``-separated list, parsed by tmux: only
+        identifiers and key names may appear in them) only if ``session_name``'s pane is
+        alive, decided by the tmux server right before it runs them.
+
+        One ``if-shell -F`` in one client call: the server evaluates the condition and then
+        runs the chosen commands from the same command queue, with no event (a pane dying)
+        handled in between — a check followed by a second call would leave that window open,
+        and ``paste-buffer`` into a dead pane crashes tmux 3.3a. The condition also checks
+        the pane's session name: ``if-shell -t`` does not fail on a missing target.
+
+        Raises ``TmuxSessionNotFound`` if the session is missing, ``TmuxPaneDead`` if it is
+        there but its pane is dead, ``TmuxError`` if a command failed.
+        """
+        pane = f"={session_name}:"
+        alive = f"#{{&&:#{{==:#{{session_name}},{session_name}}},#{{!=:#{{pane_dead}},1}}}}"
+        proc = self._check(
+            "if-shell",
+            "-F",
+            "-t",
+            pane,
+            alive,
+            " ; ".join([*commands, f"display-message -p {_WROTE}"]),
+            "",
+            session_name=session_name,
+        )
+        if _WROTE in proc.stdout:
+            return
+        if not self.exists(session_name):
+            raise TmuxSessionNotFound(f"No tmux session named {session_name!r}.")
+        raise TmuxPaneDead(f"pane dead: the program in tmux session {session_name!r} has exited; nothing was written.")
 
     # --- plumbing --------------------------------------------------------------------
 

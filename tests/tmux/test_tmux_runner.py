@@ -20,7 +20,7 @@ from pathlib import Path
 import libtmux
 import pytest
 
-from agents.tmux import PaneState, TmuxError, TmuxRunner, TmuxSessionNotFound
+from agents.tmux import DEFAULT_SOCKET, PaneState, TmuxError, TmuxPaneDead, TmuxRunner, TmuxSessionNotFound
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
@@ -414,3 +414,79 @@ def test_pasteable_keeps_text_tabs_and_newlines_and_drops_other_controls() -> No
     assert pasteable("a\tb\r\nc\rd\n") == "a\tb\nc\nd\n"
     assert pasteable("x\x1b[201~y\x15z\x00\x7f") == "x[201~yz"
     assert pasteable("héllo ✓") == "héllo ✓"
+
+
+# --- never writing into a dead pane (docs/agents.md "How a message reaches the pane") --------
+
+
+def start_dead(runner: TmuxRunner, cwd: Path) -> str:
+    """A ``remain-on-exit`` session whose program printed a line and exited 1 at once."""
+    name = session()
+    argv = ["sh", "-c", "echo cannot start; exit 1"]
+    runner.start(session_name=name, instance_id=INSTANCE, argv=argv, cwd=str(cwd), env={})
+    assert wait_dead(runner, name).exit_status == 1
+    return name
+
+
+def test_a_paste_into_a_dead_pane_reports_it_and_the_tmux_server_survives(
+    runner: TmuxRunner, socket_name: str, tmp_path: Path
+) -> None:
+    # tmux 3.3a segfaults on ``paste-buffer`` into a dead ``remain-on-exit`` pane, taking
+    # every session of the server with it: here the bystander.
+    bystander = session()
+    runner.start(session_name=bystander, instance_id=INSTANCE, argv=["sleep", "600"], cwd=str(tmp_path), env={})
+    dead = start_dead(runner, tmp_path)
+
+    with pytest.raises(TmuxPaneDead, match="pane dead"):
+        runner.paste(dead, "hello\nworld")
+
+    assert runner.exists(bystander) and not runner.pane_state(bystander).dead
+    assert runner.owned_sessions(INSTANCE) == sorted([bystander, dead])
+    assert "cannot start" in runner.capture(dead)
+    assert libtmux.Server(socket_name=socket_name).cmd("list-buffers", "-F", "#{buffer_name}").stdout == []
+
+
+def test_keys_and_an_empty_paste_into_a_dead_pane_report_it_too(runner: TmuxRunner, tmp_path: Path) -> None:
+    bystander = start_shell(runner, tmp_path)
+    dead = start_dead(runner, tmp_path)
+
+    for write in (
+        lambda: runner.send_keys(dead, ["C-c"]),
+        lambda: runner.interrupt(dead),
+        lambda: runner.paste(dead, ""),
+        lambda: runner.paste(dead, "/exit", enter=False, bracketed=False),
+    ):
+        with pytest.raises(TmuxPaneDead):
+            write()
+
+    assert not runner.pane_state(bystander).dead
+    with pytest.raises(TmuxSessionNotFound):
+        runner.send_keys(session(), ["C-c"])
+
+
+def test_send_keys_refuses_anything_but_key_names(runner: TmuxRunner, tmp_path: Path) -> None:
+    name = start_shell(runner, tmp_path)
+
+    for keys in ([], ["C-c ; kill-server"], ["#{pane_pid}"], ["Enter;"], [""], ["x" * 17]):
+        with pytest.raises(TmuxError, match="Invalid keys"):
+            runner.send_keys(name, keys)
+
+    assert runner.exists(name) and not runner.pane_state(name).dead
+
+
+def test_keys_and_typed_text_reach_a_live_pane(runner: TmuxRunner, tmp_path: Path) -> None:
+    name = start_shell(runner, tmp_path)
+
+    runner.paste(name, "echo typed-$((2*21))", enter=False, bracketed=False)
+    runner.send_keys(name, ["Enter"])
+
+    wait_for(lambda: re.search(r"^typed-42$", runner.capture(name), re.M), "the typed command's output")
+
+
+def test_without_a_socket_name_the_runner_uses_dispatchs_own_tmux_server() -> None:
+    # Never the user's default server (``tmux`` without ``-L``): Dispatch's is ``-L dispatch``.
+    for unset in (None, ""):
+        runner = TmuxRunner(socket_name=unset)
+        assert runner.socket_name == DEFAULT_SOCKET == "dispatch"
+        assert runner._server.socket_name == "dispatch"
+    assert TmuxRunner(socket_name="mine").socket_name == "mine"
