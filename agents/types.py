@@ -9,6 +9,16 @@ none. The placeholders ``{mcp_url}`` and ``{agent_id}`` may appear in argv and e
 values; nothing else is substituted (JSON braces are left alone). Secrets never go in
 argv: the agent's token is only in its environment (``DISPATCH_MCP_TOKEN``).
 
+Two more keys say how Dispatch talks to the CLI (docs/agents.md):
+
+- ``stop``: the keys a stop sends, in order, before the kill after the grace period —
+  each a tmux key name (``"C-c"``, ``"Enter"``) or ``{"text": "/exit"}`` typed as is;
+  default ``["C-c"]``;
+- ``neutralise_prefix``: what goes before a message to an ``llm`` agent whose first
+  non-blank character is ``!`` or ``/``, so it reaches the CLI as text and not as a shell
+  or CLI command; default one space. ``shell`` agents get their messages unchanged (the
+  text is the command).
+
 This module imports nothing from Django so that settings can validate the variable at
 start (a bad value is ``ValueError`` → ``ImproperlyConfigured``).
 """
@@ -28,15 +38,47 @@ _TYPE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,39}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
+KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,15}$")  # as agents.tmux.KEY_NAME
+# Characters that turn the start of a message into a command in the CLIs' input box:
+# ``!`` a shell command (Claude Code, codex), ``/`` a CLI command (``/exit``).
+COMMAND_STARTS = ("!", "/")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+MAX_STOP_STEPS = 10
+MAX_STOP_TEXT = 100
+
+# One step of a stop sequence: ``("key", "<tmux key name>")`` or ``("text", "<typed text>")``.
+StopStep = tuple[str, str]
+DEFAULT_STOP: tuple[StopStep, ...] = (("key", "C-c"),)
+DEFAULT_NEUTRALISE_PREFIX = " "
+
+
 @dataclass(frozen=True)
 class AgentType:
-    """One CLI agent type: its argv (without a shell), its kind and extra environment."""
+    """One CLI agent type: its argv (without a shell), its kind, extra environment, the
+    steps a stop sends (``stop``) and the prefix that keeps a message from being a command
+    (``neutralise_prefix``; docs/agents.md)."""
 
     name: str
     argv: tuple[str, ...]
     full_access_argv: tuple[str, ...]
     kind: str
     env: Mapping[str, str] = field(default_factory=dict)
+    stop: tuple[StopStep, ...] = DEFAULT_STOP
+    neutralise_prefix: str = DEFAULT_NEUTRALISE_PREFIX
+
+    def neutralise(self, text: str) -> str:
+        """``text`` as it is pasted into this type's CLI (docs/agents.md "Messages are text").
+
+        ``text`` is the message as it will be pasted, control characters already removed
+        (``agents.tmux.pasteable``): an ESC before the ``/`` would otherwise hide it here
+        and vanish at the paste. For an ``llm`` type, a message whose first non-blank character is ``!`` or ``/``
+        gets ``neutralise_prefix`` in front (only the start of the message counts: a CLI
+        reads a command only there); anything else, and every message to a ``shell``
+        type (the text is the command), is returned unchanged.
+        """
+        if self.kind != "llm" or not text.lstrip().startswith(COMMAND_STARTS):
+            return text
+        return self.neutralise_prefix + text
 
     @property
     def program(self) -> str:
@@ -97,6 +139,8 @@ DEFAULT_AGENT_TYPES: dict[str, dict[str, Any]] = {
         "argv": ["claude", "--mcp-config", _CLAUDE_MCP],
         "full_access_argv": ["claude", "--mcp-config", _CLAUDE_MCP, "--dangerously-skip-permissions"],
         "kind": "llm",
+        # Claude Code ignores one C-c (it asks for a second to exit).
+        "stop": ["C-c", "C-c"],
     },
     "codex": {
         "argv": [
@@ -122,7 +166,8 @@ DEFAULT_AGENT_TYPES: dict[str, dict[str, Any]] = {
         "kind": "llm",
         "env": {"OPENCODE_CONFIG_CONTENT": _OPENCODE_CONFIG},
     },
-    "shell": {"argv": ["bash", "--norc", "-i"], "kind": "shell"},
+    # C-c ends a running command and clears the line, then the shell is asked to exit.
+    "shell": {"argv": ["bash", "--norc", "-i"], "kind": "shell", "stop": ["C-c", {"text": "exit"}, "Enter"]},
 }
 
 
@@ -133,7 +178,10 @@ def parse_agent_types(raw: str | Mapping[str, Any] | None) -> dict[str, AgentTyp
     A given value replaces the defaults entirely. Raises ``ValueError`` saying what is
     wrong: not a JSON object, a type named ``expert`` or not matching
     ``[a-z][a-z0-9_-]{0,39}``, an empty ``argv`` or one with a non-string or NUL-holding
-    element, an unknown ``kind``, an ``env`` that is not an object of string values.
+    element, an unknown ``kind``, an ``env`` that is not an object of string values, a
+    ``stop`` that is not a list of 1-10 key names or ``{"text": ...}`` steps (1-100
+    characters, no control characters), a ``neutralise_prefix`` that is not 1-20
+    characters without control characters or that itself starts a command.
     """
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         spec: Any = DEFAULT_AGENT_TYPES
@@ -155,7 +203,7 @@ def parse_agent_types(raw: str | Mapping[str, Any] | None) -> dict[str, AgentTyp
             )
         if not isinstance(entry, Mapping):
             raise ValueError(f"{where} must be an object with argv and kind")
-        unknown = sorted(set(entry) - {"argv", "full_access_argv", "kind", "env"})
+        unknown = sorted(set(entry) - {"argv", "full_access_argv", "kind", "env", "stop", "neutralise_prefix"})
         if unknown:
             raise ValueError(f"{where}: unknown key {unknown[0]!r}")
         argv = _argv(entry.get("argv"), f"{where}.argv")
@@ -169,8 +217,49 @@ def parse_agent_types(raw: str | Mapping[str, Any] | None) -> dict[str, AgentTyp
             for key, value in env.items()
         ):
             raise ValueError(f"{where}.env must be an object of environment variable names to strings")
-        types[name] = AgentType(name=name, argv=argv, full_access_argv=full, kind=kind, env=dict(env))
+        stop = _stop(entry["stop"], f"{where}.stop") if "stop" in entry else DEFAULT_STOP
+        prefix = entry.get("neutralise_prefix", DEFAULT_NEUTRALISE_PREFIX)
+        if (
+            not isinstance(prefix, str)
+            or not 1 <= len(prefix) <= 20
+            or _CONTROL.search(prefix)
+            or prefix.lstrip().startswith(COMMAND_STARTS)
+        ):
+            raise ValueError(
+                f"{where}.neutralise_prefix must be 1-20 characters without control characters, "
+                "not starting with '!' or '/'"
+            )
+        types[name] = AgentType(
+            name=name,
+            argv=argv,
+            full_access_argv=full,
+            kind=kind,
+            env=dict(env),
+            stop=stop,
+            neutralise_prefix=prefix,
+        )
     return types
+
+
+def _stop(value: Any, where: str) -> tuple[StopStep, ...]:
+    """A ``stop`` value as ``StopStep``s; ``ValueError`` saying what is wrong."""
+    if not isinstance(value, list) or not 1 <= len(value) <= MAX_STOP_STEPS:
+        raise ValueError(f"{where} must be a list of 1-{MAX_STOP_STEPS} steps")
+    steps: list[StopStep] = []
+    for index, step in enumerate(value):
+        if isinstance(step, str) and KEY_NAME.match(step):
+            steps.append(("key", step))
+            continue
+        if isinstance(step, Mapping) and set(step) == {"text"}:
+            text = step["text"]
+            if isinstance(text, str) and 1 <= len(text) <= MAX_STOP_TEXT and not _CONTROL.search(text):
+                steps.append(("text", text))
+                continue
+        raise ValueError(
+            f'{where}[{index}] must be a tmux key name like "C-c" or "Enter", or '
+            f'{{"text": "..."}} of 1-{MAX_STOP_TEXT} characters without control characters'
+        )
+    return tuple(steps)
 
 
 def _argv(value: Any, where: str) -> tuple[str, ...]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -76,11 +77,56 @@ def test_a_given_value_replaces_the_defaults_and_fills_only_the_two_placeholders
         ('{"t": {"argv": ["x"], "env": {"OK": 1}}}', "env must be"),
         ('{"t": {"argv": ["x"], "shell": true}}', "unknown key 'shell'"),
         ('{"t": {"argv": ["x"], "full_access_argv": []}}', "full_access_argv"),
+        ('{"t": {"argv": ["x"], "stop": []}}', "stop must be a list of 1-10 steps"),
+        ('{"t": {"argv": ["x"], "stop": "C-c"}}', "stop must be a list"),
+        ('{"t": {"argv": ["x"], "stop": ["C-c ; kill-server"]}}', "stop[0] must be a tmux key name"),
+        ('{"t": {"argv": ["x"], "stop": ["C-c", "#{pane_pid}"]}}', "stop[1] must be a tmux key name"),
+        ('{"t": {"argv": ["x"], "stop": [{"text": "exit\\u001b"}]}}', "without control characters"),
+        ('{"t": {"argv": ["x"], "stop": [{"text": ""}]}}', "stop[0]"),
+        ('{"t": {"argv": ["x"], "stop": [{"keys": "C-c"}]}}', "stop[0]"),
+        ('{"t": {"argv": ["x"], "neutralise_prefix": ""}}', "neutralise_prefix must be"),
+        ('{"t": {"argv": ["x"], "neutralise_prefix": " /"}}', "neutralise_prefix must be"),
+        ('{"t": {"argv": ["x"], "neutralise_prefix": "\\u001b"}}', "neutralise_prefix must be"),
     ],
 )
 def test_a_bad_value_is_refused_with_what_is_wrong(raw: str, says: str) -> None:
-    with pytest.raises(ValueError, match=says.replace("(", r"\(")):
+    with pytest.raises(ValueError, match=re.escape(says)):
         parse_agent_types(raw)
+
+
+def test_the_default_stop_sequences_ask_each_cli_to_exit_its_own_way() -> None:
+    types = parse_agent_types("")
+    assert types["claude"].stop == (("key", "C-c"), ("key", "C-c"))  # Claude Code ignores one C-c
+    assert types["codex"].stop == (("key", "C-c"),)
+    assert types["shell"].stop == (("key", "C-c"), ("text", "exit"), ("key", "Enter"))
+    mine = parse_agent_types({"mine": {"argv": ["x"], "stop": [{"text": "/exit"}, "Enter"]}, "plain": {"argv": ["y"]}})
+    assert mine["mine"].stop == (("text", "/exit"), ("key", "Enter"))
+    assert mine["plain"].stop == (("key", "C-c"),)
+
+
+@pytest.mark.parametrize(
+    ("text", "pasted"),
+    [
+        ("/exit", " /exit"),
+        ("!rm -rf ~", " !rm -rf ~"),
+        ("  \t/compact\nthen this", "   \t/compact\nthen this"),
+        ("\n/exit", " \n/exit"),
+        ("please run /exit later", "please run /exit later"),
+        ("hello\n/exit", "hello\n/exit"),  # only the start of the message is read as a command
+        ("a!b", "a!b"),
+    ],
+)
+def test_an_llm_type_neutralises_a_message_that_starts_like_a_command(text: str, pasted: str) -> None:
+    types = parse_agent_types("")
+    for name in ("claude", "codex", "opencode"):
+        assert types[name].neutralise(text) == pasted
+    assert types["shell"].neutralise(text) == text  # a shell agent's message is the command
+
+
+def test_a_type_may_set_its_own_neutralise_prefix() -> None:
+    types = parse_agent_types({"mine": {"argv": ["x"], "neutralise_prefix": "Message: "}})
+    assert types["mine"].neutralise("/exit") == "Message: /exit"
+    assert types["mine"].neutralise("hi") == "hi"
 
 
 def test_a_bad_setting_stops_the_process_at_start(tmp_path: Path) -> None:
