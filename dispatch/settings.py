@@ -433,9 +433,17 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    # Expected 4xx answers (a device login's authorization_pending, a probe of a missing
+    # /.well-known/ path) at DEBUG, a refused Host header one line (dispatch/errors.py).
+    "filters": {
+        "client_errors_at_debug": {"()": "dispatch.errors.ClientErrorsAtDebug"},
+        "disallowed_host_one_line": {"()": "dispatch.errors.DisallowedHostOneLine"},
+    },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
+        "django.request": {"filters": ["client_errors_at_debug"]},
+        "django.security.DisallowedHost": {"filters": ["disallowed_host_one_line"]},
         "daphne": {"level": "WARNING"},
         "django.channels.server": {"level": "WARNING"},
         # One "Terminating session: None" line per stateless MCP request, and one line per

@@ -58,5 +58,5 @@ urlpatterns = [
 
 handler400 = "core.views.bad_request"
 handler403 = "core.views.permission_denied"
-handler404 = "core.views.not_found"
+handler404 = "dispatch.not_found.not_found"
 handler500 = "core.views.server_error"
