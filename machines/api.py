@@ -90,10 +90,16 @@ def _device_throttled(request: HttpRequest, endpoint: str) -> bool:
     return not rate_limiter().hit(limit, *key)
 
 
-def _oauth_error(error: str, description: str, status: int = 400) -> JsonResponse:
-    response = JsonResponse({"error": error, "error_description": description}, status=status)
+def _not_cached(response: JsonResponse) -> JsonResponse:
+    """RFC 6749 §5.1: token endpoint answers, success and error alike, carry both headers
+    (``Pragma`` for HTTP/1.0 caches); the device code answer holds a secret too."""
     response["Cache-Control"] = "no-store"
+    response["Pragma"] = "no-cache"
     return response
+
+
+def _oauth_error(error: str, description: str, status: int = 400) -> JsonResponse:
+    return _not_cached(JsonResponse({"error": error, "error_description": description}, status=status))
 
 
 @documented(
@@ -124,9 +130,7 @@ def device_code(request: HttpRequest) -> JsonResponse:
         return _oauth_error(exc.error, exc.message)
     except InvalidRequest as exc:
         return _oauth_error("invalid_request", exc.message)
-    response = JsonResponse(grant.as_response())
-    response["Cache-Control"] = "no-store"
-    return response
+    return _not_cached(JsonResponse(grant.as_response()))
 
 
 @documented(
@@ -139,7 +143,8 @@ def device_code(request: HttpRequest) -> JsonResponse:
         body_required=False,
         responses={
             "200": "access_token, token_type: Bearer",
-            "400": "authorization_pending, slow_down, access_denied, expired_token, invalid_grant",
+            "400": "authorization_pending, slow_down, access_denied, expired_token, invalid_grant, "
+            "invalid_request, unsupported_grant_type",
         },
     ),
     rate_limited=True,
@@ -148,16 +153,21 @@ def device_code(request: HttpRequest) -> JsonResponse:
 @login_not_required
 @require_POST
 def device_token(request: HttpRequest) -> JsonResponse:
-    """``POST /api/v1/machines/device/token`` ``{device_code}`` (RFC 8628 §3.4–3.5)."""
+    """``POST /api/v1/machines/device/token`` ``{grant_type, device_code}`` (RFC 8628 §3.4–3.5),
+    JSON or form-encoded; every answer is ``Cache-Control: no-store`` + ``Pragma: no-cache``."""
     if _device_throttled(request, "token"):
         return _oauth_error("slow_down", "too many requests; try again in a minute", status=429)
     try:
-        issued = device.device_token_poll(device_code=DeviceTokenBody.model_validate(_device_body(request)).device_code)
+        raw = _device_body(request)
+        # grant_type is read from the body as sent: DeviceTokenBody (machines.protocol) has no field for it.
+        issued = device.device_token_poll(
+            device_code=DeviceTokenBody.model_validate(raw).device_code, grant_type=raw.get("grant_type")
+        )
     except device.DeviceFlowError as exc:
         return _oauth_error(exc.error, exc.message)
-    response = JsonResponse({"access_token": issued.raw, "token_type": "Bearer", "machine_id": issued.token.machine_id})
-    response["Cache-Control"] = "no-store"
-    return response
+    return _not_cached(
+        JsonResponse({"access_token": issued.raw, "token_type": "Bearer", "machine_id": issued.token.machine_id})
+    )
 
 
 class MachineSerializer(serializers.Serializer):

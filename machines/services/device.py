@@ -32,6 +32,7 @@ POLL_INTERVAL = 5  # seconds (interval)
 SLOW_DOWN_STEP = 5  # seconds added by slow_down (RFC 8628 §3.5)
 MACHINE_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 ACTIVATION_FAILURES = "5 per 600 seconds"  # wrong codes per user on /machines/activate
+DEVICE_GRANT_TYPE = "urn:ietf:params:oauth:grant-type:device_code"  # RFC 8628 §3.4
 
 
 class DeviceFlowError(DispatchError):
@@ -128,14 +129,23 @@ def machine_token_create(*, user: User, machine_id: str) -> IssuedMachineToken:
     return IssuedMachineToken(token=token, raw=raw)
 
 
-def device_token_poll(*, device_code: object) -> IssuedMachineToken:
-    """Poll for the token (RFC 8628 §3.4–3.5).
+def device_token_poll(*, device_code: object, grant_type: object) -> IssuedMachineToken:
+    """Poll for the token (RFC 8628 §3.4–3.5; docs/shim-protocol.md).
 
-    Raises ``DeviceFlowError`` with ``authorization_pending``, ``slow_down`` (polled before
+    ``grant_type`` must be ``urn:ietf:params:oauth:grant-type:device_code``: missing (or
+    not a string) raises ``DeviceFlowError`` ``invalid_request``, another value
+    ``unsupported_grant_type`` (RFC 6749 §5.2); both leave the authorization untouched (no
+    poll is counted). Then ``authorization_pending``, ``slow_down`` (polled before
     ``interval`` seconds passed; the interval grows by 5 s), ``access_denied``,
     ``expired_token`` or ``invalid_grant`` (unknown or already used code). On approval
     returns the new machine token, once: the authorization is then consumed.
     """
+    if not isinstance(grant_type, str) or not grant_type:
+        raise DeviceFlowError("invalid_request", f"grant_type is required ({DEVICE_GRANT_TYPE})")
+    if grant_type != DEVICE_GRANT_TYPE:
+        raise DeviceFlowError(
+            "unsupported_grant_type", f"grant_type {grant_type[:100]!r} is not supported; use {DEVICE_GRANT_TYPE}"
+        )
     if not isinstance(device_code, str) or not device_code or len(device_code) > 200:
         raise DeviceFlowError("invalid_request", "device_code is required")
     outcome = _device_token_poll(device_code)
