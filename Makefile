@@ -30,8 +30,14 @@ dev: $(VENV)/.dev-installed
 
 ## run: set up, migrate, create the first admin (password printed once), serve on HOST:PORT
 ##      (DISPATCH_PUBLIC_URL, when neither the environment nor .env sets it, is http://HOST:PORT,
-##      so agents, shims and peers are told the address actually served)
+##      so agents, shims and peers are told the address actually served; with a wildcard HOST
+##      such as 0.0.0.0 there is no such address, and run stops until DISPATCH_PUBLIC_URL is set)
 run: venv
+	@url="$${DISPATCH_PUBLIC_URL:-$$(sed -n 's/^DISPATCH_PUBLIC_URL=//p' .env 2>/dev/null | tail -n1)}"; \
+	  case "$$url:$(HOST)" in :0.0.0.0|:::|:\[::\]|:0) \
+	    echo "make run HOST=$(HOST): the public URL would be http://$(HOST):$(PORT), a wildcard address agents, shims, peers and browsers cannot reach. Set DISPATCH_PUBLIC_URL to the address they use, e.g. DISPATCH_PUBLIC_URL=http://laptop.lan:$(PORT) make run HOST=$(HOST) PORT=$(PORT) (or in .env; docs/deployment.md \"Public URL\")" >&2; \
+	    exit 2;; \
+	  esac
 	$(PY) manage.py migrate --noinput -v0
 	@$(PY) manage.py ensure_admin
 	@url="$${DISPATCH_PUBLIC_URL:-$$(sed -n 's/^DISPATCH_PUBLIC_URL=//p' .env 2>/dev/null | tail -n1)}"; \

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import re
 import secrets
@@ -38,11 +39,49 @@ DIST_DIR = _dist_dir if _dist_dir.is_absolute() else BASE_DIR / _dist_dir
 
 DEBUG = env_bool("DEBUG", False)
 
-PUBLIC_URL = env_str("DISPATCH_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
+DEFAULT_PUBLIC_URL = "http://127.0.0.1:8000"
+# Where a running ``serve`` records the public URL it serves under (docs/operating.md
+# "Settings"): a command run in another terminal (``peer_offer``, ``issue_token``) prints the
+# address that server hands out, even when only ``make run PORT=…`` chose it.
+PUBLIC_URL_RECORD = DATA_DIR / "public_url.json"
+
+
+def recorded_public_url(record: Path) -> str:
+    """The ``url`` of ``record`` (``{"url", "pid"}``, written by ``serve``) while the
+    process ``pid`` runs on this host; ``""`` when the file is missing, unreadable or its
+    process is gone (a ``serve`` that was killed leaves it behind) or is this one (a
+    restarted container's ``serve`` may get the dead one's pid)."""
+    try:
+        data = json.loads(record.read_text())
+        url, pid = data["url"], data["pid"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return ""
+    if not isinstance(url, str) or not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return ""
+    if pid == os.getpid():
+        return ""
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        pass  # alive, owned by another user
+    except OSError:
+        return ""
+    return url
+
+
+# DISPATCH_PUBLIC_URL (environment or .env), else the URL a running serve recorded, else the default.
+PUBLIC_URL_SOURCE = "DISPATCH_PUBLIC_URL"
+PUBLIC_URL = env_str("DISPATCH_PUBLIC_URL", "").rstrip("/")
+if not PUBLIC_URL:
+    PUBLIC_URL = recorded_public_url(PUBLIC_URL_RECORD).rstrip("/")
+    PUBLIC_URL_SOURCE = str(PUBLIC_URL_RECORD)
+if not PUBLIC_URL:
+    PUBLIC_URL, PUBLIC_URL_SOURCE = DEFAULT_PUBLIC_URL, "default"
 _public = urlsplit(PUBLIC_URL)
 if _public.scheme not in ("http", "https") or not _public.hostname:
     raise ImproperlyConfigured(
         f"DISPATCH_PUBLIC_URL must be an http(s) URL such as http://127.0.0.1:8000, got {PUBLIC_URL!r}"
+        + ("" if PUBLIC_URL_SOURCE == "DISPATCH_PUBLIC_URL" else f" (from {PUBLIC_URL_SOURCE})")
     )
 
 

@@ -6,15 +6,21 @@ consumer enforces its own protocol's limit. Unless ``--no-background`` the backg
 services run as asyncio tasks on the same loop. SIGTERM/SIGINT: stop accepting, fail
 pending remote calls, close sockets, exit 0 within 10 s. With ``DISPATCH_BEHIND_PROXY``
 the client address and scheme come from the proxy's ``X-Forwarded-*`` headers
-(``proxy_header_options``).
+(``proxy_header_options``). A wildcard public URL (``http://0.0.0.0:…``) is refused; once
+listening, the public URL is recorded in ``DISPATCH_DATA_DIR/public_url.json`` for the
+other ``manage.py`` commands (docs/operating.md "Settings"), and removed at exit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import faulthandler
+import ipaddress
+import json
 import logging
+import os
 import signal
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -247,6 +253,43 @@ def _refuse_body(request: Any, max_bytes: int) -> None:
     asyncio.get_event_loop().call_later(REFUSED_BODY_LINGER, abort)  # twisted runs on asyncio here
 
 
+def wildcard_public_url_error(public_url: str) -> str | None:
+    """Why ``public_url`` cannot be handed out, or ``None``: a wildcard host (``0.0.0.0``,
+    ``::``) is where a server listens, not an address anyone can reach it at, and with it
+    every request by the machine's real name would be refused as a bad ``Host``."""
+    host = urlsplit(public_url).hostname or ""
+    try:
+        wildcard = ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return None
+    if not wildcard:
+        return None
+    port = urlsplit(public_url).port
+    example = f"http://laptop.lan:{port}" if port else "http://laptop.lan"
+    return (
+        f"the public URL is {public_url}, a wildcard address: agents, shims, peers and browsers cannot reach "
+        f"this server there. Set DISPATCH_PUBLIC_URL to the address they use, e.g. "
+        f'DISPATCH_PUBLIC_URL={example} (environment or .env; docs/deployment.md "Public URL")'
+    )
+
+
+def record_public_url(record: Path, url: str) -> None:
+    """Write ``{"url": url, "pid": <this process>}`` to ``record`` (atomically), so
+    commands run beside this server use its public URL (``dispatch.settings``)."""
+    partial = record.with_name(f".{record.name}.{os.getpid()}")
+    partial.write_text(json.dumps({"url": url, "pid": os.getpid()}))
+    os.replace(partial, record)
+
+
+def forget_public_url(record: Path) -> None:
+    """Remove ``record`` if this process wrote it (another ``serve`` may have since)."""
+    try:
+        if json.loads(record.read_text()).get("pid") == os.getpid():
+            record.unlink()
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def proxy_header_options(behind_proxy: bool) -> dict[str, str | None]:
     """daphne's proxy-header options for ``DISPATCH_BEHIND_PROXY`` (issue 16).
 
@@ -286,6 +329,9 @@ class Command(BaseCommand):
     def handle(self, *args: Any, host: str, port: int, no_background: bool, **options: Any) -> None:
         if not 0 < port < 65536:
             raise CommandError(f"--port must be between 1 and 65535, got {port}")
+        refused = wildcard_public_url_error(settings.PUBLIC_URL)
+        if refused:
+            raise CommandError(refused)
         # `kill -USR1 <pid>` prints every thread's stack to stderr: for a process that hangs.
         faulthandler.register(signal.SIGUSR1, all_threads=True)
         # Importing daphne.server installs twisted's asyncio reactor: keep it inside handle.
@@ -318,6 +364,10 @@ class Command(BaseCommand):
                 super().listen_success(port)
                 runtime.ports.append(port)
                 address = port.getHost()
+                try:
+                    record_public_url(settings.PUBLIC_URL_RECORD, settings.PUBLIC_URL)
+                except OSError as exc:
+                    logger.warning("could not record the public URL in %s: %s", settings.PUBLIC_URL_RECORD, exc)
                 print(
                     f"Dispatch serving on http://{host}:{address.port} "
                     f"(process {current_process_id()}, background services "
@@ -351,7 +401,10 @@ class Command(BaseCommand):
         )
         runtime.server = server
         reactor.callWhenRunning(runtime.start)
-        server.run()
+        try:
+            server.run()
+        finally:
+            forget_public_url(settings.PUBLIC_URL_RECORD)
         if runtime.failed:
             raise CommandError(f"could not listen on {host}:{port}")
         exit_now(0)

@@ -1,0 +1,131 @@
+"""The public URL (docs/deployment.md "Public URL", docs/operating.md "Settings"): a
+wildcard one is refused by ``serve`` and by ``make run``, and the URL a running ``serve``
+recorded is read back only while that process lives."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from dispatch.management.commands.serve import forget_public_url, record_public_url, wildcard_public_url_error
+from dispatch.settings import recorded_public_url
+from tests.infra import REPO, base_env, free_port, manage
+
+
+@pytest.fixture
+def record(tmp_path: Path) -> Path:
+    return tmp_path / "public_url.json"
+
+
+@pytest.fixture
+def other_live_pid() -> int:
+    return os.getppid()  # pytest's parent: alive, not this process
+
+
+def test_a_recorded_url_is_read_while_its_process_lives(record, other_live_pid):
+    record.write_text(json.dumps({"url": "http://laptop.lan:9000", "pid": other_live_pid}))
+    assert recorded_public_url(record) == "http://laptop.lan:9000"
+
+
+def test_a_dead_process_s_record_is_ignored(record):
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    record.write_text(json.dumps({"url": "http://laptop.lan:9000", "pid": dead.pid}))
+    assert recorded_public_url(record) == ""
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "",
+        "not json",
+        "[]",
+        '{"url": "http://x"}',
+        '{"pid": 1}',
+        '{"url": 5, "pid": 1}',
+        '{"url": "http://x", "pid": true}',
+    ],
+)
+def test_a_bad_record_is_ignored(record, content):
+    record.write_text(content)
+    assert recorded_public_url(record) == ""
+
+
+def test_a_missing_record_and_this_process_s_own_are_ignored(record):
+    assert recorded_public_url(record) == ""
+    record.write_text(json.dumps({"url": "http://laptop.lan:9000", "pid": os.getpid()}))
+    assert recorded_public_url(record) == ""
+
+
+def test_serve_writes_its_record_and_removes_only_its_own(record, other_live_pid):
+    record_public_url(record, "http://laptop.lan:9000")
+    assert json.loads(record.read_text()) == {"url": "http://laptop.lan:9000", "pid": os.getpid()}
+    forget_public_url(record)
+    assert not record.exists()
+    record.write_text(json.dumps({"url": "http://other:1", "pid": other_live_pid}))
+    forget_public_url(record)
+    assert record.exists()
+
+
+@pytest.mark.parametrize("url", ["http://0.0.0.0:9000", "http://[::]:9000", "https://0.0.0.0", "http://[::0]:80"])
+def test_a_wildcard_public_url_is_refused(url):
+    message = wildcard_public_url_error(url)
+    assert message is not None
+    assert "DISPATCH_PUBLIC_URL=http://laptop.lan" in message
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8000", "http://laptop.lan:9000", "https://[::1]", "http://10.0.0.5"])
+def test_a_reachable_public_url_is_accepted(url):
+    assert wildcard_public_url_error(url) is None
+
+
+def test_serve_refuses_a_wildcard_public_url_before_listening():
+    port = free_port()
+    data_dir = tempfile.mkdtemp(prefix="dispatch-c1-")
+    env = base_env(DISPATCH_DATA_DIR=data_dir, DISPATCH_PUBLIC_URL=f"http://0.0.0.0:{port}")
+    done = manage(env, "serve", "--host", "0.0.0.0", "--port", str(port), check=False)
+    assert done.returncode != 0
+    assert "wildcard" in done.stderr and f"DISPATCH_PUBLIC_URL=http://laptop.lan:{port}" in done.stderr
+    assert "Dispatch serving on" not in done.stdout
+    assert not (Path(data_dir) / "public_url.json").exists()
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "[::]"])
+def test_make_run_on_a_wildcard_host_refuses_without_a_public_url(host):
+    env = base_env(DISPATCH_DATA_DIR=tempfile.mkdtemp(prefix="dispatch-c1-"))
+    if (REPO / ".env").exists() and "DISPATCH_PUBLIC_URL=" in (REPO / ".env").read_text():
+        pytest.fail("this checkout's .env sets DISPATCH_PUBLIC_URL; the test needs it unset")
+    # -o: never (re)install the virtualenv from here; the refusal comes before any other step.
+    done = subprocess.run(
+        ["make", "-s", "-o", ".venv/.installed", "run", f"HOST={host}", "PORT=9000", "PY=/bin/false"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "wildcard" in done.stderr
+    assert "DISPATCH_PUBLIC_URL=http://laptop.lan:9000" in done.stderr
+    assert "migrate" not in done.stdout + done.stderr
+
+
+def test_make_run_on_a_wildcard_host_goes_on_with_a_public_url():
+    env = base_env(DISPATCH_PUBLIC_URL="http://laptop.lan:9000")
+    # PY=echo: each step prints its command line instead of running it.
+    done = subprocess.run(
+        ["make", "-s", "-o", ".venv/.installed", "run", "HOST=0.0.0.0", "PORT=9000", "PY=echo"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "manage.py migrate" in done.stdout
+    assert "manage.py serve --host 0.0.0.0 --port 9000  (public URL http://laptop.lan:9000)" in done.stdout
