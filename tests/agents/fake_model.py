@@ -40,6 +40,7 @@ class Turn:
     text: str | None = None
     tool: str | None = None
     input: dict[str, Any] = field(default_factory=dict)
+    namespace: str | None = None
 
 
 def say(text: str) -> Turn:
@@ -47,9 +48,12 @@ def say(text: str) -> Turn:
     return Turn(text=text)
 
 
-def call(tool: str, input: dict[str, Any]) -> Turn:
-    """A turn calling ``tool`` (e.g. ``Bash``, ``shell``, ``mcp__dispatch__send_message``) with ``input``."""
-    return Turn(tool=tool, input=dict(input))
+def call(tool: str, input: dict[str, Any], *, namespace: str | None = None) -> Turn:
+    """A turn calling ``tool`` with ``input``: Claude's ``Bash`` or ``mcp__<server>__<tool>``;
+    codex's ``exec_command`` (``{"cmd": ...}``), or an MCP tool as ``namespace="mcp__<server>"``
+    and ``tool="<tool>"`` (codex offers MCP tools as Responses ``namespace`` tools and runs a
+    ``function_call`` only when it names the namespace; Claude ignores ``namespace``)."""
+    return Turn(tool=tool, input=dict(input), namespace=namespace)
 
 
 @dataclass
@@ -177,7 +181,11 @@ class FakeModel:
         if method == "POST" and path == "/_fake/queue":
             # By hand (``main``): queue turns from another shell, a JSON list of
             # ``{"text": ...}`` or ``{"tool": ..., "input": {...}}``.
-            turns = [Turn(t.get("text"), t.get("tool"), t.get("input") or {}) for t in body if isinstance(t, dict)]
+            turns = [
+                Turn(t.get("text"), t.get("tool"), t.get("input") or {}, t.get("namespace"))
+                for t in body
+                if isinstance(t, dict)
+            ]
             self.queue(*turns)
             _send_json(handler, 200, {"queued": len(turns)})
             return
@@ -192,6 +200,8 @@ class FakeModel:
                 _send_json(handler, 200, _anthropic_message(events))
         elif method == "POST" and path.endswith("/responses"):
             _send_sse(handler, _responses_events(body, turn or say(self.fallback), next(self._ids)))
+        elif path == "/mcp":
+            self._mcp(handler, method, body)
         elif method == "GET" and path.endswith("/models"):
             _send_json(handler, 200, {"object": "list", "data": [], "models": []})
         elif method == "HEAD" or (method == "GET" and path == "/"):
@@ -202,6 +212,46 @@ class FakeModel:
             _send_json(
                 handler, 404, {"type": "error", "error": {"type": "not_found_error", "message": f"no route {path}"}}
             )
+
+    # A minimal MCP server (Streamable HTTP, JSON responses) at /mcp, enough to see how a
+    # CLI is wired to one: which headers it sends, that it lists and calls tools. One tool,
+    # ``echo``, answering its ``text`` argument.
+    def _mcp(self, handler: BaseHTTPRequestHandler, method: str, body: Any) -> None:
+        if method != "POST":
+            _send_json(handler, 405, {"error": "POST only"})
+            return
+        if not isinstance(body, dict) or "id" not in body:
+            handler.send_response(202)
+            handler.send_header("content-length", "0")
+            handler.end_headers()
+            return
+        name = body.get("method")
+        params = body.get("params") or {}
+        result: dict[str, Any]
+        if name == "initialize":
+            result = {
+                "protocolVersion": params.get("protocolVersion", "2025-06-18"),
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "fake-mcp", "version": "1"},
+            }
+        elif name == "tools/list":
+            result = {"tools": [MCP_ECHO_TOOL]}
+        elif name == "tools/call":
+            text = str((params.get("arguments") or {}).get("text", ""))
+            result = {"content": [{"type": "text", "text": f"echo: {text}"}], "isError": False}
+        elif name == "ping":
+            result = {}
+        else:
+            _send_json(handler, 200, {"jsonrpc": "2.0", "id": body["id"], "error": {"code": -32601, "message": name}})
+            return
+        _send_json(handler, 200, {"jsonrpc": "2.0", "id": body["id"], "result": result})
+
+
+MCP_ECHO_TOOL = {
+    "name": "echo",
+    "description": "Echo the text back.",
+    "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+}
 
 
 def _send_json(handler: BaseHTTPRequestHandler, status: int, payload: Any) -> None:
@@ -300,6 +350,8 @@ def _responses_events(body: dict[str, Any], turn: Turn, n: int) -> Iterator[tupl
             "arguments": json.dumps(turn.input),
             "status": "completed",
         }
+        if turn.namespace:
+            item["namespace"] = turn.namespace
         added = {**item, "arguments": "", "status": "in_progress"}
         yield (
             "response.output_item.added",
