@@ -8,12 +8,16 @@ process in its environment only (``DISPATCH_MCP_TOKEN``, with ``DISPATCH_AGENT_I
 stops, errs or is archived.
 
 Nothing here blocks a request for seconds: ``agent_launch``/``agent_start`` run a few
-short ``tmux`` commands, ``agent_stop`` only sends the interrupt. Everything that waits
-(pasting queued messages — the prompt is the first one — once the pane is quiet, killing
-a ``stopping`` session after the grace period, the activity watcher) is the supervisor's
-job (``agents.supervisor``), which uses the session steps here (``session_start``,
-``session_kill``, ``session_interrupt``, ``agent_settle``, ``agent_ended``). The edges
-call these through ``agents.lifecycle``.
+short ``tmux`` commands, ``agent_stop`` only changes rows and rings the supervisor.
+Everything that waits (pasting queued messages — the prompt is the first one — once the
+pane is quiet, sending a stop's keys with pauses between them, killing a ``stopping``
+session after the grace period, the activity watcher) is the supervisor's job
+(``agents.supervisor``, in a thread of its own), which uses the session steps here
+(``session_start``, ``session_kill``, ``session_stop_keys``, ``agent_settle``,
+``agent_ended``). The edges call these through ``agents.lifecycle``.
+
+CLI agents run on Dispatch's own tmux server (``tmux -L dispatch``, or
+``DISPATCH_TMUX_SOCKET``), never the user's default one (docs/agents.md).
 
 Every function is synchronous (tmux subprocesses, the ORM): call it from a sync view or a
 worker thread, never on the event loop.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +40,7 @@ from agents import messages, services, tokens
 from agents.hooks import linked
 from agents.models import Agent
 from agents.selectors import is_shadow
-from agents.tmux import TmuxError, TmuxRunner, TmuxSessionNotFound
+from agents.tmux import DEFAULT_SOCKET, TmuxError, TmuxPaneDead, TmuxRunner, TmuxSessionNotFound
 from agents.types import AgentType
 from core import presence
 from core.errors import DispatchError, InvalidRequest
@@ -49,19 +54,26 @@ Status = Agent.Status
 LAUNCHABLE_CLI_TYPES = tuple(settings.AGENT_TYPES)
 
 
+# Seconds between two steps of a stop sequence: a CLI that asks for a second C-c (Claude
+# Code) must have drawn its hint first, and two SIGINTs sent at once may arrive as one.
+STOP_STEP_PAUSE = 0.5
+
+
 def default_runner() -> TmuxRunner:
-    """The runner for the default tmux server, or the ``DISPATCH_TMUX_SOCKET`` server if set.
+    """The runner for Dispatch's own tmux server: ``tmux -L <DISPATCH_TMUX_SOCKET>``, or
+    ``tmux -L dispatch`` (``agents.tmux.DEFAULT_SOCKET``) when that is empty — never the
+    user's default server (docs/agents.md "The private tmux server").
 
     Tests monkeypatch ``runner_factory`` to a private socket.
     """
-    return TmuxRunner(socket_name=settings.TMUX_SOCKET or None)
+    return TmuxRunner(socket_name=settings.TMUX_SOCKET or DEFAULT_SOCKET)
 
 
 runner_factory: Callable[[], TmuxRunner] = default_runner
 
 
 def tmux_runner(runner: TmuxRunner | None) -> TmuxRunner:
-    """``runner`` if given, else ``runner_factory()`` (the default tmux server)."""
+    """``runner`` if given, else ``runner_factory()`` (Dispatch's own tmux server)."""
     return runner if runner is not None else runner_factory()
 
 
@@ -114,11 +126,12 @@ def agent_settle(*, agent: Agent, status: str, note: str) -> bool:
     return True
 
 
-def agent_ended(*, agent: Agent, status: str, note: str) -> None:
-    """The agent's process is gone: ``status`` (stopped/error), tokens revoked, queued messages failed."""
+def agent_ended(*, agent: Agent, status: str, note: str, reason: str = "agent stopped") -> None:
+    """The agent's process is gone: ``status`` (stopped/error), tokens revoked, queued
+    messages failed with ``reason`` (their ``error``)."""
     if agent_settle(agent=agent, status=status, note=note):
         tokens.agent_tokens_revoke(agent=agent)
-        messages.messages_fail_pending(agent=agent, error="agent stopped")
+        messages.messages_fail_pending(agent=agent, error=reason)
 
 
 def session_kill(runner: TmuxRunner, name: str) -> None:
@@ -249,13 +262,15 @@ def agent_launch(
 def agent_stop(*, agent: Agent, runner: TmuxRunner | None = None) -> Agent:
     """Ask a CLI agent to stop; returns at once with the agent ``stopping``.
 
-    Records ``stop_requested_at``, fails its queued messages ("agent stopped") and, on
-    this host, sends the interrupt (C-c). The supervisor of the agent's host then kills
-    the session after ``DISPATCH_AGENT_STOP_GRACE`` s (or once the pane dies) and marks
-    it ``stopped``; its tokens are revoked at once, at the request; ``stopping`` never outlasts
-    ``DISPATCH_AGENT_STOP_TIMEOUT`` s. A ``creating`` agent goes straight to ``stopped``.
-    Raises ``DispatchError("CONFLICT")`` for any other status, ``InvalidRequest`` for an
-    expert agent.
+    Records ``stop_requested_at``, revokes its tokens, fails its queued messages ("agent
+    stopped") and rings the supervisor of the agent's host, which sends the type's stop
+    keys (``AgentType.stop``, e.g. C-c twice for Claude Code; ``session_stop_keys``),
+    marks the agent ``stopped`` once the pane dies, and kills the session only if it still
+    lives ``DISPATCH_AGENT_STOP_GRACE`` s after the request; ``stopping`` never outlasts
+    ``DISPATCH_AGENT_STOP_TIMEOUT`` s (docs/agents.md "How stop works"). Nothing here
+    waits on tmux: the keys and their pauses are the supervisor's, in its own thread. A
+    ``creating`` agent goes straight to ``stopped``. Raises ``DispatchError("CONFLICT")``
+    for any other status, ``InvalidRequest`` for an expert agent.
     """
     if agent.type == services.EXPERT:
         raise InvalidRequest("an expert agent has no session to stop")
@@ -270,24 +285,41 @@ def agent_stop(*, agent: Agent, runner: TmuxRunner | None = None) -> Agent:
     Agent.objects.filter(pk=agent.pk).update(stop_requested_at=timezone.now(), stop_interrupted=False)
     tokens.agent_tokens_revoke(agent=agent)  # "revoked at stop": not after the grace period
     messages.messages_fail_pending(agent=agent, error="agent stopped")
-    if is_local(agent):
-        session_interrupt(agent=agent, runner=tmux_runner(runner))
-    else:
-        messages.doorbell_ring(agent.host)
+    messages.doorbell_ring(agent.host)
     agent.refresh_from_db()
     return agent
 
 
-def session_interrupt(*, agent: Agent, runner: TmuxRunner) -> None:
-    """Send C-c to the agent's pane once (``stop_interrupted``); a missing session is the supervisor's."""
-    try:
-        runner.interrupt(session_name(agent))
-    except TmuxSessionNotFound:
-        return
-    except TmuxError as error:
-        logger.warning("could not interrupt agent %s: %s", agent.pk, error)
-        return
-    Agent.objects.filter(pk=agent.pk).update(stop_interrupted=True)
+def session_stop_keys(*, agent: Agent, runner: TmuxRunner) -> bool:
+    """Send the ``stopping`` agent's stop sequence (``AgentType.stop``) to its pane, once.
+
+    Claims the sequence first (``stop_interrupted``, a conditional update: a second
+    supervisor pass or process sends nothing), then sends each step — a key through
+    ``TmuxRunner.send_keys``, a text typed with ``TmuxRunner.paste(bracketed=False)`` —
+    ``STOP_STEP_PAUSE`` s apart, each only into a live pane; a pane that dies or a session
+    that goes missing ends the sequence (the supervisor's next look settles the agent).
+    Blocks for the pauses: call it from the supervisor's thread only. Returns True if this
+    call sent the sequence (or tried to).
+    """
+    if not Agent.objects.filter(pk=agent.pk, stop_interrupted=False).update(stop_interrupted=True):
+        return False
+    spec = settings.AGENT_TYPES.get(agent.type)
+    steps = spec.stop if spec is not None else (("key", "C-c"),)
+    name = session_name(agent)
+    for index, (kind, value) in enumerate(steps):
+        if index:
+            time.sleep(STOP_STEP_PAUSE)
+        try:
+            if kind == "key":
+                runner.send_keys(name, [value])
+            else:
+                runner.paste(name, value, enter=False, bracketed=False)
+        except (TmuxSessionNotFound, TmuxPaneDead):
+            break  # it is already gone: exactly what the stop asked for
+        except TmuxError as error:
+            logger.warning("could not send agent %s its stop keys: %s", agent.pk, error)
+            break
+    return True
 
 
 def agent_start(*, agent: Agent, runner: TmuxRunner | None = None) -> Agent:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import async_to_sync
@@ -145,27 +145,33 @@ def messages_pending(*, agent: Agent) -> list[AgentMessage]:
     return list(AgentMessage.objects.filter(recipient_agent=agent, status=Status.QUEUED).order_by("created_at", "pk"))
 
 
-def message_mark_delivered(*, message: AgentMessage) -> bool:
-    """``queued`` → ``delivered`` (pasted into the pane); a ``system`` event on the recipient.
+def message_mark_delivered(*, message: AgentMessage, metadata: dict[str, Any] | None = None) -> bool:
+    """``queued`` → ``delivered`` (pasted into the pane); a ``system`` event on the recipient,
+    ``metadata`` (JSON-safe; e.g. ``{"neutralised": true, ...}`` when the supervisor changed
+    the start of the text, docs/agents.md) added to the event's own.
 
     A conditional UPDATE: returns False (and records nothing) if the message was no
     longer queued. ``messages_mark_delivered`` for one message.
     """
-    if not messages_mark_delivered(message_ids=[message.pk]):
+    extra = {message.pk: metadata} if metadata else None
+    if not messages_mark_delivered(message_ids=[message.pk], metadata=extra):
         return False
     message.refresh_from_db()
     return True
 
 
 @transaction.atomic
-def messages_mark_delivered(*, message_ids: Sequence[int]) -> list[int]:
+def messages_mark_delivered(
+    *, message_ids: Sequence[int], metadata: Mapping[int, dict[str, Any]] | None = None
+) -> list[int]:
     """``queued`` → ``delivered`` for each of ``message_ids`` (AgentMessage primary keys)
     that is still queued, in one transaction and a fixed number of queries whatever their
     number (issue 15, B8: a peer's batch receipt marks up to 50 at once): one ``system``
     event "message delivered" (``metadata {message_id, chars}``) on each recipient, each
     recipient's ``latest_event_*`` moved to it, then after commit, in one hop to the channel
     layer, ``agent.event`` and ``message.updated`` per message and ``agent.upsert`` once per
-    recipient. Returns the ids marked, in the order given; a message no longer queued
+    recipient. ``metadata`` maps a message id to more keys for its event's metadata.
+    Returns the ids marked, in the order given; a message no longer queued
     (delivered, failed, unknown) is left as it is and not returned.
     """
     wanted = list(dict.fromkeys(message_ids))
@@ -189,7 +195,11 @@ def messages_mark_delivered(*, message_ids: Sequence[int]) -> list[int]:
             agent_id=message.recipient_agent_id,
             type=AgentEvent.Type.SYSTEM,
             message="message delivered",
-            metadata={"message_id": message.pk, "chars": len(message.content)},
+            metadata={
+                **((metadata or {}).get(message.pk) or {}),
+                "message_id": message.pk,
+                "chars": len(message.content),
+            },
             created_at=now,
         )
         for message in marked

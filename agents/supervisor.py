@@ -30,7 +30,7 @@ from django.utils import timezone
 
 from agents import cli, messages, services
 from agents.models import Agent, AgentEvent, SupervisorLease
-from agents.tmux import TmuxError, TmuxRunner, TmuxSessionNotFound
+from agents.tmux import TmuxError, TmuxPaneDead, TmuxRunner, TmuxSessionNotFound, pasteable
 from core import presence
 from core.errors import database_unavailable
 from core.services import instance_identity_get
@@ -55,7 +55,6 @@ LEASE_INTERVALS = 3
 # ``metadata.source`` of the activity watcher's correction events.
 WATCHER = "activity_watcher"
 _ALIVE = (Status.CREATING, Status.RUNNING, Status.STOPPING)
-
 
 
 # --- the supervisor lease ----------------------------------------------------------------
@@ -121,12 +120,16 @@ def supervise_once(
       else marked ``running`` (its launcher died half-way);
     - session missing (or not tagged ``instance_id``) → ``stopped`` with a note;
     - pane dead → ``stopped`` (exit status 0, or it was ``stopping``) or ``error`` with
-      the pane's last lines in ``last_error``; the session is killed;
-    - ``stopping``: interrupted if not yet, killed and ``stopped`` after the grace
-      period or the hard limit (``DISPATCH_AGENT_STOP_GRACE``/``_TIMEOUT``);
+      the pane's last lines in ``last_error``, its queued messages failed with that
+      reason; the session is killed;
+    - ``stopping``: the type's stop keys sent once (``cli.session_stop_keys``), killed and
+      ``stopped`` after the grace period or the hard limit
+      (``DISPATCH_AGENT_STOP_GRACE``/``_TIMEOUT``) if the pane still lives;
     - ``running``: the activity watcher (``working``/``idle`` corrections, events with
       ``metadata.source == "activity_watcher"``), then the oldest queued message is
-      pasted when the pane is quiet and marked delivered (or failed with tmux's error).
+      pasted when the pane is quiet — neutralised for an ``llm`` type
+      (``AgentType.neutralise``), only into a live pane — and marked delivered (or failed
+      with tmux's error); a pane found dead at the paste ends the agent as above.
 
     Every end revokes the agent's tokens and fails its queued messages. Then sessions
     tagged ``instance_id`` (default: this instance) whose agent is missing or not alive
@@ -186,19 +189,37 @@ def _supervise_agent(*, agent: Agent, runner: TmuxRunner, owned: set[str], insta
         cli.agent_ended(agent=agent, status=Status.STOPPED, note="session missing; marked stopped")
         return False
     if state.dead:
-        if state.exit_status == 0 or agent.status == Status.STOPPING:
-            cli.agent_ended(agent=agent, status=Status.STOPPED, note=f"session ended (exit status {state.exit_status})")
-        else:
-            how = f"exit status {state.exit_status}" if state.signal is None else f"signal {state.signal}"
-            lines = _last_lines(runner, name)
-            cli.agent_ended(agent=agent, status=Status.ERROR, note=f"session ended ({how}):\n{lines}")
-        cli.session_kill(runner, name)
+        _end_dead_pane(agent=agent, runner=runner)
         return False
     if agent.status == Status.STOPPING:
         _supervise_stopping(agent=agent, runner=runner)
         return False
     _watch_activity(agent=agent, runner=runner)
     return _deliver(agent=agent, runner=runner)
+
+
+def _end_dead_pane(*, agent: Agent, runner: TmuxRunner) -> None:
+    """The agent's pane is dead: ``stopped`` (exit status 0, or it was ``stopping``) or
+    ``error`` with the pane's last lines in ``last_error`` — a CLI that exits at start
+    lands here — its queued messages failed saying why, then the session killed."""
+    name = cli.session_name(agent)
+    try:
+        state = runner.pane_state(name)
+    except TmuxSessionNotFound:
+        cli.agent_ended(agent=agent, status=Status.STOPPED, note="session missing; marked stopped")
+        return
+    if state.exit_status == 0 or agent.status == Status.STOPPING:
+        cli.agent_ended(agent=agent, status=Status.STOPPED, note=f"session ended (exit status {state.exit_status})")
+    else:
+        how = f"exit status {state.exit_status}" if state.signal is None else f"signal {state.signal}"
+        lines = _last_lines(runner, name)
+        cli.agent_ended(
+            agent=agent,
+            status=Status.ERROR,
+            note=f"session ended ({how}):\n{lines}",
+            reason=f"not delivered: the agent's program ended ({how}) before this message was pasted",
+        )
+    cli.session_kill(runner, name)
 
 
 def _last_lines(runner: TmuxRunner, name: str) -> str:
@@ -209,7 +230,9 @@ def _last_lines(runner: TmuxRunner, name: str) -> str:
 
 
 def _supervise_stopping(*, agent: Agent, runner: TmuxRunner) -> None:
-    """Interrupt once, then kill after the grace period (or the hard limit) and mark ``stopped``."""
+    """Send the stop keys once, then — if the pane still lives — kill after the grace
+    period (or the hard limit) and mark ``stopped``. A pane that dies of the keys is seen
+    dead by a later pass and ends ``stopped`` without a kill (docs/agents.md "How stop works")."""
     since = agent.stop_requested_at or agent.updated_at
     elapsed = (timezone.now() - since).total_seconds()
     grace, limit = settings.AGENT_STOP_GRACE, settings.AGENT_STOP_TIMEOUT
@@ -221,7 +244,7 @@ def _supervise_stopping(*, agent: Agent, runner: TmuxRunner) -> None:
             note = f"session killed after the {grace:g} s stop grace period"
         cli.agent_ended(agent=agent, status=Status.STOPPED, note=note)
     elif not agent.stop_interrupted:
-        cli.session_interrupt(agent=agent, runner=runner)
+        cli.session_stop_keys(agent=agent, runner=runner)
 
 
 def _reported_state(agent: Agent) -> str | None:
@@ -282,25 +305,37 @@ def _quiet(runner: TmuxRunner, name: str) -> bool:
 
 
 def _deliver(*, agent: Agent, runner: TmuxRunner) -> bool:
-    """Paste the oldest queued message when the pane is quiet; True if messages still wait."""
+    """Paste the oldest queued message when the pane is quiet; True if messages still wait.
+
+    The text is neutralised for the agent's type first (``AgentType.neutralise``: a
+    leading ``!`` or ``/`` never reaches an ``llm`` CLI as a command) and the delivery
+    event says so (``metadata.neutralised``). The paste happens only into a live pane
+    (``TmuxRunner.paste``); a pane that died meanwhile ends the agent at once."""
     pending = messages.messages_pending(agent=agent)
     if not pending:
         return False
     name = cli.session_name(agent)
     message = pending[0]
     waited = (timezone.now() - message.created_at).total_seconds()
+    spec = settings.AGENT_TYPES.get(agent.type)
+    text = pasteable(message.content)
+    pasted = spec.neutralise(text) if spec is not None else text
     try:
         # A pane that never goes quiet (a ticking clock, ``tail -f``) or stays blank still
         # gets the message after PASTE_ANYWAY_AFTER seconds: waiting forever helps nobody.
         if waited < PASTE_ANYWAY_AFTER and not _quiet(runner, name):
             return True
-        runner.paste(name, message.content)
+        runner.paste(name, pasted)
+    except TmuxPaneDead:
+        _end_dead_pane(agent=agent, runner=runner)
+        return False
     except TmuxSessionNotFound:
         return False  # the next pass marks it stopped and fails the rest
     except TmuxError as error:
         messages.message_mark_failed(message=message, error=str(error))
         return len(pending) > 1
-    messages.message_mark_delivered(message=message)
+    noted = {"neutralised": True, "pasted_start": pasted[:40]} if pasted != text else None
+    messages.message_mark_delivered(message=message, metadata=noted)
     return len(pending) > 1
 
 

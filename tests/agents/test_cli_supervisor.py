@@ -410,7 +410,17 @@ def test_the_lease_is_renewed_by_its_holder_and_released(db):
 # --- stopping, starting, archiving, the pane view ---------------------------------------------
 
 
-def test_stop_returns_stopping_and_the_supervisor_kills_after_the_grace(owner, runner, workdir, settings):
+@pytest.fixture
+def shell_surviving_its_stop(settings) -> None:
+    """The ``shell`` type with a stop sequence bash survives (one C-c), so only the kill ends it."""
+    settings.AGENT_TYPES = parse_agent_types(
+        {"shell": {"argv": ["bash", "--norc", "-i"], "kind": "shell", "stop": ["C-c"]}}
+    )
+
+
+def test_stop_returns_stopping_and_the_supervisor_kills_after_the_grace(
+    owner, runner, workdir, settings, shell_surviving_its_stop
+):
     settings.AGENT_STOP_GRACE = 0.5
     agent = launch(owner, runner, workdir)
     name = cli.session_name(agent)
@@ -419,8 +429,10 @@ def test_stop_returns_stopping_and_the_supervisor_kills_after_the_grace(owner, r
     started = time.monotonic()
     stopped = cli.agent_stop(agent=agent, runner=runner)
     assert time.monotonic() - started < 0.5
-    assert stopped.status == "stopping" and Agent.objects.get(pk=agent.pk).stop_interrupted
+    # The stop keys are the supervisor's (they may pause between keys): not sent by the request.
+    assert stopped.status == "stopping" and not Agent.objects.get(pk=agent.pk).stop_interrupted
     supervisor.supervise_once(runner=runner)
+    assert Agent.objects.get(pk=agent.pk).stop_interrupted
     assert status_of(agent) == "stopping" and runner.exists(name)  # bash survives C-c: grace not over
 
     supervise_until(runner, lambda: status_of(agent) == "stopped", "stopped")
@@ -429,7 +441,7 @@ def test_stop_returns_stopping_and_the_supervisor_kills_after_the_grace(owner, r
     assert "grace" in agent.latest_event_message
 
 
-def test_stopping_for_longer_than_the_hard_limit_is_killed(owner, runner, workdir, settings):
+def test_stopping_for_longer_than_the_hard_limit_is_killed(owner, runner, workdir, settings, shell_surviving_its_stop):
     settings.AGENT_STOP_GRACE = 1000.0
     settings.AGENT_STOP_TIMEOUT = 0.5
     agent = launch(owner, runner, workdir)
