@@ -146,6 +146,26 @@ def test_two_processes_do_not_start_from_the_same_number() -> None:
     assert first_id() != first_id() != "x#0"
 
 
+FORK_AND_DRAW = """
+import os
+from remotes.protocol import new_request_id
+read_end, write_end = os.pipe()
+if os.fork() == 0:
+    os.write(write_end, new_request_id("x").encode())
+    os._exit(0)
+os.wait()
+print(os.read(read_end, 100).decode(), new_request_id("x"))
+"""
+
+
+def test_a_forked_process_draws_its_own_base() -> None:
+    done = subprocess.run(
+        [PYTHON, "-c", FORK_AND_DRAW], env=base_env(), cwd=REPO, capture_output=True, text=True, check=True, timeout=60
+    )
+    child, parent = done.stdout.split()
+    assert child != parent
+
+
 # --- across a real ``serve`` restart ---------------------------------------------------------
 
 
