@@ -153,14 +153,10 @@ def settings_page(request: HttpRequest) -> HttpResponse:
             else:
                 form = TokenForm()
     tokens = selectors.api_tokens_for(user=authenticated_user(request))
-    context = {"form": form, "issued": issued, "tokens": tokens, "ws_url": ws_url(request)}
+    # The command a new token serves a remote with names this instance by its public base
+    # URL (DISPATCH_PUBLIC_URL), which `dispatch-remote serve --server` takes (README).
+    context = {"form": form, "issued": issued, "tokens": tokens, "server_url": settings.PUBLIC_URL}
     return render(request, "dispatch/settings.html", context, status=400 if form.errors else 200)
-
-
-def ws_url(request: HttpRequest) -> str:
-    """This instance's ``/ws`` address as the browser reached it (for copy-paste commands)."""
-    scheme = "wss" if request.is_secure() else "ws"
-    return f"{scheme}://{request.get_host()}/ws"
 
 
 @require_http_methods(["POST"])

@@ -15,19 +15,39 @@ from dataclasses import dataclass
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
+from core import downloads
 from core.authentication import authenticated_user
 from core.errors import DispatchError
-from core.views import htmx_login_required, ws_url
+from core.views import htmx_login_required
 from remotes.calls import call_from_body, parse_args_json
 from remotes.models import Remote
 from remotes.selectors import remotes_for
 
 DEFAULT_ARGS = "{}"
+EXAMPLE_FILE = "weather.py"  # the page's example remote, saved by the user (README "Serve and call a remote")
+
+
+def serve_commands() -> dict[str, str | None]:
+    """What the Remotes and Settings pages tell a newcomer to run on their own computer,
+    naming this instance by its public base URL (``DISPATCH_PUBLIC_URL``, which ``serve
+    --server`` takes; README "Serve and call a remote"): ``install``, ``pip install`` of the
+    newest ``dispatch-remote`` wheel ``/downloads/`` serves (``None`` when there is none:
+    ``make dist`` has not run); ``serve``, serving ``EXAMPLE_FILE``'s ``remote`` with the
+    token in ``DISPATCH_TOKEN``; ``server``, the base URL itself. Reads the dist folder."""
+    server = settings.PUBLIC_URL
+    wheel = downloads.newest_wheel(downloads.REMOTE)
+    return {
+        "server": server,
+        "install": f"pip install {server}{reverse('download', args=[wheel.filename])}" if wheel else None,
+        "serve": f"dispatch-remote serve {EXAMPLE_FILE}:remote --server {server} --token $DISPATCH_TOKEN",
+    }
 
 
 @dataclass(frozen=True)
@@ -117,7 +137,8 @@ def _page_context(request: HttpRequest, remotes: list[Remote], *, selected: str)
         "remotes": _remote_views(remotes),
         "version": remote_list_version(remotes),
         "selected": selected,
-        "ws_url": ws_url(request),
+        # Only the empty list shows the commands: no need to read the dist folder otherwise.
+        "connect": None if remotes else serve_commands(),
     }
 
 
@@ -175,7 +196,7 @@ async def remote_call_form(request: HttpRequest) -> HttpResponse:
     if request.htmx:  # type: ignore[attr-defined]
         return await sync_to_async(render)(request, "remotes/_call_result.html", context)
     remotes = await sync_to_async(_user_remotes)(user)
-    context |= _page_context(request, remotes, selected=target)
+    context |= await sync_to_async(_page_context)(request, remotes, selected=target)
     context["args"] = args_text or DEFAULT_ARGS
     status = 200 if "result" in context else 400
     return await sync_to_async(render)(request, "remotes/remotes.html", context, status=status)
