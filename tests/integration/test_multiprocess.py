@@ -109,9 +109,10 @@ async def test_a_remote_served_on_one_process_is_listed_and_called_from_the_othe
 
         nonce = await caller.send_request("remote-call", call_body("Rome"))
         call = await serving.next_event()  # the downstream event crossed Redis to A's socket
+        assert call["requestId"].startswith("weather-service#")
         assert call == {
             "action": "remote-call",
-            "requestId": "weather-service#0",
+            "requestId": call["requestId"],
             "remotename": "weather-service",
             "function": "get_forecast",
             "args": {"city": "Rome"},

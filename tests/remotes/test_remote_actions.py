@@ -230,9 +230,10 @@ async def test_a_call_reaches_the_serving_session_as_an_event_without_nonce(ws_c
         await server.request("remote-connect", {"remotename": WEATHER, "tools": weather_tools})
         await caller.send(call_frame("c1"))
         event = await server.next_event()
+        assert event["requestId"].startswith(f"{WEATHER}#")
         assert event == {
             "action": "remote-call",
-            "requestId": f"{WEATHER}#0",
+            "requestId": event["requestId"],
             "remotename": WEATHER,
             "function": "get_forecast",
             "args": {"city": "Rome"},
@@ -241,7 +242,7 @@ async def test_a_call_reaches_the_serving_session_as_an_event_without_nonce(ws_c
         assert await caller.reply("c1") == {"result": [1, "two", None], "nonce": "c1"}
 
 
-async def test_request_ids_count_up_per_remote(ws_connect, owner_token, weather_tools):
+async def test_request_ids_are_never_reused_and_name_their_remote(ws_connect, owner_token, weather_tools):
     async with ws_connect(token=owner_token) as server, ws_connect(token=owner_token) as caller:
         await server.request("remote-connect", {"remotename": WEATHER, "tools": weather_tools})
         await server.request("remote-connect", {"remotename": "clock", "tools": [{"name": "now"}]})
@@ -259,7 +260,8 @@ async def test_request_ids_count_up_per_remote(ws_connect, owner_token, weather_
             seen.append(event["requestId"])
             await server.send({"action": "remote-call-result", "requestId": event["requestId"], "result": index})
             assert await caller.reply(f"c{index}") == {"result": index, "nonce": f"c{index}"}
-        assert seen == [f"{WEATHER}#0", f"{WEATHER}#1", "clock#0", f"{WEATHER}#2"]
+        assert [request_id.rsplit("#", 1)[0] for request_id in seen] == [WEATHER, WEATHER, "clock", WEATHER]
+        assert len(set(seen)) == len(seen)
 
 
 async def test_remote_call_result_gets_no_reply_even_with_a_nonce(ws_connect, owner_token, weather_tools):
@@ -312,7 +314,7 @@ async def test_a_result_for_an_unknown_request_id_is_ignored(ws_connect, owner_t
             await server.send({"action": "remote-call-result", "requestId": request_id, "result": "forged"})
         await caller.send(call_frame("c1"))
         event = await server.next_event()
-        assert event["requestId"] == f"{WEATHER}#0"
+        assert event["requestId"].startswith(f"{WEATHER}#")
         await server.send({"action": "remote-call-result", "requestId": event["requestId"], "result": "real"})
         assert await caller.reply("c1") == {"result": "real", "nonce": "c1"}
         assert await server.nothing_received()

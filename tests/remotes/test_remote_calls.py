@@ -156,7 +156,7 @@ async def test_the_same_function_name_in_two_remotes_routes_to_the_right_one(ws_
         await connect_weather(oslo, weather_tools, "weather-oslo")
         await caller.send(call_frame("to-oslo", remotename="weather-oslo"))
         event = await oslo.next_event()
-        assert event["remotename"] == "weather-oslo" and event["requestId"] == "weather-oslo#0"
+        assert event["remotename"] == "weather-oslo" and event["requestId"].startswith("weather-oslo#")
         assert await rome.nothing_received()
         await caller.send(call_frame("to-rome", remotename="weather-rome"))
         rome_event = await rome.next_event()
@@ -176,7 +176,7 @@ async def test_one_session_serves_several_remotes(ws_connect, owner_token, weath
         await caller.send(call_frame("c1", remotename="one"))
         await caller.send(call_frame("c2", remotename="two"))
         first, second = await server.next_event(), await server.next_event()
-        assert {first["requestId"], second["requestId"]} == {"one#0", "two#0"}
+        assert {first["requestId"].rsplit("#", 1)[0], second["requestId"].rsplit("#", 1)[0]} == {"one", "two"}
         for event in (second, first):
             await server.send(
                 {"action": "remote-call-result", "requestId": event["requestId"], "result": event["remotename"]}
@@ -223,7 +223,7 @@ async def test_a_session_can_call_a_remote_it_serves_itself(ws_connect, owner_to
         await connect_weather(ws, weather_tools)
         await ws.send(call_frame("self"))
         event = await ws.next_event()
-        assert event["requestId"] == f"{WEATHER}#0"
+        assert event["requestId"].startswith(f"{WEATHER}#")
         await ws.send({"action": "remote-call-result", "requestId": event["requestId"], "result": "me"})
         assert await ws.reply("self") == {"result": "me", "nonce": "self"}
 

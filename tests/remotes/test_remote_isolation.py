@@ -89,8 +89,9 @@ async def test_bob_can_connect_the_same_name_and_calls_route_per_user(
         await alice_caller.send(call_frame("a1", "Rome"))
         alice_event = await alice_server.next_event()
         assert alice_event["args"] == {"city": "Rome"}
-        # Both calls carry the same request id, each on its own user's serving session.
-        assert alice_event["requestId"] == bob_event["requestId"] == f"{WEATHER}#0"
+        # Each call has its own request id (never issued twice), on its own user's serving session.
+        assert alice_event["requestId"] != bob_event["requestId"]
+        assert alice_event["requestId"].startswith(f"{WEATHER}#") and bob_event["requestId"].startswith(f"{WEATHER}#")
 
         await bob_server.send({"action": "remote-call-result", "requestId": bob_event["requestId"], "result": "bob's"})
         assert await bob_caller.reply("b1") == {"result": "bob's", "nonce": "b1"}

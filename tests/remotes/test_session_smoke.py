@@ -20,12 +20,13 @@ async def test_the_spec_example_exchange(ws_connect, owner_token, weather_tools)
             }
         )
         event = await server.next_event()
+        request_id = event.pop("requestId")
+        assert request_id.startswith("weather-service#")  # opaque (docs/ws-protocol.md#request-ids)
         assert event == {
             "action": "remote-call",
-            "requestId": "weather-service#0",
             "remotename": "weather-service",
             "function": "get_forecast",
             "args": {"city": "Rome"},
         }
-        await server.send({"action": "remote-call-result", "requestId": "weather-service#0", "result": {"temp": 21}})
+        await server.send({"action": "remote-call-result", "requestId": request_id, "result": {"temp": 21}})
         assert await caller.reply("c1") == {"result": {"temp": 21}, "nonce": "c1"}
