@@ -69,6 +69,10 @@ class Agent(models.Model):
     pane_changed_at = models.DateTimeField(null=True, blank=True)
     stop_requested_at = models.DateTimeField(null=True, blank=True)
     stop_interrupted = models.BooleanField(default=False)
+    # When the CLI's own SessionStart hook reported the current session ready (None until
+    # then, and again at each start): messages are pasted only into a ready CLI
+    # (docs/agents.md "Hooks").
+    ready_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "dispatch_agent"  # its name from the `dispatch` app (docs/architecture.md)
@@ -192,6 +196,10 @@ class AgentMessage(models.Model):
     error = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     delivered_at = models.DateTimeField(null=True, blank=True)
+    # When the text was pasted into a CLI's pane. For a CLI with hooks, pasted is not yet
+    # delivered: ``delivered`` waits for the CLI's UserPromptSubmit hook to carry the text
+    # (docs/agents.md "Hooks").
+    pasted_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "dispatch_agentmessage"  # its name from the `dispatch` app (docs/architecture.md)
@@ -241,3 +249,25 @@ class SupervisorLease(models.Model):
 
     def __str__(self) -> str:
         return f"supervisor lease of {self.host} held by {self.holder}"
+
+
+class TrustedFolder(models.Model):
+    """A folder a person trusted for CLI agents (docs/agents.md "Folder trust").
+
+    Claude Code and codex ask before working in a folder they have not seen; Dispatch
+    answers that question for them only for folders listed here (or under an admin's
+    ``DISPATCH_TRUSTED_ROOTS``), so trusting one stays a person's decision: a launch in a
+    new folder is refused until its owner launches there with ``trust_folder`` set.
+    ``path`` is absolute and normalised (no trailing ``/``), as the CLIs key it.
+    """
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="trusted_folders")
+    path = models.CharField(max_length=4096)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "dispatch_trustedfolder"  # its name from the `dispatch` app (docs/architecture.md)
+        constraints = [models.UniqueConstraint(fields=["owner", "path"], name="trustedfolder_owner_path")]
+
+    def __str__(self) -> str:
+        return f"{self.path} trusted by user {self.owner_id}"
