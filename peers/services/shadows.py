@@ -36,6 +36,13 @@ Status = Agent.Status
 # (spec/peers.md §7), each followed by the peer's label.
 LOST_CONTACT = "lost contact with"
 CONTACT_RESTORED = "contact restored with"
+# The ``system`` note of a delivered message (agents.messages.messages_mark_delivered): this
+# instance writes it on a shadow when the peer's receipt for a message arrives, and the peer
+# writes its own when it hands the message to the agent, which its stream then mirrors.
+MESSAGE_DELIVERED = "message delivered"
+# The key of that local note's ``metadata`` that records the peer's own note (its time, the
+# peer's clock), once the mirrored note has been folded into it.
+DELIVERED_ON_PEER_AT = "delivered_on_peer_at"
 # Statuses a shadow keeps when its peer stops listing it or is unlinked.
 _AT_REST = (Status.STOPPED, Status.ARCHIVED)
 
@@ -145,7 +152,7 @@ def shadow_upsert(
         if was_stale:
             _contact_restored_note(shadow, peer)
     recorded = None
-    if event is not None:
+    if event is not None and not _folded_into_local_delivery(shadow, *event):
         event_type, message, created_at = event
         recorded = agent_event_record(
             agent=shadow, type=event_type, message=message, created_at=created_at, mirrored=True
@@ -154,6 +161,38 @@ def shadow_upsert(
         return _publish(shadow.pk)
     shadow.refresh_from_db()
     return shadow
+
+
+def _folded_into_local_delivery(shadow: Agent, event_type: str, message: str, created_at: datetime) -> bool:
+    """Whether the peer's mirrored "message delivered" note (``created_at``, the peer's
+    clock) belongs to a message this instance sent, whose own "message delivered" note the
+    shadow already has: then that note records it (``metadata.delivered_on_peer_at``, ISO
+    8601) and no second timeline entry is added for the same message (docs/peers.md
+    "Shadow agents": each message appears once).
+
+    Messages reach the peer's agent in the order they were sent (one outbox, drained in
+    order), so the oldest local note not yet matched is the one; a note the peer reports
+    again (a snapshot after a reconnect) matches the one it was folded into. A note with no
+    local one to match (a message from the peer's own users) is not folded: it is mirrored
+    as its own entry. Call inside the upsert's transaction.
+    """
+    if event_type != AgentEvent.Type.SYSTEM or message != MESSAGE_DELIVERED:
+        return False
+    mirrored = AgentEvent.objects.filter(agent=shadow, mirrored=True, type=event_type, created_at=created_at)
+    if mirrored.exists():
+        return False  # recorded as its own entry before: a replay (agent_event_record adds nothing)
+    reported_at = created_at.isoformat()
+    local = AgentEvent.objects.filter(agent=shadow, mirrored=False, type=event_type, message=MESSAGE_DELIVERED)
+    if local.filter(**{f"metadata__{DELIVERED_ON_PEER_AT}": reported_at}).exists():
+        return True  # folded before: a replay
+    unmatched = (
+        local.select_for_update().exclude(metadata__has_key=DELIVERED_ON_PEER_AT).order_by("created_at", "pk").first()
+    )
+    if unmatched is None:
+        return False
+    unmatched.metadata = {**unmatched.metadata, DELIVERED_ON_PEER_AT: reported_at}
+    unmatched.save(update_fields=["metadata"])
+    return True
 
 
 def shadow_apply_frame(*, peer: Peer, data: Mapping[str, Any], seen_at: datetime) -> Agent:
