@@ -89,3 +89,24 @@ def test_a_server_error_is_still_logged_as_an_error():
     record.status_code = 500
     assert ClientErrorsAtDebug().filter(record) is True
     assert record.levelno == logging.ERROR
+
+
+def test_client_errors_still_show_at_debug_level():
+    from dispatch.errors import ClientErrorsAtDebug
+
+    def bad_request() -> logging.LogRecord:
+        record = logging.LogRecord("django.request", logging.WARNING, __file__, 1, "Bad Request: /x", None, None)
+        record.status_code = 400
+        return record
+
+    logger = logging.getLogger("django.request")
+    before = logger.level
+    try:
+        logger.setLevel(logging.INFO)
+        assert ClientErrorsAtDebug().filter(bad_request()) is False
+        logger.setLevel(logging.DEBUG)
+        shown = bad_request()
+        assert ClientErrorsAtDebug().filter(shown) is True
+        assert shown.levelname == "DEBUG"
+    finally:
+        logger.setLevel(before)
