@@ -72,7 +72,9 @@ def test_serve_writes_its_record_and_removes_only_its_own(record, other_live_pid
     assert record.exists()
 
 
-@pytest.mark.parametrize("url", ["http://0.0.0.0:9000", "http://[::]:9000", "https://0.0.0.0", "http://[::0]:80"])
+@pytest.mark.parametrize(
+    "url", ["http://0.0.0.0:9000", "http://[::]:9000", "https://0.0.0.0", "http://[::0]:80", "http://0.0.0.0:99999"]
+)
 def test_a_wildcard_public_url_is_refused(url):
     message = wildcard_public_url_error(url)
     assert message is not None

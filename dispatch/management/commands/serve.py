@@ -264,7 +264,10 @@ def wildcard_public_url_error(public_url: str) -> str | None:
         return None
     if not wildcard:
         return None
-    port = urlsplit(public_url).port
+    try:
+        port = urlsplit(public_url).port
+    except ValueError:  # a port out of range: the example goes without one
+        port = None
     example = f"http://laptop.lan:{port}" if port else "http://laptop.lan"
     return (
         f"the public URL is {public_url}, a wildcard address: agents, shims, peers and browsers cannot reach "
