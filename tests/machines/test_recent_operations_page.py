@@ -149,6 +149,30 @@ async def test_a_cancelled_copy_is_one_row_marked_cancelled(shims: Any, owner: A
     assert rows[0]["result"].split()[0] == "cancelled"
 
 
+async def test_a_copy_in_flight_is_one_row_marked_running(shims: Any, owner: Any) -> None:
+    source, destination = await two_machines(shims, owner, 4 * CHUNK_BYTES)
+    serve = source.handler
+    reads = asyncio.Event()
+
+    async def held(request: dict[str, Any]) -> dict[str, Any] | None:
+        if request["type"] == "FILE_READ" and request["payload"]["offset"] > 0:
+            await reads.wait()  # the second chunk waits until the page was read
+        return await serve(request)
+
+    source.handler = held
+    request_id = str(uuid.uuid4())
+    task = asyncio.ensure_future(copy(owner, request_id=request_id))
+    await until(lambda: destination.ops("FILE_WRITE"), what="the first chunk written")
+
+    rows = await recent_operations(owner)
+
+    reads.set()
+    await asyncio.wait_for(task, 5)
+    assert len(rows) == 1, rows
+    assert rows[0]["operation"].startswith("COPY") and rows[0]["result"].split()[0] == "running"
+    assert [row["result"].split()[0] for row in await recent_operations(owner)] == ["ok"]
+
+
 async def test_a_copy_whose_write_fails_shows_the_error_once(shims: Any, owner: Any) -> None:
     _, destination = await two_machines(shims, owner, 2 * CHUNK_BYTES)
     serve = destination.handler
