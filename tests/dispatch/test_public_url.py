@@ -117,11 +117,14 @@ def test_make_run_on_a_wildcard_host_refuses_without_a_public_url(host):
     assert "migrate" not in done.stdout + done.stderr
 
 
-def test_make_run_on_a_wildcard_host_goes_on_with_a_public_url():
-    env = base_env(DISPATCH_PUBLIC_URL="http://laptop.lan:9000")
+@pytest.mark.parametrize("as_make_variable", [False, True], ids=["environment", "make-variable"])
+def test_make_run_on_a_wildcard_host_goes_on_with_a_public_url(as_make_variable):
+    given = "DISPATCH_PUBLIC_URL=http://laptop.lan:9000"
+    env = base_env() if as_make_variable else base_env(DISPATCH_PUBLIC_URL="http://laptop.lan:9000")
     # PY=echo: each step prints its command line instead of running it.
     done = subprocess.run(
-        ["make", "-s", "-o", ".venv/.installed", "run", "HOST=0.0.0.0", "PORT=9000", "PY=echo"],
+        ["make", "-s", "-o", ".venv/.installed", "run", "HOST=0.0.0.0", "PORT=9000", "PY=echo"]
+        + ([given] if as_make_variable else []),
         cwd=REPO,
         env=env,
         capture_output=True,
