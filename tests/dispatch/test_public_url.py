@@ -12,7 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from dispatch.management.commands.serve import forget_public_url, record_public_url, wildcard_public_url_error
+from dispatch.management.commands.serve import (
+    forget_public_url,
+    record_public_url,
+    unnamed_wildcard_host_error,
+    wildcard_public_url_error,
+)
 from dispatch.settings import recorded_public_url
 from tests.infra import REPO, base_env, free_port, manage
 
@@ -84,6 +89,29 @@ def test_a_wildcard_public_url_is_refused(url):
 @pytest.mark.parametrize("url", ["http://127.0.0.1:8000", "http://laptop.lan:9000", "https://[::1]", "http://10.0.0.5"])
 def test_a_reachable_public_url_is_accepted(url):
     assert wildcard_public_url_error(url) is None
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "[::]"])
+def test_a_wildcard_host_needs_a_configured_public_url(host):
+    message = unnamed_wildcard_host_error(host, 9000, "default")
+    assert message is not None and "DISPATCH_PUBLIC_URL=http://laptop.lan:9000" in message
+    assert unnamed_wildcard_host_error(host, 9000, "DISPATCH_PUBLIC_URL") is None
+    assert unnamed_wildcard_host_error(host, 9000, "/data/public_url.json") is None
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "192.168.1.5", "::1", "laptop.lan"])
+def test_a_named_host_needs_no_public_url(host):
+    assert unnamed_wildcard_host_error(host, 9000, "default") is None
+
+
+def test_serve_on_a_wildcard_host_without_a_public_url_refuses_before_listening():
+    port = free_port()
+    data_dir = tempfile.mkdtemp(prefix="dispatch-c1-")
+    done = manage(base_env(DISPATCH_DATA_DIR=data_dir), "serve", "--host", "0.0.0.0", "--port", str(port), check=False)
+    assert done.returncode != 0
+    assert "DISPATCH_PUBLIC_URL is not set" in done.stderr
+    assert f"DISPATCH_PUBLIC_URL=http://laptop.lan:{port}" in done.stderr
+    assert "Dispatch serving on" not in done.stdout
 
 
 def test_serve_refuses_a_wildcard_public_url_before_listening():

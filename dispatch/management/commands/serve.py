@@ -6,7 +6,8 @@ consumer enforces its own protocol's limit. Unless ``--no-background`` the backg
 services run as asyncio tasks on the same loop. SIGTERM/SIGINT: stop accepting, fail
 pending remote calls, close sockets, exit 0 within 10 s. With ``DISPATCH_BEHIND_PROXY``
 the client address and scheme come from the proxy's ``X-Forwarded-*`` headers
-(``proxy_header_options``). A wildcard public URL (``http://0.0.0.0:…``) is refused; once
+(``proxy_header_options``). A wildcard public URL (``http://0.0.0.0:…``) is refused, and so
+is a wildcard ``--host`` while no ``DISPATCH_PUBLIC_URL`` names this machine; once
 listening, the public URL is recorded in ``DISPATCH_DATA_DIR/public_url.json`` for the
 other ``manage.py`` commands (docs/operating.md "Settings"), and removed at exit.
 """
@@ -276,6 +277,28 @@ def wildcard_public_url_error(public_url: str) -> str | None:
     )
 
 
+def _is_wildcard(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_unspecified
+    except ValueError:
+        return False
+
+
+def unnamed_wildcard_host_error(host: str, port: int, public_url_source: str) -> str | None:
+    """Why ``serve --host <wildcard>`` cannot start, or ``None``: listening on every
+    interface is for other computers, and with the public URL left at its default
+    (``public_url_source`` ``"default"``: neither ``DISPATCH_PUBLIC_URL`` nor a running
+    ``serve``'s record gave one) they would be handed ``http://127.0.0.1:8000`` and their
+    requests naming this machine refused as a bad ``Host``."""
+    if public_url_source != "default" or not _is_wildcard(host):
+        return None
+    return (
+        f"--host {host} listens on every interface, but DISPATCH_PUBLIC_URL is not set: agents, shims, peers and "
+        f"browsers on other computers need the address they reach this one at. Set it, e.g. "
+        f'DISPATCH_PUBLIC_URL=http://laptop.lan:{port} (environment or .env; docs/deployment.md "Public URL")'
+    )
+
+
 def record_public_url(record: Path, url: str) -> None:
     """Write ``{"url": url, "pid": <this process>}`` to ``record`` (atomically), so
     commands run beside this server use its public URL (``dispatch.settings``)."""
@@ -332,7 +355,9 @@ class Command(BaseCommand):
     def handle(self, *args: Any, host: str, port: int, no_background: bool, **options: Any) -> None:
         if not 0 < port < 65536:
             raise CommandError(f"--port must be between 1 and 65535, got {port}")
-        refused = wildcard_public_url_error(settings.PUBLIC_URL)
+        refused = wildcard_public_url_error(settings.PUBLIC_URL) or unnamed_wildcard_host_error(
+            host, port, settings.PUBLIC_URL_SOURCE
+        )
         if refused:
             raise CommandError(refused)
         # `kill -USR1 <pid>` prints every thread's stack to stderr: for a process that hangs.
