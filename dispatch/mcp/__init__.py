@@ -5,5 +5,5 @@ low-level ``Server`` with its ``tools/list``, ``tools/call`` and ``subscriptions
 handlers, ``app`` the ASGI application (bearer auth, the SDK's stateless streamable-HTTP
 session manager for POSTs, ``events`` for the ``GET /mcp`` event stream). ``relay`` brings
 each user's tool-change doorbell into the process, ``streams`` keeps the rows, the limit
-and the end of every open event stream.
+and the end of every open event stream, ``sessions`` signs and verifies ``Mcp-Session-Id``.
 """

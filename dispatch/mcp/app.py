@@ -2,11 +2,16 @@
 
 Each request: ``Host`` (and ``Origin``, when a browser sends one) checked against
 ``ALLOWED_HOSTS`` the way Django checks them; ``Authorization: Bearer <user API token or agent token>``
-authenticated (401 with ``WWW-Authenticate: Bearer`` otherwise, in the REST error shape;
-an agent token makes that agent the caller, ``agents.tokens``);
-then the SDK's ``StreamableHTTPSessionManager`` answers POSTs, **stateless** (any server
-process can answer any request); ``GET`` is the 2025-11-25 event stream, answered by
-``dispatch.mcp.events`` (the SDK serves none when stateless); other methods get 405.
+authenticated (401 otherwise, in the REST error shape, with ``WWW-Authenticate: Bearer``,
+``Bearer error="invalid_token"`` for a bad token, RFC 6750 §3.1; an agent token makes that
+agent the caller, ``agents.tokens``); an ``MCP-Protocol-Version`` header naming a version
+the SDK does not speak refused (400); an ``Mcp-Session-Id`` header verified
+(``dispatch.mcp.sessions``: 404 unless it was issued for this token; docs/mcp.md
+"Sessions"); then the SDK's ``StreamableHTTPSessionManager`` answers POSTs, **stateless**
+(any server process can answer any request; ``initialize`` gets a signed session id added
+to its answer); ``GET`` is the 2025-11-25 event stream, answered by
+``dispatch.mcp.events`` (the SDK serves none when stateless); ``DELETE`` of a session is
+204 (nothing to free); other methods get 405.
 
 A ``tools/call`` whose client accepts ``text/event-stream`` (as MCP asks every client to)
 is answered as server-sent events by a second manager (``json_response=False``): the
@@ -16,11 +21,12 @@ tools/list, a client that accepts only JSON — keeps its JSON answer.
 
 A client that closes a tool call's event stream before its answer cancels the call's
 operations the same way. A ``notifications/cancelled`` POST (stateless: it may reach any
-process, never the one running the call) is answered here, 202: the call it names is found by its ``call_key``
-(``dispatch.mcp.server.call_key``: the bearer token's hash and the JSON-RPC id), and the
+process, never the one running the call) is answered here, 202: the call it names is
+found by its ``call_key`` (``dispatch.mcp.server.call_key``: the bearer token's hash, the
+session's tag when the client sent an ``Mcp-Session-Id``, and the JSON-RPC id), and the
 operations it started are cancelled wherever they run
-(``machines.services.live.cancel_calls``). Two clients sharing a token and reusing a
-request id cannot be told apart: both calls are cancelled.
+(``machines.services.live.cancel_calls``). Two clients sharing a token, sending no
+session id and reusing a request id cannot be told apart: both calls are cancelled.
 
 Daphne sends no ASGI lifespan events, so the session manager is started lazily by the
 first request on an event loop (``ensure_started``), and runs until ``shutdown`` or the
@@ -41,7 +47,8 @@ from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
-from mcp_types import INVALID_PARAMS, INVALID_REQUEST
+from mcp_types import INVALID_PARAMS, INVALID_REQUEST, UNSUPPORTED_PROTOCOL_VERSION
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -53,6 +60,7 @@ from core.http import NOT_AUTHENTICATED, bearer_caller, bearer_credentials
 from dispatch.mcp.events import accepts_event_stream, event_stream
 from dispatch.mcp.server import (
     CALLER_SCOPE_KEY,
+    SESSION_SCOPE_KEY,
     TOKEN_SCOPE_KEY,
     Caller,
     build_server,
@@ -60,11 +68,18 @@ from dispatch.mcp.server import (
     error_result,
     uncarriable,
 )
+from dispatch.mcp.sessions import SESSION_HEADER, session_issue, session_valid
 from machines.services.live import cancel_calls
 
 logger = logging.getLogger(__name__)
 
 MCP_PATH = "/mcp"
+PROTOCOL_VERSION_HEADER = "mcp-protocol-version"
+SUPPORTED_VERSIONS = (*HANDSHAKE_PROTOCOL_VERSIONS, *MODERN_PROTOCOL_VERSIONS)
+# The handshake versions whose transport (Streamable HTTP) has sessions: not 2024-11-05's HTTP+SSE.
+SESSION_VERSIONS = tuple(version for version in HANDSHAKE_PROTOCOL_VERSIONS if version >= "2025-03-26")
+INVALID_TOKEN_CHALLENGE = 'Bearer error="invalid_token"'
+ALLOW = "GET, POST, DELETE"
 
 
 def _manager(*, json_response: bool) -> StreamableHTTPSessionManager:
@@ -170,8 +185,40 @@ async def authenticate(headers: Headers) -> Caller:
 
 
 def _error_response(exc: DispatchError) -> Response:
-    headers = {"WWW-Authenticate": "Bearer"} if exc.http_status == 401 else None
+    headers = None
+    if exc.http_status == 401:
+        # RFC 6750 §3.1: a bad token is "invalid_token"; a request that sent none gets the
+        # bare challenge. No resource_metadata: OAuth discovery would send clients configured
+        # with a header token off to an authorization server Dispatch does not run.
+        challenge = "Bearer" if exc.code == "NOT_AUTHENTICATED" else INVALID_TOKEN_CHALLENGE
+        headers = {"WWW-Authenticate": challenge}
     return JSONResponse(exc.as_dict(), status_code=exc.http_status, headers=headers)
+
+
+def _jsonrpc_error(status: int, request_id: str | int | None, code: int, message: str, data: Any = None) -> Response:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return JSONResponse({"jsonrpc": "2.0", "id": request_id, "error": error}, status_code=status)
+
+
+def unsupported_version(version: str, request_id: str | int | None) -> Response:
+    """400 for an ``MCP-Protocol-Version`` header naming a version this server does not
+    speak (MCP 2025-11-25 "Protocol Version Header"): JSON-RPC error ``-32022`` whose
+    message names the header and the supported versions, ``data: {supported, requested}``
+    (the shape 2026-07-28 clients negotiate from)."""
+    shown = version if len(version) <= 100 else version[:100] + "…"
+    message = f"Unsupported MCP-Protocol-Version header {shown!r}: this server supports {', '.join(SUPPORTED_VERSIONS)}"
+    data = {"supported": list(SUPPORTED_VERSIONS), "requested": version}
+    return _jsonrpc_error(400, request_id, UNSUPPORTED_PROTOCOL_VERSION, message, data)
+
+
+def session_not_found(request_id: str | int | None) -> Response:
+    """404 for an ``Mcp-Session-Id`` this server did not issue for the request's token
+    (tampered, of another token, signed with a retired ``SECRET_KEY``): MCP 2025-11-25
+    "Session Management" — the client then initializes a new session."""
+    message = "Session not found: this Mcp-Session-Id was not issued for this token; initialize again without it"
+    return _jsonrpc_error(404, request_id, INVALID_REQUEST, message)
 
 
 async def mcp_app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -192,26 +239,39 @@ async def mcp_app(scope: Scope, receive: Receive, send: Send) -> None:
         await _error_response(exc)(scope, receive, send)
         return
     raw_token = bearer_credentials(headers.get("authorization", "")) or ""
+    body = await _request_body(receive) if scope["method"] == "POST" else b""
+    message = _message(body)
+    version = headers.get(PROTOCOL_VERSION_HEADER)
+    if version is not None and version not in SUPPORTED_VERSIONS:
+        await unsupported_version(version, _readable_id(message.get("id")))(scope, receive, send)
+        return
+    session_id = headers.get(SESSION_HEADER)
+    if session_id is not None and not session_valid(session_id, raw_token):
+        await session_not_found(_readable_id(message.get("id")))(scope, receive, send)
+        return
     if scope["method"] == "GET":
         await event_stream(scope, receive, send, caller=caller, raw_token=raw_token)
         return
-    if scope["method"] != "POST":
-        # Stateless: no session to resume or DELETE; the spec's answer is 405.
-        await Response(status_code=405, headers={"Allow": "GET, POST"})(scope, receive, send)
+    if scope["method"] == "DELETE" and session_id is not None:
+        # Nothing is kept per session, so there is nothing to free (docs/mcp.md "Sessions").
+        await Response(status_code=204)(scope, receive, send)
         return
-    body = await _request_body(receive)
-    edge = refused_at_the_edge(body, protocol_version=headers.get("mcp-protocol-version", ""))
+    if scope["method"] != "POST":
+        await Response(status_code=405, headers={"Allow": ALLOW})(scope, receive, send)
+        return
+    edge = refused_at_the_edge(body, protocol_version=version or "")
     if edge is not None:
         await JSONResponse(edge[1], status_code=edge[0])(scope, receive, send)
         return
-    message = _message(body)
     if message.get("method") == "notifications/cancelled" and "id" not in message:
-        answer = await _cancelled(message, caller=caller, raw_token=raw_token)
+        answer = await _cancelled(message, caller=caller, raw_token=raw_token, session_id=session_id)
         await answer(scope, receive, send)
         return
+    if _opens_session(message, version):
+        send = _with_session_header(send, session_issue(raw_token))
     streaming = message.get("method") == "tools/call" and accepts_event_stream(headers)
     manager = await ensure_started(streaming=streaming)
-    scope = {**scope, CALLER_SCOPE_KEY: caller, TOKEN_SCOPE_KEY: raw_token}
+    scope = {**scope, CALLER_SCOPE_KEY: caller, TOKEN_SCOPE_KEY: raw_token, SESSION_SCOPE_KEY: session_id}
     if not streaming:
         await manager.handle_request(scope, _replay(body, receive), send)
         return
@@ -231,7 +291,31 @@ async def mcp_app(scope: Scope, receive: Receive, send: Send) -> None:
             # The client went away before the answer (its stream closed): the SDK's
             # stateless 2025-11-25 path lets the handler run on, so its operations are
             # cancelled the way a notifications/cancelled would (design §4).
-            await _cancel_quietly(caller, call_key(raw_token, request_id))
+            await _cancel_quietly(caller, call_key(raw_token, request_id, session_id))
+
+
+def _opens_session(message: dict[str, Any], version: str | None) -> bool:
+    """Whether ``message`` is an ``initialize`` request of a protocol version whose
+    transport has sessions (Streamable HTTP: 2025-03-26 to 2025-11-25; the SDK answers a
+    version it does not know with the latest of those)."""
+    if message.get("method") != "initialize" or "id" not in message:
+        return False
+    if version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS:
+        return False  # a 2026-07-28 request: no handshake, no sessions
+    params = message.get("params")
+    requested = params.get("protocolVersion") if isinstance(params, dict) else None
+    return requested in SESSION_VERSIONS or requested not in HANDSHAKE_PROTOCOL_VERSIONS
+
+
+def _with_session_header(send: Send, session_id: str) -> Send:
+    """``send`` adding ``Mcp-Session-Id: session_id`` to a successful response."""
+
+    async def sending(sent: Message) -> None:
+        if sent["type"] == "http.response.start" and sent["status"] == 200:
+            sent = {**sent, "headers": [*sent.get("headers", []), (SESSION_HEADER.encode(), session_id.encode())]}
+        await send(sent)
+
+    return sending
 
 
 def _message(body: bytes) -> dict[str, Any]:
@@ -244,16 +328,17 @@ def _message(body: bytes) -> dict[str, Any]:
     return message if isinstance(message, dict) else {}
 
 
-async def _cancelled(message: dict[str, Any], *, caller: Caller, raw_token: str) -> Response:
+async def _cancelled(message: dict[str, Any], *, caller: Caller, raw_token: str, session_id: str | None) -> Response:
     """Answer a ``notifications/cancelled`` POST: 202, after cancelling the operations of
     the call it names (``params.requestId``, a string or an integer) under the caller's
-    token, in any process. A malformed one is acknowledged and ignored (a notification
-    gets no error, MCP 2025-11-25 "Cancellation"); an outage answers 503."""
+    token and MCP session (``session_id``, verified; ``None`` without one), in any
+    process. A malformed one is acknowledged and ignored (a notification gets no error,
+    MCP 2025-11-25 "Cancellation"); an outage answers 503."""
     params = message.get("params")
     request_id = _readable_id(params.get("requestId")) if isinstance(params, dict) else None
     if request_id is None:
         return Response(status_code=202)
-    key = call_key(raw_token, request_id)
+    key = call_key(raw_token, request_id, session_id)
     try:
         cancelled = await cancel_calls(user=caller.user, call_key=key)
     except DispatchError as exc:

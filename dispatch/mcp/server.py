@@ -7,8 +7,9 @@ authenticated and put in the ASGI scope.
 
 A ``tools/call`` runs with ``core.tools.TOOL_CALL`` set (issue 14): ``progress`` sends
 ``notifications/progress`` on the call's own response stream when the client sent a
-``progressToken`` (else ``None``: nobody listens), and ``call_key`` names the call so that
-a ``notifications/cancelled`` POST reaching any process cancels its operations
+``progressToken`` (else ``None``: nobody listens), and ``call_key`` names the call — by
+token, MCP session (when the client has one) and request id — so that a
+``notifications/cancelled`` POST reaching any process cancels its operations
 (``dispatch.mcp.app``).
 
 Errors (spec/overview.md "Error shapes"): a ``DispatchError`` while running a tool, and
@@ -52,6 +53,7 @@ from core import wire
 from core.errors import DispatchError
 from core.tools import TOOL_CALL, ToolCall
 from dispatch.mcp.relay import user_feed
+from dispatch.mcp.sessions import session_tag
 from dispatch.mcp.streams import stream_close, stream_open
 from dispatch.mcp.tools import tools_for
 
@@ -60,6 +62,7 @@ logger = logging.getLogger(__name__)
 SERVER_NAME = "dispatch"
 CALLER_SCOPE_KEY = "dispatch.caller"  # where dispatch.mcp.app puts the authenticated caller
 TOKEN_SCOPE_KEY = "dispatch.token"  # ... and the bearer token it came with (for stream rows)
+SESSION_SCOPE_KEY = "dispatch.mcp_session"  # ... and the verified Mcp-Session-Id, when one was sent
 PROGRESS_SEND_SECONDS = 5.0  # a progress notification not written by then: the client is gone
 
 
@@ -85,19 +88,23 @@ def caller_of(ctx: ServerRequestContext[Any, Any]) -> Caller:
     return caller
 
 
-def call_key(raw_token: str, request_id: str | int) -> str:
+def call_key(raw_token: str, request_id: str | int, session_id: str | None = None) -> str:
     """The ``ToolCall.call_key`` of an MCP ``tools/call``: ``"mcp:" + sha256(token)[:32] +
     ":" + json.dumps(request_id)`` — the JSON-RPC id as JSON, so ``1`` and ``"1"`` differ
-    as they do on the wire. ``notifications/cancelled`` names the call by the same pair."""
+    as they do on the wire — or, within an MCP session (``session_id``, a verified
+    ``Mcp-Session-Id``), ``"mcp:" + sha256(token)[:32] + ":s" + session_tag + ":" +
+    json.dumps(request_id)``: request ids are unique only within a session (docs/mcp.md
+    "Sessions"). ``notifications/cancelled`` names the call by the same triple."""
     digest = hashlib.sha256(raw_token.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-    return f"mcp:{digest}:{json.dumps(request_id)}"
+    scope = f"{digest}:s{session_tag(session_id)}" if session_id else digest
+    return f"mcp:{scope}:{json.dumps(request_id)}"
 
 
 def tool_call_of(ctx: ServerRequestContext[Any, Any]) -> ToolCall:
     """The ``ToolCall`` of the ``tools/call`` behind ``ctx``: a progress sink when the
     client asked for progress (``_meta.progressToken``), and its ``call_key``."""
     request_id = ctx.request_id
-    key = call_key(token_of(ctx), request_id) if isinstance(request_id, str | int) else None
+    key = call_key(token_of(ctx), request_id, session_of(ctx)) if isinstance(request_id, str | int) else None
     if progress_token_from_params(ctx.params) is None:
         return ToolCall(progress=None, call_key=key)
 
@@ -224,6 +231,14 @@ def token_of(ctx: ServerRequestContext[Any, Any]) -> str:
     request = ctx.request
     token = request.scope.get(TOKEN_SCOPE_KEY) if request is not None else None
     return token if isinstance(token, str) else ""
+
+
+def session_of(ctx: ServerRequestContext[Any, Any]) -> str | None:
+    """The verified ``Mcp-Session-Id`` of the HTTP request behind ``ctx`` (put in the scope
+    by ``app``), or ``None`` for a request without one."""
+    request = ctx.request
+    session_id = request.scope.get(SESSION_SCOPE_KEY) if request is not None else None
+    return session_id if isinstance(session_id, str) else None
 
 
 async def subscriptions_listen(

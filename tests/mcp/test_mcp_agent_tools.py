@@ -176,7 +176,7 @@ def test_a_revoked_or_stopped_agents_token_is_refused_with_401(live: Live) -> No
     )
     refused = httpx.post(live.mcp_url, json=INITIALIZE, headers=headers, timeout=10)
     assert refused.status_code == 401
-    assert refused.headers["WWW-Authenticate"] == "Bearer"
+    assert refused.headers["WWW-Authenticate"] == 'Bearer error="invalid_token"'
     assert refused.json()["error"]["code"] == "AUTHENTICATION_FAILED"
 
 

@@ -161,22 +161,29 @@ INITIALIZE = {
 }
 
 
+INVALID_TOKEN = 'Bearer error="invalid_token"'
+
+
 @pytest.mark.parametrize(
-    ("authorization", "code"),
+    ("authorization", "code", "challenge"),
     [
-        (None, "NOT_AUTHENTICATED"),
-        ("Bearer not-a-real-token", "AUTHENTICATION_FAILED"),
-        ("Basic YWRtaW46cHc=", "NOT_AUTHENTICATED"),
-        ("Bearer", "NOT_AUTHENTICATED"),
+        (None, "NOT_AUTHENTICATED", "Bearer"),
+        ("Bearer not-a-real-token", "AUTHENTICATION_FAILED", INVALID_TOKEN),
+        ("Basic YWRtaW46cHc=", "NOT_AUTHENTICATED", "Bearer"),
+        ("Bearer", "NOT_AUTHENTICATED", "Bearer"),
     ],
 )
-def test_it_refuses_a_request_without_a_valid_token_with_401(live: Live, authorization: str | None, code: str) -> None:
+def test_it_refuses_a_request_without_a_valid_token_with_401_and_the_rfc_6750_challenge(
+    live: Live, authorization: str | None, code: str, challenge: str
+) -> None:
+    """RFC 6750 §3.1: ``invalid_token`` for a bad token, no error code when none was sent;
+    never ``resource_metadata`` (no OAuth discovery on ``/mcp``)."""
     headers = {"Accept": "application/json, text/event-stream"}
     if authorization is not None:
         headers["Authorization"] = authorization
     response = httpx.post(live.mcp_url, json=INITIALIZE, headers=headers, timeout=10)
     assert response.status_code == 401
-    assert response.headers["WWW-Authenticate"] == "Bearer"
+    assert response.headers["WWW-Authenticate"] == challenge
     assert response.json()["error"]["code"] == code
 
 
@@ -187,7 +194,9 @@ def test_a_revoked_token_is_refused(live: Live) -> None:
     live.instance.manage(
         "shell", "-c", f"from core.models import ApiToken; ApiToken.objects.filter(prefix={token[:8]!r}).delete()"
     )
-    assert httpx.post(live.mcp_url, json=INITIALIZE, headers=headers, timeout=10).status_code == 401
+    refused = httpx.post(live.mcp_url, json=INITIALIZE, headers=headers, timeout=10)
+    assert refused.status_code == 401
+    assert refused.headers["WWW-Authenticate"] == INVALID_TOKEN
 
 
 def test_a_browser_origin_outside_allowed_hosts_is_refused(live: Live) -> None:
@@ -328,13 +337,86 @@ def test_it_refuses_a_body_that_is_not_json_by_content_type(live: Live) -> None:
 
 
 @pytest.mark.parametrize("method", ["DELETE", "PUT"])
-def test_it_answers_405_to_everything_but_post_and_the_get_stream_because_it_is_stateless(
-    live: Live, method: str
-) -> None:
+def test_it_answers_405_to_a_put_and_to_a_delete_without_a_session(live: Live, method: str) -> None:
     headers = {"Accept": "text/event-stream", "Authorization": f"Bearer {live.token}"}
     response = httpx.request(method, live.mcp_url, headers=headers, timeout=10)
     assert response.status_code == 405
-    assert response.headers["Allow"] == "GET, POST"
+    assert response.headers["Allow"] == "GET, POST, DELETE"
+
+
+def initialize(url: str, token: str, protocol_version: str = "2025-11-25") -> httpx.Response:
+    params = {"protocolVersion": protocol_version, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    body = {**INITIALIZE, "params": params}
+    headers = {"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {token}"}
+    response = httpx.post(url, json=body, headers=headers, timeout=10)
+    assert response.status_code == 200, response.text
+    return response
+
+
+def test_initialize_issues_a_session_id_that_works_with_its_own_token_only(live: Live) -> None:
+    session = initialize(live.mcp_url, live.token).headers["Mcp-Session-Id"]
+    assert session.isascii() and session.isprintable() and " " not in session
+    assert initialize(live.mcp_url, live.token).headers["Mcp-Session-Id"] != session  # one per initialize
+    assert initialize(live.mcp_url, live.token, "2025-03-26").headers.get("Mcp-Session-Id")
+    assert "Mcp-Session-Id" not in initialize(live.mcp_url, live.token, "2024-11-05").headers  # HTTP+SSE era
+
+    def post(token: str, session_id: str) -> httpx.Response:
+        headers = {
+            "Accept": "application/json, text/event-stream",
+            "Authorization": f"Bearer {token}",
+            "MCP-Protocol-Version": "2025-11-25",
+            "Mcp-Session-Id": session_id,
+        }
+        body = {"jsonrpc": "2.0", "id": 7, "method": "tools/list"}
+        return httpx.post(live.mcp_url, json=body, headers=headers, timeout=10)
+
+    assert post(live.token, session).status_code == 200
+    other_token = live.instance.token("admin")  # the same user, another credential
+    nonce, _, signature = session.partition(":")
+    for refused in (
+        post(other_token, session),
+        post(live.token, f"{nonce}x:{signature}"),
+        post(live.token, f"{nonce}:{signature[:-2]}"),
+        post(live.token, "not-a-session"),
+    ):
+        assert refused.status_code == 404, refused.text
+        assert refused.json()["id"] == 7
+        assert refused.json()["error"]["message"].startswith("Session not found")
+    # Any process could have issued it: nothing is kept, so a DELETE frees nothing and says so.
+    delete_headers = {"Authorization": f"Bearer {live.token}", "Mcp-Session-Id": session}
+    assert httpx.delete(live.mcp_url, headers=delete_headers, timeout=10).status_code == 204
+    assert httpx.delete(live.mcp_url, headers={**delete_headers, "Mcp-Session-Id": "x"}, timeout=10).status_code == 404
+    stream_headers = {**delete_headers, "Accept": "text/event-stream", "Mcp-Session-Id": f"{nonce}:x"}
+    assert httpx.get(live.mcp_url, headers=stream_headers, timeout=10).status_code == 404
+    # The token is checked first: a revoked token's session gets 401, not 404.
+    live.instance.manage(
+        "shell", "-c", f"from core.models import ApiToken; ApiToken.objects.filter(prefix={other_token[:8]!r}).delete()"
+    )
+    other_session = initialize(live.mcp_url, live.token).headers["Mcp-Session-Id"]
+    assert post(other_token, other_session).status_code == 401
+
+
+@pytest.mark.parametrize("method", ["POST", "GET"])
+def test_an_unsupported_protocol_version_header_is_a_400_naming_the_header_and_the_supported_versions(
+    live: Live, method: str
+) -> None:
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "Authorization": f"Bearer {live.token}",
+        "MCP-Protocol-Version": "2099-01-01",
+    }
+    body = {"jsonrpc": "2.0", "id": 3, "method": "tools/list"}
+    response = httpx.request(method, live.mcp_url, json=body if method == "POST" else None, headers=headers, timeout=10)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert response.json()["id"] == (3 if method == "POST" else None)
+    assert error["message"].startswith("Unsupported MCP-Protocol-Version header '2099-01-01'")
+    for version in ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28"):
+        assert version in error["message"]
+    assert error["data"] == {
+        "supported": ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28"],
+        "requested": "2099-01-01",
+    }
 
 
 async def test_an_invalid_session_id_is_an_invalid_request_error_result(live: Live) -> None:

@@ -203,6 +203,7 @@ async def test_it_refuses_a_stream_without_the_accept_header_or_a_valid_token(li
         assert nobody.json()["error"]["code"] == "NOT_AUTHENTICATED"
         forged = await http.get(url, headers={**STREAM_HEADERS, **bearer("x" * 43)})
         assert forged.status_code == 401 and forged.json()["error"]["code"] == "AUTHENTICATION_FAILED"
+        assert forged.headers["www-authenticate"] == 'Bearer error="invalid_token"'  # RFC 6750 §3.1
 
 
 async def test_the_65th_open_stream_of_a_user_is_refused_429_and_a_closed_one_frees_its_slot(live: Live) -> None:

@@ -13,7 +13,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import mcp_types
 import pytest
+from mcp import ClientSession
+from mcp.client.session import IncomingMessage
+from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 from mcp.client.subscriptions import ListenNotSupportedError, Subscription, ToolsListChanged
 
 from tests.infra import PYTHON, Instance, Server, instance, wait_until
@@ -123,6 +127,48 @@ async def test_a_remote_and_a_machine_coming_and_going_reach_the_users_listen_st
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
+
+
+async def test_the_python_sdk_in_its_default_streamable_http_mode_hears_a_remote_connect(live: Live) -> None:
+    """The README's Python example (``ClientSession`` over ``streamable_http_client``,
+    protocol 2025-11-25): the SDK opens ``GET /mcp`` only when ``initialize`` gave it an
+    ``Mcp-Session-Id``, and hears ``notifications/tools/list_changed`` there."""
+    token = live.instance.admin_token
+    changes: asyncio.Queue[object] = asyncio.Queue()
+
+    async def on_message(message: IncomingMessage) -> None:
+        if isinstance(message, mcp_types.ToolListChangedNotification):
+            changes.put_nowait(message)
+
+    http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+    async with (
+        http,
+        streamable_http_client(live.mcp_url, http_client=http) as (read, write, *_),
+        ClientSession(read, write, message_handler=on_message) as session,
+    ):
+        initialized = await session.initialize()
+        assert initialized.protocol_version == "2025-11-25"
+        await asyncio.wait_for(changes.get(), 10)  # the one every (re)connect of the stream brings
+        remote = live.instance.spawn(
+            [
+                PYTHON,
+                "-m",
+                "remotes.client",
+                "serve",
+                "examples/weather_service.py:remote",
+                "--url",
+                live.server.ws_url,
+                "--token",
+                token,
+            ],
+            name="admins-weather-service",
+        )
+        try:
+            await asyncio.wait_for(changes.get(), 20)
+            names = {tool.name for tool in (await session.list_tools()).tools}
+            assert "remote__weather-service__get_forecast" in names
+        finally:
+            remote.stop()
 
 
 async def _until(condition: Callable[[], bool]) -> None:

@@ -177,3 +177,69 @@ def test_closing_a_tool_calls_event_stream_cancels_the_command(live: Live) -> No
     assert not marker.exists()
     [record] = [r for r in live.shim.audit() if str(marker) in json.dumps(r)]
     assert record["result"].get("cancelled") is True, record
+
+
+class SharedTokenNodeClient(NodeClient):
+    """``node mcp_shared_token_client.mjs <url> <token> <B's arguments> <A's arguments>``."""
+
+    def __init__(self, node: str, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [node, str(CLIENTS / "mcp_shared_token_client.mjs"), *args],
+            cwd=CLIENTS,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines = queue.Queue()
+        self.seen = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+
+def test_two_typescript_clients_on_one_token_cancel_only_their_own_call(live: Live) -> None:
+    """Claude Code and Cursor from one ``.mcp.json``: each SDK client numbers its requests
+    from 0, so both calls have the same id; each client has its own ``Mcp-Session-Id``, and
+    A's ``notifications/cancelled`` stops A's command only."""
+    node = node_or_skip()
+    tag = uuid.uuid4().hex[:8]
+    go = live.root / f"go-{tag}"
+    never = live.root / f"never-{tag}"
+    command_b = f"echo begun; while [ ! -e {go} ]; do sleep 0.1; done; echo finished"
+    command_a = f"echo begun; sleep 30; touch {never}"
+    client = SharedTokenNodeClient(
+        node,
+        live.mcp_url,
+        live.token,
+        json.dumps({"command": command_b, "timeout_seconds": 60}),
+        json.dumps({"command": command_a}),
+    )
+    try:
+        connected = client.until("connected")
+        client.until("b_running", timeout=30)
+        client.until("a_running", timeout=30)
+        cancelled = client.until("a_cancelled")
+        assert cancelled["status"] == 202
+        assert cancelled["idsA"] == cancelled["idsB"], cancelled  # the same JSON-RPC id
+        # A's command is stopped: gone from the in-flight list, cancelled in the audit ...
+        wait_until(
+            lambda: not [op for op in live.in_flight() if str(never) in op["summary"]],
+            timeout=10,
+            what="A's command to leave the in-flight list",
+        )
+        go.touch()  # ... and only then may B's command finish
+        b = client.until("b_result", timeout=30)
+        client.until("done")
+        assert client.proc.wait(10) == 0, client.stderr()
+    finally:
+        client.stop()
+    assert b["isError"] is False, b
+    answer = json.loads(b["text"])
+    assert answer.get("cancelled") is not True and answer["exit_code"] == 0, answer
+    assert answer["stdout"] == "begun\nfinished\n"
+    wait_until(
+        lambda: [r for r in live.shim.audit() if str(never) in json.dumps(r)], timeout=10, what="A's audit record"
+    )
+    assert not never.exists()
+    [record] = [r for r in live.shim.audit() if str(never) in json.dumps(r)]
+    assert record["result"].get("cancelled") is True, record
+    sessions = {connected["sessionA"], connected["sessionB"]}
+    assert None not in sessions and len(sessions) == 2, connected
