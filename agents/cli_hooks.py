@@ -1,17 +1,71 @@
-"""The CLIs' hooks: how Claude Code and codex report their state to Dispatch (docs/agents.md).
+"""The CLIs' own hooks as the source of truth for a CLI agent's readiness, delivery and
+state (docs/agents.md "Hooks").
 
-``hook_command(event)`` is the shell command each hook runs: Dispatch's own Python running
-``agents/hook_client.py <event>``, which posts the event's stdin JSON to
-``POST /api/v1/agents/{DISPATCH_AGENT_ID}/hooks`` with the agent's token.
+Claude Code and codex run a command at each of their hook events with the event's JSON on
+stdin; Dispatch gives them ``hook_command(event)``, which runs ``agents/hook_client.py``
+(stdlib only) to ``POST /api/v1/agents/<id>/hooks`` with the agent's own token
+(``agents.hook_api``). ``hook_event_record`` is what such a report does:
+
+- ``SessionStart``: the session is ready (``Agent.ready_at``, set once per session);
+- ``UserPromptSubmit``: the pasted message whose text the prompt carries is ``delivered``
+  (a prompt matching none was typed in the terminal); ``working``;
+- ``PreToolUse``: ``working`` "tool: <name>"; ``PermissionRequest``: ``blocked`` (shown as
+  "waiting for approval"); ``PostToolUse`` after ``blocked``: ``working`` again;
+- ``Notification``: ``permission_prompt`` → ``blocked``, ``idle_prompt`` → ``idle``;
+- ``Stop``: ``done``; ``SessionEnd``: a ``system`` event (the supervisor still judges the
+  pane's end).
+
+Every state is a timeline event through ``services.agent_event_record`` (so the timeline,
+``latest_event_*`` and the live broadcasts work as for any event) with
+``metadata.hook`` naming the event; ``hook_state`` reads the newest of the current session
+back, which is what the supervisor's delivery waits on.
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from agents import messages, services
+from agents.models import Agent, AgentEvent, AgentMessage
+from agents.tmux import pasteable
+from core.errors import InvalidRequest
+
+# Every event name either CLI reports (FINDINGS of tests/agents/real_cli; docs/agents.md "Hooks").
+HOOK_EVENTS = (
+    "SessionStart",
+    "UserPromptSubmit",
+    "PreToolUse",
+    "PostToolUse",
+    "PermissionRequest",
+    "Notification",
+    "Stop",
+    "SubagentStop",
+    "PreCompact",
+    "PostCompact",
+    "SessionEnd",
+)
+# Largest hook payload taken, as JSON text in UTF-8 bytes (what the hook client sends).
+MAX_PAYLOAD_BYTES = 1024 * 1024
+# A tool's input is kept in an event's metadata up to this many characters of JSON: the
+# timeline shows what a tool does, not a whole file it writes.
+TOOL_INPUT_LIMIT = 2048
+# Characters kept of free texts from a payload (the last answer, a typed prompt).
+TEXT_LIMIT = 2000
+# Characters of a tool's input in a "waiting for approval" message.
+SHORT_INPUT = 120
 
 HOOK_CLIENT = Path(__file__).resolve().parent / "hook_client.py"
+
+Type = AgentEvent.Type
 
 
 def hook_command(event: str) -> str:
@@ -19,3 +73,179 @@ def hook_command(event: str) -> str:
     ``shlex.join([sys.executable, "<abs path of agents/hook_client.py>", event])``, quoted
     for the POSIX shell both CLIs run hooks through."""
     return shlex.join([sys.executable, str(HOOK_CLIENT), event])
+
+
+def hook_state(agent: Agent) -> str | None:
+    """The state the agent's CLI last reported through a hook in its current session: the
+    type of its newest non-``system`` event with ``metadata.hook`` since ``ready_at``, or
+    ``None`` (no session ready, or nothing reported yet)."""
+    if agent.ready_at is None:
+        return None
+    found: str | None = (
+        AgentEvent.objects.filter(agent=agent, created_at__gte=agent.ready_at, metadata__has_key="hook")
+        .exclude(type=Type.SYSTEM)
+        .order_by("-created_at", "-pk")
+        .values_list("type", flat=True)
+        .first()
+    )
+    return found
+
+
+def _text(value: Any, limit: int = TEXT_LIMIT) -> str:
+    """``value`` as storable text of at most ``limit`` characters (``""`` for a non-string)."""
+    if not isinstance(value, str):
+        return ""
+    text = value if len(value) <= limit else value[: limit - 1] + "…"
+    return text.replace("\x00", "")
+
+
+def _tool_input(value: Any) -> Any:
+    """A tool's input for metadata: as it is when its JSON fits ``TOOL_INPUT_LIMIT``, else
+    the start of its JSON text."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        return None
+    if len(text) <= TOOL_INPUT_LIMIT:
+        return value
+    return text[: TOOL_INPUT_LIMIT - 1] + "…"
+
+
+def _short_input(value: Any) -> str:
+    """One line saying what a tool is asked to do: a shell tool's command, else its input's JSON."""
+    if isinstance(value, Mapping) and isinstance(value.get("command"), str):
+        text = value["command"]
+    else:
+        try:
+            text = json.dumps(value, ensure_ascii=False)
+        except (TypeError, ValueError):
+            text = ""
+    text = " ".join(text.split())
+    return text if len(text) <= SHORT_INPUT else text[: SHORT_INPUT - 1] + "…"
+
+
+def _prompt_form(text: str) -> str:
+    """Text as compared between a pasted message and a submitted prompt: line endings as LF,
+    surrounding whitespace dropped (the neutralising space survives in Claude's prompt, not
+    in codex's; docs/agents.md "Messages are text")."""
+    return text.replace("\r\n", "\n").replace("\r", "\n").strip()
+
+
+def _pasted_forms(agent: Agent, message: AgentMessage) -> set[str]:
+    text = pasteable(message.content)
+    forms = {_prompt_form(text)}
+    spec = settings.AGENT_TYPES.get(agent.type)
+    if spec is not None:
+        forms.add(_prompt_form(spec.neutralise(text)))
+    return forms
+
+
+def _record(agent: Agent, type: str, message: str, event: str, **metadata: Any) -> None:
+    services.agent_event_record(agent=agent, type=type, message=message, metadata={"hook": event, **metadata})
+
+
+@transaction.atomic
+def hook_event_record(*, agent: Agent, event: str, payload: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """Apply one hook report of ``agent``'s CLI (docs/agents.md "Hooks") and return the
+    ``output`` for the CLI (a JSON object it reads on the hook's stdout), or ``None``.
+
+    ``event``: one of ``HOOK_EVENTS``; ``payload``: the event's stdin JSON object as the
+    CLI wrote it (``None`` when the client could not read one), shapes as in
+    docs/agents.md "Hooks". Fields the CLIs do not send are taken as absent. Raises
+    ``InvalidRequest`` for an unknown event or a payload that is not an object; nothing
+    changes then. Today every event answers ``None`` (the CLI shows its own dialogs).
+    """
+    if event not in HOOK_EVENTS:
+        raise InvalidRequest(f"unknown hook event '{event[:40]}'; known: {', '.join(HOOK_EVENTS)}")
+    if payload is not None and not isinstance(payload, Mapping):
+        raise InvalidRequest("payload must be a JSON object or null")
+    body: Mapping[str, Any] = payload or {}
+    current = Agent.objects.select_for_update().get(pk=agent.pk)
+    handler = _HANDLERS.get(event)
+    if handler is not None:
+        handler(current, event, body)
+    agent.ready_at = Agent.objects.values_list("ready_at", flat=True).get(pk=agent.pk)
+    return None
+
+
+def _session_start(agent: Agent, event: str, body: Mapping[str, Any]) -> None:
+    source = _text(body.get("source"), 40)
+    # Only the session's first SessionStart makes it ready: a later one (after a compaction
+    # or a /clear) must not move ``ready_at``, which bounds the session's reported states.
+    if agent.ready_at is None:
+        agent.ready_at = timezone.now()
+        Agent.objects.filter(pk=agent.pk).update(ready_at=agent.ready_at)
+        _record(agent, Type.SYSTEM, "ready (SessionStart)", event, source=source)
+        messages.doorbell_ring(agent.host)  # a message waiting for the CLI to be ready
+    else:
+        _record(agent, Type.SYSTEM, f"session restarted ({source or 'SessionStart'})", event, source=source)
+
+
+def _user_prompt_submit(agent: Agent, event: str, body: Mapping[str, Any]) -> None:
+    prompt = body.get("prompt")
+    submitted = _prompt_form(prompt) if isinstance(prompt, str) else None
+    pasted = messages.messages_pasted_unconfirmed(agent=agent)
+    match = next((m for m in pasted if submitted is not None and submitted in _pasted_forms(agent, m)), None)
+    if match is not None and messages.message_mark_delivered(message=match, metadata={"hook": event}):
+        _record(agent, Type.WORKING, "working on the message", event, message_id=match.pk)
+    else:
+        _record(agent, Type.WORKING, "prompt typed in the terminal", event, prompt=_text(prompt))
+
+
+def _pre_tool_use(agent: Agent, event: str, body: Mapping[str, Any]) -> None:
+    tool = _text(body.get("tool_name"), 200) or "?"
+    _record(agent, Type.WORKING, f"tool: {tool}", event, tool_name=tool, tool_input=_tool_input(body.get("tool_input")))
+
+
+def _post_tool_use(agent: Agent, event: str, body: Mapping[str, Any]) -> None:
+    # A tool that ran after a permission prompt was approved by a person at the terminal.
+    if hook_state(agent) == Type.BLOCKED:
+        tool = _text(body.get("tool_name"), 200) or "?"
+        _record(agent, Type.WORKING, "approved in the terminal", event, tool_name=tool)
+
+
+def _permission_request(agent: Agent, event: str, body: Mapping[str, Any]) -> None:
+    tool = _text(body.get("tool_name"), 200) or "?"
+    tool_input = body.get("tool_input")
+    _record(
+        agent,
+        Type.BLOCKED,
+        f"waiting for approval: {tool} {_short_input(tool_input)}".rstrip(),
+        event,
+        tool_name=tool,
+        tool_input=_tool_input(tool_input),
+        permission_suggestions=_tool_input(body.get("permission_suggestions")),
+    )
+
+
+def _notification(agent: Agent, event: str, body: Mapping[str, Any]) -> None:
+    kind = _text(body.get("notification_type"), 60)
+    said = _text(body.get("message"), 200)
+    if kind == "permission_prompt":
+        if hook_state(agent) != Type.BLOCKED:
+            _record(agent, Type.BLOCKED, f"waiting for approval: {said}".rstrip(": "), event, notification_type=kind)
+    elif kind == "idle_prompt":
+        _record(agent, Type.IDLE, "idle: waiting for input", event, notification_type=kind)
+        messages.doorbell_ring(agent.host)
+
+
+def _stop(agent: Agent, event: str, body: Mapping[str, Any]) -> None:
+    _record(agent, Type.DONE, "turn finished", event, last_assistant_message=_text(body.get("last_assistant_message")))
+    messages.doorbell_ring(agent.host)  # the next message waited for this turn to end
+
+
+def _session_end(agent: Agent, event: str, body: Mapping[str, Any]) -> None:
+    reason = _text(body.get("reason"), 100) or "unknown"
+    _record(agent, Type.SYSTEM, f"session ended ({reason})", event, reason=reason)
+
+
+_HANDLERS = {
+    "SessionStart": _session_start,
+    "UserPromptSubmit": _user_prompt_submit,
+    "PreToolUse": _pre_tool_use,
+    "PostToolUse": _post_tool_use,
+    "PermissionRequest": _permission_request,
+    "Notification": _notification,
+    "Stop": _stop,
+    "SessionEnd": _session_end,
+}

@@ -242,6 +242,33 @@ def _announce_now(announcements: list[tuple[int, str, dict[str, Any]]]) -> None:
         logger.exception("announcing %d delivered messages failed", len(announcements))
 
 
+def message_mark_pasted(*, message: AgentMessage) -> bool:
+    """Record that a ``queued`` message was pasted into a CLI with hooks (``pasted_at``).
+
+    It stays ``queued``: ``delivered`` waits for the CLI's ``UserPromptSubmit`` hook to
+    carry its text (``agents.cli_hooks``), and the supervisor fails it when that does not
+    come in time (docs/agents.md "Hooks"). A conditional UPDATE: False (nothing changed)
+    if it was no longer queued or already pasted. Announced as ``message.updated``.
+    """
+    now = timezone.now()
+    if not AgentMessage.objects.filter(pk=message.pk, status=Status.QUEUED, pasted_at__isnull=True).update(
+        pasted_at=now
+    ):
+        return False
+    message.refresh_from_db()
+    _publish(message, "message.updated")
+    return True
+
+
+def messages_pasted_unconfirmed(*, agent: Agent) -> list[AgentMessage]:
+    """``agent``'s messages pasted but not yet confirmed by its CLI, oldest paste first."""
+    return list(
+        AgentMessage.objects.filter(recipient_agent=agent, status=Status.QUEUED, pasted_at__isnull=False).order_by(
+            "pasted_at", "pk"
+        )
+    )
+
+
 @transaction.atomic
 def message_mark_failed(*, message: AgentMessage, error: str, dead: bool = False) -> bool:
     """``queued`` → ``failed`` (or ``dead`` when it can never be delivered) with ``error``.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from agents import api, stream
+from agents import api, hook_api, stream
 
 api_urlpatterns = [
     path("agents", api.AgentListView.as_view(), name="api-agents"),
@@ -16,6 +16,7 @@ api_urlpatterns = [
     path("agents/<str:agent_id>/prompt", api.AgentPromptView.as_view(), name="api-agent-prompt"),
     path("agents/<str:agent_id>/events", api.AgentEventsView.as_view(), name="api-agent-events"),
     path("agents/<str:agent_id>/messages", api.AgentMessagesView.as_view(), name="api-agent-messages"),
+    path("agents/<str:agent_id>/hooks", hook_api.AgentHookView.as_view(), name="api-agent-hooks"),
     path("agents/<str:agent_id>/runs", api.AgentRunsView.as_view(), name="api-agent-runs"),
     path("runs/<str:run_id>", api.RunDetailView.as_view(), name="api-run"),
     path("runs/<str:run_id>/cancel", api.RunCancelView.as_view(), name="api-run-cancel"),
