@@ -78,7 +78,7 @@ def test_a_user_serves_a_remote_with_a_new_token_and_calls_it_from_the_page(live
         # The empty Remotes page; from here on it is never reloaded.
         page.goto(f"{server.url}/remotes/")
         expect(page.locator("#no-remotes")).to_be_visible()
-        expect(page.locator("#serve-command")).to_contain_text(f"--url {server.ws_url}")
+        expect(page.locator("#serve-command")).to_contain_text("dispatch-remote serve weather.py:remote --server http")
         shoot(page, artifacts / "remotes-empty.png")
         page.evaluate("window.sameDocument = true")
 

@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 from asgiref.sync import ThreadSensitiveContext
+from django.conf import settings
 from django.test import AsyncClient
 
 from remotes.protocol import FunctionSpec
@@ -59,7 +60,7 @@ def test_it_shows_an_empty_state_with_the_command_to_serve_a_remote(alice_client
     page = text_of(response)
     assert 'id="no-remotes"' in page
     assert "No remotes connected." in page
-    assert "python -m remotes.client serve examples/weather_service.py:remote --url ws://testserver/ws" in page
+    assert f"dispatch-remote serve weather.py:remote --server {settings.PUBLIC_URL} --token $DISPATCH_TOKEN" in page
     assert "— no remote connected —" in page
 
 
