@@ -75,6 +75,13 @@ class AgentLaunchSerializer(serializers.Serializer):
     location = StrictCharField(required=False, allow_null=True, allow_blank=True, default=None)
     child = StrictBooleanField(required=False, default=False)
     full_access = StrictBooleanField(required=False, default=False)
+    trust_folder = StrictBooleanField(
+        required=False,
+        default=False,
+        help_text="claude and codex types launch only in a trusted folder (else 400 FOLDER_NOT_TRUSTED): true "
+        "trusts cwd for your CLI agents from now on and launches (a person's decision: refused with an agent's "
+        'token, 403). Not with location (trust the folder on that instance). docs/agents.md "Folder trust"',
+    )
 
 
 MESSAGE_ID = re.compile(r"[0-9]{1,19}")
@@ -117,7 +124,9 @@ class AgentListView(DispatchAPIView):
         refused with the list of available ones); without ``type``, the default type
         (``launching.launch_type_resolve``: 400 listing the available types when there is
         none). With an agent token the caller is ``launched_by`` and, with ``child: true``,
-        the parent."""
+        the parent. A claude/codex launch in a folder nobody trusted is 400
+        ``FOLDER_NOT_TRUSTED`` unless a person sends ``trust_folder: true`` (docs/agents.md
+        "Folder trust")."""
         incoming = AgentLaunchSerializer(data=request.data)
         incoming.is_valid(raise_exception=True)
         body = incoming.validated_data
@@ -125,6 +134,11 @@ class AgentListView(DispatchAPIView):
         if body["child"] and launcher is None:
             raise InvalidRequest("child: only an agent (calling with its own token) can launch a child agent")
         if body["location"]:  # on a linked instance: a shadow here (spec/peers.md §6)
+            if body["trust_folder"]:
+                raise InvalidRequest(
+                    "trust_folder applies to a launch here: a folder on a linked instance is trusted by a person "
+                    "there (a launch there with trust_folder, or its DISPATCH_TRUSTED_ROOTS)"
+                )
             user = authenticated_user(request)
             linked().location_check(user=user, location=body["location"])  # a bad one is 400 before any wait
             shadow = async_to_sync(linked().launch)(
@@ -148,6 +162,7 @@ class AgentListView(DispatchAPIView):
             launched_by=launcher,
             child=body["child"],
             full_access=body["full_access"],
+            trust_folder=body["trust_folder"],
         )
         return Response(agent_data(agent), status=status.HTTP_201_CREATED)
 

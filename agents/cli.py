@@ -19,6 +19,12 @@ session after the grace period, the activity watcher) is the supervisor's job
 CLI agents run on Dispatch's own tmux server (``tmux -L dispatch``, or
 ``DISPATCH_TMUX_SOCKET``), never the user's default one (docs/agents.md).
 
+A type that reports through hooks (``AgentType.hooks``: Claude Code, codex) launches only
+in a folder a person trusted (``agents.trust``), and each of its sessions is prepared
+first (``agents.cli_prepare``: the CLI's config written so it starts with no dialog, its
+hooks wired); a launch that cannot be prepared is refused before the agent exists
+(docs/agents.md "Folder trust", "What Dispatch writes").
+
 Every function is synchronous (tmux subprocesses, the ORM): call it from a sync view or a
 worker thread, never on the event loop.
 """
@@ -36,7 +42,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
-from agents import messages, services, tokens
+from agents import cli_prepare, messages, services, tokens, trust
 from agents.hooks import linked
 from agents.models import Agent
 from agents.selectors import is_shadow
@@ -128,10 +134,12 @@ def agent_settle(*, agent: Agent, status: str, note: str) -> bool:
 
 def agent_ended(*, agent: Agent, status: str, note: str, reason: str = "agent stopped") -> None:
     """The agent's process is gone: ``status`` (stopped/error), tokens revoked, queued
-    messages failed with ``reason`` (their ``error``)."""
+    messages failed with ``reason`` (their ``error``), its per-agent files removed
+    (``cli_prepare.agent_files_remove``)."""
     if agent_settle(agent=agent, status=status, note=note):
         tokens.agent_tokens_revoke(agent=agent)
         messages.messages_fail_pending(agent=agent, error=reason)
+        cli_prepare.agent_files_remove(agent.pk)  # a start writes them again
 
 
 def session_kill(runner: TmuxRunner, name: str) -> None:
@@ -175,9 +183,25 @@ def session_start(*, agent: Agent, runner: TmuxRunner, instance_id: str | None =
         agent_ended(agent=agent, status=Status.ERROR, note=f"agent type '{agent.type}' is unavailable on this host")
         return False
     url = mcp_url()
+    prepared = cli_prepare.Prepared()
+    if spec.hooks is not None:
+        try:
+            if not trust.folder_is_trusted(owner=agent.owner, path=agent.cwd):
+                raise trust.refusal(family=spec.hooks, path=agent.cwd, type=agent.type, person=True)
+            prepared = cli_prepare.prepare(
+                spec=spec,
+                cwd=agent.cwd,
+                full_access=agent.full_access,
+                env=cli_prepare.agent_environment(spec, mcp_url=url, agent_id=agent.pk),
+                agent_id=agent.pk,
+            )
+        except DispatchError as error:
+            agent_ended(agent=agent, status=Status.ERROR, note=f"the CLI could not be prepared: {error.message}")
+            return False
     token = tokens.agent_token_mint(agent=agent)
     env = {
         **spec.environment(mcp_url=url, agent_id=agent.pk),
+        **prepared.env,
         "DISPATCH_AGENT_ID": agent.pk,
         "DISPATCH_URL": settings.PUBLIC_URL,
         "DISPATCH_MCP_URL": url,
@@ -187,13 +211,13 @@ def session_start(*, agent: Agent, runner: TmuxRunner, instance_id: str | None =
     if context:
         env["DISPATCH_LAUNCH_CONTEXT"] = context
     Agent.objects.filter(pk=agent.pk).update(
-        pane_hash="", pane_changed_at=None, stop_requested_at=None, stop_interrupted=False
+        pane_hash="", pane_changed_at=None, stop_requested_at=None, stop_interrupted=False, ready_at=None
     )
     try:
         runner.start(
             session_name=session_name(agent),
             instance_id=instance_id or instance_identity_get().instance_id,
-            argv=spec.command(full_access=agent.full_access, mcp_url=url, agent_id=agent.pk),
+            argv=[*spec.command(full_access=agent.full_access, mcp_url=url, agent_id=agent.pk), *prepared.argv],
             cwd=agent.cwd,
             env=env,
         )
@@ -220,6 +244,7 @@ def agent_launch(
     launched_by: Agent | None = None,
     full_access: bool = False,
     launched_by_peer: dict[str, Any] | None = None,
+    trust_folder: bool = False,
     runner: TmuxRunner | None = None,
 ) -> Agent:
     """Launch a CLI agent of ``type`` (spec/agents.md §2 steps 1–4) and return it.
@@ -233,9 +258,19 @@ def agent_launch(
     agent ``error`` with ``last_error`` (and the prompt ``failed``). Raises
     ``InvalidRequest`` for an unknown type, one whose program is not on PATH (naming
     it), a bad ``cwd``/``name``/``prompt``; ``NotFound`` for another user's parent.
+
+    A type with hooks (Claude Code, codex) launches only in a trusted folder
+    (``agents.trust``): else ``FolderNotTrusted`` (``FOLDER_NOT_TRUSTED``) before anything
+    is written, unless ``trust_folder`` — a person's decision, recorded with the agent
+    (``PERMISSION_DENIED`` when an agent, ``launched_by``, or a linked instance,
+    ``launched_by_peer``, asks). Its CLI's config is then prepared in the same transaction
+    (``cli_prepare.prepare``): a refusal there (a corrupt config file, a codex that cannot
+    reach a model) leaves no agent, no trust and no file changed.
     """
-    _launchable(type)
+    spec = _launchable(type)
     tmux = tmux_runner(runner)
+    # One transaction: a refusal below (trust, a config that cannot be prepared) rolls the
+    # agent and its prompt back, after the name, cwd and prompt were judged first.
     with transaction.atomic():
         agent = services.agent_create(
             owner=owner,
@@ -253,6 +288,23 @@ def agent_launch(
                 content=prompt,
                 sender_user=None if launched_by is not None else owner,
                 sender_agent=launched_by,
+            )
+        must_trust = trust.launch_trust_check(
+            owner=owner,
+            family=spec.hooks,
+            path=agent.cwd,
+            type=type,
+            trust_folder=trust_folder,
+            person=launched_by is None and launched_by_peer is None,
+        )
+        if must_trust:
+            trust.folder_trust(owner=owner, path=agent.cwd)
+        if spec.hooks is not None:
+            cli_prepare.prepare(
+                spec=spec,
+                cwd=agent.cwd,
+                full_access=full_access,
+                env=cli_prepare.agent_environment(spec, mcp_url=mcp_url(), agent_id=agent.pk),
             )
     session_start(agent=agent, runner=tmux)
     agent.refresh_from_db()
@@ -365,6 +417,7 @@ def agent_archive(*, agent: Agent, runner: TmuxRunner | None = None) -> Agent:
         return services.agent_archive(agent=agent)
     if is_local(agent):
         _kill_own(tmux_runner(runner), session_name(agent), instance_identity_get().instance_id)
+        cli_prepare.agent_files_remove(agent.pk)
     tokens.agent_tokens_revoke(agent=agent)
     messages.messages_fail_pending(agent=agent, error="agent archived")
     return services.agent_archive(agent=agent, note="archived")

@@ -51,6 +51,7 @@ def agent_launch_any(
     child: bool = False,
     full_access: bool = False,
     launched_by_peer: dict[str, Any] | None = None,
+    trust_folder: bool = False,
 ) -> Agent:
     """Launch a local agent of ``type`` and return it (201 material; spec/agents.md §5, §6).
 
@@ -65,6 +66,9 @@ def agent_launch_any(
     ``PERMISSION_DENIED`` for a full-access launch by an agent that is not full-access.
     ``launched_by_peer`` (``{instance_id, agent_id | null, name}``) marks an agent a peer
     launched (spec/peers.md §5): a ``shell`` agent then gets ``DISPATCH_LAUNCH_CONTEXT``.
+    A Claude Code or codex type launches only in a trusted folder (``FOLDER_NOT_TRUSTED``
+    otherwise); ``trust_folder`` trusts it first, for a person only (docs/agents.md
+    "Folder trust"; ``cli.agent_launch``); types that need no trust ignore it.
     """
     types = launchable_types()
     if type not in types:
@@ -93,6 +97,7 @@ def agent_launch_any(
             launched_by=launched_by,
             full_access=full_access,
             launched_by_peer=launched_by_peer,
+            trust_folder=trust_folder,
         )
     with transaction.atomic():
         agent = services.agent_create(

@@ -17,7 +17,11 @@ Two more keys say how Dispatch talks to the CLI (docs/agents.md):
 - ``neutralise_prefix``: what goes before a message to an ``llm`` agent whose first
   non-blank character is ``!`` or ``/``, so it reaches the CLI as text and not as a shell
   or CLI command; default one space. ``shell`` agents get their messages unchanged (the
-  text is the command).
+  text is the command);
+- ``hooks``: ``"claude"``, ``"codex"`` or ``null`` — which CLI family the type runs, so
+  Dispatch prepares it before launch (its config files, a trusted folder) and wires its
+  hooks, through which it reports its state (docs/agents.md "What Dispatch writes");
+  default ``"claude"`` for a type named ``claude``, ``"codex"`` for ``codex``, else none.
 
 This module imports nothing from Django so that settings can validate the variable at
 start (a bad value is ``ValueError`` → ``ImproperlyConfigured``).
@@ -50,13 +54,16 @@ MAX_STOP_TEXT = 100
 StopStep = tuple[str, str]
 DEFAULT_STOP: tuple[StopStep, ...] = (("key", "C-c"),)
 DEFAULT_NEUTRALISE_PREFIX = " "
+# The CLI families whose hooks Dispatch wires and whose config it prepares (agents.cli_prepare).
+HOOK_FAMILIES = ("claude", "codex")
 
 
 @dataclass(frozen=True)
 class AgentType:
     """One CLI agent type: its argv (without a shell), its kind, extra environment, the
     steps a stop sends (``stop``) and the prefix that keeps a message from being a command
-    (``neutralise_prefix``; docs/agents.md)."""
+    (``neutralise_prefix``; docs/agents.md) and the CLI family that reports through hooks
+    (``hooks``: ``"claude"``, ``"codex"`` or ``None``)."""
 
     name: str
     argv: tuple[str, ...]
@@ -65,6 +72,7 @@ class AgentType:
     env: Mapping[str, str] = field(default_factory=dict)
     stop: tuple[StopStep, ...] = DEFAULT_STOP
     neutralise_prefix: str = DEFAULT_NEUTRALISE_PREFIX
+    hooks: str | None = None
 
     def neutralise(self, text: str) -> str:
         """``text`` as it is pasted into this type's CLI (docs/agents.md "Messages are text").
@@ -181,7 +189,8 @@ def parse_agent_types(raw: str | Mapping[str, Any] | None) -> dict[str, AgentTyp
     element, an unknown ``kind``, an ``env`` that is not an object of string values, a
     ``stop`` that is not a list of 1-10 key names or ``{"text": ...}`` steps (1-100
     characters, no control characters), a ``neutralise_prefix`` that is not 1-20
-    characters without control characters or that itself starts a command.
+    characters without control characters or that itself starts a command, a ``hooks``
+    that is not ``"claude"``, ``"codex"`` or null.
     """
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         spec: Any = DEFAULT_AGENT_TYPES
@@ -203,7 +212,7 @@ def parse_agent_types(raw: str | Mapping[str, Any] | None) -> dict[str, AgentTyp
             )
         if not isinstance(entry, Mapping):
             raise ValueError(f"{where} must be an object with argv and kind")
-        unknown = sorted(set(entry) - {"argv", "full_access_argv", "kind", "env", "stop", "neutralise_prefix"})
+        unknown = sorted(set(entry) - {"argv", "full_access_argv", "kind", "env", "stop", "neutralise_prefix", "hooks"})
         if unknown:
             raise ValueError(f"{where}: unknown key {unknown[0]!r}")
         argv = _argv(entry.get("argv"), f"{where}.argv")
@@ -229,6 +238,9 @@ def parse_agent_types(raw: str | Mapping[str, Any] | None) -> dict[str, AgentTyp
                 f"{where}.neutralise_prefix must be 1-20 characters without control characters, "
                 "not starting with '!' or '/'"
             )
+        hooks = entry.get("hooks", name if name in HOOK_FAMILIES else None)
+        if hooks is not None and hooks not in HOOK_FAMILIES:
+            raise ValueError(f"{where}.hooks must be 'claude', 'codex' or null, not {hooks!r}")
         types[name] = AgentType(
             name=name,
             argv=argv,
@@ -237,6 +249,7 @@ def parse_agent_types(raw: str | Mapping[str, Any] | None) -> dict[str, AgentTyp
             env=dict(env),
             stop=stop,
             neutralise_prefix=prefix,
+            hooks=hooks,
         )
     return types
 

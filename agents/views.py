@@ -127,7 +127,9 @@ def agents_page(request: HttpRequest) -> HttpResponse:
     """``/``: the user's agents (live) and the "Launch agent" form: every type, one that does
     not work here disabled with why (``launching.agent_types_data``), the default type
     (``launching.default_launch_type``) chosen — none, and a "choose a type" prompt, when
-    there is no default."""
+    there is no default. A "trust this folder" checkbox names the working directory a
+    claude/codex launch will trust (after a ``FOLDER_NOT_TRUSTED`` refusal, the exact
+    folder refused; docs/agents.md "Folder trust")."""
     user = authenticated_user(request)
     form: dict[str, Any] = {
         "type": launching.default_launch_type() or "",
@@ -137,9 +139,11 @@ def agents_page(request: HttpRequest) -> HttpResponse:
         "location": "",
     }
     status = 200
+    trust_path = ""
     if request.method == "POST":
         form = {key: request.POST.get(key, "").strip() for key in ("type", "name", "prompt", "cwd", "location")}
         form["full_access"] = request.POST.get("full_access") == "on"
+        form["trust_folder"] = request.POST.get("trust_folder") == "on"
         try:
             if form["location"]:
                 # A launch on a peer waits on that peer (up to 30 s): the form's script
@@ -156,10 +160,13 @@ def agents_page(request: HttpRequest) -> HttpResponse:
                 prompt=form["prompt"],
                 cwd=form["cwd"] or None,
                 full_access=form["full_access"] and type != services.EXPERT,
+                trust_folder=form["trust_folder"],
             )
         except DispatchError as exc:
             messages.error(request, exc.message)
             status = 400
+            if exc.code == "FOLDER_NOT_TRUSTED":  # the checkbox then names the exact folder
+                trust_path = str(exc.details.get("path", ""))
         else:
             return redirect("agent", agent_id=agent.pk)
     types = launching.agent_types_data()
@@ -171,6 +178,7 @@ def agents_page(request: HttpRequest) -> HttpResponse:
         # maybe a shell, for a prompt written for a model.
         "type_chosen": any(entry["available"] and entry["type"] == form["type"] for entry in types),
         "locations": launch_locations(user=user),
+        "trust_path": trust_path,
     }
     return render(request, "agents/agents.html", context, status=status)
 
