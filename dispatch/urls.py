@@ -1,5 +1,6 @@
 """URL map: pages, ``/api/v1``, the OpenAPI schema and its two readers (Swagger UI at
-``/api/docs/``, Redoc at ``/api/redoc/``), the admin, ``/healthz``, ``/metrics`` and ``/downloads/``."""
+``/api/docs/``, Redoc at ``/api/redoc/``), the admin, ``/healthz``, ``/metrics``, ``/downloads/``
+and ``/favicon.ico``."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ urlpatterns = [
     path("downloads/", downloads.downloads_page, name="downloads"),
     path("downloads/<str:filename>", downloads.download_file, name="download"),
     path("metrics", metrics_view, name="metrics"),
+    path("", include("dispatch.favicon")),
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path(

@@ -170,7 +170,9 @@ def test_the_device_login_routes_answer_the_success_status_the_schema_documents(
     grant = shim.post("/api/v1/machines/device/code", machine, content_type="application/json")
     browser.post("/machines/activate", {"user_code": grant.json()["user_code"], "decision": "approve"})
     token = shim.post(
-        "/api/v1/machines/device/token", {"device_code": grant.json()["device_code"]}, content_type="application/json"
+        "/api/v1/machines/device/token",
+        {"grant_type": "urn:ietf:params:oauth:grant-type:device_code", "device_code": grant.json()["device_code"]},
+        content_type="application/json",
     )
     for path, response in (("/api/v1/machines/device/code", grant), ("/api/v1/machines/device/token", token)):
         documented = [code for code in schema["paths"][path]["post"]["responses"] if code.startswith("2")]

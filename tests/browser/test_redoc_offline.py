@@ -95,7 +95,6 @@ def test_redoc_makes_every_request_to_its_own_server_and_none_is_refused(
 
 
 @pytest.mark.django_db
-@pytest.mark.urls("dispatch.favicon")
 def test_favicon_ico_is_the_svg_icon_without_a_login() -> None:
     response = Client().get("/favicon.ico")
 

@@ -34,7 +34,9 @@ def request_code(client: Client, **overrides: Any) -> dict[str, Any]:
 
 def poll(client: Client, device_code: str) -> tuple[int, dict[str, Any]]:
     response = client.post(
-        "/api/v1/machines/device/token", {"device_code": device_code}, content_type="application/json"
+        "/api/v1/machines/device/token",
+        {"grant_type": "urn:ietf:params:oauth:grant-type:device_code", "device_code": device_code},
+        content_type="application/json",
     )
     assert response["Cache-Control"] == "no-store"
     return response.status_code, response.json()
