@@ -64,7 +64,7 @@ $(CLIENTS)/node_modules/.installed: $(CLIENTS)/package.json $(CLIENTS)/package-l
 	@if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then \
 	  npm ci --prefix $(CLIENTS) --no-audit --no-fund --loglevel=error && touch $@; \
 	else \
-	  echo "node/npm not found: the TypeScript MCP client test will be skipped (apt-get install nodejs npm)"; \
+	  echo "node/npm not found: the tests that run the TypeScript MCP client and the real agent CLIs (tests/agents/real_cli) will be skipped (apt-get install nodejs npm)"; \
 	fi
 
 ## lint: ruff + mypy + import-linter (the dependency order of docs/architecture.md)

@@ -418,7 +418,8 @@ SHIM_PONG_TIMEOUT = env_float("DISPATCH_SHIM_PONG_TIMEOUT", 10.0)
 
 # The expert agent's model (spec/agents.md §3): an OpenAI-compatible Chat Completions
 # endpoint. Unset base URL: expert runs fail at once with a clear error.
-# CLI agents: the tmux server (a ``tmux -L`` socket name; empty: the default server).
+# CLI agents: the tmux server (a ``tmux -L`` socket name; empty: Dispatch's own,
+# ``tmux -L dispatch``, never the user's default; docs/agents.md).
 TMUX_SOCKET = env_str("DISPATCH_TMUX_SOCKET", "")
 # CLI agent types (spec/agents.md §2): JSON, see agents/types.py; empty = defaults.
 try:
@@ -427,11 +428,12 @@ except ValueError as exc:
     raise ImproperlyConfigured(str(exc)) from None
 # The CLI supervisor (spec/agents.md §2), seconds: how often it reconciles (a doorbell wakes
 # it sooner for a new message), how long an agent reported working may stay silent before
-# the activity watcher marks it idle, the grace between a stop's interrupt and the kill,
+# the activity watcher marks it idle, the grace between a stop request and killing a CLI
+# that has not exited after its stop keys (docs/agents.md "How stop works"),
 # and the hard limit on ``stopping``.
 CLI_SUPERVISE_INTERVAL = env_float("DISPATCH_CLI_SUPERVISE_INTERVAL", 2.0, minimum=0.1)
 AGENT_IDLE_AFTER = env_float("DISPATCH_AGENT_IDLE_AFTER", 180.0)
-AGENT_STOP_GRACE = env_float("DISPATCH_AGENT_STOP_GRACE", 5.0)
+AGENT_STOP_GRACE = env_float("DISPATCH_AGENT_STOP_GRACE", 10.0)
 AGENT_STOP_TIMEOUT = env_float("DISPATCH_AGENT_STOP_TIMEOUT", 60.0)
 # Directories advertised to peers for incoming launches (spec/peers.md §1); none: refused.
 REPO_ROOTS = [os.path.realpath(os.path.expanduser(root)) for root in env_list("DISPATCH_REPO_ROOTS", [])]
