@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -28,7 +29,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from agents import cli, messages, services
+from agents import cli, cli_hooks, messages, services
 from agents.models import Agent, AgentEvent, SupervisorLease
 from agents.tmux import TmuxError, TmuxPaneDead, TmuxRunner, TmuxSessionNotFound, pasteable
 from core import presence
@@ -54,6 +55,24 @@ CREATING_GRACE = 3.0
 LEASE_INTERVALS = 3
 # ``metadata.source`` of the activity watcher's correction events.
 WATCHER = "activity_watcher"
+# Seconds a message pasted into a CLI with hooks waits for the ``UserPromptSubmit`` that
+# confirms it before it is failed. The CLIs fire that hook within a second or two of the
+# Enter even on a loaded 2-core machine (one Python start and one local HTTP call); a paste
+# that nothing confirms in 20 s landed in a dialog or a composer that did not submit, and
+# the sender should hear it while the pane still shows why (docs/agents.md "Hooks").
+DELIVERY_CONFIRM = 20.0
+NOT_TAKEN = (
+    f"the CLI did not take the message (no UserPromptSubmit within {DELIVERY_CONFIRM:g} s; "
+    "a dialog may be open — see the pane)"
+)
+# What a CLI with hooks last reported while nothing may be pasted: a turn running (the
+# message waits for ``done``/``idle``), a permission prompt on screen (a paste would answer it).
+BUSY_STATES = frozenset({AgentEvent.Type.WORKING, AgentEvent.Type.BLOCKED})
+# codex fires SessionStart only at the first prompt (docs/agents.md "Hooks"), so until then
+# its input line on the pane says it is ready: a line starting with "›" that is not a
+# numbered choice ("› 1. Trust and continue", "› 1. Review hooks" are dialogs).
+CODEX_INPUT = re.compile(r"^\s*›(?!\s*\d+\.)", re.MULTILINE)
+CODEX_CHOICE = re.compile(r"^\s*›\s*\d+\.", re.MULTILINE)
 _ALIVE = (Status.CREATING, Status.RUNNING, Status.STOPPING)
 
 
@@ -194,8 +213,60 @@ def _supervise_agent(*, agent: Agent, runner: TmuxRunner, owned: set[str], insta
     if agent.status == Status.STOPPING:
         _supervise_stopping(agent=agent, runner=runner)
         return False
-    _watch_activity(agent=agent, runner=runner)
+    family = hook_family(agent)
+    # Once the CLI reports through its hooks, the pane's activity is no judge of its state
+    # (a spinner beside a permission prompt is not work, a static dialog is not idle).
+    if family is None or agent.ready_at is None:
+        _watch_activity(agent=agent, runner=runner)
     return _deliver(agent=agent, runner=runner)
+
+
+def hook_family(agent: Agent) -> str | None:
+    """The CLI family whose hooks ``agent``'s type wires (``AgentType.hooks``: ``"claude"``,
+    ``"codex"``), or ``None`` for a type without hooks (shell, opencode)."""
+    spec = settings.AGENT_TYPES.get(agent.type)
+    family = getattr(spec, "hooks", None)
+    return family if isinstance(family, str) and family else None
+
+
+def _hooked_ready(*, agent: Agent, family: str, runner: TmuxRunner) -> bool:
+    """Whether a CLI with hooks takes input: its SessionStart came (``ready_at``); for codex,
+    whose SessionStart waits for the first prompt, its input line on the pane also counts."""
+    if agent.ready_at is not None:
+        return True
+    if family != "codex":
+        return False
+    try:
+        screen = runner.capture(cli.session_name(agent), lines=WATCH_LINES)
+    except TmuxError:
+        return False
+    return CODEX_INPUT.search(screen) is not None and CODEX_CHOICE.search(screen) is None
+
+
+def _hooked_wait(*, agent: Agent, family: str, runner: TmuxRunner) -> bool | None:
+    """For a CLI with hooks: ``None`` when its next queued message may be pasted now, else
+    whether to look again soon (True) or wait for a hook's doorbell (False).
+
+    One pasted message at a time: while one waits for its ``UserPromptSubmit`` nothing else
+    is pasted, and past ``DELIVERY_CONFIRM`` s it is failed (``NOT_TAKEN``). Nothing is
+    pasted before the CLI is ready (``_hooked_ready``) nor while it last reported
+    ``working`` or ``blocked`` (``BUSY_STATES``) — its Stop, idle or SessionStart hook rings
+    the supervisor's doorbell."""
+    unconfirmed = messages.messages_pasted_unconfirmed(agent=agent)
+    if unconfirmed:
+        message = unconfirmed[0]
+        pasted_at = message.pasted_at or timezone.now()
+        if (timezone.now() - pasted_at).total_seconds() < DELIVERY_CONFIRM:
+            return False
+        messages.message_mark_failed(message=message, error=NOT_TAKEN)
+        return len(unconfirmed) > 1 or bool(messages.messages_pending(agent=agent))
+    if not messages.messages_pending(agent=agent):
+        return False
+    if not _hooked_ready(agent=agent, family=family, runner=runner):
+        return family == "codex"  # its input line is looked for on the pane; Claude's SessionStart rings
+    if cli_hooks.hook_state(agent) in BUSY_STATES:
+        return False
+    return None
 
 
 def _end_dead_pane(*, agent: Agent, runner: TmuxRunner) -> None:
@@ -305,12 +376,23 @@ def _quiet(runner: TmuxRunner, name: str) -> bool:
 
 
 def _deliver(*, agent: Agent, runner: TmuxRunner) -> bool:
-    """Paste the oldest queued message when the pane is quiet; True if messages still wait.
+    """Paste the oldest queued message when the pane is quiet; True if messages still wait
+    and the next pass should come soon.
+
+    For a type with hooks (``hook_family``) only when ``_hooked_wait`` allows it, and the
+    message is then only ``pasted`` (``pasted_at``): ``delivered`` is the CLI's
+    ``UserPromptSubmit`` hook's to say (``agents.cli_hooks``; docs/agents.md "Hooks").
+    Other types keep the pane's rule: pasted is delivered.
 
     The text is neutralised for the agent's type first (``AgentType.neutralise``: a
     leading ``!`` or ``/`` never reaches an ``llm`` CLI as a command) and the delivery
     event says so (``metadata.neutralised``). The paste happens only into a live pane
     (``TmuxRunner.paste``); a pane that died meanwhile ends the agent at once."""
+    family = hook_family(agent)
+    if family is not None:
+        waiting = _hooked_wait(agent=agent, family=family, runner=runner)
+        if waiting is not None:
+            return waiting
     pending = messages.messages_pending(agent=agent)
     if not pending:
         return False
@@ -325,6 +407,10 @@ def _deliver(*, agent: Agent, runner: TmuxRunner) -> bool:
         # gets the message after PASTE_ANYWAY_AFTER seconds: waiting forever helps nobody.
         if waited < PASTE_ANYWAY_AFTER and not _quiet(runner, name):
             return True
+        # Marked before the paste: the CLI's UserPromptSubmit may report the text before
+        # this thread would get to it after the paste.
+        if family is not None and not messages.message_mark_pasted(message=message):
+            return False  # failed or stopped meanwhile
         runner.paste(name, pasted)
     except TmuxPaneDead:
         _end_dead_pane(agent=agent, runner=runner)
@@ -334,6 +420,8 @@ def _deliver(*, agent: Agent, runner: TmuxRunner) -> bool:
     except TmuxError as error:
         messages.message_mark_failed(message=message, error=str(error))
         return len(pending) > 1
+    if family is not None:
+        return False  # pasted is not delivered: the CLI's UserPromptSubmit hook says when it took it
     noted = {"neutralised": True, "pasted_start": pasted[:40]} if pasted != text else None
     messages.message_mark_delivered(message=message, metadata=noted)
     return len(pending) > 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -312,3 +313,213 @@ def test_hook_state_counts_only_the_current_sessions_hook_events(agent_api, clau
     assert cli_hooks.hook_state(claude_agent) is None  # the working before it was another session's
     report(agent_api, claude_agent, "Stop", last_assistant_message="x")
     assert cli_hooks.hook_state(claude_agent) == "done"
+
+
+# --- delivery through the supervisor (real tmux, a stand-in CLI with hooks) ----------------------
+#
+# The stand-in prints a screen, then echoes what is pasted (``cat``): enough to see whether
+# and when the supervisor pastes; its hooks are reported straight to ``hook_event_record``
+# (the real CLIs do it through the hook client in tests/agents/real_cli).
+
+CLAUDE_SCREEN = "printf '%s\\n' '> ' 'bypass permissions on'"
+CODEX_READY = "printf '%s\\n' '› Ask Codex to do anything' '  gpt-fake default'"
+CODEX_DIALOG = "printf '%s\\n' 'Trust this folder?' '› 1. Trust and continue' '  2. Back'"
+
+
+@pytest.fixture
+def hooked(settings: Any, private_tmux: Any, owner: Any, workdir: str, make_agent: Any) -> Any:
+    """``start(family, screen)``: a running agent of a type with ``hooks: family`` whose pane
+    runs ``sh -c '<screen>; exec cat'`` on the test's private tmux server."""
+    from agents.types import parse_agent_types
+
+    settings.AGENT_TYPES = parse_agent_types(
+        {
+            "hooked-claude": {"argv": ["sh"], "kind": "llm", "hooks": "claude"},
+            "hooked-codex": {"argv": ["sh"], "kind": "llm", "hooks": "codex"},
+            "plain": {"argv": ["sh"], "kind": "llm"},
+        }
+    )
+
+    def start(type: str, screen: str = CLAUDE_SCREEN) -> Agent:
+        from agents import cli
+        from core.services import instance_identity_get
+
+        agent = make_agent(owner, type=type, name="h")
+        private_tmux.start(
+            session_name=cli.session_name(agent),
+            instance_id=instance_identity_get().instance_id,
+            argv=["sh", "-c", f"{screen}; exec cat"],
+            cwd=workdir,
+            env={},
+        )
+        wait_for(lambda: private_tmux.capture(cli.session_name(agent)).strip(), "the stand-in's screen")
+        return force_status(agent, "running")
+
+    return start
+
+
+def wait_for(condition: Any, what: str, timeout: float = 10.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def supervise(private_tmux: Any) -> None:
+    from agents import supervisor
+
+    supervisor.supervise_once(runner=private_tmux)
+
+
+def pane(private_tmux: Any, agent: Agent) -> str:
+    from agents import cli
+
+    return str(private_tmux.capture(cli.session_name(agent)))
+
+
+def pane_name(agent: Agent) -> str:
+    from agents import cli
+
+    return cli.session_name(agent)
+
+
+def send(agent: Agent, content: str) -> AgentMessage:
+    return messages.message_send(recipient=agent, content=content, sender_user=agent.owner)
+
+
+def hook(agent: Agent, event: str, **payload: Any) -> None:
+    agent.refresh_from_db()
+    cli_hooks.hook_event_record(agent=agent, event=event, payload={"hook_event_name": event, **payload})
+
+
+def fresh(message: AgentMessage) -> AgentMessage:
+    message.refresh_from_db()
+    return message
+
+
+def test_nothing_is_pasted_before_session_start_then_pasted_is_not_delivered(hooked, private_tmux):
+    agent = hooked("hooked-claude")
+    message = send(agent, "first marker-one")
+
+    supervise(private_tmux)
+    assert fresh(message).pasted_at is None and "marker-one" not in pane(private_tmux, agent)
+
+    hook(agent, "SessionStart", source="startup")
+    wait_for(lambda: (supervise(private_tmux), fresh(message).pasted_at)[1], "the paste")
+
+    wait_for(lambda: "marker-one" in pane(private_tmux, agent), "the text in the pane")
+    assert fresh(message).status == "queued"  # pasted, not yet taken
+    hook(agent, "UserPromptSubmit", prompt="first marker-one")
+    assert fresh(message).status == "delivered"
+
+
+def test_a_message_sent_while_working_waits_for_the_turn_to_end(hooked, private_tmux):
+    agent = hooked("hooked-claude")
+    hook(agent, "SessionStart", source="startup")
+    hook(agent, "UserPromptSubmit", prompt="typed by a person")  # working
+    message = send(agent, "second marker-two")
+
+    for _ in range(3):
+        supervise(private_tmux)
+    assert fresh(message).pasted_at is None and "marker-two" not in pane(private_tmux, agent)
+
+    hook(agent, "Stop", last_assistant_message="done")
+    wait_for(lambda: (supervise(private_tmux), fresh(message).pasted_at)[1], "the paste after Stop")
+    wait_for(lambda: "marker-two" in pane(private_tmux, agent), "the text in the pane")
+
+
+def test_nothing_is_pasted_while_a_permission_prompt_is_on_screen(hooked, private_tmux):
+    agent = hooked("hooked-claude")
+    hook(agent, "SessionStart", source="startup")
+    hook(agent, "PermissionRequest", tool_name="Bash", tool_input={"command": "rm -rf build"})
+    message = send(agent, "yes")
+
+    for _ in range(3):
+        supervise(private_tmux)
+    assert fresh(message).pasted_at is None and fresh(message).status == "queued"
+
+    hook(agent, "PostToolUse", tool_name="Bash")  # approved in the terminal: working
+    supervise(private_tmux)
+    assert fresh(message).pasted_at is None
+    hook(agent, "Notification", notification_type="idle_prompt", message="waiting")
+    wait_for(lambda: (supervise(private_tmux), fresh(message).pasted_at)[1], "the paste once idle")
+
+
+def test_one_pasted_message_at_a_time_and_an_unconfirmed_one_fails_after_the_wait(hooked, private_tmux):
+    from agents import supervisor
+
+    agent = hooked("hooked-claude")
+    hook(agent, "SessionStart", source="startup")
+    first, second = send(agent, "one marker-3a"), send(agent, "two marker-3b")
+    wait_for(lambda: (supervise(private_tmux), fresh(first).pasted_at)[1], "the first paste")
+
+    supervise(private_tmux)
+    assert fresh(second).pasted_at is None  # the first still waits for its UserPromptSubmit
+
+    AgentMessage.objects.filter(pk=first.pk).update(
+        pasted_at=fresh(first).pasted_at - timedelta(seconds=supervisor.DELIVERY_CONFIRM + 1)
+    )
+    supervise(private_tmux)
+    assert fresh(first).status == "failed"
+    assert fresh(first).error == (
+        "the CLI did not take the message (no UserPromptSubmit within 20 s; a dialog may be open — see the pane)"
+    )
+    wait_for(lambda: (supervise(private_tmux), fresh(second).pasted_at)[1], "the second paste")
+
+
+def test_a_late_confirmation_of_a_failed_message_does_not_deliver_it(hooked, private_tmux):
+    agent = hooked("hooked-claude")
+    hook(agent, "SessionStart", source="startup")
+    message = send(agent, "late marker-4")
+    wait_for(lambda: (supervise(private_tmux), fresh(message).pasted_at)[1], "the paste")
+    messages.message_mark_failed(message=message, error="x")
+
+    hook(agent, "UserPromptSubmit", prompt="late marker-4")
+
+    assert fresh(message).status == "failed"
+    assert latest(agent) == ("working", "prompt typed in the terminal")
+
+
+def test_the_pane_watcher_leaves_a_hook_reported_state_alone(hooked, private_tmux, settings):
+    from agents import supervisor
+
+    settings.AGENT_IDLE_AFTER = 0
+    agent = hooked("hooked-claude")
+    hook(agent, "SessionStart", source="startup")
+    hook(agent, "PermissionRequest", tool_name="Bash", tool_input={"command": "ls"})
+    for index in range(3):  # the pane changes between passes (cat echoes what is typed)
+        supervise(private_tmux)
+        private_tmux.send_keys(pane_name(agent), ["x", "Enter"])
+        wait_for(lambda index=index: pane(private_tmux, agent).count("x") >= index + 1, "the echo")
+
+    assert not AgentEvent.objects.filter(agent=agent, metadata__source=supervisor.WATCHER).exists()
+    assert latest(agent)[0] == "blocked"
+
+
+def test_codex_is_ready_by_its_input_line_before_its_lazy_session_start(hooked, private_tmux):
+    ready = hooked("hooked-codex", CODEX_READY)
+    dialog = hooked("hooked-codex", CODEX_DIALOG)
+    to_ready, to_dialog = send(ready, "hello marker-5"), send(dialog, "hello marker-6")
+
+    wait_for(lambda: (supervise(private_tmux), fresh(to_ready).pasted_at)[1], "the paste into the ready codex")
+    for _ in range(2):
+        supervise(private_tmux)
+    assert fresh(to_dialog).pasted_at is None and "marker-6" not in pane(private_tmux, dialog)
+
+
+def test_a_claude_family_cli_is_not_ready_by_its_screen_alone(hooked, private_tmux):
+    agent = hooked("hooked-claude", CODEX_READY)
+    message = send(agent, "hello marker-7")
+    for _ in range(3):
+        supervise(private_tmux)
+    assert fresh(message).pasted_at is None and fresh(message).status == "queued"
+    assert "marker-7" not in pane(private_tmux, agent)
+
+
+def test_a_type_without_hooks_keeps_pasted_as_delivered(hooked, private_tmux):
+    agent = hooked("plain")
+    message = send(agent, "plain marker-8")
+    wait_for(lambda: (supervise(private_tmux), fresh(message).status == "delivered")[1], "the delivery")
+    assert fresh(message).pasted_at is None
