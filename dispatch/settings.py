@@ -475,10 +475,10 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     # Expected 4xx answers (a device login's authorization_pending, a probe of a missing
-    # /.well-known/ path) at DEBUG, a refused Host header one line (dispatch/errors.py).
+    # /.well-known/ path) at DEBUG, a refused Host header one line (dispatch/log_filters.py).
     "filters": {
-        "client_errors_at_debug": {"()": "dispatch.errors.ClientErrorsAtDebug"},
-        "disallowed_host_one_line": {"()": "dispatch.errors.DisallowedHostOneLine"},
+        "client_errors_at_debug": {"()": "dispatch.log_filters.ClientErrorsAtDebug"},
+        "disallowed_host_one_line": {"()": "dispatch.log_filters.DisallowedHostOneLine"},
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},

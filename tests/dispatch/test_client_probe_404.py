@@ -83,7 +83,7 @@ def test_a_refused_host_is_one_warning_line_without_a_traceback(strict_client, c
 
 
 def test_a_server_error_is_still_logged_as_an_error():
-    from dispatch.errors import ClientErrorsAtDebug
+    from dispatch.log_filters import ClientErrorsAtDebug
 
     record = logging.LogRecord("django.request", logging.ERROR, __file__, 1, "Internal Server Error: /x", None, None)
     record.status_code = 500
@@ -92,7 +92,7 @@ def test_a_server_error_is_still_logged_as_an_error():
 
 
 def test_client_errors_still_show_at_debug_level():
-    from dispatch.errors import ClientErrorsAtDebug
+    from dispatch.log_filters import ClientErrorsAtDebug
 
     def bad_request() -> logging.LogRecord:
         record = logging.LogRecord("django.request", logging.WARNING, __file__, 1, "Bad Request: /x", None, None)
