@@ -15,9 +15,17 @@ variables (a person's own CLI session sharing a global hooks file) it does nothi
 
 from __future__ import annotations
 
+import sys
+
+# Run as a script, Python puts the script's folder — agents/, which holds a ``types.py`` —
+# first on sys.path, and the standard library's own ``import types`` would find that one.
+# It is there unless Python runs with -I or -P (docs: sys.path, "safe_path").
+if __name__ == "__main__" and not (sys.flags.isolated or getattr(sys.flags, "safe_path", False)):
+    del sys.path[0]
+
+# The rest of the imports only after that repair.
 import json
 import os
-import sys
 import urllib.error
 import urllib.parse
 import urllib.request

@@ -7,6 +7,7 @@ on stderr when Dispatch is down or refuses)."""
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import threading
@@ -73,11 +74,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 
 def hook(event: str, payload: Any, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """Run the hook command as a CLI does, but under ``python -I -S``: no site-packages, no
-    virtualenv — the client must need nothing but the standard library."""
+    """Run the hook command as a CLI does (``hook_command`` through a shell), but with
+    ``-S``: no site-packages, no virtualenv — the client must need nothing but the standard
+    library (and must not import agents/types.py for the standard library's ``types``)."""
     stdin = payload if isinstance(payload, str) else json.dumps(payload)
+    command = cli_hooks.hook_command(event).replace(shlex.quote(sys.executable), f"{shlex.quote(sys.executable)} -S", 1)
+    assert command != cli_hooks.hook_command(event)
     return subprocess.run(
-        [sys.executable, "-I", "-S", str(cli_hooks.HOOK_CLIENT), event],
+        ["sh", "-c", command],
         input=stdin,
         env=env,
         capture_output=True,
