@@ -36,10 +36,11 @@ from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import close_old_connections, connection
 
-from agents import selectors, services
+from agents import selectors, services, trust
 from agents.hooks import Link, linked
 from agents.launching import agent_type_availability, default_launch_type, launch_type_resolve
 from agents.lifecycle import agent_launch_any, agent_message_send
@@ -231,16 +232,23 @@ def _record(agent: Agent, type: str, message: str) -> dict[str, Any]:
 def _launch(user: User, caller: Agent | None, arguments: dict[str, Any], type: str) -> dict[str, Any]:
     child = bool(arguments.get("child", True))
     launcher = Agent.objects.get(pk=caller.pk) if caller is not None else None
-    agent = agent_launch_any(
-        owner=user,
-        type=type,
-        name=arguments["name"],
-        prompt=arguments.get("prompt", ""),
-        cwd=arguments.get("cwd") or None,
-        launched_by=launcher,
-        child=child and launcher is not None,
-        full_access=bool(arguments.get("full_access", False)),
-    )
+    try:
+        agent = agent_launch_any(
+            owner=user,
+            type=type,
+            name=arguments["name"],
+            prompt=arguments.get("prompt", ""),
+            cwd=arguments.get("cwd") or None,
+            launched_by=launcher,
+            child=child and launcher is not None,
+            full_access=bool(arguments.get("full_access", False)),
+        )
+    except trust.FolderNotTrusted as refused:
+        # The tool has no trust_folder: a model must not trust a folder, so the refusal
+        # says who can (docs/agents.md "Folder trust").
+        spec = settings.AGENT_TYPES.get(type)
+        family = spec.hooks if spec is not None and spec.hooks else type
+        raise trust.refusal(family=family, path=refused.details["path"], type=type, person=False) from None
     return agent_data(agent)
 
 

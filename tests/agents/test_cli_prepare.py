@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import tomlkit
+from django.utils import timezone
 
 from agents import cli, cli_prepare
 from agents.cli_hooks import hook_command
@@ -392,3 +393,25 @@ def test_docs_say_what_dispatch_writes_and_how_to_undo_it() -> None:
     ):
         assert written in section, written
     assert "undo" in section.lower()
+
+
+@needs_tmux
+@pytest.mark.django_db
+def test_each_start_forgets_the_previous_sessions_ready_at(
+    owner: Any, private_tmux: Any, stand_in: Path, tmp_path: Path, settings: Any
+) -> None:
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    settings.AGENT_TYPES = parse_agent_types(
+        {"claude": {"argv": [sys.executable, str(stand_in), str(tmp_path / "o")], "env": {"HOME": str(home)}}}
+    )
+    agent = cli.agent_launch(owner=owner, type="claude", name="c", prompt="", cwd=str(work), trust_folder=True)
+    Agent.objects.filter(pk=agent.pk).update(ready_at=timezone.now())  # its SessionStart came
+    private_tmux.kill(cli.session_name(agent))
+    cli.agent_ended(agent=agent, status=Agent.Status.STOPPED, note="gone")
+
+    agent = cli.agent_start(agent=agent)
+
+    assert agent.status == "running", agent.last_error
+    assert agent.ready_at is None  # the new session is not ready until its own SessionStart

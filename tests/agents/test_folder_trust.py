@@ -244,6 +244,7 @@ def test_the_launch_tool_launches_only_in_trusted_folders(owner: Any, folder: st
     with pytest.raises(DispatchError) as refused:
         async_to_sync(tools["dispatch_launch_agent"])(arguments)
     assert refused.value.code == "FOLDER_NOT_TRUSTED"
+    assert "only a person can decide that" in refused.value.message  # not "launch again with trust_folder"
     with pytest.raises(DispatchError) as extra:  # the tool has no way to trust a folder
         async_to_sync(tools["dispatch_launch_agent"])({**arguments, "trust_folder": True})
     assert extra.value.code == "INVALID_REQUEST"
