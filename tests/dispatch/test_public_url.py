@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,11 +16,12 @@ import pytest
 from dispatch.management.commands.serve import (
     forget_public_url,
     record_public_url,
+    records_its_public_url,
     unnamed_wildcard_host_error,
     wildcard_public_url_error,
 )
 from dispatch.settings import recorded_public_url
-from tests.infra import REPO, base_env, free_port, manage
+from tests.infra import PYTHON, REPO, base_env, free_port, manage
 
 
 @pytest.fixture
@@ -96,7 +98,8 @@ def test_a_wildcard_host_needs_a_configured_public_url(host):
     message = unnamed_wildcard_host_error(host, 9000, "default")
     assert message is not None and "DISPATCH_PUBLIC_URL=http://laptop.lan:9000" in message
     assert unnamed_wildcard_host_error(host, 9000, "DISPATCH_PUBLIC_URL") is None
-    assert unnamed_wildcard_host_error(host, 9000, "/data/public_url.json") is None
+    # Another live serve's record names that serve, not this machine's wildcard listener.
+    assert unnamed_wildcard_host_error(host, 9000, "/data/public_url.json") is not None
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "192.168.1.5", "::1", "laptop.lan"])
@@ -162,3 +165,58 @@ def test_make_run_on_a_wildcard_host_goes_on_with_a_public_url(as_make_variable)
     assert done.returncode == 0, done.stderr
     assert "manage.py migrate" in done.stdout
     assert "manage.py serve --host 0.0.0.0 --port 9000  (public URL http://laptop.lan:9000)" in done.stdout
+
+
+def test_only_a_serve_whose_url_is_its_own_records_it(record):
+    assert records_its_public_url("DISPATCH_PUBLIC_URL", record)
+    assert records_its_public_url("default", record)
+    assert not records_its_public_url(str(record), record)
+
+
+@pytest.fixture
+def another_serve_s_record() -> Iterator[tuple[Path, subprocess.Popen[bytes]]]:
+    """A data dir whose record names a live process (standing in for a running serve)."""
+    data_dir = Path(tempfile.mkdtemp(prefix="dispatch-record-"))
+    holder = subprocess.Popen(["sleep", "120"])
+    (data_dir / "public_url.json").write_text(json.dumps({"url": "http://127.0.0.1:8765", "pid": holder.pid}))
+    manage(base_env(DISPATCH_DATA_DIR=str(data_dir)), "migrate", "--noinput", "-v0")
+    yield data_dir, holder
+    holder.kill()
+    holder.wait()
+
+
+def test_a_second_serve_neither_takes_nor_removes_a_running_serve_s_record(another_serve_s_record):
+    data_dir, holder = another_serve_s_record
+    record = data_dir / "public_url.json"
+    port = free_port()
+    server = subprocess.Popen(
+        [PYTHON, "manage.py", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        cwd=REPO,
+        env=base_env(DISPATCH_DATA_DIR=str(data_dir)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        for line in server.stdout:
+            if "Dispatch serving on" in line:
+                break
+        else:
+            pytest.fail("serve ended before it listened")
+        assert json.loads(record.read_text())["pid"] == holder.pid
+    finally:
+        server.terminate()
+        server.communicate(timeout=30)
+    assert json.loads(record.read_text()) == {"url": "http://127.0.0.1:8765", "pid": holder.pid}
+
+
+def test_a_wildcard_serve_is_refused_though_another_serve_recorded_a_url(another_serve_s_record):
+    data_dir, _ = another_serve_s_record
+    port = free_port()
+    done = manage(
+        base_env(DISPATCH_DATA_DIR=str(data_dir)), "serve", "--host", "0.0.0.0", "--port", str(port), check=False
+    )
+    assert done.returncode != 0
+    assert "DISPATCH_PUBLIC_URL is not set" in done.stderr
+    assert "Dispatch serving on" not in done.stdout

@@ -286,17 +286,25 @@ def _is_wildcard(host: str) -> bool:
 
 def unnamed_wildcard_host_error(host: str, port: int, public_url_source: str) -> str | None:
     """Why ``serve --host <wildcard>`` cannot start, or ``None``: listening on every
-    interface is for other computers, and with the public URL left at its default
-    (``public_url_source`` ``"default"``: neither ``DISPATCH_PUBLIC_URL`` nor a running
-    ``serve``'s record gave one) they would be handed ``http://127.0.0.1:8000`` and their
-    requests naming this machine refused as a bad ``Host``."""
-    if public_url_source != "default" or not _is_wildcard(host):
+    interface is for other computers, and unless ``DISPATCH_PUBLIC_URL`` names this
+    machine (``public_url_source`` ``"DISPATCH_PUBLIC_URL"``) they would be handed the
+    default ``http://127.0.0.1:8000``, or the URL another running ``serve`` on this data
+    dir recorded, and their requests naming this machine refused as a bad ``Host``."""
+    if public_url_source == "DISPATCH_PUBLIC_URL" or not _is_wildcard(host):
         return None
     return (
         f"--host {host} listens on every interface, but DISPATCH_PUBLIC_URL is not set: agents, shims, peers and "
         f"browsers on other computers need the address they reach this one at. Set it, e.g. "
         f'DISPATCH_PUBLIC_URL=http://laptop.lan:{port} (environment or .env; docs/deployment.md "Public URL")'
     )
+
+
+def records_its_public_url(public_url_source: str, record: Path) -> bool:
+    """Whether this ``serve`` writes ``record``: not when its public URL was read from that
+    very record (``public_url_source`` is the record's path, so another live ``serve`` on
+    this data dir wrote it): that process keeps its record, and stopping this one leaves
+    it in place for the commands that read it."""
+    return public_url_source != str(record)
 
 
 def record_public_url(record: Path, url: str) -> None:
@@ -393,7 +401,8 @@ class Command(BaseCommand):
                 runtime.ports.append(port)
                 address = port.getHost()
                 try:
-                    record_public_url(settings.PUBLIC_URL_RECORD, settings.PUBLIC_URL)
+                    if records_its_public_url(settings.PUBLIC_URL_SOURCE, settings.PUBLIC_URL_RECORD):
+                        record_public_url(settings.PUBLIC_URL_RECORD, settings.PUBLIC_URL)
                 except OSError as exc:
                     logger.warning("could not record the public URL in %s: %s", settings.PUBLIC_URL_RECORD, exc)
                 print(
