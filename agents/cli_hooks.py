@@ -125,10 +125,11 @@ def _short_input(value: Any) -> str:
 
 
 def _prompt_form(text: str) -> str:
-    """Text as compared between a pasted message and a submitted prompt: line endings as LF,
-    surrounding whitespace dropped (the neutralising space survives in Claude's prompt, not
-    in codex's; docs/agents.md "Messages are text")."""
-    return text.replace("\r\n", "\n").replace("\r", "\n").strip()
+    """Text as compared between a pasted message and a submitted prompt: every run of
+    whitespace as one space, none at the ends. The CLIs change whitespace on the way: Claude
+    Code turns a tab into four spaces and keeps the neutralising space, codex trims the
+    ends (docs/agents.md "Hooks")."""
+    return " ".join(text.split())
 
 
 def _pasted_forms(agent: Agent, message: AgentMessage) -> set[str]:

@@ -209,6 +209,7 @@ def test_user_prompt_submit_delivers_the_pasted_message_it_carries(agent_api, cl
         ("/exit", " /exit"),
         ("line one\r\nline two\n", "line one\nline two"),  # line endings and the trailing newline
         ("  spaced out  ", "spaced out"),
+        ("a\tb\n\tindented", "a    b\n    indented"),  # Claude turns a tab into four spaces
     ],
 )
 def test_the_prompt_matches_the_message_as_the_cli_reports_it(agent_api, claude_agent, content, prompt):

@@ -158,9 +158,10 @@ def test_multi_line_and_bang_messages_reach_the_model_as_text(
     claude: Dispatch, fake_model: FakeModel, run: Run
 ) -> None:
     marker = run.workdir / "bang-ran"
-    agent = launch(claude, "claude", run, "line one marker-b1\nline two\n  line three")
+    agent = launch(claude, "claude", run, "line one marker-b1\nline two\n\tline three")
     agent.wait_delivered(agent.messages()[0]["id"])
-    fake_model.wait_for(lambda: fake_model.prompts_containing("line one marker-b1\nline two\n  line three"), 25)
+    # One prompt, the tab as four spaces (Claude's own rewrite; the delivery still matched).
+    fake_model.wait_for(lambda: fake_model.prompts_containing("line one marker-b1\nline two\n    line three"), 25)
 
     bang = agent.send(f"!touch {marker}")
     agent.wait_delivered(bang)

@@ -83,9 +83,9 @@ def test_multi_line_bang_and_slash_messages_reach_the_model_as_text(
     codex: Dispatch, fake_model: FakeModel, run: Run
 ) -> None:
     marker = run.workdir / "bang-ran"
-    agent = launch(codex, "codex", run, "line one marker-y1\nline two\n  line three")
+    agent = launch(codex, "codex", run, "line one marker-y1\nline two\n\tline three")
     agent.wait_delivered(agent.messages()[0]["id"])
-    fake_model.wait_for(lambda: fake_model.prompts_containing("line one marker-y1\nline two\n  line three"), 25)
+    fake_model.wait_for(lambda: fake_model.prompts_containing("line one marker-y1\nline two\n\tline three"), 25)
 
     bang = agent.send(f"!touch {marker}")
     agent.wait_delivered(bang)
