@@ -214,6 +214,9 @@ def _supervise_agent(*, agent: Agent, runner: TmuxRunner, owned: set[str], insta
         _supervise_stopping(agent=agent, runner=runner)
         return False
     family = hook_family(agent)
+    if family is not None and agent.ready_at is None:
+        # The pass read its rows before this CLI's SessionStart may have come in.
+        agent.ready_at = Agent.objects.values_list("ready_at", flat=True).get(pk=agent.pk)
     # Once the CLI reports through its hooks, the pane's activity is no judge of its state
     # (a spinner beside a permission prompt is not work, a static dialog is not idle).
     if family is None or agent.ready_at is None:

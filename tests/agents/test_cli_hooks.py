@@ -499,6 +499,27 @@ def test_the_pane_watcher_leaves_a_hook_reported_state_alone(hooked, private_tmu
     assert latest(agent)[0] == "blocked"
 
 
+def test_a_session_start_that_came_during_the_pass_already_silences_the_watcher(hooked, private_tmux):
+    from agents import supervisor
+    from core.services import instance_identity_get
+
+    agent = hooked("hooked-claude")
+    supervise(private_tmux)  # the watcher's first look: it records the pane's hash
+    private_tmux.send_keys(pane_name(agent), ["x", "Enter"])  # the pane changes
+    wait_for(lambda: "x" in pane(private_tmux, agent), "the echo")
+    read_by_the_pass = Agent.objects.get(pk=agent.pk)  # ready_at still None in this copy
+    hook(agent, "SessionStart", source="startup")
+
+    supervisor._supervise_agent(
+        agent=read_by_the_pass,
+        runner=private_tmux,
+        owned={pane_name(agent)},
+        instance_id=instance_identity_get().instance_id,
+    )
+
+    assert not AgentEvent.objects.filter(agent=agent, metadata__source=supervisor.WATCHER).exists()
+
+
 def test_codex_is_ready_by_its_input_line_before_its_lazy_session_start(hooked, private_tmux):
     ready = hooked("hooked-codex", CODEX_READY)
     dialog = hooked("hooked-codex", CODEX_DIALOG)
