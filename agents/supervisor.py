@@ -65,6 +65,15 @@ NOT_TAKEN = (
     f"the CLI did not take the message (no UserPromptSubmit within {DELIVERY_CONFIRM:g} s; "
     "a dialog may be open — see the pane)"
 )
+# Seconds a message waits for a CLI with hooks to become ready before it is failed: a
+# start takes seconds, so a minute without SessionStart (or codex's input line) means
+# something is in the way — a dialog, or hooks that cannot reach DISPATCH_URL — and the
+# sender should hear why instead of waiting on a queued message forever.
+READY_WAIT = 60.0
+NEVER_READY = (
+    f"the CLI did not get ready within {READY_WAIT:g} s (no SessionStart hook; a dialog may be "
+    "open, or its hooks cannot reach DISPATCH_URL — see the pane)"
+)
 # What a CLI with hooks last reported while nothing may be pasted: a turn running (the
 # message waits for ``done``/``idle``), a permission prompt on screen (a paste would answer it).
 BUSY_STATES = frozenset({AgentEvent.Type.WORKING, AgentEvent.Type.BLOCKED})
@@ -252,7 +261,8 @@ def _hooked_wait(*, agent: Agent, family: str, runner: TmuxRunner) -> bool | Non
 
     One pasted message at a time: while one waits for its ``UserPromptSubmit`` nothing else
     is pasted, and past ``DELIVERY_CONFIRM`` s it is failed (``NOT_TAKEN``). Nothing is
-    pasted before the CLI is ready (``_hooked_ready``) nor while it last reported
+    pasted before the CLI is ready (``_hooked_ready``; a message that waited ``READY_WAIT``
+    s for that is failed, ``NEVER_READY``) nor while it last reported
     ``working`` or ``blocked`` (``BUSY_STATES``) — its Stop, idle or SessionStart hook rings
     the supervisor's doorbell."""
     unconfirmed = messages.messages_pasted_unconfirmed(agent=agent)
@@ -263,9 +273,14 @@ def _hooked_wait(*, agent: Agent, family: str, runner: TmuxRunner) -> bool | Non
             return False
         messages.message_mark_failed(message=message, error=NOT_TAKEN)
         return len(unconfirmed) > 1 or bool(messages.messages_pending(agent=agent))
-    if not messages.messages_pending(agent=agent):
+    pending = messages.messages_pending(agent=agent)
+    if not pending:
         return False
     if not _hooked_ready(agent=agent, family=family, runner=runner):
+        oldest = pending[0]
+        if (timezone.now() - oldest.created_at).total_seconds() >= READY_WAIT:
+            messages.message_mark_failed(message=oldest, error=NEVER_READY)
+            return len(pending) > 1
         return family == "codex"  # its input line is looked for on the pane; Claude's SessionStart rings
     if cli_hooks.hook_state(agent) in BUSY_STATES:
         return False

@@ -531,6 +531,28 @@ def test_codex_is_ready_by_its_input_line_before_its_lazy_session_start(hooked, 
     assert fresh(to_dialog).pasted_at is None and "marker-6" not in pane(private_tmux, dialog)
 
 
+def test_a_message_that_waited_a_minute_for_a_cli_never_ready_fails_saying_why(hooked, private_tmux):
+    from agents import supervisor
+
+    agent = hooked("hooked-codex", CODEX_DIALOG)
+    stuck, later = send(agent, "hello marker-9"), send(agent, "later marker-9")
+    supervise(private_tmux)
+    assert fresh(stuck).status == "queued"
+
+    AgentMessage.objects.filter(pk=stuck.pk).update(
+        created_at=fresh(stuck).created_at - timedelta(seconds=supervisor.READY_WAIT + 1)
+    )
+    supervise(private_tmux)
+
+    assert fresh(stuck).status == "failed" and fresh(stuck).pasted_at is None
+    assert fresh(stuck).error == (
+        "the CLI did not get ready within 60 s (no SessionStart hook; a dialog may be open, "
+        "or its hooks cannot reach DISPATCH_URL — see the pane)"
+    )
+    assert fresh(later).status == "queued"  # its own minute has not passed
+    assert "marker-9" not in pane(private_tmux, agent)
+
+
 def test_a_claude_family_cli_is_not_ready_by_its_screen_alone(hooked, private_tmux):
     agent = hooked("hooked-claude", CODEX_READY)
     message = send(agent, "hello marker-7")
