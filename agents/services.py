@@ -268,6 +268,7 @@ def agent_event_record(
     run: Run | None = None,
     created_at: datetime | None = None,
     mirrored: bool = False,
+    latest: bool = True,
 ) -> AgentEvent | None:
     """Append an event to ``agent``'s timeline (spec/agents.md §1) and announce it.
 
@@ -275,7 +276,9 @@ def agent_event_record(
     ``metadata`` a JSON object. ``created_at`` defaults to now (a mirrored event passes
     the peer's time). A mirrored event already recorded for ``(agent, created_at, type)``
     adds nothing and returns ``None``. The agent's ``latest_event_*`` follow the newest
-    event by ``created_at`` (an older replayed event does not overwrite them).
+    event by ``created_at`` (an older replayed event does not overwrite them), unless
+    ``latest`` is False: a side note (one MCP call the agent made, docs/agents.md "Hooks")
+    is on the timeline without hiding what the agent last reported.
     """
     if type not in AgentEvent.Type.values:
         raise InvalidRequest(f"unknown event type '{type}'; known types: {', '.join(AgentEvent.Type.values)}")
@@ -300,6 +303,9 @@ def agent_event_record(
         if mirrored:
             return None
         raise
+    publish_on_commit(user_id=agent.owner_id, event="agent.event", data=event_data(event))
+    if not latest:
+        return event
     Agent.objects.filter(pk=agent.pk).filter(
         Q(latest_event_at__isnull=True) | Q(latest_event_at__lte=happened_at)
     ).update(
@@ -308,7 +314,6 @@ def agent_event_record(
         latest_event_at=happened_at,
         updated_at=timezone.now(),
     )
-    publish_on_commit(user_id=agent.owner_id, event="agent.event", data=event_data(event))
     fresh = Agent.objects.select_related("owner", "peer").get(pk=agent.pk)
     _publish_agent(fresh)
     return event

@@ -34,12 +34,16 @@ import asyncio
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import mcp_types as types
+from channels.db import database_sync_to_async
 from django.contrib.auth.models import User
+from django.utils import timezone
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import NotificationOptions, Server
 from mcp.server.models import InitializationOptions
@@ -48,7 +52,8 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 
-from agents.models import Agent
+from agents.models import Agent, AgentEvent
+from agents.services import agent_event_record
 from core import wire
 from core.errors import DispatchError
 from core.tools import TOOL_CALL, ToolCall
@@ -171,34 +176,86 @@ async def list_tools(
 async def call_tool(ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams) -> types.CallToolResult:
     """``tools/call``: find the tool among the caller's tools now and run it.
 
-    Raises ``MCPError(-32602)`` for a tool the caller does not have.
+    Each call is one INFO line (``call_noted``) and, for an agent's token, one ``system``
+    event on that agent's timeline (docs/agents.md "Hooks"). Raises
+    ``MCPError(-32602)`` for a tool the caller does not have.
     """
     arguments = params.arguments or {}
     session_id = arguments.get("session_id")
     caller = caller_of(ctx)
-    tools = await tools_for(
-        user=caller.user,
-        session_id=session_id if isinstance(session_id, str) and session_id else None,
-        caller_agent=caller.agent,
-        name=params.name,
-    )
-    tool = tools.get(params.name)
-    if tool is None:
-        raise MCPError(code=INVALID_PARAMS, message=f"Unknown tool: {params.name[:200]}")
-    problem = uncarriable(arguments)
-    if problem is not None:
-        return error_result("INVALID_REQUEST", problem)
-    token = TOOL_CALL.set(tool_call_of(ctx))
+    started_at, started = timezone.now(), time.monotonic()
+    outcome = "cancelled"  # what a call the client gave up on ends as
     try:
-        value = await _detached(tool(arguments))
-    except DispatchError as exc:
-        return error_result(exc.code, exc.message)
-    except Exception:
-        logger.exception("MCP tool %s failed", params.name)
-        return error_result("INTERNAL_ERROR", f"the tool '{params.name}' failed unexpectedly")
+        tools = await tools_for(
+            user=caller.user,
+            session_id=session_id if isinstance(session_id, str) and session_id else None,
+            caller_agent=caller.agent,
+            name=params.name,
+        )
+        tool = tools.get(params.name)
+        if tool is None:
+            outcome = "unknown tool"
+            raise MCPError(code=INVALID_PARAMS, message=f"Unknown tool: {params.name[:200]}")
+        problem = uncarriable(arguments)
+        if problem is not None:
+            outcome = "error INVALID_REQUEST"
+            return error_result("INVALID_REQUEST", problem)
+        token = TOOL_CALL.set(tool_call_of(ctx))
+        try:
+            value = await _detached(tool(arguments))
+        except DispatchError as exc:
+            outcome = f"error {exc.code}"
+            return error_result(exc.code, exc.message)
+        except Exception:
+            outcome = "error INTERNAL_ERROR"
+            logger.exception("MCP tool %s failed", params.name)
+            return error_result("INTERNAL_ERROR", f"the tool '{params.name}' failed unexpectedly")
+        finally:
+            TOOL_CALL.reset(token)
+        outcome = "ok"
+        return tool_result(value)
     finally:
-        TOOL_CALL.reset(token)
-    return tool_result(value)
+        call_noted(caller=caller, tool=params.name, outcome=outcome, started_at=started_at, started=started)
+
+
+_noting: set[asyncio.Future[Any]] = set()
+
+
+def call_noted(*, caller: Caller, tool: str, outcome: str, started_at: datetime, started: float) -> None:
+    """Note one ``tools/call``: an INFO line ``MCP tool <name> by agent <id>: <outcome> in
+    <ms> ms`` (``by user <id>`` for a user's token) and, for an agent, a ``system`` event
+    "MCP tool <name>" with ``metadata {tool, ok, ms}``, dated when the call began and not
+    made the agent's latest event (docs/agents.md "Hooks"). ``outcome``: ``ok``, ``error <CODE>``,
+    ``unknown tool`` or ``cancelled``. The arguments are never logged: they may hold
+    anything the model wrote.
+
+    Never waits and never raises: the event is written by a task of its own (a cancelled
+    call's handler can await nothing), whose failure is only logged.
+    """
+    ms = int((time.monotonic() - started) * 1000)
+    who = f"agent {caller.agent.pk}" if caller.agent is not None else f"user {caller.user.pk}"
+    logger.info("MCP tool %s by %s: %s in %d ms", tool[:200], who, outcome, ms)
+    if caller.agent is None:
+        return
+    note = asyncio.ensure_future(
+        database_sync_to_async(_call_event)(caller.agent, tool[:200], outcome == "ok", ms, started_at)
+    )
+    _noting.add(note)
+    note.add_done_callback(_noting.discard)
+
+
+def _call_event(agent: Agent, tool: str, ok: bool, ms: int, started_at: datetime) -> None:
+    try:
+        agent_event_record(
+            agent=agent,
+            type=AgentEvent.Type.SYSTEM,
+            message=f"MCP tool {tool}",
+            metadata={"tool": tool, "ok": ok, "ms": ms},
+            created_at=started_at,
+            latest=False,
+        )
+    except Exception:
+        logger.exception("could not record agent %s's MCP call of %s", agent.pk, tool)
 
 
 _detached_calls: set[asyncio.Future[Any]] = set()

@@ -67,7 +67,7 @@ class Served:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     cwd = str(tmp_path_factory.mktemp("hook-client"))
-    with instance() as inst:
+    with instance(DISPATCH_LOG_LEVEL="INFO") as inst:  # INFO: the MCP call lines below
         created = json.loads(inst.manage("shell", "-c", _SETUP.format(cwd=cwd)).stdout.strip().splitlines()[-1])
         server = inst.serve()
         yield Served(inst, server, created["agent"], created["token"], created["user_token"])
@@ -184,3 +184,41 @@ def test_a_non_null_output_is_printed_as_json_for_the_cli(answering):
             "body": {"event": "PermissionRequest", "payload": {"tool_name": "Bash"}},
         }
     ]
+
+
+# --- the agent's MCP calls (dispatch/mcp/server.py; docs/mcp.md) ----------------------------------
+# The served agent's own token on /mcp, as its CLI uses it: each tools/call is one INFO line
+# and one system event on the agent's timeline, without the arguments.
+
+
+async def test_each_mcp_call_of_an_agent_is_one_log_line_and_one_timeline_event(served):
+    from tests.mcp.test_mcp_endpoint import mcp_client
+
+    before = served.agent_row()
+    secret = "agt_0000deadbeef"  # an argument: it must appear nowhere in the log
+    async with mcp_client(f"{served.server.url}/mcp", served.token) as client:
+        listed = await client.call_tool("list_agents", {})
+        missing = await client.call_tool("get_agent_history", {"agent_id": secret})
+    assert not listed.is_error and missing.is_error
+
+    headers = {"Authorization": f"Bearer {served.user_token}"}
+    events = httpx.get(f"{served.server.url}/api/v1/agents/{served.agent}/events", headers=headers, timeout=10)
+    calls = [e for e in reversed(events.json()["events"]) if e["message"].startswith("MCP tool")]
+    assert [(e["type"], e["message"], e["metadata"]["tool"], e["metadata"]["ok"]) for e in calls] == [
+        ("system", "MCP tool list_agents", "list_agents", True),
+        ("system", "MCP tool get_agent_history", "get_agent_history", False),
+    ]
+    assert all(isinstance(e["metadata"]["ms"], int) and e["metadata"]["ms"] >= 0 for e in calls)
+    assert set(calls[0]["metadata"]) == {"tool", "ok", "ms"}
+    after = served.agent_row()  # a side note: what the agent last reported stays its latest event
+    assert (after["latest_event_type"], after["latest_event_message"]) == (
+        before["latest_event_type"],
+        before["latest_event_message"],
+    )
+
+    log = served.server.log()
+    lines = [line for line in log.splitlines() if "MCP tool" in line and served.agent in line]
+    assert len(lines) == 2, lines
+    assert f"MCP tool list_agents by agent {served.agent}: ok in " in lines[0] and lines[0].endswith(" ms")
+    assert f"MCP tool get_agent_history by agent {served.agent}: error NOT_FOUND in " in lines[1]
+    assert secret not in log

@@ -243,6 +243,9 @@ def test_the_cli_calls_dispatch_mcp_tools_and_the_results_reach_the_model(
     assert json.loads(texts[1]) == [{"type": "text", "text": "[]"}]  # list_machines: none connected
     tools = [e["metadata"]["tool_name"] for e in agent.events() if e["message"].startswith("tool: ")]
     assert tools == ["mcp__dispatch__list_agents", "mcp__dispatch__list_machines"]
+    # Each call through Dispatch's MCP endpoint is on the agent's timeline (docs/mcp.md).
+    calls = [(e["message"], e["metadata"]["ok"]) for e in agent.events() if e["message"].startswith("MCP tool")]
+    assert calls == [("MCP tool list_agents", True), ("MCP tool list_machines", True)]
 
 
 def _tool_results(body: Any) -> list[str]:

@@ -119,3 +119,6 @@ def test_codex_calls_dispatch_mcp_tools_and_the_results_reach_the_model(
     assert len(texts) == 2, texts
     assert agent.id in texts[0]  # list_agents named the caller itself
     assert "[]" in texts[1]  # list_machines: none connected
+    # Each call through Dispatch's MCP endpoint is on the agent's timeline (docs/mcp.md).
+    calls = [(e["message"], e["metadata"]["ok"]) for e in agent.events() if e["message"].startswith("MCP tool")]
+    assert calls == [("MCP tool list_agents", True), ("MCP tool list_machines", True)]
