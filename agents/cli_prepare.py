@@ -52,6 +52,7 @@ from django.conf import settings
 from tomlkit.exceptions import TOMLKitError
 
 from agents.cli_hooks import hook_command
+from agents.tmux import server_environment
 from agents.types import AgentType
 from core.errors import InvalidRequest
 from core.presence import HOSTNAME
@@ -86,9 +87,10 @@ class Prepared:
 
 
 def agent_environment(spec: AgentType, *, mcp_url: str, agent_id: str) -> dict[str, str]:
-    """The environment the CLI will see, as far as its config goes: the server's, with the
-    type's ``env`` over it (a type's ``HOME``, ``CODEX_HOME`` or API key wins)."""
-    return {**os.environ, **spec.environment(mcp_url=mcp_url, agent_id=agent_id)}
+    """The environment the CLI will see, as far as its config goes: what Dispatch's tmux
+    server passes on (``agents.tmux.server_environment``), with the type's ``env`` over it
+    (a type's ``HOME``, ``CODEX_HOME`` or API key wins)."""
+    return {**server_environment(), **spec.environment(mcp_url=mcp_url, agent_id=agent_id)}
 
 
 def _home(env: Mapping[str, str]) -> Path:

@@ -426,6 +426,12 @@ try:
     AGENT_TYPES = parse_agent_types(env_str("DISPATCH_AGENT_TYPES", ""))
 except ValueError as exc:
     raise ImproperlyConfigured(str(exc)) from None
+# Folders an admin trusts once for every user's Claude Code and codex agents: a launch in
+# one of them, or below, needs no trust_folder (absolute; docs/agents.md "Folder trust").
+TRUSTED_ROOTS = [os.path.normpath(os.path.expanduser(root)) for root in env_list("DISPATCH_TRUSTED_ROOTS", [])]
+for _root in TRUSTED_ROOTS:
+    if not os.path.isabs(_root):
+        raise ImproperlyConfigured(f"DISPATCH_TRUSTED_ROOTS: {_root!r} is not an absolute folder")
 # The CLI supervisor (spec/agents.md §2), seconds: how often it reconciles (a doorbell wakes
 # it sooner for a new message), how long an agent reported working may stay silent before
 # the activity watcher marks it idle, the grace between a stop request and killing a CLI

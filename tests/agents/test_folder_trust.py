@@ -27,6 +27,7 @@ from agents.tools import agent_tools
 from agents.types import parse_agent_types
 from core.errors import DispatchError, InvalidRequest
 from tests.agents.conftest import Api, error_of
+from tests.infra import base_env, manage
 from tests.peers.conftest import FakePeer, make_peer  # noqa: F401 - a fixture used below
 from tests.peers.signing import peer_post
 
@@ -282,3 +283,17 @@ def test_a_linked_instance_launches_only_in_trusted_folders(
     TrustedFolder.objects.create(owner=owner, path=folder)
     launched = peer_post(Client(), cloud, "/api/v1/peers/launch", {**body, "name": "reviewer2"})
     assert launched.status_code == 201, launched.content
+
+
+# --- DISPATCH_TRUSTED_ROOTS --------------------------------------------------------------------------
+
+
+def test_dispatch_trusted_roots_is_a_list_of_absolute_folders(tmp_path: Path) -> None:
+    env = base_env(DISPATCH_DATA_DIR=str(tmp_path), DISPATCH_TRUSTED_ROOTS=f" {tmp_path}/repos/ , ~/work,")
+
+    shown = manage(env, "shell", "-c", "from django.conf import settings; print(settings.TRUSTED_ROOTS)")
+
+    assert shown.stdout.strip().splitlines()[-1] == repr([f"{tmp_path}/repos", os.path.expanduser("~/work")])
+    refused = manage({**env, "DISPATCH_TRUSTED_ROOTS": "/srv/ok,relative/dir"}, "check", check=False)
+    assert refused.returncode != 0
+    assert "DISPATCH_TRUSTED_ROOTS: 'relative/dir' is not an absolute folder" in refused.stderr
