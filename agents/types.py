@@ -149,6 +149,9 @@ DEFAULT_AGENT_TYPES: dict[str, dict[str, Any]] = {
         "kind": "llm",
         # Claude Code ignores one C-c (it asks for a second to exit).
         "stop": ["C-c", "C-c"],
+        # Claude Code 2.1 trims leading whitespace before it reads a command (' /exit' still
+        # exits, ' /clear' clears): a visible quote mark keeps a message text.
+        "neutralise_prefix": "> ",
     },
     "codex": {
         "argv": [

@@ -243,6 +243,24 @@ REST: list[Row] = [
         unchanged=lambda w: _agent_status(w.sibling),
     ),
     Row("agents/<str:agent_id>/stop", "POST", lambda w: f"agents/{w.child.pk}/stop", ALLOWED, 200),
+    # A CLI's hooks report for the agent whose token it holds, and for no other agent.
+    Row(
+        "agents/<str:agent_id>/hooks",
+        "POST",
+        lambda w: f"agents/{w.me.pk}/hooks",
+        ALLOWED,
+        200,
+        {"event": "Stop", "payload": {}},
+    ),
+    Row(
+        "agents/<str:agent_id>/hooks",
+        "POST",
+        lambda w: f"agents/{w.child.pk}/hooks",
+        FORBIDDEN,
+        403,
+        {"event": "Stop", "payload": {}},
+        unchanged=lambda w: _agent_status(w.child),
+    ),
     Row(
         "agents/<str:agent_id>/stop",
         "POST",

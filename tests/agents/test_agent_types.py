@@ -118,8 +118,10 @@ def test_the_default_stop_sequences_ask_each_cli_to_exit_its_own_way() -> None:
 )
 def test_an_llm_type_neutralises_a_message_that_starts_like_a_command(text: str, pasted: str) -> None:
     types = parse_agent_types("")
-    for name in ("claude", "codex", "opencode"):
+    for name in ("codex", "opencode"):
         assert types[name].neutralise(text) == pasted
+    # Claude Code trims leading whitespace before reading a command: its prefix is a quote mark.
+    assert types["claude"].neutralise(text) == (pasted if pasted == text else "> " + pasted[1:])
     assert types["shell"].neutralise(text) == text  # a shell agent's message is the command
 
 

@@ -21,6 +21,7 @@ CLIENTS = [ROOT / "machines" / "shim", ROOT / "remotes" / "client"]
 NOT_SETTINGS = {
     "agents/tmux.py": "passes the server's environment on to a tmux pane (agent_environment)",
     "agents/agent_exec.py": "the pane's first process: execs the agent with its environment",
+    "agents/hook_client.py": "a CLI's hook command: reads the agent's DISPATCH_* variables the CLI passes on",
     "dispatch/asgi.py": "DJANGO_SETTINGS_MODULE, before settings exist",
     "manage.py": "DJANGO_SETTINGS_MODULE, before settings exist",
 }

@@ -301,7 +301,7 @@ async def test_sigterm_fails_a_pending_call_closes_both_sockets_and_exits_0(
         async with LiveSession.open(server.ws_url, token) as serving, LiveSession.open(server.ws_url, token) as caller:
             await serving.request("remote-connect", connect_body("weather-service", weather_tools))
             nonce = await caller.send_request("remote-call", call_body("weather-service", "Rome"))
-            assert (await serving.next_event())["requestId"] == "weather-service#0"  # pending, never answered
+            assert (await serving.next_event())["requestId"].startswith("weather-service#")  # pending, never answered
 
             signalled = time.monotonic()
             exit_code = await asyncio.to_thread(server.stop)

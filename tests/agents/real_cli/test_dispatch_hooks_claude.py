@@ -192,12 +192,6 @@ def test_a_slash_message_with_a_visible_neutralise_prefix_reaches_the_model_as_t
     _slash_commands_stay_text(claude, fake_model, run, "claude-quoted")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Claude Code 2.1.328 trims leading whitespace before reading a command: ' /exit' exits and "
-    "' /clear' clears (the default one-space neutralise_prefix of agents/types.py does not neutralise "
-    "slash commands in Claude; a visible prefix such as '> ' does)",
-)
 def test_a_slash_message_reaches_the_default_claude_type_as_text(
     claude: Dispatch, fake_model: FakeModel, run: Run
 ) -> None:
