@@ -94,8 +94,12 @@ class AgentMessageSerializer(serializers.ModelSerializer):
             "status",
             "error",
             "created_at",
+            "pasted_at",
             "delivered_at",
         ]
+        # A CLI with hooks: pasted into its pane, not yet taken (delivered waits for the
+        # CLI's UserPromptSubmit hook; docs/agents.md "Hooks").
+        extra_kwargs = {"pasted_at": {"help_text": "when the text was pasted into a CLI's pane (null: not yet)"}}
 
 
 def agent_data(agent: Agent) -> dict[str, Any]:

@@ -61,6 +61,7 @@ def test_a_message_to_a_cli_agent_is_201_queued_with_its_sender(api: Api, owner:
         "status": "queued",
         "error": "",
         "created_at": body["created_at"],
+        "pasted_at": None,
         "delivered_at": None,
     }
     assert not Run.objects.exists()
