@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.infra import PYTHON, REPO, Instance, Process, Server, free_port, instance
+from tests.infra import PYTHON, REPO, Instance, Process, Server, ShimProcess, free_port, instance, wait_until
 
 
 @dataclass
@@ -107,3 +107,41 @@ def dispatch_serve() -> Iterator[Callable[[dict[str, Any]], Dispatch]]:
         subprocess.run(["tmux", "-L", socket, "kill-server"], capture_output=True, check=False)
         (Path(os.environ.get("TMUX_TMPDIR", "/tmp")) / f"tmux-{os.getuid()}" / socket).unlink(missing_ok=True)
     stack.close()
+
+
+# --- the real peers the CLIs reach through Dispatch's MCP (added for the lifecycle tests) ---
+
+WEATHER_REMOTE = "weather-service"
+
+
+def serve_weather_remote(dispatch: Dispatch) -> Process:
+    """The example remote ``weather-service`` (examples/weather_service.py, one function
+    ``get_forecast``) served by a real ``python -m remotes.client serve`` as admin on
+    ``dispatch``'s server; returned once ``GET /api/v1/remotes`` lists it (stopped with the
+    instance)."""
+    args = ["serve", "examples/weather_service.py:remote", "--url", dispatch.server.ws_url, "--token", dispatch.token]
+    process = dispatch.inst.spawn([PYTHON, "-m", "remotes.client", *args], name=WEATHER_REMOTE)
+
+    def registered() -> bool:
+        assert process.running, f"the remote's client exited:\n{process.log()}"
+        return WEATHER_REMOTE in dispatch.server.remote_names(dispatch.token)
+
+    wait_until(registered, timeout=15, interval=0.2, what="the weather-service remote to register", details=process.log)
+    return process
+
+
+def attach_shim(dispatch: Dispatch, agent_id: str, root: Path) -> ShimProcess:
+    """A real ``machines.shim`` (admin's token, ``--root root``) attached to the agent's
+    machine session (its id: an agent's MCP tools act there), once connected."""
+    return dispatch.inst.shim("local-pc", root, "--session", agent_id)
+
+
+def session_gone(dispatch: Dispatch, agent_id: str) -> bool:
+    """Whether the agent's tmux session no longer exists (the private server may be gone too)."""
+    done = subprocess.run(
+        ["tmux", "-L", dispatch.socket, "has-session", "-t", f"dispatch_{agent_id}"],
+        capture_output=True,
+        check=False,
+        timeout=10,
+    )
+    return done.returncode != 0
