@@ -10,7 +10,7 @@ addresses by binding their socket (127.0.0.2, 127.0.0.3, …): nginx sees each a
   its real address: its five bad passwords lock it out, not the client it named nor
   anyone else (the throttle lives in Redis, shared by both processes);
 - a websocket session's recorded address is its real one, forged header or not;
-- a request that reached nginx over HTTPS is HTTPS to Django (a logged-in page's ``wss://``);
+- a request that reached nginx over HTTPS is HTTPS to Django (its CSRF check asks for a Referer);
 - the first event of ``/api/v1/events`` and ``GET /mcp`` arrives while the stream is still
   open, through the topology's nginx and through one with nginx's default
   ``proxy_buffering on`` (where only ``X-Accel-Buffering: no`` lets it through).
@@ -108,17 +108,21 @@ def test_a_request_that_reached_nginx_over_https_is_https_to_dispatch(topo: Clus
         page = browser.get("/login/")
         csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
         assert csrf is not None, page.text[:500]
+        # Django demands a Referer (or Origin) on a form POST only from a request it sees as
+        # HTTPS; over plain http the same POST would reach the login view.
+        form = {"username": "admin", "password": topo.instance.admin_password, "csrfmiddlewaretoken": csrf.group(1)}
+        bare = browser.post("/login/", data=form)
+        assert bare.status_code == 403, bare.text[:500]
         logged_in = browser.post(
             "/login/",
-            data={"username": "admin", "password": topo.instance.admin_password, "csrfmiddlewaretoken": csrf.group(1)},
+            data=form,
             headers={"Origin": topo.url, "Referer": f"{topo.url}/login/"},
         )
         assert logged_in.status_code == 302, logged_in.text[:500]
-        # The remotes page (no remote connected) shows the /ws address as the browser reached it.
+        # The pages give the public https address to serve a remote with.
         page = browser.get("/remotes/")
         assert page.status_code == 200
-        host = topo.url.removeprefix("https://")
-        assert f"wss://{host}/ws" in page.text  # ws:// without X-Forwarded-Proto
+        assert f"--server {topo.url}" in page.text
 
 
 # --- event streams ---------------------------------------------------------------------------------
