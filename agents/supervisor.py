@@ -237,8 +237,7 @@ def hook_family(agent: Agent) -> str | None:
     """The CLI family whose hooks ``agent``'s type wires (``AgentType.hooks``: ``"claude"``,
     ``"codex"``), or ``None`` for a type without hooks (shell, opencode)."""
     spec = settings.AGENT_TYPES.get(agent.type)
-    family = getattr(spec, "hooks", None)
-    return family if isinstance(family, str) and family else None
+    return spec.hooks if spec is not None else None
 
 
 def _hooked_ready(*, agent: Agent, family: str, runner: TmuxRunner) -> bool:
