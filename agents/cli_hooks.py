@@ -127,7 +127,7 @@ def _short_input(value: Any) -> str:
 def _prompt_form(text: str) -> str:
     """Text as compared between a pasted message and a submitted prompt: every run of
     whitespace as one space, none at the ends. The CLIs change whitespace on the way: Claude
-    Code turns a tab into four spaces and keeps the neutralising space, codex trims the
+    Code turns a tab into four spaces and keeps its ``> `` prefix, codex trims the
     ends (docs/agents.md "Hooks")."""
     return " ".join(text.split())
 
