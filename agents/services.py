@@ -27,6 +27,7 @@ from agents.models import Agent, AgentEvent, Run
 from agents.protocol import UserEventMessage
 from agents.selectors import is_valid_id, not_found
 from agents.serializers import agent_data, event_data, run_data
+from agents.signals import agent_event_recorded, agent_status_changed, send_on_commit
 from core import wire
 from core.errors import DispatchError, InvalidRequest, NotFound
 from core.presence import HOSTNAME
@@ -201,6 +202,7 @@ def agent_set_status(*, agent: Agent, status: str, note: str = "") -> Agent:
         current.last_error = note
         fields.append("last_error")
     current.save(update_fields=fields)
+    send_on_commit(agent_status_changed, Agent, agent=current, previous=previous, status=status)
     if note:  # the event announces the agent as it is now, status included
         agent_event_record(
             agent=current, type=AgentEvent.Type.SYSTEM, message=note, metadata={"from": previous, "to": status}
@@ -304,6 +306,7 @@ def agent_event_record(
             return None
         raise
     publish_on_commit(user_id=agent.owner_id, event="agent.event", data=event_data(event))
+    send_on_commit(agent_event_recorded, AgentEvent, event=event)
     if not latest:
         return event
     Agent.objects.filter(pk=agent.pk).filter(
