@@ -34,8 +34,10 @@ from typing import Any, TypeVar
 from channels.consumer import get_handler_name
 from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 
 from core import presence
+from core.backpressure import SendPressure, transport_protocol, unsent_bytes
 from core.errors import channel_layer_unavailable, database_unavailable
 from core.http import bearer_credentials
 from core.protocol import ChannelMessage, CredentialEndedMessage, ServerShutdownMessage
@@ -105,6 +107,42 @@ class DispatchConsumer(AsyncWebsocketConsumer):
     _connected = False  # the connect handler finished
     _socket_closed = False  # a close was sent or the client went away
     _cleaned_up = False
+    _send_pressure: SendPressure | None = None
+
+    # --- back-pressure (core.backpressure; docs/operating.md "Bounds") ----------------------
+
+    @property
+    def send_pressure(self) -> SendPressure:
+        """This connection's unsent backlog against the process's marks: ``has_room()``
+        before handing the socket new work, ``wait_for_room()`` to pause a stream."""
+        if self._send_pressure is None:
+            self._send_pressure = SendPressure(
+                self.unsent_bytes,
+                high_water=settings.WS_HIGH_WATER,
+                hard_limit=settings.WS_HARD_LIMIT,
+                grace=settings.WS_HARD_GRACE,
+            )
+        return self._send_pressure
+
+    def unsent_bytes(self) -> int:
+        """Bytes sent to this socket that its peer has not read yet and the process still
+        holds (0 when the server does not say: not daphne)."""
+        return unsent_bytes(transport_protocol(getattr(self, "base_send", None)))
+
+    async def send(
+        self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool | int = False
+    ) -> None:
+        """Send a frame, then close with 1013 a peer whose unread backlog has stayed above
+        the hard mark for longer than the grace (``core.backpressure``)."""
+        await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
+        if not close and not self._socket_closed and self.send_pressure.over_hard_too_long():
+            logger.warning(
+                "%s: the peer has not read %d bytes for over %gs; closing (1013)",
+                type(self).__name__,
+                self.unsent_bytes(),
+                self.send_pressure.grace,
+            )
+            await self.close(code=CLOSE_TRY_AGAIN_LATER)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         try:

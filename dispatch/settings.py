@@ -406,6 +406,14 @@ WS_MAX_MESSAGE_BYTES = env_int("DISPATCH_WS_MAX_MESSAGE_BYTES", 1024 * 1024, min
 WS_RATE = env_float("DISPATCH_WS_RATE", 100.0)  # requests per second, per connection
 WS_BURST = env_int("DISPATCH_WS_BURST", 500, minimum=1)
 WS_AUTH_TIMEOUT = env_float("DISPATCH_WS_AUTH_TIMEOUT", 10.0)  # seconds
+# Back-pressure on every websocket (/ws, /ws/shim/, peers), bytes a peer has not read yet
+# (core.backpressure; docs/operating.md "Bounds"): above the high-water mark the socket is
+# handed no new work; above the hard mark for longer than the grace it is closed (1013).
+WS_HIGH_WATER = env_int("DISPATCH_WS_HIGH_WATER", 4 * 1024 * 1024, minimum=64 * 1024)
+WS_HARD_LIMIT = env_int("DISPATCH_WS_HARD_LIMIT", 32 * 1024 * 1024, minimum=64 * 1024)
+if WS_HARD_LIMIT < WS_HIGH_WATER:
+    raise ImproperlyConfigured("DISPATCH_WS_HARD_LIMIT must be at least DISPATCH_WS_HIGH_WATER")
+WS_HARD_GRACE = env_float("DISPATCH_WS_HARD_GRACE", 10.0)  # seconds
 
 # Remotes (spec/sessions-and-remotes.md §2.3–§2.4), seconds.
 REMOTE_CALL_TIMEOUT = env_float("DISPATCH_REMOTE_CALL_TIMEOUT", 30.0)

@@ -1,0 +1,115 @@
+"""How much a websocket's peer has not read yet, so the server stops handing it more.
+
+A peer that stops reading does not stop the server from writing: every frame sent to it
+waits in the process's memory (daphne's Twisted transport, then autobahn's queue) until the
+peer reads or the socket dies. Dispatch therefore reads that unsent backlog before it hands
+a socket more work, against three marks (docs/operating.md "Bounds"):
+
+- **high-water mark** (``DISPATCH_WS_HIGH_WATER``, bytes): above it, nothing new is given to
+  the socket — a remote call to it fails at once as busy, a machine operation as
+  ``MACHINE_BUSY``, streamed output and pipes wait at their source
+  (``wait_for_room``) until it drains;
+- **hard mark** (``DISPATCH_WS_HARD_LIMIT``, bytes) and its **grace**
+  (``DISPATCH_WS_HARD_GRACE``, seconds): a socket still above the hard mark that long after
+  it first crossed it is closed with 1013 (try again later).
+
+So one connection holds at most about the high-water mark plus one frame plus the small
+frames (replies, pings) sent while it stays above it, for at most the grace.
+
+The backlog is read off daphne's objects: the ASGI ``send`` daphne gives an application is
+``functools.partial(server.handle_reply, protocol)``, and the protocol's Twisted transport
+keeps the bytes not yet written to the kernel (``dataBuffer`` past ``offset``, plus
+``_tempDataLen``). Under any other server (Channels' test communicator included) the
+backlog is unknown and counts as 0: nothing is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+POLL_INTERVAL = 0.02  # seconds between two looks at a draining backlog
+
+
+def transport_protocol(send: Callable[..., Any] | None) -> Any | None:
+    """daphne's websocket protocol behind an ASGI ``send`` callable, or ``None`` under
+    another server."""
+    if isinstance(send, functools.partial) and send.args:
+        protocol = send.args[0]
+        if hasattr(protocol, "transport"):
+            return protocol
+    return None
+
+
+def unsent_bytes(protocol: Any | None) -> int:
+    """Bytes written to ``protocol``'s socket by the application and not yet handed to the
+    kernel (0 when unknown). Walks wrapped transports (TLS over TCP) and autobahn's own
+    send queue."""
+    if protocol is None:
+        return 0
+    total = 0
+    for queued in getattr(protocol, "send_queue", ()) or ():
+        try:
+            total += len(queued[0])
+        except (TypeError, IndexError):
+            continue
+    transport = getattr(protocol, "transport", None)
+    seen = 0
+    while transport is not None and seen < 4:  # TLS wraps TCP: count every layer
+        buffer = getattr(transport, "dataBuffer", None)
+        if isinstance(buffer, (bytes, bytearray, memoryview)):
+            total += max(0, len(buffer) - int(getattr(transport, "offset", 0) or 0))
+            total += int(getattr(transport, "_tempDataLen", 0) or 0)
+        transport = getattr(transport, "transport", None)
+        seen += 1
+    return total
+
+
+class SendPressure:
+    """The marks of one websocket connection and the time it crossed the hard one.
+
+    ``high_water`` and ``hard_limit`` are bytes, ``grace`` seconds (docs/operating.md
+    "Bounds"). ``backlog()`` is the connection's unsent bytes now.
+    """
+
+    def __init__(self, backlog: Callable[[], int], *, high_water: int, hard_limit: int, grace: float) -> None:
+        self.backlog = backlog
+        self.high_water = high_water
+        self.hard_limit = max(hard_limit, high_water)
+        self.grace = grace
+        self._over_hard_since: float | None = None
+
+    def has_room(self, size: int = 0) -> bool:
+        """Whether the socket may be handed a new unit of work of ``size`` bytes: its
+        backlog is below the high-water mark (a single frame larger than the mark still
+        goes to an idle socket)."""
+        backlog = self.backlog()
+        return backlog == 0 or backlog + size <= self.high_water
+
+    def over_hard_too_long(self) -> bool:
+        """Check after a send: ``True`` once the backlog has stayed above the hard mark for
+        longer than the grace (the caller closes with 1013)."""
+        if self.backlog() <= self.hard_limit:
+            self._over_hard_since = None
+            return False
+        now = time.monotonic()
+        if self._over_hard_since is None:
+            self._over_hard_since = now
+            return False
+        return now - self._over_hard_since > self.grace
+
+    async def wait_for_room(self, timeout: float | None = None) -> None:
+        """Wait until the backlog is below the high-water mark.
+
+        Raises ``TimeoutError`` after ``timeout`` seconds (``None``: no limit; the caller's
+        own cancellation ends the wait)."""
+        if self.has_room():
+            return
+        async with asyncio.timeout(timeout):
+            # Polled: daphne's transport tells no one when it drains (only a Twisted producer
+            # registered on it would hear, and that is the protocol's own business).
+            while not self.has_room():  # noqa: ASYNC110
+                await asyncio.sleep(POLL_INTERVAL)
