@@ -15,6 +15,7 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from agents import keys as agent_keys
 from agents import launching, lifecycle, messages, selectors, services
 from agents.hooks import linked
 from agents.serializers import (
@@ -25,7 +26,7 @@ from agents.serializers import (
     agent_data,
     run_data,
 )
-from agents.tokens import agent_scope_manage, calling_agent
+from agents.tokens import agent_scope_forbid, agent_scope_manage, calling_agent
 from core.api import DispatchAPIView
 from core.authentication import authenticated_user
 from core.errors import InvalidRequest, NotFound
@@ -375,6 +376,30 @@ class AgentRunsView(DispatchAPIView):
         agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
         page = selectors.runs_page(agent=agent, before=_query(request, "before"))
         return Response({"runs": RunSerializer(page.items, many=True).data, "next": page.next})
+
+
+class AgentKeysSerializer(serializers.Serializer):
+    keys = serializers.ListField(
+        child=serializers.JSONField(),
+        help_text='key names among Up, Down, Enter, Esc, Tab, y, n, C-c (docs/agents.md "Keys")',
+    )
+
+
+class AgentKeysView(DispatchAPIView):
+    """``POST /api/v1/agents/{id}/keys`` ``{"keys": ["Down", "Enter"]}``: the owner presses
+    keys in a CLI agent's pane (``keys.agent_keys_send``; docs/agents.md "Keys"). 200 with
+    the timeline event recorded; 400 naming the allowed keys for any other key, or for a
+    shadow or expert agent; 403 with an agent token (a person's action); 409 when the agent
+    is not running here or its pane is dead."""
+
+    @extend_schema(request=AgentKeysSerializer, responses={200: AgentEventSerializer})
+    def post(self, request: Request, agent_id: str) -> Response:
+        user = authenticated_user(request)
+        agent = selectors.agent_get_for(user=user, agent_id=agent_id)
+        agent_scope_forbid(calling_agent(request), "press keys in a pane")
+        keys = request.data.get("keys") if isinstance(request.data, dict) else None
+        event = agent_keys.agent_keys_send(user=user, agent=agent, keys=keys)
+        return Response(AgentEventSerializer(event).data)
 
 
 class RunDetailView(DispatchAPIView):

@@ -17,6 +17,7 @@ api_urlpatterns = [
     path("agents/<str:agent_id>/events", api.AgentEventsView.as_view(), name="api-agent-events"),
     path("agents/<str:agent_id>/messages", api.AgentMessagesView.as_view(), name="api-agent-messages"),
     path("agents/<str:agent_id>/hooks", hook_api.AgentHookView.as_view(), name="api-agent-hooks"),
+    path("agents/<str:agent_id>/keys", api.AgentKeysView.as_view(), name="api-agent-keys"),
     path("agents/<str:agent_id>/runs", api.AgentRunsView.as_view(), name="api-agent-runs"),
     path("runs/<str:run_id>", api.RunDetailView.as_view(), name="api-run"),
     path("runs/<str:run_id>/cancel", api.RunCancelView.as_view(), name="api-run-cancel"),

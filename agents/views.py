@@ -21,10 +21,11 @@ from django.contrib import messages
 from django.contrib.auth.models import User
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from agents import launching, lifecycle, selectors, services
+from agents import keys, launching, lifecycle, selectors, services
 from agents.hooks import linked
 from agents.models import Agent, AgentEvent
 from core.authentication import authenticated_user
@@ -248,6 +249,7 @@ def _agent_context(request: HttpRequest, agent_id: str) -> dict[str, object]:
         "before": before or "",
         "runs": selectors.runs_page(agent=agent).items if agent.type == services.EXPERT and not is_shadow else [],
         "agent_messages": selectors.messages_page(agent=agent, limit=MESSAGES_SHOWN).items,
+        "keys_allowed": list(keys.KEYS_ALLOWED),
     }
 
 
@@ -317,6 +319,23 @@ def agent_message_form(request: HttpRequest, agent_id: str) -> HttpResponse:
     except DispatchError as exc:
         messages.error(request, exc.message)
     return redirect("agent", agent_id=agent_id)
+
+
+@require_POST
+def agent_keys_form(request: HttpRequest, agent_id: str) -> HttpResponse:
+    """Press one key (``keys`` in the form, e.g. ``Down``) in a CLI agent's pane from its
+    page (``keys.agent_keys_send``; docs/agents.md "Keys"); back to the page, with the
+    refusal shown when there is one. Another user's agent is 404."""
+    try:
+        user = authenticated_user(request)
+        agent = selectors.agent_get_for(user=user, agent_id=agent_id)
+    except DispatchError as exc:
+        return render(request, "agents/missing.html", {"message": exc.message}, status=404)
+    try:
+        keys.agent_keys_send(user=user, agent=agent, keys=request.POST.getlist("keys"))
+    except DispatchError as exc:
+        messages.error(request, exc.message)
+    return redirect(f"{reverse('agent', kwargs={'agent_id': agent_id})}#keys")
 
 
 def _lifecycle_form(request: HttpRequest, agent_id: str, action: str) -> HttpResponse:
