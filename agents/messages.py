@@ -243,11 +243,14 @@ def _announce_now(announcements: list[tuple[int, str, dict[str, Any]]]) -> None:
 
 
 def message_mark_pasted(*, message: AgentMessage) -> bool:
-    """Record that a ``queued`` message was pasted into a CLI with hooks (``pasted_at``).
+    """Record that a ``queued`` message is being pasted into its pane (``pasted_at``).
 
-    It stays ``queued``: ``delivered`` waits for the CLI's ``UserPromptSubmit`` hook to
-    carry its text (``agents.cli_hooks``), and the supervisor fails it when that does not
-    come in time (docs/agents.md "Hooks"). A conditional UPDATE: False (nothing changed)
+    It stays ``queued``: for a CLI with hooks ``delivered`` waits for its
+    ``UserPromptSubmit`` hook to carry the text (``agents.cli_hooks``), and the supervisor
+    fails it when that does not come in time (docs/agents.md "Hooks"); for other types the
+    supervisor marks it ``delivered`` right after the paste, and a successor finding the
+    mark without ``delivered`` checks the pane (docs/agents.md "How a message reaches the
+    pane"). A conditional UPDATE: False (nothing changed)
     if it was no longer queued or already pasted. Announced as ``message.updated``.
     """
     now = timezone.now()

@@ -44,6 +44,7 @@ Status = Agent.Status
 ERROR_LINES = 20
 # Lines of the pane the activity watcher hashes.
 WATCH_LINES = 100
+RECOVER_LINES = 300  # pane lines searched for a message a dead supervisor may have pasted
 # Seconds the pane must stay unchanged (and not blank) before a message is pasted.
 QUIET = 0.4
 # Seconds a queued message waits for a quiet pane before it is pasted anyway.
@@ -392,6 +393,16 @@ def _quiet(runner: TmuxRunner, name: str) -> bool:
     return runner.capture(name, lines=WATCH_LINES) == before
 
 
+def _pane_shows(runner: TmuxRunner, name: str, text: str) -> bool:
+    """Whether the pane's recent text holds ``text``'s first line (wrapped rows joined
+    back: line breaks are ignored on both sides)."""
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if not first:
+        return False
+    shown = runner.capture(name, lines=RECOVER_LINES).replace("\n", "")
+    return first[:200].replace(" ", "") in shown.replace(" ", "")
+
+
 def _deliver(*, agent: Agent, runner: TmuxRunner) -> bool:
     """Paste the oldest queued message when the pane is quiet; True if messages still wait
     and the next pass should come soon.
@@ -419,14 +430,23 @@ def _deliver(*, agent: Agent, runner: TmuxRunner) -> bool:
     spec = settings.AGENT_TYPES.get(agent.type)
     text = pasteable(message.content)
     pasted = spec.neutralise(text) if spec is not None else text
+    noted = {"neutralised": True, "pasted_start": pasted[:40]} if pasted != text else None
     try:
+        if family is None and message.pasted_at is not None:
+            # Marked pasted by a supervisor that died before marking it delivered (a
+            # SIGKILLed worker's tmux client may still have finished the paste): the pane
+            # says whether it arrived, so the survivor neither repeats nor loses it.
+            if _pane_shows(runner, name, pasted):
+                messages.message_mark_delivered(message=message, metadata={**(noted or {}), "recovered": True})
+                return len(pending) > 1
         # A pane that never goes quiet (a ticking clock, ``tail -f``) or stays blank still
         # gets the message after PASTE_ANYWAY_AFTER seconds: waiting forever helps nobody.
-        if waited < PASTE_ANYWAY_AFTER and not _quiet(runner, name):
+        elif waited < PASTE_ANYWAY_AFTER and not _quiet(runner, name):
             return True
         # Marked before the paste: the CLI's UserPromptSubmit may report the text before
-        # this thread would get to it after the paste.
-        if family is not None and not messages.message_mark_pasted(message=message):
+        # this thread would get to it after the paste, and a supervisor killed between the
+        # paste and ``delivered`` leaves the mark for the next one to check (above).
+        elif not messages.message_mark_pasted(message=message):
             return False  # failed or stopped meanwhile
         runner.paste(name, pasted)
     except TmuxPaneDead:
@@ -439,7 +459,6 @@ def _deliver(*, agent: Agent, runner: TmuxRunner) -> bool:
         return len(pending) > 1
     if family is not None:
         return False  # pasted is not delivered: the CLI's UserPromptSubmit hook says when it took it
-    noted = {"neutralised": True, "pasted_start": pasted[:40]} if pasted != text else None
     messages.message_mark_delivered(message=message, metadata=noted)
     return len(pending) > 1
 

@@ -64,6 +64,34 @@ def test_the_prompt_is_the_first_message_queued_then_pasted_by_the_supervisor(ow
     assert AgentEvent.objects.filter(agent=agent, message="message delivered").exists()
 
 
+def test_a_message_a_dead_supervisor_pasted_is_marked_delivered_not_pasted_again(owner, runner, workdir):
+    # A supervisor SIGKILLed between its paste and ``delivered`` leaves the message queued
+    # with ``pasted_at``; its tmux client may still have finished the paste.
+    agent = launch(owner, runner, workdir, prompt="true")
+    supervise_until(runner, lambda: delivered(AgentMessage.objects.get(recipient_agent=agent)), "the prompt")
+    message = send(agent, "echo once-$((40+2))")
+    assert messages.message_mark_pasted(message=message)
+    runner.paste(cli.session_name(agent), message.content)  # what the dead one's client did
+    wait_for(lambda: "once-42" in cli.pane_text(agent=agent, runner=runner), "the paste's output")
+
+    supervise_until(runner, lambda: delivered(message), "the message marked delivered")
+    time.sleep(1.0)  # a second paste would have printed by now
+    assert cli.pane_text(agent=agent, runner=runner).count("once-42") == 1
+    event = AgentEvent.objects.filter(agent=agent, message="message delivered").latest("created_at")
+    assert event.metadata.get("recovered") is True
+
+
+def test_a_message_a_dead_supervisor_marked_but_never_pasted_is_pasted(owner, runner, workdir):
+    agent = launch(owner, runner, workdir, prompt="true")
+    supervise_until(runner, lambda: delivered(AgentMessage.objects.get(recipient_agent=agent)), "the prompt")
+    message = send(agent, "echo late-$((40+3))")
+    assert messages.message_mark_pasted(message=message)  # killed before its paste ran
+
+    supervise_until(runner, lambda: delivered(message), "the message delivered")
+    wait_for(lambda: "late-43" in cli.pane_text(agent=agent, runner=runner), "its output")
+    assert cli.pane_text(agent=agent, runner=runner).count("late-43") == 1
+
+
 def test_a_prompt_from_an_agent_is_sent_by_that_agent(owner, runner, workdir, make_agent):
     parent = make_agent(owner)
     agent = cli.agent_launch(
