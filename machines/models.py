@@ -246,8 +246,9 @@ class OperationInFlight(models.Model):
     cross-machine copy or a pipe (issue 14, design §3). Written when the operation is sent,
     deleted when it is answered; FILE_* operations have none.
 
-    ``request_id`` is the id the shims see (a fan-out sends it to every machine; a pipe's
-    two commands get their own). ``shim_channels`` are the consumers to send ``CANCEL`` to
+    ``request_id`` is the caller's id for the operation, unique per user (two users may
+    pick the same one), and the id the shims see (a fan-out sends it to every machine; a
+    pipe's two commands get their own). ``shim_channels`` are the consumers to send ``CANCEL`` to
     (with their negotiated ``protocol_versions``, in the order of ``machine_ids``);
     ``caller_channel`` is where an ``OperationCancelMessage`` reaches the caller ("" when
     the shims alone are enough). ``call_key`` is the ``core.tools.ToolCall.call_key`` the
@@ -261,7 +262,7 @@ class OperationInFlight(models.Model):
         COPY = "copy"
         PIPE = "pipe"
 
-    request_id = models.UUIDField(primary_key=True)
+    request_id = models.UUIDField()
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     session_id = models.CharField(max_length=256)
     kind = models.CharField(max_length=10, choices=Kind.choices)
@@ -280,6 +281,9 @@ class OperationInFlight(models.Model):
     class Meta:
         ordering = ["-started_at"]
         indexes = [models.Index(fields=["user", "session_id"])]
+        # A request id is the caller's name for its operation: unique per user, so another
+        # user's id neither collides with one's own nor reveals that it is in flight.
+        constraints = [models.UniqueConstraint(fields=["user", "request_id"], name="machines_inflight_user_request_id")]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.request_id} ({self.summary[:60]})"

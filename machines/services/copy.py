@@ -119,7 +119,7 @@ async def copy_between_machines(
                 request_id=request_id,
             )
         finally:
-            await database_sync_to_async(inflight_delete)(request_id=request_id)
+            await database_sync_to_async(inflight_delete)(user=user, request_id=request_id)
 
 
 async def _copy(

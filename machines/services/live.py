@@ -263,7 +263,7 @@ async def _stream(
                 )
                 if row and len(ended) == len(commands):
                     row = False  # answered: out of the in-flight list before the last event goes out
-                    await database_sync_to_async(inflight_delete)(request_id=request_id)
+                    await database_sync_to_async(inflight_delete)(user=user, request_id=request_id)
             yield event
             if isinstance(event, Output):
                 await command.consumed(event)
@@ -288,7 +288,7 @@ async def _stream(
         for command in commands:
             await command.close()
         if row:
-            await database_sync_to_async(inflight_delete)(request_id=request_id)
+            await database_sync_to_async(inflight_delete)(user=user, request_id=request_id)
 
 
 # --- cancel ------------------------------------------------------------------------------------

@@ -189,7 +189,8 @@ def inflight_create(
     machine_names: list[str] | None = None,
 ) -> None:
     """Record an operation in flight (``OperationInFlight``, design §3), owned by this
-    process. Raises ``MachineError`` ``OPERATION_EXISTS`` when ``request_id`` already is."""
+    process. Raises ``MachineError`` ``OPERATION_EXISTS`` when ``user`` already has
+    ``request_id`` in flight (request ids are per user: another user's is no conflict)."""
     try:
         with transaction.atomic():
             OperationInFlight.objects.create(
@@ -241,9 +242,10 @@ def operations_of_processes_cancelled(process_ids: list[str]) -> None:
                 send_on_commit(channel, MachineCancelMessage(request_id=shim_request_id))
 
 
-def inflight_delete(*, request_id: str) -> None:
-    """Forget an operation in flight (it was answered)."""
-    OperationInFlight.objects.filter(request_id=request_id).delete()
+def inflight_delete(*, user: User, request_id: str) -> None:
+    """Forget ``user``'s operation ``request_id`` in flight (it was answered); another
+    user's operation with the same id stays."""
+    OperationInFlight.objects.filter(user=user, request_id=request_id).delete()
 
 
 def _check_operation(op: str, payload: Any, session_id: str, target_machine: Any) -> None:
@@ -415,7 +417,7 @@ async def _fan_out(
         return {"results": list(await asyncio.gather(*(one(target) for target in targets)))}
     finally:
         if row:
-            await database_sync_to_async(inflight_delete)(request_id=request_id)
+            await database_sync_to_async(inflight_delete)(user=user, request_id=request_id)
 
 
 def fan_out_error(error: DispatchError) -> dict[str, Any]:
@@ -532,7 +534,7 @@ async def _routed_op(
         raise
     finally:
         if row_written:
-            await database_sync_to_async(inflight_delete)(request_id=request_id)
+            await database_sync_to_async(inflight_delete)(user=user, request_id=request_id)
         result["duration_ms"] = round((time.monotonic() - started) * 1000)
         metrics.machine_operation_observed(
             operation=op, ok=result["ok"], failure=sys.exc_info()[1], seconds=time.monotonic() - started

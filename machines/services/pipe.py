@@ -205,7 +205,7 @@ async def pipe(
     finally:
         await run.stop()
         if row:
-            await database_sync_to_async(inflight_delete)(request_id=request_id)
+            await database_sync_to_async(inflight_delete)(user=user, request_id=request_id)
         for command, payload in ((run.source, source_payload), (run.destination, destination_payload)):
             streamed_command_audited(
                 command,
