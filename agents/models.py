@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import secrets
 
 from django.conf import settings
@@ -187,9 +188,7 @@ class AgentMessage(models.Model):
         "peers.Peer", null=True, blank=True, on_delete=models.SET_NULL, related_name="messages_received"
     )
     sender_address = models.JSONField(null=True, blank=True)
-    peer = models.ForeignKey(
-        "peers.Peer", null=True, blank=True, on_delete=models.SET_NULL, related_name="messages"
-    )
+    peer = models.ForeignKey("peers.Peer", null=True, blank=True, on_delete=models.SET_NULL, related_name="messages")
     idempotency_key = models.CharField(max_length=100, blank=True)
     content = models.TextField()
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED)
@@ -223,7 +222,6 @@ class AgentToken(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
-
     class Meta:
         db_table = "dispatch_agenttoken"  # its name from the `dispatch` app (docs/architecture.md)
 
@@ -242,7 +240,6 @@ class SupervisorLease(models.Model):
     host = models.CharField(primary_key=True, max_length=255)
     holder = models.CharField(max_length=40)
     expires_at = models.DateTimeField()
-
 
     class Meta:
         db_table = "dispatch_supervisorlease"  # its name from the `dispatch` app (docs/architecture.md)
@@ -271,3 +268,120 @@ class TrustedFolder(models.Model):
 
     def __str__(self) -> str:
         return f"{self.path} trusted by user {self.owner_id}"
+
+
+def new_approval_id() -> str:
+    """``apr_`` + 12 lowercase hex, like the other agents ids (docs/agents.md "Approvals")."""
+    return "apr_" + secrets.token_hex(6)
+
+
+class Approval(models.Model):
+    """One permission request of an agent's CLI and its answer (docs/agents.md "Approvals").
+
+    Created by the CLI's ``PermissionRequest`` hook (``agents.approvals.approval_request``),
+    answered once — by a policy rule, a person, a supervising agent, a linked instance, or
+    its timeout (``expired``, with the agent's default ``decision``) — through
+    ``agents.approvals`` only. ``tool_input`` is the tool's input as the CLI sent it;
+    ``tool_summary`` the one text a rule's pattern is matched on (the command, file, URL);
+    ``suggestions`` the CLI's own ``permission_suggestions`` (Claude Code), passed back to it
+    on "Always allow this rule". ``answered_by`` is the answerer as the timeline names it
+    ("alice", "agent fixer (agt_…)", "policy rule #3", "peer lab"), kept when the answerer's
+    row goes; ``timeout_decision`` the decision ``expires_at`` applies.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        ALLOWED = "allowed"
+        DENIED = "denied"
+        EXPIRED = "expired"
+
+    class Decision(models.TextChoices):
+        NONE = "", "none"
+        ALLOW_ONCE = "allow_once"
+        ALLOW_ALWAYS = "allow_always"
+        DENY = "deny"
+
+    id = models.CharField(primary_key=True, max_length=16, default=new_approval_id, editable=False)
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="approvals")
+    tool_name = models.CharField(max_length=200)
+    tool_input = models.JSONField(default=dict, blank=True)
+    tool_summary = models.TextField(blank=True)
+    suggestions = models.JSONField(default=list, blank=True)
+    hook_event = models.CharField(max_length=40, default="PermissionRequest")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    decision = models.CharField(max_length=20, choices=Decision.choices, default="", blank=True)
+    message = models.TextField(blank=True)
+    answered_by_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="approvals_answered"
+    )
+    answered_by_agent = models.ForeignKey(
+        Agent, null=True, blank=True, on_delete=models.SET_NULL, related_name="approvals_answered"
+    )
+    answered_by_rule = models.ForeignKey(
+        "ApprovalRule", null=True, blank=True, on_delete=models.SET_NULL, related_name="decided"
+    )
+    answered_by_peer = models.ForeignKey(
+        "peers.Peer", null=True, blank=True, on_delete=models.SET_NULL, related_name="approvals_answered"
+    )
+    answered_by = models.CharField(max_length=300, blank=True)
+    timeout_decision = models.CharField(max_length=20, choices=Decision.choices, default="deny")
+    asked_at = models.DateTimeField(default=timezone.now)
+    answered_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "dispatch_approval"
+        indexes = [
+            models.Index(fields=["agent", "-asked_at"], name="approval_agent_asked"),
+            models.Index(fields=["status", "expires_at"], name="approval_status_expires"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.id} {self.tool_name} of {self.agent_id} ({self.status})"
+
+    @property
+    def allowed(self) -> bool:
+        """Whether the tool may run: ``allowed``, or ``expired`` with an allowing default."""
+        return self.decision in (self.Decision.ALLOW_ONCE, self.Decision.ALLOW_ALWAYS)
+
+
+class ApprovalRule(models.Model):
+    """A policy rule applied to an agent's permission request before a person is asked
+    (docs/agents.md "Approvals").
+
+    ``agent`` null: every agent of ``owner``. ``tool``: the tool's exact name as the CLI
+    names it (``Bash``, ``Read``, ``mcp__dispatch__list_agents``) or ``*``. ``pattern``: an
+    ``fnmatch`` glob matched against the request's ``tool_summary`` (``""`` matches any).
+    ``created_by_approval``: the approval whose "Always allow this rule" made it.
+    """
+
+    class Action(models.TextChoices):
+        ALLOW = "allow"
+        ASK = "ask"
+        DENY = "deny"
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="approval_rules")
+    agent = models.ForeignKey(Agent, null=True, blank=True, on_delete=models.CASCADE, related_name="approval_rules")
+    tool = models.CharField(max_length=200)
+    pattern = models.CharField(max_length=1000, blank=True)
+    action = models.CharField(max_length=5, choices=Action.choices)
+    created_at = models.DateTimeField(default=timezone.now)
+    created_by_approval = models.ForeignKey(
+        Approval, null=True, blank=True, on_delete=models.SET_NULL, related_name="rules_created"
+    )
+
+    class Meta:
+        db_table = "dispatch_approvalrule"
+        indexes = [models.Index(fields=["owner", "agent"], name="approvalrule_owner_agent")]
+
+    def __str__(self) -> str:
+        scope = self.agent_id or "every agent"
+        return f"rule #{self.pk}: {self.action} {self.tool} {self.pattern!r} ({scope})"
+
+    def matches(self, *, tool_name: str, tool_summary: str) -> bool:
+        """Whether this rule is about a request for ``tool_name`` whose summary is
+        ``tool_summary``: the tool is ``*`` or that exact name, and the pattern is ``""``
+        or an ``fnmatch`` glob (case-sensitive, ``*`` crosses ``/``) matching the summary."""
+        if self.tool not in ("*", tool_name):
+            return False
+        return not self.pattern or fnmatch.fnmatchcase(tool_summary, self.pattern)

@@ -21,7 +21,11 @@ Two more keys say how Dispatch talks to the CLI (docs/agents.md):
 - ``hooks``: ``"claude"``, ``"codex"`` or ``null`` — which CLI family the type runs, so
   Dispatch prepares it before launch (its config files, a trusted folder) and wires its
   hooks, through which it reports its state (docs/agents.md "What Dispatch writes");
-  default ``"claude"`` for a type named ``claude``, ``"codex"`` for ``codex``, else none.
+  default ``"claude"`` for a type named ``claude``, ``"codex"`` for ``codex``, else none;
+- ``approval_timeout`` (seconds, a whole number from 1 to 86400) and ``approval_default``
+  (``"deny"`` or ``"allow_once"``): how long the CLI's permission request waits for an
+  answer and what it gets when nobody answers (docs/agents.md "Approvals"); default
+  ``DISPATCH_APPROVAL_TIMEOUT`` / ``DISPATCH_APPROVAL_DEFAULT``.
 
 This module imports nothing from Django so that settings can validate the variable at
 start (a bad value is ``ValueError`` → ``ImproperlyConfigured``).
@@ -56,6 +60,9 @@ DEFAULT_STOP: tuple[StopStep, ...] = (("key", "C-c"),)
 DEFAULT_NEUTRALISE_PREFIX = " "
 # The CLI families whose hooks Dispatch wires and whose config it prepares (agents.cli_prepare).
 HOOK_FAMILIES = ("claude", "codex")
+# What an unanswered permission request may default to (docs/agents.md "Approvals").
+APPROVAL_DEFAULTS = ("deny", "allow_once")
+MAX_APPROVAL_TIMEOUT = 86400
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,8 @@ class AgentType:
     stop: tuple[StopStep, ...] = DEFAULT_STOP
     neutralise_prefix: str = DEFAULT_NEUTRALISE_PREFIX
     hooks: str | None = None
+    approval_timeout: int | None = None  # seconds; None: DISPATCH_APPROVAL_TIMEOUT
+    approval_default: str | None = None  # "deny" | "allow_once"; None: DISPATCH_APPROVAL_DEFAULT
 
     def neutralise(self, text: str) -> str:
         """``text`` as it is pasted into this type's CLI (docs/agents.md "Messages are text").
@@ -193,7 +202,9 @@ def parse_agent_types(raw: str | Mapping[str, Any] | None) -> dict[str, AgentTyp
     ``stop`` that is not a list of 1-10 key names or ``{"text": ...}`` steps (1-100
     characters, no control characters), a ``neutralise_prefix`` that is not 1-20
     characters without control characters or that itself starts a command, a ``hooks``
-    that is not ``"claude"``, ``"codex"`` or null.
+    that is not ``"claude"``, ``"codex"`` or null, an ``approval_timeout`` that is not a
+    whole number of seconds from 1 to 86400, an ``approval_default`` that is not
+    ``"deny"`` or ``"allow_once"``.
     """
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         spec: Any = DEFAULT_AGENT_TYPES
@@ -215,7 +226,20 @@ def parse_agent_types(raw: str | Mapping[str, Any] | None) -> dict[str, AgentTyp
             )
         if not isinstance(entry, Mapping):
             raise ValueError(f"{where} must be an object with argv and kind")
-        unknown = sorted(set(entry) - {"argv", "full_access_argv", "kind", "env", "stop", "neutralise_prefix", "hooks"})
+        unknown = sorted(
+            set(entry)
+            - {
+                "argv",
+                "full_access_argv",
+                "kind",
+                "env",
+                "stop",
+                "neutralise_prefix",
+                "hooks",
+                "approval_timeout",
+                "approval_default",
+            }
+        )
         if unknown:
             raise ValueError(f"{where}: unknown key {unknown[0]!r}")
         argv = _argv(entry.get("argv"), f"{where}.argv")
@@ -244,6 +268,16 @@ def parse_agent_types(raw: str | Mapping[str, Any] | None) -> dict[str, AgentTyp
         hooks = entry.get("hooks", name if name in HOOK_FAMILIES else None)
         if hooks is not None and hooks not in HOOK_FAMILIES:
             raise ValueError(f"{where}.hooks must be 'claude', 'codex' or null, not {hooks!r}")
+        timeout = entry.get("approval_timeout")
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int) or not 1 <= timeout <= MAX_APPROVAL_TIMEOUT
+        ):
+            raise ValueError(
+                f"{where}.approval_timeout must be a whole number of seconds from 1 to {MAX_APPROVAL_TIMEOUT}"
+            )
+        default = entry.get("approval_default")
+        if default is not None and default not in APPROVAL_DEFAULTS:
+            raise ValueError(f"{where}.approval_default must be 'deny' or 'allow_once', not {default!r}")
         types[name] = AgentType(
             name=name,
             argv=argv,
@@ -253,6 +287,8 @@ def parse_agent_types(raw: str | Mapping[str, Any] | None) -> dict[str, AgentTyp
             stop=stop,
             neutralise_prefix=prefix,
             hooks=hooks,
+            approval_timeout=timeout,
+            approval_default=default,
         )
     return types
 

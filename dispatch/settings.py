@@ -449,6 +449,14 @@ CLI_SUPERVISE_INTERVAL = env_float("DISPATCH_CLI_SUPERVISE_INTERVAL", 2.0, minim
 AGENT_IDLE_AFTER = env_float("DISPATCH_AGENT_IDLE_AFTER", 180.0)
 AGENT_STOP_GRACE = env_float("DISPATCH_AGENT_STOP_GRACE", 10.0)
 AGENT_STOP_TIMEOUT = env_float("DISPATCH_AGENT_STOP_TIMEOUT", 60.0)
+# Approvals (docs/agents.md "Approvals"): how long a CLI's permission request waits for an
+# answer, in seconds, and the decision it gets when nobody answers in time ("deny" or
+# "allow_once"); an agent type may set its own (DISPATCH_AGENT_TYPES approval_timeout,
+# approval_default). The CLI's own hook timeout is set above it.
+APPROVAL_TIMEOUT = env_int("DISPATCH_APPROVAL_TIMEOUT", 300, minimum=1)
+APPROVAL_DEFAULT = env_str("DISPATCH_APPROVAL_DEFAULT", "deny")
+if APPROVAL_DEFAULT not in ("deny", "allow_once"):
+    raise ImproperlyConfigured(f"DISPATCH_APPROVAL_DEFAULT must be deny or allow_once, got {APPROVAL_DEFAULT!r}")
 # Directories advertised to peers for incoming launches (spec/peers.md §1); none: refused.
 REPO_ROOTS = [os.path.realpath(os.path.expanduser(root)) for root in env_list("DISPATCH_REPO_ROOTS", [])]
 OUTBOX_MAX_AGE = env_float("DISPATCH_OUTBOX_MAX_AGE", 7 * 86400.0, minimum=60.0)  # seconds; spec/peers.md §8
