@@ -231,10 +231,11 @@ async def cli_supervisor_loop() -> None:
 def background_services() -> list[Callable[[], Awaitable[None]]]:
     """The background services of this version, each an endless coroutine function."""
     from agents.executor import executor_loop
+    from attention.worker import notification_delivery_loop
     from peers.mirror import mirror_loop
     from peers.outbox import outbox_drain_loop
 
-    return [reaper_loop, executor_loop, cli_supervisor_loop, mirror_loop, outbox_drain_loop]
+    return [reaper_loop, executor_loop, cli_supervisor_loop, mirror_loop, outbox_drain_loop, notification_delivery_loop]
 
 
 async def run_background_services() -> None:

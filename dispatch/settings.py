@@ -160,6 +160,7 @@ INSTALLED_APPS = [
     "machines",
     "agents",
     "peers",
+    "attention",
     "dispatch",
 ]
 
@@ -487,6 +488,28 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
 # Who may read /metrics without a token (docs/metrics.md): client addresses (the TCP peer,
 # never a forwarded header) in these networks; anyone else needs a staff user's API token.
 METRICS_ALLOW = env_networks("DISPATCH_METRICS_ALLOW", ["127.0.0.0/8", "::1"])
+
+# --- notifications (docs/notifications.md) -------------------------------------------------
+# Web Push's VAPID key (RFC 8292): a P-256 private key (PEM, or raw/DER base64url as py_vapid
+# reads it); unset: generated once into DATA_DIR/vapid_private_key.pem (mode 0600) and kept.
+VAPID_PRIVATE_KEY = env_secret("DISPATCH_VAPID_PRIVATE_KEY") or ""
+VAPID_KEY_FILE = DATA_DIR / "vapid_private_key.pem"
+# The contact a push service may write to (RFC 8292 §2.1: a mailto: or https: URI).
+VAPID_SUBJECT = env_str(
+    "DISPATCH_VAPID_SUBJECT", PUBLIC_URL if _public.scheme == "https" else f"mailto:admin@{_public.hostname}"
+)
+if not VAPID_SUBJECT.startswith(("mailto:", "https://")):
+    raise ImproperlyConfigured(f"DISPATCH_VAPID_SUBJECT must be a mailto: or https:// URI, got {VAPID_SUBJECT!r}")
+# Delivery of a notification to one target: attempts before giving up, the first retry's
+# delay (seconds; each next one four times longer), the per-send timeout (seconds), and how
+# often the worker looks for due deliveries (seconds).
+NOTIFY_MAX_ATTEMPTS = env_int("DISPATCH_NOTIFY_MAX_ATTEMPTS", 5, minimum=1)
+NOTIFY_RETRY_BASE = env_float("DISPATCH_NOTIFY_RETRY_BASE", 10.0)
+NOTIFY_SEND_TIMEOUT = env_float("DISPATCH_NOTIFY_SEND_TIMEOUT", 10.0, minimum=1.0)
+NOTIFY_POLL_INTERVAL = env_float("DISPATCH_NOTIFY_POLL_INTERVAL", 1.0, minimum=0.05)
+# How long an open agent page's "viewing" heartbeat holds its agent's pushes back (seconds;
+# the page renews it every 15 s while visible).
+NOTIFY_VIEWING_TTL = env_float("DISPATCH_NOTIFY_VIEWING_TTL", 45.0, minimum=1.0)
 
 LOG_LEVEL = env_str("DISPATCH_LOG_LEVEL", "INFO").upper()
 if LOG_LEVEL not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):

@@ -10,6 +10,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from agents.urls import api_urlpatterns as agent_api_urls
+from attention.urls import api_urlpatterns as attention_api_urls
 from core import api, views
 from dispatch import downloads
 from dispatch.metrics import metrics_view
@@ -25,6 +26,7 @@ api_v1 = [
     *machine_api_urls,
     *agent_api_urls,
     *peer_api_urls,
+    *attention_api_urls,
 ]
 
 urlpatterns = [
@@ -56,6 +58,7 @@ urlpatterns = [
     path("", include("remotes.urls")),
     path("", include("machines.urls")),
     path("", include("peers.urls")),
+    path("", include("attention.urls")),
 ]
 
 handler400 = "core.views.bad_request"
