@@ -25,7 +25,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from agents import keys, launching, lifecycle, selectors, services
+from agents import approval_pages, keys, launching, lifecycle, selectors, services
 from agents.hooks import linked
 from agents.models import Agent, AgentEvent
 from core.authentication import authenticated_user
@@ -229,8 +229,22 @@ def is_contact_restored(event: AgentEvent) -> bool:
     return event.type == AgentEvent.Type.SYSTEM and event.message.lower().startswith("contact restored with")
 
 
+def _approvals_context(*, user: User, agent: Agent, is_shadow: bool) -> dict[str, object]:
+    """The agent page's approval box and past decisions (docs/agents.md "Approvals on the
+    pages"); a shadow's approvals live on its instance (the Approvals page lists them)."""
+    if is_shadow:
+        return {"pending_approvals": [], "approval_decisions": []}
+    pending, answered = approval_pages.agent_approval_cards(user=user, agent=agent)
+    return {
+        "pending_approvals": pending,
+        "approval_decisions": answered,
+        "approval_back": reverse("agent", kwargs={"agent_id": agent.pk}),
+    }
+
+
 def _agent_context(request: HttpRequest, agent_id: str) -> dict[str, object]:
-    agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
+    user = authenticated_user(request)
+    agent = selectors.agent_get_for(user=user, agent_id=agent_id)
     is_shadow = selectors.is_shadow(agent)
     is_cli = agent.type != services.EXPERT and not is_shadow
     before = request.GET.get("before") or None
@@ -250,6 +264,7 @@ def _agent_context(request: HttpRequest, agent_id: str) -> dict[str, object]:
         "runs": selectors.runs_page(agent=agent).items if agent.type == services.EXPERT and not is_shadow else [],
         "agent_messages": selectors.messages_page(agent=agent, limit=MESSAGES_SHOWN).items,
         "keys_allowed": list(keys.KEYS_ALLOWED),
+        **_approvals_context(user=user, agent=agent, is_shadow=is_shadow),
     }
 
 

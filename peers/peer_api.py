@@ -8,6 +8,8 @@
 | ``GET /api/v1/peers/repos`` | — | 200 ``{"roots": [...]}`` |
 | ``POST /api/v1/peers/agents/{agent_id}/stop`` / ``archive`` | ``allow_launch`` | 200 ``{agent_id, name, status}`` |
 | ``POST /api/v1/peers/unlink`` | — | 200 ``{"unlinked": true}`` |
+| ``GET /api/v1/peers/approvals`` | ``allow_message`` | 200 ``{"approvals": [...]}`` (docs/peers.md "Approvals") |
+| ``POST /api/v1/peers/approvals/{id}/answer`` | ``allow_message`` | 200 the answered approval ``{id, status, …}`` |
 
 Every answer, errors included, carries this instance's ``Dispatch-Peer-Features`` header
 (``peers.auth.announce_features``); ``messages.batch`` there announces the batch route.
@@ -58,6 +60,7 @@ from peers.auth import (
 from peers.models import Peer
 from peers.protocol import (
     PEER_INSTANCE_ID,
+    ApprovalAnswerBody,
     EmptyBody,
     LaunchBody,
     MessageAnswer,
@@ -65,9 +68,12 @@ from peers.protocol import (
     MessageBatchBody,
     MessageBody,
     PeerAgentAnswer,
+    PeerApprovalAnswer,
+    PeerApprovalList,
     ReposAnswer,
     UnlinkAnswer,
 )
+from peers.services import approvals as approval_services
 from peers.services import incoming as services
 from peers.services import receipts
 from peers.services.pairing import peer_mark_unlinked_by_peer
@@ -262,6 +268,50 @@ def unlink(request: HttpRequest, peer: Peer) -> Answer:
     return Answer(status=200, body={"unlinked": True})
 
 
+@documented(
+    _peer_operation("get", "Pending approvals of the link user's agents here (allow_message)", None, PeerApprovalList)
+)
+@peer_route(method="GET", capability="allow_message")
+def approvals(request: HttpRequest, peer: Peer) -> Answer:
+    """``GET /api/v1/peers/approvals`` (docs/peers.md "Approvals"): 200 ``{"approvals":
+    [{id, agent_id, agent_name, tool_name, tool_summary, tool_input, suggestions, status,
+    asked_at, expires_at}, …]}`` — the pending approvals of the link user's local agents,
+    oldest first (``approval_services.peer_approvals_pending``). 403 without ``allow_message``."""
+    return Answer(status=200, body={"approvals": approval_services.peer_approvals_pending(peer=peer)})
+
+
+@documented(
+    _peer_operation(
+        "post", "Answer a pending approval of an agent here (allow_message)", ApprovalAnswerBody, PeerApprovalAnswer
+    )
+)
+@peer_route(method="POST", capability="allow_message")
+def approval_answer(request: HttpRequest, peer: Peer, approval_id: str) -> Answer:
+    """``POST /api/v1/peers/approvals/{id}/answer`` ``{decision, message?, answered_by}``
+    (docs/peers.md "Approvals"): ``approval_services.peer_approval_answer``, once per
+    ``Idempotency-Key`` (a repeated key gets the first answer).
+
+    200 ``{id, agent_id, status, decision, answered_by, answered_at}``; 400 for a bad
+    body; 403 without ``allow_message``; 404 for an approval of no agent of the link's
+    user here; 409 ``APPROVAL_ANSWERED`` (naming who answered) when it was answered
+    already — by anyone, this peer included under another key; 422 for another body
+    under the key.
+    """
+    key = receipts.idempotency_key_of(request)
+    body = json_object(request)
+
+    def act() -> Answer:
+        answer = parse_plain(ApprovalAnswerBody, body, context={PEER_INSTANCE_ID: peer.instance_id})
+        return Answer(
+            status=200,
+            body=approval_services.peer_approval_answer(peer=peer, approval_id=approval_id, answer=answer),
+        )
+
+    return receipts.run_once(
+        peer=peer, key=key, route="approval_answer", body={"approval_id": approval_id, "body": body}, act=act
+    )
+
+
 api_urlpatterns: list[URLPattern | URLResolver] = [
     path("peers/launch", launch, name="peer-launch"),
     path("peers/messages", messages, name="peer-messages"),
@@ -270,4 +320,6 @@ api_urlpatterns: list[URLPattern | URLResolver] = [
     path("peers/agents/<str:agent_id>/stop", agent_stop, name="peer-agent-stop"),
     path("peers/agents/<str:agent_id>/archive", agent_archive, name="peer-agent-archive"),
     path("peers/unlink", unlink, name="peer-unlink"),
+    path("peers/approvals", approvals, name="peer-approvals"),
+    path("peers/approvals/<str:approval_id>/answer", approval_answer, name="peer-approval-answer"),
 ]

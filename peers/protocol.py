@@ -612,3 +612,76 @@ class MirrorResnapshotMessage(ChannelMessage):
 
     type: Literal["mirror.resnapshot"] = "mirror.resnapshot"
     peer_id: int
+
+
+# --- approvals over the link (docs/peers.md "Approvals") --------------------------------------
+
+APPROVAL_DECISIONS = ("allow_once", "allow_always", "deny")
+APPROVAL_MESSAGE_MAX = 2000  # characters of a deny message the CLI shows the model (agents.approvals.MAX_MESSAGE)
+
+
+class PeerApproval(BaseModel):
+    """One pending approval of an agent here, as a linked peer sees it
+    (``GET /api/v1/peers/approvals``): ids are ours, times ISO 8601 UTC."""
+
+    id: str
+    agent_id: str
+    agent_name: str
+    tool_name: str
+    tool_summary: str = Field(description="the exact command, file or URL the tool would act on")
+    tool_input: dict[str, Any]
+    suggestions: list[Any] = Field(description="the CLI's own suggested permission rules")
+    status: str
+    asked_at: str
+    expires_at: str | None
+
+
+class PeerApprovalList(BaseModel):
+    """``{"approvals": [PeerApproval, …]}``: oldest first."""
+
+    approvals: list[PeerApproval]
+
+
+class ApprovalAnswerBody(WireModel):
+    """``POST /api/v1/peers/approvals/{id}/answer``: ``{decision, message?, answered_by}``.
+
+    ``decision``: ``allow_once``, ``allow_always`` or ``deny``; ``message``: the text the
+    CLI shows the model with a deny (at most 2000 characters); ``answered_by``: the
+    person on the peer who answered, ``{instance_id, agent_id: null, name}`` (as a
+    launch's ``launched_by``). Validate with the context ``{"peer_instance_id": …}``."""
+
+    absent_as_null = ("decision", "answered_by")
+
+    decision: Literal["allow_once", "allow_always", "deny"]
+    message: str = Field(default="", max_length=APPROVAL_MESSAGE_MAX)
+    answered_by: SenderAddress
+
+    @field_validator("decision", mode="before")
+    @classmethod
+    def _decision(cls, value: Any) -> str:
+        if value not in APPROVAL_DECISIONS:
+            raise ValueError(f"decision must be one of: {', '.join(APPROVAL_DECISIONS)}")
+        return str(value)
+
+    @field_validator("message", mode="before")
+    @classmethod
+    def _message(cls, value: Any) -> str:
+        if value is None:
+            return ""
+        return _text(value, "message", max_length=APPROVAL_MESSAGE_MAX, required=False)
+
+    @field_validator("answered_by", mode="before")
+    @classmethod
+    def _answered_by(cls, value: Any, info: ValidationInfo) -> SenderAddress:
+        return SenderAddress.check(value, what="answered_by", peer_instance_id=_peer_instance_id(info))
+
+
+class PeerApprovalAnswer(BaseModel):
+    """The answered approval: ``{id, agent_id, status, decision, answered_by, answered_at}``."""
+
+    id: str
+    agent_id: str
+    status: str
+    decision: str
+    answered_by: str
+    answered_at: str | None

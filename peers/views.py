@@ -21,14 +21,15 @@ from django.contrib import messages
 from django.contrib.auth.models import User
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 
 from core.errors import DispatchError
-from peers import pairing
+from core.views import htmx_login_required
+from peers import linked_approvals, pairing
 from peers.models import OutboxMessage, Peer
 from peers.selectors import outbox_counts, outbox_rows_for, peers_for
 from peers.services import links
@@ -231,8 +232,57 @@ def outbox_action(request: HttpRequest, outbox_id: int, action: str) -> HttpResp
     return redirect("peers")
 
 
+@never_cache
+@htmx_login_required
+@require_GET
+async def approvals_linked(request: HttpRequest) -> HttpResponse:
+    """``/approvals/linked``: the part of the Approvals page that lists the user's pending
+    approvals on every linked instance (``linked_approvals.linked_approvals_for``: all
+    asked at once, a few seconds at most; a peer that is down is one line "instance X:
+    unreachable"). Async: it waits on the other instances, never on the shared sync thread."""
+    user = await request.auser()
+    assert isinstance(user, User)
+    parts = await linked_approvals.linked_approvals_for(user=user)
+    context = {"parts": parts, "back": reverse("approvals")}
+    return await database_sync_to_async(render)(request, "approvals/_linked.html", context)
+
+
+@never_cache
+@require_POST
+async def approval_linked_answer(request: HttpRequest, peer_id: int, approval_id: str) -> HttpResponse:
+    """``POST /approvals/linked/<peer id>/<approval id>/answer`` ``decision``, ``message``,
+    ``next``: answer an approval on a linked instance through its peer API
+    (``linked_approvals.linked_approval_answer``); the outcome — the peer's "already
+    answered (… by bob)", "unreachable" — is a note on the page it came from."""
+    user = await request.auser()
+    assert isinstance(user, User)
+    back = _safe_next(request) or reverse("approvals")
+    try:
+        answer = await linked_approvals.linked_approval_answer(
+            user=user,
+            peer_id=peer_id,
+            approval_id=approval_id,
+            decision=request.POST.get("decision", ""),
+            message=request.POST.get("message", ""),
+        )
+    except DispatchError as exc:
+        note = messages.warning if exc.code == "APPROVAL_ANSWERED" else messages.error
+        await database_sync_to_async(note)(request, exc.message)
+        return redirect(back)
+    await database_sync_to_async(messages.success)(
+        request, f"Answered on the linked instance: {answer.get('decision', '')} ({answer.get('answered_by', '')})."
+    )
+    return redirect(back)
+
+
 urlpatterns: list[URLPattern] = [
     path("peers/", peers_page, name="peers"),
+    path("approvals/linked", approvals_linked, name="approvals-linked"),
+    path(
+        "approvals/linked/<int:peer_id>/<str:approval_id>/answer",
+        approval_linked_answer,
+        name="approvals-linked-answer",
+    ),
     path("peers/name", instance_name, name="peers-instance-name"),
     path("peers/offer", offer_create, name="peers-offer"),
     path("peers/link", link_create, name="peers-link"),
