@@ -416,6 +416,15 @@ if WS_HARD_LIMIT < WS_HIGH_WATER:
     raise ImproperlyConfigured("DISPATCH_WS_HARD_LIMIT must be at least DISPATCH_WS_HIGH_WATER")
 WS_HARD_GRACE = env_float("DISPATCH_WS_HARD_GRACE", 10.0)  # seconds
 
+# Machine operations in flight, counted where they were made (machines.services.admission;
+# docs/operating.md "Bounds"): an operation over a cap is refused at once (RATE_LIMITED).
+# "Per session" is a machine session of one user; "per user" counts within one process.
+MACHINE_OPS_PER_SESSION = env_int("DISPATCH_MACHINE_OPS_PER_SESSION", 64, minimum=1)
+MACHINE_OP_BYTES_PER_SESSION = env_int("DISPATCH_MACHINE_OP_BYTES_PER_SESSION", 64 * 1024 * 1024, minimum=1024)
+MACHINE_OPS_PER_USER = env_int("DISPATCH_MACHINE_OPS_PER_USER", 256, minimum=1)
+MACHINE_OP_BYTES_PER_USER = env_int("DISPATCH_MACHINE_OP_BYTES_PER_USER", 256 * 1024 * 1024, minimum=1024)
+MACHINE_OP_BYTES_PER_PROCESS = env_int("DISPATCH_MACHINE_OP_BYTES_PER_PROCESS", 1024 * 1024 * 1024, minimum=1024)
+
 # Remotes (spec/sessions-and-remotes.md §2.3–§2.4), seconds.
 REMOTE_CALL_TIMEOUT = env_float("DISPATCH_REMOTE_CALL_TIMEOUT", 30.0)
 REMOTE_LIVENESS_INTERVAL = env_float("DISPATCH_REMOTE_LIVENESS_INTERVAL", 2.0)

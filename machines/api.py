@@ -12,7 +12,9 @@ silence), read from ``machines.services.live`` as the body is written, so the co
 output credit follows the client; closing the HTTP stream cancels the operation.
 Errors found before the first event (bad input, routing, a 2.0 shim) are plain JSON
 errors. On these routes ``UNSUPPORTED_OPERATION`` (a feature the machine's shim protocol
-lacks) answers 409, not the generic 400: the request is fine, the machine cannot do it.
+lacks) answers 409, not the generic 400: the request is fine, the machine cannot do it;
+``MACHINE_BUSY`` (the machine has not read what it was sent) answers 503 and
+``RATE_LIMITED`` (too many operations in flight) 429, both with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -69,7 +71,10 @@ logger = logging.getLogger(__name__)
 
 DEVICE_ENDPOINT_RATE = "30 per 60 seconds"  # per client address, each device endpoint
 KEEPALIVE_SECONDS = 15.0  # a comment on a silent event stream, so proxies keep it open
-MACHINE_ROUTE_STATUS = {"UNSUPPORTED_OPERATION": 409}  # see the module docstring
+MACHINE_ROUTE_STATUS = {"UNSUPPORTED_OPERATION": 409, "MACHINE_BUSY": 503}  # see the module docstring
+# Seconds a client should wait before trying again (Retry-After, RFC 9110 §10.2.3): the
+# machine's socket drains, operations in flight end (docs/operating.md "Bounds").
+RETRY_AFTER = {"MACHINE_BUSY": 1, "RATE_LIMITED": 1}
 
 
 def _device_body(request: HttpRequest) -> dict[str, Any]:
@@ -285,6 +290,8 @@ def _machine_errors(view: Callable[..., Awaitable[Any]]) -> Callable[..., Awaita
 def _error_answer(exc: DispatchError) -> JsonResponse:
     response = error_response(exc)
     response.status_code = MACHINE_ROUTE_STATUS.get(exc.code, response.status_code)
+    if exc.code in RETRY_AFTER:
+        response["Retry-After"] = str(RETRY_AFTER[exc.code])
     return response
 
 

@@ -16,6 +16,13 @@ frames it forwards), and a frame over 64 KiB raw, a stream past its credit or th
 past ``max_stream_bytes`` (one frame of slack; not for a pipe), or a malformed frame,
 cancels the operation and fails it ``PROTOCOL_ERROR`` — a shim ignoring FLOW cannot flood
 the caller.
+
+Back-pressure (docs/shim-protocol.md "Back-pressure"; ``core.backpressure``): an operation
+arriving while the shim's unread backlog is over ``DISPATCH_WS_HIGH_WATER`` is answered
+``MACHINE_BUSY`` at once and never queued here; the shim's stdin credit is relayed to the
+caller only as far as the ``COMMAND_INPUT`` bytes this consumer handed to the socket plus
+one window, and only while the socket is under the mark — a shim that claims credit and
+does not read stops the pipe feeding it, not this process's memory.
 """
 
 from __future__ import annotations
@@ -86,6 +93,12 @@ class PendingOperation:
     credit: dict[str, int] = field(default_factory=dict)
     received: dict[str, int] = field(default_factory=dict)
     max_stream_bytes: int | None = None
+    # 2.1, stdin (a pipe's destination): the credit the shim granted (cumulative), the
+    # credit relayed to the caller, and the raw bytes of COMMAND_INPUT handed to the socket.
+    # What is relayed is capped by what the socket took (``ShimConsumer._grant_stdin``).
+    stdin_claimed: int = 0
+    stdin_relayed: int = 0
+    stdin_written: int = 0
 
 
 class ShimConsumer(DispatchConsumer):
@@ -106,6 +119,7 @@ class ShimConsumer(DispatchConsumer):
         self.protocol_version: str | None = None
         self.closing = False
         self.tasks: list[asyncio.Task[None]] = []
+        self._drain_task: asyncio.Task[None] | None = None  # relays stdin credit once the socket drains
         self.awaiting_pong: str | None = None
         token = self.bearer_token()
         identity = await database_sync_to_async(connections.shim_authenticate)(token) if token else None
@@ -341,7 +355,40 @@ class ShimConsumer(DispatchConsumer):
         except ValidationError as exc:
             await self._error("INVALID_REQUEST", f"malformed FLOW: {describe_validation_error(exc)}")
             return
-        await self._relay(pending.reply_channel, grant)
+        pending.stdin_claimed = max(pending.stdin_claimed, grant.credit_total)
+        await self._grant_stdin(grant.request_id, pending)
+
+    async def _grant_stdin(self, request_id: str, pending: PendingOperation) -> None:
+        """Relay to the caller the stdin credit the shim granted, capped at the raw bytes of
+        ``COMMAND_INPUT`` this consumer handed to the socket plus one window, and only while
+        the socket is under its high-water mark (else once it drains): a shim claiming
+        credit it does not read makes the caller wait, not this process buffer
+        (docs/live-operations.md "Pipes")."""
+        allowed = min(pending.stdin_claimed, pending.stdin_written + stream_window(self.limits))
+        if allowed <= pending.stdin_relayed:
+            return
+        if not self.send_pressure.has_room():
+            self._regrant_when_drained()
+            return
+        pending.stdin_relayed = allowed
+        await self._relay(
+            pending.reply_channel, MachineFlowMessage(request_id=request_id, stream="stdin", credit_total=allowed)
+        )
+
+    def _regrant_when_drained(self) -> None:
+        """Start (once) the task that relays the stdin credit held back once the socket is
+        under its high-water mark again."""
+        if self._drain_task is not None and not self._drain_task.done():
+            return
+
+        async def regrant() -> None:
+            await self.send_pressure.wait_for_room()
+            for request_id, pending in list(self.pending.items()):
+                if pending.relay:
+                    await self._grant_stdin(request_id, pending)
+
+        self._drain_task = asyncio.ensure_future(regrant())
+        self.tasks.append(self._drain_task)
 
     async def _relay(self, reply_channel: str, message: MachineOutputMessage | MachineFlowMessage) -> None:
         try:
@@ -370,8 +417,14 @@ class ShimConsumer(DispatchConsumer):
             target_machine=self.machine_id,
         )
         text = encode(frame)
-        if len(text.encode()) > MAX_FRAME_BYTES:
+        size = len(text.encode())
+        if size > MAX_FRAME_BYTES:
             await self._answer(operation.reply_channel, _error_reply("FILE_TOO_LARGE", "the request is over 16 MiB"))
+            return
+        if not self.send_pressure.has_room(size):
+            # The shim has not read what it was sent: refused now, never queued in this
+            # process (docs/operating.md "Bounds"; docs/shim-protocol.md "Back-pressure").
+            await self._answer(operation.reply_channel, self._busy_reply())
             return
         now = time.monotonic()
         self.pending = {rid: p for rid, p in self.pending.items() if p.expires_at > now}
@@ -385,8 +438,20 @@ class ShimConsumer(DispatchConsumer):
             relay=operation.relay,
             credit={"stdout": window, "stderr": window},
             max_stream_bytes=None if piped or not isinstance(cap, int) else cap,
+            stdin_claimed=window,
+            stdin_relayed=window,
         )
         await self.send(text_data=text)
+
+    def _busy_reply(self) -> MachineReplyMessage:
+        """``ERROR MACHINE_BUSY``: the shim's socket holds more unread bytes than the
+        high-water mark (``details``: ``unsent_bytes``, ``high_water_bytes``)."""
+        unsent, high_water = self.unsent_bytes(), self.send_pressure.high_water
+        message = (
+            f"machine '{self._name()}' is busy: it has not read {unsent} bytes sent to it "
+            f"(over the {high_water}-byte high-water mark); try again shortly"
+        )
+        return _error_reply("MACHINE_BUSY", message, {"unsent_bytes": unsent, "high_water_bytes": high_water})
 
     @receives(MachineFlowMessage)
     async def machine_flow(self, grant: MachineFlowMessage) -> None:
@@ -414,6 +479,10 @@ class ShimConsumer(DispatchConsumer):
             "eof": message.eof,
         }
         await self._send(envelope(MessageType.COMMAND_INPUT, payload, target_machine=self.machine_id))
+        pending = self.pending.get(message.request_id)
+        if pending is not None and pending.relay:
+            pending.stdin_written += _raw_bytes(message.data, message.encoding)
+            await self._grant_stdin(message.request_id, pending)
 
     @receives(MachineCancelMessage)
     async def machine_cancel(self, message: MachineCancelMessage) -> None:
@@ -536,5 +605,7 @@ def _raw_bytes(data: str, encoding: str) -> int:
     return len(data.encode("utf-8", "surrogatepass")) - 2 * data.count("\ufffd")
 
 
-def _error_reply(code: str, message: str) -> MachineReplyMessage:
-    return MachineReplyMessage(response_type=str(MessageType.ERROR), payload=error_payload(code, message))
+def _error_reply(code: str, message: str, details: dict[str, Any] | None = None) -> MachineReplyMessage:
+    return MachineReplyMessage(
+        response_type=str(MessageType.ERROR), payload=error_payload(code, message, details=details)
+    )

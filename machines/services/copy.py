@@ -45,6 +45,8 @@ logger = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1024 * 1024
 PARTIAL_SUFFIX = ".dispatch-partial"
+BUSY_PATIENCE = 60.0  # seconds a copy waits for a busy machine (MACHINE_BUSY) before it fails
+BUSY_RETRY_SECONDS = 0.2  # between two tries of a step refused busy
 Progress = Callable[[int, int], Awaitable[None] | None]
 
 
@@ -73,8 +75,9 @@ async def copy_between_machines(
     ``MachineError``: routing errors (``MACHINE_NOT_ATTACHED``, …), ``OPERATION_EXISTS``
     (``request_id`` in flight), the source's or destination's own errors
     (``PATH_NOT_FOUND``, ``PATH_EXISTS`` when the destination exists without ``overwrite``,
-    …), ``COPY_VERIFICATION_FAILED`` when sizes or hashes differ, ``CANCELLED`` (the
-    partial file removed).
+    …), ``MACHINE_BUSY`` when a machine has not read what it was sent for ``BUSY_PATIENCE``
+    seconds (until then the copy pauses, reading no more), ``COPY_VERIFICATION_FAILED``
+    when sizes or hashes differ, ``CANCELLED`` (the partial file removed).
     """
     check_session_id(session_id)
     request_id = check_request_id(request_id)
@@ -145,15 +148,28 @@ async def _copy(
             raise MachineError("CANCELLED", f"the copy was cancelled ({message.reason}); the partial file was removed")
 
     async def op(machine: str, name: str, payload: dict[str, Any]) -> dict[str, Any]:
-        response = await machine_op(
-            user=user,
-            session_id=session_id,
-            op=name,
-            payload=payload,
-            target_machine=machine,
-            caller=caller,
-            operation_id=request_id,
-        )
+        loop = asyncio.get_running_loop()
+        patience = loop.time() + BUSY_PATIENCE
+        while True:
+            try:
+                response = await machine_op(
+                    user=user,
+                    session_id=session_id,
+                    op=name,
+                    payload=payload,
+                    target_machine=machine,
+                    caller=caller,
+                    operation_id=request_id,
+                )
+                break
+            except MachineError as exc:
+                # Not sent: the machine has not read what it was sent. The copy waits here,
+                # reading no more of the source, until it drains (docs/live-operations.md
+                # "Back-pressure").
+                if exc.code != "MACHINE_BUSY" or loop.time() >= patience:
+                    raise
+            await asyncio.sleep(BUSY_RETRY_SECONDS)
+            await check_cancelled()
         result: dict[str, Any] = response["payload"]
         return result
 

@@ -39,6 +39,7 @@ from core.realtime import layer_send
 from machines.models import Machine, OperationInFlight
 from machines.protocol import MachineCancelMessage, OperationCancelMessage
 from machines.services import router
+from machines.services.admission import OPERATIONS_IN_FLIGHT, payload_size
 from machines.services.operations import (
     LIVE_PAYLOAD_FIELDS,
     MachineError,
@@ -119,7 +120,9 @@ async def operation_stream(
     payload, session id, ``request_id`` or ``target_machines``), ``MachineError`` — routing
     (``MACHINE_NOT_ATTACHED``, ``MACHINE_AMBIGUOUS``, ``CAPABILITY_NOT_GRANTED``),
     ``UNSUPPORTED_OPERATION`` (a single machine on protocol 2.0, naming its shim's version),
-    ``OPERATION_EXISTS`` (``request_id`` in flight).
+    ``OPERATION_EXISTS`` (``request_id`` in flight); ``RATE_LIMITED`` over a cap on
+    operations in flight (``machines.services.admission``). A machine whose socket is over
+    its high-water mark answers ``MACHINE_BUSY`` (a ``Failed`` event).
 
     Credit is granted as the consumer pulls events (a slow consumer slows the command, never
     grows memory). Leaving the iterator early (``aclose()``, ``break``, the consuming task
@@ -174,16 +177,17 @@ async def operation_stream(
                 )
             else:
                 candidates.append(machine)
-    async for event in _stream(
-        user=user,
-        session_id=session_id,
-        payload=streamed,
-        candidates=candidates,
-        refused=refused,
-        caller=caller,
-        request_id=request_id,
-    ):
-        yield event
+    with OPERATIONS_IN_FLIGHT.admit(user_id=user.pk, session_id=session_id, size=payload_size(streamed)):
+        async for event in _stream(
+            user=user,
+            session_id=session_id,
+            payload=streamed,
+            candidates=candidates,
+            refused=refused,
+            caller=caller,
+            request_id=request_id,
+        ):
+            yield event
 
 
 async def _stream(

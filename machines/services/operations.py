@@ -25,12 +25,12 @@ from typing import Any, Literal
 from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from django.contrib.auth.models import User
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from core import metrics, wire
-from core.errors import DispatchError, InvalidRequest
+from core.errors import DispatchError, InvalidRequest, TemporarilyUnavailable
 from core.realtime import Gone, layer_send, request_reply, send_on_commit
 from core.services import server_process_ensure
 from core.tools import TOOL_CALL
@@ -44,6 +44,7 @@ from machines.protocol import (
     MachineReplyMessage,
 )
 from machines.services import router
+from machines.services.admission import OPERATIONS_IN_FLIGHT, payload_size
 from machines.services.relay import Failed, LiveCommand, Output, Result, connection_alive
 from machines.services.router import Candidate, FanOutTarget
 from machines.shim.protocol import supports_live_operations
@@ -293,13 +294,19 @@ async def machine_op(
     Returns ``{"machine_id", "type", "payload"}`` (the shim's response). Raises
     ``InvalidRequest`` (unknown op, bad payload, session id or ``request_id``) and
     ``MachineError`` with a §5/§6 code (``MACHINE_NOT_ATTACHED``, ``MACHINE_AMBIGUOUS``,
-    ``CAPABILITY_NOT_GRANTED``, ``MACHINE_UNREACHABLE``, ``TIMEOUT``, or the shim's own code
-    such as ``PATH_OUTSIDE_ALLOWED_ROOT``). Never retried automatically, but for one case:
+    ``CAPABILITY_NOT_GRANTED``, ``MACHINE_UNREACHABLE``, ``TIMEOUT``, ``MACHINE_BUSY`` when
+    the shim has not read what it was sent (over ``DISPATCH_WS_HIGH_WATER``; nothing is
+    queued, docs/shim-protocol.md "Back-pressure"), or the shim's own code such as
+    ``PATH_OUTSIDE_ALLOWED_ROOT``), and ``admission.OperationRefused`` (``RATE_LIMITED``)
+    over a cap on operations in flight (docs/operating.md "Bounds"). Never retried
+    automatically, but for one case:
     an operation that may run twice (``router.rerouting_safe``) routed from the route cache
     (``router.choose_cached``, up to ``ROUTE_CACHE_SECONDS`` old) to a connection found
     ``MACHINE_UNREACHABLE`` is routed again from the database and sent once more. An
-    ``AuditRecord`` is written after the reply, off the hot path (§7). ``caller`` names who asked (agent
-    id, ``mcp:…``, ``api``).
+    ``AuditRecord`` is written before the operation is sent (the audit is the record that it
+    ran): when it cannot be written (a full disk, a read-only database) the operation is not
+    sent and ``TemporarilyUnavailable`` (503) says why; its result is filled in after the
+    reply, off the hot path (§7). ``caller`` names who asked (agent id, ``mcp:…``, ``api``).
 
     Issue 14 (design §3):
 
@@ -327,31 +334,33 @@ async def machine_op(
     """
     _check_operation(op, payload, session_id, target_machine)
     _check_plain_payload(op, payload)
-    if target_machines is not None:
-        if target_machine is not None:
-            raise InvalidRequest("target_machine and target_machines are exclusive: pass one of them")
-        return await _fan_out(
+    if target_machines is not None and target_machine is not None:
+        raise InvalidRequest("target_machine and target_machines are exclusive: pass one of them")
+    # Counted while it runs; over a cap it is refused here, before anything is sent.
+    with OPERATIONS_IN_FLIGHT.admit(user_id=user.pk, session_id=session_id, size=payload_size(payload)):
+        if target_machines is not None:
+            return await _fan_out(
+                user=user,
+                session_id=session_id,
+                op=op,
+                payload=payload,
+                target_machines=check_target_machines(target_machines),
+                caller=caller,
+                request_id=check_request_id(request_id),
+                on_output=on_output,
+            )
+        return await _routed_op(
             user=user,
             session_id=session_id,
             op=op,
             payload=payload,
-            target_machines=check_target_machines(target_machines),
+            target_machine=target_machine,
             caller=caller,
             request_id=check_request_id(request_id),
             on_output=on_output,
+            own_row=True,
+            operation_id=operation_id,
         )
-    return await _routed_op(
-        user=user,
-        session_id=session_id,
-        op=op,
-        payload=payload,
-        target_machine=target_machine,
-        caller=caller,
-        request_id=check_request_id(request_id),
-        on_output=on_output,
-        own_row=True,
-        operation_id=operation_id,
-    )
 
 
 async def _fan_out(
@@ -446,6 +455,8 @@ async def _routed_op(
     result: dict[str, Any] = {"ok": False}
     row_written = False
     from_cache = False
+    audit_id: int | None = None
+    audit_refused = False
     try:
         if candidate is None:
             candidate = router.choose_cached(
@@ -458,6 +469,20 @@ async def _routed_op(
                 )
         chosen = candidate
         timeout = operation_timeout(op, payload, chosen.limits)
+        try:
+            audit_id = await database_sync_to_async(audit_record_begin)(
+                user=user,
+                session_id=session_id,
+                machine_id=chosen.machine_id,
+                request_id=request_id,
+                op=op,
+                payload=payload,
+                caller=caller,
+                operation_id=operation_id,
+            )
+        except DatabaseError as exc:
+            audit_refused = True
+            raise audit_unwritable(exc) from None
 
         async def register(caller_channel: str) -> None:
             nonlocal row_written
@@ -539,17 +564,19 @@ async def _routed_op(
         metrics.machine_operation_observed(
             operation=op, ok=result["ok"], failure=sys.exc_info()[1], seconds=time.monotonic() - started
         )
-        _after_reply(
-            user=user,
-            session_id=session_id,
-            machine_id=candidate.machine_id if candidate else "",
-            request_id=request_id,
-            op=op,
-            payload=payload,
-            result=result,
-            caller=caller,
-            operation_id=operation_id,
-        )
+        if not audit_refused:
+            _after_reply(
+                audit_id=audit_id,
+                user=user,
+                session_id=session_id,
+                machine_id=candidate.machine_id if candidate else "",
+                request_id=request_id,
+                op=op,
+                payload=payload,
+                result=result,
+                caller=caller,
+                operation_id=operation_id,
+            )
 
 
 async def _route(*, user: User, session_id: str, op: str, payload: dict[str, Any], target: str | None) -> Candidate:
@@ -714,9 +741,62 @@ def streamed_command_audited(
     )
 
 
-def _after_reply(**record: Any) -> None:
-    """Write the audit record in the background, after the reply."""
-    _in_background(database_sync_to_async(audit_record_create)(**record))
+def _after_reply(*, audit_id: int | None = None, **record: Any) -> None:
+    """Write the audit record in the background, after the reply: fill in the one written
+    before the send (``audit_id``), or write one for an operation refused before it."""
+    if audit_id is None:
+        _in_background(database_sync_to_async(audit_record_create)(**record))
+    else:
+        _in_background(database_sync_to_async(audit_record_finish)(record_id=audit_id, **record))
+
+
+PENDING: dict[str, Any] = {"ok": False, "pending": True}
+"""The ``result`` of an audit record written before its operation was sent (``AuditRecord.outcome``: running)."""
+
+
+def audit_unwritable(exc: BaseException) -> TemporarilyUnavailable:
+    """The 503 of an operation whose audit record could not be written: it was not sent."""
+    return TemporarilyUnavailable(
+        f"the operation was not sent: its audit record could not be written ({type(exc).__name__}: "
+        f"{str(exc).strip()[:200]})",
+        {"service": "database"},
+    )
+
+
+def audit_record_begin(
+    *,
+    user: User,
+    session_id: str,
+    machine_id: str,
+    request_id: str,
+    op: str,
+    payload: dict[str, Any],
+    caller: str,
+    operation_id: str = "",
+) -> int:
+    """Record an operation about to be sent to ``machine_id`` (result ``PENDING``; one
+    INSERT) and return the record's id for ``audit_record_finish``. Raises what the
+    database raises (``DatabaseError``): the caller must then not send the operation."""
+    record = AuditRecord.objects.create(
+        user=user,
+        session_id=session_id,
+        machine_id=machine_id,
+        request_id=request_id,
+        op=op,
+        details=audit_details(op, payload),
+        result=PENDING,
+        caller=caller[:200],
+        operation_id=operation_id,
+    )
+    return int(record.pk)
+
+
+def audit_record_finish(*, record_id: int, user: User, machine_id: str, result: dict[str, Any], **_record: Any) -> None:
+    """Fill in the ``result`` (and the ``machine_id`` it ran on: a rerouted operation's
+    last) of the record ``audit_record_begin`` wrote, and stamp the machine's activity as
+    ``audit_record_create`` does. The other fields of the record are left as written."""
+    AuditRecord.objects.filter(pk=record_id).update(machine_id=machine_id, result=result)
+    _activity_stamped(user=user, machine_id=machine_id, result=result)
 
 
 def _in_background(work: Any) -> None:
@@ -792,6 +872,12 @@ def audit_record_create(
         caller=caller[:200],
         operation_id=operation_id,
     )
+    _activity_stamped(user=user, machine_id=machine_id, result=result)
+    return record
+
+
+def _activity_stamped(*, user: User, machine_id: str, result: dict[str, Any]) -> None:
+    """The machine's ``last_active_at`` / health after an operation's ``result`` (see ``audit_record_create``)."""
     key = (user.pk, machine_id)
     if machine_id and result.get("ok"):
         now = time.monotonic()
@@ -812,7 +898,6 @@ def audit_record_create(
             health=Machine.Health.OVERLOADED, status_reason="the shim refused work: too many operations in flight"
         )
         last_active_forget(user_id=user.pk, machine_id=machine_id)  # the next success clears it at once
-    return record
 
 
 def path_recency_record(*, user: User, session_id: str, machine_id: str, op: str, payload: dict[str, Any]) -> None:

@@ -29,6 +29,7 @@ from core.errors import DispatchError, InvalidRequest
 from machines.models import OperationInFlight
 from machines.protocol import DEFAULT_LIMITS
 from machines.services import router
+from machines.services.admission import OPERATIONS_IN_FLIGHT, payload_size
 from machines.services.operations import (
     MachineError,
     OutputAssembly,
@@ -182,42 +183,45 @@ async def pipe(
         ),
         on_progress=on_progress,
     )
-    row = False
-    started = time.monotonic()
-    try:
-        await run.source.open()
-        await run.destination.open()
-        await database_sync_to_async(inflight_create)(
-            user=user,
-            session_id=session_id,
-            request_id=request_id,
-            kind=OperationInFlight.Kind.PIPE,
-            op="PIPE",
-            candidates=ends,
-            caller=caller,
-            summary=f"{source_machine.name}: {command_summary(source_payload)} → "
-            f"{destination_machine.name}: {command_summary(destination_payload)}",
-            call_key=current_call_key(),
-            caller_channel=run.source.channel,
-        )
-        row = True
-        await run.run()
-    finally:
-        await run.stop()
-        if row:
-            await database_sync_to_async(inflight_delete)(user=user, request_id=request_id)
-        for command, payload in ((run.source, source_payload), (run.destination, destination_payload)):
-            streamed_command_audited(
-                command,
-                run.ends.get(id(command)),
+    # One operation in flight for as long as it runs (its bytes are bounded by the credit).
+    sizes = payload_size(source_payload) + payload_size(destination_payload)
+    with OPERATIONS_IN_FLIGHT.admit(user_id=user.pk, session_id=session_id, size=sizes):
+        row = False
+        started = time.monotonic()
+        try:
+            await run.source.open()
+            await run.destination.open()
+            await database_sync_to_async(inflight_create)(
                 user=user,
                 session_id=session_id,
+                request_id=request_id,
+                kind=OperationInFlight.Kind.PIPE,
+                op="PIPE",
+                candidates=ends,
                 caller=caller,
-                payload=payload,
-                started=started,
-                failure=None,
-                observe=command.sent,
+                summary=f"{source_machine.name}: {command_summary(source_payload)} → "
+                f"{destination_machine.name}: {command_summary(destination_payload)}",
+                call_key=current_call_key(),
+                caller_channel=run.source.channel,
             )
+            row = True
+            await run.run()
+        finally:
+            await run.stop()
+            if row:
+                await database_sync_to_async(inflight_delete)(user=user, request_id=request_id)
+            for command, payload in ((run.source, source_payload), (run.destination, destination_payload)):
+                streamed_command_audited(
+                    command,
+                    run.ends.get(id(command)),
+                    user=user,
+                    session_id=session_id,
+                    caller=caller,
+                    payload=payload,
+                    started=started,
+                    failure=None,
+                    observe=command.sent,
+                )
     return {
         "request_id": request_id,
         "bytes": run.moved,
