@@ -11,8 +11,17 @@ them (found by CI: 200 concurrent calls to one serving session on Redis).
 instead: at most ``DISPATCH_REDIS_MAX_CONNECTIONS`` connections per process and event
 loop (default 200), and a send that finds them all busy *waits* for one for up to
 ``DISPATCH_REDIS_POOL_TIMEOUT`` seconds (default 10) before failing with
-``redis.exceptions.ConnectionError("No connection available.")``. Everything else is
-channels-redis unchanged.
+``redis.exceptions.ConnectionError("No connection available.")``.
+
+It also gives the calls a request waits on — ``send``, ``group_send``, ``group_add``,
+``group_discard`` — a deadline, ``DISPATCH_DEPENDENCY_TIMEOUT`` seconds (default 2): a
+frozen Redis (SIGSTOP, a paused VM) still accepts connections and never answers, so
+without it a call waited for the connections' 30 s socket timeout (which the layer's own
+blocking ``receive`` needs, so it stays). A call past its deadline raises
+:class:`LayerDeadlineExceeded`, a ``redis.exceptions.TimeoutError`` the edges answer
+503 ``TEMPORARILY_UNAVAILABLE`` ("the channel layer (Redis) did not answer within 2s").
+Each call's outcome is reported to ``core.outage.tracker`` (one WARNING per outage).
+Everything else is channels-redis unchanged.
 
 :class:`InMemoryChannelLayer` (the layer without ``DISPATCH_REDIS_URL``) is Channels' own,
 except for when it sweeps: Channels walks every channel with a queue and every group
@@ -23,21 +32,90 @@ connections (bench B6: a third of the event loop at 2,000 idle connections).
 
 from __future__ import annotations
 
+import asyncio
 import time
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from channels.layers import InMemoryChannelLayer as _ChannelsInMemoryLayer
 from channels_redis.core import RedisChannelLayer as _ChannelsRedisLayer
 from redis.asyncio import BlockingConnectionPool
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from core.errors import ChannelLayerTimeout, dependency_timed_out
+from core.outage import tracker
+
+Result = TypeVar("Result")
+
+
+class LayerDeadlineExceeded(ChannelLayerTimeout, RedisTimeoutError):
+    """A channel-layer call that got no answer within its deadline (``seconds``)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(dependency_timed_out("channel_layer", seconds))
+        self.seconds = seconds
 
 
 class RedisChannelLayer(_ChannelsRedisLayer):
-    """channels-redis' layer; hosts given as ``{"address": url, ...}`` get a blocking pool.
+    """channels-redis' layer; hosts given as ``{"address": url, ...}`` get a blocking pool,
+    and the calls a request waits on get a deadline.
 
-    Extra host keys understood here: ``max_connections`` (int, per process and loop) and
-    ``pool_timeout`` (seconds a caller waits for a free connection; ``None`` waits for
-    ever). The remaining keys go to each connection, as with channels-redis.
+    ``deadline``: seconds ``send``, ``group_send``, ``group_add`` and ``group_discard`` may
+    take (``None``: no deadline), then :class:`LayerDeadlineExceeded`. Extra host keys
+    understood here: ``max_connections`` (int, per process and loop) and ``pool_timeout``
+    (seconds a caller waits for a free connection; ``None`` waits for ever). The remaining
+    keys go to each connection, as with channels-redis.
     """
+
+    def __init__(self, *args: Any, deadline: float | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.deadline = deadline
+
+    async def _within_deadline(self, call: Awaitable[Result]) -> Result:
+        try:
+            async with asyncio.timeout(self.deadline):
+                result = await call
+        except TimeoutError as exc:
+            if isinstance(exc, RedisTimeoutError):  # the socket's own timeout
+                tracker.failed("channel_layer", exc)
+                raise
+            assert self.deadline is not None
+            late = LayerDeadlineExceeded(self.deadline)
+            tracker.failed("channel_layer", late)
+            raise late from None
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            tracker.failed("channel_layer", exc)
+            raise
+        tracker.ok("channel_layer")
+        return result
+
+    async def receive(self, channel: str) -> dict[str, Any]:
+        """channels-redis' ``receive`` (no deadline: it blocks by design); its outcome is
+        reported to ``core.outage.tracker`` (a consumer's socket closes on its failure)."""
+        try:
+            message: dict[str, Any] = await super().receive(channel)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            tracker.failed("channel_layer", exc)
+            raise
+        tracker.ok("channel_layer")
+        return message
+
+    async def send(self, channel: str, message: dict[str, Any]) -> None:
+        """channels-redis' ``send`` within ``deadline``."""
+        await self._within_deadline(super().send(channel, message))
+
+    async def group_send(self, group: str, message: dict[str, Any]) -> None:
+        """channels-redis' ``group_send`` within ``deadline``."""
+        await self._within_deadline(super().group_send(group, message))
+
+    async def group_add(self, group: str, channel: str) -> None:
+        """channels-redis' ``group_add`` within ``deadline``."""
+        await self._within_deadline(super().group_add(group, channel))
+
+    async def group_discard(self, group: str, channel: str) -> None:
+        """channels-redis' ``group_discard`` within ``deadline``."""
+        await self._within_deadline(super().group_discard(group, channel))
 
     def create_pool(self, index: int) -> Any:
         host = dict(self.hosts[index])
@@ -95,7 +173,10 @@ def sync_redis_pool(url: str) -> Any:
     For the router's default-machine cache and the password/device-code rate limiter:
     at most ``settings.REDIS_MAX_CONNECTIONS`` connections, a caller waits up to
     ``settings.REDIS_POOL_TIMEOUT`` seconds for one, then gets
-    ``redis.exceptions.ConnectionError``.
+    ``redis.exceptions.ConnectionError``. Connecting and each command's answer get
+    ``settings.DEPENDENCY_TIMEOUT`` seconds, then ``redis.exceptions.TimeoutError`` (these
+    calls run on the process's one shared database thread: a frozen Redis must not hold it
+    up for longer; none of them blocks on the server side).
     """
     import redis
     from django.conf import settings
@@ -104,6 +185,6 @@ def sync_redis_pool(url: str) -> Any:
         url,
         max_connections=settings.REDIS_MAX_CONNECTIONS,
         timeout=settings.REDIS_POOL_TIMEOUT,
-        socket_timeout=30,
-        socket_connect_timeout=5,
+        socket_timeout=settings.DEPENDENCY_TIMEOUT,
+        socket_connect_timeout=settings.DEPENDENCY_TIMEOUT,
     )

@@ -114,16 +114,39 @@ DATABASE_BUSY = "every database connection of this server process is busy; retry
 CHANNEL_LAYER_UNAVAILABLE = "the channel layer (Redis) cannot be reached; retry in a moment"
 
 
+def dependency_timed_out(service: str, seconds: float) -> str:
+    """The message of a call to ``service`` that got no answer within ``seconds``:
+    ``"the channel layer (Redis) did not answer within 2s; retry in a moment"``."""
+    from core.outage import SERVICES
+
+    return f"{SERVICES.get(service, service)} did not answer within {seconds:g}s; retry in a moment"
+
+
+class ChannelLayerTimeout(Exception):
+    """Mixed into ``redis.exceptions.TimeoutError`` by ``core.channel_layer`` when a layer
+    call outlives ``DISPATCH_DEPENDENCY_TIMEOUT`` (a frozen Redis accepts connections and
+    never answers); ``seconds`` is that deadline."""
+
+    seconds: float = 0.0
+
+
 def channel_layer_unavailable(exc: BaseException) -> bool:
     """Whether ``exc`` means the channel layer (Redis) cannot be reached right now:
     ``redis.exceptions.ConnectionError`` (refused, reset, "No connection available.") or
-    ``redis.exceptions.TimeoutError``. Always False without the redis package."""
+    ``redis.exceptions.TimeoutError`` (a socket timeout, or ``core.channel_layer``'s
+    deadline). Always False without the redis package."""
     try:
         from redis.exceptions import ConnectionError as RedisConnectionError
         from redis.exceptions import TimeoutError as RedisTimeoutError
     except ImportError:  # pragma: no cover - redis comes with channels-redis
         return False
     return isinstance(exc, (RedisConnectionError, RedisTimeoutError))
+
+
+def _redis_timeout(exc: BaseException) -> bool:
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    return isinstance(exc, RedisTimeoutError)
 
 
 def database_unavailable(exc: BaseException) -> bool:
@@ -138,16 +161,31 @@ def database_unavailable(exc: BaseException) -> bool:
 def unavailable_error(exc: BaseException) -> TemporarilyUnavailable | None:
     """The 503 ``TEMPORARILY_UNAVAILABLE`` error for an outage exception, else ``None``.
 
-    Outages: the channel layer unreachable (``channel_layer_unavailable``), the database
-    unreachable or its connection pool exhausted (``database_unavailable``; a psycopg_pool
-    ``PoolTimeout`` arrives wrapped in ``OperationalError``). The message names which
-    service is missing; ``details.service`` is ``"channel_layer"`` or ``"database"``.
+    Outages: the channel layer unreachable or silent past its deadline
+    (``channel_layer_unavailable``), the database unreachable or its connection pool
+    exhausted (``database_unavailable``; a psycopg_pool ``PoolTimeout`` arrives wrapped in
+    ``OperationalError``). The message names which service is missing (and the deadline
+    it missed: "the channel layer (Redis) did not answer within 2s; retry in a moment");
+    ``details.service`` is ``"channel_layer"`` or ``"database"``. Every edge maps errors
+    through here, so the outage is also noted in ``core.outage.tracker`` (one WARNING per
+    outage, docs/operating.md "Health"). The edges answer it 503 with ``Retry-After``.
     """
+    from core.outage import tracker
+
     if isinstance(exc, TemporarilyUnavailable):
         return exc
     if channel_layer_unavailable(exc):
-        return TemporarilyUnavailable(CHANNEL_LAYER_UNAVAILABLE, {"service": "channel_layer"})
+        tracker.failed("channel_layer", exc)
+        message = CHANNEL_LAYER_UNAVAILABLE
+        if isinstance(exc, ChannelLayerTimeout):
+            message = dependency_timed_out("channel_layer", exc.seconds)
+        elif _redis_timeout(exc):  # a socket timeout of a sync client (rate limits, the router's cache)
+            from django.conf import settings
+
+            message = dependency_timed_out("channel_layer", settings.DEPENDENCY_TIMEOUT)
+        return TemporarilyUnavailable(message, {"service": "channel_layer"})
     if database_unavailable(exc):
+        tracker.failed("database", exc)
         busy = type(exc.__cause__).__name__ == "PoolTimeout"
         return TemporarilyUnavailable(DATABASE_BUSY if busy else DATABASE_UNAVAILABLE, {"service": "database"})
     return None

@@ -165,6 +165,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "core.outage.RetryAfterMiddleware",  # every 503 answer says when to retry
     "django.middleware.security.SecurityMiddleware",
     "core.http.ApiErrorShapeMiddleware",  # every error under /api/ in the JSON shape
     "core.static.AsyncWhiteNoiseMiddleware",
@@ -199,6 +200,12 @@ TEMPLATES = [
         },
     },
 ]
+
+# Dependency deadline (docs/operating.md "Bounds"): seconds a request-path call to Redis (the
+# channel layer, the rate limiters, the router's cache) or a new PostgreSQL connection may take
+# before the request answers 503 TEMPORARILY_UNAVAILABLE naming the dependency, so a frozen
+# Redis or database costs a request this long, not the 30 s of a socket timeout.
+DEPENDENCY_TIMEOUT = env_float("DISPATCH_DEPENDENCY_TIMEOUT", 2.0)
 
 # --- database --------------------------------------------------------------------------
 DATABASE_URL = env_str("DATABASE_URL", "")
@@ -255,6 +262,9 @@ if _default_db["ENGINE"] == "django.db.backends.postgresql":
         "max_size": DB_POOL_MAX,
         "timeout": DB_POOL_TIMEOUT,
     }
+    # libpq counts whole seconds (at least 2): a server that does not answer fails the
+    # connection, not the request's whole pool timeout.
+    _default_db["OPTIONS"].setdefault("connect_timeout", max(2, round(DEPENDENCY_TIMEOUT)))
     _default_db["CONN_MAX_AGE"] = 0
     _default_db["CONN_HEALTH_CHECKS"] = False
 else:
@@ -288,12 +298,14 @@ if REDIS_URL:
                     {
                         "address": REDIS_URL,
                         "socket_timeout": 30,
-                        "socket_connect_timeout": 5,
+                        "socket_connect_timeout": DEPENDENCY_TIMEOUT,
                         "max_connections": REDIS_MAX_CONNECTIONS,
                         "pool_timeout": REDIS_POOL_TIMEOUT,
                     }
                 ],
                 "prefix": REDIS_PREFIX,
+                # send / group_send / group_add / group_discard (core.channel_layer).
+                "deadline": DEPENDENCY_TIMEOUT,
                 "capacity": CHANNEL_CAPACITY,
                 "expiry": 60,
                 "group_expiry": 86400 * 7,
@@ -533,11 +545,13 @@ LOGGING = {
     "filters": {
         "client_errors_at_debug": {"()": "dispatch.log_filters.ClientErrorsAtDebug"},
         "disallowed_host_one_line": {"()": "dispatch.log_filters.DisallowedHostOneLine"},
+        # A 503 answer's "Service Unavailable" line: the outage is one WARNING (core.outage).
+        "outage_responses_at_debug": {"()": "core.outage.OutageResponsesAtDebug"},
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {
-        "django.request": {"filters": ["client_errors_at_debug"]},
+        "django.request": {"filters": ["client_errors_at_debug", "outage_responses_at_debug"]},
         "django.security.DisallowedHost": {"filters": ["disallowed_host_one_line"]},
         "daphne": {"level": "WARNING"},
         "django.channels.server": {"level": "WARNING"},
