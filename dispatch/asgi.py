@@ -9,11 +9,21 @@ No ``AllowedHostsOriginValidator``: shims, peers and scripts send no ``Origin``;
 from __future__ import annotations
 
 import os
+import sys
 
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dispatch.settings")
 django_asgi_app = get_asgi_application()
+
+from django.conf import settings  # noqa: E402  (configured by get_asgi_application)
+
+if "daphne.server" in sys.modules:
+    # Under daphne (``serve``), which reads a whole request body before the application
+    # runs: the process's budget of bodies being read is kept there (dispatch.body_budget).
+    from dispatch.body_budget import budget_request_bodies
+
+    budget_request_bodies(settings.REQUEST_BODY_BUDGET, settings.MAX_REQUEST_BYTES)
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs the apps loaded)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

@@ -505,6 +505,15 @@ SERVER_WS_MAX_BYTES = 16 * 1024 * 1024 + 64 * 1024
 # endpoint's follow. Default 16 MiB: a 10 MiB file write, base64 inside JSON (~14 MiB), fits.
 MAX_REQUEST_BYTES = env_int("DISPATCH_MAX_REQUEST_BYTES", 16 * 1024 * 1024, minimum=64 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
+# Request bodies being read at once by this process, bytes (docs/operating.md "Bounds"): a
+# request whose declared body would take the total over it is refused 503 with Retry-After
+# before its body is read (dispatch.body_budget). At least DISPATCH_MAX_REQUEST_BYTES.
+REQUEST_BODY_BUDGET = env_int("DISPATCH_REQUEST_BODY_BUDGET", max(64 * 1024 * 1024, MAX_REQUEST_BYTES), minimum=1)
+if REQUEST_BODY_BUDGET < MAX_REQUEST_BYTES:
+    raise ImproperlyConfigured(
+        f"DISPATCH_REQUEST_BODY_BUDGET ({REQUEST_BODY_BUDGET}) must be at least DISPATCH_MAX_REQUEST_BYTES "
+        f"({MAX_REQUEST_BYTES}): a body the server accepts must fit in it"
+    )
 
 # Who may read /metrics without a token (docs/metrics.md): client addresses (the TCP peer,
 # never a forwarded header) in these networks; anyone else needs a staff user's API token.
