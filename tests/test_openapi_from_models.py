@@ -43,6 +43,8 @@ DOCUMENTED = {
     ("post", "/api/v1/peers/agents/{agent_id}/stop"): "200 400 401 403 404 409 413 4XX 503 5XX",
     ("post", "/api/v1/peers/agents/{agent_id}/archive"): "200 400 401 403 404 409 413 4XX 503 5XX",
     ("post", "/api/v1/peers/unlink"): "200 400 401 403 404 409 413 4XX 503 5XX",
+    ("get", "/api/v1/peers/approvals"): "200 400 401 403 404 4XX 503 5XX",
+    ("post", "/api/v1/peers/approvals/{approval_id}/answer"): "200 400 401 403 404 409 413 4XX 503 5XX",
 }
 
 

@@ -15,6 +15,7 @@ import pytest
 from django.test import Client
 
 from agents import services as agent_services
+from agents.approvals import approval_request
 from core.services import generate_token
 from peers import pairing
 from peers.services.pairing import offer_create
@@ -87,6 +88,11 @@ def test_every_peer_and_pairing_route_answers_the_success_status_the_schema_docu
     for action in ("stop", "archive"):
         path = f"/api/v1/peers/agents/{launched.json()['agent_id']}/{action}"
         answer("post", f"/api/v1/peers/agents/{{agent_id}}/{action}", peer_post(client, cloud, path, {}))
+    answer("get", "/api/v1/peers/approvals", peer_get(client, cloud, "/api/v1/peers/approvals"))
+    asked = approval_request(agent=helper, tool_name="Bash", tool_input={"command": "ls"})
+    decided = {"decision": "allow_once", "answered_by": person}
+    path = f"/api/v1/peers/approvals/{asked.pk}/answer"
+    answer("post", "/api/v1/peers/approvals/{approval_id}/answer", peer_post(client, cloud, path, decided))
     answer("post", "/api/v1/peers/unlink", peer_post(client, cloud, "/api/v1/peers/unlink", {}))
 
     # Pairing and the staff routes (spec §2, §6).
