@@ -18,6 +18,7 @@ from rest_framework.response import Response
 from agents import keys as agent_keys
 from agents import launching, lifecycle, messages, selectors, services
 from agents.hooks import linked
+from agents.models import Agent
 from agents.serializers import (
     AgentEventSerializer,
     AgentMessageSerializer,
@@ -100,8 +101,13 @@ class AgentListView(DispatchAPIView):
     @extend_schema(
         operation_id="v1_agents_list",
         parameters=[
-            OpenApiParameter("status", str, description="one agent status (archived agents are hidden otherwise)"),
-            OpenApiParameter("type", str),
+            OpenApiParameter(
+                "status",
+                str,
+                enum=Agent.Status.values,
+                description="one agent status (archived agents are hidden otherwise)",
+            ),
+            OpenApiParameter("type", str, pattern=r"^[A-Za-z0-9_-]{1,64}$"),  # selectors.is_valid_id
             OpenApiParameter("before", str, description="the `next` cursor of the previous page"),
         ],
         responses={

@@ -25,6 +25,8 @@ from django.urls.resolvers import RoutePattern
 from pydantic import BaseModel
 from pydantic.json_schema import JsonSchemaMode
 
+from core import wire
+
 View = TypeVar("View", bound=Callable[..., Any])
 
 REF = "#/components/schemas/{model}"
@@ -67,10 +69,16 @@ class Operation:
     parameter come from the path and are left out of its schema. ``answer``: the model
     of the success answer, sent with ``status``. ``responses`` (descriptions only)
     replaces the default success + 4XX + 5XX, for answers that are not one JSON object (an
-    event stream, RFC 8628's). ``body_required`` is false where a form body is accepted
-    too. ``query``: OpenAPI query parameters. ``events``: the route answers
+    event stream). ``form``: the body may be form-encoded too
+    (``application/x-www-form-urlencoded``, as RFC 8628's clients send it), with the same
+    fields. ``query``: OpenAPI query parameters. ``events``: the route answers
     ``text/event-stream`` too when the body asks (e.g. ``stream: true``); the text says
     which events, and is added to the success response beside its JSON answer.
+    ``path_schemas``: path parameter name → the JSON Schema of the values the view
+    accepts, where that says more than the converter's type (a pattern, a format): a
+    value the view refuses must not be valid by the schema. ``errors``: status → the model
+    of the route's error answers with that status, where they are not in the API's shape
+    (the device endpoints answer RFC 6749 §5.2's ``{error, error_description}``).
     """
 
     method: str
@@ -82,8 +90,10 @@ class Operation:
     security: Security = USER
     query: tuple[dict[str, Any], ...] = ()
     responses: dict[str, str] | None = None
-    body_required: bool = True
+    form: bool = False
     events: str | None = None
+    path_schemas: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+    errors: Mapping[int, type[BaseModel]] = field(default_factory=dict)
 
 
 def documented(*operations: Operation, rate_limited: bool = False) -> Callable[[View], View]:
@@ -184,7 +194,7 @@ def operation_schema(route: ServedRoute, operation: Operation, components: Compo
     the path and the method)."""
     operation_id = route.path.strip("/").replace("/", "_").replace("{", "").replace("}", "") + f"_{operation.method}"
     parameters: list[dict[str, Any]] = [
-        {"name": name, "in": "path", "required": True, "schema": {"type": kind}}
+        {"name": name, "in": "path", "required": True, "schema": operation.path_schemas.get(name, {"type": kind})}
         for name, kind in route.parameters.items()
     ]
     parameters += operation.query
@@ -205,13 +215,20 @@ def operation_schema(route: ServedRoute, operation: Operation, components: Compo
         if operation.events is not None:
             success["description"] += f"; or text/event-stream: {operation.events}"
             success["content"]["text/event-stream"] = {"schema": {"type": "string"}}
-        described["responses"] = {str(operation.status): success, **DEFAULT_ERRORS}
+        # Error answers in their own shape are all described: no catch-all in the API's.
+        described["responses"] = {str(operation.status): success, **({} if operation.errors else DEFAULT_ERRORS)}
+    for status, model in operation.errors.items():
+        described["responses"][str(status)] = {
+            "description": f"{HTTPStatus(status).phrase} ({model.__name__})",
+            "content": {"application/json": {"schema": components.schema_of(model, "serialization")}},
+        }
     if operation.body is not None:
         fields = tuple(name for name in route.parameters if name in operation.body.model_fields)
         schema = components.schema_of(operation.body, "validation", without=fields)
-        described["requestBody"] = {"content": {"application/json": {"schema": schema}}}
-        if operation.body_required:
-            described["requestBody"] = {"required": True, **described["requestBody"]}
+        content = {"application/json": {"schema": schema}}
+        if operation.form:
+            content["application/x-www-form-urlencoded"] = {"schema": schema}
+        described["requestBody"] = {"required": True, "content": content}
         parameters += [
             {"name": name, "in": "header", "required": True, "schema": {"type": "string"}}
             for name in operation.security.body_headers
@@ -241,4 +258,55 @@ def add_documented_routes(result: dict[str, Any], generator: Any, request: Any, 
             schemes.setdefault(name, definition)
     if "cookieAuth" in schemes:
         schemes["cookieAuth"] = {**schemes["cookieAuth"], "name": settings.SESSION_COOKIE_NAME}
+    return result
+
+
+# --- free-form JSON values -------------------------------------------------------------
+
+WIRE_VALUE = "WireValue"
+WIRE_VALUE_SCHEMA: dict[str, Any] = {
+    "description": "Any JSON value the channel layer carries (core/wire.py): integers within the signed "
+    f"64-bit range, nested at most {wire.MAX_DEPTH} deep; a body holding another is refused (400).",
+    "type": ["object", "array", "string", "number", "boolean", "null"],
+    "minimum": wire.INT_MIN,
+    "maximum": wire.INT_MAX,
+    "items": {"$ref": REF.format(model=WIRE_VALUE)},
+    "additionalProperties": {"$ref": REF.format(model=WIRE_VALUE)},
+}
+
+
+def _open_objects(schema: Any) -> Iterator[dict[str, Any]]:
+    """Every object schema within ``schema`` that lets any member in beside the ones it
+    names (``additionalProperties`` absent, ``true`` or ``{}``)."""
+    if isinstance(schema, list):
+        for item in schema:
+            yield from _open_objects(item)
+        return
+    if not isinstance(schema, dict):
+        return
+    kinds = schema.get("type")
+    if kinds == "object" or (isinstance(kinds, list) and "object" in kinds) or "properties" in schema:
+        if schema.get("additionalProperties", True) in (True, {}):
+            yield schema
+    for value in schema.values():
+        yield from _open_objects(value)
+
+
+def wire_values_constrained(schema: Any) -> None:
+    """Make every object within ``schema`` that lets any member in take only ``WireValue``
+    members there (in place; the component itself is ``WIRE_VALUE_SCHEMA``)."""
+    for found in list(_open_objects(schema)):
+        found["additionalProperties"] = {"$ref": REF.format(model=WIRE_VALUE)}
+
+
+def add_wire_values(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """drf-spectacular postprocessing hook (after ``add_documented_routes``): an object's
+    members beyond those it names (a free-form ``payload`` or ``args``, or the unknown
+    fields a body may carry and its view ignores) are ``WireValue`` (component): the JSON
+    ``core.wire.loads`` reads from every body, so the schema does not call valid a value
+    the server refuses (an integer beyond 64 bits)."""
+    schemas = result.setdefault("components", {}).setdefault("schemas", {})
+    wire_values_constrained(schemas)
+    wire_values_constrained(result.get("paths", {}))
+    schemas[WIRE_VALUE] = WIRE_VALUE_SCHEMA
     return result

@@ -14,8 +14,43 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
+from rest_framework import serializers
 
 from core.openapi import served_routes
+
+# The RFC 3339 date-times DRF's DateTimeField reads (django.utils.dateparse): an upper-case
+# T and Z, a year from 0001, seconds up to 59 (no leap second).
+DATE_TIME_PATTERN = (
+    r"^([1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])-[0-9]{2}-[0-9]{2}"
+    r"T[0-9]{2}:[0-9]{2}:[0-5][0-9](\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})$"
+)
+
+
+class AutoSchema(SpectacularAutoSchema):
+    """drf-spectacular's ``AutoSchema`` (``DEFAULT_SCHEMA_CLASS``), saying what a request's
+    text fields refuse: a ``CharField`` without ``allow_blank`` refuses ``""`` and, when it
+    trims whitespace (DRF's default), a value of spaces only: ``minLength: 1``, or
+    ``pattern: \\S`` (a character that is not whitespace). drf-spectacular leaves both out
+    when request and response share a component; a response may well carry ``""``, so
+    only the request direction gets them. A request's date-time says which RFC 3339
+    spellings DRF reads (``DATE_TIME_PATTERN``)."""
+
+    def _get_serializer_field_meta(self, field: Any, direction: str) -> dict[str, Any]:
+        meta: dict[str, Any] = super()._get_serializer_field_meta(field, direction)
+        if (
+            direction == "request"
+            and isinstance(field, serializers.CharField)
+            and not isinstance(field, serializers.RegexField)  # its own pattern says more
+            and not field.allow_blank
+            and not field.read_only
+        ):
+            meta["minLength"] = max(1, meta.get("minLength", 1))
+            if field.trim_whitespace:
+                meta["pattern"] = r"\S"
+        if direction == "request" and isinstance(field, serializers.DateTimeField) and not field.read_only:
+            meta["pattern"] = DATE_TIME_PATTERN
+        return meta
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):

@@ -365,7 +365,7 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.FormParser",
         "rest_framework.parsers.MultiPartParser",
     ],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "dispatch.schema.AutoSchema",  # drf-spectacular's, with non-blank text
     "DEFAULT_CONTENT_NEGOTIATION_CLASS": "core.negotiation.JsonFallbackNegotiation",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
@@ -389,6 +389,7 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "core.openapi.add_documented_routes",
+        "core.openapi.add_wire_values",  # free-form objects hold what core.wire reads
         "dispatch.schema.add_error_responses",
     ],
 }

@@ -33,7 +33,7 @@ from django.contrib.auth.models import User
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods, require_POST
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from limits import parse
 from rest_framework import serializers
 from rest_framework.request import Request
@@ -49,9 +49,13 @@ from core.services import rate_limiter
 from core.validation import parse_plain
 from machines import selectors
 from machines.protocol import (
+    SESSION_ID_PATTERN,
     DefaultMachineAnswer,
     DefaultMachineBody,
+    DeviceCodeAnswer,
     DeviceCodeBody,
+    DeviceFlowErrorAnswer,
+    DeviceTokenAnswer,
     DeviceTokenBody,
     OperationsInFlightAnswer,
     SessionCancelAnswer,
@@ -75,6 +79,12 @@ MACHINE_ROUTE_STATUS = {"UNSUPPORTED_OPERATION": 409, "MACHINE_BUSY": 503}  # se
 # Seconds a client should wait before trying again (Retry-After, RFC 9110 §10.2.3): the
 # machine's socket drains, operations in flight end (docs/operating.md "Bounds").
 RETRY_AFTER = {"MACHINE_BUSY": 1, "RATE_LIMITED": 1}
+# The path parameters of the session routes as their views check them (check_session_id,
+# request_id_of), so the schema does not call valid what they refuse.
+SESSION_ID_SCHEMA = {"type": "string", "pattern": SESSION_ID_PATTERN}
+SESSION_PATH = {"session_id": SESSION_ID_SCHEMA}
+OPERATION_PATH = {**SESSION_PATH, "request_id": {"type": "string", "format": "uuid"}}
+DEVICE_ERRORS = {400: DeviceFlowErrorAnswer, 429: DeviceFlowErrorAnswer}  # RFC 6749 §5.2's shape
 
 
 def _device_body(request: HttpRequest) -> dict[str, Any]:
@@ -113,9 +123,10 @@ def _oauth_error(error: str, description: str, status: int = 400) -> JsonRespons
         "Start a shim's device login (RFC 8628 §3.1); unauthenticated, rate-limited",
         "machines",
         DeviceCodeBody,
+        DeviceCodeAnswer,
         security=OPEN,
-        body_required=False,
-        responses={"200": "device_code, user_code, verification_uri(_complete), expires_in, interval"},
+        form=True,
+        errors=DEVICE_ERRORS,
     ),
     rate_limited=True,
 )
@@ -144,13 +155,10 @@ def device_code(request: HttpRequest) -> JsonResponse:
         "Poll for the machine token (RFC 8628 §3.4); errors as RFC 6749 §5.2",
         "machines",
         DeviceTokenBody,
+        DeviceTokenAnswer,
         security=OPEN,
-        body_required=False,
-        responses={
-            "200": "access_token, token_type: Bearer",
-            "400": "authorization_pending, slow_down, access_denied, expired_token, invalid_grant, "
-            "invalid_request, unsupported_grant_type",
-        },
+        form=True,
+        errors=DEVICE_ERRORS,
     ),
     rate_limited=True,
 )
@@ -163,16 +171,12 @@ def device_token(request: HttpRequest) -> JsonResponse:
     if _device_throttled(request, "token"):
         return _oauth_error("slow_down", "too many requests; try again in a minute", status=429)
     try:
-        raw = _device_body(request)
-        # grant_type is read from the body as sent: DeviceTokenBody (machines.protocol) has no field for it.
-        issued = device.device_token_poll(
-            device_code=DeviceTokenBody.model_validate(raw).device_code, grant_type=raw.get("grant_type")
-        )
+        body = DeviceTokenBody.model_validate(_device_body(request))
+        issued = device.device_token_poll(device_code=body.device_code, grant_type=body.grant_type)
     except device.DeviceFlowError as exc:
         return _oauth_error(exc.error, exc.message)
-    return _not_cached(
-        JsonResponse({"access_token": issued.raw, "token_type": "Bearer", "machine_id": issued.token.machine_id})
-    )
+    answer = DeviceTokenAnswer(access_token=issued.raw, token_type="Bearer", machine_id=issued.token.machine_id)
+    return _not_cached(JsonResponse(answer.model_dump()))
 
 
 class MachineSerializer(serializers.Serializer):
@@ -240,7 +244,8 @@ class SessionMachinesView(DispatchAPIView):
     machines attached to the session (``attached_machines``)."""
 
     @extend_schema(
-        responses={200: inline_serializer("SessionMachines", {"machines": SessionMachineSerializer(many=True)})}
+        parameters=[OpenApiParameter("session_id", str, OpenApiParameter.PATH, pattern=SESSION_ID_PATTERN)],
+        responses={200: inline_serializer("SessionMachines", {"machines": SessionMachineSerializer(many=True)})},
     )
     def get(self, request: Request, session_id: str) -> Response:
         agent_scope_session(calling_agent(request), session_id)
@@ -465,6 +470,7 @@ async def session_op(request: HttpRequest, user: User, session_id: str) -> Any:
         "machines",
         answer=SessionCancelAnswer,
         status=202,
+        path_schemas=OPERATION_PATH,
     )
 )
 @require_POST
@@ -497,12 +503,14 @@ async def session_op_cancel(request: HttpRequest, user: User, session_id: str, r
         SessionOpBody,
         SessionOpAnswer,
         events=OPS_EVENTS,
+        path_schemas=SESSION_PATH,
     ),
     Operation(
         "get",
         "The operations in flight in the session (commands, copies, pipes), newest first",
         "machines",
         answer=OperationsInFlightAnswer,
+        path_schemas=SESSION_PATH,
     ),
 )
 @login_not_required  # each view answers 401 itself (json_api)
@@ -533,6 +541,7 @@ async def session_ops_in_flight(request: HttpRequest, user: User, session_id: st
         "machines",
         SessionPipeBody,
         SessionPipeAnswer,
+        path_schemas=SESSION_PATH,
     )
 )
 @require_POST
@@ -573,6 +582,7 @@ COPY_EVENTS = (
         SessionCopyBody,
         SessionCopyAnswer,
         events=COPY_EVENTS,
+        path_schemas=SESSION_PATH,
     )
 )
 @require_POST

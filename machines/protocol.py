@@ -57,11 +57,15 @@ __all__ = [
     "CALLER_OPERATIONS",
     "CAPABILITIES",
     "DEFAULT_LIMITS",
+    "DEVICE_GRANT_TYPE",
     "OPERATIONS",
     "SESSION_ID_PATTERN",  # the shim protocol's, for machines.services
     "DefaultMachineAnswer",
     "DefaultMachineBody",
+    "DeviceCodeAnswer",
     "DeviceCodeBody",
+    "DeviceFlowErrorAnswer",
+    "DeviceTokenAnswer",
     "DeviceTokenBody",
     "Hello",
     "MachineCancelMessage",
@@ -261,15 +265,15 @@ class MachineTakeoverMessage(ChannelMessage):
 
 # --- bodies of the async REST routes (§1 device login, §6 operations) -----------------------
 
-_TEXT = WithJsonSchema({"type": "string"})
-
-
 REQUEST_ID_SCHEMA = {
     "anyOf": [{"type": "string", "format": "uuid"}, {"type": "null"}],
     "description": "a UUID you choose, to cancel the operation by (POST …/ops/{request_id}/cancel); "
     "unset: the platform picks one",
 }
 TARGET_MACHINES_MAX = 256  # names in one target_machines list (more than a session attaches)
+MACHINE_NAME_MAX = 255
+"""The longest machine name a body may give: longer than any machine id, host or display
+name stored (their columns are 64 and 255 characters), so a longer one can match nothing."""
 
 
 def request_id_of(value: Any) -> str | None:
@@ -338,9 +342,18 @@ class SessionOpBody(WireModel):
     is a UUID (``request_id_of``, canonical form).
     """
 
+    # stream: true is for EXECUTE_COMMAND only (machines.services.operations refuses it otherwise).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"properties": {"stream": {"const": True}}, "required": ["stream"]},
+            "then": {"properties": {"op": {"const": "EXECUTE_COMMAND"}}},
+        }
+    )
     absent_as_null = ("op",)
 
-    op: str = Field(description="a §5 operation: " + ", ".join(sorted(CALLER_OPERATIONS)))
+    op: Annotated[str, WithJsonSchema({"type": "string", "enum": sorted(CALLER_OPERATIONS)})] = Field(
+        description="a §5 operation"
+    )
     payload: Annotated[Any, WithJsonSchema({"type": "object", "description": "the operation's §5 payload"})] = Field(
         default_factory=dict
     )
@@ -479,13 +492,19 @@ def _pipe_end(value: Any, field: str) -> dict[str, Any]:
 PIPE_END_SCHEMA = {
     "type": "object",
     "properties": {
-        "machine": {"type": "string", "minLength": 1, "description": "a machine name, as target_machine"},
+        "machine": {
+            "type": "string",
+            "pattern": r"\S",
+            "maxLength": MACHINE_NAME_MAX,
+            "description": "a machine name, as target_machine",
+        },
         "argv": {"type": "array", "items": {"type": "string"}, "minItems": 1},
         "command": {"type": "string", "minLength": 1, "description": "run through the user's shell"},
         "cwd": {"type": "string"},
         "env": {"type": "object", "additionalProperties": {"type": "string"}},
     },
     "required": ["machine"],
+    "oneOf": [{"required": ["argv"]}, {"required": ["command"]}],
     "additionalProperties": False,
 }
 
@@ -496,6 +515,7 @@ class SessionPipeBody(WireModel):
     cwd?, env?}`` (exactly one of argv and command); the source's stdout goes into the
     destination's stdin. ``timeout_seconds`` bounds the pipe (a number > 0)."""
 
+    model_config = ConfigDict(json_schema_extra={"additionalProperties": False})  # as _known_fields
     absent_as_null = ("source", "destination")
 
     @model_validator(mode="before")
@@ -511,7 +531,10 @@ class SessionPipeBody(WireModel):
     source: Annotated[Any, WithJsonSchema(PIPE_END_SCHEMA)]
     destination: Annotated[Any, WithJsonSchema(PIPE_END_SCHEMA)]
     timeout_seconds: Annotated[
-        Any, WithJsonSchema({"anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "null"}]})
+        Any,
+        WithJsonSchema(
+            {"anyOf": [{"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 10**7}, {"type": "null"}]}
+        ),
     ] = None
     request_id: Annotated[Any, WithJsonSchema(REQUEST_ID_SCHEMA)] = None
 
@@ -618,11 +641,6 @@ class SessionCopyAnswer(BaseModel):
     sha256: str
 
 
-MACHINE_NAME_MAX = 255
-"""The longest machine name a body may give: longer than any machine id, host or display
-name stored (their columns are 64 and 255 characters), so a longer one can match nothing."""
-
-
 class DefaultMachineBody(WireModel):
     """``PUT /api/v1/machines/default``: ``{machine_id}``, the machine to route to by default
     (§6 step 3) — anything a ``target_machine`` may be (a ``machine_id``, a host or display
@@ -666,19 +684,73 @@ class DefaultMachineAnswer(BaseModel):
     machine_id: str | None
 
 
+DEVICE_GRANT_TYPE = "urn:ietf:params:oauth:grant-type:device_code"  # RFC 8628 §3.4
+
+
+def _device_text(limit: int) -> WithJsonSchema:
+    # machines.services.device strips a value, then wants it non-empty and at most `limit`
+    # characters: the schema says the same of the value as sent.
+    return WithJsonSchema({"type": "string", "minLength": 1, "maxLength": limit, "pattern": r"\S"})
+
+
 class DeviceCodeBody(WireModel):
     """``POST /api/v1/machines/device/code``: ``{machine_id, hostname, platform, arch}`` (§1,
     RFC 8628 §3.1; ``client_id``/``grant_type`` accepted and ignored). The values are
-    checked by ``machines.services.device`` with RFC 6749 §5.2 errors."""
+    checked by ``machines.services.device`` with RFC 6749 §5.2 errors (a missing one too:
+    absent reads as ``null``, refused there)."""
 
-    machine_id: Annotated[Any, _TEXT] = None
-    hostname: Annotated[Any, _TEXT] = None
-    platform: Annotated[Any, _TEXT] = None
-    arch: Annotated[Any, _TEXT] = None
+    absent_as_null = ("machine_id", "hostname", "platform", "arch")
+
+    machine_id: Annotated[Any, WithJsonSchema({"type": "string", "pattern": MACHINE_ID_PATTERN})]
+    hostname: Annotated[Any, _device_text(255)]
+    platform: Annotated[Any, _device_text(32)]
+    arch: Annotated[Any, _device_text(32)]
 
 
 class DeviceTokenBody(WireModel):
-    """``POST /api/v1/machines/device/token``: ``{device_code}`` (§1, RFC 8628 §3.4), checked
-    by ``machines.services.device``."""
+    """``POST /api/v1/machines/device/token``: ``{grant_type, device_code}`` (§1, RFC 8628
+    §3.4), checked by ``machines.services.device`` (a missing ``grant_type`` is
+    ``invalid_request``, another one ``unsupported_grant_type``: absent reads as ``null``)."""
 
-    device_code: Annotated[Any, _TEXT] = None
+    absent_as_null = ("grant_type", "device_code")
+
+    grant_type: Annotated[Any, WithJsonSchema({"type": "string", "const": DEVICE_GRANT_TYPE})]
+    device_code: Annotated[Any, WithJsonSchema({"type": "string", "minLength": 1, "maxLength": 200})]
+
+
+class DeviceCodeAnswer(BaseModel):
+    """The answer to ``POST /api/v1/machines/device/code`` (RFC 8628 §3.2): the codes, shown
+    once; ``expires_in`` and ``interval`` in seconds."""
+
+    device_code: str
+    user_code: str = Field(description="XXXX-XXXX, typed on the verification page")
+    verification_uri: str
+    verification_uri_complete: str
+    expires_in: int
+    interval: int
+
+
+class DeviceTokenAnswer(BaseModel):
+    """The answer to an approved ``POST /api/v1/machines/device/token`` (RFC 8628 §3.5,
+    RFC 6749 §5.1): the machine token, once."""
+
+    access_token: str
+    token_type: Literal["Bearer"]
+    machine_id: str
+
+
+class DeviceFlowErrorAnswer(BaseModel):
+    """An error of the device endpoints in RFC 6749 §5.2's shape (RFC 8628 §3.5 adds
+    ``authorization_pending``, ``slow_down``, ``access_denied``, ``expired_token``), not
+    the API's ``{error: {code, message, details}}``."""
+
+    error: Literal[
+        "invalid_request",
+        "unsupported_grant_type",
+        "invalid_grant",
+        "authorization_pending",
+        "slow_down",
+        "access_denied",
+        "expired_token",
+    ]
+    error_description: str

@@ -492,12 +492,20 @@ class ClaimBody(WireModel):
     code: Annotated[
         Any, WithJsonSchema({"type": "string", "description": "the pairing code shown on this instance, XXXX-XXXX"})
     ]
-    protocol_version: int = Field(description="PEER_PROTOCOL_VERSION, 2")
+    protocol_version: int = Field(
+        description="PEER_PROTOCOL_VERSION, 2", json_schema_extra={"const": PEER_PROTOCOL_VERSION}
+    )
     instance_id: ClaimantInstanceId = Field(pattern=r"^inst_[0-9a-f]{12}$")
     name: ClaimantName = Field(default="", max_length=NAME_MAX)
-    url: ClaimantUrl = Field(max_length=2048, pattern=r"^https?://")
-    public_key: ClaimantPublicKey = Field(max_length=64, description="raw Ed25519 public key, base64url")
-    token_for_you: ClaimantToken = Field(min_length=1, max_length=200)
+    # The schemas say what the validators refuse of the value as sent (stripped, the url
+    # without its trailing slashes, the key decoded to 32 bytes).
+    url: ClaimantUrl = Field(max_length=2048, pattern=r"^https?://", json_schema_extra={"pattern": r"^https?://[^/\s]"})
+    public_key: ClaimantPublicKey = Field(
+        max_length=64,
+        description="raw Ed25519 public key, base64url",
+        json_schema_extra={"pattern": "^[A-Za-z0-9_-]{43}=?$"},
+    )
+    token_for_you: ClaimantToken = Field(min_length=1, max_length=200, json_schema_extra={"pattern": r"\S"})
     capabilities: Annotated[dict[str, bool] | None, BeforeValidator(_granted)] = Field(
         default=None, description="what the claimant lets this instance do there (recorded as granted_by_peer)"
     )

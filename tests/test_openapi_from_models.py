@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 
-from core.openapi import REF, documented_routes, served_routes
+from core.openapi import REF, documented_routes, served_routes, wire_values_constrained
 from machines.protocol import SessionOpBody
 from peers.protocol import LaunchBody
 from remotes.protocol import RemoteCallBody
@@ -92,6 +92,7 @@ def test_each_route_body_is_the_schema_of_the_model_its_view_validates_with(sche
         documented = _resolve(schema, described["requestBody"]["content"]["application/json"]["schema"])
         expected = operation.body.model_json_schema(mode="validation", ref_template=REF)
         expected.pop("$defs", None)
+        wire_values_constrained(expected)  # members it does not name: what core.wire reads
         for field in set(route.parameters) & set(operation.body.model_fields):  # from the path, not the body
             expected["properties"].pop(field)
             expected["required"] = [name for name in expected.get("required", []) if name != field]
@@ -140,7 +141,10 @@ def test_peer_routes_keep_their_security_and_signed_headers(schema: dict[str, An
     ]
     assert schema["paths"]["/api/v1/peers/repos"]["get"]["parameters"] == []
     assert schema["paths"]["/api/v1/machines/device/code"]["post"]["security"] == []
-    assert "required" not in schema["paths"]["/api/v1/machines/device/code"]["post"]["requestBody"]
+    # Required (an empty body is refused invalid_request), as JSON or a form (RFC 8628 §3.1).
+    device_body = schema["paths"]["/api/v1/machines/device/code"]["post"]["requestBody"]
+    assert device_body["required"] is True
+    assert set(device_body["content"]) == {"application/json", "application/x-www-form-urlencoded"}
 
 
 def test_a_routes_path_and_parameters_are_read_from_the_urlconf(schema: dict[str, Any]) -> None:

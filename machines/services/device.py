@@ -23,6 +23,7 @@ from core.errors import DispatchError, InvalidRequest, RateLimited
 from core.revocation import credentials_ended_on_commit
 from core.services import generate_token, rate_limiter
 from machines.models import DeviceAuthorization, MachineToken
+from machines.protocol import DEVICE_GRANT_TYPE
 from machines.services.connections import machine_revoke
 
 USER_CODE_ALPHABET = "BCDFGHJKLMNPQRSTVWXZ"
@@ -32,7 +33,6 @@ POLL_INTERVAL = 5  # seconds (interval)
 SLOW_DOWN_STEP = 5  # seconds added by slow_down (RFC 8628 §3.5)
 MACHINE_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 ACTIVATION_FAILURES = "5 per 600 seconds"  # wrong codes per user on /machines/activate
-DEVICE_GRANT_TYPE = "urn:ietf:params:oauth:grant-type:device_code"  # RFC 8628 §3.4
 
 
 class DeviceFlowError(DispatchError):
