@@ -55,7 +55,7 @@ from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 from agents.models import Agent, AgentEvent
 from agents.services import agent_event_record
 from core import wire
-from core.errors import DispatchError
+from core.errors import DispatchError, unavailable_error
 from core.tools import TOOL_CALL, ToolCall
 from dispatch.mcp.relay import user_feed
 from dispatch.mcp.sessions import session_tag
@@ -186,12 +186,19 @@ async def call_tool(ctx: ServerRequestContext[Any, Any], params: types.CallToolR
     started_at, started = timezone.now(), time.monotonic()
     outcome = "cancelled"  # what a call the client gave up on ends as
     try:
-        tools = await tools_for(
-            user=caller.user,
-            session_id=session_id if isinstance(session_id, str) and session_id else None,
-            caller_agent=caller.agent,
-            name=params.name,
-        )
+        try:
+            tools = await tools_for(
+                user=caller.user,
+                session_id=session_id if isinstance(session_id, str) and session_id else None,
+                caller_agent=caller.agent,
+                name=params.name,
+            )
+        except Exception as exc:
+            mapped = unavailable_error(exc)
+            if mapped is None:
+                raise
+            outcome = f"error {mapped.code}"
+            return error_result(mapped.code, mapped.message)
         tool = tools.get(params.name)
         if tool is None:
             outcome = "unknown tool"
@@ -206,7 +213,12 @@ async def call_tool(ctx: ServerRequestContext[Any, Any], params: types.CallToolR
         except DispatchError as exc:
             outcome = f"error {exc.code}"
             return error_result(exc.code, exc.message)
-        except Exception:
+        except Exception as exc:
+            # Redis or the database down (frozen: past its deadline) is the outage's 503, no traceback.
+            mapped = unavailable_error(exc)
+            if mapped is not None:
+                outcome = f"error {mapped.code}"
+                return error_result(mapped.code, mapped.message)
             outcome = "error INTERNAL_ERROR"
             logger.exception("MCP tool %s failed", params.name)
             return error_result("INTERNAL_ERROR", f"the tool '{params.name}' failed unexpectedly")

@@ -21,7 +21,8 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import F
 
-from core.errors import DispatchError
+from core.errors import CHANNEL_LAYER_UNAVAILABLE, DispatchError, TemporarilyUnavailable
+from core.outage import tracker
 from machines.models import DefaultMachine, Machine, MachineConnection, PathRecency, RoutingCounter
 from machines.protocol import OPERATIONS
 from machines.shim.protocol import supports_live_operations
@@ -194,6 +195,19 @@ def match_target(
     )
 
 
+def none_attached(message: str, details: dict[str, Any] | None = None) -> DispatchError:
+    """The error for finding no attached machine: ``MACHINE_NOT_ATTACHED`` (``message``,
+    ``details``), but 503 ``TEMPORARILY_UNAVAILABLE`` naming the channel layer while this
+    process finds it down (``core.outage``): shims are disconnected during a Redis outage
+    and come back with it, so "not attached" would tell the caller the wrong thing
+    (docs/operating.md "Health")."""
+    if tracker.down("channel_layer"):
+        return TemporarilyUnavailable(
+            f"{CHANNEL_LAYER_UNAVAILABLE} (machines cannot be reached without it)", {"service": "channel_layer"}
+        )
+    return DispatchError("MACHINE_NOT_ATTACHED", message, details)
+
+
 def _inside(path: str, root: str) -> bool:
     path, root = posixpath.normpath(path), posixpath.normpath(root)
     return path == root or path.startswith(root.rstrip("/") + "/")
@@ -268,6 +282,8 @@ def _first_steps(
     roots hold ``path``, several, or none). Raises as ``choose``."""
     capability = OPERATIONS[op][0]
     if target_machine:
+        if not candidates:
+            raise none_attached(f"no machine '{target_machine}' is attached to this session", {"attached": []})
         chosen = match_target(candidates, target_machine)
         if capability and capability not in chosen.granted_capabilities:
             raise DispatchError(
@@ -275,7 +291,7 @@ def _first_steps(
             )
         return chosen
     if not candidates:
-        raise DispatchError("MACHINE_NOT_ATTACHED", f"no machine is attached to session '{session_id}'")
+        raise none_attached(f"no machine is attached to session '{session_id}'")
     capable = [c for c in candidates if capability is None or capability in c.granted_capabilities]
     if not capable:
         raise DispatchError(
@@ -319,7 +335,7 @@ def choose_many(*, user: User, session_id: str, op: str, target_machines: list[s
     capability = OPERATIONS[op][0]
     if target_machines == "*":
         if not candidates:
-            raise DispatchError("MACHINE_NOT_ATTACHED", f"no machine is attached to session '{session_id}'")
+            raise none_attached(f"no machine is attached to session '{session_id}'")
         capable = [c for c in candidates if capability is None or capability in c.granted_capabilities]
         if not capable:
             raise DispatchError(
