@@ -60,6 +60,16 @@ BACKOFF_SCALE_ENV = "DISPATCH_SHIM_BACKOFF_SCALE"
 HANDSHAKE_TIMEOUT = 10.0
 """Seconds the shim waits for ``HELLO_ACK`` before it drops the connection and retries."""
 
+KEEPALIVE_INTERVAL = 5.0
+KEEPALIVE_TIMEOUT = 5.0
+CLOSE_TIMEOUT = 2.0
+"""Websocket pings every ``KEEPALIVE_INTERVAL`` seconds, each answered within
+``KEEPALIVE_TIMEOUT``, and ``CLOSE_TIMEOUT`` seconds for the closing handshake: a server
+that stops answering (a frozen process behind nginx, whose TCP connection stays up) is
+left 7-12 s after it stopped, within about ``DISPATCH_PROCESS_TTL``, and the shim
+reconnects through the load balancer to a live process (docs/shim-protocol.md "Presence
+and takeover"). The server answers pings by itself; nothing changes on the wire."""
+
 BACKOFF_CAP = 60.0
 JITTER = 5.0
 
@@ -555,6 +565,9 @@ class Shim:
                 additional_headers={"Authorization": f"Bearer {self._token}"},
                 max_size=MAX_MESSAGE_BYTES,
                 open_timeout=self.open_timeout,
+                ping_interval=KEEPALIVE_INTERVAL,
+                ping_timeout=KEEPALIVE_TIMEOUT,
+                close_timeout=CLOSE_TIMEOUT,
                 user_agent_header=f"dispatch-shim/{SHIM_VERSION}",
             )
         except InvalidStatus as error:
@@ -579,6 +592,9 @@ class Shim:
             self._connection = None
             await connection.close()
         self._raise_if_refused(connection.close_code)
+        sent = connection.protocol.close_sent
+        if sent is not None and sent.reason == "keepalive ping timeout":
+            logger.warning("the platform stopped answering pings; reconnecting")
         logger.info("connection closed (code %s)", connection.close_code)
         return handshake_done
 

@@ -28,6 +28,16 @@ DEFAULT_URL = "ws://127.0.0.1:8000/ws"
 """The ``/ws`` URL used when neither ``--server``/``--url``, ``$DISPATCH_URL`` nor a
 Remote's own ``url`` names one: a server started by ``make run`` on this computer."""
 
+KEEPALIVE_INTERVAL = 5.0
+KEEPALIVE_TIMEOUT = 5.0
+CLOSE_TIMEOUT = 2.0
+"""Websocket pings every ``KEEPALIVE_INTERVAL`` seconds, each answered within
+``KEEPALIVE_TIMEOUT``, and ``CLOSE_TIMEOUT`` seconds for the closing handshake: a server
+that stops answering (a frozen process behind nginx, whose TCP connection stays up) ends
+the session 7-12 s after it stopped, within about ``DISPATCH_PROCESS_TTL``, so that
+``Remote.serve`` reconnects through the load balancer to a live process (docs/ws-protocol.md
+"Limits"). The server answers pings by itself; nothing changes on the wire."""
+
 REFUSED_CLOSE_CODES = {4401: "authentication failed", 4408: "authentication timed out"}
 """Close codes by which the server refuses the session (§1.1); reconnecting cannot help."""
 
@@ -111,7 +121,9 @@ class Session:
     ) -> Session:
         """Open a session at ``url`` (``ws://host:port/ws``) with ``Bearer <token>``.
 
-        ``open_timeout`` is in seconds. Raises ``OSError`` (including ``TimeoutError``)
+        ``open_timeout`` is in seconds. The session ends (``ConnectionClosed``, code
+        1006) when the server leaves a ping unanswered for ``KEEPALIVE_TIMEOUT`` seconds.
+        Raises ``OSError`` (including ``TimeoutError``)
         when the server cannot be reached, ``websockets.exceptions.InvalidHandshake``
         when it refuses the upgrade, ``websockets.exceptions.InvalidURI`` for a bad URL.
         A refused token is not seen here: the server accepts, then closes with 4401.
@@ -121,6 +133,9 @@ class Session:
             additional_headers={"Authorization": f"Bearer {token}"},
             max_size=MAX_MESSAGE_BYTES,
             open_timeout=open_timeout,
+            ping_interval=KEEPALIVE_INTERVAL,
+            ping_timeout=KEEPALIVE_TIMEOUT,
+            close_timeout=CLOSE_TIMEOUT,
         )
         return cls(connection, on_event)
 
