@@ -1,5 +1,5 @@
 """Dispatch behind nginx: several ``serve --no-background`` processes, one ``dispatch_worker``,
-PostgreSQL + Redis, and a private nginx in front (issue 16; docs/deploy.md).
+PostgreSQL + Redis, and a private nginx in front (docs/deploy.md).
 
 Importable (``tests/cluster.py`` builds the cluster tests on it) and runnable: ``make
 cluster`` / ``python -m deploy.cluster`` / ``python deploy/cluster.py`` starts the topology,
@@ -45,14 +45,36 @@ TEMPLATE = Path(__file__).resolve().with_name("nginx.conf")
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
 
 # Presence in this topology, seconds: three servers, a worker and the load share a small
-# machine, and a shorter TTL would reap live connections (issue 16).
+# machine, and a shorter TTL would reap live connections (docs/deploy.md).
 PROCESS_TTL = 6
 HEARTBEAT_INTERVAL = 1
 
 # nginx's passive health check per server: left out for FAIL_TIMEOUT seconds after MAX_FAILS
-# failed connection attempts within that time.
+# failed attempts (a refused connection, a timed-out read) within that time: a frozen process
+# is found by a read timing out and then kept out for about a DISPATCH_PROCESS_TTL (10 s by
+# default), long enough for its clients to notice and reconnect elsewhere (docs/deploy.md).
 MAX_FAILS = 1
-FAIL_TIMEOUT = 3
+FAIL_TIMEOUT = 10
+
+# What nginx is sized for (docs/deploy.md "Sizing nginx"): the sockets one process is
+# documented to hold (docs/operating.md "Limits": 5,000 shims and 5,000 /ws sessions), two
+# nginx connections per proxied socket (the client's and the upstream one), and room for
+# idle or half-open clients on top. Each worker can carry the whole load alone.
+SOCKETS_PER_PROCESS = 10_000
+IDLE_HEADROOM = 10_000
+DESCRIPTOR_HEADROOM = 1_024  # listening sockets, logs, files: beyond the connections
+# Open requests per client address (websockets and event streams included): one user's
+# machine holds a shim, a few remotes, its agents' MCP streams and pages; a NAT holds many.
+PER_ADDRESS_CONNECTIONS = 1_000
+
+
+def worker_connections(processes: int) -> int:
+    """``worker_connections`` for ``processes`` upstream ``serve`` processes:
+    ``2 × SOCKETS_PER_PROCESS × processes + IDLE_HEADROOM`` (70,000 for three).
+    Raises ``ValueError`` for fewer than one process."""
+    if processes < 1:
+        raise ValueError("nginx is sized for at least one serve process")
+    return 2 * SOCKETS_PER_PROCESS * processes + IDLE_HEADROOM
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -177,6 +199,7 @@ def nginx_conf(
     host: str = "127.0.0.1",
     upstream_host: str = "127.0.0.1",
     as_root: bool | None = None,
+    per_address: int = PER_ADDRESS_CONNECTIONS,
 ) -> str:
     """``deploy/nginx.conf`` for a private nginx listening on ``host:port`` (TLS with
     ``tls``) in front of ``serve`` processes on ``upstream_host`` at the ``upstreams`` ports.
@@ -184,11 +207,17 @@ def nginx_conf(
     Everything nginx writes (pid, logs, the five temp paths) goes under ``prefix``.
     ``as_root`` (default: whether this process is root) adds ``user root;``: a master run
     as root would otherwise run its worker as ``nobody``, which cannot write under a
-    private ``prefix``. Raises ``ValueError`` without any upstream.
+    private ``prefix``. ``worker_connections`` follows the number of upstreams
+    (:func:`worker_connections`), ``worker_rlimit_nofile`` exceeds it by
+    ``DESCRIPTOR_HEADROOM``; ``per_address`` is ``limit_conn`` per client address.
+    Raises ``ValueError`` without any upstream or for ``per_address`` under 1.
     """
     ports = list(upstreams)
     if not ports:
         raise ValueError("nginx_conf needs at least one upstream port")
+    if per_address < 1:
+        raise ValueError(f"per_address must be at least 1, got {per_address}")
+    connections = worker_connections(len(ports))
     if as_root is None:
         as_root = os.geteuid() == 0
     servers = "\n".join(
@@ -212,6 +241,9 @@ def nginx_conf(
         .replace("@UPSTREAM_SERVERS@", servers)
         .replace("@LISTEN@", listen)
         .replace("@MAX_BODY@", str(max_body_bytes))
+        .replace("@WORKER_CONNECTIONS@", str(connections))
+        .replace("@RLIMIT_NOFILE@", str(connections + DESCRIPTOR_HEADROOM))
+        .replace("@PER_ADDRESS@", str(per_address))
     )
 
 
@@ -224,6 +256,7 @@ class Nginx:
     port: int
     host: str = "127.0.0.1"
     tls: Certificate | None = None
+    per_address: int = PER_ADDRESS_CONNECTIONS
 
     @property
     def url(self) -> str:
@@ -250,9 +283,11 @@ class Nginx:
         tls: Certificate | None = None,
         host: str = "127.0.0.1",
         timeout: float = 10.0,
+        per_address: int = PER_ADDRESS_CONNECTIONS,
     ) -> Nginx:
         """Write ``prefix/nginx.conf``, check it (``nginx -t``), start nginx and wait until
-        ``host:port`` accepts connections (``timeout`` seconds).
+        ``host:port`` accepts connections (``timeout`` seconds). ``per_address`` is its
+        ``limit_conn`` per client address.
 
         Raises ``RuntimeError`` without nginx, for a config it refuses, or when it exits or
         never listens (with its error log).
@@ -262,7 +297,13 @@ class Nginx:
             raise RuntimeError("nginx is not installed (Debian: apt-get install nginx-light or nginx)")
         prefix.mkdir(parents=True, exist_ok=True)
         conf = nginx_conf(
-            prefix=prefix, port=port, upstreams=upstreams, max_body_bytes=max_body_bytes, tls=tls, host=host
+            prefix=prefix,
+            port=port,
+            upstreams=upstreams,
+            max_body_bytes=max_body_bytes,
+            tls=tls,
+            host=host,
+            per_address=per_address,
         )
         (prefix / "nginx.conf").write_text(conf)
         base = [binary, "-p", str(prefix), "-e", str(prefix / "error.log"), "-c", str(prefix / "nginx.conf")]
@@ -272,7 +313,7 @@ class Nginx:
         with (prefix / "nginx.out").open("wb") as out:
             # Its own process group: a Ctrl-C at the terminal reaches the launcher, which stops it.
             proc = subprocess.Popen([*base, "-g", "daemon off;"], stdout=out, stderr=subprocess.STDOUT, process_group=0)
-        nginx = cls(proc=proc, prefix=prefix, port=port, host=host, tls=tls)
+        nginx = cls(proc=proc, prefix=prefix, port=port, host=host, tls=tls, per_address=per_address)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -308,6 +349,7 @@ class Nginx:
             max_body_bytes=max_body_bytes,
             tls=self.tls,
             host=self.host,
+            per_address=self.per_address,
         )
         self.conf_path.write_text(conf)
         self.proc.send_signal(signal.SIGHUP)

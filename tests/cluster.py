@@ -318,7 +318,11 @@ def shared_cluster(config: pytest.Config, *, tls: bool = True) -> Cluster:
                 DISPATCH_CLI_SUPERVISE_INTERVAL="0.3",
             )
         )
-        config.add_cleanup(lambda: _SHARED.pop(tls, None))
+
+        def forget() -> None:
+            _SHARED.pop(tls, None)
+
+        config.add_cleanup(forget)
     topo = _SHARED[tls]
     dead = [server.port for server in topo.servers if not server.running]
     assert not dead and topo.nginx.running, f"the shared cluster lost serve {dead} or nginx:\n{topo.details()}"
@@ -343,3 +347,147 @@ def _healthy(url: str, verify: Any = True) -> bool:
 def unique(prefix: str) -> str:
     """``prefix`` + 8 random hex digits (remote names, sessions)."""
     return f"{prefix}{uuid.uuid4().hex[:8]}"
+
+
+# --- idle clients, many of them, from child processes ---------------------------------------
+
+
+@dataclass(frozen=True)
+class IdlePlan:
+    """What one ``IdleClients`` child opens to ``host:port``: ``bare`` TCP connections that
+    send nothing, ``partial`` ones that send a request line and one header and stop (an
+    upgrade that never completes), and ``upgrades`` complete ``/ws`` upgrade requests that
+    never authenticate; round robin from the loopback ``sources`` (Linux routes all of
+    127.0.0.0/8 to ``lo`` without setup)."""
+
+    host: str
+    port: int
+    sources: tuple[str, ...]
+    bare: int = 0
+    partial: int = 0
+    upgrades: int = 0
+    connect_timeout: float = 15.0
+
+
+class IdleClients:
+    """A child process holding the connections of an ``IdlePlan`` open (one descriptor
+    each: several children spread a load over several open-file limits).
+
+    ``opened`` is what the child reported once every connect finished or failed:
+    ``{"connected": n, "failed": n, "seconds": s}``; ``still_open()`` asks it how many
+    are open (not closed or reset by the server); ``stop()`` ends it.
+    """
+
+    def __init__(self, plan: IdlePlan) -> None:
+        self.plan = plan
+        self.proc = subprocess.Popen(
+            [PYTHON, "-c", "from tests.cluster import _idle_clients_main; _idle_clients_main()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(plan.__dict__ | {"sources": list(plan.sources)}) + "\n")
+        self.proc.stdin.flush()
+        self.opened: dict[str, Any] = {}
+
+    def wait_opened(self) -> dict[str, Any]:
+        """Block until the child reports its connects (see the class docstring)."""
+        if not self.opened:
+            self.opened = self._read()
+        return self.opened
+
+    def still_open(self) -> int:
+        """How many of the child's connections the server has not closed."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("count\n")
+        self.proc.stdin.flush()
+        return int(self._read()["open"])
+
+    def _read(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the idle-client child exited with {self.proc.wait()}")
+        return dict(json.loads(line))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+def _idle_clients_main() -> None:
+    """The child of ``IdleClients``: reads its plan (one JSON line) on stdin, connects
+    without blocking, reports, then answers ``count`` lines until stdin closes."""
+    import errno
+    import resource
+    import select
+    import socket
+    import sys
+    import time
+
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    plan = json.loads(sys.stdin.readline())
+    host, port, sources = plan["host"], int(plan["port"]), plan["sources"]
+    partial = f"GET /ws HTTP/1.1\r\nHost: {host}:{port}\r\n".encode()
+    upgrade = (
+        f"GET /ws HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    ).encode()
+    kinds = [b""] * plan["bare"] + [partial] * plan["partial"] + [upgrade] * plan["upgrades"]
+    started = time.monotonic()
+    pending: dict[int, tuple[socket.socket, bytes]] = {}
+    poller = select.poll()
+    failed = 0
+    for n, payload in enumerate(kinds):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        sock.bind((sources[n % len(sources)], 0))
+        code = sock.connect_ex((host, port))
+        if code not in (0, errno.EINPROGRESS):
+            failed += 1
+            sock.close()
+            continue
+        pending[sock.fileno()] = (sock, payload)
+        poller.register(sock, select.POLLOUT)
+    connected: dict[int, socket.socket] = {}
+    deadline = time.monotonic() + float(plan["connect_timeout"])
+    while pending and time.monotonic() < deadline:
+        for fd, _event in poller.poll(200):
+            sock, payload = pending.pop(fd)
+            poller.unregister(fd)
+            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) != 0:
+                failed += 1
+                sock.close()
+                continue
+            if payload:
+                sock.send(payload)
+            connected[fd] = sock
+    failed += len(pending)
+    for sock, _payload in pending.values():
+        sock.close()
+    print(json.dumps({"connected": len(connected), "failed": failed, "seconds": time.monotonic() - started}))
+    sys.stdout.flush()
+    watcher = select.poll()
+    for fd in connected:
+        watcher.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    for line in sys.stdin:
+        if line.strip() != "count":
+            continue
+        for fd, _event in watcher.poll(0):
+            sock = connected[fd]
+            try:
+                data = sock.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:  # reset: nginx resets a timed-out connection
+                data = b""
+            if not data:
+                watcher.unregister(fd)
+                del connected[fd]
+                sock.close()
+        print(json.dumps({"open": len(connected)}))
+        sys.stdout.flush()
