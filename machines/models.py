@@ -231,9 +231,12 @@ class AuditRecord(models.Model):
 
     @property
     def outcome(self) -> str:
-        """How the operation ended, as the Machines page says it: ``"cancelled"`` (a command
-        stopped by a cancel, whether the shim then reported an exit code or not), ``"ok"``,
-        else the error code (``"failed"`` when none was recorded)."""
+        """How the operation ended, as the Machines page says it: ``"running"`` (recorded
+        before it was sent, no result yet), ``"cancelled"`` (a command stopped by a cancel,
+        whether the shim then reported an exit code or not), ``"ok"``, else the error code
+        (``"failed"`` when none was recorded)."""
+        if self.result.get("pending"):
+            return "running"
         if self.result.get("cancelled") or self.result.get("error_code") == "CANCELLED":
             return "cancelled"
         if self.result.get("ok"):

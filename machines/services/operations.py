@@ -25,12 +25,12 @@ from typing import Any, Literal
 from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from django.contrib.auth.models import User
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from core import metrics, wire
-from core.errors import DispatchError, InvalidRequest
+from core.errors import DispatchError, InvalidRequest, TemporarilyUnavailable
 from core.realtime import Gone, layer_send, request_reply, send_on_commit
 from core.services import server_process_ensure
 from core.tools import TOOL_CALL
@@ -303,8 +303,10 @@ async def machine_op(
     an operation that may run twice (``router.rerouting_safe``) routed from the route cache
     (``router.choose_cached``, up to ``ROUTE_CACHE_SECONDS`` old) to a connection found
     ``MACHINE_UNREACHABLE`` is routed again from the database and sent once more. An
-    ``AuditRecord`` is written after the reply, off the hot path (§7). ``caller`` names who asked (agent
-    id, ``mcp:…``, ``api``).
+    ``AuditRecord`` is written before the operation is sent (the audit is the record that it
+    ran): when it cannot be written (a full disk, a read-only database) the operation is not
+    sent and ``TemporarilyUnavailable`` (503) says why; its result is filled in after the
+    reply, off the hot path (§7). ``caller`` names who asked (agent id, ``mcp:…``, ``api``).
 
     Issue 14 (design §3):
 
@@ -453,6 +455,8 @@ async def _routed_op(
     result: dict[str, Any] = {"ok": False}
     row_written = False
     from_cache = False
+    audit_id: int | None = None
+    audit_refused = False
     try:
         if candidate is None:
             candidate = router.choose_cached(
@@ -465,6 +469,20 @@ async def _routed_op(
                 )
         chosen = candidate
         timeout = operation_timeout(op, payload, chosen.limits)
+        try:
+            audit_id = await database_sync_to_async(audit_record_begin)(
+                user=user,
+                session_id=session_id,
+                machine_id=chosen.machine_id,
+                request_id=request_id,
+                op=op,
+                payload=payload,
+                caller=caller,
+                operation_id=operation_id,
+            )
+        except DatabaseError as exc:
+            audit_refused = True
+            raise audit_unwritable(exc) from None
 
         async def register(caller_channel: str) -> None:
             nonlocal row_written
@@ -546,17 +564,19 @@ async def _routed_op(
         metrics.machine_operation_observed(
             operation=op, ok=result["ok"], failure=sys.exc_info()[1], seconds=time.monotonic() - started
         )
-        _after_reply(
-            user=user,
-            session_id=session_id,
-            machine_id=candidate.machine_id if candidate else "",
-            request_id=request_id,
-            op=op,
-            payload=payload,
-            result=result,
-            caller=caller,
-            operation_id=operation_id,
-        )
+        if not audit_refused:
+            _after_reply(
+                audit_id=audit_id,
+                user=user,
+                session_id=session_id,
+                machine_id=candidate.machine_id if candidate else "",
+                request_id=request_id,
+                op=op,
+                payload=payload,
+                result=result,
+                caller=caller,
+                operation_id=operation_id,
+            )
 
 
 async def _route(*, user: User, session_id: str, op: str, payload: dict[str, Any], target: str | None) -> Candidate:
@@ -721,9 +741,62 @@ def streamed_command_audited(
     )
 
 
-def _after_reply(**record: Any) -> None:
-    """Write the audit record in the background, after the reply."""
-    _in_background(database_sync_to_async(audit_record_create)(**record))
+def _after_reply(*, audit_id: int | None = None, **record: Any) -> None:
+    """Write the audit record in the background, after the reply: fill in the one written
+    before the send (``audit_id``), or write one for an operation refused before it."""
+    if audit_id is None:
+        _in_background(database_sync_to_async(audit_record_create)(**record))
+    else:
+        _in_background(database_sync_to_async(audit_record_finish)(record_id=audit_id, **record))
+
+
+PENDING: dict[str, Any] = {"ok": False, "pending": True}
+"""The ``result`` of an audit record written before its operation was sent (``AuditRecord.outcome``: running)."""
+
+
+def audit_unwritable(exc: BaseException) -> TemporarilyUnavailable:
+    """The 503 of an operation whose audit record could not be written: it was not sent."""
+    return TemporarilyUnavailable(
+        f"the operation was not sent: its audit record could not be written ({type(exc).__name__}: "
+        f"{str(exc).strip()[:200]})",
+        {"service": "database"},
+    )
+
+
+def audit_record_begin(
+    *,
+    user: User,
+    session_id: str,
+    machine_id: str,
+    request_id: str,
+    op: str,
+    payload: dict[str, Any],
+    caller: str,
+    operation_id: str = "",
+) -> int:
+    """Record an operation about to be sent to ``machine_id`` (result ``PENDING``; one
+    INSERT) and return the record's id for ``audit_record_finish``. Raises what the
+    database raises (``DatabaseError``): the caller must then not send the operation."""
+    record = AuditRecord.objects.create(
+        user=user,
+        session_id=session_id,
+        machine_id=machine_id,
+        request_id=request_id,
+        op=op,
+        details=audit_details(op, payload),
+        result=PENDING,
+        caller=caller[:200],
+        operation_id=operation_id,
+    )
+    return int(record.pk)
+
+
+def audit_record_finish(*, record_id: int, user: User, machine_id: str, result: dict[str, Any], **_record: Any) -> None:
+    """Fill in the ``result`` (and the ``machine_id`` it ran on: a rerouted operation's
+    last) of the record ``audit_record_begin`` wrote, and stamp the machine's activity as
+    ``audit_record_create`` does. The other fields of the record are left as written."""
+    AuditRecord.objects.filter(pk=record_id).update(machine_id=machine_id, result=result)
+    _activity_stamped(user=user, machine_id=machine_id, result=result)
 
 
 def _in_background(work: Any) -> None:
@@ -799,6 +872,12 @@ def audit_record_create(
         caller=caller[:200],
         operation_id=operation_id,
     )
+    _activity_stamped(user=user, machine_id=machine_id, result=result)
+    return record
+
+
+def _activity_stamped(*, user: User, machine_id: str, result: dict[str, Any]) -> None:
+    """The machine's ``last_active_at`` / health after an operation's ``result`` (see ``audit_record_create``)."""
     key = (user.pk, machine_id)
     if machine_id and result.get("ok"):
         now = time.monotonic()
@@ -819,7 +898,6 @@ def audit_record_create(
             health=Machine.Health.OVERLOADED, status_reason="the shim refused work: too many operations in flight"
         )
         last_active_forget(user_id=user.pk, machine_id=machine_id)  # the next success clears it at once
-    return record
 
 
 def path_recency_record(*, user: User, session_id: str, machine_id: str, op: str, payload: dict[str, Any]) -> None:
