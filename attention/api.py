@@ -4,7 +4,8 @@
   masked), the push subscriptions and the VAPID public key;
 - ``POST/DELETE /api/v1/notifications/push-subscriptions``: a browser's ``PushSubscription``;
 - ``POST /api/v1/notifications/viewing``: an open agent page's heartbeat;
-- ``POST /api/v1/notifications/test``: a test notification to every target.
+- ``POST /api/v1/notifications/test``: a test notification to every target;
+- ``GET /api/v1/notifications``: the newest notifications and what became of them.
 
 Writes are a person's: an agent's token gets 403. Errors use the one error shape.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 from datetime import time
 from typing import Any
 
+from django.conf import settings
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.request import Request
@@ -194,8 +196,9 @@ class ViewingSerializer(serializers.Serializer):
 
 class ViewingView(DispatchAPIView):
     """``POST /api/v1/notifications/viewing`` ``{"client_id", "agent_id"}``: this tab shows
-    that agent's page, visible (renew every 15 s); ``agent_id`` null: it stopped. While a
-    heartbeat is valid, pushes and Apprise messages about that agent are held back."""
+    that agent's page, visible; ``agent_id`` null: it stopped. Answers ``{agent_id,
+    expires_at, renew_after}`` (seconds: a third of ``DISPATCH_NOTIFY_VIEWING_TTL``). While
+    a heartbeat is valid, pushes and Apprise messages about that agent are held back."""
 
     @extend_schema(
         request=ViewingSerializer,
@@ -206,8 +209,14 @@ class ViewingView(DispatchAPIView):
         agent_scope_forbid(calling_agent(request), "report a viewed page")
         body = _valid(ViewingSerializer(data=request.data))
         viewing = services.viewing_beat(user=user, client_id=body["client_id"], agent_id=body.get("agent_id"))
+        # The page renews three times per time to live, so one lost beat does not end it.
+        renew_after = max(settings.NOTIFY_VIEWING_TTL / 3, 1.0)
         return Response(
-            {"agent_id": viewing.agent_id if viewing else None, "expires_at": viewing and viewing.expires_at}
+            {
+                "agent_id": viewing.agent_id if viewing else None,
+                "expires_at": viewing.expires_at if viewing else None,
+                "renew_after": renew_after,
+            }
         )
 
 
@@ -224,3 +233,36 @@ class NotificationTestView(DispatchAPIView):
         agent_scope_forbid(calling_agent(request), "send a test notification")
         notification = services.notify_test(user=user)
         return Response({"id": notification.pk, "status": notification.status}, status=status.HTTP_202_ACCEPTED)
+
+
+class NotificationListView(DispatchAPIView):
+    """``GET /api/v1/notifications?limit=20``: the caller's newest notifications (at most
+    100), newest first, each ``{id, kind, title, body, url, agent_id, approval_id, status,
+    suppressed_reason, created_at, deliveries: [{channel, status, attempts, last_error}]}``."""
+
+    @extend_schema(responses={200: inline_serializer("NotificationList", {"results": serializers.ListField()})})
+    def get(self, request: Request) -> Response:
+        user = authenticated_user(request)
+        raw = request.query_params.get("limit", "20")
+        if not raw.isdigit() or not 1 <= int(raw) <= 100:
+            raise InvalidRequest("limit must be a number from 1 to 100")
+        results = [
+            {
+                **notification.payload(),
+                "approval_id": notification.approval_id,
+                "status": notification.status,
+                "suppressed_reason": notification.suppressed_reason,
+                "created_at": notification.created_at,
+                "deliveries": [
+                    {
+                        "channel": delivery.channel,
+                        "status": delivery.status,
+                        "attempts": delivery.attempts,
+                        "last_error": delivery.last_error,
+                    }
+                    for delivery in notification.deliveries.all()
+                ],
+            }
+            for notification in selectors.notifications_for(user=user, limit=int(raw))
+        ]
+        return Response({"results": results})

@@ -46,4 +46,4 @@ def is_viewing(*, user: User | int, agent_id: str, at: datetime | None = None) -
 
 def notifications_for(*, user: User, limit: int = 20) -> QuerySet[Notification]:
     """``user``'s newest notifications (``limit`` at most), newest first."""
-    return Notification.objects.filter(user=user).order_by("-created_at", "-id")[:limit]
+    return Notification.objects.filter(user=user).prefetch_related("deliveries").order_by("-created_at", "-id")[:limit]

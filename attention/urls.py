@@ -15,6 +15,7 @@ urlpatterns = [
 ]
 
 api_urlpatterns = [
+    path("notifications", api.NotificationListView.as_view(), name="api-notifications"),
     path("notifications/settings", api.NotificationSettingsView.as_view(), name="api-notification-settings"),
     path(
         "notifications/push-subscriptions",

@@ -1,7 +1,7 @@
 // Notifications in the browser (docs/notifications.md), on every page of a logged-in user:
 // - registers the service worker (/sw.js, root scope) that shows Web Push notifications;
 // - on an agent's page, tells the server while the page is visible ("viewing" heartbeat
-//   every 15 s, ended when hidden or closed), so nothing is pushed about that agent then;
+//   every 15 s by default, ended when hidden or closed), so nothing is pushed about that agent then;
 // - when the user turned them on (a click, never on its own), shows the `notification`
 //   frames of the live stream as browser notifications, except for the agent in view;
 // - on /settings/notifications/, the buttons that ask for permission and subscribe to
@@ -44,15 +44,26 @@
     }
   } catch (error) { clientId = String(Math.random()).slice(2) + Date.now(); }
 
+  // The server says how soon to renew (a third of its time to live; 15 s by default).
   var beating = null;
-  function beat() { api("POST", "viewing", { client_id: clientId, agent_id: viewedAgent }).catch(function () {}); }
+  function beat() {
+    beating = setTimeout(beat, HEARTBEAT_MS);
+    api("POST", "viewing", { client_id: clientId, agent_id: viewedAgent }).then(function (response) {
+      return response.ok ? response.json() : null;
+    }).then(function (answer) {
+      if (answer && answer.renew_after && beating !== null) {
+        clearTimeout(beating);
+        beating = setTimeout(beat, Math.max(answer.renew_after, 1) * 1000);
+      }
+    }).catch(function () {});
+  }
   function stopViewing() {
-    if (beating !== null) { clearInterval(beating); beating = null; }
+    if (beating !== null) { clearTimeout(beating); beating = null; }
     api("POST", "viewing", { client_id: clientId, agent_id: null }, true).catch(function () {});
   }
   function followVisibility() {
     if (document.visibilityState === "visible") {
-      if (beating === null) { beat(); beating = setInterval(beat, HEARTBEAT_MS); }
+      if (beating === null) beat();
     } else if (beating !== null) {
       stopViewing();
     }

@@ -170,6 +170,10 @@ def test_the_test_route_queues_a_test_notification(api: Api, owner: Any) -> None
     assert response.status_code == 202
     notification = Notification.objects.get(pk=response.json()["id"])
     assert notification.kind == "test" and notification.deliveries.count() == 1
+    listed = api.get("/api/v1/notifications").json()["results"]
+    assert [(item["id"], item["status"]) for item in listed] == [(notification.pk, "pending")]
+    assert listed[0]["deliveries"] == [{"channel": "apprise", "status": "pending", "attempts": 0, "last_error": ""}]
+    assert api.get("/api/v1/notifications?limit=0").status_code == 400
 
 
 def test_the_settings_page_saves_refuses_with_apprises_reason_and_links_from_settings(client: Any, owner: Any) -> None:
