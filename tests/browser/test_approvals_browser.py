@@ -4,10 +4,12 @@ it as that person and the timeline says so; on a phone (390x844) the Approvals p
 buttons are visible, at least 44 px tall, and a long command wraps instead of scrolling
 the page sideways.
 
-The server is a real ``manage.py serve``; the request is made as the CLI's hook would
-make it, through ``agents.approvals.approval_request`` in that instance's database
-(``manage.py shell``): what a real Claude Code's ``PermissionRequest`` does is H6's
-real-CLI tests' subject, the page is this file's.
+The server is a real ``manage.py serve``. The first two tests make the request as the
+CLI's hook would, through ``agents.approvals.approval_request`` in that instance's
+database (``manage.py shell``, another process: the live event crosses Redis); the last
+runs the real Claude Code (tests/clients) against the fake model
+(tests/agents/fake_model.py): its ``Bash`` call asks, "Approve once" is clicked in
+Chromium, and the command runs.
 """
 
 from __future__ import annotations
@@ -17,14 +19,17 @@ import os
 import re
 import shutil
 import subprocess
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.agents.real_cli.conftest import fake_model, run  # noqa: F401 - fixtures of the real-CLI test
+from tests.agents.real_cli.dispatch_fixtures import dispatch_serve  # noqa: F401 - a fixture
 from tests.infra import Instance, Server, instance
 
 pytestmark = [
@@ -183,3 +188,80 @@ def test_on_a_phone_the_buttons_are_large_and_a_long_command_wraps(live, browser
         raise
     finally:
         phone.close()
+
+
+# --- with the real Claude Code ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def claude_asking(
+    fake_model: Any,  # noqa: F811 - the fixture imported above
+    run: Any,  # noqa: F811 - the fixture imported above
+    dispatch_serve: Callable[[dict[str, Any]], Any],  # noqa: F811 - the fixture imported above
+) -> Any:
+    """Dispatch with the pinned Claude Code as type ``claude-ask`` (``--permission-mode
+    default``: it asks before Bash), against the fake model (tests/agents/real_cli)."""
+    from agents.types import DEFAULT_AGENT_TYPES
+    from tests.agents.real_cli.conftest import API_KEY, cli_or_skip
+
+    program = cli_or_skip("claude")
+    default = DEFAULT_AGENT_TYPES["claude"]
+    env = {"HOME": str(run.home), "ANTHROPIC_BASE_URL": fake_model.url, "ANTHROPIC_API_KEY": API_KEY}
+    spec = {
+        **default,
+        "argv": [program, *default["argv"][1:], "--permission-mode", "default"],
+        "full_access_argv": [program, *default["full_access_argv"][1:]],
+        "env": env,
+        "hooks": "claude",
+    }
+    return dispatch_serve({"claude-ask": spec})
+
+
+def test_the_real_claude_code_asks_approve_once_in_chromium_and_the_command_runs(
+    claude_asking,
+    fake_model,  # noqa: F811 - the fixture imported above
+    run,  # noqa: F811 - the fixture imported above
+    context,
+    artifacts,
+):
+    from playwright.sync_api import expect
+
+    from tests.agents.fake_model import call, say
+
+    dispatch = claude_asking
+    fake_model.queue(call("Bash", {"command": "echo approved > proof.txt", "description": "write the proof"}))
+    fake_model.queue(say("wrote the proof"))
+    launched = dispatch.launch(
+        type="claude-ask", name="cc", cwd=str(run.workdir), prompt="write the proof file", trust_folder=True
+    )
+    assert launched.status_code == 201, launched.text
+    agent_id = launched.json()["id"]
+    dispatch.wait_running(agent_id)
+    server = dispatch.server
+    page = context.new_page()
+    try:
+        page.goto(f"{server.url}/")
+        page.fill("input[name=username]", "admin")
+        page.fill("input[name=password]", dispatch.inst.admin_password)
+        page.click("#login-button")
+        expect(page).to_have_url(f"{server.url}/")
+        page.goto(f"{server.url}/agents/{agent_id}/")
+
+        box = page.locator(".approval-box")
+        expect(box).to_be_visible(timeout=45_000)
+        expect(box.locator("pre.approval-input").first).to_have_text("echo approved > proof.txt")
+        assert not (run.workdir / "proof.txt").exists()
+        page.screenshot(path=str(artifacts / "approval-real-claude.png"), full_page=True)
+        box.locator('button[data-decision="allow_once"]').click()
+
+        expect(page.locator("ol.timeline")).to_contain_text("approved once by admin", timeout=LIVE)
+        deadline = time.monotonic() + 30
+        while not (run.workdir / "proof.txt").exists():
+            assert time.monotonic() < deadline, f"the command never ran; pane:\n{dispatch.pane(agent_id)}"
+            time.sleep(0.2)
+        assert (run.workdir / "proof.txt").read_text().strip() == "approved"
+    except BaseException:
+        page.screenshot(path=str(artifacts / "approvals-real-claude-failure.png"), full_page=True)
+        print("--- pane ---\n" + dispatch.pane(agent_id))
+        print("--- server log ---\n" + server.log())
+        raise
