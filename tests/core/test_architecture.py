@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ["core", "remotes", "machines", "agents", "peers", "dispatch"]
+PACKAGES = ["core", "remotes", "machines", "agents", "peers", "attention", "dispatch"]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
@@ -47,6 +47,7 @@ def _copy_tree(tmp_path: Path) -> Path:
         ("agents/services.py", "import peers.models", "agents' domain code imports neither peers nor the project"),
         ("machines/shim/protocol.py", "import django", "the shim and the remote client import nothing from Django"),
         ("remotes/models.py", "def _late():\n    import remotes.services", "no import circle"),
+        ("agents/views.py", "import attention.services", "attention (notifications) sits above agents and peers"),
     ],
 )
 def test_a_wrong_import_breaks_its_contract(tmp_path, module, line, contract):
