@@ -186,6 +186,7 @@ def approval_request(
     tool_input: Any,
     suggestions: Any = None,
     hook_event: str = "PermissionRequest",
+    event_metadata: Mapping[str, Any] | None = None,
 ) -> Approval:
     """Record ``agent``'s CLI asking to run ``tool_name`` with ``tool_input`` (any JSON
     value, as the CLI sent it), with the CLI's own ``suggestions`` (Claude Code's
@@ -198,7 +199,8 @@ def approval_request(
     timeout; an event "approval requested: Bash `ls`" of type ``blocked``, shown as
     "waiting for approval"; ``approval_requested``). Raises ``InvalidRequest`` for a
     tool name that is not 1-200 characters of storable text or an input JSON cannot
-    store; nothing is recorded then.
+    store; nothing is recorded then. ``event_metadata`` is added to the timeline event's
+    metadata (the hook's own view of the request).
     """
     if not isinstance(tool_name, str) or not 1 <= len(tool_name) <= MAX_TOOL_NAME:
         raise InvalidRequest(f"tool_name must be 1 to {MAX_TOOL_NAME} characters")
@@ -248,6 +250,7 @@ def approval_request(
         tool_summary=approval.tool_summary[: SHORT_SUMMARY * 4],
         expires_at=approval.expires_at.isoformat(),
         **({"rule_id": rule.pk} if rule is not None else {}),
+        **(event_metadata or {}),
     )
     send_on_commit(approval_requested, Approval, approval=approval)
     return approval
@@ -489,6 +492,16 @@ def approval_get_for(*, user: User, approval_id: str) -> Approval:
     found = None
     if is_valid_id(approval_id):
         found = approvals_for(user=user, status=None).filter(pk=approval_id).first()
+    if found is None:
+        raise NotFound(f"no approval '{approval_id}'" if is_valid_id(approval_id) else "no such approval")
+    return found
+
+
+def approval_of_agent(*, agent: Agent, approval_id: str) -> Approval:
+    """``agent``'s own approval ``approval_id`` (what its hook waits on); ``NotFound`` otherwise."""
+    found = None
+    if is_valid_id(approval_id):
+        found = Approval.objects.select_related("agent").filter(pk=approval_id, agent=agent).first()
     if found is None:
         raise NotFound(f"no approval '{approval_id}'" if is_valid_id(approval_id) else "no such approval")
     return found

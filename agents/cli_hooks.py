@@ -9,8 +9,11 @@ stdin; Dispatch gives them ``hook_command(event)``, which runs ``agents/hook_cli
 - ``SessionStart``: the session is ready (``Agent.ready_at``, set once per session);
 - ``UserPromptSubmit``: the pasted message whose text the prompt carries is ``delivered``
   (a prompt matching none was typed in the terminal); ``working``;
-- ``PreToolUse``: ``working`` "tool: <name>"; ``PermissionRequest``: ``blocked`` (shown as
-  "waiting for approval"); ``PostToolUse`` after ``blocked``: ``working`` again;
+- ``PreToolUse``: ``working`` "tool: <name>"; ``PermissionRequest``: an ``Approval``
+  (``agents.approvals.approval_request``): answered at once by a policy rule, else
+  ``blocked`` (shown as "waiting for approval") while the hook client waits for the answer
+  (``approval_output``; docs/agents.md "Approvals"); ``PostToolUse`` after ``blocked``
+  (answered in the terminal): ``working`` again;
 - ``Notification``: ``permission_prompt`` → ``blocked``, ``idle_prompt`` → ``idle``;
 - ``Stop``: ``done``; ``SessionEnd``: a ``system`` event (the supervisor still judges the
   pane's end).
@@ -27,6 +30,7 @@ import json
 import shlex
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +38,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from agents import messages, services
-from agents.models import Agent, AgentEvent, AgentMessage
+from agents import approvals, messages, services
+from agents.models import Agent, AgentEvent, AgentMessage, Approval
 from agents.tmux import pasteable
 from core.errors import InvalidRequest
 
@@ -60,10 +64,10 @@ MAX_PAYLOAD_BYTES = 1024 * 1024
 TOOL_INPUT_LIMIT = 2048
 # Characters kept of free texts from a payload (the last answer, a typed prompt).
 TEXT_LIMIT = 2000
-# Characters of a tool's input in a "waiting for approval" message.
-SHORT_INPUT = 120
 
 HOOK_CLIENT = Path(__file__).resolve().parent / "hook_client.py"
+# Seconds between the hook client's reads of a pending approval (it waits for the answer).
+APPROVAL_POLL_SECONDS = 0.5
 
 Type = AgentEvent.Type
 
@@ -111,19 +115,6 @@ def _tool_input(value: Any) -> Any:
     return text[: TOOL_INPUT_LIMIT - 1] + "…"
 
 
-def _short_input(value: Any) -> str:
-    """One line saying what a tool is asked to do: a shell tool's command, else its input's JSON."""
-    if isinstance(value, Mapping) and isinstance(value.get("command"), str):
-        text = value["command"]
-    else:
-        try:
-            text = json.dumps(value, ensure_ascii=False)
-        except (TypeError, ValueError):
-            text = ""
-    text = " ".join(text.split())
-    return text if len(text) <= SHORT_INPUT else text[: SHORT_INPUT - 1] + "…"
-
-
 def _prompt_form(text: str) -> str:
     """Text as compared between a pasted message and a submitted prompt: every run of
     whitespace as one space, none at the ends. The CLIs change whitespace on the way: Claude
@@ -145,16 +136,61 @@ def _record(agent: Agent, type: str, message: str, event: str, **metadata: Any) 
     services.agent_event_record(agent=agent, type=type, message=message, metadata={"hook": event, **metadata})
 
 
+@dataclass(frozen=True)
+class HookAnswer:
+    """What a hook report answers: ``output``, the JSON object the CLI reads on the hook's
+    stdout (``None``: print nothing), and the ``approval`` a ``PermissionRequest`` made
+    (``None`` for every other event)."""
+
+    output: dict[str, Any] | None = None
+    approval: Approval | None = None
+
+
+def approval_output(approval: Approval) -> dict[str, Any] | None:
+    """The ``PermissionRequest`` hook output carrying ``approval``'s answer, or ``None``
+    while it is pending. Both CLIs read ``{"hookSpecificOutput": {"hookEventName":
+    "PermissionRequest", "decision": {"behavior": "allow" | "deny", "message"?,
+    "updatedPermissions"?}}}`` (FINDINGS of tests/agents/real_cli; Claude Code's hooks
+    reference; codex's permission-request output schema). A deny carries ``message``, what
+    the model is told; "Always allow this rule" gives Claude Code its own
+    ``permission_suggestions`` back as ``updatedPermissions`` — never to codex, which
+    refuses any ``updatedPermissions`` (fails closed)."""
+    if approval.status == Approval.Status.PENDING:
+        return None
+    decision: dict[str, Any] = {"behavior": "allow" if approval.allowed else "deny"}
+    if not approval.allowed:
+        decision["message"] = _denial(approval)
+    spec = settings.AGENT_TYPES.get(approval.agent.type)
+    family = spec.hooks if spec is not None else None
+    if approval.decision == Approval.Decision.ALLOW_ALWAYS and family == "claude":
+        updates = [entry for entry in approval.suggestions if isinstance(entry, Mapping)]
+        if updates:
+            decision["updatedPermissions"] = updates
+    return {"hookSpecificOutput": {"hookEventName": approval.hook_event, "decision": decision}}
+
+
+def _denial(approval: Approval) -> str:
+    """What the model is told of a deny: the answerer's message, else who denied it."""
+    if approval.message:
+        return approval.message
+    if approval.status == Approval.Status.EXPIRED:
+        return "Nobody answered the permission request in time: denied by default (Dispatch)."
+    return f"Denied by {approval.answered_by or 'a person'} through Dispatch."
+
+
 @transaction.atomic
-def hook_event_record(*, agent: Agent, event: str, payload: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def hook_event_record(*, agent: Agent, event: str, payload: Mapping[str, Any] | None) -> HookAnswer:
     """Apply one hook report of ``agent``'s CLI (docs/agents.md "Hooks") and return the
-    ``output`` for the CLI (a JSON object it reads on the hook's stdout), or ``None``.
+    ``HookAnswer``: the ``output`` for the CLI (a JSON object it reads on the hook's
+    stdout) or ``None``, and for ``PermissionRequest`` the ``Approval`` recorded — its
+    output is there at once when a policy rule answered it, else the hook client waits for
+    it (``approval_output``; docs/agents.md "Approvals").
 
     ``event``: one of ``HOOK_EVENTS``; ``payload``: the event's stdin JSON object as the
     CLI wrote it (``None`` when the client could not read one), shapes as in
     docs/agents.md "Hooks". Fields the CLIs do not send are taken as absent. Raises
     ``InvalidRequest`` for an unknown event or a payload that is not an object; nothing
-    changes then. Today every event answers ``None`` (the CLI shows its own dialogs).
+    changes then. Every other event answers ``None``.
     """
     if event not in HOOK_EVENTS:
         raise InvalidRequest(f"unknown hook event '{event[:40]}'; known: {', '.join(HOOK_EVENTS)}")
@@ -163,10 +199,9 @@ def hook_event_record(*, agent: Agent, event: str, payload: Mapping[str, Any] | 
     body: Mapping[str, Any] = payload or {}
     current = Agent.objects.select_for_update().get(pk=agent.pk)
     handler = _HANDLERS.get(event)
-    if handler is not None:
-        handler(current, event, body)
+    answer = handler(current, event, body) if handler is not None else None
     agent.ready_at = Agent.objects.values_list("ready_at", flat=True).get(pk=agent.pk)
-    return None
+    return answer or HookAnswer()
 
 
 def _session_start(agent: Agent, event: str, body: Mapping[str, Any]) -> None:
@@ -205,18 +240,21 @@ def _post_tool_use(agent: Agent, event: str, body: Mapping[str, Any]) -> None:
         _record(agent, Type.WORKING, "approved in the terminal", event, tool_name=tool)
 
 
-def _permission_request(agent: Agent, event: str, body: Mapping[str, Any]) -> None:
+def _permission_request(agent: Agent, event: str, body: Mapping[str, Any]) -> HookAnswer:
     tool = _text(body.get("tool_name"), 200) or "?"
     tool_input = body.get("tool_input")
-    _record(
-        agent,
-        Type.BLOCKED,
-        f"waiting for approval: {tool} {_short_input(tool_input)}".rstrip(),
-        event,
+    approval = approvals.approval_request(
+        agent=agent,
         tool_name=tool,
-        tool_input=_tool_input(tool_input),
-        permission_suggestions=_tool_input(body.get("permission_suggestions")),
+        tool_input=tool_input if isinstance(tool_input, (Mapping, list, str, int, float, bool)) else {},
+        suggestions=body.get("permission_suggestions"),
+        hook_event=event,
+        event_metadata={
+            "tool_input": _tool_input(tool_input),
+            "permission_suggestions": _tool_input(body.get("permission_suggestions")),
+        },
     )
+    return HookAnswer(output=approval_output(approval), approval=approval)
 
 
 def _notification(agent: Agent, event: str, body: Mapping[str, Any]) -> None:

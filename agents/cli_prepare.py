@@ -70,6 +70,11 @@ CODEX_EVENTS = (
     "Stop",
     "SessionEnd",
 )
+# Seconds the CLI lets a PermissionRequest hook run beyond the approval's own timeout: the
+# hook client waits for the answer up to that timeout, then for the expiry Dispatch records;
+# the CLI must not kill it first (docs/agents.md "Approvals"). Both CLIs take ``timeout`` in
+# seconds on a command hook.
+APPROVAL_HOOK_MARGIN = 60
 # Claude Code approves a custom API key by its last 20 characters.
 API_KEY_TAIL = 20
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
@@ -267,16 +272,25 @@ def claude_config_merge(*, path: Path, cwd: str | None, api_key: str | None) -> 
     return _edit(path, load, change, lambda config: json.dumps(config, indent=2) + "\n")
 
 
-def claude_settings(*, full_access: bool) -> dict[str, Any]:
+def approval_hook_timeout(spec: AgentType | None) -> int:
+    """Seconds the CLI gives its ``PermissionRequest`` hook: the type's approval timeout
+    (``approval_timeout``, else ``DISPATCH_APPROVAL_TIMEOUT``) plus ``APPROVAL_HOOK_MARGIN``."""
+    timeout = (spec.approval_timeout if spec is not None else None) or settings.APPROVAL_TIMEOUT
+    return int(timeout) + APPROVAL_HOOK_MARGIN
+
+
+def claude_settings(*, full_access: bool, spec: AgentType | None = None) -> dict[str, Any]:
     """The ``--settings`` JSON of a Claude Code session: a command hook per event
-    (``hook_command``; tool events with matcher ``"*"``) and, for ``full_access``,
-    ``skipDangerousModePermissionPrompt`` (the bypass-permissions warning answered for
-    this session only)."""
+    (``hook_command``; tool events with matcher ``"*"``; the ``PermissionRequest`` hook with
+    ``timeout`` ``approval_hook_timeout(spec)`` seconds, as it waits for an answer) and, for
+    ``full_access``, ``skipDangerousModePermissionPrompt`` (the bypass-permissions warning
+    answered for this session only)."""
     hooks: dict[str, Any] = {
         event: [{"hooks": [{"type": "command", "command": hook_command(event)}]}] for event in CLAUDE_EVENTS
     }
     for event in CLAUDE_TOOL_EVENTS:
         hooks[event] = [{"matcher": "*", "hooks": [{"type": "command", "command": hook_command(event)}]}]
+    hooks["PermissionRequest"][0]["hooks"][0]["timeout"] = approval_hook_timeout(spec)
     body: dict[str, Any] = {"hooks": hooks}
     if full_access:
         body["skipDangerousModePermissionPrompt"] = True
@@ -295,7 +309,9 @@ def _write_settings(agent_id: str, body: dict[str, Any]) -> Path:
     return path
 
 
-def prepare_claude(*, env: Mapping[str, str], cwd: str, full_access: bool, agent_id: str | None) -> Prepared:
+def prepare_claude(
+    *, env: Mapping[str, str], cwd: str, full_access: bool, agent_id: str | None, spec: AgentType | None = None
+) -> Prepared:
     """Write Claude Code's config for a session in the trusted folder ``cwd`` (see
     ``claude_config_merge``) and, given ``agent_id``, its ``--settings`` file; return the
     argv and environment to add. ``agent_id`` ``None`` checks and writes the shared config
@@ -307,7 +323,7 @@ def prepare_claude(*, env: Mapping[str, str], cwd: str, full_access: bool, agent
         extra_env["IS_SANDBOX"] = "1"  # else --dangerously-skip-permissions refuses to run as root
     if agent_id is None:
         return Prepared(env=extra_env)
-    path = _write_settings(agent_id, claude_settings(full_access=full_access))
+    path = _write_settings(agent_id, claude_settings(full_access=full_access, spec=spec))
     return Prepared(argv=("--settings", str(path)), env=extra_env)
 
 
@@ -387,18 +403,23 @@ def codex_config_trust(*, path: Path, cwd: str) -> bool:
     return _edit(path, _load_toml(path), change, tomlkit.dumps)
 
 
-def codex_hook_overrides() -> list[str]:
+def codex_hook_overrides(spec: AgentType | None = None) -> list[str]:
     """``-c hooks.<Event>=[{hooks=[{type="command",command="…"}]}]`` for each codex event:
-    the hooks for this process only, nothing written to the user's ``hooks.json``."""
+    the hooks for this process only, nothing written to the user's ``hooks.json``. The
+    ``PermissionRequest`` hook also gets ``timeout=<approval_hook_timeout(spec)>`` (seconds,
+    codex's ``timeout`` key; it waits for an answer)."""
     argv: list[str] = []
     for event in CODEX_EVENTS:
         # A JSON string is a valid TOML basic string (same escapes for what json.dumps emits).
         command = json.dumps(hook_command(event))
-        argv += ["-c", f'hooks.{event}=[{{hooks=[{{type="command",command={command}}}]}}]']
+        timeout = f",timeout={approval_hook_timeout(spec)}" if event == "PermissionRequest" else ""
+        argv += ["-c", f'hooks.{event}=[{{hooks=[{{type="command",command={command}{timeout}}}]}}]']
     return argv
 
 
-def prepare_codex(*, env: Mapping[str, str], cwd: str, argv: tuple[str, ...] | list[str]) -> Prepared:
+def prepare_codex(
+    *, env: Mapping[str, str], cwd: str, argv: tuple[str, ...] | list[str], spec: AgentType | None = None
+) -> Prepared:
     """Check codex can reach a model (``codex_login_check``), trust ``cwd`` in its
     ``config.toml`` (``codex_config_trust``) and return the argv to add: ``--no-daemon``
     (without it C-c only detaches and a background server outlives the pane),
@@ -407,7 +428,7 @@ def prepare_codex(*, env: Mapping[str, str], cwd: str, argv: tuple[str, ...] | l
     codex_login_check(env=env, argv=argv)
     codex_config_trust(path=codex_home(env) / "config.toml", cwd=cwd)
     extra = [flag for flag in ("--no-daemon", "--dangerously-bypass-hook-trust") if flag not in argv]
-    return Prepared(argv=(*extra, *codex_hook_overrides()))
+    return Prepared(argv=(*extra, *codex_hook_overrides(spec)))
 
 
 # --- entry point -----------------------------------------------------------------------------
@@ -422,7 +443,7 @@ def prepare(
     exists (the shared config is written, no per-agent file). Raises ``InvalidRequest``
     saying what is missing or which file is unusable; nothing is written then."""
     if spec.hooks == "claude":
-        return prepare_claude(env=env, cwd=cwd, full_access=full_access, agent_id=agent_id)
+        return prepare_claude(env=env, cwd=cwd, full_access=full_access, agent_id=agent_id, spec=spec)
     if spec.hooks == "codex":
-        return prepare_codex(env=env, cwd=cwd, argv=spec.full_access_argv if full_access else spec.argv)
+        return prepare_codex(env=env, cwd=cwd, argv=spec.full_access_argv if full_access else spec.argv, spec=spec)
     return Prepared()

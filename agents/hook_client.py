@@ -7,6 +7,15 @@ through a shell with the CLI's environment. It posts
 ``Authorization: Bearer {DISPATCH_MCP_TOKEN}`` and, when the answer's ``output`` is not
 null, prints it as JSON on stdout for the CLI to read.
 
+A ``PermissionRequest`` answered ``"approval": {"status": "pending", ...}`` waits for its
+answer (docs/agents.md "Approvals"): the client reads
+``GET .../hooks/approvals/{id}`` every ``poll_seconds`` until the ``output`` comes — a
+person's, a supervising agent's, or the default Dispatch records when the approval
+expires — and prints it. It gives up (printing nothing, so the CLI shows its own dialog)
+``GRACE`` seconds after the approval's ``wait_seconds``, or at once when Dispatch refuses
+the token (the agent was stopped) or no longer knows the approval; a Dispatch briefly
+unreachable meanwhile is asked again.
+
 Standard library only, no Django and nothing of Dispatch: it runs under the server's
 Python but must not need its virtualenv. It always exits 0 — a Dispatch outage must never
 break the CLI — and says what went wrong on stderr, in one line. Without the three
@@ -26,6 +35,7 @@ if __name__ == "__main__" and not (sys.flags.isolated or getattr(sys.flags, "saf
 # The rest of the imports only after that repair.
 import json
 import os
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -37,6 +47,13 @@ MAX_STDIN = 1024 * 1024
 TIMEOUT = 10.0
 # Characters of an error answer quoted on stderr.
 QUOTED = 200
+# Seconds the client keeps asking for an approval's answer past the approval's own wait
+# (Dispatch records the expiry and its default then); the CLI's hook timeout is longer
+# (agents.cli_prepare.APPROVAL_HOOK_MARGIN).
+GRACE = 20.0
+# Bounds of the pause between two reads of a pending approval, seconds.
+POLL_MIN = 0.2
+POLL_MAX = 5.0
 
 
 def _complain(what: str) -> None:
@@ -73,16 +90,9 @@ def report(event: str, raw: bytes, environ: dict[str, str]) -> dict[str, Any] | 
         _complain(f"{event}: DISPATCH_URL must be an http(s) URL, not {base[:QUOTED]!r}")
         return None
     body = json.dumps({"event": event, "payload": _payload(raw)}).encode("utf-8")
-    url = f"{base}/api/v1/agents/{urllib.parse.quote(agent_id, safe='')}/hooks"
-    request = urllib.request.Request(  # noqa: S310 (the scheme is checked above)
-        url,
-        data=body,
-        method="POST",
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-    )
+    hooks_url = f"{base}/api/v1/agents/{urllib.parse.quote(agent_id, safe='')}/hooks"
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT) as response:  # noqa: S310 (checked above)
-            answer = json.loads(response.read(MAX_STDIN).decode("utf-8"))
+        answer = _call(hooks_url, token, body)
     except urllib.error.HTTPError as error:
         detail = error.read(QUOTED).decode("utf-8", "replace")
         _complain(f"{event}: Dispatch answered {error.code}: {detail}")
@@ -91,7 +101,71 @@ def report(event: str, raw: bytes, environ: dict[str, str]) -> dict[str, Any] | 
         _complain(f"{event}: could not report to {base}: {error}")
         return None
     output = answer.get("output") if isinstance(answer, dict) else None
-    return output if isinstance(output, dict) else None
+    if isinstance(output, dict):
+        return output
+    approval = answer.get("approval") if isinstance(answer, dict) else None
+    if isinstance(approval, dict) and approval.get("status") == "pending" and isinstance(approval.get("id"), str):
+        return wait_for_answer(f"{hooks_url}/approvals/{urllib.parse.quote(approval['id'], safe='')}", token, approval)
+    return None
+
+
+def _call(url: str, token: str, body: bytes | None = None) -> Any:
+    """POST ``body`` (or GET without one) to ``url`` with the token; the answer's JSON.
+    Raises ``urllib.error.HTTPError`` for an error status, ``OSError``/``ValueError`` for
+    the rest."""
+    request = urllib.request.Request(  # noqa: S310 (the scheme is checked by report)
+        url,
+        data=body,
+        method="POST" if body is not None else "GET",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=TIMEOUT) as response:  # noqa: S310 (checked by report)
+        return json.loads(response.read(MAX_STDIN).decode("utf-8"))
+
+
+def wait_for_answer(
+    url: str,
+    token: str,
+    approval: dict[str, Any],
+    *,
+    sleep: Any = time.sleep,
+    clock: Any = time.monotonic,
+) -> dict[str, Any] | None:
+    """Read the pending ``approval`` at ``url`` every ``poll_seconds`` until its ``output``
+    (a dict) comes, and return it; ``None`` — nothing printed, the CLI asks in its own
+    dialog — when Dispatch refuses the token (401, 403) or no longer has the approval
+    (404), when it is answered without an output, or ``GRACE`` seconds after its
+    ``wait_seconds``. Network errors and other statuses are retried until then."""
+    try:
+        pause = min(max(float(approval.get("poll_seconds", 1.0)), POLL_MIN), POLL_MAX)
+        wait = max(float(approval.get("wait_seconds", 0.0)), 0.0)
+    except (TypeError, ValueError):
+        pause, wait = 1.0, 0.0
+    deadline = clock() + wait + GRACE
+    said_unreachable = False
+    while clock() < deadline:
+        sleep(pause)
+        try:
+            answer = _call(url, token)
+        except urllib.error.HTTPError as error:
+            if error.code in (401, 403, 404):
+                detail = error.read(QUOTED).decode("utf-8", "replace")
+                _complain(f"PermissionRequest: Dispatch answered {error.code} while waiting: {detail}")
+                return None
+            continue
+        except (OSError, ValueError) as error:
+            if not said_unreachable:
+                _complain(f"PermissionRequest: Dispatch unreachable while waiting for the approval: {error}")
+                said_unreachable = True
+            continue
+        output = answer.get("output") if isinstance(answer, dict) else None
+        if isinstance(output, dict):
+            return output
+        current = answer.get("approval") if isinstance(answer, dict) else None
+        if not isinstance(current, dict) or current.get("status") != "pending":
+            return None
+    _complain("PermissionRequest: no answer from Dispatch in time; the CLI asks itself")
+    return None
 
 
 def main(argv: list[str]) -> int:

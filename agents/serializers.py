@@ -11,7 +11,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from agents.models import Agent, AgentEvent, AgentMessage, Run
+from agents.models import Agent, AgentEvent, AgentMessage, Approval, ApprovalRule, Run
 
 
 class AgentSerializer(serializers.ModelSerializer):
@@ -45,7 +45,6 @@ class AgentSerializer(serializers.ModelSerializer):
             "created_at",
             "updated_at",
         ]
-
 
     def get_peer(self, agent: Agent) -> str | None:
         return agent.peer.label if agent.peer_id is not None and agent.peer is not None else None
@@ -100,6 +99,66 @@ class AgentMessageSerializer(serializers.ModelSerializer):
         # A CLI with hooks: pasted into its pane, not yet taken (delivered waits for the
         # CLI's UserPromptSubmit hook; docs/agents.md "Hooks").
         extra_kwargs = {"pasted_at": {"help_text": "when the text was pasted into a CLI's pane (null: not yet)"}}
+
+
+class ApprovalRuleSerializer(serializers.ModelSerializer):
+    agent_id = serializers.CharField(allow_null=True, read_only=True, help_text="null: every agent of the user")
+    created_by_approval_id = serializers.CharField(
+        allow_null=True, read_only=True, help_text='the approval whose "Always allow this rule" made it'
+    )
+
+    class Meta:
+        model = ApprovalRule
+        fields = ["id", "agent_id", "tool", "pattern", "action", "created_at", "created_by_approval_id"]
+
+
+class ApprovalSerializer(serializers.ModelSerializer):
+    """An approval (docs/agents.md "Approvals"): what was asked, the answer and who gave it
+    (``answered_by`` in words; the answerer's user, agent, rule or linked instance)."""
+
+    agent_id = serializers.CharField(read_only=True)
+    agent_name = serializers.CharField(source="agent.name", read_only=True)
+    answered_by_user = serializers.CharField(
+        source="answered_by_user.get_username", allow_null=True, read_only=True, default=None
+    )
+    answered_by_agent_id = serializers.CharField(allow_null=True, read_only=True)
+    answered_by_peer = serializers.SerializerMethodField(help_text="the linked instance's label, or null")
+    rule = ApprovalRuleSerializer(
+        source="answered_by_rule", allow_null=True, read_only=True, help_text="the policy rule that decided, or null"
+    )
+
+    class Meta:
+        model = Approval
+        fields = [
+            "id",
+            "agent_id",
+            "agent_name",
+            "tool_name",
+            "tool_input",
+            "tool_summary",
+            "suggestions",
+            "hook_event",
+            "status",
+            "decision",
+            "message",
+            "answered_by",
+            "answered_by_user",
+            "answered_by_agent_id",
+            "answered_by_peer",
+            "rule",
+            "asked_at",
+            "answered_at",
+            "expires_at",
+        ]
+
+    def get_answered_by_peer(self, approval: Approval) -> str | None:
+        peer = approval.answered_by_peer
+        return peer.label if peer is not None else None
+
+
+def approval_data(approval: Approval) -> dict[str, Any]:
+    """The approval as a JSON-safe dict (``ApprovalSerializer``)."""
+    return dict(ApprovalSerializer(approval).data)
 
 
 def agent_data(agent: Agent) -> dict[str, Any]:

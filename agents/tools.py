@@ -7,6 +7,10 @@
 - ``get_agent_history(agent_id, limit)`` — an agent's earlier runs and latest events;
 - ``dispatch_launch_agent(name, prompt, type?, cwd?, location?, child, full_access)``;
 - ``dispatch_send_message(target, message)`` and ``message_status(message_id)``;
+- ``list_approvals(status?, agent_id?)`` and ``answer_approval(approval_id, decision,
+  message?)`` — the permission requests of the caller's agents (docs/agents.md
+  "Approvals"): an agent caller sees and answers those of the other agents of its owner
+  (the agents it may message), never its own, and its answer is recorded as its own;
 - ``dispatch_event(type, message)`` — only for an agent caller (an agent token), and only
   when ``event_tool`` is true: the expert agent's own steps are recorded by its loop, so it
   does not get this tool.
@@ -40,7 +44,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import close_old_connections, connection
 
-from agents import selectors, services, trust
+from agents import approvals, selectors, services, trust
 from agents.hooks import Link, linked
 from agents.launching import agent_type_availability, default_launch_type, launch_type_resolve
 from agents.lifecycle import agent_launch_any, agent_message_send
@@ -250,6 +254,46 @@ def _launch(user: User, caller: Agent | None, arguments: dict[str, Any], type: s
         family = spec.hooks if spec is not None and spec.hooks else type
         raise trust.refusal(family=family, path=refused.details["path"], type=type, person=False) from None
     return agent_data(agent)
+
+
+APPROVALS_LISTED = 50
+
+
+def _approval_brief(approval: Any) -> dict[str, Any]:
+    """An approval as a model reads it: what is asked, by which agent, and its answer."""
+    return {
+        "approval_id": approval.pk,
+        "agent_id": approval.agent_id,
+        "agent_name": approval.agent.name,
+        "tool_name": approval.tool_name,
+        "tool_summary": cap(approval.tool_summary, EVENT_TEXT_MAX),
+        "status": approval.status,
+        "decision": approval.decision or None,
+        "answered_by": approval.answered_by or None,
+        "message": approval.message or None,
+        "asked_at": approval.asked_at.isoformat(),
+        "expires_at": approval.expires_at.isoformat(),
+    }
+
+
+def _approvals_list(user: User, caller: Agent | None, status: str, agent_id: str | None) -> dict[str, Any]:
+    agent = selectors.agent_get_for(user=user, agent_id=agent_id) if agent_id else None
+    approvals.approvals_expire_due()
+    rows = approvals.approvals_for(
+        user=user, status=None if status == "all" else status, agent=agent, exclude_agent=caller
+    )
+    return {"approvals": [_approval_brief(approval) for approval in rows[:APPROVALS_LISTED]]}
+
+
+def _approval_answer(user: User, caller: Agent | None, arguments: dict[str, Any]) -> dict[str, Any]:
+    answered = approvals.approval_answer(
+        approval_id=arguments["approval_id"],
+        decision=arguments["decision"],
+        message=arguments.get("message", ""),
+        user=user if caller is None else None,
+        by_agent=Agent.objects.get(pk=caller.pk) if caller is not None else None,
+    )
+    return _approval_brief(answered)
 
 
 def _on_own_thread(function: Callable[..., T]) -> Callable[..., Any]:
@@ -479,6 +523,63 @@ def status_tool(user: User) -> Tool:
     )
 
 
+def list_approvals_tool(user: User, caller_agent: Agent | None) -> Tool:
+    """``list_approvals(status?, agent_id?)`` (``_approvals_list``)."""
+
+    async def list_approvals(arguments: dict[str, Any]) -> Any:
+        return await database_sync_to_async(_approvals_list)(
+            user, caller_agent, arguments.get("status", "pending"), arguments.get("agent_id")
+        )
+
+    return _tool(
+        name="list_approvals",
+        description=(
+            "Permission requests of your agents' CLIs (a command, a file, a URL they want to use), newest first, "
+            f"at most {APPROVALS_LISTED}: approval_id, agent, tool_name, tool_summary, status, and the answer. "
+            "status: pending (default; waiting for an answer), allowed, denied, expired or all."
+            + (" Your own requests are not listed: a person or another agent answers them." if caller_agent else "")
+        ),
+        parameters={
+            "type": "object",
+            "properties": {
+                "status": {"enum": ["pending", "allowed", "denied", "expired", "all"], "default": "pending"},
+                "agent_id": {"type": "string", "maxLength": 64, "description": "Only this agent's requests."},
+            },
+            "additionalProperties": False,
+        },
+        handler=list_approvals,
+    )
+
+
+def answer_approval_tool(user: User, caller_agent: Agent | None) -> Tool:
+    """``answer_approval(approval_id, decision, message?)`` (``_approval_answer``)."""
+
+    async def answer_approval(arguments: dict[str, Any]) -> Any:
+        return await database_sync_to_async(_approval_answer)(user, caller_agent, arguments)
+
+    return _tool(
+        name="answer_approval",
+        description=(
+            "Answer a pending permission request of one of your agents (list_approvals): allow_once runs the "
+            "tool this time, allow_always also allows this tool and pattern for that agent from now on, deny "
+            "refuses it (message: what that agent's model is told). The first answer wins; a later one is "
+            "refused with APPROVAL_ANSWERED naming who answered."
+            + (" Your answer is recorded as yours; you cannot answer your own requests." if caller_agent else "")
+        ),
+        parameters={
+            "type": "object",
+            "properties": {
+                "approval_id": {"type": "string", "minLength": 1, "maxLength": 64},
+                "decision": {"enum": list(approvals.ANSWERS)},
+                "message": {"type": "string", "maxLength": approvals.MAX_MESSAGE},
+            },
+            "required": ["approval_id", "decision"],
+            "additionalProperties": False,
+        },
+        handler=answer_approval,
+    )
+
+
 def event_tool_for(agent: Agent) -> Tool:
     """``dispatch_event(type, message)``: ``agent`` reports its state on its timeline (``_record``)."""
 
@@ -520,6 +621,8 @@ async def agent_tools(*, user: User, caller_agent: Agent | None, event_tool: boo
         launch_tool(user, caller_agent, choices),
         send_tool(user, caller_agent),
         status_tool(user),
+        list_approvals_tool(user, caller_agent),
+        answer_approval_tool(user, caller_agent),
     ]
     if caller_agent is not None and event_tool:
         tools.append(event_tool_for(caller_agent))

@@ -14,14 +14,17 @@ import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
 from django.test import AsyncClient
 from django.urls import URLPattern, URLResolver, get_resolver
+from django.utils import timezone
 
-from agents.models import Agent, AgentMessage, Run
+from agents.approvals import approval_request
+from agents.models import Agent, AgentMessage, Approval, ApprovalRule, Run
 from agents.tokens import agent_token_mint
 from core.errors import DispatchError
 from core.models import ApiToken
@@ -68,6 +71,16 @@ def world(owner: Any, outsider: Any, owner_token: str, make_agent: Any) -> World
     peer = Peer.objects.create(owner=owner, label="cloud", instance_id="inst_cloud", url="http://127.0.0.1:9")
     message = AgentMessage.objects.create(recipient_agent=sibling, content="hello", sender_user=owner)
     token = agent_token_mint(agent=me)
+    ApprovalRule.objects.create(owner=owner, tool="Read", action="allow")
+    for approval_id, agent in ((SIBLING_APPROVAL, sibling), (MY_APPROVAL, me)):  # pending: see _approval_of
+        Approval.objects.create(
+            id=approval_id,
+            agent=agent,
+            tool_name="Bash",
+            tool_input={"command": "ls"},
+            tool_summary="ls",
+            expires_at=timezone.now() + timedelta(minutes=5),
+        )
     return World(
         owner=owner,
         me=me,
@@ -104,6 +117,22 @@ def _run_status(run: Run) -> str:
 def _agent_status(agent: Agent) -> str:
     agent.refresh_from_db()
     return agent.status
+
+
+def _approval_of(agent: Agent) -> Approval:
+    """The agent's pending approval (one is made at the first call; docs/agents.md "Approvals")."""
+    found = Approval.objects.filter(agent=agent, status="pending").first()
+    return found or approval_request(agent=agent, tool_name="Bash", tool_input={"command": "ls"})
+
+
+# The pending approvals of ``sibling`` and ``me`` the world starts with (MCP rows name them
+# without a query: their arguments are built in async code).
+SIBLING_APPROVAL = "apr_00000000sib1"
+MY_APPROVAL = "apr_0000000000me"
+
+
+def _approval_status(agent: Agent) -> str:
+    return _approval_of(agent).status
 
 
 REST: list[Row] = [
@@ -308,6 +337,60 @@ REST: list[Row] = [
         unchanged=lambda w: _run_status(w.sibling_run),
     ),
     Row("events", "GET", lambda w: "events", ALLOWED, 200),  # the SSE stream
+    # --- approvals: a supervising agent answers other agents' requests, never its own; rules are a
+    # person's (docs/agents.md "Approvals") ----------------------------------------------------
+    Row("approvals", "GET", lambda w: "approvals", ALLOWED, 200),
+    Row("approvals/<str:approval_id>", "GET", lambda w: f"approvals/{_approval_of(w.sibling).pk}", ALLOWED, 200),
+    Row(
+        "approvals/<str:approval_id>/answer",
+        "POST",
+        lambda w: f"approvals/{_approval_of(w.sibling).pk}/answer",
+        ALLOWED,
+        200,
+        {"decision": "allow_once"},
+    ),
+    Row(
+        "approvals/<str:approval_id>/answer",
+        "POST",
+        lambda w: f"approvals/{_approval_of(w.me).pk}/answer",
+        FORBIDDEN,
+        403,
+        {"decision": "allow_once"},
+        unchanged=lambda w: _approval_status(w.me),
+    ),
+    Row("approval-rules", "GET", lambda w: "approval-rules", ALLOWED, 200),
+    Row(
+        "approval-rules",
+        "POST",
+        lambda w: "approval-rules",
+        FORBIDDEN,
+        403,
+        {"tool": "Bash", "action": "allow"},
+        unchanged=lambda w: ApprovalRule.objects.count(),
+    ),
+    Row(
+        "approval-rules/<str:rule_id>",
+        "DELETE",
+        lambda w: f"approval-rules/{ApprovalRule.objects.get(owner=w.owner).pk}",
+        FORBIDDEN,
+        403,
+        unchanged=lambda w: ApprovalRule.objects.count(),
+    ),
+    # A CLI's PermissionRequest hook waits on its own approval, not another agent's.
+    Row(
+        "agents/<str:agent_id>/hooks/approvals/<str:approval_id>",
+        "GET",
+        lambda w: f"agents/{w.me.pk}/hooks/approvals/{_approval_of(w.me).pk}",
+        ALLOWED,
+        200,
+    ),
+    Row(
+        "agents/<str:agent_id>/hooks/approvals/<str:approval_id>",
+        "GET",
+        lambda w: f"agents/{w.child.pk}/hooks/approvals/{_approval_of(w.child).pk}",
+        FORBIDDEN,
+        403,
+    ),
     # --- peers: no pairing, linking, relabelling or unlinking ------------------------------------
     Row("peers/claim", "POST", lambda w: "peers/claim", OPEN, 400, {}),
     Row("peers/offers", "POST", lambda w: "peers/offers", FORBIDDEN, 403, {}),
@@ -499,6 +582,18 @@ def _tool_rows() -> list[ToolRow]:
         ),
         ToolRow("dispatch_send_message", lambda w: {"target": w.sibling.pk, "message": "hi"}, ALLOWED),
         ToolRow("message_status", lambda w: {"message_id": w.message.pk}, ALLOWED),
+        ToolRow("list_approvals", lambda w: {}, ALLOWED),
+        ToolRow(
+            "answer_approval",
+            lambda w: {"approval_id": SIBLING_APPROVAL, "decision": "deny", "message": "not now"},
+            ALLOWED,
+        ),
+        ToolRow(
+            "answer_approval",
+            lambda w: {"approval_id": MY_APPROVAL, "decision": "allow_once"},
+            FORBIDDEN,
+            "cannot answer its own approval",
+        ),
         ToolRow("list_machines", lambda w: {}, ALLOWED),
         ToolRow("list_machines", lambda w: {"session_id": w.me.pk}, ALLOWED),
         ToolRow("list_machines", lambda w: {"session_id": "default"}, FORBIDDEN),

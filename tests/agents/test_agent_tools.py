@@ -24,7 +24,15 @@ from tests.agents.conftest import force_status
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-USER_TOOLS = ["list_agents", "get_agent_history", "dispatch_launch_agent", "dispatch_send_message", "message_status"]
+USER_TOOLS = [
+    "list_agents",
+    "get_agent_history",
+    "dispatch_launch_agent",
+    "dispatch_send_message",
+    "message_status",
+    "list_approvals",  # docs/agents.md "Approvals"
+    "answer_approval",
+]
 
 
 async def atools_of(user: Any, caller: Agent | None = None, **kwargs: Any) -> dict[str, Any]:

@@ -250,15 +250,16 @@ def test_pre_tool_use_is_working_on_the_named_tool_with_its_input_cut_to_2_kb(ag
 def test_a_permission_request_is_blocked_waiting_for_approval_and_post_tool_use_resumes(agent_api, claude_agent):
     report(agent_api, claude_agent, "SessionStart", source="startup")
     suggestions = [{"type": "addDirectories", "directories": ["/w"], "destination": "session"}]
-    report(
-        agent_api,
-        claude_agent,
-        "PermissionRequest",
-        tool_name="Bash",
-        tool_input={"command": "echo perm > p.txt", "description": "write p"},
-        permission_suggestions=suggestions,
-    )
-    assert latest(claude_agent) == ("blocked", "waiting for approval: Bash echo perm > p.txt")
+    payload = {
+        "hook_event_name": "PermissionRequest",
+        "tool_name": "Bash",
+        "tool_input": {"command": "echo perm > p.txt", "description": "write p"},
+        "permission_suggestions": suggestions,
+    }
+    answer = agent_api.post(url(claude_agent), {"event": "PermissionRequest", "payload": payload}).json()
+    # Pending: no output yet, the hook client waits for the approval (docs/agents.md "Approvals").
+    assert answer["output"] is None and answer["approval"]["status"] == "pending"
+    assert latest(claude_agent) == ("blocked", "approval requested: Bash `echo perm > p.txt`")
     event = AgentEvent.objects.filter(agent=claude_agent).latest("pk")
     assert event.metadata["permission_suggestions"] == suggestions
     assert event.metadata["tool_input"]["command"] == "echo perm > p.txt"

@@ -160,7 +160,9 @@ def test_the_claude_settings_wire_every_hook_and_skip_the_bypass_prompt_only_for
         "SessionEnd",
     }
     for event, groups in body["hooks"].items():
-        assert groups[0]["hooks"] == [{"type": "command", "command": hook_command(event)}]
+        # The PermissionRequest hook waits for an approval: the CLI lets it run past its timeout.
+        waits = {"timeout": 300 + cli_prepare.APPROVAL_HOOK_MARGIN} if event == "PermissionRequest" else {}
+        assert groups[0]["hooks"] == [{"type": "command", "command": hook_command(event), **waits}]
         if event in ("PreToolUse", "PostToolUse", "PermissionRequest"):
             assert groups[0]["matcher"] == "*"
     assert cli_prepare.claude_settings(full_access=True)["skipDangerousModePermissionPrompt"] is True
@@ -237,7 +239,8 @@ def test_codex_gets_no_daemon_hook_trust_and_its_hooks_on_the_command_line_once(
     for event in ("SessionStart", "UserPromptSubmit", "PreToolUse", "PermissionRequest", "PostToolUse", "Stop"):
         (override,) = [o for o in overrides if o.startswith(f"hooks.{event}=")]
         value = tomlkit.parse(f"x = {override.split('=', 1)[1]}")["x"]
-        assert value == [{"hooks": [{"type": "command", "command": hook_command(event)}]}]
+        waits = {"timeout": 300 + cli_prepare.APPROVAL_HOOK_MARGIN} if event == "PermissionRequest" else {}
+        assert value == [{"hooks": [{"type": "command", "command": hook_command(event), **waits}]}]
     config = tomlkit.parse((tmp_path / ".codex" / "config.toml").read_text())
     assert config["projects"]["/srv/work"]["trust_level"] == "trusted"
 
@@ -415,3 +418,11 @@ def test_each_start_forgets_the_previous_sessions_ready_at(
 
     assert agent.status == "running", agent.last_error
     assert agent.ready_at is None  # the new session is not ready until its own SessionStart
+
+
+def test_the_permission_request_hook_outlives_the_types_own_approval_timeout(tmp_path: Path) -> None:
+    spec = parse_agent_types({"slow": {"argv": ["claude"], "hooks": "claude", "approval_timeout": 900}})["slow"]
+    hook = cli_prepare.claude_settings(full_access=False, spec=spec)["hooks"]["PermissionRequest"][0]["hooks"][0]
+    assert hook["timeout"] == 900 + cli_prepare.APPROVAL_HOOK_MARGIN
+    (override,) = [o for o in cli_prepare.codex_hook_overrides(spec) if o.startswith("hooks.PermissionRequest=")]
+    assert tomlkit.parse(f"x = {override.split('=', 1)[1]}")["x"][0]["hooks"][0]["timeout"] == 960

@@ -41,7 +41,15 @@ MACHINE_TOOLS = {
     "local_pc_pipe",
 }
 # The agent tools of a user token (dispatch_event is for agent tokens only).
-AGENT_TOOLS = {"list_agents", "get_agent_history", "dispatch_launch_agent", "dispatch_send_message", "message_status"}
+AGENT_TOOLS = {
+    "list_agents",
+    "get_agent_history",
+    "dispatch_launch_agent",
+    "dispatch_send_message",
+    "message_status",
+    "list_approvals",  # docs/agents.md "Approvals"
+    "answer_approval",
+}
 FORECAST_TOOL = "remote__weather-service__get_forecast"
 # "legacy": the initialize handshake (2025-11-25); "auto": server/discover, 2026-07-28.
 MODES = ["legacy", "auto"]
