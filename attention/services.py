@@ -208,6 +208,23 @@ def viewings_reap(*, now: datetime | None = None) -> int:
     return deleted
 
 
+NOTIFICATIONS_KEPT = timedelta(days=30)
+
+
+def notifications_prune(*, now: datetime | None = None) -> int:
+    """Delete notifications (and their deliveries) older than ``NOTIFICATIONS_KEPT`` that
+    nothing will send any more, and expired viewing rows; how many notifications."""
+    moment = now or timezone.now()
+    viewings_reap(now=moment)
+    open_ids = Delivery.objects.filter(status__in=[Delivery.Status.PENDING, Delivery.Status.SENDING]).values(
+        "notification_id"
+    )
+    _, per_model = (
+        Notification.objects.filter(created_at__lt=moment - NOTIFICATIONS_KEPT).exclude(pk__in=open_ids).delete()
+    )
+    return per_model.get(Notification._meta.label, 0)
+
+
 # --- notifications ------------------------------------------------------------------------
 
 

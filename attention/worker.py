@@ -63,17 +63,21 @@ def deliver(delivery: Delivery) -> Delivery:
 
 def deliver_due_once() -> int:
     """One pass: claim up to ``BATCH`` due deliveries, send and record each; how many were
-    claimed. Also drops expired viewing heartbeats."""
-    services.viewings_reap()
+    claimed."""
     claimed = services.deliveries_claim(limit=BATCH)
     for delivery in claimed:
         deliver(delivery)
     return len(claimed)
 
 
-def _pass_on_own_connection() -> int:
+PRUNE_EVERY = 600.0  # seconds between two prunes of old notifications and expired heartbeats
+
+
+def _pass_on_own_connection(prune: bool) -> int:
     close_old_connections()
     try:
+        if prune:
+            services.notifications_prune()
         return deliver_due_once()
     finally:
         close_old_connections()
@@ -81,13 +85,18 @@ def _pass_on_own_connection() -> int:
 
 async def notification_delivery_loop() -> None:
     """Deliver due notifications every ``DISPATCH_NOTIFY_POLL_INTERVAL`` seconds (at once
-    again after a full batch); after a failure it backs off and logs once per change of
-    state (``LoopHealth``)."""
+    again after a full batch), and prune old ones every ``PRUNE_EVERY``; after a failure
+    it backs off and logs once per change of state (``LoopHealth``)."""
     health = LoopHealth("notification delivery", base=settings.NOTIFY_POLL_INTERVAL, log=logger)
     run_pass = sync_to_async(_pass_on_own_connection, thread_sensitive=False)
+    loop = asyncio.get_running_loop()
+    pruned_at = -PRUNE_EVERY
     while True:
+        prune = loop.time() - pruned_at >= PRUNE_EVERY
         try:
-            claimed = await run_pass()
+            claimed = await run_pass(prune)
+            if prune:
+                pruned_at = loop.time()
         except Exception as exc:
             await health.pause(exc)
             continue

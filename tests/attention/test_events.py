@@ -171,3 +171,16 @@ def test_two_workers_never_claim_one_delivery(owner: Any, with_apprise: None) ->
     assert len(first) == 1 and second == []
     # A worker that died mid-send: its claim lapses and another takes the delivery.
     assert len(services.deliveries_claim(now=timezone.now() + services.CLAIM_LEASE + timedelta(seconds=1))) == 1
+
+
+def test_old_finished_notifications_are_pruned_but_not_ones_still_being_sent(owner: Any, with_apprise: None) -> None:
+    old = timezone.now() - timedelta(days=31)
+    done = services.notify(user=owner, kind="finished", title="t", body="", url="http://x/", dedupe_key="a", at=old)
+    open_one = services.notify(user=owner, kind="failed", title="t", body="", url="http://x/", dedupe_key="b", at=old)
+    fresh = services.notify(user=owner, kind="failed", title="t", body="", url="http://x/", dedupe_key="c")
+    assert done is not None and open_one is not None and fresh is not None
+    Delivery.objects.filter(notification=done).update(status=Delivery.Status.SENT)
+    AgentViewing.objects.create(user=owner, client_id="tab-old-0001", agent_id="agt_x", expires_at=old)
+    assert services.notifications_prune() == 1
+    assert set(Notification.objects.values_list("pk", flat=True)) == {open_one.pk, fresh.pk}
+    assert not AgentViewing.objects.exists()
