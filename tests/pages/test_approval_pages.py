@@ -13,6 +13,7 @@ from django.test import Client
 
 from agents import approvals, services
 from agents.models import Agent, AgentEvent, Approval, ApprovalRule
+from tests.peers.conftest import make_peer  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.django_db
 
@@ -207,3 +208,21 @@ def test_rules_are_added_and_deleted_from_the_approvals_page(owner, outsider, ag
     assert list(ApprovalRule.objects.values_list("owner__username", flat=True)) == ["alice"]
     client.post(f"/approvals/rules/{rule.pk}/delete")
     assert not ApprovalRule.objects.exists()
+
+
+def test_a_shadow_waiting_for_approval_points_to_the_approvals_page(owner, make_peer):  # noqa: F811 - the fixture
+    link = make_peer(owner, label="Cloud")
+    shadow = Agent.objects.create(
+        owner=owner,
+        name="remote",
+        type="claude",
+        status="running",
+        cwd="/srv/repo",
+        peer=link.peer,
+        peer_agent_id="agt_0123456789ab",
+        latest_event_type="blocked",
+        latest_event_message="approval requested: Bash `ls`",
+    )
+    html = login(owner).get(f"/agents/{shadow.pk}/").content.decode()
+    assert 'id="shadow-approval"' in html and "waiting for approval on Cloud" in html
+    assert 'href="/approvals/"' in html
