@@ -94,6 +94,12 @@ def _query(request: Request, name: str) -> str | None:
     return value if value else None
 
 
+def _limit(maximum: int) -> OpenApiParameter:
+    """The ``limit`` query parameter of a page, as ``selectors.page_limit`` reads it (1 to
+    ``maximum``)."""
+    return OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": maximum})
+
+
 class AgentListView(DispatchAPIView):
     """``GET /api/v1/agents`` (filters ``status``, ``type``; 100 per page; ``before`` cursor)
     and ``POST /api/v1/agents`` (launch)."""
@@ -293,7 +299,7 @@ class AgentMessagesView(DispatchAPIView):
 
     @extend_schema(
         operation_id="v1_agents_messages_list",
-        parameters=[OpenApiParameter("limit", int), OpenApiParameter("before", str)],
+        parameters=[_limit(selectors.MESSAGES_MAX_LIMIT), OpenApiParameter("before", str)],
         responses={
             200: inline_serializer(
                 "AgentMessageList",
@@ -347,7 +353,7 @@ class AgentEventsView(DispatchAPIView):
 
     @extend_schema(
         operation_id="v1_agents_events_list",
-        parameters=[OpenApiParameter("limit", int), OpenApiParameter("before", str)],
+        parameters=[_limit(selectors.EVENTS_MAX_LIMIT), OpenApiParameter("before", str)],
         responses={
             200: inline_serializer(
                 "AgentEventList",

@@ -202,7 +202,16 @@ class ViewingView(DispatchAPIView):
 
     @extend_schema(
         request=ViewingSerializer,
-        responses={200: inline_serializer("Viewing", {"agent_id": serializers.CharField(allow_null=True)})},
+        responses={
+            200: inline_serializer(
+                "ViewingAnswer",  # not "Viewing": that is the request's component (ViewingSerializer)
+                {
+                    "agent_id": serializers.CharField(allow_null=True),
+                    "expires_at": serializers.DateTimeField(allow_null=True),
+                    "renew_after": serializers.FloatField(help_text="seconds"),
+                },
+            )
+        },
     )
     def post(self, request: Request) -> Response:
         user = authenticated_user(request)

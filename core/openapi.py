@@ -276,8 +276,9 @@ WIRE_VALUE_SCHEMA: dict[str, Any] = {
 
 
 def _open_objects(schema: Any) -> Iterator[dict[str, Any]]:
-    """Every object schema within ``schema`` that lets any member in beside the ones it
-    names (``additionalProperties`` absent, ``true`` or ``{}``)."""
+    """Every object schema (``type`` object) within ``schema`` that lets any member in
+    beside the ones it names (``additionalProperties`` absent, ``true`` or ``{}``); the
+    subschemas of ``if``/``then``/``not`` say no type and are left as they are."""
     if isinstance(schema, list):
         for item in schema:
             yield from _open_objects(item)
@@ -285,7 +286,7 @@ def _open_objects(schema: Any) -> Iterator[dict[str, Any]]:
     if not isinstance(schema, dict):
         return
     kinds = schema.get("type")
-    if kinds == "object" or (isinstance(kinds, list) and "object" in kinds) or "properties" in schema:
+    if kinds == "object" or (isinstance(kinds, list) and "object" in kinds):
         if schema.get("additionalProperties", True) in (True, {}):
             yield schema
     for value in schema.values():

@@ -11,10 +11,12 @@ of the DRF views, project-wide:
 
 from __future__ import annotations
 
+import zoneinfo
 from typing import Any
 
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.extensions import OpenApiAuthenticationExtension, OpenApiSerializerExtension
 from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
+from drf_spectacular.plumbing import get_class
 from rest_framework import serializers
 
 from core.openapi import served_routes
@@ -34,7 +36,7 @@ class AutoSchema(SpectacularAutoSchema):
     ``pattern: \\S`` (a character that is not whitespace). drf-spectacular leaves both out
     when request and response share a component; a response may well carry ``""``, so
     only the request direction gets them. A request's date-time says which RFC 3339
-    spellings DRF reads (``DATE_TIME_PATTERN``)."""
+    spellings DRF reads (``DATE_TIME_PATTERN``); a DELETE with a declared body has it."""
 
     def _get_serializer_field_meta(self, field: Any, direction: str) -> dict[str, Any]:
         meta: dict[str, Any] = super()._get_serializer_field_meta(field, direction)
@@ -51,6 +53,97 @@ class AutoSchema(SpectacularAutoSchema):
         if direction == "request" and isinstance(field, serializers.DateTimeField) and not field.read_only:
             meta["pattern"] = DATE_TIME_PATTERN
         return meta
+
+    def _declared_request(self) -> Any:
+        """The request serializer ``extend_schema(request=...)`` names, else ``None`` (not
+        drf-spectacular's guess from the view, which a DELETE never had)."""
+        guess = SpectacularAutoSchema.get_request_serializer
+        if type(self).get_request_serializer is guess:
+            return None
+        self._get_serializer = lambda: None  # type: ignore[method-assign]  # no guess, just the override
+        try:
+            return self.get_request_serializer()
+        finally:
+            del self._get_serializer
+
+    def _get_request_body(self, direction: str = "request") -> Any:
+        # drf-spectacular documents a body for POST, PUT and PATCH only; a DELETE that reads
+        # one says so with extend_schema(request=...) and gets it documented too.
+        if self.method == "DELETE" and self._declared_request() is not None:
+            self.method = "POST"
+            try:
+                return super()._get_request_body(direction)
+            finally:
+                self.method = "DELETE"
+        return super()._get_request_body(direction)
+
+
+# What a DRF request serializer (or the service its view calls) refuses beyond its fields'
+# types, said in its request schema: serializer → extra keywords of each property
+# ("properties") and of the whole object. Each names the rule it states.
+_HOUR_MINUTE = {"pattern": "^([01][0-9]|2[0-3]):[0-5][0-9]$"}  # TimeField(input_formats=["%H:%M"])
+REQUEST_RULES: dict[str, dict[str, Any]] = {
+    # agents.approvals.approval_answer: a message goes with deny only.
+    "agents.approval_api.ApprovalAnswerSerializer": {
+        "if": {"properties": {"decision": {"not": {"const": "deny"}}}},
+        "then": {"properties": {"message": {"pattern": r"^\s*$"}}},
+    },
+    # agents.approvals.approval_rule_create: a tool's name has no spaces or control characters.
+    "agents.approval_api.ApprovalRuleCreateSerializer": {
+        "properties": {"tool": {"pattern": r"^[^\s\x00-\x1f\x7f]+$"}},
+    },
+    # attention.services.push_subscription_save: an http(s) URL with a host; RFC 8291 keys
+    # (a 65-byte uncompressed P-256 point, a 16-byte secret) in base64url.
+    "attention.api.PushSubscriptionSerializer": {
+        "properties": {"endpoint": {"pattern": r"^[Hh][Tt][Tt][Pp][Ss]?://[A-Za-z0-9.-]+(:[0-9]{1,5})?([/?#].*)?$"}},
+    },
+    "attention.api.PushEndpointSerializer": {"properties": {"endpoint": {"minLength": 1}}},
+    "attention.api.PushKeysSerializer": {
+        "properties": {"p256dh": {"pattern": "^B[A-Za-z0-9_-]{86}$"}, "auth": {"pattern": "^[A-Za-z0-9_-]{22}$"}},
+    },
+    # attention.services._client_id: 8-64 letters, digits or '-', not dashes only.
+    "attention.api.ViewingSerializer": {
+        "properties": {"client_id": {"pattern": "^[A-Za-z0-9-]*[A-Za-z0-9][A-Za-z0-9-]*$", "minLength": 8}},
+    },
+    # attention.services.notification_settings_update: both times or neither, an IANA zone.
+    "attention.api.QuietHoursSerializer": {
+        "properties": {
+            "start": _HOUR_MINUTE,
+            "end": _HOUR_MINUTE,
+            "timezone": {"enum": sorted(zoneinfo.available_timezones())},
+        },
+        "if": {"properties": {"start": {"type": "null"}}},
+        "then": {"properties": {"end": {"type": "null"}}},
+        "else": {"properties": {"end": {"type": "string"}}},
+    },
+    "attention.api.SettingsUpdateSerializer": {"properties": {"apprise_urls": {"maxItems": 20}}},
+}
+
+
+def _dotted(serializer: Any) -> str:
+    cls = get_class(serializer)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+class RequestRules(OpenApiSerializerExtension):
+    """Adds ``REQUEST_RULES`` to the schemas of the serializers it names (a component a
+    request and a response share has them too: what the server answers keeps its own
+    rules)."""
+
+    target_class = "rest_framework.serializers.Serializer"
+    match_subclasses = True
+
+    @classmethod
+    def _matches(cls, target: Any) -> bool:
+        return _dotted(target) in REQUEST_RULES
+
+    def map_serializer(self, auto_schema: Any, direction: str) -> dict[str, Any]:
+        schema: dict[str, Any] = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        rules = REQUEST_RULES[_dotted(self.target)]
+        for name, extra in rules.get("properties", {}).items():
+            schema["properties"][name] = {**schema["properties"][name], **extra}
+        schema.update({key: value for key, value in rules.items() if key != "properties"})
+        return schema
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):

@@ -386,6 +386,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
+    # The API's bodies are JSON: a form has no booleans, numbers or null for the strict
+    # fields to read (DRF still parses one; it is not what the schema promises).
+    "PARSER_WHITELIST": ["core.http.WireJSONParser"],
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "core.openapi.add_documented_routes",

@@ -318,9 +318,10 @@ TARGET_MACHINES_SCHEMA = {
     "anyOf": [
         {
             "type": "array",
-            "items": {"type": "string", "minLength": 1},
+            "items": {"type": "string", "pattern": r"\S", "maxLength": MACHINE_NAME_MAX},
             "minItems": 1,
             "maxItems": TARGET_MACHINES_MAX,
+            "uniqueItems": True,
         },
         {"const": "*"},
         {"type": "null"},
@@ -342,11 +343,16 @@ class SessionOpBody(WireModel):
     is a UUID (``request_id_of``, canonical form).
     """
 
-    # stream: true is for EXECUTE_COMMAND only (machines.services.operations refuses it otherwise).
+    # What machines.services.operations refuses of a body its fields allow: stream: true
+    # other than for EXECUTE_COMMAND, target_machine beside target_machines.
     model_config = ConfigDict(
         json_schema_extra={
             "if": {"properties": {"stream": {"const": True}}, "required": ["stream"]},
             "then": {"properties": {"op": {"const": "EXECUTE_COMMAND"}}},
+            "not": {
+                "properties": {"target_machine": {"type": "string"}, "target_machines": {"not": {"type": "null"}}},
+                "required": ["target_machine", "target_machines"],
+            },
         }
     )
     absent_as_null = ("op",)

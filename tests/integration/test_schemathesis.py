@@ -21,7 +21,13 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings, strategies
 from schemathesis import GenerationMode
-from schemathesis.specs.openapi.checks import status_code_conformance
+from schemathesis.core.result import Ok
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    positive_data_acceptance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from tests.infra import Server, instance
 
@@ -32,6 +38,32 @@ MAX_EXAMPLES = int(
 )  # per operation: the whole run stays well under a minute
 NEVER_AVAILABLE = json.dumps({"never": {"argv": ["/nonexistent/dispatch-never-agent"], "kind": "shell"}})
 EXCLUDED = {("DELETE", "/api/v1/auth/tokens/{token_id}"), ("GET", "/api/v1/events")}
+
+
+def refused_for_what_exists(method: str, path: str, body: Any) -> bool:
+    """Whether a 400 to a request valid by the schema is one that depends on what exists on
+    the server, not on the request's shape, so that no schema can rule it out (each such
+    refusal named by its exact words; any other 400 to valid data still fails the run)."""
+    if not isinstance(body, dict):
+        return False
+    error = body.get("error")
+    if method == "POST" and path == "/api/v1/machines/device/token":
+        # A generated device_code names no pending authorization: RFC 8628 §3.5's answer.
+        return error == "invalid_grant"
+    if not isinstance(error, dict):
+        return False
+    message = str(error.get("message", ""))
+    if method == "POST" and path == "/api/v1/agents":
+        # The instance's only agent type is never available, so it has no default type.
+        return message.startswith("type is required: there is no default agent type here")
+    if method == "PUT" and path == "/api/v1/notifications/settings":
+        # Which Apprise URLs are supported is up to the plugins apprise has.
+        return message.startswith("Apprise URL #") and "Unsupported URL" in message
+    if method == "POST" and path == "/api/v1/notifications/push-subscriptions":
+        # A base64url point of the right length is still rarely on the P-256 curve.
+        return message.startswith("keys.p256dh is not a P-256 public key")
+    # A page cursor is the server's own `next`, opaque to the schema.
+    return method == "GET" and message == "invalid cursor"
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +82,18 @@ def _operations(server: Server, token: str) -> list[Any]:
     schema = schemathesis.openapi.from_dict(document.json())
     operations = []
     for result in schema.get_all_operations():
+        assert isinstance(result, Ok), result  # an operation schemathesis cannot read is a schema bug
         operation = result.ok()
         if (operation.method.upper(), operation.path) not in EXCLUDED:
             operations.append(operation)
     return operations
+
+
+def _json(content: bytes) -> Any:
+    try:
+        return json.loads(content)
+    except ValueError:
+        return None
 
 
 def test_generated_requests_get_no_5xx_and_only_documented_statuses(served: tuple[Server, str]) -> None:
@@ -62,7 +102,13 @@ def test_generated_requests_get_no_5xx_and_only_documented_statuses(served: tupl
     assert len(operations) > 20
     failures: list[str] = []
     headers = {"Authorization": f"Bearer {token}"}
-    checks = [schemathesis.checks.not_a_server_error, status_code_conformance]
+    checks = [
+        schemathesis.checks.not_a_server_error,
+        status_code_conformance,
+        content_type_conformance,
+        response_schema_conformance,
+        positive_data_acceptance,
+    ]
     seen: dict[int, int] = {}  # status -> answers
 
     for operation in operations:
@@ -79,7 +125,12 @@ def test_generated_requests_get_no_5xx_and_only_documented_statuses(served: tupl
         def run(case: Any) -> None:
             response = case.call(base_url=server.url, headers=headers, timeout=15)
             seen[response.status_code] = seen.get(response.status_code, 0) + 1
-            case.validate_response(response, checks=checks, headers=headers)
+            chosen = checks
+            if response.status_code == 400 and refused_for_what_exists(
+                case.operation.method.upper(), case.operation.path, _json(response.content)
+            ):
+                chosen = [check for check in checks if check is not positive_data_acceptance]
+            case.validate_response(response, checks=chosen, headers=headers)
             if response.status_code >= 400:  # every error under /api/ is JSON with an "error" member
                 assert response.headers.get("content-type", [""])[0].startswith("application/json"), response.text
                 assert "error" in json.loads(response.content), response.text
