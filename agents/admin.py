@@ -6,9 +6,10 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from agents import approvals
 from agents import services as agent_services
 from agents.lifecycle import agent_archive_any, agent_stop_any
-from agents.models import Agent, AgentEvent, AgentMessage, AgentToken, Run, SupervisorLease
+from agents.models import Agent, AgentEvent, AgentMessage, AgentToken, Approval, ApprovalRule, Run, SupervisorLease
 from agents.tokens import agent_tokens_revoke
 from core.admin import ReadOnlyAdmin
 from core.errors import DispatchError
@@ -121,3 +122,58 @@ class AgentTokenAdmin(ReadOnlyAdmin):
 @admin.register(SupervisorLease)
 class SupervisorLeaseAdmin(ReadOnlyAdmin):
     list_display = [field.name for field in SupervisorLease._meta.fields]
+
+
+@admin.register(Approval)
+class ApprovalAdmin(ReadOnlyAdmin):
+    """Every permission request and its answer (docs/agents.md "Approvals"): a record, never
+    edited or deleted here; the actions answer through ``agents.approvals``."""
+
+    list_display = ["id", "agent", "tool_name", "short_summary", "status", "decision", "answered_by", "asked_at"]
+    list_filter = ["status", "decision", "hook_event", "asked_at"]
+    search_fields = ["=id", "agent__id", "agent__name", "agent__owner__username", "tool_name", "tool_summary"]
+    list_select_related = ["agent"]
+    actions = ["deny", "expire_overdue"]
+
+    def has_delete_permission(self, request: HttpRequest, obj: Approval | None = None) -> bool:
+        return False
+
+    @admin.display(description="request")
+    def short_summary(self, obj: Approval) -> str:
+        return obj.tool_summary if len(obj.tool_summary) <= 80 else obj.tool_summary[:79] + "…"
+
+    @admin.action(description="Deny the selected pending approvals of your own agents (recorded as yours)")
+    def deny(self, request: HttpRequest, queryset: QuerySet[Approval]) -> None:
+        denied, refused = 0, []
+        for approval in queryset.filter(status=Approval.Status.PENDING):
+            try:
+                approvals.approval_answer(approval_id=approval.pk, decision="deny", user=request.user)  # type: ignore[arg-type]
+                denied += 1
+            except DispatchError as exc:
+                refused.append(f"{approval.pk}: {exc.message}")
+        self.message_user(request, f"Denied {denied} approval(s).", messages.SUCCESS)
+        if refused:
+            self.message_user(request, "Not denied: " + "; ".join(refused), messages.WARNING)
+
+    @admin.action(description="Expire overdue pending approvals now (each gets its agent's default)")
+    def expire_overdue(self, request: HttpRequest, queryset: QuerySet[Approval]) -> None:
+        expired = approvals.approvals_expire_due()
+        self.message_user(request, f"Expired {len(expired)} approval(s).", messages.SUCCESS)
+
+
+@admin.register(ApprovalRule)
+class ApprovalRuleAdmin(ReadOnlyAdmin):
+    """Policy rules (docs/agents.md "Approvals"); made by their owners (REST, pages, "Always
+    allow this rule"), deleted here through ``approvals.approval_rule_delete``."""
+
+    list_display = ["id", "owner", "agent", "tool", "pattern", "action", "created_at", "created_by_approval"]
+    list_filter = ["action", "created_at"]
+    search_fields = ["owner__username", "agent__id", "agent__name", "tool", "pattern"]
+    list_select_related = ["owner", "agent"]
+
+    def delete_model(self, request: HttpRequest, obj: ApprovalRule) -> None:
+        approvals.approval_rule_delete(user=obj.owner, rule_id=obj.pk)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ApprovalRule]) -> None:
+        for rule in queryset.select_related("owner"):
+            approvals.approval_rule_delete(user=rule.owner, rule_id=rule.pk)

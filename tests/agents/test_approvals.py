@@ -309,3 +309,35 @@ def test_approvals_for_lists_the_users_pending_ones_only(
     assert [a.pk for a in approvals.approvals_for(user=owner, exclude_agent=cli_agent)] == []
     with pytest.raises(InvalidRequest):
         approvals.approvals_for(user=owner, status="bogus")
+
+
+# --- admin ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", ["approval", "approvalrule"])
+def test_the_admin_lists_approvals_and_rules(admin_client: Any, owner: Any, cli_agent: Agent, model: str) -> None:
+    approvals.approval_rule_create(user=owner, tool="Read", pattern="/srv/visible-*", action="allow")
+    ask(cli_agent, "echo visible-request")
+    response = admin_client.get(f"/admin/agents/{model}/")
+    assert response.status_code == 200
+    assert "visible-" in response.content.decode()
+
+
+def test_the_admin_denies_its_own_agents_approvals_through_the_service(
+    admin_client: Any, admin_user: Any, owner: Any, make_agent: Callable[..., Agent]
+) -> None:
+    theirs = ask(make_agent(owner, type="claude", name="theirs"))
+    mine = ask(make_agent(admin_user, type="claude", name="mine"))
+    selected = [mine.pk, theirs.pk]
+    admin_client.post("/admin/agents/approval/", {"action": "deny", "_selected_action": selected})
+    assert Approval.objects.get(pk=mine.pk).answered_by_user_id == admin_user.pk
+    assert Approval.objects.get(pk=theirs.pk).status == "pending"  # not the admin's to answer
+    assert AgentEvent.objects.filter(metadata__approval_id=mine.pk, type="working").exists()
+
+
+def test_deleting_a_rule_in_the_admin_goes_through_the_service(admin_client: Any, owner: Any) -> None:
+    rule = approvals.approval_rule_create(user=owner, tool="Read", action="allow")
+    admin_client.post(
+        "/admin/agents/approvalrule/", {"action": "delete_selected", "_selected_action": [rule.pk], "post": "yes"}
+    )
+    assert not ApprovalRule.objects.exists()
