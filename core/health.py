@@ -14,6 +14,7 @@ seconds anyway) and commits, so a full disk or a read-only database shows as
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,10 @@ from core.presence import current_process_id
 
 CHECK_SECONDS_MAX = 2.5
 """Longest a check may take: both run at once, so ``/healthz`` answers within 3 s."""
+_DATABASE_CHECKS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="healthz")
+"""Threads of the database check: one stuck on a frozen database (a query has no client-side
+deadline) keeps its thread until the server answers, so they are kept apart from the loop's
+default executor, which other work needs meanwhile."""
 
 
 def check_seconds() -> float:
@@ -108,7 +113,8 @@ async def health_check() -> Health:
     health = Health()
 
     async def database() -> None:
-        reachable, writable, why = await sync_to_async(_database_check, thread_sensitive=False)()
+        check = sync_to_async(_database_check, thread_sensitive=False, executor=_DATABASE_CHECKS)
+        reachable, writable, why = await check()
         health.database, health.database_writable = reachable, writable
         if why:
             health.errors["database"] = why
