@@ -131,3 +131,28 @@ def test_a_stopped_agent_is_409(owner_token, private_tmux, cat_agent):
     response = Api(owner_token).post(f"/api/v1/agents/{cat_agent.pk}/keys", {"keys": ["Down"]})
     assert response.status_code == 409
     assert "stopped" in error_of(response)["message"]
+
+
+def test_a_shadow_or_expert_agent_is_refused_saying_why(owner, owner_token, make_agent):
+    from peers.models import Peer
+
+    expert = make_agent(owner, type="expert", name="thinker")
+    link = Peer.objects.create(
+        owner=owner,
+        instance_id="inst_0123456789ab",
+        label="Cloud",
+        url="http://127.0.0.1:9",
+        public_key="k",
+        fingerprint="f",
+        inbound_digest="d" * 64,
+        inbound_prefix="d",
+        outbound_token_encrypted="x",
+    )
+    shadow = Agent.objects.create(
+        owner=owner, name="remote", type="claude", status="running", cwd="/srv", peer=link, peer_agent_id="agt_x"
+    )
+    api = Api(owner_token)
+    refused = api.post(f"/api/v1/agents/{shadow.pk}/keys", {"keys": ["Enter"]})
+    assert refused.status_code == 400 and "linked instance" in error_of(refused)["message"]
+    refused = api.post(f"/api/v1/agents/{expert.pk}/keys", {"keys": ["Enter"]})
+    assert refused.status_code == 400 and "no pane" in error_of(refused)["message"]
