@@ -16,7 +16,7 @@ from datetime import time
 from typing import Any
 
 from django.conf import settings
-from drf_spectacular.utils import extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -249,7 +249,12 @@ class NotificationListView(DispatchAPIView):
     100), newest first, each ``{id, kind, title, body, url, agent_id, approval_id, status,
     suppressed_reason, created_at, deliveries: [{channel, status, attempts, last_error}]}``."""
 
-    @extend_schema(responses={200: inline_serializer("NotificationList", {"results": serializers.ListField()})})
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("limit", int, required=False, description="how many, 1 to 100 (default 20)"),
+        ],
+        responses={200: inline_serializer("NotificationList", {"results": serializers.ListField()})},
+    )
     def get(self, request: Request) -> Response:
         user = authenticated_user(request)
         raw = request.query_params.get("limit", "20")

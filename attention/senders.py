@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from io import StringIO
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -31,6 +34,19 @@ class SubscriptionGone(DeliveryFailed):
     """The push service answered 404 or 410: the subscription expired (RFC 8030 §7.3)."""
 
 
+@contextmanager
+def _apprise_log_kept() -> Iterator[StringIO]:
+    """Apprise's log lines of the block (WARNING and up), kept out of the server's log:
+    a refusal is the user's answer, a failed send the worker logs itself with the reason."""
+    logger = logging.getLogger("apprise")
+    propagate, logger.propagate = logger.propagate, False
+    try:
+        with apprise.LogCapture(level=logging.WARNING, fmt=_APPRISE_LOG) as captured:
+            yield captured
+    finally:
+        logger.propagate = propagate
+
+
 def _apprise_reasons(log: str) -> str:
     lines = [line.strip() for line in log.splitlines() if line.strip()]
     return "; ".join(lines[-3:])
@@ -41,8 +57,13 @@ def apprise_url_check(url: str) -> None:
     own reason, e.g. "An invalid Slack (second) Token (None) was specified."). Nothing is sent."""
     if not isinstance(url, str) or not url.strip():
         raise InvalidRequest("an Apprise URL must be non-empty text")
-    with apprise.LogCapture(level=logging.WARNING, fmt=_APPRISE_LOG) as captured:
-        loaded = apprise.Apprise.instantiate(url.strip())
+    if "\x00" in url or len(url) > 2000:
+        raise InvalidRequest("an Apprise URL must be at most 2000 characters, without NUL")
+    with _apprise_log_kept() as captured:
+        try:
+            loaded = apprise.Apprise.instantiate(url.strip())
+        except Exception as exc:  # a plugin choking on odd input refuses it like apprise would
+            raise InvalidRequest(f"Apprise URL refused: {exc}", {"reason": str(exc)}) from None
     if loaded is None:
         reason = _apprise_reasons(captured.getvalue()) or "apprise does not know this URL"
         raise InvalidRequest(f"Apprise URL refused: {reason}", {"reason": reason})
@@ -72,7 +93,7 @@ def apprise_send(*, url: str, title: str, body: str, link: str) -> None:
     service shows where to answer) to the Apprise ``url``. Raises ``DeliveryFailed``
     with apprise's reason."""
     notifier = apprise.Apprise()
-    with apprise.LogCapture(level=logging.WARNING, fmt=_APPRISE_LOG) as captured:
+    with _apprise_log_kept() as captured:
         if not notifier.add(url):
             raise DeliveryFailed(_apprise_reasons(captured.getvalue()) or "apprise could not load the URL")
         sent = notifier.notify(title=title, body=f"{body}\n\n{link}" if body else link)

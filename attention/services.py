@@ -146,10 +146,14 @@ def push_subscription_save(
     bytes and a 16-byte auth secret, base64url). The same endpoint saved again (a new
     login on that browser) is updated and moves to ``user``. ``InvalidRequest`` for an
     endpoint that is not an http(s) URL or keys of the wrong shape."""
-    if not isinstance(endpoint, str) or len(endpoint) > 2048:
+    if not isinstance(endpoint, str) or len(endpoint) > 2048 or "\x00" in endpoint:
         raise InvalidRequest("endpoint must be the push service's URL")
-    parts = urlsplit(endpoint)
-    if parts.scheme not in ("https", "http") or not parts.hostname:
+    try:
+        parts = urlsplit(endpoint)
+        hostname = parts.hostname
+    except ValueError:
+        raise InvalidRequest("endpoint must be an http(s) URL") from None
+    if parts.scheme not in ("https", "http") or not hostname:
         raise InvalidRequest("endpoint must be an http(s) URL")
     point = _b64url(p256dh, "keys.p256dh")
     try:
