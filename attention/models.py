@@ -167,7 +167,8 @@ class Delivery(models.Model):
     ``status``: ``pending`` (due at ``next_attempt_at``), ``sending`` (claimed by a worker
     until ``claimed_until``; an expired claim is taken again), ``sent``, ``failed`` (gave
     up after ``DISPATCH_NOTIFY_MAX_ATTEMPTS``; ``last_error`` says why), ``gone`` (the push
-    subscription expired and was deleted).
+    subscription expired and was deleted), ``obsolete`` (not sent: the approval it announced
+    was answered before it went out).
     """
 
     class Channel(models.TextChoices):
@@ -180,6 +181,7 @@ class Delivery(models.Model):
         SENT = "sent"
         FAILED = "failed"
         GONE = "gone"
+        OBSOLETE = "obsolete"
 
     notification = models.ForeignKey(Notification, on_delete=models.CASCADE, related_name="deliveries")
     channel = models.CharField(max_length=10, choices=Channel.choices)

@@ -26,6 +26,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from agents.models import Approval
 from agents.selectors import agent_get_for
 from agents.services import publish_on_commit
 from attention.models import AgentViewing, Delivery, Notification, NotificationSettings, PushSubscription
@@ -365,16 +366,19 @@ def retry_delay(attempts: int) -> timedelta:
 
 @transaction.atomic
 def delivery_record(
-    *, delivery: Delivery, error: str = "", gone: bool = False, now: datetime | None = None
+    *, delivery: Delivery, error: str = "", gone: bool = False, obsolete: bool = False, now: datetime | None = None
 ) -> Delivery:
     """Record the outcome of one claimed send: success (no ``error``), a failure
     (``error``: retried after ``retry_delay`` until ``DISPATCH_NOTIFY_MAX_ATTEMPTS``, then
-    ``failed``), or an expired push subscription (``gone``: the subscription is deleted).
+    ``failed``), an expired push subscription (``gone``: the subscription is deleted), or a
+    send that is no longer wanted (``obsolete``: the approval was answered meanwhile).
     The notification's status follows: ``sent`` once any target got it, ``failed`` when
     none can any more. Returns the delivery as stored."""
     moment = now or timezone.now()
     fields: dict[str, Any] = {"claimed_until": None}
-    if gone:
+    if obsolete:
+        fields.update(status=Delivery.Status.OBSOLETE, last_error=error[:2000])
+    elif gone:
         fields.update(status=Delivery.Status.GONE, last_error=error[:2000])
         if delivery.subscription_id is not None:
             PushSubscription.objects.filter(pk=delivery.subscription_id).delete()
@@ -394,12 +398,23 @@ def delivery_record(
     statuses = set(Delivery.objects.filter(notification_id=delivery.notification_id).values_list("status", flat=True))
     if Delivery.Status.SENT in statuses:
         outcome = Notification.Status.SENT
-    elif statuses <= {Delivery.Status.FAILED, Delivery.Status.GONE}:
+    elif statuses <= {Delivery.Status.OBSOLETE}:
+        outcome = Notification.Status.SUPPRESSED
+    elif statuses <= {Delivery.Status.FAILED, Delivery.Status.GONE, Delivery.Status.OBSOLETE}:
         outcome = Notification.Status.FAILED
     else:
         outcome = Notification.Status.PENDING
-    Notification.objects.filter(pk=delivery.notification_id).update(status=outcome)
+    changes: dict[str, Any] = {"status": outcome}
+    if outcome == Notification.Status.SUPPRESSED:
+        changes["suppressed_reason"] = "answered"
+    Notification.objects.filter(pk=delivery.notification_id).update(**changes)
     return delivery
+
+
+def approval_still_waiting(approval_id: str) -> bool:
+    """Whether the approval ``approval_id`` is still pending (a notification about one that
+    was answered meanwhile is not sent any more)."""
+    return Approval.objects.filter(pk=approval_id, status=Approval.Status.PENDING).exists()
 
 
 def delivery_target(delivery: Delivery) -> str:

@@ -30,8 +30,11 @@ BATCH = 20  # deliveries claimed per pass
 
 def deliver(delivery: Delivery) -> Delivery:
     """Send one claimed delivery and record its outcome (never raises for a failed send:
-    the failure is the delivery's ``last_error``)."""
+    the failure is the delivery's ``last_error``). A notification of an approval answered
+    meanwhile is not sent (``obsolete``): it would call a person to nothing."""
     notification = delivery.notification
+    if notification.approval_id and not services.approval_still_waiting(notification.approval_id):
+        return services.delivery_record(delivery=delivery, error="the approval was answered meanwhile", obsolete=True)
     try:
         if delivery.channel == Delivery.Channel.APPRISE:
             apprise_send(

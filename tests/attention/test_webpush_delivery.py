@@ -19,8 +19,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from agents import approvals
 from agents.models import Agent
-from attention import receivers, services
+from attention import services
 from attention.models import Delivery, Notification, PushSubscription
 from attention.vapid import vapid_public_key
 from attention.worker import deliver_due_once
@@ -73,28 +74,24 @@ def subscribe(owner: Any, receiver: Receiver, browser: Browser, path: str = "/pu
     )
 
 
-def approval_waiting(agent: Agent) -> Any:
-    """An approval as agents.approvals hands it to the ``approval_requested`` receivers."""
-
-    class Pending:
-        pk = "apr_0123456789ab"
-        status = "pending"
-        tool_name = "Bash"
-        tool_summary = "rm -rf build && make test"
-
-    Pending.agent = agent  # type: ignore[attr-defined]
-    return Pending()
+def approval_waiting(agent: Agent, capture: Any) -> Any:
+    """The agent's CLI asks to run a command (its PermissionRequest hook's service); the
+    ``approval_requested`` receivers run on commit."""
+    with capture(execute=True):
+        return approvals.approval_request(
+            agent=agent, tool_name="Bash", tool_input={"command": "rm -rf build && make test"}
+        )
 
 
 def test_a_push_is_encrypted_for_the_subscription_and_signed_with_the_instances_vapid_key(
-    owner: Any, cli_agent: Agent, receiver: Receiver, settings: Any
+    owner: Any, cli_agent: Agent, receiver: Receiver, settings: Any, django_capture_on_commit_callbacks: Any
 ) -> None:
     settings.PUBLIC_URL = "https://dispatch.example.org"
     settings.VAPID_SUBJECT = "mailto:admin@example.org"
     browser = Browser()
     subscribe(owner, receiver, browser)
 
-    receivers.on_approval_requested(sender=None, approval=approval_waiting(cli_agent))
+    approval = approval_waiting(cli_agent, django_capture_on_commit_callbacks)
     assert deliver_due_once() == 1
     request = receiver.wait()
 
@@ -109,7 +106,7 @@ def test_a_push_is_encrypted_for_the_subscription_and_signed_with_the_instances_
         "kind": "approval",
         "title": "builder asks to use Bash",
         "body": "Bash: rm -rf build && make test",
-        "url": "https://dispatch.example.org/approvals/apr_0123456789ab/",
+        "url": f"https://dispatch.example.org/approvals/{approval.pk}/",
         "agent_id": cli_agent.pk,
     }
 
@@ -138,10 +135,12 @@ def test_a_push_is_encrypted_for_the_subscription_and_signed_with_the_instances_
 
 
 @pytest.mark.parametrize("answer", [404, 410])
-def test_an_expired_subscription_is_deleted(owner: Any, cli_agent: Agent, receiver: Receiver, answer: int) -> None:
+def test_an_expired_subscription_is_deleted(
+    owner: Any, cli_agent: Agent, receiver: Receiver, answer: int, django_capture_on_commit_callbacks: Any
+) -> None:
     receiver.status = answer
     subscribe(owner, receiver, Browser())
-    receivers.on_approval_requested(sender=None, approval=approval_waiting(cli_agent))
+    approval_waiting(cli_agent, django_capture_on_commit_callbacks)
     assert deliver_due_once() == 1
     assert PushSubscription.objects.count() == 0
     delivery = Delivery.objects.get()
@@ -164,3 +163,16 @@ def test_the_vapid_key_is_made_once_with_mode_0600_and_kept(settings: Any, tmp_p
         assert len(unb64url(first)) == 65 and unb64url(first)[0] == 4
     finally:
         vapid.vapid_key.cache_clear()
+
+
+def test_an_approval_answered_before_its_push_went_out_is_not_pushed(
+    owner: Any, cli_agent: Agent, receiver: Receiver, django_capture_on_commit_callbacks: Any
+) -> None:
+    subscribe(owner, receiver, Browser())
+    approval = approval_waiting(cli_agent, django_capture_on_commit_callbacks)
+    approvals.approval_answer(approval_id=approval.pk, decision="allow_once", user=owner)
+    assert deliver_due_once() == 1
+    assert receiver.requests == []
+    assert Delivery.objects.get().status == Delivery.Status.OBSOLETE
+    notification = Notification.objects.get()
+    assert (notification.status, notification.suppressed_reason) == ("suppressed", "answered")
