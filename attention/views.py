@@ -128,18 +128,30 @@ def web_manifest(request: HttpRequest) -> HttpResponse:
     """``GET /manifest.webmanifest``: the web app manifest (W3C Web Application Manifest),
     ``application/manifest+json``; ``display: standalone`` makes an installed Dispatch a
     web app, which iOS (16.4+) requires for Web Push."""
-    icon = static("favicon.svg")
+    # The PNGs are static/favicon.svg rendered full-bleed at 192 and 512 px (Chromium):
+    # home screens (Android, iOS) want bitmaps and mask them to their own shape.
     manifest = {
         "name": "Dispatch",
         "short_name": "Dispatch",
         "start_url": "/",
         "scope": "/",
         "display": "standalone",
-        "background_color": "#ffffff",
-        "theme_color": "#1f2937",
+        "background_color": "#111827",
+        "theme_color": "#111827",
         "icons": [
-            {"src": icon, "sizes": "any", "type": "image/svg+xml", "purpose": "any"},
-            {"src": icon, "sizes": "any", "type": "image/svg+xml", "purpose": "maskable"},
+            {"src": static("favicon.svg"), "sizes": "any", "type": "image/svg+xml", "purpose": "any"},
+            {
+                "src": static("icons/dispatch-192.png"),
+                "sizes": "192x192",
+                "type": "image/png",
+                "purpose": "any maskable",
+            },
+            {
+                "src": static("icons/dispatch-512.png"),
+                "sizes": "512x512",
+                "type": "image/png",
+                "purpose": "any maskable",
+            },
         ],
     }
     response = HttpResponse(json.dumps(manifest, indent=2), content_type="application/manifest+json")

@@ -209,6 +209,9 @@ def test_the_service_worker_is_served_at_the_root_scope_and_the_manifest_makes_t
     body = json.loads(manifest.content)
     assert body["display"] == "standalone" and body["start_url"] == "/"
     assert body["icons"][0]["src"].endswith("favicon.svg")
+    assert {icon["sizes"] for icon in body["icons"]} >= {"192x192", "512x512"}  # what Android and iOS install
+    for icon in body["icons"]:
+        assert client.get(icon["src"]).status_code == 200, icon
     client.force_login(owner)
     html = client.get("/").content.decode()
     assert '<link rel="manifest" href="/manifest.webmanifest">' in html
