@@ -204,7 +204,8 @@ def test_a_permission_prompt_is_blocked_and_no_message_is_pasted_over_it(
     fake_model.queue(call("Bash", {"command": "echo perm > p.txt", "description": "write p"}))
     agent = launch(claude, "claude-ask", run, "write p marker-c1")
 
-    blocked = agent.wait_event("blocked", "waiting for approval: Bash echo perm > p.txt")
+    # The PermissionRequest hook waits for the approval (docs/agents.md "Approvals").
+    blocked = agent.wait_event("blocked", "approval requested: Bash `echo perm > p.txt`")
     assert blocked["metadata"]["tool_input"]["command"] == "echo perm > p.txt"
     assert agent.row()["latest_event_type"] == "blocked"
     answer = agent.send("yes marker-c2")
