@@ -248,7 +248,15 @@ async def test_healthz_and_the_remotes_api_describe_a_live_server(
     health = live.server.get("/healthz")
     assert health.status_code == 200
     body = health.json()
-    assert body == {"status": "ok", "process_id": body["process_id"], "database": "ok", "channel_layer": "ok"}
+    assert body == {
+        "status": "ok",
+        "process_id": body["process_id"],
+        "database": "ok",
+        "database_writable": True,
+        "channel_layer": "ok",
+        "failing": [],
+        "errors": {},
+    }
     assert re.fullmatch(r"proc_[0-9a-f]{16}", body["process_id"])
     assert f"(process {body['process_id']}," in live.server.log()  # the serving process's own id
 
