@@ -49,7 +49,7 @@ def _apprise_log_kept() -> Iterator[StringIO]:
 
 def _apprise_reasons(log: str) -> str:
     lines = [line.strip() for line in log.splitlines() if line.strip()]
-    return "; ".join(lines[-3:])
+    return " ".join(line if line.endswith((".", "!", "?")) else line + "." for line in lines[-3:])
 
 
 def apprise_url_check(url: str) -> None:
