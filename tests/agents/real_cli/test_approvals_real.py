@@ -192,3 +192,84 @@ def test_nobody_answering_gives_the_default_deny_when_it_expires(
     assert not (run.workdir / "late.txt").exists()
     expired = agent.api("GET", f"/api/v1/approvals/{pending['id']}").json()
     assert (expired["status"], expired["decision"], expired["answered_by"]) == ("expired", "deny", "timeout")
+
+
+# --- codex: its PermissionRequest hook fires where it would ask for an escalation -----------------
+
+
+@pytest.fixture
+def codex(
+    fake_model: FakeModel,
+    run: Run,
+    dispatch_serve: Callable[[dict[str, Any]], Dispatch],  # noqa: F811 - the fixture imported above
+) -> Dispatch:
+    """Dispatch with the pinned codex (its default approval mode: it asks before a command
+    that needs to leave the sandbox) as ``codex`` and ``codex-quick`` (approvals expire
+    after ``QUICK_TIMEOUT`` seconds), its CODEX_HOME naming the fake model (FINDINGS.md 3a)."""
+    program = cli_or_skip("codex")
+    home = run.home / ".codex"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        'model = "gpt-fake"\nmodel_provider = "fake"\n\n[model_providers.fake]\nname = "fake"\n'
+        f'base_url = "{fake_model.url}/v1"\nwire_api = "responses"\nenv_key = "FAKE_MODEL_API_KEY"\n'
+    )
+    default = DEFAULT_AGENT_TYPES["codex"]
+    spec = {
+        **default,
+        "argv": [program, *default["argv"][1:]],
+        "full_access_argv": [program, *default["full_access_argv"][1:]],
+        "env": {"HOME": str(run.home), "CODEX_HOME": str(home), "FAKE_MODEL_API_KEY": "fake-key"},
+    }
+    return dispatch_serve({"codex": spec, "codex-quick": {**spec, "hooks": "codex", "approval_timeout": QUICK_TIMEOUT}})
+
+
+def escalated(command: str) -> Any:
+    """codex's shell tool asking to run ``command`` outside its sandbox: what makes it ask."""
+    return call(
+        "exec_command",
+        {"cmd": command, "sandbox_permissions": "require_escalated", "justification": "write outside the workspace"},
+    )
+
+
+def codex_output(fake_model: FakeModel) -> str:
+    """The newest function_call_output codex sent the model."""
+    body = [r for r in fake_model.received("/v1/responses") if r.agent_loop][-1].body
+    outputs = [item.get("output") for item in body.get("input", []) if item.get("type") == "function_call_output"]
+    assert outputs, "the model received no function_call_output"
+    return json.dumps(outputs[-1], ensure_ascii=False)
+
+
+def test_codex_waits_for_approval_and_runs_once_approved(codex: Dispatch, fake_model: FakeModel, run: Run) -> None:
+    target = run.home / "codex-approved.txt"
+    fake_model.queue(escalated(f"echo yes > {target}"), say("after-yes"))
+    agent = launch(codex, "codex", run, "write approved marker-q1")
+
+    pending = wait_pending(agent)
+    assert (pending["tool_name"], pending["tool_summary"]) == ("Bash", f"echo yes > {target}")
+    assert agent.row()["latest_event_type"] == "blocked"
+    answer(agent, pending["id"], "allow_once")
+    agent.wait_event("done", "turn finished")
+    assert target.read_text() == "yes\n"
+    agent.wait_event("working", f"approved once by admin: Bash `echo yes > {target}`")
+
+
+def test_codex_gets_the_deny_message(codex: Dispatch, fake_model: FakeModel, run: Run) -> None:
+    target = run.home / "codex-denied.txt"
+    fake_model.queue(escalated(f"echo no > {target}"), say("after-no"))
+    agent = launch(codex, "codex", run, "write denied marker-q2")
+
+    answer(agent, wait_pending(agent)["id"], "deny", "stay inside the workspace")
+    agent.wait_event("done", "turn finished")
+    assert "stay inside the workspace" in codex_output(fake_model)
+    assert not target.exists()
+
+
+def test_codex_nobody_answering_gives_the_default_deny(codex: Dispatch, fake_model: FakeModel, run: Run) -> None:
+    target = run.home / "codex-late.txt"
+    fake_model.queue(escalated(f"echo late > {target}"), say("after-expiry"))
+    agent = launch(codex, "codex-quick", run, "write late marker-q3")
+
+    wait_pending(agent)
+    agent.wait_event("done", "turn finished")
+    assert "Nobody answered the permission request in time" in codex_output(fake_model)
+    assert not target.exists()
