@@ -21,6 +21,7 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from agents.api import StrictBooleanField, StrictCharField
 from agents.tokens import agent_scope_forbid, calling_agent
 from attention import selectors, services
 from attention.models import NotificationSettings
@@ -31,41 +32,23 @@ from core.authentication import authenticated_user
 from core.errors import InvalidRequest, NotFound
 
 
-class StrictBoolean(serializers.BooleanField):
-    """JSON ``true``/``false`` only."""
-
-    def to_internal_value(self, data: Any) -> bool:
-        if not isinstance(data, bool):
-            self.fail("invalid", input=data)
-        return data
-
-
-class StrictText(serializers.CharField):
-    """Text only (no numbers turned into text)."""
-
-    def to_internal_value(self, data: Any) -> str:
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return str(super().to_internal_value(data))
-
-
 class EventsSerializer(serializers.Serializer):
-    approval = StrictBoolean(required=False)
-    finished = StrictBoolean(required=False)
-    failed = StrictBoolean(required=False)
+    approval = StrictBooleanField(required=False)
+    finished = StrictBooleanField(required=False)
+    failed = StrictBooleanField(required=False)
 
 
 class QuietHoursSerializer(serializers.Serializer):
     start = serializers.TimeField(allow_null=True, format="%H:%M", input_formats=["%H:%M"])
     end = serializers.TimeField(allow_null=True, format="%H:%M", input_formats=["%H:%M"])
-    timezone = StrictText(max_length=64, default="UTC")
-    approvals_break = StrictBoolean(required=False)
+    timezone = StrictCharField(max_length=64, default="UTC")
+    approvals_break = StrictBooleanField(required=False)
 
 
 class SettingsUpdateSerializer(serializers.Serializer):
     events = EventsSerializer(required=False)
     quiet_hours = QuietHoursSerializer(required=False)
-    apprise_urls = serializers.ListField(child=StrictText(max_length=2000, trim_whitespace=True), required=False)
+    apprise_urls = serializers.ListField(child=StrictCharField(max_length=2000, trim_whitespace=True), required=False)
 
 
 def _valid(serializer: serializers.Serializer) -> dict[str, Any]:
@@ -145,17 +128,17 @@ class NotificationSettingsView(DispatchAPIView):
 
 
 class PushKeysSerializer(serializers.Serializer):
-    p256dh = StrictText(max_length=200)
-    auth = StrictText(max_length=200)
+    p256dh = StrictCharField(max_length=200)
+    auth = StrictCharField(max_length=200)
 
 
 class PushSubscriptionSerializer(serializers.Serializer):
-    endpoint = StrictText(max_length=2048)
+    endpoint = StrictCharField(max_length=2048)
     keys = PushKeysSerializer()
 
 
 class PushEndpointSerializer(serializers.Serializer):
-    endpoint = StrictText(max_length=2048)
+    endpoint = StrictCharField(max_length=2048)
 
 
 class PushSubscriptionsView(DispatchAPIView):
@@ -190,8 +173,8 @@ class PushSubscriptionsView(DispatchAPIView):
 
 
 class ViewingSerializer(serializers.Serializer):
-    client_id = StrictText(max_length=64)
-    agent_id = StrictText(max_length=64, allow_null=True, allow_blank=True, required=False, default=None)
+    client_id = StrictCharField(max_length=64)
+    agent_id = StrictCharField(max_length=64, allow_null=True, allow_blank=True, required=False, default=None)
 
 
 class ViewingView(DispatchAPIView):
@@ -251,7 +234,12 @@ class NotificationListView(DispatchAPIView):
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("limit", int, required=False, description="how many, 1 to 100 (default 20)"),
+            OpenApiParameter(
+                "limit",
+                {"type": "integer", "minimum": 1, "maximum": 100},
+                required=False,
+                description="how many, 1 to 100 (default 20)",
+            ),
         ],
         responses={200: inline_serializer("NotificationList", {"results": serializers.ListField()})},
     )
