@@ -32,15 +32,25 @@ from collections.abc import Callable
 from typing import Any
 
 POLL_INTERVAL = 0.02  # seconds between two looks at a draining backlog
+MAX_WRAPPERS = 8  # middleware wrappers of ``send`` unwrapped to reach daphne's callable
 
 
 def transport_protocol(send: Callable[..., Any] | None) -> Any | None:
     """daphne's websocket protocol behind an ASGI ``send`` callable, or ``None`` under
-    another server."""
-    if isinstance(send, functools.partial) and send.args:
-        protocol = send.args[0]
-        if hasattr(protocol, "transport"):
-            return protocol
+    another server.
+
+    Middleware may stand between: Channels' ``SessionMiddleware`` (in
+    ``AuthMiddlewareStack``) hands the consumer its own bound ``send``, which forwards to
+    the server's callable kept as ``real_send``; such wrappers are unwrapped (a few deep).
+    """
+    for _ in range(MAX_WRAPPERS):
+        if isinstance(send, functools.partial):
+            protocol = send.args[0] if send.args else None
+            return protocol if hasattr(protocol, "transport") else None
+        inner = getattr(getattr(send, "__self__", None), "real_send", None)
+        if inner is None or inner is send:
+            return None
+        send = inner
     return None
 
 
@@ -80,7 +90,7 @@ class SendPressure:
         self.high_water = high_water
         self.hard_limit = max(hard_limit, high_water)
         self.grace = grace
-        self._over_hard_since: float | None = None
+        self.over_hard_since: float | None = None  # time.monotonic() it crossed the hard mark
 
     def has_room(self, size: int = 0) -> bool:
         """Whether the socket may be handed a new unit of work of ``size`` bytes: its
@@ -93,13 +103,13 @@ class SendPressure:
         """Check after a send: ``True`` once the backlog has stayed above the hard mark for
         longer than the grace (the caller closes with 1013)."""
         if self.backlog() <= self.hard_limit:
-            self._over_hard_since = None
+            self.over_hard_since = None
             return False
         now = time.monotonic()
-        if self._over_hard_since is None:
-            self._over_hard_since = now
+        if self.over_hard_since is None:
+            self.over_hard_since = now
             return False
-        return now - self._over_hard_since > self.grace
+        return now - self.over_hard_since > self.grace
 
     async def wait_for_room(self, timeout: float | None = None) -> None:
         """Wait until the backlog is below the high-water mark.
@@ -113,3 +123,30 @@ class SendPressure:
             # registered on it would hear, and that is the protocol's own business).
             while not self.has_room():  # noqa: ASYNC110
                 await asyncio.sleep(POLL_INTERVAL)
+
+
+def release_channel_buffer(layer: Any, channel_name: str, *, again_after: float | None = None) -> int:
+    """Drop what the channel layer holds in this process for a channel no one will read
+    again (a closed consumer's); return how many messages were dropped.
+
+    channels-redis moves every message for this process's channels from Redis into a
+    per-channel queue in memory (``receive_buffer``, up to the layer's capacity) and never
+    empties the queue of a channel whose reader is gone: calls still arriving for a closed
+    remote's session (1 MB each) stayed in the process until a restart. Messages already in
+    Redis may still arrive after the close, so with ``again_after`` (seconds: the layer's
+    ``expiry``, after which Redis has dropped them) the queue is dropped once more then.
+    Other layers have no such queue: nothing happens.
+    """
+    buffers = getattr(layer, "receive_buffer", None)
+    if not isinstance(buffers, dict):
+        return 0
+    if again_after is not None:
+        asyncio.get_running_loop().call_later(again_after, buffers.pop, channel_name, None)
+    # Emptied, not removed: the consumer's own receive may still be waiting on the queue,
+    # and channels-redis deletes the entry itself when that receive is cancelled.
+    queue = buffers.get(channel_name)
+    dropped = 0
+    while queue is not None and not queue.empty():
+        queue.get_nowait()
+        dropped += 1
+    return dropped

@@ -26,6 +26,7 @@ dropped, never raised (``core.realtime.message_received``).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -37,7 +38,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from core import presence
-from core.backpressure import SendPressure, transport_protocol, unsent_bytes
+from core.backpressure import POLL_INTERVAL, SendPressure, release_channel_buffer, transport_protocol, unsent_bytes
 from core.errors import channel_layer_unavailable, database_unavailable
 from core.http import bearer_credentials
 from core.protocol import ChannelMessage, CredentialEndedMessage, ServerShutdownMessage
@@ -108,6 +109,7 @@ class DispatchConsumer(AsyncWebsocketConsumer):
     _socket_closed = False  # a close was sent or the client went away
     _cleaned_up = False
     _send_pressure: SendPressure | None = None
+    _hard_watch: asyncio.Future[None] | None = None  # core.backpressure: the close after the grace
 
     # --- back-pressure (core.backpressure; docs/operating.md "Bounds") ----------------------
 
@@ -133,16 +135,41 @@ class DispatchConsumer(AsyncWebsocketConsumer):
         self, text_data: str | None = None, bytes_data: bytes | None = None, close: bool | int = False
     ) -> None:
         """Send a frame, then close with 1013 a peer whose unread backlog has stayed above
-        the hard mark for longer than the grace (``core.backpressure``)."""
+        the hard mark for longer than the grace (``core.backpressure``).
+
+        A socket that has just crossed the hard mark gets a watch that checks again once
+        the grace is over: the close must not wait for a next send that may never come."""
         await super().send(text_data=text_data, bytes_data=bytes_data, close=close)
-        if not close and not self._socket_closed and self.send_pressure.over_hard_too_long():
-            logger.warning(
-                "%s: the peer has not read %d bytes for over %gs; closing (1013)",
-                type(self).__name__,
-                self.unsent_bytes(),
-                self.send_pressure.grace,
-            )
-            await self.close(code=CLOSE_TRY_AGAIN_LATER)
+        if close or self._socket_closed:
+            return
+        if self.send_pressure.over_hard_too_long():
+            await self._close_over_hard_mark()
+        elif self.send_pressure.over_hard_since is not None and self._hard_watch is None:
+            self._hard_watch = asyncio.ensure_future(self._watch_hard_mark())
+
+    async def _watch_hard_mark(self) -> None:
+        """Re-check the backlog after the grace (and every grace after that) while it stays
+        above the hard mark; close the socket once it has been there too long."""
+        try:
+            pressure = self.send_pressure
+            while not self._socket_closed and pressure.over_hard_since is not None:
+                await asyncio.sleep(pressure.grace + POLL_INTERVAL)
+                if self._socket_closed:
+                    return
+                if pressure.over_hard_too_long():
+                    await self._close_over_hard_mark()
+                    return
+        finally:
+            self._hard_watch = None
+
+    async def _close_over_hard_mark(self) -> None:
+        logger.warning(
+            "%s: the peer has not read %d bytes for over %gs; closing (1013)",
+            type(self).__name__,
+            self.unsent_bytes(),
+            self.send_pressure.grace,
+        )
+        await self.close(code=CLOSE_TRY_AGAIN_LATER)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         try:
@@ -179,6 +206,8 @@ class DispatchConsumer(AsyncWebsocketConsumer):
             return
         self._cleaned_up = True
         presence.connection_closed(self)
+        if self._hard_watch is not None:
+            self._hard_watch.cancel()
         try:
             await self.delete_rows()
         except Exception as exc:
@@ -188,6 +217,18 @@ class DispatchConsumer(AsyncWebsocketConsumer):
             await self.release_layer()
         except Exception as exc:
             logger.warning("%s: cleanup on the channel layer failed: %s", type(self).__name__, _describe(exc))
+        self._release_channel_buffer()
+
+    def _release_channel_buffer(self) -> None:
+        """What the layer buffered for this consumer's channel goes with it (and what
+        arrives for it until Redis expires it): no one reads that channel again."""
+        layer = getattr(self, "channel_layer", None)
+        channel_name = getattr(self, "channel_name", None)
+        if layer is None or not channel_name:
+            return
+        dropped = release_channel_buffer(layer, channel_name, again_after=float(getattr(layer, "expiry", 60)) + 1)
+        if dropped:
+            logger.info("%s: dropped %d unread channel-layer messages", type(self).__name__, dropped)
 
     async def _close_for_outage(self) -> None:
         """Close with 1013 (a socket still connecting) or 1012 (an open one), accepting first:
