@@ -431,6 +431,13 @@ WS_HARD_LIMIT = env_int("DISPATCH_WS_HARD_LIMIT", 32 * 1024 * 1024, minimum=64 *
 if WS_HARD_LIMIT < WS_HIGH_WATER:
     raise ImproperlyConfigured("DISPATCH_WS_HARD_LIMIT must be at least DISPATCH_WS_HIGH_WATER")
 WS_HARD_GRACE = env_float("DISPATCH_WS_HARD_GRACE", 10.0)  # seconds
+# Remote calls in flight, counted where they were made (remotes.inflight; docs/operating.md
+# "Bounds"): a call over a cap is refused at once. "Per user" counts within one process.
+REMOTE_CALLS_PER_SESSION = env_int("DISPATCH_REMOTE_CALLS_PER_SESSION", 64, minimum=1)
+REMOTE_CALL_BYTES_PER_SESSION = env_int("DISPATCH_REMOTE_CALL_BYTES_PER_SESSION", 64 * 1024 * 1024, minimum=1024)
+REMOTE_CALLS_PER_USER = env_int("DISPATCH_REMOTE_CALLS_PER_USER", 256, minimum=1)
+REMOTE_CALL_BYTES_PER_USER = env_int("DISPATCH_REMOTE_CALL_BYTES_PER_USER", 256 * 1024 * 1024, minimum=1024)
+REMOTE_CALL_BYTES_PER_PROCESS = env_int("DISPATCH_REMOTE_CALL_BYTES_PER_PROCESS", 1024 * 1024 * 1024, minimum=1024)
 
 # Machine operations in flight, counted where they were made (machines.services.admission;
 # docs/operating.md "Bounds"): an operation over a cap is refused at once (RATE_LIMITED).

@@ -32,6 +32,7 @@ from core.presence import current_process_id
 from core.realtime import Gone, layer_request, request_reply, send_on_commit
 from core.services import server_process_ensure, server_process_liveness, server_process_takeover_reap
 from core.tool_changes import tools_changed_on_commit
+from remotes.inflight import CALLS_IN_FLIGHT, Admission, CallRefused
 from remotes.models import Remote, WsSession
 from remotes.protocol import (
     FunctionSpec,
@@ -383,8 +384,9 @@ def uses_patterns(route: RemoteRoute, function: str) -> bool:
 _PATTERNS: dict[tuple[int, str], bool] = {}
 
 
-def check_arguments(route: RemoteRoute, remotename: str, function: str, args: dict[str, Any]) -> None:
-    """Raise ``RemoteError`` unless ``function`` exists and ``args`` fit its schema (§2.2)."""
+def check_arguments(route: RemoteRoute, remotename: str, function: str, args: dict[str, Any]) -> int:
+    """Raise ``RemoteError`` unless ``function`` exists and ``args`` fit its schema (§2.2);
+    return the size of the call's downstream frame in UTF-8 bytes (what it holds in flight)."""
     spec = next((tool for tool in route.tools if tool["name"] == function), None)
     if spec is None:
         raise RemoteError(f"remote '{remotename}' has no function '{function}'", "INVALID_REQUEST")
@@ -405,13 +407,21 @@ def check_arguments(route: RemoteRoute, remotename: str, function: str, args: di
     frame = remote_call_event(
         request_id=f"{remotename}#{'9' * 20}", remotename=remotename, function=function, args=args
     )
-    if len(frame) * 4 > settings.WS_MAX_MESSAGE_BYTES and len(frame.encode()) > settings.WS_MAX_MESSAGE_BYTES:
+    size = len(frame) if frame.isascii() else len(frame.encode())
+    if size > settings.WS_MAX_MESSAGE_BYTES:
         raise RemoteError("arguments too large", "INVALID_REQUEST")
+    return size
 
 
 @metrics.observe_remote_calls
 async def remote_call(
-    *, user: User, remotename: str, function: str, args: dict[str, Any], timeout: float | None = None
+    *,
+    user: User,
+    remotename: str,
+    function: str,
+    args: dict[str, Any],
+    timeout: float | None = None,
+    caller_session: str | None = None,
 ) -> Any:
     """Call ``function`` of the caller's remote ``remotename`` with ``args``; return its result.
 
@@ -422,36 +432,53 @@ async def remote_call(
     ``DISPATCH_REMOTE_LIVENESS_INTERVAL`` seconds that the remote's row exists and its
     process is alive.
 
+    The call counts as in flight (``remotes.inflight``) for ``caller_session`` (the
+    caller's ``/ws`` session id; ``None`` for callers without one), its user and this
+    process until it ends; one that would pass a cap is refused at once (docs/operating.md
+    "Bounds").
+
     Returns the JSON value the remote answered (``None`` when it sent no ``result``).
     Raises ``RemoteError`` for every failure (§2.3): not connected, unknown function,
-    arguments failing the schema or too large, busy, disconnected, timed out, or the
-    error string the remote reported.
+    arguments failing the schema or too large, too many calls in flight
+    (``RATE_LIMITED``), busy (``REMOTE_BUSY``: the remote's client has not read what it
+    was sent), disconnected, timed out, or the error string the remote reported.
     """
     if timeout is None:
         timeout = settings.REMOTE_CALL_TIMEOUT
     deadline = asyncio.get_running_loop().time() + timeout
     route, _cached = await _route(user.pk, remotename)
     reroutes_left = 1
-    while True:
-        if route is None:
-            raise not_connected(remotename)
-        if uses_patterns(route, function):
-            # Off the event loop: a pattern may be slow to apply (see remotes.schemas).
-            await sync_to_async(check_arguments, thread_sensitive=False)(route, remotename, function, args)
-        else:
-            check_arguments(route, remotename, function, args)
-        reply = await _deliver(route, remotename, function, args, timeout, deadline)
-        if reply.error is None:
-            return reply.result
-        if reply.delivered is False:
-            # The serving session no longer serves that remote row: nothing ran, so the
-            # call may go to the remote's current session, if it has one.
-            forget_route(user.pk, remotename)
-            if reroutes_left:
-                reroutes_left -= 1
-                route, _cached = await _route(user.pk, remotename, fresh=True)
-                continue
-        raise RemoteError(reply.error, reply.code or "REMOTE_ERROR")
+    admission: Admission | None = None
+    try:
+        while True:
+            if route is None:
+                raise not_connected(remotename)
+            if uses_patterns(route, function):
+                # Off the event loop: a pattern may be slow to apply (see remotes.schemas).
+                check = sync_to_async(check_arguments, thread_sensitive=False)
+                size = await check(route, remotename, function, args)
+            else:
+                size = check_arguments(route, remotename, function, args)
+            if admission is None:
+                try:
+                    admission = CALLS_IN_FLIGHT.admit(user_id=user.pk, session=caller_session, size=size)
+                except CallRefused as exc:
+                    raise RemoteError(exc.message, exc.code) from None
+            reply = await _deliver(route, remotename, function, args, timeout, deadline)
+            if reply.error is None:
+                return reply.result
+            if reply.delivered is False:
+                # The serving session no longer serves that remote row: nothing ran, so the
+                # call may go to the remote's current session, if it has one.
+                forget_route(user.pk, remotename)
+                if reroutes_left:
+                    reroutes_left -= 1
+                    route, _cached = await _route(user.pk, remotename, fresh=True)
+                    continue
+            raise RemoteError(reply.error, reply.code or "REMOTE_ERROR")
+    finally:
+        if admission is not None:
+            admission.release()
 
 
 class _NotDelivered(RemoteError):

@@ -34,6 +34,7 @@ from core.services import AuthenticationFailed, api_token_authenticate, password
 from core.wire import encode
 from dispatch.ws.protocol import UNLIMITED_ACTIONS, parse_action
 from remotes import services
+from remotes.inflight import session_calls_refusal
 from remotes.protocol import (
     RemoteCallBody,
     RemoteCallMessage,
@@ -58,6 +59,7 @@ CLOSE_TOO_BIG = 1009
 CLOSE_SERVICE_RESTART = 1012
 
 AUTH_FAILED = "authentication failed"
+CALLER_NOT_READING = "remote call refused: this session has not read the replies it was already sent"
 PENDING_GRACE = 5.0  # seconds a pending call is kept past its caller's timeout
 
 
@@ -233,6 +235,17 @@ class SessionConsumer(DispatchConsumer):
         await self._reply(nonce, remotes=remotes)
 
     async def do_remote_call(self, parsed: RemoteCallBody, nonce: Any) -> None:
+        if not self.send_pressure.has_room():
+            # This client has not read the replies it was already sent: its next result
+            # would wait in this process's memory too (docs/operating.md "Bounds").
+            await self._reply(nonce, error=CALLER_NOT_READING)
+            return
+        # Counted here too, before the arguments are checked: a call waiting for its route
+        # already holds them (remotes.inflight counts the rest, with their bytes).
+        refusal = session_calls_refusal(len(self.calls))
+        if refusal is not None:
+            await self._reply(nonce, error=refusal)
+            return
         # The wait runs as its own task: a consumer handles one message at a time, and a
         # session may call a remote it serves itself (§2.4).
         task = asyncio.ensure_future(self._call(parsed, nonce))
@@ -248,6 +261,7 @@ class SessionConsumer(DispatchConsumer):
                 function=parsed.function,
                 args=parsed.args,
                 timeout=None if parsed.timeout is None else float(parsed.timeout),
+                caller_session=self.ws_session_id,
             )
         except services.RemoteError as exc:
             await self._reply(nonce, error=exc.message)
@@ -314,12 +328,20 @@ class SessionConsumer(DispatchConsumer):
             )
             await self._answer(call.reply_channel, refusal)
             return
+        if not self.send_pressure.has_room():
+            # Checked before the frame is built: a refusal must cost less than the call did.
+            await self._refuse_busy(call)
+            return
         request_id = new_request_id(served.name)
         frame = remote_call_event(
             request_id=request_id, remotename=call.remotename, function=call.function, args=call.args
         )
-        if _utf8_length(frame) > settings.WS_MAX_MESSAGE_BYTES:
+        size = _utf8_length(frame)
+        if size > settings.WS_MAX_MESSAGE_BYTES:
             await self._answer(call.reply_channel, RemoteCallReply(error="arguments too large"))
+            return
+        if not self.send_pressure.has_room(size):
+            await self._refuse_busy(call)
             return
         now = time.monotonic()
         self._expire_pending(now)
@@ -330,6 +352,13 @@ class SessionConsumer(DispatchConsumer):
             expires_at=now + float(call.timeout or settings.REMOTE_CALL_TIMEOUT) + PENDING_GRACE,
         )
         await self.send(text_data=frame)
+
+    async def _refuse_busy(self, call: RemoteCallMessage) -> None:
+        """The client has not read what it was already sent (``core.backpressure``): the
+        call is refused at once as ``REMOTE_BUSY`` rather than parked in this process's
+        memory (docs/operating.md "Bounds")."""
+        busy = RemoteCallReply(error=f"remote '{call.remotename}' is busy", code="REMOTE_BUSY")
+        await self._answer(call.reply_channel, busy)
 
     @receives(UserEventMessage)
     async def user_event(self, message: UserEventMessage) -> None:
@@ -342,8 +371,14 @@ class SessionConsumer(DispatchConsumer):
             frame = run_finished_frame(data)
         else:
             frame = None
-        if frame is not None and not self.closing:
-            await self._send(frame)
+        if frame is None or self.closing:
+            return
+        if not self.send_pressure.has_room():
+            # A doorbell, not the record: the run and its events are rows the client can
+            # read once it reads again (agents.md §4); meanwhile they do not pile up here.
+            logger.info("dropping a %s frame: the client has not read %d bytes", message.event, self.unsent_bytes())
+            return
+        await self._send(frame)
 
     @receives(RemoteProbeMessage)
     async def remote_probe(self, probe: RemoteProbeMessage) -> None:

@@ -314,6 +314,7 @@ async def test_200_concurrent_calls_to_one_serving_session_all_complete(
     # would not if results were rate limited.
     settings.WS_RATE = 0.01
     settings.WS_BURST = 110
+    settings.REMOTE_CALLS_PER_SESSION = 100  # 100 in flight per caller (default cap: 64)
     async with (
         ws_connect(token=owner_token) as server,
         ws_connect(token=owner_token) as left,
