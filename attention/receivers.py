@@ -43,8 +43,9 @@ def agent_url(agent_id: str) -> str:
 
 
 def approval_url(approval_id: str) -> str:
-    """The absolute URL of one approval's page, where it is answered after a login."""
-    return f"{settings.PUBLIC_URL}/approvals/{approval_id}/"
+    """The absolute URL of one approval's page (``/approvals/<id>/``), where it is
+    answered after a login."""
+    return settings.PUBLIC_URL + reverse("approval", args=[approval_id])
 
 
 def _short(text: Any, limit: int = SUMMARY_CHARS) -> str:
