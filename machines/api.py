@@ -20,6 +20,7 @@ lacks) answers 409, not the generic 400: the request is fine, the machine cannot
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
 import uuid
@@ -300,6 +301,17 @@ def _error_answer(exc: DispatchError) -> JsonResponse:
     return response
 
 
+def _release_body(request: HttpRequest) -> None:
+    """Drop ``request``'s raw body once it is parsed. Django's request objects sit in
+    reference cycles (``request.htmx``, the messages storage, the response's
+    ``asgi_request``) that only the cyclic collector's rare full passes free, so a burst of
+    large writes refused at once would otherwise keep their bodies (up to
+    ``DISPATCH_MAX_REQUEST_BYTES`` each) long after the answers went out
+    (docs/operating.md "Bounds")."""
+    request._body = b""  # Django's cache of the read body
+    request._stream = io.BytesIO()
+
+
 def _given(**arguments: Any) -> dict[str, Any]:
     """The keyword arguments that are set (the live-operation ones are passed only then)."""
     return {name: value for name, value in arguments.items() if value is not None}
@@ -433,6 +445,7 @@ async def session_op(request: HttpRequest, user: User, session_id: str) -> Any:
     """
     agent_scope_session(calling_agent(request), session_id)
     body = parse_plain(SessionOpBody, json_object(request))
+    _release_body(request)
     if not body.stream:
         return await machine_op(
             user=user,

@@ -41,6 +41,7 @@ from django.conf import settings
 from pydantic import ValidationError
 
 from core import wire
+from core.backpressure import transport_protocol
 from core.consumers import DispatchConsumer, receives
 from core.protocol import ServerShutdownMessage
 from core.realtime import layer_send
@@ -136,6 +137,7 @@ class ShimConsumer(DispatchConsumer):
         self.closing = True
         for task in getattr(self, "tasks", []):
             task.cancel()
+        _drop_unsent(transport_protocol(getattr(self, "base_send", None)))
         if getattr(self, "connection_id", None):
             await database_sync_to_async(connections.shim_disconnected)(connection_id=self.connection_id)
 
@@ -409,6 +411,11 @@ class ShimConsumer(DispatchConsumer):
             refused = f"this connection speaks protocol {self.protocol_version}; live operations need 2.1"
             await self._answer(operation.reply_channel, _error_reply("UNSUPPORTED_OPERATION", refused))
             return
+        if not self.send_pressure.has_room():
+            # The shim has not read what it was sent: refused now (before the frame is even
+            # encoded), never queued in this process (docs/shim-protocol.md "Back-pressure").
+            await self._answer(operation.reply_channel, self._busy_reply())
+            return
         frame = envelope(
             operation.op,
             operation.payload,
@@ -417,13 +424,11 @@ class ShimConsumer(DispatchConsumer):
             target_machine=self.machine_id,
         )
         text = encode(frame)
-        size = len(text.encode())
+        size = len(text) if text.isascii() else len(text.encode())
         if size > MAX_FRAME_BYTES:
             await self._answer(operation.reply_channel, _error_reply("FILE_TOO_LARGE", "the request is over 16 MiB"))
             return
-        if not self.send_pressure.has_room(size):
-            # The shim has not read what it was sent: refused now, never queued in this
-            # process (docs/operating.md "Bounds"; docs/shim-protocol.md "Back-pressure").
+        if not self.send_pressure.has_room(size):  # this frame would take it past the mark
             await self._answer(operation.reply_channel, self._busy_reply())
             return
         now = time.monotonic()
@@ -589,6 +594,25 @@ class ShimConsumer(DispatchConsumer):
         if not self.closing:
             self.closing = True
             await self.close(code=int(code))  # a plain int: the server refuses an IntEnum
+
+
+def _drop_unsent(protocol: Any | None) -> None:
+    """Free what a gone peer never read: the bytes left in daphne's Twisted transport (up to
+    the hard mark, ``core.backpressure``) once its connection is lost. The transport and its
+    protocol refer to each other, so without this they — and those bytes — wait for one of
+    the cyclic collector's rare full passes, long after the socket closed. A transport
+    still connected (a close frame on its way) is left alone."""
+    transport = getattr(protocol, "transport", None)
+    while transport is not None:
+        if not getattr(transport, "disconnected", False):
+            return
+        if isinstance(getattr(transport, "dataBuffer", None), bytes | bytearray | memoryview):
+            transport.dataBuffer = b""
+            transport.offset = 0
+        if isinstance(getattr(transport, "_tempDataBuffer", None), list):
+            transport._tempDataBuffer = []
+            transport._tempDataLen = 0
+        transport = getattr(transport, "transport", None)
 
 
 def _answer_id(request_id: Any) -> str | None:
