@@ -528,12 +528,25 @@ def approval_rule_get_for(*, user: User, rule_id: Any) -> ApprovalRule:
     return rule
 
 
-def agent_last_answered_approval(*, agent: Agent, tool_name: str, since: datetime) -> Approval | None:
-    """``agent``'s most recent approval for ``tool_name`` answered with an allow since
-    ``since`` (the machine audit names it: the approval that let a routed call through)."""
-    return (
-        Approval.objects.filter(agent=agent, tool_name=tool_name, answered_at__gte=since)
-        .filter(decision__in=[Decision.ALLOW_ONCE, Decision.ALLOW_ALWAYS])
-        .order_by("-answered_at")
+# How recent an approval must be to be named in the audit of the call it allowed, seconds.
+AUDIT_WINDOW = 600
+
+
+def approval_for_tool_call(*, agent: Agent, tool_name: str, arguments: Any) -> Approval | None:
+    """The approval that allowed the call ``agent`` now makes of its Dispatch MCP tool
+    ``tool_name`` with ``arguments``, or ``None``: ``agent``'s most recently answered
+    approval, when it allowed exactly this call — the tool the CLI named
+    ``mcp__<server>__<tool_name>`` (Claude Code's MCP names), the same input — within
+    ``AUDIT_WINDOW`` seconds. The machine audit names it (docs/agents.md "Approvals")."""
+    latest = (
+        Approval.objects.filter(agent=agent, answered_at__isnull=False)
+        .only("id", "tool_name", "tool_input", "decision", "answered_at")
+        .order_by("-answered_at", "-pk")
         .first()
     )
+    if latest is None or not latest.allowed:
+        return None
+    if latest.answered_at is None or (timezone.now() - latest.answered_at).total_seconds() > AUDIT_WINDOW:
+        return None
+    named = latest.tool_name.startswith("mcp__") and latest.tool_name.endswith(f"__{tool_name}")
+    return latest if named and latest.tool_input == arguments else None

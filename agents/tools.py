@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any, TypeVar
 
@@ -54,6 +54,7 @@ from agents.serializers import agent_data, event_data
 from agents.tokens import agent_scope_session
 from core.errors import DispatchError, InvalidRequest, NotFound
 from core.tools import Tool, cap
+from machines.audit_note import AUDIT_NOTE
 from machines.tools import machine_tools
 
 T = TypeVar("T")
@@ -632,6 +633,28 @@ async def agent_tools(*, user: User, caller_agent: Agent | None, event_tool: boo
 # --- the tool set -------------------------------------------------------------------------------
 
 
+def with_approval_note(tool: Tool, agent: Agent) -> Tool:
+    """``tool`` (a machine tool called by ``agent``) whose audit records name the approval
+    that allowed the call, when there is one (``approvals.approval_for_tool_call``): set as
+    ``machines.audit_note.AUDIT_NOTE`` ``{"approval_id"}`` around the call (machines.md §7;
+    docs/agents.md "Approvals")."""
+    handler = tool.handler
+
+    async def noted(arguments: dict[str, Any]) -> Any:
+        approval = await database_sync_to_async(approvals.approval_for_tool_call)(
+            agent=agent, tool_name=tool.name, arguments=arguments
+        )
+        if approval is None:
+            return await handler(arguments)
+        token = AUDIT_NOTE.set({"approval_id": approval.pk})
+        try:
+            return await handler(arguments)
+        finally:
+            AUDIT_NOTE.reset(token)
+
+    return replace(tool, handler=noted)
+
+
 async def tool_set(
     *,
     user: User,
@@ -664,8 +687,11 @@ async def tool_set(
     elif session_id is None or audit_caller is None:
         raise ValueError("a user's tool set needs the machine session and the audit caller")
     tools: dict[str, Tool] = {}
+    machines = await machine_tools(user=user, session_id=session_id, caller=audit_caller, session_guard=guard)
+    if caller_agent is not None:
+        machines = [with_approval_note(tool, caller_agent) for tool in machines]
     natives = [
-        *await machine_tools(user=user, session_id=session_id, caller=audit_caller, session_guard=guard),
+        *machines,
         *([] if machines_only else await agent_tools(user=user, caller_agent=caller_agent, event_tool=event_tool)),
     ]
     for tool in [*natives, *remotes]:

@@ -34,6 +34,7 @@ from core.errors import DispatchError, InvalidRequest, TemporarilyUnavailable
 from core.realtime import Gone, layer_send, request_reply, send_on_commit
 from core.services import server_process_ensure
 from core.tools import TOOL_CALL
+from machines.audit_note import audit_note
 from machines.models import AuditRecord, Machine, MachineConnection, OperationInFlight, PathRecency
 from machines.protocol import (
     CALLER_OPERATIONS,
@@ -783,7 +784,7 @@ def audit_record_begin(
         machine_id=machine_id,
         request_id=request_id,
         op=op,
-        details=audit_details(op, payload),
+        details={**audit_details(op, payload), **audit_note()},
         result=PENDING,
         caller=caller[:200],
         operation_id=operation_id,
@@ -867,7 +868,7 @@ def audit_record_create(
         machine_id=machine_id,
         request_id=request_id,
         op=op,
-        details=audit_details(op, payload),
+        details={**audit_details(op, payload), **audit_note()},
         result=result,
         caller=caller[:200],
         operation_id=operation_id,

@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from channels.db import database_sync_to_async
 from django.db import close_old_connections, connection
 from django.dispatch import Signal
 from django.test import override_settings
@@ -341,3 +342,81 @@ def test_deleting_a_rule_in_the_admin_goes_through_the_service(admin_client: Any
         "/admin/agents/approvalrule/", {"action": "delete_selected", "_selected_action": [rule.pk], "post": "yes"}
     )
     assert not ApprovalRule.objects.exists()
+
+
+# --- the machine audit names the approval that allowed a call -------------------------------
+
+
+def _allowed(agent: Agent, owner: Any, tool_name: str, tool_input: Any) -> Approval:
+    approval = approvals.approval_request(agent=agent, tool_name=tool_name, tool_input=tool_input)
+    return approvals.approval_answer(approval_id=approval.pk, decision="allow_once", user=owner)
+
+
+def test_the_approval_of_that_very_call_is_found_and_no_other(owner: Any, cli_agent: Agent) -> None:
+    arguments = {"path": "/srv/notes.txt"}
+    approval = _allowed(cli_agent, owner, "mcp__dispatch__local_pc_file_read", arguments)
+    found = approvals.approval_for_tool_call(agent=cli_agent, tool_name="local_pc_file_read", arguments=arguments)
+    assert found is not None and found.pk == approval.pk
+    other = {"path": "/srv/other.txt"}
+    assert approvals.approval_for_tool_call(agent=cli_agent, tool_name="local_pc_file_read", arguments=other) is None
+    assert (
+        approvals.approval_for_tool_call(agent=cli_agent, tool_name="local_pc_file_stat", arguments=arguments) is None
+    )
+    # A later answer about something else: the call is no longer the one just approved.
+    _allowed(cli_agent, owner, "Bash", {"command": "ls"})
+    assert (
+        approvals.approval_for_tool_call(agent=cli_agent, tool_name="local_pc_file_read", arguments=arguments) is None
+    )
+
+
+def test_a_denied_or_old_approval_names_no_call(owner: Any, cli_agent: Agent) -> None:
+    arguments = {"path": "/srv/notes.txt"}
+    denied = approvals.approval_request(
+        agent=cli_agent, tool_name="mcp__dispatch__local_pc_file_read", tool_input=arguments
+    )
+    approvals.approval_answer(approval_id=denied.pk, decision="deny", user=owner)
+    assert (
+        approvals.approval_for_tool_call(agent=cli_agent, tool_name="local_pc_file_read", arguments=arguments) is None
+    )
+    allowed = _allowed(cli_agent, owner, "mcp__dispatch__local_pc_file_read", arguments)
+    Approval.objects.filter(pk=allowed.pk).update(answered_at=timezone.now() - timedelta(seconds=601))
+    assert (
+        approvals.approval_for_tool_call(agent=cli_agent, tool_name="local_pc_file_read", arguments=arguments) is None
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_agents_machine_tool_call_right_after_its_approval_writes_the_approval_into_the_audit(
+    owner: Any, make_agent: Callable[..., Agent]
+) -> None:
+    from asgiref.sync import async_to_sync
+
+    from agents.tools import with_approval_note
+    from core.tools import Tool
+    from machines.models import AuditRecord
+    from machines.services.operations import audit_record_begin
+
+    agent = make_agent(owner, type="claude", name="auditor")
+    arguments = {"path": "/srv/notes.txt"}
+
+    async def routed(called_with: dict[str, Any]) -> Any:
+        # What a routed machine operation does: write its audit record before it is sent.
+        record_id = await database_sync_to_async(audit_record_begin)(
+            user=owner,
+            session_id=agent.pk,
+            machine_id="laptop",
+            request_id="r1",
+            op="READ_FILE",
+            payload=called_with,
+            caller=agent.pk,
+        )
+        return record_id
+
+    tool = with_approval_note(
+        Tool(name="local_pc_file_read", description="", parameters={"type": "object"}, handler=routed), agent
+    )
+    unapproved = async_to_sync(tool)(arguments)
+    approval = _allowed(agent, owner, "mcp__dispatch__local_pc_file_read", arguments)
+    approved = async_to_sync(tool)(arguments)
+    assert "approval_id" not in AuditRecord.objects.get(pk=unapproved).details
+    assert AuditRecord.objects.get(pk=approved).details == {"path": "/srv/notes.txt", "approval_id": approval.pk}
