@@ -97,6 +97,25 @@ def _database_check() -> tuple[bool, bool, str]:
         connection.close()
 
 
+_database_checking: tuple[asyncio.AbstractEventLoop, asyncio.Future[tuple[bool, bool, str]]] | None = None
+
+
+def _database_check_shared() -> asyncio.Future[tuple[bool, bool, str]]:
+    """The database check in flight on this loop, or a new one: concurrent ``/healthz``
+    requests (a load balancer's burst, a client retrying) share one check instead of
+    queueing one each behind the others, each still waiting only its own deadline."""
+    global _database_checking
+    loop = asyncio.get_running_loop()
+    if _database_checking is not None:
+        checking_loop, running = _database_checking
+        if checking_loop is loop and not running.done():
+            return running
+    check = sync_to_async(_database_check, thread_sensitive=False, executor=_DATABASE_CHECKS)
+    running = asyncio.ensure_future(check())
+    _database_checking = (loop, running)
+    return running
+
+
 async def _bounded(part: str, check: Any, seconds: float, health: Health) -> None:
     try:
         async with asyncio.timeout(seconds):
@@ -113,8 +132,7 @@ async def health_check() -> Health:
     health = Health()
 
     async def database() -> None:
-        check = sync_to_async(_database_check, thread_sensitive=False, executor=_DATABASE_CHECKS)
-        reachable, writable, why = await check()
+        reachable, writable, why = await asyncio.shield(_database_check_shared())
         health.database, health.database_writable = reachable, writable
         if why:
             health.errors["database"] = why
