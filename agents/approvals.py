@@ -385,9 +385,11 @@ def approval_answer(
     return approval
 
 
-def approvals_expire_due(*, approval_id: str | None = None, now: datetime | None = None) -> list[Approval]:
+def approvals_expire_due(
+    *, approval_id: str | None = None, agent: Agent | None = None, now: datetime | None = None
+) -> list[Approval]:
     """Expire pending approvals whose ``expires_at`` has passed (only ``approval_id`` when
-    given; at most ``EXPIRE_BATCH`` at a time): each becomes ``expired`` with its
+    given, only ``agent``'s with ``agent``; at most ``EXPIRE_BATCH`` at a time): each becomes ``expired`` with its
     ``timeout_decision`` (the agent's default when it was asked), an event "expired:
     denied (default): Bash `ls`" and ``approval_answered``. Rows another transaction is
     answering are skipped (it decides them). Returns those expired, in their own commit."""
@@ -396,6 +398,8 @@ def approvals_expire_due(*, approval_id: str | None = None, now: datetime | None
         due = Approval.objects.filter(status=Status.PENDING, expires_at__lte=moment)
         if approval_id is not None:
             due = due.filter(pk=approval_id)
+        if agent is not None:
+            due = due.filter(agent=agent)
         rows = list(
             due.select_for_update(of=("self",), skip_locked=True)
             .select_related("agent", "agent__owner")
@@ -412,6 +416,15 @@ def approvals_expire_due(*, approval_id: str | None = None, now: datetime | None
             )
             send_on_commit(approval_answered, Approval, approval=approval)
     return rows
+
+
+def approvals_end_for(*, agent: Agent) -> list[Approval]:
+    """Expire now every pending approval of ``agent`` (its default applies, as on a
+    timeout): its CLI session ended, so no hook waits for them any more. Returns those
+    expired."""
+    now = timezone.now()
+    Approval.objects.filter(agent=agent, status=Status.PENDING, expires_at__gt=now).update(expires_at=now)
+    return approvals_expire_due(agent=agent, now=now)
 
 
 # --- rules ------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ stdin; Dispatch gives them ``hook_command(event)``, which runs ``agents/hook_cli
   (answered in the terminal): ``working`` again;
 - ``Notification``: ``permission_prompt`` → ``blocked``, ``idle_prompt`` → ``idle``;
 - ``Stop``: ``done``; ``SessionEnd``: a ``system`` event (the supervisor still judges the
-  pane's end).
+  pane's end), and the session's pending approvals expire (``approvals.approvals_end_for``).
 
 Every state is a timeline event through ``services.agent_event_record`` (so the timeline,
 ``latest_event_*`` and the live broadcasts work as for any event) with
@@ -276,6 +276,7 @@ def _stop(agent: Agent, event: str, body: Mapping[str, Any]) -> None:
 def _session_end(agent: Agent, event: str, body: Mapping[str, Any]) -> None:
     reason = _text(body.get("reason"), 100) or "unknown"
     _record(agent, Type.SYSTEM, f"session ended ({reason})", event, reason=reason)
+    approvals.approvals_end_for(agent=agent)  # nobody waits for their answers now
 
 
 _HANDLERS = {

@@ -244,3 +244,14 @@ def test_a_supervising_agent_lists_and_answers_over_mcp_as_itself(
     assert (answered["status"], answered["answered_by"]) == ("allowed", "agent boss (supervisor)")
     assert Approval.objects.get(pk=approval_id).answered_by_agent_id == boss.pk
     assert approvals.approvals_for(user=owner).count() == 0
+
+
+def test_the_sessions_pending_approvals_expire_when_it_ends(claude_agent: Agent) -> None:
+    hook = agent_api(claude_agent)
+    approval_id = permission_request(hook, claude_agent)["approval"]["id"]
+    ended = hook.post(
+        f"/api/v1/agents/{claude_agent.pk}/hooks", {"event": "SessionEnd", "payload": {"reason": "other"}}
+    )
+    assert ended.status_code == 200
+    expired = Approval.objects.get(pk=approval_id)
+    assert (expired.status, expired.decision) == ("expired", "deny")
