@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from core.outage import SERVICES, tracker
+
 # HTTP status per code (spec/overview.md "Error shapes"); unknown codes map to 400.
 HTTP_STATUS: dict[str, int] = {
     "INVALID_REQUEST": 400,
@@ -117,8 +119,6 @@ CHANNEL_LAYER_UNAVAILABLE = "the channel layer (Redis) cannot be reached; retry 
 def dependency_timed_out(service: str, seconds: float) -> str:
     """The message of a call to ``service`` that got no answer within ``seconds``:
     ``"the channel layer (Redis) did not answer within 2s; retry in a moment"``."""
-    from core.outage import SERVICES
-
     return f"{SERVICES.get(service, service)} did not answer within {seconds:g}s; retry in a moment"
 
 
@@ -170,8 +170,6 @@ def unavailable_error(exc: BaseException) -> TemporarilyUnavailable | None:
     through here, so the outage is also noted in ``core.outage.tracker`` (one WARNING per
     outage, docs/operating.md "Health"). The edges answer it 503 with ``Retry-After``.
     """
-    from core.outage import tracker
-
     if isinstance(exc, TemporarilyUnavailable):
         return exc
     if channel_layer_unavailable(exc):
