@@ -31,12 +31,12 @@ DATE_TIME_PATTERN = (
 
 class AutoSchema(SpectacularAutoSchema):
     """drf-spectacular's ``AutoSchema`` (``DEFAULT_SCHEMA_CLASS``), saying what a request's
-    text fields refuse: a ``CharField`` without ``allow_blank`` refuses ``""`` and, when it
-    trims whitespace (DRF's default), a value of spaces only: ``minLength: 1``, or
-    ``pattern: \\S`` (a character that is not whitespace). drf-spectacular leaves both out
-    when request and response share a component; a response may well carry ``""``, so
-    only the request direction gets them. A request's date-time says which RFC 3339
-    spellings DRF reads (``DATE_TIME_PATTERN``); a DELETE with a declared body has it."""
+    text fields refuse: a ``CharField`` refuses NUL, and without ``allow_blank`` ``""`` and,
+    when it trims whitespace (DRF's default), a value of spaces only: a ``pattern`` and
+    ``minLength: 1``. drf-spectacular leaves these out when request and response share a
+    component; a response may well carry ``""``, so only the request direction gets them.
+    A request's date-time says which RFC 3339 spellings DRF reads (``DATE_TIME_PATTERN``);
+    a DELETE with a declared body has it."""
 
     def _get_serializer_field_meta(self, field: Any, direction: str) -> dict[str, Any]:
         meta: dict[str, Any] = super()._get_serializer_field_meta(field, direction)
@@ -44,12 +44,14 @@ class AutoSchema(SpectacularAutoSchema):
             direction == "request"
             and isinstance(field, serializers.CharField)
             and not isinstance(field, serializers.RegexField)  # its own pattern says more
-            and not field.allow_blank
             and not field.read_only
         ):
-            meta["minLength"] = max(1, meta.get("minLength", 1))
-            if field.trim_whitespace:
-                meta["pattern"] = r"\S"
+            # DRF's ProhibitNullCharactersValidator: no NUL anywhere.
+            meta["pattern"] = r"^[^\x00]*$"
+            if not field.allow_blank:
+                meta["minLength"] = max(1, meta.get("minLength", 1))
+                if field.trim_whitespace:
+                    meta["pattern"] = r"^[^\x00]*[^\s\x00][^\x00]*$"
         if direction == "request" and isinstance(field, serializers.DateTimeField) and not field.read_only:
             meta["pattern"] = DATE_TIME_PATTERN
         return meta
@@ -83,6 +85,13 @@ class AutoSchema(SpectacularAutoSchema):
 # ("properties") and of the whole object. Each names the rule it states.
 _HOUR_MINUTE = {"pattern": "^([01][0-9]|2[0-3]):[0-5][0-9]$"}  # TimeField(input_formats=["%H:%M"])
 REQUEST_RULES: dict[str, dict[str, Any]] = {
+    # agents.api.AgentListView.post: trust_folder is for a launch here, not with a location.
+    "agents.api.AgentLaunchSerializer": {
+        "not": {
+            "properties": {"trust_folder": {"const": True}, "location": {"type": "string", "pattern": r"\S"}},
+            "required": ["trust_folder", "location"],
+        },
+    },
     # agents.approvals.approval_answer: a message goes with deny only.
     "agents.approval_api.ApprovalAnswerSerializer": {
         "if": {"properties": {"decision": {"not": {"const": "deny"}}}},

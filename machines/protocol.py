@@ -31,6 +31,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    RootModel,
     StrictInt,
     StrictStr,
     ValidationInfo,
@@ -84,6 +85,7 @@ __all__ = [
     "SessionFanOutAnswer",
     "SessionOpAnswer",
     "SessionOpBody",
+    "SessionOpResult",
     "SessionPipeAnswer",
     "SessionPipeBody",
     "negotiate",
@@ -438,6 +440,11 @@ class SessionFanOutAnswer(BaseModel):
     results: list[MachineOutcome]
 
 
+class SessionOpResult(RootModel[SessionOpAnswer | SessionFanOutAnswer]):
+    """``POST /api/v1/sessions/{session_id}/ops``'s JSON answer: one machine's response
+    (``SessionOpAnswer``), or with ``target_machines`` a fan-out's (``SessionFanOutAnswer``)."""
+
+
 class SessionCancelAnswer(BaseModel):
     """``POST …/ops/{request_id}/cancel`` answers 202 ``{request_id, cancelled: true}``: the
     cancel was sent; the operation itself ends with its own answer (``cancelled: true``)."""
@@ -539,7 +546,14 @@ class SessionPipeBody(WireModel):
     timeout_seconds: Annotated[
         Any,
         WithJsonSchema(
-            {"anyOf": [{"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 10**7}, {"type": "null"}]}
+            {
+                "anyOf": [
+                    # machines.services.pipe: at most the machines' max_command_timeout_seconds
+                    # (the platform's, unless a shim lowered its own).
+                    {"type": "number", "exclusiveMinimum": 0, "maximum": DEFAULT_LIMITS["max_command_timeout_seconds"]},
+                    {"type": "null"},
+                ]
+            }
         ),
     ] = None
     request_id: Annotated[Any, WithJsonSchema(REQUEST_ID_SCHEMA)] = None

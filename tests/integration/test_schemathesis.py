@@ -1,9 +1,15 @@
-"""Schemathesis against a real ``serve`` (issue 11 item 12; spec/overview.md "Error shapes").
+"""Schemathesis against a real ``serve``: the OpenAPI schema (``/api/schema/``) says what
+the server does.
 
-Every operation of ``/api/schema/`` gets a few generated requests (positive and negative
-data, stateless) with a non-staff user's token. No answer may be a 5xx, and every status
-an operation answers must be one its schema documents. The instance's only CLI agent type
-runs a program that does not exist, so a generated launch never starts anything.
+Every operation gets a few generated requests (positive and negative data, stateless)
+with a non-staff user's token, and schemathesis's conformance checks judge each answer:
+no 5xx; a status the operation documents; the documented content type; a body valid by
+the response schema of its status (the API's ``{"error": {code, message, details}}``, the
+device endpoints' RFC 6749 ``{"error", "error_description"}``); and a request valid by
+the schema is not refused 400, unless the refusal depends on what exists on the server
+(``refused_for_what_exists``, each by its words). The instance's only CLI agent type
+runs a program that does not exist, so a generated launch never starts anything. The run
+is bounded: ``DISPATCH_SCHEMATHESIS_EXAMPLES`` (default 6) requests per operation.
 
 Left out: ``DELETE /api/v1/auth/tokens/{token_id}`` (it would revoke the run's own token)
 and ``GET /api/v1/events`` (a server-sent event stream that stays open: no response ends).
@@ -42,8 +48,9 @@ EXCLUDED = {("DELETE", "/api/v1/auth/tokens/{token_id}"), ("GET", "/api/v1/event
 
 def refused_for_what_exists(method: str, path: str, body: Any) -> bool:
     """Whether a 400 to a request valid by the schema is one that depends on what exists on
-    the server, not on the request's shape, so that no schema can rule it out (each such
-    refusal named by its exact words; any other 400 to valid data still fails the run)."""
+    the server (or on whose token calls), not on the request's shape, so that no schema can
+    rule it out (each such refusal named by its exact words; any other 400 to valid data
+    still fails the run)."""
     if not isinstance(body, dict):
         return False
     error = body.get("error")
@@ -54,8 +61,17 @@ def refused_for_what_exists(method: str, path: str, body: Any) -> bool:
         return False
     message = str(error.get("message", ""))
     if method == "POST" and path == "/api/v1/agents":
-        # The instance's only agent type is never available, so it has no default type.
-        return message.startswith("type is required: there is no default agent type here")
+        # The agent types are the instance's (its only CLI type is never available, so it has
+        # no default type); a child is an agent's to launch, with its own token (the run has
+        # a user's).
+        return message.startswith(
+            (
+                "type is required: there is no default agent type here",
+                "unknown agent type '",
+                "agent type '",
+                "child: only an agent (calling with its own",
+            )
+        ) or message.endswith("; omit location to launch here")  # the user's linked instances
     if method == "PUT" and path == "/api/v1/notifications/settings":
         # Which Apprise URLs are supported is up to the plugins apprise has.
         return message.startswith("Apprise URL #") and "Unsupported URL" in message
