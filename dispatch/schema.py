@@ -36,10 +36,14 @@ class AutoSchema(SpectacularAutoSchema):
     ``minLength: 1``. drf-spectacular leaves these out when request and response share a
     component; a response may well carry ``""``, so only the request direction gets them.
     A request's date-time says which RFC 3339 spellings DRF reads (``DATE_TIME_PATTERN``);
-    a DELETE with a declared body has it."""
+    a DELETE with a declared body has it; a nullable ``JSONField`` is any value (``{}``)."""
 
     def _get_serializer_field_meta(self, field: Any, direction: str) -> dict[str, Any]:
         meta: dict[str, Any] = super()._get_serializer_field_meta(field, direction)
+        if isinstance(field, serializers.JSONField):
+            # Any JSON value, null included: OpenAPI 3.1's oneOf [{}, {type: null}] for a
+            # nullable one would match a null twice, and oneOf wants exactly one.
+            meta.pop("nullable", None)
         if (
             direction == "request"
             and isinstance(field, serializers.CharField)

@@ -43,6 +43,13 @@ MAX_EXAMPLES = int(
     os.environ.get("DISPATCH_SCHEMATHESIS_EXAMPLES", "6")
 )  # per operation: the whole run stays well under a minute
 NEVER_AVAILABLE = json.dumps({"never": {"argv": ["/nonexistent/dispatch-never-agent"], "kind": "shell"}})
+SEED = """
+from django.contrib.auth import get_user_model
+from agents import services
+fuzz = get_user_model().objects.get(username="fuzz")
+agent = services.agent_create(owner=fuzz, type="never", name="seeded", cwd="/tmp")
+services.agent_event_record(agent=agent, type="system", message="seeded")
+"""
 EXCLUDED = {("DELETE", "/api/v1/auth/tokens/{token_id}"), ("GET", "/api/v1/events")}
 
 
@@ -87,6 +94,8 @@ def served() -> Iterator[tuple[Server, str]]:
     with instance(DISPATCH_AGENT_TYPES=NEVER_AVAILABLE) as inst:
         server = inst.serve()
         inst.create_user("fuzz")
+        # Something for the lists to answer with, so their nullable fields are checked too.
+        inst.manage("shell", "-c", SEED)
         yield server, inst.token("fuzz")
 
 
