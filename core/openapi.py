@@ -219,7 +219,7 @@ def operation_schema(route: ServedRoute, operation: Operation, components: Compo
         described["responses"] = {str(operation.status): success, **({} if operation.errors else DEFAULT_ERRORS)}
     for status, model in operation.errors.items():
         described["responses"][str(status)] = {
-            "description": f"{HTTPStatus(status).phrase} ({model.__name__})",
+            "description": f"{HTTPStatus(status).phrase}: {' '.join((model.__doc__ or model.__name__).split())}",
             "content": {"application/json": {"schema": components.schema_of(model, "serialization")}},
         }
     if operation.body is not None:
