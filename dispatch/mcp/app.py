@@ -57,6 +57,7 @@ from agents.models import Agent
 from core import wire
 from core.errors import DispatchError, unavailable_error
 from core.http import NOT_AUTHENTICATED, bearer_caller, bearer_credentials
+from core.outage import RETRY_AFTER_SECONDS
 from dispatch.mcp.events import accepts_event_stream, event_stream
 from dispatch.mcp.server import (
     CALLER_SCOPE_KEY,
@@ -192,6 +193,8 @@ def _error_response(exc: DispatchError) -> Response:
         # with a header token off to an authorization server Dispatch does not run.
         challenge = "Bearer" if exc.code == "NOT_AUTHENTICATED" else INVALID_TOKEN_CHALLENGE
         headers = {"WWW-Authenticate": challenge}
+    elif exc.http_status == 503:  # as every 503 of the site (core.outage.RetryAfterMiddleware)
+        headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
     return JSONResponse(exc.as_dict(), status_code=exc.http_status, headers=headers)
 
 
@@ -237,6 +240,12 @@ async def mcp_app(scope: Scope, receive: Receive, send: Send) -> None:
         caller = await authenticate(headers)
     except DispatchError as exc:
         await _error_response(exc)(scope, receive, send)
+        return
+    except Exception as exc:  # the database down or frozen while looking the token up: 503
+        mapped = unavailable_error(exc)
+        if mapped is None:
+            raise
+        await _error_response(mapped)(scope, receive, send)
         return
     raw_token = bearer_credentials(headers.get("authorization", "")) or ""
     body = await _request_body(receive) if scope["method"] == "POST" else b""
