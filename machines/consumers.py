@@ -443,8 +443,6 @@ class ShimConsumer(DispatchConsumer):
             relay=operation.relay,
             credit={"stdout": window, "stderr": window},
             max_stream_bytes=None if piped or not isinstance(cap, int) else cap,
-            stdin_claimed=window,
-            stdin_relayed=window,
         )
         await self.send(text_data=text)
 
