@@ -390,6 +390,7 @@ class ShimConsumer(DispatchConsumer):
                     await self._grant_stdin(request_id, pending)
 
         self._drain_task = asyncio.ensure_future(regrant())
+        self.tasks = [task for task in self.tasks if not task.done()]  # a long connection drains many times
         self.tasks.append(self._drain_task)
 
     async def _relay(self, reply_channel: str, message: MachineOutputMessage | MachineFlowMessage) -> None:
