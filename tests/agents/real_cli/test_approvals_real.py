@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -20,7 +21,7 @@ import pytest
 from agents.types import DEFAULT_AGENT_TYPES
 from tests.agents.fake_model import FakeModel, call, say
 from tests.agents.real_cli.conftest import API_KEY, Run, cli_or_skip
-from tests.agents.real_cli.dispatch_fixtures import Dispatch, dispatch_serve  # noqa: F401 - a fixture
+from tests.agents.real_cli.dispatch_fixtures import Dispatch, attach_shim, dispatch_serve  # noqa: F401 - a fixture
 from tests.agents.real_cli.test_dispatch_hooks_claude import Agent, _tool_results, launch
 from tests.mcp.test_mcp_endpoint import mcp_client, text_of
 
@@ -273,3 +274,35 @@ def test_codex_nobody_answering_gives_the_default_deny(codex: Dispatch, fake_mod
     agent.wait_event("done", "turn finished")
     assert "Nobody answered the permission request in time" in codex_output(fake_model)
     assert not target.exists()
+
+
+# --- the machine audit names the approval ------------------------------------------------------
+
+_AUDIT = """
+import json
+from machines.models import AuditRecord
+print(json.dumps([[r.op, r.details] for r in AuditRecord.objects.filter(caller={agent!r}).order_by("ts")]))
+"""
+
+
+def test_a_machine_tool_call_approved_in_dispatch_names_its_approval_in_the_audit(
+    claude: Dispatch, fake_model: FakeModel, run: Run, tmp_path: Path
+) -> None:
+    root = tmp_path / "pc"
+    root.mkdir()
+    (root / "notes.txt").write_text("remember the milk marker-p7\n")
+    agent = launch(claude, "claude-ask", run, "hello marker-p6")
+    agent.wait_event("done", "turn finished")  # the fallback answer; the shim attaches to its session now
+    attach_shim(claude, agent.id, root)
+    fake_model.queue(call("mcp__dispatch__local_pc_file_read", {"path": "notes.txt"}), say("read-done"))
+    agent.send("read my note marker-p8")
+
+    pending = wait_pending(agent)
+    assert (pending["tool_name"], pending["tool_input"]) == ("mcp__dispatch__local_pc_file_read", {"path": "notes.txt"})
+    answer(agent, pending["id"], "allow_once")
+    agent.wait_event("done", "turn finished", count=2)
+    assert "remember the milk marker-p7" in last_tool_result(fake_model)
+    audited = json.loads(
+        claude.inst.manage("shell", "-c", _AUDIT.format(agent=agent.id)).stdout.strip().splitlines()[-1]
+    )
+    assert audited == [["FILE_READ", {"path": "notes.txt", "approval_id": pending["id"]}]]
