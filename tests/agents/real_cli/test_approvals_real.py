@@ -276,6 +276,25 @@ def test_codex_nobody_answering_gives_the_default_deny(codex: Dispatch, fake_mod
     assert not target.exists()
 
 
+def test_codex_a_policy_rule_answers_without_asking(codex: Dispatch, fake_model: FakeModel, run: Run) -> None:
+    target = run.home / "codex-policy.txt"
+    rule = httpx.post(
+        f"{codex.server.url}/api/v1/approval-rules",
+        json={"tool": "Bash", "pattern": f"echo * > {run.home}/*", "action": "allow"},
+        headers={"Authorization": f"Bearer {codex.token}"},
+        timeout=10,
+    )
+    assert rule.status_code == 201, rule.text
+    fake_model.queue(escalated(f"echo ruled > {target}"), say("after-rule"))
+    agent = launch(codex, "codex", run, "write by rule marker-q4")
+
+    agent.wait_event("done", "turn finished")
+    assert target.read_text() == "ruled\n"
+    decided = approvals(agent, "allowed")
+    assert [(a["tool_summary"], a["rule"]["id"]) for a in decided] == [(f"echo ruled > {target}", rule.json()["id"])]
+    assert not [e for e in agent.events() if e["type"] == "blocked"]  # nobody was asked
+
+
 # --- the machine audit names the approval ------------------------------------------------------
 
 _AUDIT = """
