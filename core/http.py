@@ -133,7 +133,8 @@ class OutageMiddleware(AsyncCapableMiddleware):
         mapped = unavailable_error(exception)
         if mapped is None:
             return None
-        logger.warning("%s %s: %s (%s)", request.method, request.path, mapped.message, exception)
+        # The outage itself was logged once by core.outage.tracker (unavailable_error).
+        logger.debug("%s %s: %s (%s)", request.method, request.path, mapped.message, exception)
         if request.path.startswith(("/api/", "/mcp")):
             return error_response(mapped)
         return HttpResponse(mapped.message, status=503, content_type="text/plain; charset=utf-8")

@@ -59,7 +59,7 @@ from django.conf import settings
 from django.db import transaction
 from pydantic import ValidationError
 
-from core import metrics
+from core import metrics, outage
 from core.errors import DispatchError, channel_layer_unavailable, database_unavailable
 from core.protocol import ChannelMessage, ChannelRequest, HealthProbeMessage
 from core.validation import describe_validation_error
@@ -175,7 +175,9 @@ def _ring_failed(target: str, message: ChannelMessage, exc: Exception) -> None:
     if isinstance(exc, ChannelFull):
         logger.warning("ring %s to %s dropped: channel full", kind, target)
     elif _outage(exc):
-        logger.warning("ring %s to %s dropped: %s: %s", kind, target, type(exc).__name__, str(exc)[:300])
+        # One WARNING per outage (core.outage), not one per ring: listeners poll anyway.
+        outage.tracker.failed("database" if database_unavailable(exc) else "channel_layer", exc)
+        logger.debug("ring %s to %s dropped: %s: %s", kind, target, type(exc).__name__, str(exc)[:300])
     else:
         logger.exception("ring %s to %s failed", kind, target)
 

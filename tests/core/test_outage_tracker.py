@@ -134,3 +134,26 @@ async def test_healthz_answers_within_its_deadline_when_the_layer_never_answers(
     body = response.json()
     assert (body["database"], body["database_writable"], body["channel_layer"]) == ("ok", True, "error")
     assert body["errors"] == {"channel_layer": "did not answer within 0.3s"}
+
+
+def test_page_requests_and_rings_during_an_outage_add_no_warning_of_their_own(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The tracker's one WARNING is the outage's line; OutageMiddleware (a page view that
+    # raised) and a dropped after-commit ring used to add one WARNING each, every time.
+    from django.test import RequestFactory
+
+    from core.http import OutageMiddleware
+    from core.protocol import HealthProbeMessage
+    from core.realtime import _ring_failed
+
+    middleware = OutageMiddleware(lambda request: None)
+    with caplog.at_level(logging.DEBUG):
+        for number in range(5):
+            answer = middleware.process_exception(
+                RequestFactory().get(f"/agents/{number}"), RedisConnectionError("Connection refused")
+            )
+            assert answer is not None and answer.status_code == 503
+            _ring_failed("group", HealthProbeMessage(probe="p"), RedisConnectionError("refused"))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "channel layer (Redis) is unavailable" in warnings[0], warnings
