@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 import json
 import secrets
 from dataclasses import dataclass
@@ -33,9 +34,12 @@ from attention.models import AgentViewing, Delivery, Notification, NotificationS
 from attention.selectors import apprise_urls_of, is_viewing, notification_settings_for
 from attention.senders import apprise_url_check, apprise_url_masked
 from core import secrets_at_rest
-from core.errors import InvalidRequest
+from core.errors import DispatchError, InvalidRequest
 
 MAX_APPRISE_URLS = 20
+# Push subscriptions one user may hold: one per browser they enabled push in. Each
+# notification is sent to every one, so an unbounded list is an amplifier.
+MAX_PUSH_SUBSCRIPTIONS = 20
 MAX_TITLE = 200
 MAX_BODY = 1000
 CLAIM_LEASE = timedelta(seconds=120)  # a claimed delivery whose worker died is taken again after this
@@ -138,24 +142,64 @@ def _b64url(value: Any, what: str) -> bytes:
         raise InvalidRequest(f"{what} is not base64url") from None
 
 
+def _loopback(hostname: str) -> bool:
+    address = _ip_of(hostname)
+    return hostname == "localhost" or (address is not None and address.is_loopback)
+
+
+def _ip_of(hostname: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(hostname)
+    except ValueError:
+        return None
+
+
+def push_endpoint_check(endpoint: Any) -> str:
+    """``endpoint`` when it is an address a browser's push service gives: ``https://`` on a
+    host name or a global IP address, without user info, at most 2048 characters, no NUL.
+    Browsers only hand out https push endpoints (the W3C Push API; RFC 8030 runs over
+    HTTPS), so anything else — plain http, ``file:``, loopback, private, link-local (cloud
+    metadata) or unspecified addresses — is refused: the server POSTs to it. With
+    ``DISPATCH_NOTIFY_PUSH_LOOPBACK_HTTP`` a push service on this machine (``http://`` or
+    ``https://`` on ``localhost``/``127.0.0.1``/``::1``) is taken too, for tests and local
+    trials. Raises ``InvalidRequest``. A host name that resolves to an internal address
+    is not looked up here (docs/notifications.md "Web Push")."""
+    if not isinstance(endpoint, str) or len(endpoint) > 2048 or "\x00" in endpoint:
+        raise InvalidRequest("endpoint must be the push service's URL")
+    try:
+        parts = urlsplit(endpoint)
+        hostname = parts.hostname or ""
+    except ValueError:
+        raise InvalidRequest("endpoint must be an https URL") from None
+    if parts.scheme not in ("https", "http") or not hostname:
+        raise InvalidRequest("endpoint must be an https URL")
+    if parts.username is not None or parts.password is not None:
+        raise InvalidRequest("endpoint must not carry a user name or password")
+    if settings.NOTIFY_PUSH_LOOPBACK_HTTP and _loopback(hostname):
+        return endpoint
+    if parts.scheme != "https":
+        raise InvalidRequest("endpoint must be an https URL (browsers only give https push endpoints)")
+    address = _ip_of(hostname)
+    if hostname == "localhost" or hostname.endswith(".localhost") or (address is not None and not address.is_global):
+        raise InvalidRequest("endpoint must be a push service on the internet, not a local or private address")
+    return endpoint
+
+
 @transaction.atomic
 def push_subscription_save(
     *, user: User, endpoint: str, p256dh: str, auth: str, user_agent: str = ""
 ) -> PushSubscription:
     """Keep a browser's push subscription for ``user`` (``PushSubscription.toJSON()``'s
     ``endpoint``, ``keys.p256dh``, ``keys.auth``; RFC 8291 §3: a P-256 public point of 65
-    bytes and a 16-byte auth secret, base64url). The same endpoint saved again (a new
-    login on that browser) is updated and moves to ``user``. ``InvalidRequest`` for an
-    endpoint that is not an http(s) URL or keys of the wrong shape."""
-    if not isinstance(endpoint, str) or len(endpoint) > 2048 or "\x00" in endpoint:
-        raise InvalidRequest("endpoint must be the push service's URL")
-    try:
-        parts = urlsplit(endpoint)
-        hostname = parts.hostname
-    except ValueError:
-        raise InvalidRequest("endpoint must be an http(s) URL") from None
-    if parts.scheme not in ("https", "http") or not hostname:
-        raise InvalidRequest("endpoint must be an http(s) URL")
+    bytes and a 16-byte auth secret, base64url). ``endpoint`` as ``push_endpoint_check``.
+
+    The same endpoint saved again by ``user`` is updated. Saved by another user, it moves
+    to them only with the very same keys — the same browser, where another account logged
+    in; with other keys it is ``DispatchError("CONFLICT")`` (409) and stays as it is: the
+    endpoint alone (which anyone who saw it knows) never takes a subscription away. At most
+    ``MAX_PUSH_SUBSCRIPTIONS`` per user (``InvalidRequest`` beyond, nothing saved).
+    ``InvalidRequest`` too for keys of the wrong shape."""
+    push_endpoint_check(endpoint)
     point = _b64url(p256dh, "keys.p256dh")
     try:
         ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), point)
@@ -165,6 +209,20 @@ def push_subscription_save(
         raise InvalidRequest("keys.p256dh is not a P-256 public key (65 bytes, uncompressed)")
     if len(_b64url(auth, "keys.auth")) != 16:
         raise InvalidRequest("keys.auth must be 16 bytes")
+    existing = PushSubscription.objects.select_for_update().filter(endpoint=endpoint).first()
+    if existing is not None and existing.user_id != user.pk and (existing.p256dh, existing.auth) != (p256dh, auth):
+        raise DispatchError(
+            "CONFLICT",
+            "this push endpoint is subscribed with other keys: turn push off on that device and enable it again",
+        )
+    if existing is None or existing.user_id != user.pk:
+        held = PushSubscription.objects.select_for_update().filter(user=user).count()
+        if held >= MAX_PUSH_SUBSCRIPTIONS:
+            raise InvalidRequest(
+                f"at most {MAX_PUSH_SUBSCRIPTIONS} push subscriptions per user: turn push off on a device you no "
+                "longer use first",
+                {"limit": MAX_PUSH_SUBSCRIPTIONS},
+            )
     subscription, _ = PushSubscription.objects.update_or_create(
         endpoint=endpoint,
         defaults={"user": user, "p256dh": p256dh, "auth": auth, "user_agent": (user_agent or "")[:300]},

@@ -551,6 +551,9 @@ NOTIFY_POLL_INTERVAL = env_float("DISPATCH_NOTIFY_POLL_INTERVAL", 1.0, minimum=0
 # How long an open agent page's "viewing" heartbeat holds its agent's pushes back (seconds;
 # the page renews it every 15 s while visible).
 NOTIFY_VIEWING_TTL = env_float("DISPATCH_NOTIFY_VIEWING_TTL", 45.0, minimum=1.0)
+# Take push endpoints on this machine over plain http (a local push service: tests, trials).
+# Off, only https endpoints of public hosts are taken (browsers only give those).
+NOTIFY_PUSH_LOOPBACK_HTTP = env_bool("DISPATCH_NOTIFY_PUSH_LOOPBACK_HTTP", False)
 
 LOG_LEVEL = env_str("DISPATCH_LOG_LEVEL", "INFO").upper()
 if LOG_LEVEL not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):

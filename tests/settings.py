@@ -20,6 +20,8 @@ os.environ.setdefault("DISPATCH_REAP_INTERVAL", "0.5")
 os.environ.setdefault("DISPATCH_WS_AUTH_TIMEOUT", "10")
 # Tests never touch the user's own tmux server (tests/conftest.py kills this one at the end).
 os.environ.setdefault("DISPATCH_TMUX_SOCKET", f"dispatch-tests-{os.getpid()}")
+# The Web Push tests run a push service of their own on 127.0.0.1 (tests/attention/conftest.py).
+os.environ.setdefault("DISPATCH_NOTIFY_PUSH_LOOPBACK_HTTP", "true")
 
 from dispatch.settings import *  # noqa: F403
 

@@ -1,0 +1,111 @@
+"""Notifications under attack (docs/notifications.md): what another user, a forged push
+subscription or a flood of them can and cannot do through ``/api/v1/notifications/…``.
+
+Each refusal is checked with the state it must leave unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from attention.models import AgentViewing, PushSubscription
+from tests.attention.test_settings_api import SUBSCRIPTIONS, Api, browser_subscription
+
+pytestmark = pytest.mark.django_db
+
+VIEWING = "/api/v1/notifications/viewing"
+
+
+@pytest.fixture
+def api(owner_token: str) -> Api:
+    return Api(owner_token)
+
+
+@pytest.fixture
+def outsider_api(outsider_token: str) -> Api:
+    return Api(outsider_token)
+
+
+def test_another_user_cannot_take_over_a_push_subscription_by_posting_its_endpoint(
+    api: Api, outsider_api: Api, owner: Any
+) -> None:
+    mine = browser_subscription()
+    assert api.send("post", SUBSCRIPTIONS, mine).status_code == 201
+    forged = browser_subscription(mine["endpoint"])  # the same endpoint, the attacker's own keys
+    response = outsider_api.send("post", SUBSCRIPTIONS, forged)
+    assert response.status_code == 409, response.content
+    kept = PushSubscription.objects.get(endpoint=mine["endpoint"])
+    assert (kept.user_id, kept.p256dh, kept.auth) == (owner.pk, mine["keys"]["p256dh"], mine["keys"]["auth"])
+    # and the endpoint alone does not delete it either
+    assert outsider_api.send("delete", SUBSCRIPTIONS, {"endpoint": mine["endpoint"]}).status_code == 404
+    assert PushSubscription.objects.filter(endpoint=mine["endpoint"], user=owner).exists()
+
+
+def test_the_same_browser_subscription_moves_to_whoever_logs_in_on_it(
+    api: Api, outsider_api: Api, outsider: Any
+) -> None:
+    # One browser has one subscription: another account logging in there presents the very
+    # same endpoint and keys, and the pushes follow that account.
+    shared = browser_subscription()
+    assert api.send("post", SUBSCRIPTIONS, shared).status_code == 201
+    assert outsider_api.send("post", SUBSCRIPTIONS, shared).status_code == 201
+    assert PushSubscription.objects.get(endpoint=shared["endpoint"]).user_id == outsider.pk
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        "http://push.example.net/send/abc",  # browsers only give https push endpoints
+        "http://127.0.0.1:8080/push",
+        "https://127.0.0.1/push",
+        "https://localhost/push",
+        "https://169.254.169.254/latest/meta-data/",  # cloud metadata
+        "https://10.0.0.7/push",
+        "https://192.168.1.1/push",
+        "https://[::1]/push",
+        "https://[fd00::1]/push",
+        "https://0.0.0.0/push",
+        "file:///etc/passwd",
+        "https://user:pw@push.example.net/send/abc",
+    ],
+)
+def test_a_push_endpoint_must_be_an_https_address_of_a_public_host(api: Api, endpoint: str, settings: Any) -> None:
+    settings.NOTIFY_PUSH_LOOPBACK_HTTP = False
+    response = api.send("post", SUBSCRIPTIONS, browser_subscription(endpoint))
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["code"] == "INVALID_REQUEST"
+    assert not PushSubscription.objects.exists()
+
+
+def test_plain_http_on_loopback_is_only_for_a_local_push_service_the_setting_allows(api: Api, settings: Any) -> None:
+    settings.NOTIFY_PUSH_LOOPBACK_HTTP = True
+    assert api.send("post", SUBSCRIPTIONS, browser_subscription("http://127.0.0.1:8080/push")).status_code == 201
+    # the setting opens loopback over http, nothing else
+    for other in ("http://10.0.0.7/push", "https://169.254.169.254/x", "http://push.example.net/x"):
+        assert api.send("post", SUBSCRIPTIONS, browser_subscription(other)).status_code == 400, other
+
+
+def test_a_user_holds_a_bounded_number_of_push_subscriptions(api: Api, owner: Any) -> None:
+    from attention.services import MAX_PUSH_SUBSCRIPTIONS
+
+    for n in range(MAX_PUSH_SUBSCRIPTIONS):
+        assert (
+            api.send("post", SUBSCRIPTIONS, browser_subscription(f"https://push.example.net/s/{n}")).status_code == 201
+        )
+    over = api.send("post", SUBSCRIPTIONS, browser_subscription("https://push.example.net/s/one-more"))
+    assert over.status_code == 400, over.content
+    assert str(MAX_PUSH_SUBSCRIPTIONS) in over.json()["error"]["message"]
+    assert PushSubscription.objects.filter(user=owner).count() == MAX_PUSH_SUBSCRIPTIONS
+    # a browser already subscribed may still renew its own
+    again = browser_subscription("https://push.example.net/s/0")
+    assert api.send("post", SUBSCRIPTIONS, again).status_code == 201
+
+
+def test_a_viewing_heartbeat_for_another_users_agent_is_404_and_holds_nothing_back(
+    outsider_api: Api, cli_agent: Any
+) -> None:
+    response = outsider_api.send("post", VIEWING, {"client_id": "tab-12345678", "agent_id": cli_agent.pk})
+    assert response.status_code == 404 and response.json()["error"]["code"] == "NOT_FOUND"
+    assert not AgentViewing.objects.exists()
