@@ -271,17 +271,21 @@ def _settle(approval: Approval, *, status: str, decision: str, answered_by: str,
 def _rule_pattern(approval: Approval) -> str:
     """The pattern of the rule "Always allow this rule" makes: for ``Bash``, Claude Code's
     own suggested rule when it gave one (``ls:*`` — a prefix — becomes ``ls*``; anything
-    else is taken literally), else the request's exact summary (glob characters escaped)."""
+    else is taken literally), else the request's exact summary (glob characters escaped).
+    Suggestions arrive with the hook's payload, so a malformed one, an empty prefix (``:*``
+    would allow every command) or one longer than ``MAX_PATTERN`` is passed over."""
     if approval.tool_name == "Bash":
         for suggestion in approval.suggestions:
             if not isinstance(suggestion, Mapping) or suggestion.get("type") != "addRules":
                 continue
-            for rule in suggestion.get("rules") or []:
+            rules = suggestion.get("rules")
+            for rule in rules if isinstance(rules, list) else []:
                 content = rule.get("ruleContent") if isinstance(rule, Mapping) else None
-                if rule.get("toolName") == "Bash" and isinstance(content, str) and content:
-                    if content.endswith(":*"):
-                        return glob.escape(content[:-2]) + "*"
-                    return glob.escape(content)
+                if not isinstance(content, str) or rule.get("toolName") != "Bash" or content in ("", ":*"):
+                    continue
+                pattern = glob.escape(content[:-2]) + "*" if content.endswith(":*") else glob.escape(content)
+                if len(pattern) <= MAX_PATTERN:
+                    return pattern
     return glob.escape(approval.tool_summary)[:MAX_PATTERN]
 
 
