@@ -24,7 +24,8 @@ from pydantic import ValidationError
 
 from agents.approval_pages import ApprovalCard
 from agents.models import Agent
-from core.errors import DispatchError
+from agents.selectors import is_valid_id
+from core.errors import DispatchError, NotFound
 from peers.client import PeerClient, PeerUnreachable
 from peers.models import Peer
 from peers.protocol import PeerApproval, PeerApprovalList
@@ -127,6 +128,10 @@ async def linked_approvals_of(peer: Peer, *, timeout: float = LINKED_APPROVALS_T
     try:
         listing = PeerApprovalList.model_validate(body)
     except ValidationError:
+        listing = None
+    # Its ids go into this page's links and back into the path of an answer to it: an id
+    # that is no id (a "/", "..", "?") would break the page or reach another route there.
+    if listing is None or not all(is_valid_id(a.id) and is_valid_id(a.agent_id) for a in listing.approvals):
         part.problem = f"{peer.label} sent approvals this instance cannot read"
         return part
     shadows = await database_sync_to_async(_shadows_of)(peer)
@@ -149,12 +154,15 @@ async def linked_approval_answer(
     by alice on <our name>").
 
     Returns the peer's answer ``{id, agent_id, status, decision, answered_by, answered_at}``.
-    Raises ``NotFound`` for a link that is not ``user``'s; ``DispatchError`` with the
+    Raises ``NotFound`` for a link that is not ``user``'s or an ``approval_id`` that is
+    no id (``agents.selectors.is_valid_id``: nothing is sent); ``DispatchError`` with the
     peer's own code and message for its refusals (``APPROVAL_ANSWERED`` 409 naming who
     answered, ``NOT_FOUND``, ``CAPABILITY_NOT_GRANTED``, ``INVALID_REQUEST``), and
     ``TEMPORARILY_UNAVAILABLE`` (503) when the peer cannot be reached: nothing was answered.
     """
     peer = await database_sync_to_async(peer_get_for)(user=user, peer_id=peer_id)
+    if not is_valid_id(approval_id):  # it becomes part of the path asked there
+        raise NotFound("no such approval")
     identity = await database_sync_to_async(identity_get)()
     body = {
         "decision": decision,
