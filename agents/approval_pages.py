@@ -16,6 +16,7 @@ down peer never holds the page up); this module knows nothing of peers.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -35,6 +36,11 @@ from core.errors import DispatchError
 from core.views import htmx_login_required
 
 DECISIONS_SHOWN = 20  # answered approvals on a page (the API lists the rest)
+# Pending approvals one page shows (oldest first; the API lists the rest), and characters of
+# one approval's full input shown under "Full input". An agent holding its own token can
+# make requests of up to a megabyte each, as many as it likes: a page stays a page.
+PENDING_SHOWN = 50
+INPUT_SHOWN = 16_000
 OUTCOMES = {
     "allow_once": "approved once",
     "allow_always": "always allowed",
@@ -68,6 +74,18 @@ class ApprovalCard:
     answered_at: datetime | None = None
     rule: str = ""
     peer_label: str = ""
+
+    @property
+    def input_text(self) -> str:
+        """The full input as indented JSON, cut to ``INPUT_SHOWN`` characters (saying how
+        much more there is: the API has it whole)."""
+        try:
+            text = json.dumps(self.tool_input, indent=2, ensure_ascii=False, sort_keys=True)
+        except (TypeError, ValueError):
+            text = str(self.tool_input)
+        if len(text) <= INPUT_SHOWN:
+            return text
+        return f"{text[:INPUT_SHOWN]}\n… ({len(text) - INPUT_SHOWN:,} more characters: GET /api/v1/approvals/{self.id})"
 
     @property
     def outcome(self) -> str:
@@ -116,15 +134,16 @@ def approval_card(approval: Approval) -> ApprovalCard:
 
 
 def agent_approval_cards(*, user: User, agent: Agent) -> tuple[list[ApprovalCard], list[ApprovalCard]]:
-    """``(pending, answered)`` approvals of ``user``'s ``agent``: every pending one (oldest
-    first) and the last ``DECISIONS_SHOWN`` answered ones (newest first)."""
+    """``(pending, answered)`` approvals of ``user``'s ``agent``: the oldest
+    ``PENDING_SHOWN`` pending ones and the last ``DECISIONS_SHOWN`` answered ones (newest first)."""
     pending = approvals.approvals_for(user=user, status=Approval.Status.PENDING, agent=agent)
     answered = (
         approvals.approvals_for(user=user, status=None, agent=agent)
         .exclude(status=Approval.Status.PENDING)
         .order_by("-answered_at", "-asked_at")[:DECISIONS_SHOWN]
     )
-    return [approval_card(a) for a in pending.order_by("asked_at")], [approval_card(a) for a in answered]
+    shown = pending.order_by("asked_at")[:PENDING_SHOWN]
+    return [approval_card(a) for a in shown], [approval_card(a) for a in answered]
 
 
 def _next_url(request: HttpRequest, fallback: str) -> str:
@@ -143,8 +162,12 @@ def _list_context(user: User) -> dict[str, Any]:
         .order_by("-answered_at", "-asked_at")[:DECISIONS_SHOWN]
     )
     rules = approvals.approval_rules_for(user=user)
+    shown = [approval_card(a) for a in pending[:PENDING_SHOWN]]
+    total = len(shown) if len(shown) < PENDING_SHOWN else pending.count()
     return {
-        "pending": [approval_card(a) for a in pending],
+        "pending": shown,
+        "pending_total": total,
+        "pending_more": total - len(shown),
         "decisions": [approval_card(a) for a in answered],
         "rules": [(rule, rule_text(rule)) for rule in rules],
         "rule_agents": selectors.agents_for(user=user).items,

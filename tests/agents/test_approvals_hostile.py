@@ -252,3 +252,28 @@ def test_the_rule_form_takes_a_catastrophic_or_malformed_pattern_as_a_plain_glob
     asked = approvals.approval_request(agent=agent, tool_name="Bash", tool_input={"command": "a" * 10_000})
     assert asked.status == "pending"  # none of them matches, and matching returned
     assert re.fullmatch(r"apr_[0-9a-f]{12}", asked.pk)
+
+
+# --- a flood of large requests (an agent holding its own token can make them) -------------------
+
+
+def test_a_flood_of_large_pending_requests_keeps_the_approvals_pages_bounded(owner: Any, agent: Agent) -> None:
+    from agents.approval_pages import INPUT_SHOWN, PENDING_SHOWN
+
+    big = {"command": "ls", "content": "A" * 200_000}  # a hook payload may be up to 1 MB
+    for _ in range(PENDING_SHOWN + 10):
+        approvals.approval_request(agent=agent, tool_name="Write", tool_input=big)
+    client = login(owner)
+    for path in ("/approvals/", "/approvals/fragment", f"/agents/{agent.pk}/"):
+        response = client.get(path)
+        assert response.status_code == 200, path
+        html = response.content.decode()
+        # every box shows at most INPUT_SHOWN characters of an input, and at most PENDING_SHOWN boxes
+        assert len(html) < PENDING_SHOWN * (INPUT_SHOWN + 10_000), (path, len(html))
+        assert html.count('class="approval-box"') == PENDING_SHOWN, path
+    listing = client.get("/approvals/").content.decode()
+    assert f"{PENDING_SHOWN + 10} pending" in listing and "10 more" in listing
+    # the API still gives each input whole
+    one = Approval.objects.filter(status="pending").first()
+    assert one is not None
+    assert client.get(f"/approvals/{one.pk}/").status_code == 200
