@@ -10,6 +10,7 @@ to those agents at all; an answer is the same reach as a message); the routes ch
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from agents import approvals
@@ -20,6 +21,10 @@ from peers.protocol import ApprovalAnswerBody
 
 # Pending approvals one listing carries (oldest first): a page, not an export.
 PEER_APPROVALS_MAX = 100
+# Characters of one input's JSON a listing carries whole; a longer one goes as
+# ``{"input_cut": <its first PEER_INPUT_SHOWN characters>}``. A hook may send a megabyte a
+# request, and a page shows 16,000 characters of it (agents.approval_pages.INPUT_SHOWN).
+PEER_INPUT_SHOWN = 16_000
 
 
 def _iso(value: Any) -> str | None:
@@ -29,8 +34,12 @@ def _iso(value: Any) -> str | None:
 def peer_approval_data(approval: Approval) -> dict[str, Any]:
     """``approval`` as ``peers.protocol.PeerApproval``: ``{id, agent_id, agent_name,
     tool_name, tool_summary, tool_input, suggestions, status, asked_at, expires_at}``
-    (ids ours, times ISO 8601 UTC with ``Z``)."""
+    (ids ours, times ISO 8601 UTC with ``Z``; an input whose JSON is longer than
+    ``PEER_INPUT_SHOWN`` characters as ``{"input_cut": <its start>}``)."""
     tool_input = approval.tool_input if isinstance(approval.tool_input, dict) else {"input": approval.tool_input}
+    text = json.dumps(tool_input, ensure_ascii=False)
+    if len(text) > PEER_INPUT_SHOWN:
+        tool_input = {"input_cut": text[:PEER_INPUT_SHOWN]}
     return {
         "id": approval.pk,
         "agent_id": approval.agent_id,

@@ -128,3 +128,25 @@ def test_an_answer_with_an_id_that_is_no_approval_id_never_reaches_the_peer(
     assert "no such approval" in response.content.decode()
     assert hostile_peer.paths == []
     assert Peer.objects.filter(pk=evil.pk).exists()
+
+
+@pytest.mark.django_db
+def test_the_peer_listing_cuts_huge_inputs_so_one_agent_cannot_make_it_hundreds_of_megabytes(
+    make_peer: Any, owner: Any, tmp_path: Any
+) -> None:
+    from agents import approvals
+    from peers.services.approvals import PEER_APPROVALS_MAX, PEER_INPUT_SHOWN
+    from tests.peers.signing import peer_get
+
+    agent = local_agent(owner, tmp_path)
+    small = approvals.approval_request(agent=agent, tool_name="Bash", tool_input={"command": "ls", "n": 1})
+    for _ in range(5):
+        approvals.approval_request(agent=agent, tool_name="Write", tool_input={"content": "A" * 300_000})
+    response = peer_get(Client(), make_peer(owner, label="Cloud"), "/api/v1/peers/approvals")
+    assert response.status_code == 200
+    listed = response.json()["approvals"]
+    assert len(response.content) < 6 * (PEER_INPUT_SHOWN + approvals.MAX_SUMMARY + 2_000)
+    assert listed[0]["id"] == small.pk and listed[0]["tool_input"] == {"command": "ls", "n": 1}  # small: whole
+    cut = listed[1]["tool_input"]
+    assert set(cut) == {"input_cut"} and cut["input_cut"].startswith('{"content": "AAA')
+    assert len(cut["input_cut"]) <= PEER_INPUT_SHOWN + 100 and PEER_APPROVALS_MAX == 100
