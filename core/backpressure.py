@@ -78,6 +78,37 @@ def unsent_bytes(protocol: Any | None) -> int:
     return total
 
 
+class ReadThrottle:
+    """Stops reading a socket whose frames arrive faster than its consumer takes them.
+
+    daphne reads every frame a client sends into the connection's input queue at once,
+    however far behind the consumer is: a client writing 1 MB frames without pause grew
+    that queue by hundreds of MB. ``frame_taken()``, called as the consumer takes each
+    frame, pauses the transport's reading once ``limit`` frames wait behind it and resumes
+    when at most half of that wait; meanwhile the client's writes wait in its kernel
+    buffers (TCP flow control). So a connection holds at most ``limit`` unread frames
+    (each at most ``DISPATCH_WS_MAX_MESSAGE_BYTES``). Under another server: nothing.
+    """
+
+    def __init__(self, protocol: Any | None, *, limit: int) -> None:
+        self.queue = getattr(protocol, "application_queue", None)
+        self.transport = getattr(protocol, "transport", None)
+        self.limit = limit
+        self.paused = False
+
+    def frame_taken(self) -> None:
+        """Pause or resume reading after the consumer took a frame (see the class)."""
+        if self.queue is None or self.transport is None:
+            return
+        waiting = self.queue.qsize()
+        if not self.paused and waiting >= self.limit:
+            self.paused = True
+            self.transport.pauseProducing()
+        elif self.paused and waiting <= self.limit // 2:
+            self.paused = False
+            self.transport.resumeProducing()
+
+
 class SendPressure:
     """The marks of one websocket connection and the time it crossed the hard one.
 
@@ -127,21 +158,36 @@ class SendPressure:
 
 def release_channel_buffer(layer: Any, channel_name: str, *, again_after: float | None = None) -> int:
     """Drop what the channel layer holds in this process for a channel no one will read
-    again (a closed consumer's); return how many messages were dropped.
+    again (a closed consumer's); return how many messages were dropped now.
 
     channels-redis moves every message for this process's channels from Redis into a
     per-channel queue in memory (``receive_buffer``, up to the layer's capacity) and never
     empties the queue of a channel whose reader is gone: calls still arriving for a closed
     remote's session (1 MB each) stayed in the process until a restart. Messages already in
     Redis may still arrive after the close, so with ``again_after`` (seconds: the layer's
-    ``expiry``, after which Redis has dropped them) the queue is dropped once more then.
-    Other layers have no such queue: nothing happens.
+    ``expiry``, after which Redis has dropped them) the channel is swept again every
+    ``SWEEP_INTERVAL`` until then (one sweeper task per process). Other layers have no
+    such queue: nothing happens.
     """
     buffers = getattr(layer, "receive_buffer", None)
     if not isinstance(buffers, dict):
         return 0
+    dropped = _empty(buffers, channel_name)
     if again_after is not None:
-        asyncio.get_running_loop().call_later(again_after, buffers.pop, channel_name, None)
+        _CLOSED[channel_name] = (buffers, time.monotonic() + again_after)
+        global _sweeper
+        loop = asyncio.get_running_loop()
+        if _sweeper is None or _sweeper.done() or _sweeper.get_loop() is not loop:
+            _sweeper = loop.create_task(_sweep_closed_channels())
+    return dropped
+
+
+SWEEP_INTERVAL = 0.5  # seconds between two sweeps of closed channels' queues
+_CLOSED: dict[str, tuple[dict[str, Any], float]] = {}  # channel → (its layer's buffers, sweep until)
+_sweeper: asyncio.Task[None] | None = None
+
+
+def _empty(buffers: dict[str, Any], channel_name: str) -> int:
     # Emptied, not removed: the consumer's own receive may still be waiting on the queue,
     # and channels-redis deletes the entry itself when that receive is cancelled.
     queue = buffers.get(channel_name)
@@ -150,3 +196,15 @@ def release_channel_buffer(layer: Any, channel_name: str, *, again_after: float 
         queue.get_nowait()
         dropped += 1
     return dropped
+
+
+async def _sweep_closed_channels() -> None:
+    """Empty closed channels' queues until their sweep time is over, then forget them."""
+    while _CLOSED:
+        await asyncio.sleep(SWEEP_INTERVAL)
+        now = time.monotonic()
+        for channel_name, (buffers, until) in list(_CLOSED.items()):
+            _empty(buffers, channel_name)
+            if now >= until:
+                buffers.pop(channel_name, None)
+                del _CLOSED[channel_name]

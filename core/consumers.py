@@ -38,7 +38,14 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 
 from core import presence
-from core.backpressure import POLL_INTERVAL, SendPressure, release_channel_buffer, transport_protocol, unsent_bytes
+from core.backpressure import (
+    POLL_INTERVAL,
+    ReadThrottle,
+    SendPressure,
+    release_channel_buffer,
+    transport_protocol,
+    unsent_bytes,
+)
 from core.errors import channel_layer_unavailable, database_unavailable
 from core.http import bearer_credentials
 from core.protocol import ChannelMessage, CredentialEndedMessage, ServerShutdownMessage
@@ -109,6 +116,7 @@ class DispatchConsumer(AsyncWebsocketConsumer):
     _socket_closed = False  # a close was sent or the client went away
     _cleaned_up = False
     _send_pressure: SendPressure | None = None
+    _read_throttle: ReadThrottle | None = None
     _hard_watch: asyncio.Future[None] | None = None  # core.backpressure: the close after the grace
 
     # --- back-pressure (core.backpressure; docs/operating.md "Bounds") ----------------------
@@ -125,6 +133,15 @@ class DispatchConsumer(AsyncWebsocketConsumer):
                 grace=settings.WS_HARD_GRACE,
             )
         return self._send_pressure
+
+    async def websocket_receive(self, message: dict[str, Any]) -> None:
+        """A frame from the client: first, stop reading the socket while too many more
+        wait behind it (``core.backpressure.ReadThrottle``)."""
+        if self._read_throttle is None:
+            protocol = transport_protocol(getattr(self, "base_send", None))
+            self._read_throttle = ReadThrottle(protocol, limit=settings.WS_INBOUND_FRAMES)
+        self._read_throttle.frame_taken()
+        await super().websocket_receive(message)
 
     def unsent_bytes(self) -> int:
         """Bytes sent to this socket that its peer has not read yet and the process still

@@ -431,6 +431,9 @@ WS_HARD_LIMIT = env_int("DISPATCH_WS_HARD_LIMIT", 32 * 1024 * 1024, minimum=64 *
 if WS_HARD_LIMIT < WS_HIGH_WATER:
     raise ImproperlyConfigured("DISPATCH_WS_HARD_LIMIT must be at least DISPATCH_WS_HIGH_WATER")
 WS_HARD_GRACE = env_float("DISPATCH_WS_HARD_GRACE", 10.0)  # seconds
+# Frames a client may have sent that its consumer has not taken yet; past it the socket is
+# not read until half of them are (core.backpressure.ReadThrottle).
+WS_INBOUND_FRAMES = env_int("DISPATCH_WS_INBOUND_FRAMES", 16, minimum=2)
 # Remote calls in flight, counted where they were made (remotes.inflight; docs/operating.md
 # "Bounds"): a call over a cap is refused at once. "Per user" counts within one process.
 REMOTE_CALLS_PER_SESSION = env_int("DISPATCH_REMOTE_CALLS_PER_SESSION", 64, minimum=1)

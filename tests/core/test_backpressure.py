@@ -13,7 +13,14 @@ from typing import Any
 
 from channels.sessions import InstanceSessionWrapper
 
-from core.backpressure import SendPressure, release_channel_buffer, transport_protocol, unsent_bytes
+from core.backpressure import (
+    SWEEP_INTERVAL,
+    ReadThrottle,
+    SendPressure,
+    release_channel_buffer,
+    transport_protocol,
+    unsent_bytes,
+)
 
 
 class FakeProtocol:
@@ -82,14 +89,34 @@ async def test_a_closed_consumers_buffered_messages_are_dropped_now_and_after_th
     for index in range(3):
         buffers["specific.a!b"].put_nowait({"type": "remote.call", "index": index})
     layer = SimpleNamespace(receive_buffer=buffers)
-    assert release_channel_buffer(layer, "specific.a!b", again_after=0.05) == 3
+    assert release_channel_buffer(layer, "specific.a!b", again_after=0.1) == 3
     assert buffers["specific.a!b"].empty()  # emptied, the entry left to its receiver
-    # A message that was still in Redis arrives after the close...
+    # A message that was still in Redis arrives after the close: the next sweep drops it...
     buffers["specific.a!b"].put_nowait({"type": "remote.call", "index": 3})
-    await asyncio.sleep(0.1)
-    # ...and is gone with the entry once the layer's expiry has passed.
+    await asyncio.sleep(SWEEP_INTERVAL + 0.2)
+    # ...and the entry goes once the layer's expiry has passed.
     assert "specific.a!b" not in buffers
 
 
 def test_a_layer_without_buffers_is_left_alone():
     assert release_channel_buffer(SimpleNamespace(), "x") == 0
+
+
+def test_reading_pauses_while_too_many_frames_wait_and_resumes_at_half():
+    calls: list[str] = []
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    transport = SimpleNamespace(
+        pauseProducing=lambda: calls.append("pause"), resumeProducing=lambda: calls.append("resume")
+    )
+    throttle = ReadThrottle(SimpleNamespace(application_queue=queue, transport=transport), limit=4)
+    for _ in range(4):
+        queue.put_nowait({"type": "websocket.receive"})
+    throttle.frame_taken()
+    assert calls == ["pause"]
+    queue.get_nowait()
+    throttle.frame_taken()  # 3 still wait: still paused
+    assert calls == ["pause"]
+    queue.get_nowait()
+    throttle.frame_taken()  # 2 = half
+    assert calls == ["pause", "resume"]
+    ReadThrottle(None, limit=4).frame_taken()  # another server: nothing to do
