@@ -144,7 +144,7 @@ class PushEndpointSerializer(serializers.Serializer):
 class PushSubscriptionsView(DispatchAPIView):
     """``POST /api/v1/notifications/push-subscriptions`` with ``PushSubscription.toJSON()``
     (``endpoint``, ``keys.p256dh``, ``keys.auth``): 201; ``DELETE`` with ``{"endpoint"}``:
-    204 (404 when it is not the caller's)."""
+    204 (404 when it is not the caller's). Both are a person's: 403 for an agent token."""
 
     @extend_schema(
         request=PushSubscriptionSerializer,
@@ -166,6 +166,7 @@ class PushSubscriptionsView(DispatchAPIView):
     @extend_schema(request=PushEndpointSerializer, responses={204: None})
     def delete(self, request: Request) -> Response:
         user = authenticated_user(request)
+        agent_scope_forbid(calling_agent(request), "unsubscribe from push notifications")
         body = _valid(PushEndpointSerializer(data=request.data))
         if not services.push_subscription_delete(user=user, endpoint=body["endpoint"]):
             raise NotFound("no such push subscription")

@@ -109,3 +109,14 @@ def test_a_viewing_heartbeat_for_another_users_agent_is_404_and_holds_nothing_ba
     response = outsider_api.send("post", VIEWING, {"client_id": "tab-12345678", "agent_id": cli_agent.pk})
     assert response.status_code == 404 and response.json()["error"]["code"] == "NOT_FOUND"
     assert not AgentViewing.objects.exists()
+
+
+def test_an_agent_token_cannot_forget_its_owners_push_subscription(api: Api, cli_agent: Any, owner: Any) -> None:
+    from agents.tokens import agent_token_mint
+
+    mine = browser_subscription()
+    assert api.send("post", SUBSCRIPTIONS, mine).status_code == 201
+    agent_api = Api(agent_token_mint(agent=cli_agent))
+    response = agent_api.send("delete", SUBSCRIPTIONS, {"endpoint": mine["endpoint"]})
+    assert response.status_code == 403, response.content
+    assert PushSubscription.objects.filter(endpoint=mine["endpoint"], user=owner).exists()
