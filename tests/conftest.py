@@ -17,6 +17,7 @@ from channels.layers import channel_layers
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
 
+from core.outage import tracker as outage_tracker
 from core.services import api_token_create, password_throttle_reset
 
 PASSWORD = "correct horse battery"
@@ -36,11 +37,15 @@ def _private_tmux_server() -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def _fresh_runtime_state() -> Iterator[None]:
-    """Each test starts with an empty channel layer and no recorded password failures."""
+    """Each test starts with an empty channel layer, no recorded password failures and no
+    outage on record (``core.outage.tracker`` is process-wide: a test that simulated a dead
+    Redis would make every later machine operation answer 503)."""
     channel_layers.backends.clear()
     password_throttle_reset()
+    outage_tracker._down.clear()
     yield
     channel_layers.backends.clear()
+    outage_tracker._down.clear()
 
 
 def _user(username: str, **extra: Any) -> Any:
