@@ -77,7 +77,7 @@ MOVED = {
     "supervisorlease": "agents",
 }
 # Models the new apps gained after the move (content types of their own, never moved).
-ADDED_SINCE = {"trustedfolder"}
+ADDED_SINCE = {"trustedfolder", "approval", "approvalrule"}
 CORE_MODELS = (InstanceIdentity, ServerProcess, ApiToken)
 AGENTS_MODELS = (Agent, Run, AgentEvent, AgentMessage, AgentToken, SupervisorLease)
 NOW = datetime.datetime(2026, 11, 30, 12, 0, tzinfo=datetime.UTC)
