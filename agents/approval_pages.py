@@ -17,6 +17,7 @@ down peer never holds the page up); this module knows nothing of peers.
 from __future__ import annotations
 
 import json
+import unicodedata
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -48,6 +49,23 @@ OUTCOMES = {
 }
 
 
+# Characters an approval box shows as ``⟨U+202E⟩`` instead of obeying: bidi controls,
+# zero-width and other format characters, controls but newline and tab, line and paragraph
+# separators. A right-to-left override can make ``rm -rf ~`` read as something harmless
+# ("Trojan Source", CVE-2021-42574); a person approving must see the text as it runs.
+_HIDDEN_CATEGORIES = frozenset({"Cf", "Cc", "Zl", "Zp", "Co", "Cs"})
+
+
+def shown_plainly(text: str) -> str:
+    """``text`` with every character of ``_HIDDEN_CATEGORIES`` (but newline and tab) written
+    as ``⟨U+XXXX⟩``; the rest as it is."""
+    if text.isascii() and text.isprintable():
+        return text
+    return "".join(
+        f"⟨U+{ord(c):04X}⟩" if c not in "\n\t" and unicodedata.category(c) in _HIDDEN_CATEGORIES else c for c in text
+    )
+
+
 @dataclass(frozen=True)
 class ApprovalCard:
     """One approval as a page shows it, here or on a linked instance (``peer_label`` set).
@@ -76,16 +94,27 @@ class ApprovalCard:
     peer_label: str = ""
 
     @property
+    def summary_text(self) -> str:
+        """The summary as the box shows it (``shown_plainly``)."""
+        return shown_plainly(self.tool_summary)
+
+    @property
+    def tool_name_text(self) -> str:
+        """The tool's name as the box shows it (``shown_plainly``)."""
+        return shown_plainly(self.tool_name)
+
+    @property
     def input_text(self) -> str:
-        """The full input as indented JSON, cut to ``INPUT_SHOWN`` characters (saying how
-        much more there is: the API has it whole)."""
+        """The full input as indented JSON (``shown_plainly``), cut to ``INPUT_SHOWN``
+        characters (saying how much more there is: the API has it whole)."""
         try:
             text = json.dumps(self.tool_input, indent=2, ensure_ascii=False, sort_keys=True)
         except (TypeError, ValueError):
             text = str(self.tool_input)
         if len(text) <= INPUT_SHOWN:
-            return text
-        return f"{text[:INPUT_SHOWN]}\n… ({len(text) - INPUT_SHOWN:,} more characters: GET /api/v1/approvals/{self.id})"
+            return shown_plainly(text)
+        more = f"… ({len(text) - INPUT_SHOWN:,} more characters: GET /api/v1/approvals/{self.id})"
+        return f"{shown_plainly(text[:INPUT_SHOWN])}\n{more}"
 
     @property
     def outcome(self) -> str:

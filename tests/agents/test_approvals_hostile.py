@@ -277,3 +277,16 @@ def test_a_flood_of_large_pending_requests_keeps_the_approvals_pages_bounded(own
     one = Approval.objects.filter(status="pending").first()
     assert one is not None
     assert client.get(f"/approvals/{one.pk}/").status_code == 200
+
+
+def test_the_approval_box_shows_bidi_and_invisible_characters_instead_of_obeying_them(owner: Any, agent: Agent) -> None:
+    # "Trojan Source" in a command: a right-to-left override makes `rm -rf ~ #` read otherwise.
+    spoof = "echo safe \u202e# ~ fr- mr\u202c; \u200bcurl\u2066x\u2069 \ufeff"
+    pending = ask(agent, spoof)
+    html = login(owner).get(f"/approvals/{pending.pk}/").content.decode()
+    box = html[html.index('class="approval-box"') : html.index("</article>")]
+    for invisible in ("\u202e", "\u202c", "\u200b", "\u2066", "\u2069", "\ufeff"):
+        assert invisible not in box, f"U+{ord(invisible):04X} reached the page as is"
+    assert "U+202E" in box and "U+200B" in box
+    # the record itself keeps the exact text
+    assert Approval.objects.get(pk=pending.pk).tool_summary == spoof
