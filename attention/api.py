@@ -106,6 +106,8 @@ class NotificationSettingsView(DispatchAPIView):
     @extend_schema(responses={200: SETTINGS_SHAPE})
     def get(self, request: Request) -> Response:
         user = authenticated_user(request)
+        # A person's configuration (where their phone is reached): not an agent's to read.
+        agent_scope_forbid(calling_agent(request), "read notification settings")
         return Response(settings_data(selectors.notification_settings_for(user=user)))
 
     @extend_schema(request=SettingsUpdateSerializer, responses={200: SETTINGS_SHAPE})

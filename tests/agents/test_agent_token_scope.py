@@ -24,7 +24,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
 from agents.approvals import approval_request
-from agents.models import Agent, AgentMessage, Approval, ApprovalRule, Run
+from agents.models import Agent, AgentEvent, AgentMessage, Approval, ApprovalRule, Run
 from agents.tokens import agent_token_mint
 from core.errors import DispatchError
 from core.models import ApiToken
@@ -391,6 +391,22 @@ REST: list[Row] = [
         FORBIDDEN,
         403,
     ),
+    # --- keys into a pane, notifications: a person's -------------------------------------------
+    Row(
+        "agents/<str:agent_id>/keys",
+        "POST",
+        lambda w: f"agents/{w.child.pk}/keys",
+        FORBIDDEN,
+        403,
+        {"keys": ["Enter"]},
+        unchanged=lambda w: AgentEvent.objects.filter(agent=w.child).count(),
+    ),
+    Row("notifications", "GET", lambda w: "notifications", ALLOWED, 200),
+    Row("notifications/settings", "GET", lambda w: "notifications/settings", FORBIDDEN, 403),
+    Row("notifications/settings", "PUT", lambda w: "notifications/settings", FORBIDDEN, 403, {"apprise_urls": []}),
+    Row("notifications/push-subscriptions", "POST", lambda w: "notifications/push-subscriptions", FORBIDDEN, 403, {}),
+    Row("notifications/viewing", "POST", lambda w: "notifications/viewing", FORBIDDEN, 403, {"client_id": "c"}),
+    Row("notifications/test", "POST", lambda w: "notifications/test", FORBIDDEN, 403),
     # --- peers: no pairing, linking, relabelling or unlinking ------------------------------------
     Row("peers/claim", "POST", lambda w: "peers/claim", OPEN, 400, {}),
     Row("peers/offers", "POST", lambda w: "peers/offers", FORBIDDEN, 403, {}),
@@ -437,6 +453,16 @@ REST: list[Row] = [
         {},
     ),
     Row("peers/unlink", "POST", lambda w: "peers/unlink", PEER_ONLY, 401, {}),
+    Row("peers/approvals", "GET", lambda w: "peers/approvals", PEER_ONLY, 401),
+    Row(
+        "peers/approvals/<str:approval_id>/answer",
+        "POST",
+        lambda w: f"peers/approvals/{_approval_of(w.sibling).pk}/answer",
+        PEER_ONLY,
+        401,
+        {"decision": "allow_once"},
+        unchanged=lambda w: _approval_status(w.sibling),
+    ),
 ]
 
 
