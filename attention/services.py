@@ -113,11 +113,15 @@ def notification_settings_update(
     if apprise_urls is not None:
         if not isinstance(apprise_urls, list) or len(apprise_urls) > MAX_APPRISE_URLS:
             raise InvalidRequest(f"apprise_urls must be a list of at most {MAX_APPRISE_URLS} URLs")
-        # A URL sent back as the settings show it (masked) keeps the stored one it stands for.
-        stored = {apprise_url_masked(url): url for url in apprise_urls_of(choices)}
+        # A URL sent back as the settings show it (masked) keeps the stored one it stands for;
+        # URLs that mask alike (two topics starting "my") are taken back in their stored order.
+        stored: dict[str, list[str]] = {}
+        for url in apprise_urls_of(choices):
+            stored.setdefault(apprise_url_masked(url), []).append(url)
         kept: list[str] = []
         for index, given in enumerate(apprise_urls):
-            url = stored.get(given, given) if isinstance(given, str) else given
+            alike = stored.get(given) if isinstance(given, str) else None
+            url = alike.pop(0) if alike else given
             try:
                 apprise_url_check(url)
             except InvalidRequest as exc:

@@ -120,3 +120,20 @@ def test_an_agent_token_cannot_forget_its_owners_push_subscription(api: Api, cli
     response = agent_api.send("delete", SUBSCRIPTIONS, {"endpoint": mine["endpoint"]})
     assert response.status_code == 403, response.content
     assert PushSubscription.objects.filter(endpoint=mine["endpoint"], user=owner).exists()
+
+
+def test_saving_the_masked_list_back_keeps_two_urls_that_mask_alike(api: Api) -> None:
+    # The settings page shows each URL masked and a masked line left as it is keeps its URL;
+    # two topics with the same first letters mask alike and must both survive a save.
+    SETTINGS = "/api/v1/notifications/settings"
+    urls = ["ntfys://ntfy.sh/mytopic-one", "ntfys://ntfy.sh/mytopic-two"]
+    assert api.send("put", SETTINGS, {"apprise_urls": urls}).status_code == 200
+    masked = api.get(SETTINGS).json()["apprise_urls"]
+    assert masked[0] == masked[1]  # the premise: they look alike
+    assert api.send("put", SETTINGS, {"apprise_urls": masked}).status_code == 200
+    from django.contrib.auth.models import User
+
+    from attention.selectors import apprise_urls_of, notification_settings_for
+
+    owner = User.objects.get(username="alice")
+    assert apprise_urls_of(notification_settings_for(user=owner)) == urls
