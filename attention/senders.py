@@ -16,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import apprise
+import requests
 from django.conf import settings
 from pywebpush import WebPushException, webpush
 
@@ -111,11 +112,17 @@ def webpush_send(*, endpoint: str, p256dh: str, auth: str, payload: dict[str, An
     (``aud`` = the endpoint's origin, ``exp`` 12 h ahead, ``sub`` = ``DISPATCH_VAPID_SUBJECT``;
     RFC 8292). ``urgent`` asks for ``Urgency: high`` (RFC 8030 §5.3). TTL 24 h.
 
-    Raises ``SubscriptionGone`` for a 404/410 answer, ``DeliveryFailed`` otherwise.
+    Raises ``SubscriptionGone`` for a 404/410 answer, ``DeliveryFailed`` otherwise (a
+    redirect included: it is not followed).
     """
     headers = {"Urgency": "high" if urgent else "normal"}
+    # A push service answers, it never redirects (RFC 8030 §5): a redirect would take the
+    # server's request past push_endpoint_check to wherever it points (an internal address).
+    session = requests.Session()
+    session.max_redirects = 0
     try:
         webpush(
+            requests_session=session,
             subscription_info={"endpoint": endpoint, "keys": {"p256dh": p256dh, "auth": auth}},
             data=json.dumps(payload, separators=(",", ":")),
             vapid_private_key=vapid_key(),
@@ -130,5 +137,9 @@ def webpush_send(*, endpoint: str, p256dh: str, auth: str, payload: dict[str, An
         if status in GONE_STATUSES:
             raise SubscriptionGone(f"push service answered {status}: the subscription expired") from None
         raise DeliveryFailed(reason) from None
+    except requests.TooManyRedirects:
+        raise DeliveryFailed("the push service answered with a redirect, which is not followed") from None
     except Exception as exc:  # network errors (requests), bad keys
         raise DeliveryFailed(f"{type(exc).__name__}: {exc}"[:500]) from None
+    finally:
+        session.close()

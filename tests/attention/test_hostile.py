@@ -137,3 +137,38 @@ def test_saving_the_masked_list_back_keeps_two_urls_that_mask_alike(api: Api) ->
 
     owner = User.objects.get(username="alice")
     assert apprise_urls_of(notification_settings_for(user=owner)) == urls
+
+
+def test_a_push_service_that_redirects_is_not_followed(receiver: Any) -> None:
+    # An https endpoint on a public host passes the check; its answer must not then send the
+    # server's POST (or a GET) on to an internal address.
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from attention.senders import DeliveryFailed, webpush_send
+
+    class Redirect(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.send_response(307)
+            self.send_header("Location", f"{receiver.origin}/internal")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        keys = browser_subscription()["keys"]
+        with pytest.raises(DeliveryFailed):
+            webpush_send(
+                endpoint=f"http://127.0.0.1:{server.server_address[1]}/push",
+                p256dh=keys["p256dh"],
+                auth=keys["auth"],
+                payload={"title": "t"},
+            )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert receiver.requests == []
