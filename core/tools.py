@@ -117,10 +117,32 @@ class Tool:
         where = "/".join(str(p) for p in error.absolute_path)[:200]
         # jsonschema quotes the offending value whole: a 200,000-character argument must not
         # come back as a 200,000-character error.
-        message = error.message
+        message = _alternatives_message(error) or error.message
         if len(message) > SCHEMA_MESSAGE_MAX:
             message = message[:SCHEMA_MESSAGE_MAX] + " …[cut]"
         raise InvalidRequest(f"invalid arguments for {self.name}: {message}" + (f" (at '{where}')" if where else ""))
+
+
+def _alternatives_message(error: Any) -> str | None:
+    """For a ``oneOf``/``anyOf`` of ``required`` alternatives (``{"oneOf": [{"required":
+    ["argv"]}, {"required": ["command"]}]}``), say which members are wanted instead of
+    jsonschema's "is not valid under any of the given schemas"."""
+    if error.validator not in ("oneOf", "anyOf") or not isinstance(error.validator_value, list):
+        return None
+    names: list[str] = []
+    for branch in error.validator_value:
+        required = branch.get("required") if isinstance(branch, dict) else None
+        if not (isinstance(branch, dict) and set(branch) == {"required"} and isinstance(required, list)):
+            return None
+        names.append(" and ".join(str(name) for name in required))
+    if not names:
+        return None
+    given = error.instance if isinstance(error.instance, dict) else {}
+    present = [name for branch in error.validator_value for name in branch["required"] if name in given]
+    how = "exactly one" if error.validator == "oneOf" else "at least one"
+    if present and error.validator == "oneOf":
+        return f"needs {how} of {', '.join(names)}, not {' and '.join(present)}"
+    return f"needs {how} of {', '.join(names)}"
 
 
 # --- names (sessions-and-remotes.md §2.6) -------------------------------------------------------

@@ -341,6 +341,8 @@ async def test_the_pipe_tool_validates_its_ends_and_reports_bytes_moved(owner, m
         TOOL_CALL.reset(token)
     assert calls[0]["source"] == ends["source"] and calls[0]["caller"] == "mcp"
     assert reports.sent == [(1024.0, None, None)]
-    with pytest.raises(Exception, match="source needs argv"):
+    with pytest.raises(Exception, match="needs exactly one of argv, command \\(at 'source'\\)"):
         await tools["local_pc_pipe"]({**ends, "source": {"machine": "a"}})
+    with pytest.raises(Exception, match="needs exactly one of argv, command, not argv and command"):
+        await tools["local_pc_pipe"]({**ends, "source": {"machine": "a", "argv": ["cat"], "command": "cat"}})
     assert len(calls) == 1
