@@ -183,8 +183,12 @@ def push_endpoint_check(endpoint: Any) -> str:
         return endpoint
     if parts.scheme != "https":
         raise InvalidRequest("endpoint must be an https URL (browsers only give https push endpoints)")
-    address = _ip_of(hostname)
-    if hostname == "localhost" or hostname.endswith(".localhost") or (address is not None and not address.is_global):
+    name = hostname.rstrip(".")
+    address = _ip_of(name)
+    last_label = name.rsplit(".", 1)[-1]
+    # "0", "2130706433", "127.1", "0x7f.1": no IP address to ipaddress, 127.0.0.1 to the resolver.
+    numeric = address is None and (last_label.isdigit() or last_label.startswith("0x"))
+    if name == "localhost" or name.endswith(".localhost") or numeric or (address is not None and not address.is_global):
         raise InvalidRequest("endpoint must be a push service on the internet, not a local or private address")
     return endpoint
 

@@ -105,10 +105,15 @@ REQUEST_RULES: dict[str, dict[str, Any]] = {
     "agents.approval_api.ApprovalRuleCreateSerializer": {
         "properties": {"tool": {"pattern": r"^[^\s\x00-\x1f\x7f]+$"}},
     },
-    # attention.services.push_subscription_save: an http(s) URL with a host; RFC 8291 keys
-    # (a 65-byte uncompressed P-256 point, a 16-byte secret) in base64url.
+    # attention.services.push_endpoint_check: an https URL on a host name (its last label
+    # starts with a letter: no IP address); RFC 8291 keys (a 65-byte uncompressed P-256
+    # point, a 16-byte secret) in base64url.
     "attention.api.PushSubscriptionSerializer": {
-        "properties": {"endpoint": {"pattern": r"^[Hh][Tt][Tt][Pp][Ss]?://[A-Za-z0-9.-]+(:[0-9]{1,5})?([/?#].*)?$"}},
+        "properties": {
+            "endpoint": {
+                "pattern": r"^[Hh][Tt][Tt][Pp][Ss]://([A-Za-z0-9-]+\.)*[A-Za-z][A-Za-z0-9-]*\.?(:[0-9]{1,5})?([/?#].*)?$"
+            }
+        },
     },
     "attention.api.PushEndpointSerializer": {"properties": {"endpoint": {"minLength": 1}}},
     "attention.api.PushKeysSerializer": {

@@ -67,6 +67,11 @@ def test_the_same_browser_subscription_moves_to_whoever_logs_in_on_it(
         "https://[::1]/push",
         "https://[fd00::1]/push",
         "https://0.0.0.0/push",
+        "https://0/push",  # inet_aton's short forms: 0.0.0.0, 127.0.0.1 and 127.0.0.1 again
+        "https://2130706433/push",
+        "https://127.1/push",
+        "https://0x7f.1/push",
+        "https://localhost./push",
         "file:///etc/passwd",
         "https://user:pw@push.example.net/send/abc",
     ],

@@ -83,8 +83,15 @@ def refused_for_what_exists(method: str, path: str, body: Any) -> bool:
         # Which Apprise URLs are supported is up to the plugins apprise has.
         return message.startswith("Apprise URL #") and "Unsupported URL" in message
     if method == "POST" and path == "/api/v1/notifications/push-subscriptions":
-        # A base64url point of the right length is still rarely on the P-256 curve.
-        return message.startswith("keys.p256dh is not a P-256 public key")
+        # A base64url point of the right length is still rarely on the P-256 curve; a host
+        # name may be this machine's (localhost) or a user may hold the most subscriptions.
+        return message.startswith(
+            (
+                "keys.p256dh is not a P-256 public key",
+                "endpoint must be a push service on the internet",
+                "at most 20 push subscriptions per user",
+            )
+        )
     # A page cursor is the server's own `next`, opaque to the schema.
     return method == "GET" and message == "invalid cursor"
 
