@@ -268,10 +268,20 @@ def _settle(approval: Approval, *, status: str, decision: str, answered_by: str,
     )
 
 
+def _claude_rule_glob(content: str) -> str:
+    """A Claude Code ``Bash`` rule as the glob of a Dispatch rule: the old prefix form
+    ``npm test:*`` is ``npm test*``; in the current form each ``*`` is a wildcard
+    (``npm test *``: "npm test", a space, anything) and everything else is literal."""
+    if content.endswith(":*"):
+        return glob.escape(content[:-2]) + "*"
+    return "*".join(glob.escape(part) for part in content.split("*"))
+
+
 def _rule_pattern(approval: Approval) -> str:
     """The pattern of the rule "Always allow this rule" makes: for ``Bash``, Claude Code's
-    own suggested rule when it gave one (``ls:*`` — a prefix — becomes ``ls*``; anything
-    else is taken literally), else the request's exact summary (glob characters escaped).
+    own suggested rule when it gave one (``ls:*`` — a prefix — becomes ``ls*``, ``npm test *``
+    stays a wildcard; anything else is literal: ``_claude_rule_glob``), else the request's
+    exact summary (glob characters escaped).
     Suggestions arrive with the hook's payload, so a malformed one, an empty prefix (``:*``
     would allow every command) or one longer than ``MAX_PATTERN`` is passed over."""
     if approval.tool_name == "Bash":
@@ -283,7 +293,7 @@ def _rule_pattern(approval: Approval) -> str:
                 content = rule.get("ruleContent") if isinstance(rule, Mapping) else None
                 if not isinstance(content, str) or rule.get("toolName") != "Bash" or content in ("", ":*"):
                     continue
-                pattern = glob.escape(content[:-2]) + "*" if content.endswith(":*") else glob.escape(content)
+                pattern = _claude_rule_glob(content)
                 if len(pattern) <= MAX_PATTERN:
                     return pattern
     return glob.escape(approval.tool_summary)[:MAX_PATTERN]

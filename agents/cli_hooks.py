@@ -153,7 +153,9 @@ def approval_output(approval: Approval) -> dict[str, Any] | None:
     "updatedPermissions"?}}}`` (FINDINGS of tests/agents/real_cli; Claude Code's hooks
     reference; codex's permission-request output schema). A deny carries ``message``, what
     the model is told; "Always allow this rule" gives Claude Code its own
-    ``permission_suggestions`` back as ``updatedPermissions`` — never to codex, which
+    ``permission_suggestions`` back as ``updatedPermissions`` with ``destination``
+    ``"session"`` (Dispatch keeps the lasting rule; nothing is written into the user's
+    project) — never to codex, which
     refuses any ``updatedPermissions`` (fails closed)."""
     if approval.status == Approval.Status.PENDING:
         return None
@@ -163,7 +165,9 @@ def approval_output(approval: Approval) -> dict[str, Any] | None:
     spec = settings.AGENT_TYPES.get(approval.agent.type)
     family = spec.hooks if spec is not None else None
     if approval.decision == Approval.Decision.ALLOW_ALWAYS and family == "claude":
-        updates = [entry for entry in approval.suggestions if isinstance(entry, Mapping)]
+        # For this session only: the lasting rule is Dispatch's own (agents.approvals), so
+        # the CLI writes nothing into the project (its suggestions name .claude/settings.local.json).
+        updates = [{**entry, "destination": "session"} for entry in approval.suggestions if isinstance(entry, Mapping)]
         if updates:
             decision["updatedPermissions"] = updates
     return {"hookSpecificOutput": {"hookEventName": approval.hook_event, "decision": decision}}

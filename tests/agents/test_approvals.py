@@ -186,6 +186,18 @@ def test_always_allow_makes_a_rule_from_claudes_suggestion(owner: Any, cli_agent
     assert ask(cli_agent, "rm x").status == "pending"
 
 
+def test_always_allow_takes_claudes_current_wildcard_rule_form(owner: Any, cli_agent: Agent) -> None:
+    # Claude Code 2.1 suggests ``Bash(npm test *)``: the star is a wildcard, not a character.
+    suggestion = [{"type": "addRules", "rules": [{"toolName": "Bash", "ruleContent": "npm test *"}]}]
+    first = ask(cli_agent, "npm test --silent", suggestions=suggestion)
+    approvals.approval_answer(approval_id=first.pk, decision="allow_always", user=owner)
+    assert ApprovalRule.objects.get().pattern == "npm test *"
+    assert ask(cli_agent, "npm test --silent").status == "allowed"
+    assert ask(cli_agent, "npm test -- --watch").status == "allowed"
+    assert ask(cli_agent, "npm testify").status == "pending"
+    assert ask(cli_agent, "rm -rf /").status == "pending"
+
+
 def test_always_allow_without_a_suggestion_allows_that_exact_request(owner: Any, cli_agent: Agent) -> None:
     approvals.approval_answer(approval_id=ask(cli_agent, "ls [ab]*").pk, decision="allow_always", user=owner)
     assert ask(cli_agent, "ls [ab]*").status == "allowed"

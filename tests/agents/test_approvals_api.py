@@ -108,7 +108,8 @@ def test_always_allow_gives_claude_its_own_suggestion_back_and_codex_none(
     api.post(f"/api/v1/approvals/{first}/answer", {"decision": "allow_always"})
     assert decision_of(poll(claude_hook, claude_agent, first).json()["output"]) == {
         "behavior": "allow",
-        "updatedPermissions": SUGGESTIONS,
+        # For the session only: Dispatch's rule lasts; the CLI writes nothing into the project.
+        "updatedPermissions": [{**SUGGESTIONS[0], "destination": "session"}],
     }
     # The rule answers the next request at once: the hook prints the answer without waiting.
     again = permission_request(claude_hook, claude_agent, command="ls src")
