@@ -12,7 +12,9 @@ program with:
   ``DJANGO_*`` variable — which a tmux server
   started by Dispatch inherits from it (spec/agents.md §2: the agent's environment
   carries its own ``DISPATCH_*`` variables, secrets never appear in argv);
-- plus the file's variables (``DISPATCH_AGENT_ID``, ``DISPATCH_MCP_TOKEN``, …).
+- plus the file's variables: the launching Dispatch process's own environment (less the
+  same configuration), so a tmux server started earlier with another environment does not
+  decide what the agent sees, then ``DISPATCH_AGENT_ID``, ``DISPATCH_MCP_TOKEN``, ….
 
 Standard library only (it runs with ``-I``: no site-packages, no project path). If the
 program cannot be started it prints why and exits 127, so the pane's last lines and exit

@@ -207,7 +207,8 @@ class TmuxRunner:
 
         ``argv``: the program and its arguments, each passed to tmux as its own argument
         (never joined into a shell string). ``env``: extra environment variables for the
-        process (secrets go here, never in ``argv``). They travel in a mode-0600 file that
+        process (secrets go here, never in ``argv``), over this process's own environment
+        (``server_environment``), which wins over the tmux server's. They travel in a mode-0600 file that
         ``agents/agent_exec.py`` (the pane's first process) reads, deletes and then
         ``exec``s ``argv`` with — so no command line, not even tmux's, ever holds them —
         and the program's environment loses Dispatch's own configuration (``SECRET_KEY``,
@@ -232,7 +233,11 @@ class TmuxRunner:
         if self.exists(session_name):
             raise TmuxError(f"A tmux session named {session_name!r} already exists.")
 
-        env_file = _write_env_file(env)
+        # This process's environment (Dispatch's configuration left out), not only the tmux
+        # server's: a server started by an earlier process keeps the environment of then, so
+        # a key exported before this `serve` would miss the agent, and its HOME could differ
+        # from the one the CLI's config was written in (agents.cli_prepare.agent_environment).
+        env_file = _write_env_file({**server_environment(), **env})
         # Four or more arguments: tmux ``execvp``s them directly (no shell); the wrapper
         # then ``exec``s the program, which stays the pane's process (pid, exit status).
         command = [_literal(arg) for arg in (sys.executable, "-I", AGENT_EXEC, env_file, "--", *argv)]
