@@ -42,7 +42,9 @@ IN_FLIGHT = 2 * SESSION_BYTES
 # were 70 MiB at the peak of a round while RSS had grown by over 100 MiB); it is reused by
 # the next round, which is what SECOND_ROUND_SLACK checks.
 SLACK = 128 * MIB
-SECOND_ROUND_SLACK = 64 * MIB
+# Measured +32 and +64 MiB on a loaded 2-core machine (the old code: +468 and +130), so the
+# allocator's reuse is given room; the whole stays under round 1's bound too.
+SECOND_ROUND_SLACK = 96 * MIB
 BUSY = "is busy"
 SESSION_CAP = "calls already in flight for this session (DISPATCH_REMOTE_CALLS_PER_SESSION)"
 TIMED_OUT = "timed out after"
@@ -133,6 +135,7 @@ def check_rounds(name: str, figures: list[int], kinds: list[Counter[str]], bound
     print(report)
     assert first - before <= bound, report
     assert second - first <= SECOND_ROUND_SLACK, report
+    assert second - before <= bound, report  # two rounds together: no more than one may take
 
 
 def test_a_remote_that_never_reads_gets_calls_refused_busy_and_the_process_stays_bounded(
