@@ -277,13 +277,20 @@ def _claude_rule_glob(content: str) -> str:
     return "*".join(glob.escape(part) for part in content.split("*"))
 
 
+def _literal_in(content: str) -> bool:
+    """Whether a suggested rule names any text at all: ``:*``, ``*`` or ``* *`` (only
+    wildcards, a colon and spaces) would allow every command."""
+    return bool(content.replace("*", "").replace(":", "").strip())
+
+
 def _rule_pattern(approval: Approval) -> str:
     """The pattern of the rule "Always allow this rule" makes: for ``Bash``, Claude Code's
     own suggested rule when it gave one (``ls:*`` — a prefix — becomes ``ls*``, ``npm test *``
     stays a wildcard; anything else is literal: ``_claude_rule_glob``), else the request's
     exact summary (glob characters escaped).
-    Suggestions arrive with the hook's payload, so a malformed one, an empty prefix (``:*``
-    would allow every command) or one longer than ``MAX_PATTERN`` is passed over."""
+    Suggestions arrive with the hook's payload, so a malformed one, one of wildcards only
+    (``:*``, ``*``: every command, ``_literal_in``) or one longer than ``MAX_PATTERN`` is
+    passed over."""
     if approval.tool_name == "Bash":
         for suggestion in approval.suggestions:
             if not isinstance(suggestion, Mapping) or suggestion.get("type") != "addRules":
@@ -291,7 +298,7 @@ def _rule_pattern(approval: Approval) -> str:
             rules = suggestion.get("rules")
             for rule in rules if isinstance(rules, list) else []:
                 content = rule.get("ruleContent") if isinstance(rule, Mapping) else None
-                if not isinstance(content, str) or rule.get("toolName") != "Bash" or content in ("", ":*"):
+                if not isinstance(content, str) or rule.get("toolName") != "Bash" or not _literal_in(content):
                     continue
                 pattern = _claude_rule_glob(content)
                 if len(pattern) <= MAX_PATTERN:
