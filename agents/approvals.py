@@ -145,15 +145,35 @@ def approval_settings_for(agent: Agent) -> tuple[int, str]:
 # --- policy -----------------------------------------------------------------------------------
 
 
+# What lets a shell run more than the command a rule names: chaining, pipes, background,
+# command substitution, redirection, another line.
+SHELL_OPERATORS = (";", "&", "|", "`", "$(", "\n", "\r", ">", "<")
+
+
+def _chained_past(rule: ApprovalRule, tool_name: str, summary: str) -> bool:
+    """Whether ``rule`` is a ``Bash`` allow with a pattern and ``summary`` holds a shell
+    operator the pattern does not (``npm test*`` against ``npm test && curl … | sh``): such
+    a rule allows the command it names, not what is chained after it — Claude Code too asks
+    about each part of a chained command. Deny and ask rules match the whole text."""
+    if rule.action != Action.ALLOW or not rule.pattern or tool_name != "Bash":
+        return False
+    return any(operator in summary and operator not in rule.pattern for operator in SHELL_OPERATORS)
+
+
 def policy_rule_for(*, agent: Agent, tool_name: str, summary: str) -> ApprovalRule | None:
     """The rule that decides a request of ``agent`` for ``tool_name`` with ``summary``, or
     ``None`` (no rule matches: a person is asked). The agent's own rules first, then its
     owner's rules for every agent; within a level deny beats ask beats allow, the oldest
-    first among equals (module docstring; docs/agents.md "Approvals")."""
+    first among equals (module docstring; docs/agents.md "Approvals"). A ``Bash`` allow rule
+    with a pattern never allows a command chained past it (``_chained_past``)."""
     rules = ApprovalRule.objects.filter(owner_id=agent.owner_id, tool__in=[tool_name, "*"]).filter(
         Q(agent=agent) | Q(agent__isnull=True)
     )
-    matching = [rule for rule in rules.order_by("pk") if rule.matches(tool_name=tool_name, tool_summary=summary)]
+    matching = [
+        rule
+        for rule in rules.order_by("pk")
+        if rule.matches(tool_name=tool_name, tool_summary=summary) and not _chained_past(rule, tool_name, summary)
+    ]
     for level in ([r for r in matching if r.agent_id is not None], [r for r in matching if r.agent_id is None]):
         if level:
             return min(level, key=lambda rule: (_SEVERITY[Action(rule.action)], rule.pk))

@@ -297,15 +297,6 @@ def test_the_approval_box_shows_bidi_and_invisible_characters_instead_of_obeying
     assert Approval.objects.get(pk=pending.pk).tool_summary == spoof
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "policy_rule_for matches a rule's glob against the whole command, so the 'npm test*' rule that "
-        "'Always allow' made from Claude Code's 'npm test:*' also allows 'npm test && curl … | sh' — a chained "
-        "command Claude Code itself asks about (it checks each subcommand); agents/approvals.py and "
-        "agents/models.py ApprovalRule.matches are another helper's until 05:35"
-    ),
-)
 @pytest.mark.parametrize(
     "chained",
     [
@@ -323,3 +314,6 @@ def test_an_always_allowed_prefix_does_not_allow_a_command_chained_after_it(
     approvals.approval_answer(approval_id=first.pk, decision="allow_always", user=owner)
     assert ask(agent, "npm test -- --watch=false").status == "allowed"  # what the rule is for
     assert ask(agent, chained).status == "pending"  # a person decides the rest
+    # a deny rule still sees the whole line
+    approvals.approval_rule_create(user=owner, tool="Bash", action="deny", pattern="*rm -rf*")
+    assert ask(agent, "npm test; rm -rf ~").status == "denied"
