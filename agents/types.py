@@ -153,7 +153,9 @@ _OPENCODE_CONFIG = json.dumps(
 
 DEFAULT_AGENT_TYPES: dict[str, dict[str, Any]] = {
     "claude": {
-        "argv": ["claude", "--mcp-config", _CLAUDE_MCP],
+        # Manual mode said outright: Claude Code 2.1 otherwise starts in its "auto mode",
+        # where a classifier lets commands run that a person was meant to approve.
+        "argv": ["claude", "--mcp-config", _CLAUDE_MCP, "--permission-mode", "default"],
         "full_access_argv": ["claude", "--mcp-config", _CLAUDE_MCP, "--dangerously-skip-permissions"],
         "kind": "llm",
         # Claude Code ignores one C-c (it asks for a second to exit).

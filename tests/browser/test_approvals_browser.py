@@ -209,7 +209,7 @@ def claude_asking(
     env = {"HOME": str(run.home), "ANTHROPIC_BASE_URL": fake_model.url, "ANTHROPIC_API_KEY": API_KEY}
     spec = {
         **default,
-        "argv": [program, *default["argv"][1:], "--permission-mode", "default"],
+        "argv": [program, *default["argv"][1:]],  # the default argv: manual mode
         "full_access_argv": [program, *default["full_access_argv"][1:]],
         "env": env,
         "hooks": "claude",

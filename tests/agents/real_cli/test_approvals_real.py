@@ -57,7 +57,7 @@ def claude(
     env = {"HOME": str(run.home), "ANTHROPIC_BASE_URL": fake_model.url, "ANTHROPIC_API_KEY": API_KEY}
     asking = {
         **default,
-        "argv": [program, *default["argv"][1:], "--permission-mode", "default"],
+        "argv": [program, *default["argv"][1:]],  # the default argv: manual mode
         "full_access_argv": [program, *default["full_access_argv"][1:]],
         "env": env,
         "hooks": "claude",
@@ -112,6 +112,29 @@ def test_a_bash_request_waits_for_approval_and_runs_once_approved_over_rest(
         ("working", "approved once by admin: Bash `echo ok > approved.txt`"),
     ]
     assert "Error" not in last_tool_result(fake_model)
+
+
+def test_always_allow_makes_a_dispatch_rule_and_writes_nothing_into_the_project(
+    claude: Dispatch, fake_model: FakeModel, run: Run
+) -> None:
+    fake_model.queue(
+        call("Bash", {"command": "echo one >> always.txt", "description": "append"}),
+        call("Bash", {"command": "echo one >> always.txt", "description": "append again"}),
+        say("after-always"),
+    )
+    agent = launch(claude, "claude-ask", run, "append twice marker-p9")
+
+    pending = wait_pending(agent)
+    answered = answer(agent, pending["id"], "allow_always")
+    assert answered["status"] == "allowed"
+    agent.wait_event("done", "turn finished")
+    # The same call again was answered without a person: Claude's session rule or Dispatch's.
+    assert (run.workdir / "always.txt").read_text() == "one\none\n"
+    assert [a["id"] for a in approvals(agent, "pending")] == []
+    rules = agent.api("GET", "/api/v1/approval-rules").json()["rules"]
+    assert [(r["tool"], r["action"]) for r in rules] == [("Bash", "allow")], rules
+    # Claude got its suggestion back for the session only: nothing in the project's settings.
+    assert not (run.workdir / ".claude" / "settings.local.json").exists()
 
 
 def test_a_deny_message_is_what_the_model_receives(claude: Dispatch, fake_model: FakeModel, run: Run) -> None:

@@ -110,7 +110,7 @@ def claude(
         "full_access_argv": [program, *default["full_access_argv"][1:]],
         "env": env,
     }
-    asking = {**spec, "argv": [*spec["argv"], "--permission-mode", "default"], "hooks": "claude"}
+    asking = {**spec, "hooks": "claude"}  # the default argv asks (--permission-mode default)
     quoted = {**spec, "neutralise_prefix": "> ", "hooks": "claude"}
     return dispatch_serve({"claude": spec, "claude-ask": asking, "claude-quoted": quoted})
 
