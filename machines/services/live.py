@@ -53,6 +53,7 @@ from machines.services.operations import (
     inflight_delete,
     operation_timeout,
     streamed_command_audited,
+    streamed_commands_audit_begin,
 )
 from machines.services.pipe import pipe
 from machines.services.relay import Failed, LiveCommand, LiveEvent, Output, Progress, Result, Started
@@ -231,6 +232,9 @@ async def _stream(
             if not isinstance(event, Output):
                 return
 
+    await streamed_commands_audit_begin(
+        [(command, payload) for command in commands], user=user, session_id=session_id, caller=caller
+    )
     try:
         for command in commands:
             await command.open()

@@ -729,6 +729,7 @@ def streamed_command_audited(
             operation="EXECUTE_COMMAND", ok=result["ok"], failure=failure, seconds=seconds
         )
     _after_reply(
+        audit_id=command.audit_id,
         user=user,
         session_id=session_id,
         machine_id=command.candidate.machine_id,
@@ -740,6 +741,38 @@ def streamed_command_audited(
         # A pipe's two commands carry the pipe's own id as their event id: it links them.
         operation_id=command.event_request_id if command.event_request_id != command.request_id else "",
     )
+
+
+async def streamed_commands_audit_begin(
+    commands: list[tuple[LiveCommand, dict[str, Any]]], *, user: User, session_id: str, caller: str
+) -> None:
+    """Write the audit record of each streamed command (with its payload) before any is
+    sent, as for every operation (``audit_record_begin``: the audit is the record that it
+    ran). Raises ``audit_unwritable`` when one cannot be written: nothing is sent, and the
+    records already written say so."""
+    for command, payload in commands:
+        try:
+            command.audit_id = await database_sync_to_async(audit_record_begin)(
+                user=user,
+                session_id=session_id,
+                machine_id=command.candidate.machine_id,
+                request_id=command.request_id,
+                op="EXECUTE_COMMAND",
+                payload={**payload, "stream": True},
+                caller=caller,
+                operation_id=command.event_request_id if command.event_request_id != command.request_id else "",
+            )
+        except DatabaseError as exc:
+            refused = audit_unwritable(exc)
+            for written, _payload in commands:
+                if written.audit_id is not None:
+                    _after_reply(
+                        audit_id=written.audit_id,
+                        user=user,
+                        machine_id=written.candidate.machine_id,
+                        result={"ok": False, "error_code": refused.code, "sent": False},
+                    )
+            raise refused from None
 
 
 def _after_reply(*, audit_id: int | None = None, **record: Any) -> None:

@@ -42,6 +42,7 @@ from machines.services.operations import (
     operation_timeout,
     pipe_command_ids,
     streamed_command_audited,
+    streamed_commands_audit_begin,
 )
 from machines.services.relay import Failed, LiveCommand, Output, Result
 from machines.services.router import Candidate
@@ -188,6 +189,12 @@ async def pipe(
     with OPERATIONS_IN_FLIGHT.admit(user_id=user.pk, session_id=session_id, size=sizes):
         row = False
         started = time.monotonic()
+        await streamed_commands_audit_begin(
+            [(run.source, source_payload), (run.destination, destination_payload)],
+            user=user,
+            session_id=session_id,
+            caller=caller,
+        )
         try:
             await run.source.open()
             await run.destination.open()

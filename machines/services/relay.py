@@ -213,6 +213,7 @@ class LiveCommand:
         self.candidate = candidate
         self.request_id = request_id
         self.event_request_id = event_request_id or request_id
+        self.audit_id: int | None = None  # its AuditRecord, written before it is sent
         self.session_id = session_id
         self.payload = {**payload, "stream": True}
         self.timeout = timeout

@@ -50,9 +50,7 @@ async def test_an_operation_whose_audit_record_cannot_be_written_is_refused_503_
     assert shim.files[PATH] == b"x"
 
 
-async def test_the_audit_record_is_in_the_database_before_the_shim_gets_the_operation(
-    shims: Any, owner: Any
-) -> None:
+async def test_the_audit_record_is_in_the_database_before_the_shim_gets_the_operation(shims: Any, owner: Any) -> None:
     shim = await shims.connect(owner, machine_id="m1")
     shim.files[PATH] = b"x"
     seen_by_the_shim: list[list[dict[str, Any]]] = []
@@ -72,3 +70,78 @@ async def test_the_audit_record_is_in_the_database_before_the_shim_gets_the_oper
     (record,) = await database_sync_to_async(lambda: list(AuditRecord.objects.filter(op="FILE_STAT")))()
     assert record.result["ok"] is True and "pending" not in record.result
     assert record.outcome == "ok"
+
+
+# --- streamed commands and pipes: the same rule -----------------------------------------------
+
+
+async def test_a_streamed_command_whose_audit_record_cannot_be_written_is_never_sent(
+    shims: Any, owner: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from machines.services.live import operation_stream
+    from tests.machines.live_shim import LiveMachine
+
+    machine = LiveMachine(await shims.connect(owner, protocol_version="2.1", machine_id="m1"))
+    monkeypatch.setattr(AuditRecord.objects, "create", _disk_full)
+    events = operation_stream(
+        user=owner, session_id="s1", op="EXECUTE_COMMAND", payload={"argv": ["make"]}, caller="test"
+    )
+    with pytest.raises(Exception) as refused:
+        await events.__anext__()
+    assert getattr(refused.value, "code", None) == "TEMPORARILY_UNAVAILABLE", refused.value
+    await settle()
+    assert machine.shim.ops("EXECUTE_COMMAND") == []
+
+
+async def test_a_streamed_commands_record_is_written_before_it_is_sent_and_finished_after(
+    shims: Any, owner: Any
+) -> None:
+    from machines.services.live import operation_stream
+    from tests.machines.live_shim import LiveMachine
+
+    machine = LiveMachine(await shims.connect(owner, protocol_version="2.1", machine_id="m1"))
+    seen: list[list[Any]] = []
+    serve = machine.shim.handler
+
+    async def look_first(request: dict[str, Any]) -> Any:
+        if request["type"] == "EXECUTE_COMMAND":
+            seen.append(
+                await database_sync_to_async(
+                    lambda: list(AuditRecord.objects.filter(request_id=request["id"]).values_list("result", flat=True))
+                )()
+            )
+        return await serve(request)
+
+    machine.shim.handler = look_first
+    events = [
+        event
+        async for event in operation_stream(
+            user=owner, session_id="s1", op="EXECUTE_COMMAND", payload={"argv": ["make"]}, caller="test"
+        )
+    ]
+    assert events and seen == [[operations.PENDING]]  # in the database before the shim had it
+    await settle()
+    (record,) = await database_sync_to_async(lambda: list(AuditRecord.objects.filter(op="EXECUTE_COMMAND")))()
+    assert record.result["ok"] is True and record.result["exit_code"] == 0 and record.outcome == "ok"
+
+
+async def test_a_pipe_whose_audit_records_cannot_be_written_sends_neither_command(
+    shims: Any, owner: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from machines.services import live
+    from tests.machines.live_shim import LiveMachine
+
+    source = LiveMachine(await shims.connect(owner, protocol_version="2.1", machine_id="m1", hostname="laptop"))
+    sink = LiveMachine(await shims.connect(owner, protocol_version="2.1", machine_id="m2", hostname="buildbox"))
+    monkeypatch.setattr(AuditRecord.objects, "create", _disk_full)
+    with pytest.raises(Exception) as refused:
+        await live.pipe(
+            user=owner,
+            session_id="s1",
+            source={"machine": "laptop", "argv": ["cat", "f"]},
+            destination={"machine": "buildbox", "command": "wc -c"},
+            caller="test",
+        )
+    assert getattr(refused.value, "code", None) == "TEMPORARILY_UNAVAILABLE", refused.value
+    await settle()
+    assert source.shim.ops("EXECUTE_COMMAND") == [] and sink.shim.ops("EXECUTE_COMMAND") == []
