@@ -175,7 +175,14 @@ def test_on_a_phone_the_buttons_are_large_and_a_long_command_wraps(live, browser
             summary = box.locator("pre.approval-input").first
             assert summary.bounding_box()["width"] <= 390
             assert summary.bounding_box()["height"] > 60  # the command wrapped over several lines
+        # The agents list and the rule form fit a phone too: one column, nothing sideways.
+        page.goto(f"{server.url}/agents/")
+        widths = page.evaluate("[document.documentElement.scrollWidth, document.documentElement.clientWidth]")
+        assert widths[0] <= widths[1], f"/agents/ scrolls sideways: {widths}"
         page.goto(f"{server.url}/approvals/")
+        fields = page.locator("#rule-form label")
+        lefts = {round(fields.nth(index).bounding_box()["x"]) for index in range(fields.count())}
+        assert len(lefts) == 1, f"the rule form is not one column on a phone: {lefts}"
         page.screenshot(path=str(artifacts / "approvals-phone.png"), full_page=True)
 
         page.locator(f'[data-approval="{approval_id}"] textarea[name=message]').fill("not during business hours")
