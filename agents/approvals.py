@@ -349,7 +349,8 @@ def approval_answer(
 
     Raises ``InvalidRequest`` (no answerer or two, an unknown decision, a message with an
     allow or too long), ``NotFound`` (an unknown id, or another user's: never which),
-    ``DispatchError("PERMISSION_DENIED")`` (403: an agent answering its own approval),
+    ``DispatchError("PERMISSION_DENIED")`` (403: an agent answering its own approval, or
+    answering ``allow_always``: rules are a person's),
     ``ApprovalAnswered`` (409 ``APPROVAL_ANSWERED``: answered already, expired included,
     naming who answered). Nothing changes on any error.
     """
@@ -363,6 +364,12 @@ def approval_answer(
     services.storable_text(message, "message")
     if message.strip() and decision != Decision.DENY:
         raise InvalidRequest("a message goes with deny only (it is what the model is told)")
+    if by_agent is not None and decision == Decision.ALLOW_ALWAYS:
+        # A rule outlives the request: an agent could otherwise widen what its peers may do.
+        raise DispatchError(
+            "PERMISSION_DENIED",
+            "an agent answers allow_once or deny: allow_always makes a lasting rule, which only a person makes",
+        )
     if user is not None:
         owner_id, label = user.pk, user.get_username()
     elif by_agent is not None:

@@ -562,16 +562,24 @@ def answer_approval_tool(user: User, caller_agent: Agent | None) -> Tool:
         name="answer_approval",
         description=(
             "Answer a pending permission request of one of your agents (list_approvals): allow_once runs the "
-            "tool this time, allow_always also allows this tool and pattern for that agent from now on, deny "
-            "refuses it (message: what that agent's model is told). The first answer wins; a later one is "
+            "tool this time, "
+            + ("" if caller_agent else "allow_always also allows this tool and pattern for that agent from now on, ")
+            + "deny refuses it (message: what that agent's model is told). The first answer wins; a later one is "
             "refused with APPROVAL_ANSWERED naming who answered."
-            + (" Your answer is recorded as yours; you cannot answer your own requests." if caller_agent else "")
+            + (
+                " Your answer is recorded as yours; you cannot answer your own requests, and lasting rules "
+                "(allow_always) are a person's."
+                if caller_agent
+                else ""
+            )
         ),
         parameters={
             "type": "object",
             "properties": {
                 "approval_id": {"type": "string", "minLength": 1, "maxLength": 64},
-                "decision": {"enum": list(approvals.ANSWERS)},
+                "decision": {
+                    "enum": [answer for answer in approvals.ANSWERS if not (caller_agent and answer == "allow_always")]
+                },
                 "message": {"type": "string", "maxLength": approvals.MAX_MESSAGE},
             },
             "required": ["approval_id", "decision"],

@@ -432,3 +432,18 @@ def test_an_agents_machine_tool_call_right_after_its_approval_writes_the_approva
     approved = async_to_sync(tool)(arguments)
     assert "approval_id" not in AuditRecord.objects.get(pk=unapproved).details
     assert AuditRecord.objects.get(pk=approved).details == {"path": "/srv/notes.txt", "approval_id": approval.pk}
+
+
+def test_an_agent_answers_allow_once_or_deny_but_makes_no_lasting_rule(owner: Any, cli_agent: Agent) -> None:
+    # A supervising agent could otherwise widen for good what another agent may run.
+    from agents import services as agent_services
+
+    supervisor = agent_services.agent_create(owner=owner, type="shell", name="boss", cwd="/tmp")
+    pending = ask(cli_agent, "npm test")
+    with pytest.raises(DispatchError) as refused:
+        approvals.approval_answer(approval_id=pending.pk, decision="allow_always", by_agent=supervisor)
+    assert refused.value.code == "PERMISSION_DENIED" and "only a person" in refused.value.message
+    assert ApprovalRule.objects.count() == 0
+    assert Approval.objects.get(pk=pending.pk).status == "pending"
+    answered = approvals.approval_answer(approval_id=pending.pk, decision="allow_once", by_agent=supervisor)
+    assert answered.status == "allowed" and answered.answered_by_agent_id == supervisor.pk
