@@ -29,7 +29,9 @@ BODY_BYTES = 16 * 1000 * 1000  # each post: just under the 16 MiB cap, so none i
 POSTS = 30
 BUDGET = 64 * MiB  # the default DISPATCH_REQUEST_BODY_BUDGET
 SLACK = 32 * MiB  # allocator and interpreter overhead on top of the budget's bodies
-SECOND_ROUND_SLACK = 16 * MiB
+# A second round may reuse what the allocator kept from the first: measured +16 to +65 MiB on a
+# loaded 2-core machine (the old code: +59 on top of +268); both rounds together stay bounded.
+SECOND_ROUND_SLACK = 80 * MiB
 BODY = b"{" + b" " * (BODY_BYTES - 2) + b"}"
 
 
@@ -119,5 +121,6 @@ def test_concurrent_large_posts_hold_at_most_the_body_budget_of_memory(server: S
             assert "DISPATCH_REQUEST_BODY_BUDGET" in error["message"]
     assert after_first - before < BUDGET + SLACK
     assert after_second - after_first < SECOND_ROUND_SLACK
+    assert after_second - before < 2 * (BUDGET + SLACK)
     # Nothing stays reserved: a request with a body is served once the attack is over.
     assert post(server.port, "/api/v1/agents")[0] == 401
