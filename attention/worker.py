@@ -6,7 +6,7 @@ row, so several processes share the work without sending twice), sends each with
 apprise or pywebpush and records the outcome (``services.delivery_record``: retried with
 backoff, an expired push subscription deleted). Sending blocks on the network, so a pass
 runs in a worker thread with its own database connection, never on the event loop nor on
-the process's shared thread for short queries (CONVENTIONS.md habit 5).
+the process's shared thread for short queries (docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Several delivery workers at once (CONVENTIONS.md habit 4): racing claimers never claim
-one delivery twice, and together they claim every due one."""
+"""Several delivery workers at once (each row claimed by a conditional update,
+docs/notifications.md): racing claimers never claim one delivery twice, and together they
+claim every due one."""
 
 from __future__ import annotations
 
