@@ -55,6 +55,12 @@ HEARTBEAT_INTERVAL = 1
 # default), long enough for its clients to notice and reconnect elsewhere (docs/deploy.md).
 MAX_FAILS = 1
 FAIL_TIMEOUT = 10
+# The same processes listed again as `backup` peers, which nginx uses only once every
+# primary peer is left out: a rolling restart refuses connections on each process in turn,
+# and with restarts closer together than FAIL_TIMEOUT every primary is left out at once
+# (nginx would answer 502 "no live upstreams" although two processes are up). The backups
+# forget a failure after BACKUP_FAIL_TIMEOUT, so they still skip a refusing process.
+BACKUP_FAIL_TIMEOUT = 1
 
 # What nginx is sized for (docs/deploy.md "Sizing nginx"): the sockets one process is
 # documented to hold (docs/operating.md "Limits": 5,000 shims and 5,000 /ws sessions), two
@@ -221,7 +227,11 @@ def nginx_conf(
     if as_root is None:
         as_root = os.geteuid() == 0
     servers = "\n".join(
-        f"        server {upstream_host}:{p} max_fails={MAX_FAILS} fail_timeout={FAIL_TIMEOUT}s;" for p in ports
+        [f"        server {upstream_host}:{p} max_fails={MAX_FAILS} fail_timeout={FAIL_TIMEOUT}s;" for p in ports]
+        + [
+            f"        server {upstream_host}:{p} max_fails={MAX_FAILS} fail_timeout={BACKUP_FAIL_TIMEOUT}s backup;"
+            for p in ports
+        ]
     )
     if tls is None:
         listen = f"        listen {host}:{port};"
