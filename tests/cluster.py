@@ -399,11 +399,14 @@ class IdleClients:
         return self.opened
 
     def still_open(self) -> int:
-        """How many of the child's connections the server has not closed."""
+        """How many of the child's connections the server has not closed (``open_by_kind``
+        then says which plan kinds they are)."""
         assert self.proc.stdin is not None
         self.proc.stdin.write("count\n")
         self.proc.stdin.flush()
-        return int(self._read()["open"])
+        answer = self._read()
+        self.open_by_kind: dict[str, int] = dict(answer["by_kind"])
+        return int(answer["open"])
 
     def _read(self) -> dict[str, Any]:
         assert self.proc.stdout is not None
@@ -454,6 +457,8 @@ def _idle_clients_main() -> None:
         pending[sock.fileno()] = (sock, payload)
         poller.register(sock, select.POLLOUT)
     connected: dict[int, socket.socket] = {}
+    kind_of: dict[int, str] = {}
+    names = {b"": "bare", partial: "partial", upgrade: "upgrades"}
     deadline = time.monotonic() + float(plan["connect_timeout"])
     while pending and time.monotonic() < deadline:
         for fd, _event in poller.poll(200):
@@ -466,6 +471,7 @@ def _idle_clients_main() -> None:
             if payload:
                 sock.send(payload)
             connected[fd] = sock
+            kind_of[fd] = names[payload]
     failed += len(pending)
     for sock, _payload in pending.values():
         sock.close()
@@ -489,5 +495,8 @@ def _idle_clients_main() -> None:
                 watcher.unregister(fd)
                 del connected[fd]
                 sock.close()
-        print(json.dumps({"open": len(connected)}))
+        by_kind = {name: 0 for name in names.values()}
+        for fd in connected:
+            by_kind[kind_of[fd]] += 1
+        print(json.dumps({"open": len(connected), "by_kind": by_kind}))
         sys.stdout.flush()

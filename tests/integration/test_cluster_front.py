@@ -173,13 +173,19 @@ async def test_10_000_idle_connections_leave_room_for_a_client_and_are_dropped_a
         async def remaining() -> int:
             return sum([await asyncio.to_thread(child.still_open) for child in children])
 
-        deadline = flooded + max(HEADER_TIMEOUT, AUTH_TIMEOUT) + 15
+        # The bound is generous on purpose: under a full test run on a small machine the
+        # three processes and nginx share two cores with the flood; what is checked is that
+        # every idle connection is dropped, not how promptly.
+        deadline = flooded + max(HEADER_TIMEOUT, AUTH_TIMEOUT) + 45
         left = await remaining()
         while left and now() < deadline:
             await asyncio.sleep(1)
             left = await remaining()
         summary["dropped_after_s"] = round(now() - flooded, 2)
         summary["left_open"] = left
+        summary["left_open_by_kind"] = {
+            kind: sum(child.open_by_kind.get(kind, 0) for child in children) for kind in ("bare", "partial", "upgrades")
+        }
         assert left == 0, report("idle_front", summary)
         report("idle_front", summary)
     finally:
