@@ -285,7 +285,34 @@ CHANNEL_CAPACITY = env_int("DISPATCH_CHANNEL_CAPACITY", 10_000, minimum=10_000)
 # cache; a caller that finds them all busy waits up to REDIS_POOL_TIMEOUT seconds.
 REDIS_MAX_CONNECTIONS = env_int("DISPATCH_REDIS_MAX_CONNECTIONS", 200, minimum=2)
 REDIS_POOL_TIMEOUT = env_float("DISPATCH_REDIS_POOL_TIMEOUT", 10.0)
-if REDIS_URL:
+# "pubsub": one PUBLISH per message to the owning process (core.pubsub_layer); "list":
+# channels-redis' lists (core.channel_layer). docs/operating.md "Channel layer".
+CHANNEL_LAYER_KIND = env_str("DISPATCH_CHANNEL_LAYER", "list")
+if CHANNEL_LAYER_KIND not in ("pubsub", "list"):
+    raise ImproperlyConfigured(f"DISPATCH_CHANNEL_LAYER must be pubsub or list, got {CHANNEL_LAYER_KIND!r}")
+if REDIS_URL and CHANNEL_LAYER_KIND == "pubsub":
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "core.pubsub_layer.PubSubChannelLayer",
+            "CONFIG": {
+                "hosts": [
+                    {
+                        "address": REDIS_URL,
+                        "socket_timeout": DEPENDENCY_TIMEOUT,
+                        "socket_connect_timeout": DEPENDENCY_TIMEOUT,
+                        "max_connections": REDIS_MAX_CONNECTIONS,
+                        "pool_timeout": REDIS_POOL_TIMEOUT,
+                    }
+                ],
+                "prefix": REDIS_PREFIX,
+                "deadline": DEPENDENCY_TIMEOUT,
+                "capacity": CHANNEL_CAPACITY,
+                "expiry": 60,
+                "group_expiry": 86400 * 7,
+            },
+        }
+    }
+elif REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             # channels-redis with a pool that waits for a free connection instead of
