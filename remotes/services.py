@@ -22,7 +22,6 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 from jsonschema.exceptions import ValidationError, best_match
-from jsonschema.protocols import Validator
 from referencing.exceptions import Unresolvable
 
 from core import metrics
@@ -43,7 +42,7 @@ from remotes.protocol import (
     RemoteProbeReply,
     remote_call_event,
 )
-from remotes.schemas import compile_validator, has_patterns
+from remotes.schemas import ArgumentValidator, compile_validator, has_patterns
 
 logger = logging.getLogger(__name__)
 
@@ -284,11 +283,11 @@ class RemoteRoute:
     tools: list[dict[str, Any]]
 
 
-_VALIDATORS: OrderedDict[tuple[int, str], Validator] = OrderedDict()
+_VALIDATORS: OrderedDict[tuple[int, str], ArgumentValidator] = OrderedDict()
 _VALIDATOR_CACHE_SIZE = 2048
 
 
-def _validator(route: RemoteRoute, spec: dict[str, Any]) -> Validator:
+def _validator(route: RemoteRoute, spec: dict[str, Any]) -> ArgumentValidator:
     """The compiled argument validator of one function of one connected remote.
 
     Cached by (remote row id, function): a row's specs never change, and a reconnect makes
