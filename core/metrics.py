@@ -28,7 +28,7 @@ import functools
 import ipaddress
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from prometheus_client import (
     GC_COLLECTOR,
@@ -93,6 +93,24 @@ LOOP_ERRORS = Counter(
 )
 
 
+# Labelled children by (metric, label values): ``.labels()`` takes a lock and builds its key
+# on every call, and a remote call records two. Every label value is bounded (the module
+# docstring), so this stays small; the cap is only a guard.
+_CHILDREN: dict[tuple[object, tuple[str, ...]], Any] = {}
+_CHILDREN_CAP = 4096
+
+
+def _child(metric: Counter | Histogram, *values: str) -> Any:
+    """``metric.labels(*values)`` (values in the metric's label order), looked up once."""
+    key = (metric, values)
+    child = _CHILDREN.get(key)
+    if child is None:
+        if len(_CHILDREN) >= _CHILDREN_CAP:
+            _CHILDREN.clear()
+        child = _CHILDREN[key] = metric.labels(*values)
+    return child
+
+
 def result_label(failure: BaseException | None) -> str:
     """The ``result`` label of a finished call: ``ok`` without ``failure``; else the
     ``DispatchError``'s code when it is one of Dispatch's (``OTHER`` when it is not),
@@ -130,8 +148,8 @@ def observe_remote_calls(call: Callable[Params, Awaitable[Result]]) -> Callable[
             raise
         finally:
             result = result_label(failure)
-            REMOTE_CALLS.labels(result=result).inc()
-            REMOTE_CALL_SECONDS.labels(outcome=OK if result == OK else "error").observe(time.monotonic() - started)
+            _child(REMOTE_CALLS, result).inc()
+            _child(REMOTE_CALL_SECONDS, OK if result == OK else "error").observe(time.monotonic() - started)
 
     return observed
 
@@ -142,14 +160,14 @@ def machine_operation_observed(*, operation: str, ok: bool, failure: BaseExcepti
     shim answered with a response, ``failure`` the exception on its way out otherwise
     (its code is the result), ``seconds`` from routing to the answer."""
     result = OK if ok else result_label(failure or DispatchError(INTERNAL_ERROR, "failed"))
-    MACHINE_OPERATIONS.labels(operation=operation, result=result).inc()
-    MACHINE_OPERATION_SECONDS.labels(operation=operation, outcome=OK if ok else "error").observe(seconds)
+    _child(MACHINE_OPERATIONS, operation, result).inc()
+    _child(MACHINE_OPERATION_SECONDS, operation, OK if ok else "error").observe(seconds)
 
 
 def loop_error_counted(loop: str) -> None:
     """Count one failed pass of the background loop named ``loop`` (a fixed name such as
     ``reaper`` or ``outbox drain pass``, never one carrying an id)."""
-    LOOP_ERRORS.labels(loop=loop).inc()
+    _child(LOOP_ERRORS, loop).inc()
 
 
 # --- access --------------------------------------------------------------------------------
