@@ -27,15 +27,18 @@ if "daphne.server" in sys.modules:
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs the apps loaded)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from django.urls import re_path  # noqa: E402
 
 from dispatch.mcp.app import with_mcp  # noqa: E402
-from dispatch.routing import websocket_urlpatterns  # noqa: E402
+from dispatch.routing import cookie_routes, token_routes  # noqa: E402
 from dispatch.sse import unbuffered_event_streams  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         # Every server-sent-event response goes out unbuffered through a proxy (dispatch.sse).
         "http": unbuffered_event_streams(with_mcp(django_asgi_app)),
-        "websocket": AuthMiddlewareStack(URLRouter(websocket_urlpatterns)),
+        # Token-authenticated routes (/ws/shim/) first, without the cookie, session and user
+        # lookups a shim never uses (a database thread hop per connection); then the rest.
+        "websocket": URLRouter([*token_routes, re_path(r"", AuthMiddlewareStack(URLRouter(cookie_routes)))]),
     }
 )

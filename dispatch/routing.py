@@ -1,6 +1,10 @@
 """Every websocket route of the project: the ``/ws`` session (an edge over the remotes and
 agents apps, ``dispatch.ws``), the apps' own routes (``/ws/shim/``), then a catch-all that
-refuses any other path at the upgrade (HTTP 403, logged at INFO, no traceback)."""
+refuses any other path at the upgrade (HTTP 403, logged at INFO, no traceback).
+
+``token_routes`` are the routes whose clients authenticate by bearer token only (a shim
+never sends a cookie): ``dispatch.asgi`` serves them without Channels' cookie, session and
+user middleware. ``cookie_routes`` are the rest, behind that middleware."""
 
 from __future__ import annotations
 
@@ -34,9 +38,13 @@ async def refuse_unknown_path(
     await send({"type": "websocket.close", "code": 1000})
 
 
+token_routes = [*machine_routes]
+
 # Channels routes ASGI apps through Django's re_path, whose stubs expect a view.
-websocket_urlpatterns = [
+cookie_routes = [
     re_path(r"^ws/?$", SessionConsumer.as_asgi()),
-    *machine_routes,
     re_path(r"", refuse_unknown_path),  # type: ignore[arg-type]
 ]
+
+websocket_urlpatterns = [*cookie_routes[:-1], *token_routes, cookie_routes[-1]]
+"""All of them, in the order they are tried (the catch-all last)."""
