@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import time
 import weakref
 from typing import Any
 
@@ -19,10 +20,37 @@ PID = os.getpid()
 
 _local_connections: weakref.WeakSet[Any] = weakref.WeakSet()
 
+PROCESS_ROW_TRUST_SECONDS = 1.0
+"""How long a connection may take this process's ``ServerProcess`` row as live without
+reading it again (``process_row_trusted``). A row reaped meanwhile makes the connection
+row's foreign key fail at commit; the caller then forgets the memo and writes again, so
+the memo saves a query per connection and never attaches one to a missing row."""
+
+_row_confirmed_at: float | None = None  # time.monotonic() of the last confirmation
+
 
 def current_process_id() -> str:
     """The id of this process's ``ServerProcess`` row (``proc_`` + 16 hex)."""
     return PROCESS_ID
+
+
+def process_row_confirmed() -> None:
+    """Note that this process's row was just read or written live (not stopped)."""
+    global _row_confirmed_at
+    _row_confirmed_at = time.monotonic()
+
+
+def process_row_trusted() -> bool:
+    """Whether this process's row was confirmed live less than
+    ``PROCESS_ROW_TRUST_SECONDS`` ago (no database access)."""
+    confirmed = _row_confirmed_at
+    return confirmed is not None and time.monotonic() - confirmed < PROCESS_ROW_TRUST_SECONDS
+
+
+def process_row_forget() -> None:
+    """Drop the memo: the next connection reads (and if need be re-creates) the row."""
+    global _row_confirmed_at
+    _row_confirmed_at = None
 
 
 def connection_opened(consumer: Any) -> None:

@@ -123,7 +123,7 @@ class ShimConsumer(DispatchConsumer):
         self._drain_task: asyncio.Task[None] | None = None  # relays stdin credit once the socket drains
         self.awaiting_pong: str | None = None
         token = self.bearer_token()
-        identity = await database_sync_to_async(connections.shim_authenticate)(token) if token else None
+        identity = await connections.shim_identify(token) if token else None
         if identity is None:
             await self._error("AUTH_FAILED", "invalid, expired or revoked token", fatal=True)
             await self._close(CloseCode.AUTH_FAILED)
@@ -207,7 +207,7 @@ class ShimConsumer(DispatchConsumer):
             await self._error("AUTH_FAILED", "this token belongs to another machine_id", fatal=True)
             await self._close(CloseCode.AUTH_FAILED)
             return
-        attached = await database_sync_to_async(connections.shim_connected)(
+        attached = await database_sync_to_async(connections.shim_attach)(
             identity=self.identity, hello=hello, channel_name=self.channel_name, protocol_version=negotiated
         )
         self.connection_id = attached.connection_id

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -14,13 +16,17 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from django.contrib.auth.models import User
-from django.db import transaction
+from django.db import IntegrityError, transaction
+from django.db import connection as db_connection
 from django.db.models import BooleanField, ExpressionWrapper, Q
 from django.utils import timezone
 
+from core import credential_cache, presence
+from core.presence import current_process_id
 from core.realtime import layer_send, send_on_commit
-from core.services import AuthenticationFailed, api_token_authenticate, server_process_ensure
-from core.tool_changes import tools_changed_on_commit
+from core.revocation import credentials_ended_on_commit
+from core.services import AuthenticationFailed, api_token_authenticate, server_process_ensure, token_digest
+from core.tool_changes import tools_changed, tools_changed_on_commit
 from machines.models import Machine, MachineConnection, MachineToken
 from machines.protocol import DEFAULT_LIMITS, Hello, MachineRevokedMessage, MachineTakeoverMessage
 from machines.services import router
@@ -41,10 +47,49 @@ class ShimIdentity:
     api_token_id: int | None = None
 
 
+_CACHE_PREFIX = "shim:"  # shim identities share core.credential_cache with the bearer lookups
+
+
+def shim_identity_cached(raw_token: str) -> ShimIdentity | None:
+    """The identity ``raw_token`` was found to be less than
+    ``core.credential_cache.BEARER_CACHE_SECONDS`` ago in this process, or ``None`` (no
+    database access: safe on the event loop). Emptied with the bearer lookups whenever a
+    credential ends (``core.revocation``), so a token revoked in this process is refused at
+    once, and in another within that bound; a socket opened meanwhile is closed by the
+    revocation sweep, which finds its connection row by credential."""
+    if not raw_token or len(raw_token) > 200:
+        return None
+    hit = credential_cache.cached(_CACHE_PREFIX + token_digest(raw_token))
+    return hit[1] if hit is not None and isinstance(hit[1], ShimIdentity) else None
+
+
 def shim_authenticate(raw_token: str) -> ShimIdentity | None:
-    """A machine token (or a user API token) → the identity; ``None`` when refused (§3)."""
+    """A machine token (or a user API token) → the identity; ``None`` when refused (§3).
+
+    A found identity is cached for ``core.credential_cache.BEARER_CACHE_SECONDS``
+    (``shim_identity_cached``); a refusal never is (sync: database reads)."""
     if len(raw_token) > 200:
         return None
+    cached = shim_identity_cached(raw_token)
+    if cached is not None:
+        return cached
+    started = time.monotonic()
+    identity = _shim_identity_lookup(raw_token)
+    if identity is not None:
+        credential_cache.remember(_CACHE_PREFIX + token_digest(raw_token), started, identity.user, identity)
+    return identity
+
+
+async def shim_identify(raw_token: str) -> ShimIdentity | None:
+    """``shim_authenticate`` from async code: a cached identity without leaving the event
+    loop, else one hop to the database thread."""
+    cached = shim_identity_cached(raw_token)
+    if cached is not None:
+        return cached
+    return await database_sync_to_async(shim_authenticate)(raw_token)
+
+
+def _shim_identity_lookup(raw_token: str) -> ShimIdentity | None:
     digest = hashlib.sha256(raw_token.encode()).hexdigest()
     token = MachineToken.objects.select_related("user").filter(digest=digest).first()
     if token is not None and hmac.compare_digest(token.digest, digest):
@@ -72,44 +117,63 @@ class Attachment:
     limits: dict[str, int]
     sessions: list[str]
     replaced_channels: list[tuple[str, str]]  # (channel_name, connection_id) taken over
+    snapshot_targets: list[str] | None = None  # connection ids to ask (None: not looked up yet)
 
 
 @transaction.atomic
-def shim_connected(*, identity: ShimIdentity, hello: Hello, channel_name: str, protocol_version: str) -> Attachment:
+def shim_connected(
+    *,
+    identity: ShimIdentity,
+    hello: Hello,
+    channel_name: str,
+    protocol_version: str,
+    process_row_trusted: bool = False,
+) -> Attachment:
     """Record a shim that completed its HELLO; take over older sockets of the same machine.
 
     Granted capabilities are the advertised ones that the owner allows for this machine
     (``Machine.allowed_capabilities``, set on the Machines page; §3). Returns what the
-    HELLO_ACK needs.
+    HELLO_ACK needs. ``process_row_trusted``: this process's ``ServerProcess`` row is
+    taken as live without reading it (``core.presence.process_row_trusted``; a reaped row
+    then fails the commit with ``IntegrityError``). The tool-list ring is the caller's
+    (``announce_attachment``), so the database thread never waits on the layer.
     """
     user = identity.user
-    machine, _ = Machine.objects.select_for_update().get_or_create(user=user, machine_id=hello.machine_id)
+    described: dict[str, Any] = {
+        "hostname": hello.hostname,
+        "display_name": hello.display_name or "",
+        "platform": hello.platform,
+        "arch": hello.arch,
+        "shim_version": hello.shim_version,
+        "capabilities": sorted(set(hello.capabilities)),
+        "allowed_roots": hello.allowed_roots,
+        "hardware_devices": hello.hardware_devices,
+        "connection_status": Machine.Connection.CONNECTED,
+        "health": Machine.Health.OK,
+        "status_reason": "connected",
+        "revoked_at": None,
+    }
+    allowed_by_default = Machine._meta.get_field("allowed_capabilities").get_default()
+    machine, created = Machine.objects.select_for_update().get_or_create(
+        user=user,
+        machine_id=hello.machine_id,
+        defaults={**described, "granted_capabilities": sorted(set(hello.capabilities) & set(allowed_by_default))},
+    )
     granted: list[str] = sorted(set(hello.capabilities) & set(machine.allowed_capabilities))
-    machine.hostname = hello.hostname
-    machine.display_name = hello.display_name or ""
-    machine.platform = hello.platform
-    machine.arch = hello.arch
-    machine.shim_version = hello.shim_version
-    machine.capabilities = sorted(set(hello.capabilities))
-    machine.granted_capabilities = granted
-    machine.allowed_roots = hello.allowed_roots
-    machine.hardware_devices = hello.hardware_devices
-    machine.connection_status = Machine.Connection.CONNECTED
-    machine.health = Machine.Health.OK
-    machine.status_reason = "connected"
-    machine.revoked_at = None
-    machine.save()
+    replaced: list[tuple[str, str]] = []
+    if not created:  # a new machine has no connection to take over, nor a row to rewrite
+        for name, value in {**described, "granted_capabilities": granted}.items():
+            setattr(machine, name, value)
+        machine.save(update_fields=[*described, "granted_capabilities"])
+        replaced = _connections_delete(machine_pk=machine.pk)
     last_active_forget(user_id=user.pk, machine_id=machine.machine_id)
-    replaced = list(MachineConnection.objects.filter(machine=machine).values_list("channel_name", "connection_id"))
-    MachineConnection.objects.filter(machine=machine).delete()
-    tools_changed_on_commit([user.pk])
     router.route_cache_clear_on_commit()
     connection = MachineConnection.objects.create(
         machine=machine,
         user=user,
         connection_id=f"conn_{uuid.uuid4().hex[:16]}",
         channel_name=channel_name,
-        server_process_id=server_process_ensure(),
+        server_process_id=current_process_id() if process_row_trusted else server_process_ensure(),
         sessions=list(dict.fromkeys(hello.sessions)),
         granted_capabilities=granted,
         limits=dict(DEFAULT_LIMITS),
@@ -128,15 +192,63 @@ def shim_connected(*, identity: ShimIdentity, hello: Hello, channel_name: str, p
     )
 
 
+def _connections_delete(*, machine_pk: int) -> list[tuple[str, str]]:
+    """Delete a machine's connection rows; their ``(channel_name, connection_id)``. One
+    ``DELETE … RETURNING`` where the database has it (PostgreSQL, SQLite ≥ 3.35; nothing
+    refers to a connection row, so there is no cascade to run)."""
+    rows = MachineConnection.objects.filter(machine_id=machine_pk)
+    if not db_connection.features.can_return_columns_from_insert:
+        replaced = list(rows.values_list("channel_name", "connection_id"))
+        rows.delete()
+        return replaced
+    quote = db_connection.ops.quote_name
+    table, machine, channel, connection_id = (
+        quote(name) for name in (MachineConnection._meta.db_table, "machine_id", "channel_name", "connection_id")
+    )
+    # Names fixed here, quoted by the backend; the value is a parameter.
+    sql = f"DELETE FROM {table} WHERE {machine} = %s RETURNING {channel}, {connection_id}"  # noqa: S608
+    with db_connection.cursor() as cursor:
+        cursor.execute(sql, [machine_pk])
+        return [(str(name), str(held)) for name, held in cursor.fetchall()]
+
+
+def shim_attach(*, identity: ShimIdentity, hello: Hello, channel_name: str, protocol_version: str) -> Attachment:
+    """``shim_connected``, then (after its commit, in the same database-thread hop) whom
+    to ask for a snapshot (``Attachment.snapshot_targets``). This process's row is read
+    at most once per ``core.presence.PROCESS_ROW_TRUST_SECONDS``; when it was reaped
+    meanwhile the commit fails and the attachment is recorded again after re-creating
+    the row. Raises what the database raises."""
+    trusted = presence.process_row_trusted()
+    arguments: dict[str, Any] = {
+        "identity": identity,
+        "hello": hello,
+        "channel_name": channel_name,
+        "protocol_version": protocol_version,
+    }
+    try:
+        attachment = shim_connected(**arguments, process_row_trusted=trusted)
+    except IntegrityError:
+        if not trusted:
+            raise
+        presence.process_row_forget()
+        attachment = shim_connected(**arguments)
+    presence.process_row_confirmed()
+    return dataclasses.replace(attachment, snapshot_targets=_snapshot_targets(attachment))
+
+
 async def announce_attachment(attachment: Attachment) -> None:
-    """After a HELLO: revoke taken-over sockets (4427), and on the N = 2 transition ask
-    every attached shim of the shared sessions for its ``MACHINE_LIST_RESPONSE`` (§4)."""
+    """After a HELLO: ring the user's tool list, revoke taken-over sockets (4427), and on
+    the N = 2 transition ask every attached shim of the shared sessions for its
+    ``MACHINE_LIST_RESPONSE`` (§4)."""
+    await tools_changed(attachment.user_id)
     for channel_name, connection_id in attachment.replaced_channels:
         try:
             await layer_send(channel_name, MachineTakeoverMessage(connection_id=connection_id))
         except ChannelFull:
             logger.warning("could not tell %s about its takeover: channel full", channel_name)
-    targets = await database_sync_to_async(_snapshot_targets)(attachment)
+    targets = attachment.snapshot_targets
+    if targets is None:
+        targets = await database_sync_to_async(_snapshot_targets)(attachment)
     if targets:
         await request_snapshots(user_id=attachment.user_id, connection_ids=targets)
 
@@ -302,6 +414,7 @@ def machine_revoke(*, user: User, machine_id: str) -> Machine:
         raise NotFound(f"no machine '{machine_id}'")
     now = timezone.now()
     MachineToken.objects.filter(user=user, machine_id=machine_id, revoked_at__isnull=True).update(revoked_at=now)
+    credentials_ended_on_commit()  # cached shim identities of those tokens go, here and elsewhere
     machine.revoked_at = now
     machine.connection_status = Machine.Connection.DISCONNECTED
     machine.status_reason = "revoked"
