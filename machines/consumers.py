@@ -106,6 +106,7 @@ class ShimConsumer(DispatchConsumer):
     """One shim connection."""
 
     protocol_version: str | None = None  # negotiated in the HELLO (§3)
+    detached_user_id: int | None = None  # set when closing removed the connection's row
 
     async def connect(self) -> None:
         await self.accept()  # custom close codes need an accepted socket
@@ -139,14 +140,19 @@ class ShimConsumer(DispatchConsumer):
             task.cancel()
         _drop_unsent(transport_protocol(getattr(self, "base_send", None)))
         if getattr(self, "connection_id", None):
-            await database_sync_to_async(connections.shim_disconnected)(connection_id=self.connection_id)
+            self.detached_user_id = await database_sync_to_async(connections.shim_disconnected)(
+                connection_id=self.connection_id, ring_tools=False
+            )
 
     async def release_layer(self) -> None:
-        """Cleanup, second step: fail the operations pending on this shim."""
+        """Cleanup, second step: fail the operations pending on this shim, ring its user's
+        tool list if the first step removed the connection."""
         for request_id in list(getattr(self, "pending", {})):
             await self.layer_quietly(
                 self._fail(request_id, "MACHINE_UNREACHABLE", "the machine disconnected"), "fail a pending operation"
             )
+        if self.detached_user_id is not None:
+            await connections.announce_detachment(self.detached_user_id)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         size = len(bytes_data) if bytes_data is not None else len(text_data or "")

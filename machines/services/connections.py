@@ -18,7 +18,7 @@ from channels.exceptions import ChannelFull
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.db import connection as db_connection
-from django.db.models import BooleanField, ExpressionWrapper, Q
+from django.db.models import BooleanField, Exists, ExpressionWrapper, OuterRef, Q
 from django.utils import timezone
 
 from core import credential_cache, presence
@@ -193,23 +193,30 @@ def shim_connected(
 
 
 def _connections_delete(*, machine_pk: int) -> list[tuple[str, str]]:
-    """Delete a machine's connection rows; their ``(channel_name, connection_id)``. One
-    ``DELETE … RETURNING`` where the database has it (PostgreSQL, SQLite ≥ 3.35; nothing
-    refers to a connection row, so there is no cascade to run)."""
-    rows = MachineConnection.objects.filter(machine_id=machine_pk)
+    """Delete a machine's connection rows; their ``(channel_name, connection_id)``."""
+    return [
+        (str(name), str(held))
+        for name, held in _delete_returning("machine_id", machine_pk, "channel_name", "connection_id")
+    ]
+
+
+def _delete_returning(column: str, value: Any, *returning: str) -> list[tuple[Any, ...]]:
+    """Delete the connection rows whose ``column`` is ``value``; the ``returning`` columns
+    of each. One ``DELETE … RETURNING`` where the database has it (PostgreSQL, SQLite ≥
+    3.35; nothing refers to a connection row, so there is no cascade to run), else a
+    SELECT and a DELETE."""
+    rows = MachineConnection.objects.filter(**{column: value})
     if not db_connection.features.can_return_columns_from_insert:
-        replaced = list(rows.values_list("channel_name", "connection_id"))
+        found = list(rows.values_list(*returning))
         rows.delete()
-        return replaced
+        return found
     quote = db_connection.ops.quote_name
-    table, machine, channel, connection_id = (
-        quote(name) for name in (MachineConnection._meta.db_table, "machine_id", "channel_name", "connection_id")
-    )
-    # Names fixed here, quoted by the backend; the value is a parameter.
-    sql = f"DELETE FROM {table} WHERE {machine} = %s RETURNING {channel}, {connection_id}"  # noqa: S608
+    table = quote(MachineConnection._meta.db_table)
+    # Names fixed by the callers in this module, quoted by the backend; the value is a parameter.
+    sql = f"DELETE FROM {table} WHERE {quote(column)} = %s RETURNING {', '.join(map(quote, returning))}"  # noqa: S608
     with db_connection.cursor() as cursor:
-        cursor.execute(sql, [machine_pk])
-        return [(str(name), str(held)) for name, held in cursor.fetchall()]
+        cursor.execute(sql, [value])
+        return [tuple(row) for row in cursor.fetchall()]
 
 
 def shim_attach(*, identity: ShimIdentity, hello: Hello, channel_name: str, protocol_version: str) -> Attachment:
@@ -282,19 +289,29 @@ def _snapshot_targets(attachment: Attachment) -> list[str]:
     ]
 
 
-def shim_disconnected(*, connection_id: str) -> None:
-    """Forget a closed connection; the machine shows ``disconnected`` when none is left."""
-    connection = MachineConnection.objects.filter(connection_id=connection_id).select_related("machine").first()
-    if connection is None:
-        return
-    machine = connection.machine
-    connection.delete()
-    tools_changed_on_commit([connection.user_id])
+def shim_disconnected(*, connection_id: str, ring_tools: bool = True) -> int | None:
+    """Forget a closed connection; the machine shows ``disconnected`` when none is left.
+
+    Returns the connection's user id (``None``: it was gone already). ``ring_tools=False``
+    leaves the tool-list ring to the caller (``announce_detachment``, async code), so the
+    database thread does not wait on the layer. Two statements: the DELETE, and the
+    machine's status UPDATE conditional on no connection being left."""
+    deleted = _delete_returning("connection_id", connection_id, "machine_id", "user_id")
+    if not deleted:
+        return None
+    machine_pk, user_id = deleted[0]
+    if ring_tools:
+        tools_changed_on_commit([user_id])
     router.route_cache_clear_on_commit()
-    if not MachineConnection.objects.filter(machine=machine).exists():
-        Machine.objects.filter(pk=machine.pk).update(
-            connection_status=Machine.Connection.DISCONNECTED, status_reason="the shim disconnected"
-        )
+    Machine.objects.filter(pk=machine_pk).exclude(
+        Exists(MachineConnection.objects.filter(machine=OuterRef("pk")))
+    ).update(connection_status=Machine.Connection.DISCONNECTED, status_reason="the shim disconnected")
+    return int(user_id)
+
+
+async def announce_detachment(user_id: int) -> None:
+    """After ``shim_disconnected(ring_tools=False)``: ring the user's tool list. Never raises."""
+    await tools_changed(user_id)
 
 
 def shim_connections_of_processes_closed(process_ids: list[str]) -> None:

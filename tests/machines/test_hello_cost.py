@@ -7,6 +7,7 @@ Counts, not times: a change that adds a statement or a hop to every HELLO fails 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -14,12 +15,14 @@ from typing import Any
 import pytest
 from asgiref.sync import SyncToAsync
 from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 
 from core import credential_cache, presence
 from core.models import ServerProcess
 from core.services import api_token_create, api_token_revoke
-from machines.models import MachineConnection
+from core.tool_changes import tools_group
+from machines.models import Machine, MachineConnection
 from machines.services.connections import machine_revoke
 from machines.services.device import machine_tokens_revoke
 from tests.machines.conftest import SHIM_PATH, Shims, frame, hello_payload, settle
@@ -178,3 +181,25 @@ async def test_the_process_row_is_read_once_and_re_created_when_reaped(owner: An
         assert held_by == (None, presence.current_process_id())
     finally:
         await shims.close_all()
+
+
+async def test_a_disconnect_takes_two_statements_and_still_rings_the_tool_list(owner: Any) -> None:
+    layer = get_channel_layer()
+    listener = await layer.new_channel()
+    await layer.group_add(tools_group(owner.pk), listener)
+    shims = Shims()
+    try:
+        shim = await shims.connect(owner, sessions=["s-a"])
+        await layer.receive(listener)  # its HELLO's ring
+        with every_query() as seen:
+            await shim.disconnect()
+        # The connection's DELETE … RETURNING; the machine's UPDATE, if nothing else holds it.
+        assert len(seen) <= 2, "\n".join(sql[:120] for sql in seen)
+        assert (await asyncio.wait_for(layer.receive(listener), 3))["type"] == "tools.changed"
+        status = await database_sync_to_async(
+            lambda: Machine.objects.values_list("connection_status", "status_reason").get(machine_id=shim.machine_id)
+        )()
+        assert status == (Machine.Connection.DISCONNECTED, "the shim disconnected")
+    finally:
+        await shims.close_all()
+        await layer.group_discard(tools_group(owner.pk), listener)
