@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import hashlib
 import hmac
+import json
 import logging
 import time
 import uuid
@@ -18,7 +19,8 @@ from channels.exceptions import ChannelFull
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.db import connection as db_connection
-from django.db.models import BooleanField, Exists, ExpressionWrapper, OuterRef, Q
+from django.db.models import BooleanField, Exists, ExpressionWrapper, OuterRef, Q, TextField
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from core import credential_cache, presence
@@ -272,14 +274,25 @@ def _snapshot_targets(attachment: Attachment) -> list[str]:
     sharing: list[tuple[str, bool]] = []
     # Whether each machine is described, not its snapshot: a HELLO reads every connection
     # of the user, and decoding each cached MACHINE_LIST_RESPONSE cost more than the query.
+    # Each row's sessions come as their JSON text, decoded only when one of this
+    # connection's ids (or "*") appears in it: session ids are of a charset JSON never
+    # escapes (SESSION_ID_PATTERN), so the text holds '"<id>"' whenever the list holds the id.
     rows = (
         MachineConnection.objects.filter(user_id=attachment.user_id)
-        .annotate(described=ExpressionWrapper(Q(machine__snapshot__isnull=False), output_field=BooleanField()))
-        .values_list("connection_id", "sessions", "described")
+        .annotate(
+            described=ExpressionWrapper(Q(machine__snapshot__isnull=False), output_field=BooleanField()),
+            sessions_text=Cast("sessions", TextField()),
+        )
+        .values_list("connection_id", "sessions_text", "described")
     )
-    for connection_id, sessions, described in rows:
-        if connection_id == attachment.connection_id or "*" in mine or "*" in sessions or mine & set(sessions):
+    quoted = [f'"{session_id}"' for session_id in (mine | {"*"})]
+    for connection_id, sessions_text, described in rows:
+        if connection_id == attachment.connection_id or "*" in mine:
             sharing.append((connection_id, bool(described)))
+        elif any(literal in sessions_text for literal in quoted):
+            sessions = set(json.loads(sessions_text))
+            if "*" in sessions or mine & sessions:
+                sharing.append((connection_id, bool(described)))
     if len(sharing) < 2:
         return []
     return [attachment.connection_id] + [

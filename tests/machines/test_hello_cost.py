@@ -203,3 +203,19 @@ async def test_a_disconnect_takes_two_statements_and_still_rings_the_tool_list(o
     finally:
         await shims.close_all()
         await layer.group_discard(tools_group(owner.pk), listener)
+
+
+async def test_only_connections_sharing_a_session_id_exactly_are_asked_for_snapshots(owner: Any) -> None:
+    shims = Shims()
+    try:
+        ten = await shims.connect(owner, machine_id="m-10", sessions=["agt_10", "agt_1x"])
+        one = await shims.connect(owner, machine_id="m-1", sessions=["agt_1"])  # a prefix of both, shares neither
+        await settle()
+        assert ten.ops("MACHINE_LIST_REQUEST") == [] and one.ops("MACHINE_LIST_REQUEST") == []
+        other = await shims.connect(owner, machine_id="m-2", sessions=["agt_2", "agt_1"])
+        await one.next_request("MACHINE_LIST_REQUEST")
+        await other.next_request("MACHINE_LIST_REQUEST")
+        await settle()
+        assert ten.ops("MACHINE_LIST_REQUEST") == []
+    finally:
+        await shims.close_all()
