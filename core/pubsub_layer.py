@@ -28,9 +28,9 @@ Guarantees, as with the list layer:
   ``group_expiry``); ``group_send`` reads the members and publishes once per owning
   process (two round trips, whatever the group's size).
 * While the subscription is lost (Redis stopped or unreachable), every ``receive`` of
-  this process raises the ``redis.exceptions.ConnectionError`` once its inbox is empty —
-  consumers close 1012 and clients reconnect — and the reader subscribes again with
-  back-off (0.1 s doubling to 2 s). The outage is reported to ``core.outage.tracker``
+  this process raises :class:`SubscriptionLost` (a ``redis.exceptions.ConnectionError``)
+  once its inbox is empty — consumers close 1012 and clients reconnect — and the reader
+  subscribes again with back-off (0.1 s doubling to 2 s). The outage is reported to ``core.outage.tracker``
   (one WARNING per outage, one INFO when it ends), never one traceback per retry.
 
 ``send``, ``group_send``, ``group_add`` and ``group_discard`` get ``deadline`` seconds
@@ -50,7 +50,7 @@ from typing import Any
 import msgpack
 from channels.exceptions import ChannelFull
 from channels.layers import BaseChannelLayer
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -141,7 +141,7 @@ class PubSubChannelLayer(BaseChannelLayer):
         self._clients: dict[asyncio.AbstractEventLoop, Redis] = {}
         self._reader: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
-        self._lost: RedisError | None = None
+        self._lost: Exception | None = None
         self._swept_at = time.monotonic()
         self._dropped_full = 0
 
@@ -198,9 +198,13 @@ class PubSubChannelLayer(BaseChannelLayer):
         while True:
             options = dict(self.host)
             address = options.pop("address")
-            for pool_only in ("max_connections", "pool_timeout", "socket_timeout"):
+            for pool_only in ("max_connections", "pool_timeout"):
                 options.pop(pool_only, None)
-            client = Redis.from_url(address, socket_timeout=None, socket_keepalive=True, **options)
+            pool = ConnectionPool.from_url(address, socket_keepalive=True, **options)
+            # The subscription waits for messages for as long as none come: no read timeout
+            # (the senders' one, from the host or the URL, is not for it).
+            pool.connection_kwargs["socket_timeout"] = None
+            client = Redis(connection_pool=pool)
             pubsub = client.pubsub()
             try:
                 async with asyncio.timeout(self.deadline):
@@ -224,8 +228,9 @@ class PubSubChannelLayer(BaseChannelLayer):
                 lost = exc if isinstance(exc, RedisError) else SubscriptionLost(f"{type(exc).__name__}: {exc}")
                 self._subscription_lost(lost)
             except Exception:
-                # A bug here must not end the process's deliveries: log it once per try.
-                logger.exception("channel layer reader failed; subscribing again")
+                # A bug here must not end the process's deliveries; its traceback once per outage.
+                if self._lost is None:
+                    logger.exception("channel layer reader failed; subscribing again")
                 self._subscription_lost(SubscriptionLost("the channel layer's reader failed"))
             finally:
                 try:
@@ -236,10 +241,10 @@ class PubSubChannelLayer(BaseChannelLayer):
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, RETRY_MAX)
 
-    def _subscription_lost(self, exc: RedisError) -> None:
+    def _subscription_lost(self, exc: Exception) -> None:
         tracker.failed("channel_layer", exc)
         self._subscribed.clear()
-        self._lost = exc if isinstance(exc, RedisConnectionError) else SubscriptionLost(str(exc))
+        self._lost = exc
         for inbox in self.receive_buffer.values():
             for waiter in inbox.waiters:
                 _wake(waiter)
@@ -333,8 +338,9 @@ class PubSubChannelLayer(BaseChannelLayer):
     async def receive(self, channel: str) -> dict[str, Any]:
         """The next message on ``channel`` (one this process made), waiting for it.
 
-        Raises ``ValueError`` for another process's channel, and the subscription's
-        ``redis.exceptions.ConnectionError`` while it is lost and the inbox is empty.
+        Raises ``ValueError`` for another process's channel, and :class:`SubscriptionLost`
+        (a ``redis.exceptions.ConnectionError``) while the subscription is lost and the
+        inbox is empty.
         """
         owner, _ = self._owner(channel)
         if owner != self.process_channel:
@@ -350,7 +356,8 @@ class PubSubChannelLayer(BaseChannelLayer):
             if inbox.messages and not inbox.waiters:
                 return inbox.get_nowait()
             if self._lost is not None and not inbox.messages:
-                raise self._lost
+                # A fresh exception each time: re-raising one instance grows its traceback.
+                raise SubscriptionLost(f"the channel layer's subscription is lost: {self._lost}")
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             inbox.waiters.append(waiter)
             try:

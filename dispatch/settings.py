@@ -287,7 +287,7 @@ REDIS_MAX_CONNECTIONS = env_int("DISPATCH_REDIS_MAX_CONNECTIONS", 200, minimum=2
 REDIS_POOL_TIMEOUT = env_float("DISPATCH_REDIS_POOL_TIMEOUT", 10.0)
 # "pubsub": one PUBLISH per message to the owning process (core.pubsub_layer); "list":
 # channels-redis' lists (core.channel_layer). docs/operating.md "Channel layer".
-CHANNEL_LAYER_KIND = env_str("DISPATCH_CHANNEL_LAYER", "list")
+CHANNEL_LAYER_KIND = env_str("DISPATCH_CHANNEL_LAYER", "pubsub")
 if CHANNEL_LAYER_KIND not in ("pubsub", "list"):
     raise ImproperlyConfigured(f"DISPATCH_CHANNEL_LAYER must be pubsub or list, got {CHANNEL_LAYER_KIND!r}")
 if REDIS_URL and CHANNEL_LAYER_KIND == "pubsub":

@@ -79,6 +79,7 @@ def test_settings_use_the_blocking_layer_when_redis_is_configured(tmp_path):
 
     env = base_env(
         REDIS_URL="redis://127.0.0.1:6379/9",
+        DISPATCH_CHANNEL_LAYER="list",
         DISPATCH_REDIS_MAX_CONNECTIONS="33",
         DISPATCH_DATA_DIR=str(tmp_path),
     )

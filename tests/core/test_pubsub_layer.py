@@ -8,8 +8,11 @@ on a free port, never the shared one.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +21,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from core.pubsub_layer import PubSubChannelLayer
-from tests.infra import eventually, free_port, redis_answers, start_redis_server, unavailable
+from tests.infra import base_env, eventually, free_port, redis_answers, start_redis_server, unavailable
 
 pytestmark = [pytest.mark.redis]
 
@@ -188,6 +191,19 @@ async def test_messages_nobody_receives_are_swept_after_their_expiry(prefix: str
         assert await layer.receive(other) == {"type": "fresh"}
     finally:
         await layer.close()
+
+
+def test_settings_pick_the_pubsub_layer_for_redis_unless_told_list(tmp_path: Path) -> None:
+    def backend(**env: str) -> str:
+        code = "import django; django.setup(); from django.conf import settings; "
+        code += "print(settings.CHANNEL_LAYERS['default']['BACKEND'])"
+        environment = base_env(REDIS_URL=REDIS, DISPATCH_DATA_DIR=str(tmp_path), **env)
+        out = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.strip().splitlines()[-1]
+
+    assert backend() == "core.pubsub_layer.PubSubChannelLayer"
+    assert backend(DISPATCH_CHANNEL_LAYER="list") == "core.channel_layer.RedisChannelLayer"
 
 
 async def test_the_reader_subscribes_again_after_redis_restarts() -> None:
