@@ -27,6 +27,7 @@ dropped, never raised (``core.realtime.message_received``).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -49,7 +50,7 @@ from core.backpressure import (
 from core.errors import channel_layer_unavailable, database_unavailable
 from core.http import bearer_credentials
 from core.protocol import ChannelMessage, CredentialEndedMessage, ServerShutdownMessage
-from core.realtime import layer_send, message_received
+from core.realtime import consumer_channel, layer_send, message_received
 
 logger = logging.getLogger(__name__)
 
@@ -190,7 +191,7 @@ class DispatchConsumer(AsyncWebsocketConsumer):
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         try:
-            await super().__call__(scope, receive, send)
+            await self._serve(scope, receive, send)
         except Exception as exc:
             if not outage(exc):
                 raise
@@ -200,6 +201,79 @@ class DispatchConsumer(AsyncWebsocketConsumer):
             await self._close_for_outage()
         finally:
             await self._cleanup()
+
+    async def _serve(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """Channels' ``AsyncConsumer.__call__``, with the pump in place of
+        ``await_many_dispatch`` (which makes a Task and an ``asyncio.wait`` for every
+        message): ends quietly on ``StopConsumer``, raises what a handler or a receive
+        raises."""
+        self.scope = scope
+        sources: list[Callable[[], Awaitable[dict[str, Any]]]] = [receive]
+        channel = await consumer_channel(self.channel_layer_alias)
+        if channel is None:
+            self.channel_layer = None
+        else:
+            self.channel_layer, self.channel_name, self.channel_receive = channel
+            sources.append(self.channel_receive)
+        self.base_send = send
+        try:
+            await self._pump(sources)
+        except StopConsumer:
+            pass
+
+    async def _pump(self, sources: list[Callable[[], Awaitable[dict[str, Any]]]]) -> None:
+        """Read each source (the socket, then the channel) in its own long-lived task and
+        dispatch what arrives under one lock: one message at a time, in arrival order per
+        source, as Channels does — but without a task and an ``asyncio.wait`` per
+        message.
+
+        The first failure ends the pump: a handler raising (``StopConsumer`` included) or
+        a source raising (the channel layer lost), the latter only once the message being
+        handled is done. The other reader is stopped before it handles anything more, both
+        tasks are cancelled and awaited, and that failure is raised here. Both readers run
+        in one copy of the caller's context, as the handlers shared Channels' one task."""
+        lock = asyncio.Lock()
+        stopped = False
+
+        async def read(source: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+            nonlocal stopped
+            while True:
+                failure: Exception | None = None
+                try:
+                    message = await source()
+                except Exception as exc:  # raised once the message in hand is handled
+                    failure = exc
+                async with lock:
+                    if stopped:
+                        return
+                    if failure is not None:
+                        stopped = True
+                        raise failure
+                    try:
+                        await self.dispatch(message)
+                    except BaseException:
+                        stopped = True
+                        raise
+
+        if len(sources) == 1:
+            await read(sources[0])
+            return
+        loop = asyncio.get_running_loop()
+        context = contextvars.copy_context()
+        readers = [loop.create_task(read(source), context=context) for source in sources]
+        try:
+            ended, _ = await asyncio.wait(readers, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for reader in readers:
+                reader.cancel()
+            # Awaited, and every outcome retrieved: none is left "never retrieved".
+            await asyncio.gather(*readers, return_exceptions=True)
+        for reader in (reader for reader in readers if reader in ended):  # the socket's first
+            if reader.cancelled():  # a handler raised CancelledError itself
+                raise asyncio.CancelledError()
+            failure = reader.exception()
+            if failure is not None:
+                raise failure
 
     # --- cleanup hooks (subclasses) -------------------------------------------------------
 

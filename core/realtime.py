@@ -44,6 +44,7 @@ dropped (``message_received``), never raised into a loop or a consumer.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import uuid
@@ -234,6 +235,20 @@ async def layer_send(channel_name: str, message: ChannelMessage) -> None:
 
 
 # --- listening ---------------------------------------------------------------------------------
+
+
+async def consumer_channel(alias: str) -> tuple[Any, str, Callable[[], Awaitable[dict[str, Any]]]] | None:
+    """A new channel for a consumer on the channel layer ``alias``: ``(layer, channel_name,
+    reader)``, or ``None`` when no layer is configured. ``await reader()`` returns the
+    channel's next message (a dict) and raises what the layer raises (a Redis
+    ``ConnectionError`` while it is unreachable); ``core.consumers.DispatchConsumer``
+    awaits it in one long-lived task, cancelled only when the channel's life ends, as
+    ``Subscription`` does. Raises what the layer raises making the channel."""
+    layer = get_channel_layer(alias)
+    if layer is None:
+        return None
+    channel_name = await layer.new_channel()
+    return layer, channel_name, functools.partial(layer.receive, channel_name)
 
 
 async def _sleep(timeout: float | None) -> None:
