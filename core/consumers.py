@@ -112,6 +112,9 @@ class DispatchConsumer(AsyncWebsocketConsumer):
     about a third of a remote call's cost — is skipped here.
     """
 
+    # Set by the pump when the consumer starts (None without a configured layer); typed as
+    # Channels' untyped attribute so subclasses use it as before.
+    channel_layer: Any
     _accepted = False
     _connected = False  # the connect handler finished
     _socket_closed = False  # a close was sent or the client went away
