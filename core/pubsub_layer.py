@@ -62,6 +62,11 @@ logger = logging.getLogger(__name__)
 
 RETRY_FIRST = 0.1  # seconds before the first re-subscribe after the subscription is lost
 RETRY_MAX = 2.0  # seconds between re-subscribes at most
+# A quiet subscription is PINGed after this many seconds without a message, and counted
+# lost when nothing (not even the PONG) came for twice as long: a connection dropped on the
+# way (a NAT or conntrack timeout, a Redis host gone without a FIN) would otherwise wait for
+# TCP keepalive, about two hours, delivering nothing.
+SUBSCRIPTION_HEARTBEAT = 15.0
 
 
 class SubscriptionLost(RedisConnectionError):
@@ -196,17 +201,20 @@ class PubSubChannelLayer(BaseChannelLayer):
         a lost subscription, fail the waiting receives and subscribe again with back-off."""
         backoff = RETRY_FIRST
         while True:
-            options = dict(self.host)
-            address = options.pop("address")
-            for pool_only in ("max_connections", "pool_timeout"):
-                options.pop(pool_only, None)
-            pool = ConnectionPool.from_url(address, socket_keepalive=True, **options)
-            # The subscription waits for messages for as long as none come: no read timeout
-            # (the senders' one, from the host or the URL, is not for it).
-            pool.connection_kwargs["socket_timeout"] = None
-            client = Redis(connection_pool=pool)
-            pubsub = client.pubsub()
+            client: Redis | None = None
+            pubsub: Any = None
             try:
+                options = dict(self.host)
+                address = options.pop("address")
+                for pool_only in ("max_connections", "pool_timeout"):
+                    options.pop(pool_only, None)
+                pool = ConnectionPool.from_url(address, socket_keepalive=True, **options)
+                # The subscription waits for messages for as long as none come: no read timeout
+                # (the senders' one, from the host or the URL, is not for it); the heartbeat
+                # below finds a dead connection instead.
+                pool.connection_kwargs["socket_timeout"] = None
+                client = Redis(connection_pool=pool)
+                pubsub = client.pubsub()
                 async with asyncio.timeout(self.deadline):
                     await pubsub.subscribe(self.process_channel)
                     # The confirmation: messages published from now on reach this process.
@@ -218,9 +226,18 @@ class PubSubChannelLayer(BaseChannelLayer):
                 self._subscribed.set()
                 tracker.ok("channel_layer")
                 backoff = RETRY_FIRST
+                heard = time.monotonic()
                 while True:
-                    event = await pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
-                    if event is not None and event.get("type") == "message":
+                    event = await pubsub.get_message(ignore_subscribe_messages=True, timeout=SUBSCRIPTION_HEARTBEAT)
+                    if event is None:
+                        silent = time.monotonic() - heard
+                        if silent >= 2 * SUBSCRIPTION_HEARTBEAT:
+                            raise SubscriptionLost(f"no answer from Redis on the subscription for {silent:.0f} s")
+                        async with asyncio.timeout(self.deadline):
+                            await pubsub.ping()
+                        continue
+                    heard = time.monotonic()
+                    if event.get("type") == "message":
                         self._arrived(event["data"])
             except asyncio.CancelledError:
                 raise
@@ -234,8 +251,10 @@ class PubSubChannelLayer(BaseChannelLayer):
                 self._subscription_lost(SubscriptionLost("the channel layer's reader failed"))
             finally:
                 try:
-                    await asyncio.shield(pubsub.aclose())
-                    await asyncio.shield(client.aclose())
+                    if pubsub is not None:
+                        await asyncio.shield(pubsub.aclose())
+                    if client is not None:
+                        await asyncio.shield(client.aclose())
                 except Exception as exc:  # a connection already gone
                     logger.debug("channel layer: closing the subscription: %s", exc)
             await asyncio.sleep(backoff)

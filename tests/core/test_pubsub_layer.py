@@ -239,3 +239,45 @@ async def test_the_reader_subscribes_again_after_redis_restarts() -> None:
         await b.close()
         redis.kill()
         redis.wait(5)
+
+
+async def test_a_subscription_that_goes_silent_is_found_by_its_heartbeat(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A subscription whose connection stops answering without closing (here: its own
+    ``redis-server`` frozen with SIGSTOP; in production a NAT dropping the idle flow) is
+    PINGed after a quiet heartbeat and counted lost when not even the PONG comes back, so
+    the waiting receives fail (their consumers close 1012) instead of hanging for TCP
+    keepalive's two hours; it subscribes again once Redis answers."""
+    import signal
+
+    import core.pubsub_layer
+
+    monkeypatch.setattr(core.pubsub_layer, "SUBSCRIPTION_HEARTBEAT", 0.5, raising=False)
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}"
+    redis = start_redis_server(port)
+    a, b = make_layer(url, prefix="silent"), make_layer(url, prefix="silent")
+    try:
+        channel = await b.new_channel()
+        await a.send(channel, {"type": "before"})
+        assert await b.receive(channel) == {"type": "before"}
+
+        waiting = asyncio.ensure_future(b.receive(channel))
+        redis.send_signal(signal.SIGSTOP)
+        with pytest.raises(RedisConnectionError):
+            await asyncio.wait_for(waiting, 10)
+        redis.send_signal(signal.SIGCONT)
+
+        async def delivered() -> bool:
+            try:
+                await a.send(channel, {"type": "after"})
+                return await asyncio.wait_for(b.receive(channel), 0.5) == {"type": "after"}
+            except (RedisConnectionError, TimeoutError):
+                return False
+
+        await eventually(delivered, timeout=20, interval=0.2, what="a message after Redis answers again")
+    finally:
+        redis.send_signal(signal.SIGCONT)
+        await a.close()
+        await b.close()
+        redis.kill()
+        redis.wait(5)
