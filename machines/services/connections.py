@@ -241,7 +241,11 @@ def shim_attach(*, identity: ShimIdentity, hello: Hello, channel_name: str, prot
             raise
         presence.process_row_forget()
         attachment = shim_connected(**arguments)
-    presence.process_row_confirmed()
+        trusted = False
+    if not trusted:
+        # Only a HELLO that read the row renews the memo: renewed by every trusted one, it
+        # would never be read again under steady load (and miss a stopped marker).
+        presence.process_row_confirmed()
     return dataclasses.replace(attachment, snapshot_targets=_snapshot_targets(attachment))
 
 
