@@ -184,7 +184,11 @@ async def test_file_writes_to_a_shim_that_stops_reading_fail_busy_and_memory_sta
     bound = HIGH_WATER + 3 * FRAME + SLACK
     print(f"(a) RSS after round 1 {mib(first)} (bound {mib(bound)}), after round 2 {mib(second)} more")
     assert first <= bound
-    assert second <= ROUND_SLACK
+    # Each round parses 20 bodies of 7 MB; glibc keeps some of those freed blocks for the
+    # next round (measured +7 to +33 MiB on a second round), so a round may add up to its
+    # own bound again and both together stay under twice it. Queued writes, as before the
+    # bounds, added +368 MiB a round.
+    assert second <= bound and first + second <= 2 * bound
 
 
 # --- (b) a pipe into a shim that claims 2^50 stdin credit and stops reading --------------------
