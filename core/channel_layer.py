@@ -57,6 +57,29 @@ class LayerDeadlineExceeded(ChannelLayerTimeout, RedisTimeoutError):
         self.seconds = seconds
 
 
+async def within_deadline(call: Awaitable[Result], deadline: float | None) -> Result:
+    """Await ``call`` for at most ``deadline`` seconds (``None``: no limit) and report its
+    outcome to ``core.outage.tracker`` as the channel layer's. Raises
+    :class:`LayerDeadlineExceeded` past the deadline, and what the call raises (a Redis
+    ``ConnectionError`` or ``TimeoutError`` is reported first)."""
+    try:
+        async with asyncio.timeout(deadline):
+            result = await call
+    except TimeoutError as exc:
+        if isinstance(exc, RedisTimeoutError):  # the socket's own timeout
+            tracker.failed("channel_layer", exc)
+            raise
+        assert deadline is not None
+        late = LayerDeadlineExceeded(deadline)
+        tracker.failed("channel_layer", late)
+        raise late from None
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        tracker.failed("channel_layer", exc)
+        raise
+    tracker.ok("channel_layer")
+    return result
+
+
 class RedisChannelLayer(_ChannelsRedisLayer):
     """channels-redis' layer; hosts given as ``{"address": url, ...}`` get a blocking pool,
     and the calls a request waits on get a deadline.
@@ -73,22 +96,7 @@ class RedisChannelLayer(_ChannelsRedisLayer):
         self.deadline = deadline
 
     async def _within_deadline(self, call: Awaitable[Result]) -> Result:
-        try:
-            async with asyncio.timeout(self.deadline):
-                result = await call
-        except TimeoutError as exc:
-            if isinstance(exc, RedisTimeoutError):  # the socket's own timeout
-                tracker.failed("channel_layer", exc)
-                raise
-            assert self.deadline is not None
-            late = LayerDeadlineExceeded(self.deadline)
-            tracker.failed("channel_layer", late)
-            raise late from None
-        except (RedisConnectionError, RedisTimeoutError) as exc:
-            tracker.failed("channel_layer", exc)
-            raise
-        tracker.ok("channel_layer")
-        return result
+        return await within_deadline(call, self.deadline)
 
     async def receive(self, channel: str) -> dict[str, Any]:
         """channels-redis' ``receive`` (no deadline: it blocks by design); its outcome is

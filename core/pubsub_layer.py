@@ -53,9 +53,8 @@ from channels.layers import BaseChannelLayer
 from redis.asyncio import BlockingConnectionPool, ConnectionPool, Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from core.channel_layer import LayerDeadlineExceeded
+from core.channel_layer import within_deadline
 from core.outage import tracker
 
 logger = logging.getLogger(__name__)
@@ -169,22 +168,7 @@ class PubSubChannelLayer(BaseChannelLayer):
 
     async def _call(self, call: Any) -> Any:
         """Await ``call`` within ``deadline``; report its outcome to the outage tracker."""
-        try:
-            async with asyncio.timeout(self.deadline):
-                result = await call
-        except TimeoutError as exc:
-            if isinstance(exc, RedisTimeoutError):
-                tracker.failed("channel_layer", exc)
-                raise
-            assert self.deadline is not None
-            late = LayerDeadlineExceeded(self.deadline)
-            tracker.failed("channel_layer", late)
-            raise late from None
-        except (RedisConnectionError, RedisTimeoutError) as exc:
-            tracker.failed("channel_layer", exc)
-            raise
-        tracker.ok("channel_layer")
-        return result
+        return await within_deadline(call, self.deadline)
 
     # --- the reader ---------------------------------------------------------------------------
 
