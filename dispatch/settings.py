@@ -290,41 +290,25 @@ REDIS_POOL_TIMEOUT = env_float("DISPATCH_REDIS_POOL_TIMEOUT", 10.0)
 CHANNEL_LAYER_KIND = env_str("DISPATCH_CHANNEL_LAYER", "pubsub")
 if CHANNEL_LAYER_KIND not in ("pubsub", "list"):
     raise ImproperlyConfigured(f"DISPATCH_CHANNEL_LAYER must be pubsub or list, got {CHANNEL_LAYER_KIND!r}")
-if REDIS_URL and CHANNEL_LAYER_KIND == "pubsub":
+if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "core.pubsub_layer.PubSubChannelLayer",
+            # "list": channels-redis with a pool that waits for a free connection instead
+            # of failing the send (redis-py 8 caps a plain pool at 100 and raises).
+            "BACKEND": (
+                "core.pubsub_layer.PubSubChannelLayer"
+                if CHANNEL_LAYER_KIND == "pubsub"
+                else "core.channel_layer.RedisChannelLayer"
+            ),
             "CONFIG": {
                 "hosts": [
                     {
                         "address": REDIS_URL,
-                        "socket_timeout": DEPENDENCY_TIMEOUT,
-                        "socket_connect_timeout": DEPENDENCY_TIMEOUT,
-                        "max_connections": REDIS_MAX_CONNECTIONS,
-                        "pool_timeout": REDIS_POOL_TIMEOUT,
-                    }
-                ],
-                "prefix": REDIS_PREFIX,
-                "deadline": DEPENDENCY_TIMEOUT,
-                "capacity": CHANNEL_CAPACITY,
-                "expiry": 60,
-                "group_expiry": 86400 * 7,
-            },
-        }
-    }
-elif REDIS_URL:
-    CHANNEL_LAYERS = {
-        "default": {
-            # channels-redis with a pool that waits for a free connection instead of
-            # failing the send (redis-py 8 caps a plain pool at 100 and raises).
-            "BACKEND": "core.channel_layer.RedisChannelLayer",
-            "CONFIG": {
-                # redis-py 8 defaults to a 5 s socket timeout, the length of the layer's
-                # own blocking reads: an idle consumer would die with TimeoutError.
-                "hosts": [
-                    {
-                        "address": REDIS_URL,
-                        "socket_timeout": 30,
+                        # The list layer's own blocking reads last 5 s: redis-py 8's default
+                        # 5 s socket timeout would kill an idle consumer with TimeoutError.
+                        # The pub/sub layer's subscription sets none and finds a dead
+                        # connection by its heartbeat.
+                        "socket_timeout": DEPENDENCY_TIMEOUT if CHANNEL_LAYER_KIND == "pubsub" else 30,
                         "socket_connect_timeout": DEPENDENCY_TIMEOUT,
                         "max_connections": REDIS_MAX_CONNECTIONS,
                         "pool_timeout": REDIS_POOL_TIMEOUT,
