@@ -206,6 +206,15 @@ def test_settings_pick_the_pubsub_layer_for_redis_unless_told_list(tmp_path: Pat
     assert backend(DISPATCH_CHANNEL_LAYER="list") == "core.channel_layer.RedisChannelLayer"
 
 
+async def delivered(a: PubSubChannelLayer, b: PubSubChannelLayer, channel: str) -> bool:
+    """Whether a message ``a`` sends to ``channel`` of ``b`` arrives within 0.5 s."""
+    try:
+        await a.send(channel, {"type": "after"})
+        return await asyncio.wait_for(b.receive(channel), 0.5) == {"type": "after"}
+    except (RedisConnectionError, TimeoutError):
+        return False
+
+
 async def test_the_reader_subscribes_again_after_redis_restarts() -> None:
     port = free_port()
     url = f"redis://127.0.0.1:{port}"
@@ -226,14 +235,7 @@ async def test_the_reader_subscribes_again_after_redis_restarts() -> None:
 
         redis = start_redis_server(port)
 
-        async def delivered() -> bool:
-            try:
-                await a.send(channel, {"type": "after"})
-                return await asyncio.wait_for(b.receive(channel), 0.5) == {"type": "after"}
-            except (RedisConnectionError, TimeoutError):
-                return False
-
-        await eventually(delivered, timeout=20, interval=0.2, what="a message after the restart")
+        await eventually(lambda: delivered(a, b, channel), timeout=20, interval=0.2, what="a message after the restart")
     finally:
         await a.close()
         await b.close()
@@ -267,14 +269,9 @@ async def test_a_subscription_that_goes_silent_is_found_by_its_heartbeat(monkeyp
             await asyncio.wait_for(waiting, 10)
         redis.send_signal(signal.SIGCONT)
 
-        async def delivered() -> bool:
-            try:
-                await a.send(channel, {"type": "after"})
-                return await asyncio.wait_for(b.receive(channel), 0.5) == {"type": "after"}
-            except (RedisConnectionError, TimeoutError):
-                return False
-
-        await eventually(delivered, timeout=20, interval=0.2, what="a message after Redis answers again")
+        await eventually(
+            lambda: delivered(a, b, channel), timeout=20, interval=0.2, what="a message after Redis answers again"
+        )
     finally:
         redis.send_signal(signal.SIGCONT)
         await a.close()
