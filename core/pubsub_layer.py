@@ -223,6 +223,11 @@ class PubSubChannelLayer(BaseChannelLayer):
                     heard = time.monotonic()
                     if event.get("type") == "message":
                         self._arrived(event["data"])
+            except GeneratorExit:
+                # The reader is being garbage-collected with its event loop already gone (a
+                # test's loop closed under it): nothing can be awaited to close the client.
+                pubsub = client = None
+                raise
             except asyncio.CancelledError:
                 raise
             except (RedisError, OSError, TimeoutError) as exc:
