@@ -206,15 +206,6 @@ def encodable(text: str) -> bool:
 _ORJSON_OPTIONS = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
 
 
-def encode_bytes(message: Any) -> bytes:
-    """One outgoing frame as UTF-8 bytes: :func:`encode`'s text, encoded. What measures a
-    frame's size without encoding it twice (its length is the size in bytes)."""
-    try:
-        return orjson.dumps(message, option=_ORJSON_OPTIONS)
-    except TypeError:
-        return _encode_standard(message).encode()
-
-
 def encode(message: Any) -> str:
     """Serialise one outgoing frame: compact JSON, non-ASCII text kept as is.
 
