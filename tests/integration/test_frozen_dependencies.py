@@ -220,25 +220,39 @@ def private_postgres() -> Iterator[PrivatePostgres]:
     def stop() -> None:
         subprocess.run(_as_postgres([pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"]), capture_output=True)
 
-    def processes() -> list[int]:
-        """The postmaster and its children (the backends, the checkpointer …)."""
-        postmaster = int((data / "postmaster.pid").read_text().split()[0])
-        children = []
+    def postmaster() -> int:
+        return int((data / "postmaster.pid").read_text().split()[0])
+
+    def children(parent: int) -> set[int]:
+        """The postmaster's children (the backends, the checkpointer …)."""
+        found = set()
         for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
                 fields = stat.read_text().rsplit(")", 1)[1].split()
             except OSError:
                 continue
-            if int(fields[1]) == postmaster:
-                children.append(int(stat.parent.name))
-        return [postmaster, *children]
+            if int(fields[1]) == parent:
+                found.add(int(stat.parent.name))
+        return found
+
+    def send(pid: int, signum: int) -> None:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
 
     def signal_all(signum: int) -> None:
-        for pid in processes():
-            try:
-                os.kill(pid, signum)
-            except ProcessLookupError:
-                pass
+        """The postmaster first, so that it forks no backend the loop below has not seen (the
+        server's pool opens connections while the test freezes it: a backend forked between
+        listing the children and stopping the postmaster kept answering ``/healthz``); then
+        its children until a listing finds none new."""
+        parent = postmaster()
+        send(parent, signum)
+        signalled: set[int] = set()
+        while fresh := children(parent) - signalled:
+            for pid in fresh:
+                send(pid, signum)
+            signalled |= fresh
 
     start()
     try:
