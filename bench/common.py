@@ -442,13 +442,13 @@ def bench_row(
     **extra: Any,
 ) -> dict[str, Any]:
     """One row of a bench table, the same shape in every script and in
-    ``bench/results/<script>.json`` (issue 15):
+    ``bench/results/<script>.json``:
 
     ``id`` (``B1``…``B12``; ``(B4')`` for information rows), ``what``, ``dispatch`` and
     ``baseline`` (text with units; the baseline names itself, e.g. "0.36 (bare relay)"),
     ``ratio`` (text), ``cpu`` (text "Dispatch / baseline" server CPU ms per operation),
-    ``cpu_ms_per_op`` ({"dispatch", "baseline"}: numbers or None), ``goal`` (issue 15's
-    target, or "—"), ``pass`` (True, False, or None for information rows and rows not
+    ``cpu_ms_per_op`` ({"dispatch", "baseline"}: numbers or None), ``goal`` (the row's
+    target, bench/README.md "Goals", or "—"), ``pass`` (True, False, or None for information rows and rows not
     measured) and ``numbers`` (the figures behind the text, each key naming its unit).
     ``extra`` keys (``skipped``, ``why``…) are kept as given.
     """
@@ -488,7 +488,7 @@ TABLE_COLUMNS = [
     ("baseline", "baseline"),
     ("ratio", "ratio"),
     ("cpu", "CPU ms/op Dispatch / baseline"),
-    ("goal", "goal (issue 15)"),
+    ("goal", "goal"),
 ]
 
 

@@ -66,11 +66,11 @@ from tests.infra import instance  # noqa: E402
 RESULTS = BENCH / "results" / "remote_calls.json"
 HARD_LIMIT = 240  # seconds: the whole run is aborted (and cleaned up) past this
 
-# Goals: issue 15's table (spec/quality.md "Performance" is the floor: B1 <= 3x bare,
-# B3 >= 1,500 calls/s; both are printed in bench/README.md).
-B1_MAX_RATIO = 2.5
-B2_MAX_RATIO = 5.0
-B3_MIN_SHARE = 0.3  # of the bare relay's calls/s, none lost
+# Goals: bench/README.md "Goals" (where the floor each must stay above is printed too).
+B1_MAX_RATIO = 2.0
+B2_MAX_RATIO = 4.0
+B3_MAX_CPU_RATIO = 3.0  # server CPU per call / the bare relay's, none lost
+B3_MIN_SHARE = 0.33  # of the bare relay's calls/s: what the CPU goal allows when the relay's side is CPU-bound
 
 # The server environment of the bench: production intervals (tests/infra.py shortens
 # them for tests) and the per-connection request limit raised, since a sequential
@@ -396,6 +396,10 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
         return f"{entry['calls_per_second']:,.0f}/s{flag}"
 
     share = dispatch3["calls_per_second"] / relay3["calls_per_second"]
+    # Judged by CPU per call: the calls/s ratio flatters a fast server, since the relay's side
+    # is bound by the Python driver (bench/README.md).
+    cpu3, relay_cpu3 = dispatch3.get("cpu_ms_per_call"), relay3.get("cpu_ms_per_call")
+    cpu_ratio3 = cpu3 / relay_cpu3 if cpu3 and relay_cpu3 else None
     out.append(
         bench_row(
             "B3",
@@ -403,12 +407,13 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
             dispatch=rate(dispatch3),
             baseline=f"{rate(relay3)} (bare relay)",
             ratio=f"{share:.2f}x (Channels relay {channels3['calls_per_second'] / relay3['calls_per_second']:.2f}x)",
-            cpu=(dispatch3.get("cpu_ms_per_call"), relay3.get("cpu_ms_per_call")),
-            goal=f">= {B3_MIN_SHARE:g}x bare, none lost/dup",
-            passed=share >= B3_MIN_SHARE and dispatch3["intact"],
+            cpu=(cpu3, relay_cpu3),
+            goal=f"CPU/call <= {B3_MAX_CPU_RATIO:g}x bare (capacity >= {B3_MIN_SHARE:g}x), none lost/dup",
+            passed=cpu_ratio3 is not None and cpu_ratio3 <= B3_MAX_CPU_RATIO and dispatch3["intact"],
             numbers={"dispatch_calls_per_s": dispatch3["calls_per_second"],
                      "baseline_calls_per_s": relay3["calls_per_second"], "ratio": share,
-                     "channels_calls_per_s": channels3["calls_per_second"], "lost": dispatch3["lost"]},
+                     "channels_calls_per_s": channels3["calls_per_second"], "lost": dispatch3["lost"],
+                     "cpu_ratio": cpu_ratio3},
         )
     )  # fmt: skip
     return out
