@@ -7,8 +7,10 @@ same fields. REST fields are snake_case (spec/overview.md "Lists").
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
+from django.core.exceptions import ObjectDoesNotExist
 from rest_framework import serializers
 
 from agents.models import Agent, AgentEvent, AgentMessage, Approval, ApprovalRule, Run
@@ -99,6 +101,39 @@ class AgentMessageSerializer(serializers.ModelSerializer):
         # A CLI with hooks: pasted into its pane, not yet taken (delivered waits for the
         # CLI's UserPromptSubmit hook; docs/agents.md "Hooks").
         extra_kwargs = {"pasted_at": {"help_text": "when the text was pasted into a CLI's pane (null: not yet)"}}
+
+    def to_representation(self, instance: AgentMessage) -> dict[str, Any]:
+        """The fields of ``Meta.fields`` as ``ModelSerializer`` renders them (timestamps
+        ISO 8601 in the current time zone, ``Z`` for UTC; nulls as ``None``), built
+        directly: a message is rendered on every send (the answer and its
+        ``message.created`` frame) and ``ModelSerializer`` rebuilds its fields from the
+        model for each instance, most of a small message's cost."""
+        sender_user = None
+        if instance.sender_user_id is not None:
+            try:
+                sender_user = instance.sender_user
+            except ObjectDoesNotExist:  # deleted meanwhile: null, as DRF's attribute lookup gives
+                sender_user = None
+        return {
+            "id": instance.pk,
+            "sender_agent_id": None if instance.sender_agent_id is None else str(instance.sender_agent_id),
+            "sender_user": None if sender_user is None else str(sender_user.get_username()),
+            "recipient_agent_id": str(instance.recipient_agent_id),
+            "content": str(instance.content),
+            "status": str(instance.status),
+            "error": str(instance.error),
+            "created_at": _timestamp(instance.created_at),
+            "pasted_at": _timestamp(instance.pasted_at),
+            "delivered_at": _timestamp(instance.delivered_at),
+        }
+
+
+# One unbound DRF field renders every message timestamp exactly as a ModelSerializer's would.
+_TIMESTAMP = serializers.DateTimeField(read_only=True)
+
+
+def _timestamp(value: datetime | None) -> str | None:
+    return None if value is None else _TIMESTAMP.to_representation(value)
 
 
 class ApprovalRuleSerializer(serializers.ModelSerializer):

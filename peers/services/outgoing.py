@@ -10,6 +10,7 @@ from typing import Any
 
 from django.contrib.auth.models import User
 from django.db import transaction
+from django.db.models import Subquery
 
 from agents import services as agent_services
 from agents.messages import MAX_MESSAGE_LENGTH, message_data
@@ -17,6 +18,7 @@ from agents.models import Agent, AgentMessage
 from agents.protocol import UserEventMessage
 from agents.selectors import AGENT_ID
 from core.errors import InvalidRequest, NotFound
+from core.models import InstanceIdentity
 from core.services import instance_identity_get
 from peers.models import Peer, new_idempotency_key
 from peers.services.outbox import outbox_enqueue, ring_on_commit_unawaited
@@ -25,12 +27,22 @@ from peers.services.outbox import outbox_enqueue, ring_on_commit_unawaited
 def launcher_address(*, user: User, caller_agent: Agent | None) -> dict[str, Any]:
     """``{instance_id, agent_id | null, name}``: who on this instance launches or sends
     (spec §5 ``launched_by`` / ``from``): ``caller_agent``, else the person ``user``."""
-    # The instance id alone: one SELECT, not identity_get()'s locked read and key decryption
-    # (a third of the REST enqueue's own work, issue 15 B8).
-    instance_id = instance_identity_get().instance_id
+    # The instance id alone: one SELECT, not identity_get()'s locked read and key decryption.
+    return _address(instance_identity_get().instance_id, user=user, caller_agent=caller_agent)
+
+
+def _address(instance_id: str, *, user: User, caller_agent: Agent | None) -> dict[str, Any]:
     if caller_agent is not None:
         return {"instance_id": instance_id, "agent_id": caller_agent.pk, "name": caller_agent.name}
     return {"instance_id": instance_id, "agent_id": None, "name": user.get_username()}
+
+
+def _live_peer(peer: Peer, user: User) -> Peer:
+    """``peer`` read again: ``user``'s and not revoked, else ``NotFound``."""
+    live = Peer.objects.filter(pk=peer.pk, owner=user, revoked_at__isnull=True).first()
+    if live is None:
+        raise NotFound(f"no linked instance '{peer.label}'")
+    return live
 
 
 def _shadow_for(peer: Peer, agent_id: str) -> Agent:
@@ -81,34 +93,37 @@ def peer_message_send(
     agent_services.storable_text(content, "content")
     if not AGENT_ID.match(to_agent_id or ""):
         raise InvalidRequest(f"'{to_agent_id}' is not an agent id (agt_ and 12 hex digits)")
-    # The usual case in one query: the shadow by its id there, with its peer (checked live
-    # and ``user``'s below, as the peer's own query would).
-    shadow = (
-        Agent.objects.select_related("peer")
-        .filter(peer_id=peer.pk, peer_agent_id=to_agent_id)
+    # The usual case in one query, read inside the transaction so that an unlink committed
+    # first is seen (an unlink makes the link's queued rows dead in its own transaction; a
+    # row written after it would stay queued: docs/peers.md "Unlinking"): the shadow's id by
+    # its id there, whether its link is ``user``'s and live, and this instance's id for the
+    # ``from`` address. Only those columns: the caller holds the rows already.
+    found = (
+        Agent.objects.filter(peer_id=peer.pk, peer_agent_id=to_agent_id)
         .order_by("created_at")
+        .annotate(our_instance_id=Subquery(InstanceIdentity.objects.filter(pk=1).values("instance_id")[:1]))
+        .values_list("pk", "peer__owner_id", "peer__revoked_at", "our_instance_id")
         .first()
     )
-    live = shadow.peer if shadow is not None else None
-    if live is None or live.owner_id != user.pk or live.revoked_at is not None:
-        live = Peer.objects.filter(pk=peer.pk, owner=user, revoked_at__isnull=True).first()
-        if live is None:
-            raise NotFound(f"no linked instance '{peer.label}'")
+    known = found is not None and found[1] == user.pk and found[2] is None
+    live = peer if known else _live_peer(peer, user)
     if sender_agent is not None and sender_agent.owner_id != user.pk:
         raise NotFound(f"no agent '{sender_agent.pk}'")
-    if shadow is None or shadow.peer_id != live.pk:
+    if found is not None and known:
+        shadow_id, instance_id = found[0], found[3]
+    else:  # the shadow named by its local id, or not known: read as the mirror left it
         shadow = _shadow_for(live, to_agent_id)
-    to_agent_id = shadow.peer_agent_id
+        shadow_id, to_agent_id, instance_id = shadow.pk, shadow.peer_agent_id, None
     key = new_idempotency_key()
     message = AgentMessage.objects.create(
         sender_agent=sender_agent,
         sender_user=None if sender_agent is not None else user,
-        recipient_agent=shadow,
+        recipient_agent_id=shadow_id,
         content=content,
         peer=live,
         idempotency_key=key,
     )
-    sender = launcher_address(user=user, caller_agent=sender_agent)
+    sender = _address(instance_id or instance_identity_get().instance_id, user=user, caller_agent=sender_agent)
     outbox_enqueue(
         message=message,
         peer=live,
@@ -116,7 +131,7 @@ def peer_message_send(
         payload={"to_agent_id": to_agent_id, "content": content, "from": sender},
     )
     # Announced as ``publish_on_commit`` would, without the sync thread waiting for the
-    # event loop to send it (``ring_on_commit_unawaited``; issue 15, B8).
+    # event loop to send it (``ring_on_commit_unawaited``).
     ring_on_commit_unawaited(
         agent_services.user_events_group(user.pk), UserEventMessage(event="message.created", data=message_data(message))
     )
