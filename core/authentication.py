@@ -56,6 +56,35 @@ def bearer_cache_clear() -> None:
     credential_cache.clear()
 
 
+def api_token_cached(raw_token: str) -> ApiToken | None:
+    """The user API token ``raw_token`` was found to be less than
+    ``core.credential_cache.BEARER_CACHE_SECONDS`` ago in this process (``bearer_cache_get``),
+    with its user loaded, or ``None`` (not cached, or another kind of token). No database
+    access: safe on the event loop."""
+    cached = bearer_cache_get(raw_token)
+    if cached is None or not isinstance(cached[1], ApiToken):
+        return None
+    return cached[1]
+
+
+def api_token_credential(raw_token: str) -> ApiToken:
+    """``core.services.api_token_authenticate`` through the process's bearer cache, which
+    it shares with ``bearer_credential`` (the same entry serves REST and ``/ws``): only a
+    user API token is accepted. A found token is cached for
+    ``core.credential_cache.BEARER_CACHE_SECONDS``; a refusal never is, and ending a token
+    empties the cache (``core.revocation``).
+
+    Raises ``core.services.AuthenticationFailed`` for an unknown, revoked or expired token
+    or an inactive user (sync: database reads; spec/overview.md "Credentials")."""
+    token = api_token_cached(raw_token)
+    if token is not None:
+        return token
+    started = time.monotonic()
+    token = api_token_authenticate(raw_token)
+    credential_cache.remember(token_digest(raw_token), started, token.user, token)
+    return token
+
+
 def bearer_credential(raw_token: str) -> tuple[User, Any]:
     """Who a bearer token is: ``(user, ApiToken)`` for a user API token (its ``last_used_at``
     touched as ``api_token_authenticate`` does), else the first registered kind that knows

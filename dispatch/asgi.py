@@ -30,15 +30,26 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import re_path  # noqa: E402
 
 from dispatch.mcp.app import with_mcp  # noqa: E402
-from dispatch.routing import cookie_routes, token_routes  # noqa: E402
+from dispatch.routing import by_credential, cookie_routes, token_routes  # noqa: E402
 from dispatch.sse import unbuffered_event_streams  # noqa: E402
+
+session_routes = URLRouter(cookie_routes)
 
 application = ProtocolTypeRouter(
     {
         # Every server-sent-event response goes out unbuffered through a proxy (dispatch.sse).
         "http": unbuffered_event_streams(with_mcp(django_asgi_app)),
         # Token-authenticated routes (/ws/shim/) first, without the cookie, session and user
-        # lookups a shim never uses (a database thread hop per connection); then the rest.
-        "websocket": URLRouter([*token_routes, re_path(r"", AuthMiddlewareStack(URLRouter(cookie_routes)))]),
+        # lookups a shim never uses (a database thread hop per connection); then the rest,
+        # behind those lookups only when no bearer header makes them moot (by_credential).
+        "websocket": URLRouter(
+            [
+                *token_routes,
+                re_path(
+                    r"",
+                    by_credential(bearer=session_routes, cookie=AuthMiddlewareStack(session_routes)),  # type: ignore[arg-type]
+                ),
+            ]
+        ),
     }
 )

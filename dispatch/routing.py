@@ -4,7 +4,9 @@ refuses any other path at the upgrade (HTTP 403, logged at INFO, no traceback).
 
 ``token_routes`` are the routes whose clients authenticate by bearer token only (a shim
 never sends a cookie): ``dispatch.asgi`` serves them without Channels' cookie, session and
-user middleware. ``cookie_routes`` are the rest, behind that middleware."""
+user middleware. ``cookie_routes`` are the rest, behind that middleware unless the upgrade
+carries an ``Authorization: Bearer`` header (``by_credential``): the header wins over a
+cookie (docs/ws-protocol.md), so its lookups would be spent for nothing."""
 
 from __future__ import annotations
 
@@ -14,19 +16,45 @@ from typing import Any
 
 from django.urls import re_path
 
+from core.http import bearer_credentials
 from dispatch.ws.consumer import SessionConsumer
 from machines.routing import websocket_urlpatterns as machine_routes
 
 logger = logging.getLogger("dispatch.routing")
 
 Message = MutableMapping[str, Any]
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-async def refuse_unknown_path(
-    scope: MutableMapping[str, Any],
-    receive: Callable[[], Awaitable[Message]],
-    send: Callable[[Message], Awaitable[None]],
-) -> None:
+def upgrade_bearer_token(scope: Scope) -> str | None:
+    """The token of the upgrade request's first ``Authorization`` header when it is of the
+    ``Bearer`` scheme (maybe empty), else ``None``: what ``DispatchConsumer.bearer_token``
+    reads, so both agree on which connections authenticate by header."""
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            return bearer_credentials(value.decode("latin-1"))
+    return None
+
+
+def by_credential(*, bearer: ASGIApp, cookie: ASGIApp) -> ASGIApp:
+    """An ASGI app passing a connection to ``bearer`` when its upgrade carries an
+    ``Authorization: Bearer`` header (``upgrade_bearer_token``), else to ``cookie`` (the same
+    routes behind Channels' cookie, session and user middleware). A header connection thus
+    skips the cookie parse, the session load and ``get_user`` (a database thread hop): the
+    consumer authenticates it by its token whatever cookie it also sends, and refuses it
+    when the token is bad (docs/ws-protocol.md)."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        chosen = bearer if upgrade_bearer_token(scope) is not None else cookie
+        await chosen(scope, receive, send)
+
+    return app
+
+
+async def refuse_unknown_path(scope: Scope, receive: Receive, send: Send) -> None:
     """ASGI app for a websocket path no route serves (e.g. ``/ws/ws``, a client whose base
     URL already ends in ``/ws``): close before ``accept``, which daphne answers with HTTP
     403 (it has no other refusal before accept). Without it Channels' ``URLRouter`` raises

@@ -19,12 +19,13 @@ from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, models, transaction
+from django.db import connection as db_connection
 from django.utils import timezone
 from jsonschema.exceptions import ValidationError, best_match
 from referencing.exceptions import Unresolvable
 
-from core import metrics
+from core import metrics, presence
 from core.errors import DispatchError
 from core.models import ServerProcess
 from core.presence import current_process_id
@@ -91,26 +92,74 @@ def ws_session_open(
 ) -> WsSession:
     """Record an authenticated ``/ws`` connection held by this process, with the credential
     it stands on (``api_token_id`` for header/token logins, ``session_key`` for cookie
-    logins) so that ending the credential closes it (``core.revocation``)."""
-    process_id = server_process_ensure()
-    return WsSession.objects.create(
-        user=user,
-        channel_name=channel_name,
-        server_process_id=process_id,
-        auth_method=auth_method,
-        client_address=client_address[:64],
-        api_token_id=api_token_id,
-        session_key=session_key or "",
-    )
+    logins) so that ending the credential closes it (``core.revocation``).
+
+    This process's ``ServerProcess`` row is read (and re-created if need be) at most once
+    per ``core.presence.PROCESS_ROW_TRUST_SECONDS``, as a shim's HELLO does: a session
+    recorded on a row reaped meanwhile fails its foreign key at commit, and is recorded
+    again after ``server_process_ensure``. Raises what the database raises."""
+    fields: dict[str, Any] = {
+        "user": user,
+        "channel_name": channel_name,
+        "auth_method": auth_method,
+        "client_address": client_address[:64],
+        "api_token_id": api_token_id,
+        "session_key": session_key or "",
+    }
+    # Inside a caller's transaction the foreign key is checked at the caller's commit, too
+    # late to record the session again: the memo is trusted only when the INSERT commits alone.
+    trusted = presence.process_row_trusted() and not transaction.get_connection().in_atomic_block
+    if trusted:
+        try:
+            return WsSession.objects.create(server_process_id=current_process_id(), **fields)
+        except IntegrityError:
+            presence.process_row_forget()
+    session = WsSession.objects.create(server_process_id=server_process_ensure(), **fields)
+    # Only a session that read the row renews the memo: renewed by every trusted one, it
+    # would never be read again under steady load (and miss a stopped marker).
+    presence.process_row_confirmed()
+    return session
 
 
 def ws_session_close(*, ws_session_id: str) -> None:
-    """Forget a closed ws session and, by cascade, every remote it served (§2 "Lifetime")."""
-    served = list(Remote.objects.filter(ws_session_id=ws_session_id).values_list("user_id", "name"))
+    """Forget a closed ws session and every remote it served (§2 "Lifetime"): the remotes'
+    ``DELETE … RETURNING``, then the session's ``DELETE``. Nothing else refers to either
+    row, so Django's cascade collection (a SELECT more per close) is not run."""
+    served = _remotes_delete_returning(ws_session_id)
     for user_id, remotename in served:
         forget_route(user_id, remotename)
-    WsSession.objects.filter(pk=ws_session_id).delete()
+    quote = db_connection.ops.quote_name
+    # Names from the model, quoted by the backend; the value is a parameter.
+    sql = f"DELETE FROM {quote(WsSession._meta.db_table)} WHERE {quote(_column(WsSession, 'id'))} = %s"  # noqa: S608
+    with db_connection.cursor() as cursor:
+        cursor.execute(sql, [ws_session_id])
     tools_changed_on_commit(user_id for user_id, _ in served)
+
+
+def _remotes_delete_returning(ws_session_id: str) -> list[tuple[int, str]]:
+    """Delete the remotes a ws session serves; ``(user_id, name)`` of each. One
+    ``DELETE … RETURNING`` where the database has it (PostgreSQL, SQLite ≥ 3.35), else a
+    SELECT and a DELETE (nothing refers to a remote: no cascade to collect)."""
+    rows = Remote.objects.filter(ws_session_id=ws_session_id)
+    if not db_connection.features.can_return_columns_from_insert:
+        found = [(int(user_id), str(name)) for user_id, name in rows.values_list("user_id", "name")]
+        rows.delete()
+        return found
+    quote = db_connection.ops.quote_name
+    table = quote(Remote._meta.db_table)
+    session_column, user_column, name_column = (quote(_column(Remote, name)) for name in ("ws_session", "user", "name"))
+    # Names from the model, quoted by the backend; the value is a parameter.
+    sql = f"DELETE FROM {table} WHERE {session_column} = %s RETURNING {user_column}, {name_column}"  # noqa: S608
+    with db_connection.cursor() as cursor:
+        cursor.execute(sql, [ws_session_id])
+        return [(int(user_id), str(name)) for user_id, name in cursor.fetchall()]
+
+
+def _column(model: type[models.Model], field_name: str) -> str:
+    """The database column of a concrete field of ``model``."""
+    field = model._meta.get_field(field_name)
+    assert isinstance(field, models.Field) and field.column is not None
+    return str(field.column)
 
 
 # --- the registry ---------------------------------------------------------------------

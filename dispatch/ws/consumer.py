@@ -24,13 +24,14 @@ from agents.lifecycle import agent_prompt_any
 from agents.protocol import SendAgentPromptBody, UserEventMessage, agent_event_frame, run_finished_frame
 from agents.services import user_events_group
 from core import wire
-from core.authentication import websocket_origin_allowed
+from core.authentication import api_token_cached, api_token_credential, websocket_origin_allowed
 from core.consumers import DispatchConsumer, receives
 from core.errors import DispatchError, RateLimited
+from core.models import ApiToken
 from core.protocol import ServerShutdownMessage
 from core.ratelimit import TokenBucket
 from core.realtime import layer_send
-from core.services import AuthenticationFailed, api_token_authenticate, password_authenticate
+from core.services import AuthenticationFailed, password_authenticate
 from core.wire import encode
 from dispatch.ws.protocol import UNLIMITED_ACTIONS, parse_action
 from remotes import services
@@ -103,7 +104,7 @@ class SessionConsumer(DispatchConsumer):
         header_token = self.bearer_token()
         if header_token is not None:
             try:
-                token = await database_sync_to_async(api_token_authenticate)(header_token)
+                token = await _api_token(header_token)
             except AuthenticationFailed:
                 await self._refuse(AUTH_FAILED)
                 return
@@ -146,8 +147,8 @@ class SessionConsumer(DispatchConsumer):
             # Frames that arrive after we closed (e.g. right behind a refused header token)
             # have no one to answer: sending would fail on the closed socket.
             return
-        size = len(bytes_data) if bytes_data is not None else _utf8_length(text_data or "")
-        if size > settings.WS_MAX_MESSAGE_BYTES:
+        limit = settings.WS_MAX_MESSAGE_BYTES
+        if len(bytes_data) > limit if bytes_data is not None else _utf8_over(text_data or "", limit):
             await self.close(code=CLOSE_TOO_BIG)
             return
         if self.user is None:
@@ -433,7 +434,7 @@ class SessionConsumer(DispatchConsumer):
             if "token" in message:
                 if not isinstance(message["token"], str):
                     raise AuthenticationFailed()
-                token = await database_sync_to_async(api_token_authenticate)(message["token"])
+                token = await _api_token(message["token"])
                 user, method, api_token_id = token.user, "token", token.pk
             else:
                 username, password = message.get("username"), message.get("password")
@@ -547,6 +548,30 @@ def _readable_nonce(refused: dict[str, Any] | None) -> str | int | float | None:
     if isinstance(nonce, bool) or not isinstance(nonce, str | int | float):
         return None
     return nonce if wire.problem(nonce) is None else None
+
+
+async def _api_token(raw_token: str) -> ApiToken:
+    """The user API token ``raw_token`` stands for: from the process's bearer cache on the
+    event loop when it is there (``core.authentication.api_token_cached``), else looked up
+    on the database thread (``api_token_credential``, which fills the cache). Raises
+    ``AuthenticationFailed``."""
+    cached = api_token_cached(raw_token)
+    if cached is not None:
+        return cached
+    token: ApiToken = await database_sync_to_async(api_token_credential)(raw_token)
+    return token
+
+
+def _utf8_over(text: str, limit: int) -> bool:
+    """Whether ``text`` is over ``limit`` bytes in UTF-8, encoding it only when its length
+    cannot tell: a character is 1 to 4 bytes, so ``len(text)`` over the limit is over, and
+    ``4 * len(text)`` within it is within."""
+    characters = len(text)
+    if characters > limit:
+        return True
+    if 4 * characters <= limit:
+        return False
+    return len(text.encode()) > limit
 
 
 def _utf8_length(text: str) -> int:
