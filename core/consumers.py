@@ -50,7 +50,7 @@ from core.backpressure import (
 from core.errors import channel_layer_unavailable, database_unavailable
 from core.http import bearer_credentials
 from core.protocol import ChannelMessage, CredentialEndedMessage, ServerShutdownMessage
-from core.realtime import consumer_channel, layer_send, message_received
+from core.realtime import LocalChannel, consumer_channel, layer_send, message_received
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +122,7 @@ class DispatchConsumer(AsyncWebsocketConsumer):
     _send_pressure: SendPressure | None = None
     _read_throttle: ReadThrottle | None = None
     _hard_watch: asyncio.Future[None] | None = None  # core.backpressure: the close after the grace
+    _local_inbox: LocalChannel | None = None  # the channel's same-process inbox (core.realtime)
 
     # --- back-pressure (core.backpressure; docs/operating.md "Bounds") ----------------------
 
@@ -216,8 +217,11 @@ class DispatchConsumer(AsyncWebsocketConsumer):
         if channel is None:
             self.channel_layer = None
         else:
-            self.channel_layer, self.channel_name, self.channel_receive = channel
+            self.channel_layer, self.channel_name, self.channel_receive, self._local_inbox = channel
             sources.append(self.channel_receive)
+            if self._local_inbox is not None:
+                # Requests from this process (core.realtime.request_reply), without the layer.
+                sources.append(self._local_inbox.take)
         self.base_send = send
         try:
             await self._pump(sources)
@@ -225,16 +229,16 @@ class DispatchConsumer(AsyncWebsocketConsumer):
             pass
 
     async def _pump(self, sources: list[Callable[[], Awaitable[dict[str, Any]]]]) -> None:
-        """Read each source (the socket, then the channel) in its own long-lived task and
-        dispatch what arrives under one lock: one message at a time, in arrival order per
-        source, as Channels does — but without a task and an ``asyncio.wait`` per
-        message.
+        """Read each source (the socket, then the channel, then the channel's same-process
+        inbox) in its own long-lived task and dispatch what arrives under one lock: one
+        message at a time, in arrival order per source, as Channels does — but without a
+        task and an ``asyncio.wait`` per message.
 
         The first failure ends the pump: a handler raising (``StopConsumer`` included) or
         a source raising (the channel layer lost), the latter only once the message being
-        handled is done. The other reader is stopped before it handles anything more, both
-        tasks are cancelled and awaited, and that failure is raised here. Both readers run
-        in one copy of the caller's context, as the handlers shared Channels' one task."""
+        handled is done. The other readers are stopped before they handle anything more,
+        all tasks are cancelled and awaited, and that failure is raised here. The readers
+        run in one copy of the caller's context, as the handlers shared Channels' one task."""
         lock = asyncio.Lock()
         stopped = False
 
@@ -299,6 +303,7 @@ class DispatchConsumer(AsyncWebsocketConsumer):
         if self._cleaned_up:
             return
         self._cleaned_up = True
+        self._close_local_inbox()
         presence.connection_closed(self)
         if self._hard_watch is not None:
             self._hard_watch.cancel()
@@ -312,6 +317,17 @@ class DispatchConsumer(AsyncWebsocketConsumer):
         except Exception as exc:
             logger.warning("%s: cleanup on the channel layer failed: %s", type(self).__name__, _describe(exc))
         self._release_channel_buffer()
+
+    def _close_local_inbox(self) -> None:
+        """First thing on every exit: no request of this process reaches this consumer any
+        more, and the ones waiting in its inbox are dropped, as a dead channel's are (each
+        caller's liveness check ends its wait; docs/operating.md "Channel layer")."""
+        inbox, self._local_inbox = self._local_inbox, None
+        if inbox is None:
+            return
+        dropped = inbox.close()
+        if dropped:
+            logger.info("%s: dropped %d unread same-process messages", type(self).__name__, dropped)
 
     def _release_channel_buffer(self) -> None:
         """What the layer buffered for this consumer's channel goes with it (and what

@@ -37,6 +37,14 @@ dropped (``message_received``), never raised into a loop or a consumer.
   (spec/sessions-and-remotes.md §2.4) and machine operations (spec/machines.md §5).
   ``layer_request`` is its short form for probes (§2 "Lifetime"), ``layer_round_trip``
   the ``/healthz`` check of the layer.
+- **Same process** — a request to a consumer of this process (and event loop) skips the
+  layer: each consumer's channel has a ``LocalChannel`` inbox beside it
+  (``consumer_channel``), ``request_reply`` puts the request there and waits on a local
+  reply inbox, which ``layer_send`` fills. Same capacity (``ChannelFull``: busy), same
+  serialization refusals, each message the receiver's own dict; a consumer that ends
+  closes its inbox and what waited there is dropped, as on a dead channel
+  (docs/operating.md "Channel layer"). Groups, every other ``layer_send`` and
+  ``layer_round_trip`` stay on the layer.
 - ``LoopHealth``: how a background loop is doing — its backoff after errors and its
   once-per-change-of-state log (spec/quality.md "Faults").
 """
@@ -53,9 +61,10 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import msgpack
 from asgiref.sync import async_to_sync
 from channels.exceptions import ChannelFull
-from channels.layers import get_channel_layer
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.conf import settings
 from django.db import transaction
 from pydantic import ValidationError
@@ -230,25 +239,178 @@ async def layer_send(channel_name: str, message: ChannelMessage) -> None:
     Raises what the layer raises — ``ChannelFull``; a Redis ``ConnectionError`` while it is
     unreachable — and ``TypeError``/``ValueError`` when the message cannot be serialized
     (``ChannelMessage.for_layer``, or msgpack: a lone surrogate); the caller decides, as
-    each sender has its own answer to a full channel."""
-    await get_channel_layer().send(channel_name, message.for_layer())
+    each sender has its own answer to a full channel.
+
+    A reply to a ``request_reply`` of this process waiting on a local reply inbox
+    (``LocalChannel``) is handed to it without the layer, after the same serialization
+    check the layer would make (``ChannelFull`` when that inbox is full)."""
+    inbox = _reply_inboxes.get(channel_name)
+    if inbox is None:
+        await get_channel_layer().send(channel_name, message.for_layer())
+        return
+    payload = message.for_layer()
+    _refuse_what_the_layer_would(get_channel_layer(), payload)
+    inbox.put(payload)
+
+
+# --- same-process channels ---------------------------------------------------------------------
+
+
+class LocalChannel:
+    """A channel's inbox in this process's memory, for a request/reply whose two ends both
+    live here (docs/operating.md "Channel layer"): a consumer's second inbox beside its
+    channel on the layer (``consumer_channel``), or the reply inbox of one
+    ``request_reply``.
+
+    Holds at most ``capacity`` messages (plain dicts, each the receiver's own: built by
+    ``ChannelMessage.for_layer`` for this one send); ``put`` raises ``ChannelFull`` past it,
+    as the layer's ``send`` does. Bound to the event loop that made it: ``put`` from
+    another loop hands the message over thread-safely. ``close()`` unregisters it and
+    drops what it holds, as a dead channel of the layer keeps nothing for anyone.
+    """
+
+    __slots__ = ("_messages", "_registry", "_waiter", "capacity", "closed", "loop", "name")
+
+    def __init__(self, name: str, capacity: int, registry: dict[str, LocalChannel]) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.loop = asyncio.get_running_loop()
+        self._registry = registry
+        self._messages: deque[dict[str, Any]] = deque()
+        self._waiter: asyncio.Future[dict[str, Any]] | None = None
+        self.closed = False
+        registry[name] = self
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    def put(self, message: dict[str, Any]) -> None:
+        """Hand ``message`` to the receiver (its waiting ``next()``, else the queue); raises
+        ``ChannelFull`` when ``capacity`` messages already wait. Once closed, the message
+        is dropped silently (a dead channel)."""
+        if self.loop is not _running_loop():
+            try:
+                self.loop.call_soon_threadsafe(self._put_quietly, message)
+            except RuntimeError:  # that loop is closed: so is the channel
+                pass
+            return
+        if self.closed:
+            return
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            self._waiter = None
+            waiter.set_result(message)
+            return
+        if len(self._messages) >= self.capacity:
+            raise ChannelFull()
+        self._messages.append(message)
+
+    def _put_quietly(self, message: dict[str, Any]) -> None:
+        try:
+            self.put(message)
+        except ChannelFull:
+            logger.warning("a message to %s dropped: channel full", self.name)
+
+    def next(self) -> asyncio.Future[dict[str, Any]]:
+        """A future of the next message (already done when one waits): ``request_reply``
+        waits on it without a task. One at a time: a second call replaces the first."""
+        future: asyncio.Future[dict[str, Any]] = self.loop.create_future()
+        if self._messages:
+            future.set_result(self._messages.popleft())
+        else:
+            self._waiter = future
+        return future
+
+    async def take(self) -> dict[str, Any]:
+        """The next message, waiting for it: a consumer's pump reads it as one more source.
+        A message handed over just as the wait is cancelled goes back to the queue's head."""
+        future = self.next()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self._messages.appendleft(future.result())
+            elif self._waiter is future:
+                self._waiter = None
+            raise
+
+    def close(self) -> int:
+        """Unregister; drop the messages still waiting. Returns how many were dropped."""
+        if self._registry.get(self.name) is self:
+            del self._registry[self.name]
+        self.closed = True
+        dropped = len(self._messages)
+        self._messages.clear()
+        # A waiting receive stays pending (never woken): its reader ends with its owner.
+        return dropped
+
+
+_consumer_inboxes: dict[str, LocalChannel] = {}  # a consumer's channel name -> its local inbox
+_reply_inboxes: dict[str, LocalChannel] = {}  # a waiting request_reply's reply channel -> its inbox
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def local_inbox(channel_name: str) -> LocalChannel | None:
+    """The same-process inbox of the consumer whose channel is ``channel_name``, when that
+    consumer lives in this process and on the running event loop; else ``None`` (the
+    message goes through the layer)."""
+    inbox = _consumer_inboxes.get(channel_name)
+    if inbox is None or inbox.loop is not _running_loop():
+        return None
+    return inbox
+
+
+def _refuse_what_the_layer_would(layer: Any, message: dict[str, Any]) -> None:
+    """Raise what ``layer``'s own ``send`` would raise serializing ``message``, for a message
+    that skips it. The Redis layers (both msgpack) refuse a lone surrogate
+    (``UnicodeEncodeError``, a ``ValueError``) and an integer outside 64 bits
+    (``OverflowError``); the in-memory layer copies (``deepcopy``) and refuses nothing that
+    ``ChannelMessage.for_layer`` let through."""
+    if not isinstance(layer, InMemoryChannelLayer):
+        msgpack.packb(message, use_bin_type=True)
 
 
 # --- listening ---------------------------------------------------------------------------------
 
 
-async def consumer_channel(alias: str) -> tuple[Any, str, Callable[[], Awaitable[dict[str, Any]]]] | None:
+async def consumer_channel(
+    alias: str,
+) -> tuple[Any, str, Callable[[], Awaitable[dict[str, Any]]], LocalChannel | None] | None:
     """A new channel for a consumer on the channel layer ``alias``: ``(layer, channel_name,
-    reader)``, or ``None`` when no layer is configured. ``await reader()`` returns the
+    reader, local)``, or ``None`` when no layer is configured. ``await reader()`` returns the
     channel's next message (a dict) and raises what the layer raises (a Redis
     ``ConnectionError`` while it is unreachable); ``core.consumers.DispatchConsumer``
     awaits it in one long-lived task, cancelled only when the channel's life ends, as
-    ``Subscription`` does. Raises what the layer raises making the channel."""
+    ``Subscription`` does. Raises what the layer raises making the channel.
+
+    ``local`` (on the default layer, the one ``request_reply`` uses; ``None`` on another)
+    is the channel's same-process inbox, registered under ``channel_name``: a
+    ``request_reply`` of this process and event loop to the channel puts its request there
+    instead of on the layer. Its capacity is the layer's for the channel. The consumer reads
+    ``local.take`` beside ``reader`` and must ``local.close()`` when it ends, on every
+    path (docs/operating.md "Channel layer")."""
     layer = get_channel_layer(alias)
     if layer is None:
         return None
     channel_name = await layer.new_channel()
-    return layer, channel_name, functools.partial(layer.receive, channel_name)
+    local = None
+    if layer is get_channel_layer():
+        local = LocalChannel(channel_name, _capacity(layer, channel_name), _consumer_inboxes)
+    return layer, channel_name, functools.partial(layer.receive, channel_name), local
+
+
+def _capacity(layer: Any, channel_name: str) -> int:
+    """The layer's capacity for ``channel_name`` (messages; Channels' default 100)."""
+    get_capacity = getattr(layer, "get_capacity", None)
+    if get_capacity is not None:
+        return int(get_capacity(channel_name))
+    return int(getattr(layer, "capacity", 100) or 100)
 
 
 async def _sleep(timeout: float | None) -> None:
@@ -516,29 +678,50 @@ async def request_reply(
 
     With ``group``, ``channel_name`` names a group and the request goes to every member
     (``group_send``: a full member channel drops it silently); the first valid reply wins.
+
+    When ``channel_name`` is a consumer of this process (``local_inbox``), the request goes
+    into its local inbox and the reply comes back through a local reply inbox, neither
+    through the layer: same errors (``busy`` when that inbox is full, ``unsendable`` for
+    what the layer would refuse), same wait.
     """
     if (timeout is None) == (deadline is None):
         raise TypeError("request_reply takes exactly one of timeout and deadline")
     layer = get_channel_layer()
     reply_channel = await layer.new_channel()
+    local = None if group else local_inbox(channel_name)
+    replies: LocalChannel | None = None
+    receive: asyncio.Future[dict[str, Any]] | None = None
     try:
-        request = message.model_copy(update={"reply_channel": reply_channel}).for_layer()
-        await (layer.group_send if group else layer.send)(channel_name, request)
-    except ChannelFull:
-        if busy is None:
-            raise
-        raise busy from None
-    except (TypeError, ValueError) as exc:
-        if unsendable is None:
-            raise
-        raise unsendable(exc) from None
-    loop = asyncio.get_running_loop()
-    if deadline is None:
-        assert timeout is not None
-        deadline = loop.time() + timeout
-    interval = settings.REMOTE_LIVENESS_INTERVAL if check_every is None else check_every
-    receive = asyncio.ensure_future(layer.receive(reply_channel))
-    try:
+        try:
+            request = message.model_copy(update={"reply_channel": reply_channel}).for_layer()
+            if local is None:
+                await (layer.group_send if group else layer.send)(channel_name, request)
+            else:
+                # Same process: straight into the consumer's inbox, the reply into ours.
+                # ``request`` is a fresh dict (``for_layer``) the receiver alone holds.
+                _refuse_what_the_layer_would(layer, request)
+                replies = LocalChannel(reply_channel, _capacity(layer, reply_channel), _reply_inboxes)
+                local.put(request)
+        except ChannelFull:
+            if busy is None:
+                raise
+            raise busy from None
+        except (TypeError, ValueError) as exc:
+            if unsendable is None:
+                raise
+            raise unsendable(exc) from None
+        loop = asyncio.get_running_loop()
+        if deadline is None:
+            assert timeout is not None
+            deadline = loop.time() + timeout
+        interval = settings.REMOTE_LIVENESS_INTERVAL if check_every is None else check_every
+
+        def next_reply() -> asyncio.Future[dict[str, Any]]:
+            if replies is not None:
+                return replies.next()
+            return asyncio.ensure_future(layer.receive(reply_channel))
+
+        receive = next_reply()
         while True:
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -556,10 +739,12 @@ async def request_reply(
             answer = message_received(reply, receive.result(), receiver=f"the {message.type} request")
             if answer is not None:
                 return answer
-            receive = asyncio.ensure_future(layer.receive(reply_channel))  # the malformed one is dropped
+            receive = next_reply()  # the malformed one is dropped
     finally:
-        if not receive.done():
+        if receive is not None and not receive.done():
             receive.cancel()  # the reply channel's life ends here
+        if replies is not None:
+            replies.close()
 
 
 async def layer_request(

@@ -5,8 +5,8 @@ used to stall ``/healthz`` and every request that touched Redis for the connecti
 socket timeout, with nothing in the log. Now, while it is frozen: ``/healthz`` answers
 within its documented 3 s naming the channel layer; a read that needs no Redis answers
 200, one that does 503 ``TEMPORARILY_UNAVAILABLE`` with ``Retry-After`` naming the channel
-layer; a machine operation is that 503 too (not 404 ``MACHINE_NOT_ATTACHED``), and so is
-the MCP ``list_machines`` tool (an ``isError`` result, no traceback); the log holds one
+layer; so is the MCP ``list_machines`` tool (an ``isError`` result, no traceback), while a
+machine operation to a shim of the same process needs no Redis and answers; the log holds one
 WARNING for the outage however many requests fail. After SIGCONT everything works again
 and one INFO says so.
 
@@ -115,12 +115,14 @@ def test_a_frozen_redis_costs_a_request_its_deadline_and_the_log_one_warning(tmp
                 assert error["message"].startswith("the channel layer (Redis)")
                 assert error["details"] == {"service": "channel_layer"}
 
-                # A machine operation: 503 naming the layer, not 404 MACHINE_NOT_ATTACHED.
-                took, refused = timed("POST", f"{server.url}/api/v1/sessions/s1/ops", headers=auth, json=op)
-                print(f"POST ops: {took:.2f}s {refused.status_code} {refused.text}")
-                assert took < DEADLINE + 1.5
-                assert refused.status_code == 503, refused.text
-                assert refused.json()["error"]["details"] == {"service": "channel_layer"}
+                # A machine operation to a shim connected to this very process needs no Redis:
+                # the request and its reply skip the channel layer (docs/operating.md
+                # "Channel layer"), so it is answered, not held up or refused 503.
+                took, answered = timed("POST", f"{server.url}/api/v1/sessions/s1/ops", headers=auth, json=op)
+                print(f"POST ops: {took:.2f}s {answered.status_code} {answered.text}")
+                assert took < DEADLINE
+                assert answered.status_code == 200, answered.text
+                assert answered.json()["type"] == "FILE_STAT_RESPONSE"
 
                 # MCP list_machines: an isError result naming the layer, no traceback.
                 took, answer = mcp_tool(server.url, token, "list_machines", {"session_id": "s1"})
