@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
-from channels.layers import get_channel_layer
 
+from core import realtime
 from remotes import services
 from remotes.models import Remote
 from remotes.protocol import encode
@@ -285,15 +285,16 @@ async def test_a_serving_session_whose_channel_is_full_fails_the_call_as_busy(
     async with ws_connect(token=owner_token) as server, ws_connect(token=owner_token) as caller:
         await connect_weather(server, weather_tools)
         serving_channel = await database_sync_to_async(lambda: Remote.objects.get(name=WEATHER).channel_name)()
-        layer = get_channel_layer()
-        real_send = layer.send
+        # Both sessions live in this process: the call goes into the serving consumer's
+        # same-process inbox, not onto the layer (docs/operating.md "Channel layer").
+        real_put = realtime.LocalChannel.put
 
-        async def send(channel: str, message: dict[str, Any]) -> None:
-            if channel == serving_channel:
+        def put(inbox: realtime.LocalChannel, message: dict[str, Any]) -> None:
+            if inbox.name == serving_channel:
                 raise ChannelFull()
-            await real_send(channel, message)
+            real_put(inbox, message)
 
-        monkeypatch.setattr(layer, "send", send)
+        monkeypatch.setattr(realtime.LocalChannel, "put", put)
         await caller.send(call_frame("c1"))
         assert await caller.reply("c1") == {"error": f"remote '{WEATHER}' is busy", "nonce": "c1"}
         assert await server.nothing_received()
