@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pprint import pformat
-from typing import Any
 
 from django.core.asgi import get_asgi_application
 
@@ -20,43 +18,12 @@ django_asgi_app = get_asgi_application()
 
 from django.conf import settings  # noqa: E402  (configured by get_asgi_application)
 
-
-class _PrettyText:
-    """``pprint.pformat(value)``, computed when formatted (``deferred_pformat``)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def __str__(self) -> str:
-        return pformat(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(pformat(self.value), spec)
-
-
-def deferred_pformat(value: Any) -> Any:
-    """``pformat`` for log arguments: the text is made only if a line is written. (Autobahn
-    also returns ``pformat`` from ``Timings.__str__``, which must be a string: its timings
-    are tracked only when ``trackTimings`` is set, which daphne never does.)"""
-    return _PrettyText(value)
-
-
 if "daphne.server" in sys.modules:
     # Under daphne (``serve``), which reads a whole request body before the application
     # runs: the process's budget of bodies being read is kept there (dispatch.body_budget).
     from dispatch.body_budget import budget_request_bodies
 
     budget_request_bodies(settings.REQUEST_BODY_BUDGET, settings.MAX_REQUEST_BYTES)
-
-    # Autobahn (daphne's websocket protocol) pretty-prints its 29 options for a debug line
-    # on every connection, logged or not: about 0.2 ms of CPU per websocket opened (bench
-    # B6, bench/machines.py). Its module's ``pformat`` becomes lazy: the same text, made
-    # only when a debug line is written.
-    import autobahn.websocket.protocol as autobahn_protocol
-
-    autobahn_protocol.pformat = deferred_pformat  # type: ignore[assignment]
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs the apps loaded)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
