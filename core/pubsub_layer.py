@@ -21,9 +21,12 @@ Guarantees, as with the list layer:
 * Messages nobody takes expire after ``expiry`` seconds; other channels' expired
   messages and empty inboxes are swept at most once per ``sweep_interval`` seconds, so
   memory stays bounded by the live channels' capacity.
-* A local send also goes through Redis (one PUBLISH to this process's own channel), not
-  straight into the inbox: ``/healthz``'s probe then measures Redis, and a frozen or
-  stopped Redis is noticed by the next send, as with the list layer.
+* A send through this layer to a channel of the same process also goes through Redis (one
+  PUBLISH to this process's own channel), not straight into the inbox: ``/healthz``'s
+  probe then measures Redis, and a frozen or stopped Redis is noticed by the next send,
+  as with the list layer. (A request/reply between two consumers of one process does not
+  reach this layer at all: ``core.realtime`` hands it over in memory, docs/operating.md
+  "Channel layer".)
 * Groups are Redis sorted sets as in channels-redis (members expire after
   ``group_expiry``); ``group_send`` reads the members and publishes once per owning
   process (two round trips, whatever the group's size).
