@@ -37,14 +37,15 @@ dropped (``message_received``), never raised into a loop or a consumer.
   (spec/sessions-and-remotes.md §2.4) and machine operations (spec/machines.md §5).
   ``layer_request`` is its short form for probes (§2 "Lifetime"), ``layer_round_trip``
   the ``/healthz`` check of the layer.
-- **Same process** — a request to a consumer of this process (and event loop) skips the
-  layer: each consumer's channel has a ``LocalChannel`` inbox beside it
-  (``consumer_channel``), ``request_reply`` puts the request there and waits on a local
-  reply inbox, which ``layer_send`` fills. Same capacity (``ChannelFull``: busy), same
-  serialization refusals, each message the receiver's own dict; a consumer that ends
-  closes its inbox and what waited there is dropped, as on a dead channel
-  (docs/operating.md "Channel layer"). Groups, every other ``layer_send`` and
-  ``layer_round_trip`` stay on the layer.
+- **Same process** — a message to a consumer of this process skips the layer: each
+  consumer's channel has a ``LocalChannel`` inbox beside it (``consumer_channel``);
+  ``request_reply`` (from the consumer's event loop), ``layer_send`` and
+  ``send_on_commit`` put their message there, and a same-process ``request_reply`` waits
+  on a local reply inbox, which ``layer_send`` fills. Same capacity (``ChannelFull``:
+  busy), same serialization refusals, each message the receiver's own dict, one path so
+  one sender's messages keep their order; a consumer that ends closes its inbox and what
+  waited there is dropped, as on a dead channel (docs/operating.md "Channel layer").
+  Groups and ``layer_round_trip`` (a ``Subscription``, not a consumer) stay on the layer.
 - ``LoopHealth``: how a background loop is doing — its backoff after errors and its
   once-per-change-of-state log (spec/quality.md "Faults").
 """
@@ -210,7 +211,12 @@ def _ring_now(target: str, message: ChannelMessage, *, group: bool) -> None:
     if layer is None:
         return
     try:
-        async_to_sync(layer.group_send if group else layer.send)(target, message.for_layer())
+        payload = message.for_layer()
+        # A consumer of this process gets it in memory, behind what this process sent it
+        # before (``_put_local``); from this thread the hand-over is thread-safe.
+        if not group and _put_local(layer, target, payload):
+            return
+        async_to_sync(layer.group_send if group else layer.send)(target, payload)
     except Exception as exc:
         _ring_failed(target, message, exc)
 
@@ -241,16 +247,39 @@ async def layer_send(channel_name: str, message: ChannelMessage) -> None:
     (``ChannelMessage.for_layer``, or msgpack: a lone surrogate); the caller decides, as
     each sender has its own answer to a full channel.
 
-    A reply to a ``request_reply`` of this process waiting on a local reply inbox
-    (``LocalChannel``) is handed to it without the layer, after the same serialization
-    check the layer would make (``ChannelFull`` when that inbox is full)."""
-    inbox = _reply_inboxes.get(channel_name)
-    if inbox is None:
-        await get_channel_layer().send(channel_name, message.for_layer())
-        return
+    A message to a consumer of this process, or a reply to a ``request_reply`` of this
+    process waiting on a local reply inbox (``LocalChannel``), is handed over without the
+    layer, after the same serialization check the layer would make (``ChannelFull`` when
+    that inbox is full). A reply to a same-process request whose caller stopped waiting is
+    dropped (logged at DEBUG), as the layer drops what nobody reads."""
+    layer = get_channel_layer()
     payload = message.for_layer()
-    _refuse_what_the_layer_would(get_channel_layer(), payload)
+    if _put_local(layer, channel_name, payload):
+        return
+    if channel_name.startswith(LOCAL_REPLY_PREFIX):
+        logger.debug("dropped a %s to %s: its caller no longer waits", message.type, channel_name)
+        return
+    await layer.send(channel_name, payload)
+
+
+def _put_local(layer: Any, channel_name: str, payload: dict[str, Any]) -> bool:
+    """Hand ``payload`` to ``channel_name``'s inbox in this process, when it has one (a
+    waiting ``request_reply``'s reply inbox, or a consumer's); ``False`` otherwise.
+
+    Every point-to-point message from this process to a consumer of this process goes this
+    way, not just ``request_reply``'s: one path keeps them in the order they were sent (a
+    "remote disconnected" notice is not overtaken by a call sent after it). Raises what the
+    layer would refuse to serialize, and ``ChannelFull`` when that inbox is full (from the
+    inbox's own event loop; from another one the message is handed over thread-safely and
+    a full inbox drops it with a warning, as ``ring_on_commit`` drops a failed send)."""
+    inbox = _reply_inboxes.get(channel_name)
+    if inbox is None:  # (not ``or``: an empty inbox is falsy, it has a length)
+        inbox = _consumer_inboxes.get(channel_name)
+    if inbox is None:
+        return False
+    _refuse_what_the_layer_would(layer, payload)
     inbox.put(payload)
+    return True
 
 
 # --- same-process channels ---------------------------------------------------------------------
@@ -344,6 +373,10 @@ class LocalChannel:
         # A waiting receive stays pending (never woken): its reader ends with its owner.
         return dropped
 
+
+LOCAL_REPLY_PREFIX = "dispatch.local-reply!"
+"""The reply channels of same-process ``request_reply`` calls: never on the layer (a reply
+to one whose caller stopped waiting is dropped, not sent to Redis for nobody)."""
 
 _consumer_inboxes: dict[str, LocalChannel] = {}  # a consumer's channel name -> its local inbox
 _reply_inboxes: dict[str, LocalChannel] = {}  # a waiting request_reply's reply channel -> its inbox
@@ -687,8 +720,8 @@ async def request_reply(
     if (timeout is None) == (deadline is None):
         raise TypeError("request_reply takes exactly one of timeout and deadline")
     layer = get_channel_layer()
-    reply_channel = await layer.new_channel()
     local = None if group else local_inbox(channel_name)
+    reply_channel = f"{LOCAL_REPLY_PREFIX}{uuid.uuid4().hex}" if local is not None else await layer.new_channel()
     replies: LocalChannel | None = None
     receive: asyncio.Future[dict[str, Any]] | None = None
     try:

@@ -19,6 +19,7 @@ from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.db import IntegrityError
 
 from agents.lifecycle import agent_prompt_any
 from agents.protocol import SendAgentPromptBody, UserEventMessage, agent_event_frame, run_finished_frame
@@ -447,30 +448,40 @@ class SessionConsumer(DispatchConsumer):
         except (AuthenticationFailed, RateLimited) as exc:
             await self._refuse(exc.message)
             return
-        await self._authenticated(user, method, api_token_id=api_token_id)
-        # Spec §1.1: the auth reply carries no ``action``.
+        if not await self._authenticated(user, method, api_token_id=api_token_id):
+            return
+        # The auth reply carries no ``action`` (docs/ws-protocol.md).
         await self._send({"ok": True, "user": user.get_username()})
 
     async def _authenticated(
         self, user: User, method: str, *, api_token_id: int | None = None, session_key: str = ""
-    ) -> None:
+    ) -> bool:
+        """Record the session on its credential; ``False`` (the socket refused, closed 4401)
+        when that credential's rows were deleted since it was looked up (within the bearer
+        cache's second): the session's foreign keys fail."""
         if self.auth_deadline is not None:
             self.auth_deadline.cancel()
             self.auth_deadline = None
         # The credential goes on the row: ending it closes this socket (core.revocation).
-        session = await database_sync_to_async(services.ws_session_open)(
-            user=user,
-            channel_name=self.channel_name,
-            auth_method=method,
-            client_address=self._client_address(),
-            api_token_id=api_token_id,
-            session_key=session_key,
-        )
+        try:
+            session = await database_sync_to_async(services.ws_session_open)(
+                user=user,
+                channel_name=self.channel_name,
+                auth_method=method,
+                client_address=self._client_address(),
+                api_token_id=api_token_id,
+                session_key=session_key,
+            )
+        except IntegrityError:
+            logger.info("ws session refused: its user or token was deleted meanwhile")
+            await self._refuse(AUTH_FAILED)
+            return False
         self.user = user
         self.ws_session_id = session.pk
         # Agent progress reaches every ws session of the user (spec/agents.md §4).
         self.events_group = user_events_group(user.pk)
         await self.channel_layer.group_add(self.events_group, self.channel_name)
+        return True
 
     async def _refuse(self, error: str, code: int = CLOSE_UNAUTHENTICATED) -> None:
         await self._send({"error": error})

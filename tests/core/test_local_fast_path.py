@@ -252,3 +252,112 @@ async def test_the_reply_is_a_copy_of_what_the_answerer_sent(answerer: None, mon
     async with asyncio.timeout(5):
         await app
     assert realtime.local_inbox(consumer.channel_name) is None
+
+
+# --- one path for every message of this process to a consumer of this process ------------------
+
+
+class Notice(ChannelMessage):
+    type: Literal["test.notice"] = "test.notice"
+    n: int
+
+
+class Listener(DispatchConsumer):
+    """Records the order of the ``test.notice`` and ``test.ask`` messages it handles."""
+
+    instances: list[Listener] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: list[str] = []
+        Listener.instances.append(self)
+
+    @receives(Notice)
+    async def test_notice(self, notice: Notice) -> None:
+        self.seen.append(f"notice {notice.n}")
+
+    @receives(AskRequest)
+    async def test_ask(self, request: AskRequest) -> None:
+        self.seen.append("ask")
+        await realtime.layer_send(request.reply_channel, AskReply(answer={}))
+
+
+async def open_listener() -> tuple[Listener, Socket, asyncio.Future[None]]:
+    Listener.instances = []
+    socket = Socket()
+    app = asyncio.ensure_future(Listener.as_asgi()({"type": "websocket", "path": "/"}, socket.receive, socket.send))
+    async with asyncio.timeout(5):
+        while not socket.sent:  # the accept
+            await asyncio.sleep(0.01)
+    return Listener.instances[-1], socket, app
+
+
+async def close_listener(socket: Socket, app: asyncio.Future[None]) -> None:
+    socket.incoming.put_nowait({"type": "websocket.disconnect", "code": 1000})
+    async with asyncio.timeout(5):
+        await app
+
+
+async def test_a_notice_sent_before_a_request_is_handled_before_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A "remote disconnected" notice (``layer_send``) then a call (``request_reply``) from
+    this process: the consumer sees them in that order, neither through the layer."""
+    consumer, socket, app = await open_listener()
+    spy = LayerSpy(monkeypatch)
+    await realtime.layer_send(consumer.channel_name, Notice(n=1))
+    await realtime.request_reply(
+        consumer.channel_name,
+        AskRequest(question={}),
+        reply=AskReply,
+        timeout=5,
+        timed_out=DispatchError("TIMEOUT", "no answer"),
+    )
+    assert consumer.seen == ["notice 1", "ask"]
+    assert spy.calls == []
+    await close_listener(socket, app)
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_notice_sent_on_commit_from_the_database_thread_arrives_in_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    consumer, socket, app = await open_listener()
+    spy = LayerSpy(monkeypatch)
+    await database_sync_to_async(realtime.send_on_commit)(consumer.channel_name, Notice(n=2))
+    async with asyncio.timeout(5):
+        while consumer.seen != ["notice 2"]:
+            await asyncio.sleep(0.01)
+    assert spy.calls == []
+    await close_listener(socket, app)
+
+
+async def test_a_reply_whose_same_process_caller_stopped_waiting_is_dropped_not_sent_to_the_layer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With Redis frozen, sending it would hold the answering consumer for the layer's
+    deadline and then close it as if the layer were lost."""
+    consumer, socket, app = await open_listener()
+    asked = asyncio.Event()
+
+    async def test_ask(self: Listener, request: AskRequest) -> None:
+        asked.set()
+        await asyncio.sleep(0.3)  # the caller's 0.1 s are over: its reply inbox is closed
+        self.seen.append("answering late")
+        await realtime.layer_send(request.reply_channel, AskReply(answer={}))
+        self.seen.append("answered late")
+
+    monkeypatch.setattr(Listener, "test_ask", receives(AskRequest)(test_ask))
+    spy = LayerSpy(monkeypatch)
+    with pytest.raises(DispatchError):
+        await realtime.request_reply(
+            consumer.channel_name,
+            AskRequest(question={}),
+            reply=AskReply,
+            timeout=0.1,
+            timed_out=DispatchError("TIMEOUT", "no answer"),
+        )
+    assert asked.is_set()
+    async with asyncio.timeout(5):
+        while "answered late" not in consumer.seen:
+            await asyncio.sleep(0.01)
+    assert spy.calls == []
+    await close_listener(socket, app)

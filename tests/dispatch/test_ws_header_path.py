@@ -101,3 +101,21 @@ async def test_first_frame_logins_still_work_without_a_header(owner: Any, owner_
         await ws.send({"username": owner.username, "password": "not-the-password"})
         assert (await ws.recv())["error"]
         assert await ws.closed_with() == 4401
+
+
+async def test_a_token_deleted_within_the_cache_second_is_refused_not_an_internal_error(
+    owner: Any, owner_token: str
+) -> None:
+    """The bearer cache still knows the token for up to a second after its row is deleted
+    (revoking empties it; an admin's delete does not): the session's row then fails its
+    foreign key, which is an authentication failure (4401), not an internal error (1011)."""
+    from core.models import ApiToken
+
+    headers = [(b"authorization", f"Bearer {owner_token}".encode()), *SITE]
+    async with upgrade(headers) as ws:  # looked up, and cached
+        assert (await ws.request("ping"))["pong"] is True
+    await database_sync_to_async(lambda: ApiToken.objects.filter(user=owner).delete())()
+    async with upgrade(headers) as ws:
+        assert (await ws.recv())["error"] == "authentication failed"
+        assert await ws.closed_with() == 4401
+    assert await sessions() == []
