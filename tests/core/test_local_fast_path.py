@@ -23,6 +23,7 @@ from dispatch.ws.consumer import SessionConsumer
 from remotes import services
 from remotes.models import Remote
 from remotes.services import RemoteError
+from tests.core.test_consumer_pump import Socket
 
 WEATHER = "weather-service"
 
@@ -206,19 +207,6 @@ class Answerer(DispatchConsumer):
     async def test_ask(self, request: AskRequest) -> None:
         self.asked.append(request)
         await realtime.layer_send(request.reply_channel, AskReply(answer=self.kept))
-
-
-class Socket:
-    def __init__(self) -> None:
-        self.incoming: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.sent: list[dict[str, Any]] = []
-        self.incoming.put_nowait({"type": "websocket.connect"})
-
-    async def receive(self) -> dict[str, Any]:
-        return await self.incoming.get()
-
-    async def send(self, message: dict[str, Any]) -> None:
-        self.sent.append(message)
 
 
 @pytest.fixture

@@ -9,20 +9,20 @@ Counts, not times: a change that adds a statement or a hop to every session fail
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 from channels.db import database_sync_to_async
-from channels.testing import WebsocketCommunicator
 
-from core import credential_cache, presence
+from core import presence
 from core.models import ServerProcess
 from core.services import api_token_create, api_token_revoke
 from remotes.models import Remote, WsSession
 from tests.conftest import WsClient
-from tests.machines.test_hello_cost import thread_hops
+from tests.dispatch.test_ws_header_path import upgrade
+from tests.machines.test_hello_cost import fresh_caches, thread_hops  # noqa: F401  (autouse fixture)
 from tests.machines.test_op_path_costs import every_query
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -31,28 +31,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 SESSION_STATEMENTS = 3
 
 
-@pytest.fixture(autouse=True)
-def fresh_caches() -> Iterator[None]:
-    credential_cache.clear()
-    presence.process_row_forget()
-    yield
-    credential_cache.clear()
-    presence.process_row_forget()
-
-
 @asynccontextmanager
 async def header_session(token: str) -> AsyncIterator[WsClient]:
-    """A ``/ws`` client authenticated by header whose close waits for the server's cleanup
-    (up to 10 s: on a busy machine the communicator's default second can cut it short)."""
-    from dispatch.asgi import application
-
-    communicator = WebsocketCommunicator(application, "/ws", headers=[(b"authorization", f"Bearer {token}".encode())])
-    connected, _ = await communicator.connect(timeout=10)
-    assert connected
-    try:
-        yield WsClient(communicator)
-    finally:
-        await communicator.disconnect(timeout=10)
+    """A ``/ws`` client authenticated by header (``upgrade``: its close waits for the
+    server's cleanup)."""
+    async with upgrade([(b"authorization", f"Bearer {token}".encode())]) as ws:
+        yield ws
 
 
 async def open_ping_close(token: str) -> None:

@@ -7,22 +7,20 @@ event, and the live announcements after commit."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
-from channels.layers import get_channel_layer
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from agents.models import Agent, AgentEvent, AgentMessage
-from agents.services import user_events_group
 from peers.models import OutboxMessage
 from peers.services.outbox import outbox_discard, outbox_mark_delivered_many
 from peers.services.outgoing import peer_message_send
 from peers.services.shadows import shadow_upsert
+from tests.peers.test_enqueue_cost import announcements
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,7 +28,9 @@ REMOTE_AGENT = "agt_0123456789ab"
 # The batch marking's queries: rows read and updated, messages read and updated, events
 # inserted, the recipients' latest event updated and read back (+ savepoint pairs).
 MARK_QUERIES = 11
-ENQUEUE_QUERIES = 8  # token, agent, peer, shadow, message, instance id, outbox row, + BEGIN
+# The enqueue's (its token cached): the agent, BEGIN, the shadow with its link and this
+# instance's id, the message, the outbox row, COMMIT.
+ENQUEUE_QUERIES = 6
 
 
 @pytest.fixture
@@ -92,24 +92,7 @@ def test_a_row_settled_meanwhile_is_left_as_it_is_and_the_rest_are_marked(owner:
 
 def test_a_marked_batch_is_announced_after_commit_per_message_and_once_per_agent(owner: Any, shadow: Agent) -> None:
     rows = queue(owner, shadow, 3)
-    layer = get_channel_layer()
-    loop = asyncio.new_event_loop()
-    try:
-        channel = loop.run_until_complete(layer.new_channel())
-        loop.run_until_complete(layer.group_add(user_events_group(owner.pk), channel))
-        outbox_mark_delivered_many(rows=rows)
-
-        async def take() -> list[dict[str, Any]]:
-            received = []
-            while True:
-                try:
-                    received.append(await asyncio.wait_for(layer.receive(channel), 0.3))
-                except TimeoutError:
-                    return received
-
-        frames = loop.run_until_complete(take())
-    finally:
-        loop.close()
+    frames = announcements(owner, lambda: outbox_mark_delivered_many(rows=rows))
     names = [frame["event"] for frame in frames]
     assert names.count("agent.event") == 3 and names.count("message.updated") == 3
     assert names.count("agent.upsert") == 1 and names[-1] == "agent.upsert"
