@@ -149,9 +149,10 @@ def agent_get_for(*, user: User, agent_id: str) -> Agent:
     """``user``'s agent ``agent_id`` (archived included). ``NotFound`` for anyone else's."""
     agent = None
     if is_valid_id(agent_id):
-        agent = Agent.objects.select_related("owner", "peer").filter(owner=user, pk=agent_id).first()
+        agent = Agent.objects.select_related("peer").filter(owner=user, pk=agent_id).first()
     if agent is None:
         raise not_found("agent", agent_id)
+    agent.owner = user  # the filter's own user: joining the row again would read it twice
     return agent
 
 
