@@ -48,7 +48,7 @@ from core.backpressure import (
     unsent_bytes,
 )
 from core.errors import channel_layer_unavailable, database_unavailable
-from core.http import bearer_credentials
+from core.http import scope_bearer_token
 from core.protocol import ChannelMessage, CredentialEndedMessage, ServerShutdownMessage
 from core.realtime import LocalChannel, consumer_channel, layer_send, message_received
 
@@ -220,7 +220,7 @@ class DispatchConsumer(AsyncWebsocketConsumer):
             self.channel_layer, self.channel_name, self.channel_receive, self._local_inbox = channel
             sources.append(self.channel_receive)
             if self._local_inbox is not None:
-                # Requests from this process (core.realtime.request_reply), without the layer.
+                # What this process sends this consumer, without the layer (core.realtime).
                 sources.append(self._local_inbox.take)
         self.base_send = send
         try:
@@ -414,10 +414,7 @@ class DispatchConsumer(AsyncWebsocketConsumer):
 
     def bearer_token(self) -> str | None:
         """The token of the upgrade request's ``Authorization: Bearer`` header, if any."""
-        for name, value in self.scope.get("headers", []):
-            if name == b"authorization":
-                return bearer_credentials(value.decode("latin-1"))
-        return None
+        return scope_bearer_token(self.scope)
 
     @receives(ServerShutdownMessage)
     async def server_shutdown(self, message: ServerShutdownMessage) -> None:

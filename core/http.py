@@ -7,7 +7,7 @@ or a logged-in session (with CSRF, like DRF's SessionAuthentication).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
@@ -66,6 +66,17 @@ def bearer_credentials(authorization: str) -> str | None:
     empty), or ``None`` when the header is absent or of another scheme."""
     scheme, _, raw = authorization.partition(" ")
     return raw.strip() if scheme.lower() == "bearer" else None
+
+
+def scope_bearer_token(scope: Mapping[str, Any]) -> str | None:
+    """The token of an ASGI scope's first ``Authorization`` header when it is of the
+    ``Bearer`` scheme (``bearer_credentials``: stripped, maybe empty), else ``None``: how a
+    websocket upgrade is routed (``dispatch.routing.by_credential``) and authenticated
+    (``DispatchConsumer.bearer_token``), so both agree."""
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            return bearer_credentials(value.decode("latin-1"))
+    return None
 
 
 async def bearer_caller(raw_token: str) -> tuple[User, Any]:

@@ -286,9 +286,9 @@ def _put_local(layer: Any, channel_name: str, payload: dict[str, Any]) -> bool:
 
 
 class LocalChannel:
-    """A channel's inbox in this process's memory, for a request/reply whose two ends both
-    live here (docs/operating.md "Channel layer"): a consumer's second inbox beside its
-    channel on the layer (``consumer_channel``), or the reply inbox of one
+    """A channel's inbox in this process's memory, for messages whose sender and receiver
+    both live here (docs/operating.md "Channel layer"): a consumer's second inbox beside
+    its channel on the layer (``consumer_channel``), or the reply inbox of one
     ``request_reply``.
 
     Holds at most ``capacity`` messages (plain dicts, each the receiver's own: built by
@@ -423,9 +423,9 @@ async def consumer_channel(
     ``Subscription`` does. Raises what the layer raises making the channel.
 
     ``local`` (on the default layer, the one ``request_reply`` uses; ``None`` on another)
-    is the channel's same-process inbox, registered under ``channel_name``: a
-    ``request_reply`` of this process and event loop to the channel puts its request there
-    instead of on the layer. Its capacity is the layer's for the channel. The consumer reads
+    is the channel's same-process inbox, registered under ``channel_name``: what this
+    process sends the channel (``request_reply``, ``layer_send``, ``send_on_commit``) goes
+    there instead of on the layer. Its capacity is the layer's for the channel. The consumer reads
     ``local.take`` beside ``reader`` and must ``local.close()`` when it ends, on every
     path (docs/operating.md "Channel layer")."""
     layer = get_channel_layer(alias)

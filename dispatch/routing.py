@@ -16,7 +16,7 @@ from typing import Any
 
 from django.urls import re_path
 
-from core.http import bearer_credentials
+from core.http import scope_bearer_token
 from dispatch.ws.consumer import SessionConsumer
 from machines.routing import websocket_urlpatterns as machine_routes
 
@@ -29,26 +29,16 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-def upgrade_bearer_token(scope: Scope) -> str | None:
-    """The token of the upgrade request's first ``Authorization`` header when it is of the
-    ``Bearer`` scheme (maybe empty), else ``None``: what ``DispatchConsumer.bearer_token``
-    reads, so both agree on which connections authenticate by header."""
-    for name, value in scope.get("headers", ()):
-        if name == b"authorization":
-            return bearer_credentials(value.decode("latin-1"))
-    return None
-
-
 def by_credential(*, bearer: ASGIApp, cookie: ASGIApp) -> ASGIApp:
     """An ASGI app passing a connection to ``bearer`` when its upgrade carries an
-    ``Authorization: Bearer`` header (``upgrade_bearer_token``), else to ``cookie`` (the same
+    ``Authorization: Bearer`` header (``core.http.scope_bearer_token``), else to ``cookie`` (the same
     routes behind Channels' cookie, session and user middleware). A header connection thus
     skips the cookie parse, the session load and ``get_user`` (a database thread hop): the
     consumer authenticates it by its token whatever cookie it also sends, and refuses it
     when the token is bad (docs/ws-protocol.md)."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        chosen = bearer if upgrade_bearer_token(scope) is not None else cookie
+        chosen = bearer if scope_bearer_token(scope) is not None else cookie
         await chosen(scope, receive, send)
 
     return app

@@ -19,8 +19,7 @@ from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import IntegrityError, models, transaction
-from django.db import connection as db_connection
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 from jsonschema.exceptions import ValidationError, best_match
 from referencing.exceptions import Unresolvable
@@ -30,6 +29,7 @@ from core.errors import DispatchError
 from core.models import ServerProcess
 from core.presence import current_process_id
 from core.realtime import Gone, layer_request, request_reply, send_on_commit
+from core.rows import delete_returning
 from core.services import server_process_ensure, server_process_liveness, server_process_takeover_reap
 from core.tool_changes import tools_changed_on_commit
 from remotes.inflight import CALLS_IN_FLIGHT, Admission, CallRefused
@@ -123,43 +123,16 @@ def ws_session_open(
 
 def ws_session_close(*, ws_session_id: str) -> None:
     """Forget a closed ws session and every remote it served (§2 "Lifetime"): the remotes'
-    ``DELETE … RETURNING``, then the session's ``DELETE``. Nothing else refers to either
-    row, so Django's cascade collection (a SELECT more per close) is not run."""
-    served = _remotes_delete_returning(ws_session_id)
+    ``DELETE … RETURNING``, then the session's ``DELETE`` (``core.rows``: nothing else
+    refers to either row, so Django's cascade collection, a SELECT more, is not run)."""
+    served = [
+        (int(user_id), str(name))
+        for user_id, name in delete_returning(Remote, "ws_session", ws_session_id, "user", "name")
+    ]
     for user_id, remotename in served:
         forget_route(user_id, remotename)
-    quote = db_connection.ops.quote_name
-    # Names from the model, quoted by the backend; the value is a parameter.
-    sql = f"DELETE FROM {quote(WsSession._meta.db_table)} WHERE {quote(_column(WsSession, 'id'))} = %s"  # noqa: S608
-    with db_connection.cursor() as cursor:
-        cursor.execute(sql, [ws_session_id])
+    delete_returning(WsSession, "id", ws_session_id)
     tools_changed_on_commit(user_id for user_id, _ in served)
-
-
-def _remotes_delete_returning(ws_session_id: str) -> list[tuple[int, str]]:
-    """Delete the remotes a ws session serves; ``(user_id, name)`` of each. One
-    ``DELETE … RETURNING`` where the database has it (PostgreSQL, SQLite ≥ 3.35), else a
-    SELECT and a DELETE (nothing refers to a remote: no cascade to collect)."""
-    rows = Remote.objects.filter(ws_session_id=ws_session_id)
-    if not db_connection.features.can_return_columns_from_insert:
-        found = [(int(user_id), str(name)) for user_id, name in rows.values_list("user_id", "name")]
-        rows.delete()
-        return found
-    quote = db_connection.ops.quote_name
-    table = quote(Remote._meta.db_table)
-    session_column, user_column, name_column = (quote(_column(Remote, name)) for name in ("ws_session", "user", "name"))
-    # Names from the model, quoted by the backend; the value is a parameter.
-    sql = f"DELETE FROM {table} WHERE {session_column} = %s RETURNING {user_column}, {name_column}"  # noqa: S608
-    with db_connection.cursor() as cursor:
-        cursor.execute(sql, [ws_session_id])
-        return [(int(user_id), str(name)) for user_id, name in cursor.fetchall()]
-
-
-def _column(model: type[models.Model], field_name: str) -> str:
-    """The database column of a concrete field of ``model``."""
-    field = model._meta.get_field(field_name)
-    assert isinstance(field, models.Field) and field.column is not None
-    return str(field.column)
 
 
 # --- the registry ---------------------------------------------------------------------

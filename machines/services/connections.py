@@ -18,7 +18,6 @@ from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
-from django.db import connection as db_connection
 from django.db.models import BooleanField, Exists, ExpressionWrapper, OuterRef, Q, TextField
 from django.db.models.functions import Cast
 from django.utils import timezone
@@ -27,6 +26,7 @@ from core import credential_cache, presence
 from core.presence import current_process_id
 from core.realtime import layer_send, send_on_commit
 from core.revocation import credentials_ended_on_commit
+from core.rows import delete_returning
 from core.services import AuthenticationFailed, api_token_authenticate, server_process_ensure, token_digest
 from core.tool_changes import tools_changed, tools_changed_on_commit
 from machines.models import Machine, MachineConnection, MachineToken
@@ -198,27 +198,8 @@ def _connections_delete(*, machine_pk: int) -> list[tuple[str, str]]:
     """Delete a machine's connection rows; their ``(channel_name, connection_id)``."""
     return [
         (str(name), str(held))
-        for name, held in _delete_returning("machine_id", machine_pk, "channel_name", "connection_id")
+        for name, held in delete_returning(MachineConnection, "machine_id", machine_pk, "channel_name", "connection_id")
     ]
-
-
-def _delete_returning(column: str, value: Any, *returning: str) -> list[tuple[Any, ...]]:
-    """Delete the connection rows whose ``column`` is ``value``; the ``returning`` columns
-    of each. One ``DELETE … RETURNING`` where the database has it (PostgreSQL, SQLite ≥
-    3.35; nothing refers to a connection row, so there is no cascade to run), else a
-    SELECT and a DELETE."""
-    rows = MachineConnection.objects.filter(**{column: value})
-    if not db_connection.features.can_return_columns_from_insert:
-        found = list(rows.values_list(*returning))
-        rows.delete()
-        return found
-    quote = db_connection.ops.quote_name
-    table = quote(MachineConnection._meta.db_table)
-    # Names fixed by the callers in this module, quoted by the backend; the value is a parameter.
-    sql = f"DELETE FROM {table} WHERE {quote(column)} = %s RETURNING {', '.join(map(quote, returning))}"  # noqa: S608
-    with db_connection.cursor() as cursor:
-        cursor.execute(sql, [value])
-        return [tuple(row) for row in cursor.fetchall()]
 
 
 def shim_attach(*, identity: ShimIdentity, hello: Hello, channel_name: str, protocol_version: str) -> Attachment:
@@ -313,7 +294,7 @@ def shim_disconnected(*, connection_id: str, ring_tools: bool = True) -> int | N
     leaves the tool-list ring to the caller (``announce_detachment``, async code), so the
     database thread does not wait on the layer. Two statements: the DELETE, and the
     machine's status UPDATE conditional on no connection being left."""
-    deleted = _delete_returning("connection_id", connection_id, "machine_id", "user_id")
+    deleted = delete_returning(MachineConnection, "connection_id", connection_id, "machine_id", "user_id")
     if not deleted:
         return None
     machine_pk, user_id = deleted[0]
