@@ -104,17 +104,21 @@ async def test_first_frame_logins_still_work_without_a_header(owner: Any, owner_
 
 
 async def test_a_token_deleted_within_the_cache_second_is_refused_not_an_internal_error(
-    owner: Any, owner_token: str
+    owner: Any, owner_token: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The bearer cache still knows the token for up to a second after its row is deleted
     (revoking empties it; an admin's delete does not): the session's row then fails its
     foreign key, which is an authentication failure (4401), not an internal error (1011)."""
+    from core import credential_cache
+    from core.authentication import api_token_cached
     from core.models import ApiToken
 
+    monkeypatch.setattr(credential_cache, "BEARER_CACHE_SECONDS", 60.0)  # however slow the machine
     headers = [(b"authorization", f"Bearer {owner_token}".encode()), *SITE]
     async with upgrade(headers) as ws:  # looked up, and cached
         assert (await ws.request("ping"))["pong"] is True
     await database_sync_to_async(lambda: ApiToken.objects.filter(user=owner).delete())()
+    assert api_token_cached(owner_token) is not None  # still known here: the session's INSERT fails
     async with upgrade(headers) as ws:
         assert (await ws.recv())["error"] == "authentication failed"
         assert await ws.closed_with() == 4401
