@@ -1,1 +1,1 @@
-"""Peers: linked Dispatch instances (spec/peers.md)."""
+"""Peers: linked Dispatch instances (docs/peers.md)."""

@@ -1,4 +1,4 @@
-"""Admin for linked instances (spec/ui.md "Admin"); every change goes through a service.
+"""Admin for linked instances; every change goes through a service.
 
 Peers: list, filters, search; hashes and prefixes read-only (the encrypted outbound token
 is never shown); label and capability edits through ``links.peer_admin_update``;

@@ -4,7 +4,7 @@ from django.apps import AppConfig
 
 
 class PeersConfig(AppConfig):
-    """Linked instances (spec/peers.md)."""
+    """Linked instances (docs/peers.md)."""
 
     name = "peers"
 

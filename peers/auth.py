@@ -1,4 +1,4 @@
-"""Peer authentication (spec/peers.md §4): bearer token plus an RFC 9421 message signature.
+"""Peer authentication (docs/peers.md#authentication): bearer token plus an RFC 9421 message signature.
 
 Every request on a peer route carries ``Authorization: Bearer <token>`` (the token this
 instance issued to the peer at pairing) **and** an HTTP message signature (RFC 9421,
@@ -44,7 +44,7 @@ from peers.models import Peer
 from peers.services import links
 from peers.services.identity import identity_get
 
-# ±5 minutes on the signature's ``created`` (spec §4).
+# ±5 minutes on the signature's ``created``.
 CLOCK_SKEW = datetime.timedelta(seconds=300)
 # Signed application tag: a signature made for another protocol is not one of ours.
 SIGNATURE_TAG = "dispatch-peer"
@@ -55,7 +55,7 @@ COVERED_COMPONENTS: tuple[str, ...] = ("@method", "@path", "@query", "authorizat
 INVALID_TOKEN_CHALLENGE = 'Bearer error="invalid_token"'
 
 # The peer routes in the OpenAPI schema: the token and the signature, and the headers every
-# peer POST signs (an Idempotency-Key on every POST but the claim, §4).
+# peer POST signs (an Idempotency-Key on every POST but the claim).
 PEER_SECURITY = Security(
     ("peerAuth",),
     {
@@ -92,7 +92,7 @@ class PeerAuthError(Exception):
 
 def peer_error_response(exc: PeerAuthError) -> JsonResponse:
     """The peer API's error body ``{"error": {code, message, details: {}}}`` with ``exc.status``
-    and its ``WWW-Authenticate`` header (spec/overview.md "Error shapes")."""
+    and its ``WWW-Authenticate`` header (docs/peers.md#authentication)."""
     response = JsonResponse({"error": {"code": exc.code, "message": exc.message, "details": {}}}, status=exc.status)
     if exc.www_authenticate:
         response["WWW-Authenticate"] = exc.www_authenticate
@@ -114,7 +114,7 @@ def method_refusal(method: str) -> JsonResponse:
 def announce_features(view: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap a peer route (sync or async view) so that every answer it gives — success,
     error, 405 — carries this instance's ``Dispatch-Peer-Features`` header
-    (``peers.identity.features_header_value``, spec/peers.md §2, §5): the calling peer
+    (``peers.identity.features_header_value``, docs/peers.md#features): the calling peer
     learns what it may ask for from any exchange. Apply it outside the view's other
     decorators (inside ``documented``)."""
     if iscoroutinefunction(view):
@@ -160,7 +160,7 @@ def sign_request_with_key(
     keyid: str,
     created: datetime.datetime | None = None,
 ) -> None:
-    """Sign ``request`` in place with ``private_key`` under ``keyid`` (spec §4).
+    """Sign ``request`` in place with ``private_key`` under ``keyid`` (docs/peers.md#authentication).
 
     Adds ``Content-Digest`` (sha-256 of the request's content, even when empty) and the
     ``Signature-Input`` / ``Signature`` pair (label ``dispatch``, tag ``dispatch-peer``,
@@ -191,7 +191,7 @@ def sign_request_with_key(
 
 
 def sign_request(request: httpx.Request, *, identity: Identity | None = None) -> None:
-    """Sign an outgoing peer request in place as this instance (spec §4).
+    """Sign an outgoing peer request in place as this instance.
 
     ``identity`` defaults to ``identity_get()`` (a database read: call it from sync code,
     or pass the identity in from async code). ``keyid`` is the identity's fingerprint.
@@ -324,7 +324,7 @@ def _reason(exc: Exception) -> str:
 
 
 def peer_authenticate_sync(request: HttpRequest) -> Peer:
-    """The live ``Peer`` a peer-route request comes from (spec §4), for sync views.
+    """The live ``Peer`` a peer-route request comes from, for sync views.
 
     Checks, in order: ``Authorization: Bearer <token>`` names a live peer (token looked
     up by its SHA-256, compared in constant time; revoked = unknown); the request carries

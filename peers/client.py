@@ -1,11 +1,11 @@
-"""The signed HTTP client this instance uses to call a peer's API (spec/peers.md §4, §5).
+"""The signed HTTP client this instance uses to call a peer's API (docs/peers.md#the-peer-api).
 
 ``PeerClient(peer)`` presents the outbound token (the one the peer issued to us, stored
 encrypted on the ``Peer`` row) as ``Authorization: Bearer …`` and signs every request
 with this instance's Ed25519 key (``peers.auth.sign_request``). All calls are async
 (httpx.AsyncClient); connection failures and timeouts raise ``PeerUnreachable``. An
 HTTP error status is *not* an exception: callers read the ``httpx.Response`` (the
-outbox tells 409 from 503, spec §8). Every request announces this instance's features
+outbox tells 409 from 503: docs/peers.md#the-outbox). Every request announces this instance's features
 (``Dispatch-Peer-Features``), and what every answer announces is kept on the ``Peer`` row
 (``links.peer_features_record``, a write only when it changed).
 """
@@ -30,8 +30,8 @@ from peers.models import Peer, new_idempotency_key
 from peers.services.identity import identity_get
 from peers.services.links import peer_features_record
 
-# Read timeout on the event stream: the peer writes a keep-alive every 20 s (spec §5), so
-# 45 s of silence means it vanished without closing the connection (spec §7).
+# Read timeout on the event stream: the peer writes a keep-alive every 20 s
+# (docs/peers.md#events), so 45 s of silence means it vanished without closing the connection.
 STREAM_READ_TIMEOUT = 45.0
 
 
@@ -146,7 +146,8 @@ class PeerClient:
 
     async def post(self, path: str, body: dict[str, Any], *, idempotency_key: str | None = None) -> httpx.Response:
         """POST ``body`` as JSON to ``path`` with an ``Idempotency-Key`` (a fresh UUID when
-        ``idempotency_key`` is ``None``; spec §4: every POST but the claim carries one).
+        ``idempotency_key`` is ``None``; every POST but the claim carries one,
+        docs/peers.md#authentication).
 
         Returns the peer's response whatever its status. Raises ``PeerUnreachable`` on a
         connection failure or after ``timeout`` seconds.
@@ -177,7 +178,7 @@ class PeerClient:
     async def stream_events(
         self, path: str = "/api/v1/peers/events", *, read_timeout: float = STREAM_READ_TIMEOUT
     ) -> AsyncIterator[httpx_sse.EventSource]:
-        """Open the peer's server-sent event stream (spec §5 "Events", §7).
+        """Open the peer's server-sent event stream (docs/peers.md#events).
 
         ``async with client.stream_events() as events: async for sse in events.aiter_sse()``.
         The response is not checked: read ``events.response.status_code`` first (a 401/403

@@ -1,4 +1,4 @@
-"""This instance's identity for peers (spec/peers.md §1): its shape, keys and fingerprints.
+"""This instance's identity for peers (docs/peers.md#before-you-pair): its shape, keys and fingerprints.
 
 ``Identity`` is what ``peers.services.identity.identity_get`` returns (the key pair is
 created there on first use and kept in the ``InstanceIdentity`` row: the raw public key as
@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 PEER_PROTOCOL_VERSION = 2
 
-# Optional abilities an instance announces to its peers (spec/peers.md §2, §5): in the pairing
+# Optional abilities an instance announces to its peers (docs/peers.md#features): in the pairing
 # claim and its answer (``features``) and in a ``Dispatch-Peer-Features`` header on every peer
 # request and response. Not a protocol version — pairing needs an exact version match, so a
 # bump would stop old and new instances from linking; a peer that does not announce a

@@ -1,4 +1,4 @@
-"""The mirroring subscriber: one event stream per live peer, kept as shadows (spec/peers.md §7).
+"""The mirroring subscriber: one event stream per live peer, kept as shadows (docs/peers.md#shadow-agents).
 
 ``mirror_loop`` is a background service (``dispatch.background``). It scans the live
 peers every ``RESCAN_SECONDS`` and whenever its doorbell group ``peers.mirror`` rings
@@ -85,14 +85,14 @@ def reconnect_delay(failures: int) -> float:
 def mirror_rescan() -> None:
     """Ask every process's subscriber to rescan the peer list now (after commit; sync code).
 
-    Call it after a link is created, changed or revoked (spec §7: rescanned on link/unlink).
+    Call it after a link is created, changed or revoked.
     """
     ring_on_commit(DOORBELL_GROUP, MirrorRescanMessage())
 
 
 def mirror_resnapshot(peer_id: int) -> None:
     """Ask the process subscribed to peer ``peer_id`` to reconnect now, which brings a fresh
-    snapshot (after commit; sync code). Used after launching an agent on the peer (spec §6)."""
+    snapshot (after commit; sync code). Used after launching an agent on the peer (docs/peers.md#using-a-link)."""
     ring_on_commit(DOORBELL_GROUP, MirrorResnapshotMessage(peer_id=int(peer_id)))
 
 
@@ -106,7 +106,7 @@ class StreamRefused(Exception):
         super().__init__(f"events stream refused with HTTP {status}: {body}")
         self.status = status
         # 401 with ``WWW-Authenticate: Bearer error="invalid_token"``: the peer does not know
-        # our token any more (it unlinked us; spec §4) — not a signature or clock problem.
+        # our token any more (it unlinked us) — not a signature or clock problem.
         self.invalid_token = invalid_token
 
 
@@ -178,7 +178,7 @@ async def _stream_once(peer: Peer, on_snapshot: Callable[[], Awaitable[None]]) -
 
 async def subscribe_peer(peer_id: int) -> None:
     """Keep peer ``peer_id``'s event stream open and its shadows in step, until cancelled or
-    the peer is revoked (spec §7). Each drop marks its shadows stale, then reconnects with
+    the peer is revoked. Each drop marks its shadows stale, then reconnects with
     ``reconnect_delay``; a snapshot resets the backoff."""
     failures = 0
     while True:
@@ -200,9 +200,9 @@ async def subscribe_peer(peer_id: int) -> None:
             raise
         except Exception as exc:
             if isinstance(exc, StreamRefused) and exc.invalid_token:
-                # spec §7: a peer that cannot present a live credential any more — here, one
+                # A peer that cannot present a live credential any more — here, one
                 # that no longer accepts ours — shows as "unlinked by the other side" (its
-                # unlink notice may never have arrived).
+                # unlink notice may never have arrived; docs/peers.md#unlinking).
                 logger.warning("peer %s no longer knows our token: marking it unlinked by the other side", peer.label)
                 await database_sync_to_async(transaction.atomic(peer_mark_unlinked_by_peer))(peer=peer)
                 return
@@ -283,7 +283,7 @@ class _Subscriptions:
 
 
 async def mirror_loop() -> None:
-    """Background service: subscribe to every live peer whose lease this process gets (spec §7).
+    """Background service: subscribe to every live peer whose lease this process gets.
 
     Rescans every ``RESCAN_SECONDS`` and when ``peers.mirror`` rings; a ``mirror.resnapshot``
     message restarts that peer's stream. On cancellation every stream is closed and every
@@ -308,7 +308,7 @@ async def mirror_loop() -> None:
                 marker = await database_sync_to_async(_peers_marker)()
                 await subscriptions.scan(restart=restart)
             except Exception as exc:
-                await scanning.pause(exc)  # never a busy loop (issue 11 item 4)
+                await scanning.pause(exc)  # a failing scan never becomes a busy loop
                 continue
             scanning.ok()
             restart = None

@@ -1,6 +1,6 @@
-"""Linked instances (spec/peers.md): peers, pairing offers, receipts, the outbox, leases.
+"""Linked instances (docs/peers.md): peers, pairing offers, receipts, the outbox, leases.
 
-A ``Peer`` row holds both directions of one link (spec §2 step 4): the hash of the token
+A ``Peer`` row holds both directions of one link (docs/peers.md#pairing): the hash of the token
 this instance issued to the peer (``inbound_digest``: the peer presents it here, with
 the capabilities we granted in ``allow_*``), and the token the peer issued to us,
 encrypted at rest (``outbound_token_encrypted``: we present it there; what the peer
@@ -17,8 +17,8 @@ from django.db import models
 from django.db.models.functions import Lower
 from django.utils import timezone
 
-# A peer last seen longer ago than this is "not responding recently" (ui.md "Linked
-# instances"; the launch tool's description, agents.md §6).
+# A peer last seen longer ago than this is "not responding recently" (on /peers/ and in the
+# launch tool's description, docs/peers.md#using-a-link).
 NOT_RESPONDING_AFTER = timedelta(minutes=5)
 
 
@@ -27,12 +27,12 @@ class Peer(models.Model):
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="peers")
     instance_id = models.CharField(max_length=17)  # the peer's inst_ id
-    label = models.CharField(max_length=64)  # what this instance calls it (§6)
+    label = models.CharField(max_length=64)  # what this instance calls it (docs/peers.md#labels)
     reported_name = models.CharField(max_length=100, blank=True)  # what it calls itself
     url = models.CharField(max_length=2048)
     public_key = models.CharField(max_length=64)  # raw Ed25519 public key, base64url without padding
     fingerprint = models.CharField(max_length=39)  # SHA-256 of the raw key, 8 groups of 4 hex
-    # Inbound: the token this instance issued to the peer, and what it may do here (§3).
+    # Inbound: the token this instance issued to the peer, and what it may do here (docs/peers.md#permissions).
     inbound_digest = models.CharField(max_length=64, unique=True)
     inbound_prefix = models.CharField(max_length=8)
     allow_launch = models.BooleanField(default=True)
@@ -73,7 +73,7 @@ class Peer(models.Model):
         return self.revoked_at is None
 
     def responding(self, now: datetime | None = None) -> bool:
-        """Whether the peer was seen (``last_seen_at``: its stream connected, spec §7) within
+        """Whether the peer was seen (``last_seen_at``: its stream connected) within
         ``NOT_RESPONDING_AFTER`` of ``now`` (default: now); never seen is not responding."""
         now = now or timezone.now()
         return self.last_seen_at is not None and now - self.last_seen_at <= NOT_RESPONDING_AFTER
@@ -84,8 +84,8 @@ class Peer(models.Model):
 
     def launch_refusal(self) -> str:
         """Why launching on this peer cannot be chosen, ``""`` when it can: "unlinked by the
-        other side" (it revoked the link, spec §7), else "launching not permitted" (it
-        reported ``allow_launch: false`` in ``granted_by_peer``, spec §3)."""
+        other side" (it revoked the link), else "launching not permitted" (it
+        reported ``allow_launch: false`` in ``granted_by_peer``)."""
         if self.unlinked_by_peer:
             return "unlinked by the other side"
         if isinstance(self.granted_by_peer, dict) and self.granted_by_peer.get("allow_launch") is False:
@@ -94,7 +94,7 @@ class Peer(models.Model):
 
 
 class PairingOffer(models.Model):
-    """A pairing code this instance showed (spec §2 step 1): hashed, 10 minutes, single use."""
+    """A pairing code this instance showed (docs/peers.md#pairing): hashed, 10 minutes, single use."""
 
     code_digest = models.CharField(max_length=64, unique=True)
     created_by = models.ForeignKey(
@@ -117,7 +117,7 @@ class PairingOffer(models.Model):
 
 class PeerReceipt(models.Model):
     """What this instance answered to a peer's state-changing request, by ``Idempotency-Key``
-    (spec §4, §5): a repeated key gets the first answer; another body under it is 422."""
+    (docs/peers.md#authentication): a repeated key gets the first answer; another body under it is 422."""
 
     peer = models.ForeignKey(Peer, on_delete=models.CASCADE, related_name="receipts")
     idempotency_key = models.CharField(max_length=100)
@@ -142,7 +142,7 @@ def new_idempotency_key() -> str:
 
 
 class OutboxMessage(models.Model):
-    """A message on its way to a peer (spec §8): written with its ``AgentMessage`` in one
+    """A message on its way to a peer (docs/peers.md#the-outbox): written with its ``AgentMessage`` in one
     transaction, drained in order per peer, retried with backoff, dead-lettered by age or
     at once on a permanent failure."""
 
@@ -174,7 +174,7 @@ class OutboxMessage(models.Model):
 
 class PeerLease(models.Model):
     """A short lease on per-peer background work (``kind``: ``subscribe`` — the mirroring
-    stream, §7; ``drain`` — the outbox, §8), so one process at a time does it."""
+    stream; ``drain`` — the outbox), so one process at a time does it."""
 
     peer = models.ForeignKey(Peer, on_delete=models.CASCADE, related_name="leases")
     kind = models.CharField(max_length=10)

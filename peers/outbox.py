@@ -1,4 +1,4 @@
-"""The outbox drain: delivering messages to peers (spec/peers.md §8: messages are content, status is state).
+"""The outbox drain: delivering messages to peers (docs/peers.md#the-outbox).
 
 A message to an agent on a peer is written as an ``AgentMessage`` (status ``queued``) and
 an ``OutboxMessage`` in **one transaction** (``peers.services.outbox.outbox_enqueue``); the
@@ -148,7 +148,7 @@ def _db(function: Callable[..., Any]) -> Callable[..., Any]:
 
 
 async def outbox_drain_peer(peer_id: int, *, holder: str, now: datetime | None = None) -> PeerDrain:
-    """One pass over ``peer_id``'s queued rows, in order, under its drain lease (spec §8).
+    """One pass over ``peer_id``'s queued rows, in order, under its drain lease.
 
     Takes the lease (another holder's live lease → ``skipped = "lease held elsewhere"``,
     nothing sent), renews it before a row once ``LEASE_RENEW_AFTER`` seconds have passed
@@ -250,7 +250,7 @@ class _Next:
 
 
 async def _send_single(client: PeerClient, row: OutboxMessage, report: PeerDrain) -> str:
-    """One ``POST /api/v1/peers/messages`` for ``row``, its outcome recorded (spec §8)."""
+    """One ``POST /api/v1/peers/messages`` for ``row``, its outcome recorded."""
     try:
         response = await client.post(MESSAGES_PATH, row.payload, idempotency_key=row.idempotency_key)
     except PeerUnreachable as exc:

@@ -1,4 +1,4 @@
-"""Pairing's exchanges between two instances (spec/peers.md §2 pairing, §7 unlink).
+"""Pairing's exchanges between two instances (docs/peers.md#pairing, docs/peers.md#unlinking).
 
 The TV model: the side being connected to (B) shows a code
 (``peers.services.pairing.offer_create``); the connecting side (A) types it, and A's
@@ -58,7 +58,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-CLAIM_RATE = parse("5 per minute")  # per client address (spec §2 step 3)
+CLAIM_RATE = parse("5 per minute")  # per client address (docs/peers.md#claim)
 BAD_CODE = "pairing code is unknown, used or expired"
 CLAIM_PATH = "/api/v1/peers/claim"
 UNLINK_PATH = "/api/v1/peers/unlink"
@@ -70,13 +70,13 @@ CLAIM_TIMEOUT = 30.0  # seconds
 
 def claim_throttle(*, client_address: str) -> None:
     """Count a claim from ``client_address``; ``RATE_LIMITED`` (429) past 5 a minute from it.
-    The first check of a claim, before its body (spec §2 step 3)."""
+    The first check of a claim, before its body."""
     if not rate_limiter().hit(CLAIM_RATE, settings.REDIS_PREFIX, "peer-claim", client_address or "-"):
         raise RateLimited("too many pairing claims from this address; try again in a minute")
 
 
 def offer_claim(*, claim: ClaimBody) -> dict[str, Any]:
-    """Serve ``POST /api/v1/peers/claim`` on B (spec §2 step 3) for a ``claim`` already past
+    """Serve ``POST /api/v1/peers/claim`` on B (docs/peers.md#claim) for a ``claim`` already past
     the first checks at the edge (``claim_throttle``, 429; ``ClaimBody``, 400: the protocol
     version first, then the fields), checking in this order:
 
@@ -126,7 +126,7 @@ def offer_claim(*, claim: ClaimBody) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class LinkResult:
-    """A link just made on A: the peer row and both fingerprints (spec §2, ui.md card 3)."""
+    """A link just made on A: the peer row and both fingerprints, shown to compare."""
 
     peer: Peer
     our_fingerprint: str
@@ -183,11 +183,11 @@ async def peer_link(
     timeout: float = CLAIM_TIMEOUT,
     **capabilities: bool,
 ) -> LinkResult:
-    """Link this instance (A) to the instance at ``url`` (B) with B's pairing ``code`` (spec §2 steps 2 and 4).
+    """Link this instance (A) to the instance at ``url`` (B) with B's pairing ``code`` (docs/peers.md#pairing).
 
     ``user`` must be staff (403). The link acts here as ``as_user`` (a user or a username;
-    default ``user``); ``label`` (spec §6, validated; a collision gets ``-2``, ``-3``…)
-    defaults to B's name; ``capabilities`` are what B may do here (spec §3 defaults).
+    default ``user``); ``label`` (docs/peers.md#labels, validated; a collision gets ``-2``, ``-3``…)
+    defaults to B's name; ``capabilities`` are what B may do here (missing flags take their defaults).
     Issues a fresh token for B, posts the unsigned claim to ``<url>/api/v1/peers/claim``
     (``timeout`` seconds), then stores B — or rotates the tokens of an existing link with
     the same id and key (``peers.services.pairing.peer_link_store``). Errors: a malformed
@@ -256,7 +256,7 @@ async def peer_link(
 
 
 def _notify_unlinked(peer: Peer) -> None:
-    """Best-effort ``POST /api/v1/peers/unlink`` (spec §7) from a thread of its own, so no
+    """Best-effort ``POST /api/v1/peers/unlink`` from a thread of its own, so no
     caller — and never the shared sync thread — waits on the peer."""
 
     async def notify() -> None:
@@ -280,7 +280,7 @@ def _notify_unlinked(peer: Peer) -> None:
 
 
 def peer_unlink(*, user: User, peer_id: int, notify: bool = True) -> Peer:
-    """Unlink one of ``user``'s peers (spec §7): revoke it here in one transaction
+    """Unlink one of ``user``'s peers (docs/peers.md#unlinking): revoke it here in one transaction
     (``peers.services.pairing.peer_revoke``: credentials, queued outbox rows, running
     shadows), then, after commit, tell the peer with a best-effort ``POST
     /api/v1/peers/unlink`` (``notify``) from a thread of its own. ``NotFound`` (404) for a

@@ -1,4 +1,4 @@
-"""Options shared by ``peer_offer`` and ``peer_link`` (spec/peers.md §3 "Headless")."""
+"""Options shared by ``peer_offer`` and ``peer_link`` (docs/peers.md#headless)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def add_capability_flags(parser: CommandParser) -> None:
 
 
 def capabilities_from(options: dict[str, Any]) -> dict[str, bool]:
-    """The four flags of spec §3 from the parsed options."""
+    """The four ``allow_*`` flags (docs/peers.md#permissions) from the parsed options."""
     return {
         "allow_launch": not options["no_launch"],
         "allow_message": not options["no_message"],

@@ -1,8 +1,8 @@
 """``manage.py peer_link URL CODE [--label L] [--no-launch] [--no-message] [--full-access] [--no-events]
 [--as-user USERNAME]``.
 
-Links this instance to the one at URL with its pairing code (spec/peers.md §2 steps 2
-and 4, §3 "Headless") and prints both fingerprints. Any refusal exits 1 with its message.
+Links this instance to the one at URL with its pairing code (docs/peers.md#headless)
+and prints both fingerprints. Any refusal exits 1 with its message.
 """
 
 from __future__ import annotations

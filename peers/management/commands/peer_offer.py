@@ -1,6 +1,6 @@
 """``manage.py peer_offer [--no-launch] [--no-message] [--full-access] [--no-events] [--as-user USERNAME]``.
 
-Makes a pairing offer (spec/peers.md §2 step 1, §3 "Headless") and prints the code, this
+Makes a pairing offer (docs/peers.md#headless) and prints the code, this
 instance's address and fingerprint. A sixth live offer exits 1 with the message.
 """
 
