@@ -10,7 +10,7 @@ program with:
   ``SECRET_KEY``, ``SECRET_KEY_FILE``, ``DATABASE_URL``, ``REDIS_URL``, ``ALLOWED_HOSTS``,
   ``DEBUG``, ``make``'s ``MAKEFLAGS``/``MAKELEVEL``/…, and every ``DISPATCH_*`` and
   ``DJANGO_*`` variable — which a tmux server
-  started by Dispatch inherits from it (spec/agents.md §2: the agent's environment
+  started by Dispatch inherits from it (docs/agents.md#agent-types: the agent's environment
   carries its own ``DISPATCH_*`` variables, secrets never appear in argv);
 - plus the file's variables: the launching Dispatch process's own environment (less the
   same configuration), so a tmux server started earlier with another environment does not

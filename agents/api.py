@@ -1,4 +1,4 @@
-"""REST routes for agents and runs (spec/agents.md §5), scoped to the caller.
+"""REST routes for agents and runs (docs/agents.md#the-rest-api), scoped to the caller.
 
 Another user's agent or run is 404 on every route. Errors use the one error shape
 (``core.api.exception_handler``).
@@ -146,7 +146,7 @@ class AgentListView(DispatchAPIView):
         launcher = calling_agent(request)
         if body["child"] and launcher is None:
             raise InvalidRequest("child: only an agent (calling with its own token) can launch a child agent")
-        if body["location"]:  # on a linked instance: a shadow here (spec/peers.md §6)
+        if body["location"]:  # on a linked instance: a shadow here (docs/peers.md#using-a-link)
             if body["trust_folder"]:
                 raise InvalidRequest(
                     "trust_folder applies to a launch here: a folder on a linked instance is trusted by a person "
@@ -255,7 +255,7 @@ class AgentPromptSerializer(serializers.Serializer):
 
 
 class AgentPromptView(DispatchAPIView):
-    """``POST /api/v1/agents/{id}/prompt`` (spec/agents.md §4, §5): 202 ``{run_id}`` for an
+    """``POST /api/v1/agents/{id}/prompt`` (docs/agents.md#prompts-and-runs): 202 ``{run_id}`` for an
     expert agent, 202 ``{message_id}`` for a CLI agent (its prompt is a message)."""
 
     @extend_schema(
@@ -326,7 +326,7 @@ class AgentMessagesView(DispatchAPIView):
         """A CLI agent's message is ``queued`` until the supervisor pastes it; an expert
         agent's queues a run and is ``delivered``. 409 when the agent is not running. A
         shadow agent's goes to its peer through the outbox (``queued`` until the peer
-        answers; spec/peers.md §8)."""
+        answers; docs/peers.md#the-outbox)."""
         user = authenticated_user(request)
         agent = selectors.agent_get_for(user=user, agent_id=agent_id)
         incoming = MessageSendSerializer(data=request.data)

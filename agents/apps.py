@@ -4,7 +4,7 @@ from django.apps import AppConfig
 
 
 class AgentsConfig(AppConfig):
-    """Agents: CLI agents in tmux and the built-in expert agent (spec/agents.md)."""
+    """Agents: CLI agents in tmux and the built-in expert agent."""
 
     name = "agents"
     verbose_name = "Agents"

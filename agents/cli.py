@@ -1,4 +1,5 @@
-"""CLI agents in tmux: launch, stop, start, archive and the pane view (spec/agents.md §2).
+"""CLI agents in tmux: launch, stop, start, archive and the pane view
+(docs/agents.md#launch-start-stop-archive).
 
 The types come from ``settings.AGENT_TYPES`` (``DISPATCH_AGENT_TYPES``, parsed by
 ``agents.types``); a type whose program is not on ``PATH`` is refused at launch.
@@ -164,7 +165,7 @@ def _kill_own(runner: TmuxRunner, name: str, instance_id: str) -> None:
 def _launch_context(agent: Agent) -> str | None:
     """For an agent a peer launched (``launched_by_peer``), the preamble an ``llm`` agent
     would get in its prompt, for a ``shell`` agent's ``DISPATCH_LAUNCH_CONTEXT``
-    (spec/peers.md §5 Launch; ``linked().launch_context``); ``None`` otherwise or when the
+    (docs/peers.md#using-a-link; ``linked().launch_context``); ``None`` otherwise or when the
     link is gone."""
     if not agent.launched_by_peer:
         return None
@@ -247,7 +248,7 @@ def agent_launch(
     trust_folder: bool = False,
     runner: TmuxRunner | None = None,
 ) -> Agent:
-    """Launch a CLI agent of ``type`` (spec/agents.md §2 steps 1–4) and return it.
+    """Launch a CLI agent of ``type`` (docs/agents.md#launch-start-stop-archive) and return it.
 
     Inserts it ``creating`` on this host and, in the same transaction, queues ``prompt``
     (if not blank) as its first message (from ``launched_by`` when given, else from
@@ -405,7 +406,7 @@ def agent_start(*, agent: Agent, runner: TmuxRunner | None = None) -> Agent:
 
 
 def agent_archive(*, agent: Agent, runner: TmuxRunner | None = None) -> Agent:
-    """Archive an agent (spec/agents.md §2 "Archive stops, then hides the agent").
+    """Archive an agent (stops it, then hides it).
 
     A local CLI agent's session (of this instance) is killed first; its tokens are
     revoked and queued messages failed; then ``services.agent_archive``. For an agent of

@@ -1,4 +1,4 @@
-"""The background run executor (spec/agents.md §1 "Expert agents", §3).
+"""The background run executor (docs/agents.md#the-expert-agent).
 
 Every process with background services claims queued runs from the database
 (``run_claim_next``: one run per agent at a time, two processes never claim the same

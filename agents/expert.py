@@ -1,5 +1,5 @@
 """The built-in ``expert`` agent: a tool-calling loop over a Chat Completions endpoint
-(spec/agents.md §3, and §4 for the run-scoped remote tools).
+(docs/agents.md#the-expert-agent; the run-scoped remote tools: docs/agents.md#prompts-and-runs).
 
 ``ExpertAgent(run).execute()`` processes one claimed run to its end: it builds the tool
 list once (native tools first, then the remotes named in ``run.input["remotes"]``),
@@ -11,7 +11,7 @@ repeats until the model answers without tool calls or ``DISPATCH_MAX_TOOL_STEPS`
 calls were made. Every step is a ``system`` event on the agent and the run; the run ends
 through ``run_finish``.
 
-Live operations (issue 14): each tool call runs with a ``core.tools.ToolCall`` whose
+Live operations (docs/live-operations.md#the-built-in-agent): each tool call runs with a ``core.tools.ToolCall`` whose
 ``call_key`` is ``agent:<agent id>:<run id>`` and whose ``output``/``progress`` feed the
 run's output tail (``agents.tail``: a long command's last lines as ``system`` events, at
 most one per 2 s). While tool calls run, the run's status is checked every
@@ -115,7 +115,7 @@ def _run_status(run_id: str) -> str:
 
 
 class ExpertAgent:
-    """Executes one claimed run of an expert agent (spec/agents.md §3, §4).
+    """Executes one claimed run of an expert agent (docs/agents.md#the-expert-agent).
 
     ``execute()`` never raises for a failure of the model or a tool: the run ends
     ``failed`` with the reason (or ``succeeded`` with the final answer). A run cancelled
@@ -162,7 +162,7 @@ class ExpertAgent:
     # --- tools ----------------------------------------------------------------------------
 
     async def tools(self) -> list[Tool]:
-        """The run's tools, resolved once (spec/agents.md §3 "Native tools", §4;
+        """The run's tools, resolved once (docs/agents.md#prompts-and-runs;
         ``agents.tools.tool_set``).
 
         Native tools first: the machine tools (session = the agent's id) and the agent

@@ -1,11 +1,11 @@
 """What the agents app asks of linked instances, the ``peers`` app one floor up.
 
-``agents`` sits below ``peers`` (CONVENTIONS.md habit 13; docs/architecture.md) and never
-imports it. Where an agent's life reaches a linked instance — a shadow agent's stop,
-start, archive or message goes to its peer (spec/peers.md §6-8), a launch "at a location",
-a peer-launched shell agent's ``DISPATCH_LAUNCH_CONTEXT`` (§5), the agent tools' peer
-addresses and the launch tool's description (agents.md §6), the launch form's locations
-(ui.md "Agents") — agents call ``linked()``: the ``LinkedInstances`` that ``peers``
+``agents`` sits below ``peers`` (docs/architecture.md#the-layers) and never imports it.
+Where an agent's life reaches a linked instance — a shadow agent's stop, start, archive
+or message goes to its peer (docs/peers.md#shadow-agents), a launch "at a location", a
+peer-launched shell agent's ``DISPATCH_LAUNCH_CONTEXT``, the agent tools' peer addresses
+and the launch tool's description (docs/agents.md#agent-tools), the launch form's
+locations — agents call ``linked()``: the ``LinkedInstances`` that ``peers``
 registers in ``PeersConfig.ready`` (``linked_register``). The one upward reference that
 stays is the string foreign key ``Agent.peer`` → ``peers.Peer`` (a shadow's link).
 
@@ -42,7 +42,7 @@ class Link(Protocol):
     def instance_id(self) -> str: ...
 
     def responding(self, now: datetime | None = None) -> bool:
-        """Whether the peer was seen recently (spec/peers.md §7 ``last_seen_at``)."""
+        """Whether the peer was seen recently (``last_seen_at``)."""
         ...
 
     def launch_refusal(self) -> str:
@@ -55,7 +55,7 @@ class LinkedInstances(Protocol):
 
     def location_check(self, *, user: User, location: str) -> Link:
         """The live link of ``user`` that ``location`` names (a label or an instance id);
-        ``InvalidRequest`` for none or an ambiguous one (spec/peers.md §6)."""
+        ``InvalidRequest`` for none or an ambiguous one (docs/peers.md#labels)."""
         ...
 
     async def launch(
@@ -71,22 +71,22 @@ class LinkedInstances(Protocol):
         child: bool,
         full_access: bool,
     ) -> Agent:
-        """Launch on the linked instance ``location`` names; the local shadow (spec/peers.md §6)."""
+        """Launch on the linked instance ``location`` names; the local shadow (docs/peers.md#using-a-link)."""
         ...
 
     async def forward(self, *, agent: Agent, action: str) -> Agent:
-        """``stop``, ``start`` or ``archive`` of the shadow ``agent`` sent to its peer (agents.md §5)."""
+        """``stop``, ``start`` or ``archive`` of the shadow ``agent`` sent to its peer (docs/peers.md#shadow-agents)."""
         ...
 
     def message_send(
         self, *, user: User, sender_agent: Agent | None, link: Link, to_agent_id: str, content: str
     ) -> AgentMessage:
-        """A message to agent ``to_agent_id`` on ``link``, through the outbox (spec/peers.md §8)."""
+        """A message to agent ``to_agent_id`` on ``link``, through the outbox (docs/peers.md#the-outbox)."""
         ...
 
     def address_parse(self, *, user: User, target: str) -> tuple[Link, str] | None:
         """``(link, agent id there)`` for ``<label or instance id>:agt_<12 hex>`` naming one of
-        ``user``'s live links, else ``None`` (agents.md §6 ``dispatch_send_message``)."""
+        ``user``'s live links, else ``None`` (``dispatch_send_message``, docs/agents.md#agent-tools)."""
         ...
 
     def labels(self, *, user: User) -> list[str]:
@@ -94,11 +94,11 @@ class LinkedInstances(Protocol):
         ...
 
     def launch_context(self, *, agent: Agent) -> str | None:
-        """The preamble of an agent a peer launched here (spec/peers.md §5 Launch), or ``None``."""
+        """The preamble of an agent a peer launched here (docs/peers.md#using-a-link), or ``None``."""
         ...
 
     def launch_description(self, *, user: User) -> str:
-        """The linked-instances sentence of ``dispatch_launch_agent`` (agents.md §6)."""
+        """The linked-instances sentence of ``dispatch_launch_agent`` (docs/agents.md#agent-tools)."""
         ...
 
     def message_delivery(self, *, message: AgentMessage) -> dict[str, Any] | None:

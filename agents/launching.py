@@ -1,9 +1,9 @@
-"""Which agent types work here, and which one a launch without a type gets (spec/agents.md
-§2, §3, §5 ``GET /agent-types``, §6).
+"""Which agent types work here, and which one a launch without a type gets (docs/agents.md#agent-types;
+``GET /api/v1/agent-types``).
 
 A type is **available** when an agent of it would work now: ``expert`` when a model
-endpoint is configured (``DISPATCH_LLM_BASE_URL``; without one its runs fail at once,
-spec §3), a CLI type of ``settings.AGENT_TYPES`` (``DISPATCH_AGENT_TYPES``) when its
+endpoint is configured (``DISPATCH_LLM_BASE_URL``; without one its runs fail at once),
+a CLI type of ``settings.AGENT_TYPES`` (``DISPATCH_AGENT_TYPES``) when its
 program is on ``PATH``. Every listing (the agent types API and page, the launch tool's
 description) says which are not, and why.
 
@@ -29,7 +29,7 @@ from django.conf import settings
 from agents import services
 from core.errors import InvalidRequest
 
-# The one wording of "the expert agent has no model" (an expert run fails with it, spec §3).
+# The one wording of "the expert agent has no model" (an expert run fails with it).
 NO_ENDPOINT = "no model endpoint configured (set DISPATCH_LLM_BASE_URL)"
 
 

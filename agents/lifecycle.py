@@ -1,4 +1,4 @@
-"""The agent lifecycle: one entry per action, for every edge (spec/agents.md §1-6).
+"""The agent lifecycle: one entry per action, for every edge (docs/agents.md).
 
 ``agent_launch_any``, ``agent_start_any``, ``agent_stop_any``, ``agent_archive_any``,
 ``agent_prompt_any`` and ``agent_message_send`` are what REST (``agents.api``), the pages
@@ -53,7 +53,7 @@ def agent_launch_any(
     launched_by_peer: dict[str, Any] | None = None,
     trust_folder: bool = False,
 ) -> Agent:
-    """Launch a local agent of ``type`` and return it (201 material; spec/agents.md §5, §6).
+    """Launch a local agent of ``type`` and return it (201 material; docs/agents.md#launch-start-stop-archive).
 
     ``cwd`` defaults to the launching agent's cwd, else ``DISPATCH_DEFAULT_CWD``.
     ``child`` makes ``launched_by`` the parent (``launched_by`` is recorded either way).
@@ -65,7 +65,7 @@ def agent_launch_any(
     here, ``launching.available_types``), a bad name or cwd;
     ``PERMISSION_DENIED`` for a full-access launch by an agent that is not full-access.
     ``launched_by_peer`` (``{instance_id, agent_id | null, name}``) marks an agent a peer
-    launched (spec/peers.md §5): a ``shell`` agent then gets ``DISPATCH_LAUNCH_CONTEXT``.
+    launched (docs/peers.md#using-a-link): a ``shell`` agent then gets ``DISPATCH_LAUNCH_CONTEXT``.
     A Claude Code or codex type launches only in a trusted folder (``FOLDER_NOT_TRUSTED``
     otherwise); ``trust_folder`` trusts it first, for a person only (docs/agents.md
     "Folder trust"; ``cli.agent_launch``); types that need no trust ignore it.
@@ -120,13 +120,13 @@ def agent_launch_any(
 
 def _forward_shadow(agent: Agent, action: str) -> Agent:
     """Forward ``action`` (stop, start, archive) of the shadow ``agent`` to its peer
-    (``linked().forward``; spec/agents.md §5). Sync callers only (a request's thread, the
+    (``linked().forward``; docs/peers.md#shadow-agents). Sync callers only (a request's thread, the
     admin): it waits for the peer (30 s at most) through ``async_to_sync``."""
     return async_to_sync(linked().forward)(agent=agent, action=action)
 
 
 def agent_stop_any(*, agent: Agent) -> Agent:
-    """Stop any agent (spec/agents.md §1, §2) and return it.
+    """Stop any agent (docs/agents.md#how-stop-works) and return it.
 
     CLI agent: ``cli.agent_stop`` (``stopping`` now; the supervisor finishes the stop).
     Expert agent: its queued and running runs are cancelled and it goes ``stopped`` (a
@@ -153,7 +153,7 @@ def agent_start_any(*, agent: Agent) -> Agent:
     CLI agent: ``cli.agent_start`` (same tmux session name). Expert agent: ``stopped`` →
     ``creating`` → ``running`` (it has no process). Raises ``DispatchError("CONFLICT")``
     from any other status. A shadow agent: ``UNSUPPORTED_OPERATION`` (the peer API has no
-    start, spec/peers.md §5; ``_forward_shadow``).
+    start, docs/peers.md#shadow-agents; ``_forward_shadow``).
     """
     if selectors.is_shadow(agent):
         return _forward_shadow(agent, "start")
@@ -199,7 +199,7 @@ def agent_prompt_any(
     options: Any = None,
     sender_agent: Agent | None = None,
 ) -> PromptAccepted:
-    """Prompt any local agent of ``user`` as the edges receive it (spec/agents.md §4, §5).
+    """Prompt any local agent of ``user`` as the edges receive it (docs/agents.md#prompts-and-runs).
 
     An expert agent gets a run (``prompting.agent_prompt_for``; ``run_id`` set). A CLI
     agent gets the instruction as a message (``messages.message_send``; ``message_id`` set)
@@ -231,12 +231,12 @@ def agent_message_send(
     *, user: User, recipient: Agent, content: str, sender_agent: Agent | None = None
 ) -> AgentMessage:
     """Send ``content`` to ``recipient``, one of ``user``'s agents, from ``sender_agent``
-    (an agent calling with its token) or else from ``user`` (spec/agents.md §1, §2).
+    (an agent calling with its token) or else from ``user`` (docs/agents.md#messages-and-their-status).
 
     Local agent: ``messages.message_send`` (an expert agent gets a run and the message is
     ``delivered``; a CLI agent's is ``queued`` for the supervisor). Shadow agent: through
     its live link's outbox (``linked().message_send``; ``queued`` until the peer answers,
-    spec/peers.md §8). Raises ``InvalidRequest`` (bad content; a shadow whose link was
+    docs/peers.md#the-outbox). Raises ``InvalidRequest`` (bad content; a shadow whose link was
     removed, ``selectors.shadow_link_for_message``), ``NotFound`` and ``CONFLICT`` (the
     recipient is archived or not running) as ``message_send``.
     """

@@ -1,4 +1,5 @@
-"""Messages to agents (spec/agents.md §1 "AgentMessage", §2 "Messages to a CLI agent").
+"""Messages to agents (docs/agents.md#messages-and-their-status,
+docs/agents.md#how-a-message-reaches-the-pane).
 
 A message to an **expert** agent is a prompt: it queues a run whose instruction is the
 message and is ``delivered`` at once. A message to a **CLI** agent is ``queued`` until
@@ -95,11 +96,11 @@ def message_send(
 ) -> AgentMessage:
     """Record a message to ``recipient`` from a user, one of the same user's agents, or a
     linked instance (``sender_peer``, acting for its link user, with the ``sender_address``
-    ``{instance_id, agent_id | null, name}`` there and its ``idempotency_key``; peers.md §5).
+    ``{instance_id, agent_id | null, name}`` there and its ``idempotency_key``; docs/peers.md#messages).
 
     Expert recipient: a run is queued with ``instruction = content`` (``run_enqueue``) and
     the message is ``delivered``. CLI recipient: the message is ``queued`` for the
-    supervisor to paste (spec/agents.md §2), whose doorbell (``doorbell_ring``) is rung
+    supervisor to paste (docs/agents.md#how-a-message-reaches-the-pane), whose doorbell (``doorbell_ring``) is rung
     after commit. ``content``: 1–200,000 characters, no NUL.
     Raises ``InvalidRequest`` (bad content, no sender or two, a shadow agent — those go
     through the peer's outbox), ``NotFound`` (a recipient of another user) or ``CONFLICT``
@@ -166,7 +167,7 @@ def messages_mark_delivered(
 ) -> list[int]:
     """``queued`` → ``delivered`` for each of ``message_ids`` (AgentMessage primary keys)
     that is still queued, in one transaction and a fixed number of queries whatever their
-    number (issue 15, B8: a peer's batch receipt marks up to 50 at once): one ``system``
+    number (a peer's batch receipt marks up to 50 at once): one ``system``
     event "message delivered" (``metadata {message_id, chars}``) on each recipient, each
     recipient's ``latest_event_*`` moved to it, then after commit, in one hop to the channel
     layer, ``agent.event`` and ``message.updated`` per message and ``agent.upsert`` once per

@@ -1,4 +1,5 @@
-"""Agents' models: agents, runs, events, messages, agent tokens, the supervisor lease (spec/agents.md §1)."""
+"""Agents' models: agents, runs, events, messages, agent tokens, the supervisor lease
+(docs/agents.md#the-agent-record)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from core.models import ServerProcess  # noqa: F401
 
 
 def new_agent_id() -> str:
-    """``agt_`` + 12 lowercase hex (spec/agents.md §1); also the agent's machine session id."""
+    """``agt_`` + 12 lowercase hex; also the agent's machine session id."""
     return "agt_" + secrets.token_hex(6)
 
 
@@ -23,7 +24,7 @@ def new_run_id() -> str:
 
 
 class Agent(models.Model):
-    """An agent Dispatch runs and tracks (spec/agents.md §1).
+    """An agent Dispatch runs and tracks (docs/agents.md#the-agent-record).
 
     ``status`` changes only through ``agents.services.agent_set_status``, which
     enforces the transition table. ``latest_event_*`` mirror the newest event.
@@ -54,7 +55,7 @@ class Agent(models.Model):
     latest_event_type = models.CharField(max_length=20, blank=True)
     latest_event_message = models.TextField(blank=True)
     latest_event_at = models.DateTimeField(null=True, blank=True)
-    peer = models.ForeignKey(  # set only on shadow agents (spec/peers.md §6-7)
+    peer = models.ForeignKey(  # set only on shadow agents (docs/peers.md#shadow-agents)
         "peers.Peer", null=True, blank=True, on_delete=models.SET_NULL, related_name="shadow_agents"
     )
     peer_agent_id = models.CharField(max_length=64, blank=True)  # "" unless a shadow agent
@@ -62,7 +63,7 @@ class Agent(models.Model):
     last_error = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
-    # CLI supervisor state kept in the row so a new lease holder continues (spec/agents.md §2):
+    # CLI supervisor state kept in the row so a new lease holder continues (docs/agents.md#the-supervisor):
     # the activity watcher's SHA-256 of the pane's last 100 lines and when it last changed,
     # and when a stop was requested (the grace period and the 60 s limit count from it)
     # and whether the interrupt was sent.
@@ -85,12 +86,12 @@ class Agent(models.Model):
     def manages(self, other: Agent) -> bool:
         """Whether this agent, calling with its token, may stop, start, archive or cancel
         the runs of ``other``: itself, or an agent it launched (``launched_by``). The agent
-        token scope (issue 11 item 10; docs/agent-tokens in the README)."""
+        token scope (docs/agents.md#agent-tokens)."""
         return other.pk == self.pk or other.launched_by_id == self.pk
 
 
 class Run(models.Model):
-    """One prompt processed by an agent (spec/agents.md §1, §4).
+    """One prompt processed by an agent (docs/agents.md#the-expert-agent).
 
     ``input`` is ``{"instruction", "input", **options}``; ``claimed_by`` is the
     ``ServerProcess`` id of the process executing it (a plain id: the row may be reaped
@@ -127,7 +128,7 @@ class Run(models.Model):
 
 
 class AgentEvent(models.Model):
-    """One entry of an agent's append-only timeline (spec/agents.md §1).
+    """One entry of an agent's append-only timeline (docs/agents.md#the-timeline).
 
     ``created_at`` is when it happened (a mirrored event keeps the peer's time). Mirrored
     events are unique on ``(agent, created_at, type)`` so a replayed mirror adds nothing;
@@ -166,7 +167,7 @@ class AgentEvent(models.Model):
 
 
 class AgentMessage(models.Model):
-    """A message to an agent, from an agent or a user (spec/agents.md §1)."""
+    """A message to an agent, from an agent or a user (docs/agents.md#messages-and-their-status)."""
 
     class Status(models.TextChoices):
         QUEUED = "queued"
@@ -181,7 +182,7 @@ class AgentMessage(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="agent_messages"
     )
     recipient_agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="received_messages")
-    # Cross-instance messages (spec/peers.md §5, §8): a message from a peer names its sender
+    # Cross-instance messages (docs/peers.md#the-outbox): a message from a peer names its sender
     # there (sender_peer + sender_address {instance_id, agent_id | null, name}); both sides
     # record the peer and the idempotency key.
     sender_peer = models.ForeignKey(
@@ -209,7 +210,7 @@ class AgentMessage(models.Model):
 
 
 class AgentToken(models.Model):
-    """An agent's ``DISPATCH_MCP_TOKEN`` (spec/agents.md §2, overview.md "Credentials").
+    """An agent's ``DISPATCH_MCP_TOKEN`` (docs/agents.md#agent-tokens).
 
     Minted at each start of a CLI agent, given to it in its environment only, revoked at
     stop and archive. Stored as SHA-256 plus an 8-character display prefix, like
@@ -230,7 +231,7 @@ class AgentToken(models.Model):
 
 
 class SupervisorLease(models.Model):
-    """The per-host CLI supervisor lease (spec/agents.md §2, overview.md "Processes").
+    """The per-host CLI supervisor lease (docs/agents.md#the-supervisor).
 
     One row per host; the process whose id is ``holder`` supervises that host's CLI agents
     until ``expires_at``. Claimed and renewed with conditional UPDATEs, so a ``serve`` and

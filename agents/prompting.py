@@ -1,4 +1,4 @@
-"""Prompting an expert agent (spec/agents.md §4, "the prompt contract").
+"""Prompting an expert agent (docs/agents.md#prompts-and-runs).
 
 The options every edge accepts (``prompt_options_check``) and the run an expert agent's
 prompt becomes (``agent_prompt``, ``agent_prompt_for``). The edges call
@@ -36,7 +36,7 @@ class RemoteEntry:
 
 
 def remote_entries(value: Any) -> list[RemoteEntry]:
-    """``options.remotes`` as entries (spec/agents.md §4).
+    """``options.remotes`` as entries.
 
     Each item is a remote name or ``{"name": …, "prefix": …}`` with a prefix matching
     ``[A-Za-z0-9_-]{0,16}`` (empty by default). Raises ``InvalidRequest`` naming the bad
@@ -91,7 +91,7 @@ def tool_names(value: Any) -> list[str] | None:
 
 
 def prompt_options_check(options: Mapping[str, Any]) -> dict[str, Any]:
-    """The options of a prompt, checked (spec/agents.md §4); raises ``InvalidRequest``.
+    """The options of a prompt, checked; raises ``InvalidRequest``.
 
     Reserved keys ``instruction`` and ``input`` are refused; ``remotes`` and ``tools``
     must have their documented shapes; other keys are kept as given (JSON values).
@@ -103,7 +103,7 @@ def prompt_options_check(options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def agent_prompt(*, user: User, agent: Agent, instruction: str, input: Any = None, **options: Any) -> Run:
-    """Prompt ``agent`` as ``user`` (the design's ``Agent.prompt``; spec/agents.md §4).
+    """Prompt ``agent`` as ``user`` (the design's ``Agent.prompt``).
 
     For an expert agent, queues a run with ``input = {"instruction", "input", **options}``
     and returns it. ``agent`` must be ``user``'s (the edges scope it with

@@ -1,4 +1,4 @@
-"""Typed wire messages of the agents app (spec/agents.md §4).
+"""Typed wire messages of the agents app (docs/ws-protocol.md#send-agent-prompt).
 
 - ``SendAgentPromptBody``: the body of the ``/ws`` action ``send-agent-prompt``;
 - ``UserEventMessage``: the channel-layer message ``agents.services.publish_on_commit``
@@ -25,7 +25,7 @@ NOT_AN_OBJECT = "body must be a JSON object with agentId and instruction"
 
 
 class SendAgentPromptBody(BaseModel):
-    """``send-agent-prompt`` body: ``{agentId, instruction, input?, options?}`` (§4).
+    """``send-agent-prompt`` body: ``{agentId, instruction, input?, options?}``.
 
     Only the shape is checked here (an object); the fields are passed as sent to
     ``agents.prompting.agent_prompt_any``, which checks them in the order the wire pins:
@@ -52,7 +52,7 @@ class SendAgentPromptBody(BaseModel):
 class UserEventMessage(ChannelMessage):
     """``user.event``: ``{"type": "user.event", "event": <name>, "data": {...}}``, one of the
     user's live events (``agent.upsert``, ``agent.deleted``, ``agent.event``,
-    ``run.updated``, ``message.created``, …; spec/agents.md §5); ``data`` is the row as
+    ``run.updated``, ``message.created``, …; docs/agents.md#the-live-event-stream); ``data`` is the row as
     the REST API shows it (JSON-safe)."""
 
     type: Literal["user.event"] = "user.event"
@@ -70,7 +70,8 @@ class CliDoorbellMessage(ChannelMessage):
 
 def agent_event_frame(data: dict[str, Any]) -> dict[str, Any]:
     """The ``/ws`` event for an ``agent.event``: ``{"action": "agent-event", "agentId",
-    "runId", "event": {type, message, metadata, created_at}}`` (§4)."""
+    "runId", "event": {type, message, metadata, created_at}}``
+    (docs/ws-protocol.md#agent-event)."""
     return {
         "action": "agent-event",
         "agentId": data.get("agent_id"),
@@ -81,7 +82,7 @@ def agent_event_frame(data: dict[str, Any]) -> dict[str, Any]:
 
 def run_finished_frame(data: dict[str, Any]) -> dict[str, Any] | None:
     """The ``/ws`` event for a ``run.updated`` whose run finished: ``{"action":
-    "run-finished", "agentId", "runId", "status", "output" | "error"}`` (§4); ``None``
+    "run-finished", "agentId", "runId", "status", "output" | "error"}`` (docs/ws-protocol.md#run-finished); ``None``
     while the run is not finished."""
     status = data.get("status")
     if status not in FINISHED_RUN_STATUSES:

@@ -1,4 +1,4 @@
-"""Reads about agents, always scoped to the caller (spec/agents.md §5).
+"""Reads about agents, always scoped to the caller (docs/agents.md#the-rest-api).
 
 Pages are keyset pages, newest first, ordered by ``(created_at, id)`` descending: one
 query per page whatever the size of the table. A cursor is opaque to clients (URL-safe
@@ -32,7 +32,7 @@ MESSAGES_MAX_LIMIT = 200
 RowT = TypeVar("RowT", bound=Model)
 
 # An agent's id (``models.new_agent_id``), and an agent on a linked instance as
-# ``dispatch_send_message`` takes it: ``<label or instance id>:<agent id>`` (agents.md §6).
+# ``dispatch_send_message`` takes it: ``<label or instance id>:<agent id>`` (docs/agents.md#agent-tools).
 AGENT_ID = re.compile(r"^agt_[0-9a-f]{12}$")
 PEER_ADDRESS = re.compile(r"^(?P<peer>[^:]{1,64}):(?P<agent>agt_[0-9a-f]{12})$")
 
@@ -119,7 +119,7 @@ def page_limit(value: Any, *, default: int, maximum: int) -> int:
 
 def is_shadow(agent: Agent) -> bool:
     """Whether ``agent`` is a shadow: the local row of an agent on a linked instance
-    (``peer_agent_id`` set, spec/peers.md §6-7; ``peer`` is set with it and cleared only
+    (``peer_agent_id`` set, docs/peers.md#shadow-agents; ``peer`` is set with it and cleared only
     when the link's row is deleted). A shadow stays one when its link is removed: its
     process, events and messages are its peer's. The one place this is decided."""
     return bool(agent.peer_agent_id)
@@ -127,14 +127,14 @@ def is_shadow(agent: Agent) -> bool:
 
 def shadow_link(agent: Agent) -> Link | None:
     """The live link of the shadow ``agent``: its ``peer`` unless the link was removed —
-    the row deleted, or revoked (spec/peers.md §7: unlinking revokes a link, by us or by
-    the peer) — else ``None``. Only meaningful when ``is_shadow(agent)``."""
+    the row deleted, or revoked (unlinking revokes a link, by us or by the peer:
+    docs/peers.md#unlinking) — else ``None``. Only meaningful when ``is_shadow(agent)``."""
     peer = agent.peer
     return peer if peer is not None and peer.revoked_at is None else None
 
 
 def shadow_link_for_message(agent: Agent) -> Link:
-    """The live link a message to the shadow ``agent`` goes through (spec/peers.md §8).
+    """The live link a message to the shadow ``agent`` goes through (docs/peers.md#the-outbox).
 
     Raises ``InvalidRequest`` when its link was removed (deleted or revoked): "agent 'x'
     belongs to a link that was removed: it cannot be messaged".
@@ -179,7 +179,7 @@ def agents_for(
 
 
 def events_page(*, agent: Agent, limit: int = EVENTS_DEFAULT_LIMIT, before: str | None = None) -> Page[AgentEvent]:
-    """One page of ``agent``'s events, newest first (spec/agents.md §5).
+    """One page of ``agent``'s events, newest first (docs/agents.md#the-rest-api).
 
     ``limit`` is 1–500 (``InvalidRequest`` otherwise); ``before`` a cursor from an earlier
     page. The caller has already scoped ``agent`` (``agent_get_for``).
@@ -205,7 +205,7 @@ def run_get_for(*, user: User, run_id: str) -> Run:
 def messages_page(
     *, agent: Agent, limit: int = MESSAGES_DEFAULT_LIMIT, before: str | None = None
 ) -> Page[AgentMessage]:
-    """One page of the messages ``agent`` received or sent, newest first (spec/agents.md §5).
+    """One page of the messages ``agent`` received or sent, newest first.
 
     ``limit`` is 1–200 (``InvalidRequest`` otherwise); ``before`` a cursor from an earlier
     page. One query per page (senders joined). The caller has already scoped ``agent``.

@@ -1,8 +1,8 @@
-"""Output shapes of agents, runs, events and messages (spec/agents.md §5).
+"""Output shapes of agents, runs, events and messages (docs/agents.md#the-rest-api).
 
 One shape per object for the REST API and for the live events broadcast after each
 change, so a list item, a single-object answer and an ``agent.upsert`` frame carry the
-same fields. REST fields are snake_case (spec/overview.md "Lists").
+same fields. REST fields are snake_case.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""Every write about agents: status, events, runs, archive (spec/agents.md §1, §3, §4).
+"""Every write about agents: status, events, runs, archive (docs/agents.md#status-changes,
+docs/agents.md#the-expert-agent).
 
 Each change is announced after commit to the owner's live-events group
 (``user_events_group``) as ``{"type": "user.event", "event": <name>, "data": {...}}``;
-event names are the SSE frame names of spec/agents.md §5 (``agent.upsert``,
+event names are the SSE frame names of docs/agents.md#the-live-event-stream (``agent.upsert``,
 ``agent.deleted``, ``run.updated``) plus ``agent.event`` for a new timeline entry. The
 channel layer is only a doorbell: the rows are the truth.
 """
@@ -45,7 +46,8 @@ _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 Status = Agent.Status
 
-# spec/agents.md §1: the only status changes there are. "any but archived → archived".
+# The only status changes there are (docs/agents.md#status-changes), "any but archived →
+# archived" included.
 TRANSITIONS: dict[str, frozenset[str]] = {
     Status.CREATING: frozenset({Status.RUNNING, Status.ERROR, Status.STOPPED, Status.ARCHIVED}),
     Status.RUNNING: frozenset({Status.STOPPING, Status.STOPPED, Status.ERROR, Status.ARCHIVED}),
@@ -89,7 +91,7 @@ def agent_types() -> tuple[str, ...]:
     """Every agent type this instance knows: ``expert`` and the CLI types.
 
     CLI types come from ``settings.AGENT_TYPES`` (``DISPATCH_AGENT_TYPES``, parsed by
-    ``agents.types``; the spec's defaults when unset, spec/agents.md §2). A
+    ``agents.types``; the default types when unset, docs/agents.md#agent-types). A
     type whose program is not on PATH is still known, only not launchable.
     """
     return (EXPERT, *settings.AGENT_TYPES)
@@ -114,7 +116,7 @@ def _validated_name(name: str) -> str:
 
 
 def validate_cwd(cwd: str) -> str:
-    """The agent directory as an absolute path (spec/agents.md §2 step 1).
+    """The agent directory as an absolute path (docs/agents.md#launch-start-stop-archive).
 
     A leading ``~`` is expanded; the result must be absolute, exist and be a directory.
     Raises ``InvalidRequest`` otherwise.
@@ -147,13 +149,13 @@ def agent_create(
     full_access: bool = False,
     launched_by_peer: Mapping[str, Any] | None = None,
 ) -> Agent:
-    """Insert an agent (spec/agents.md §1) and announce it.
+    """Insert an agent (docs/agents.md#the-agent-record) and announce it.
 
     ``type`` is one of ``agent_types()``; ``name`` 1–100 characters (trimmed); ``cwd`` as
     ``validate_cwd``; ``parent`` and ``launched_by`` must be ``owner``'s agents. An
     ``expert`` agent has no process and starts ``running``; a CLI agent starts
     ``creating`` (its launcher starts tmux and moves it on). ``launched_by_peer`` is
-    ``{instance_id, agent_id | null, name}`` for an agent a peer launched (peers.md §5).
+    ``{instance_id, agent_id | null, name}`` for an agent a peer launched (docs/peers.md#using-a-link).
     Raises ``InvalidRequest``,
     or ``NotFound`` for another user's parent or launcher.
     """
@@ -177,7 +179,8 @@ def agent_create(
 
 @transaction.atomic
 def agent_set_status(*, agent: Agent, status: str, note: str = "") -> Agent:
-    """Move ``agent`` to ``status`` if the transition table of spec/agents.md §1 allows it.
+    """Move ``agent`` to ``status`` if the transition table of docs/agents.md#status-changes
+    allows it.
 
     Reads the current status under a row lock, so two concurrent changes are judged one
     after the other. ``note``, when given, is recorded as a ``system`` event (and, for
@@ -217,7 +220,7 @@ def agent_set_status(*, agent: Agent, status: str, note: str = "") -> Agent:
 
 @transaction.atomic
 def agent_archive(*, agent: Agent, note: str = "") -> Agent:
-    """Archive (soft-delete) ``agent``; idempotent (spec/agents.md §1, §2 "Archive").
+    """Archive (soft-delete) ``agent``; idempotent (docs/agents.md#launch-start-stop-archive).
 
     Queued and running runs are cancelled first, so nothing keeps working for a hidden
     agent (stopping a CLI agent's tmux session is its launcher's job). Announces
@@ -272,7 +275,7 @@ def agent_event_record(
     mirrored: bool = False,
     latest: bool = True,
 ) -> AgentEvent | None:
-    """Append an event to ``agent``'s timeline (spec/agents.md §1) and announce it.
+    """Append an event to ``agent``'s timeline (docs/agents.md#the-timeline) and announce it.
 
     ``type`` is an ``AgentEvent.Type``; ``message`` at most 50,000 characters;
     ``metadata`` a JSON object. ``created_at`` defaults to now (a mirrored event passes
@@ -326,7 +329,7 @@ def agent_event_record(
 
 
 def prompt_options_validate(options: Mapping[str, Any]) -> dict[str, Any]:
-    """Prompt options as a JSON-safe dict (spec/agents.md §4).
+    """Prompt options as a JSON-safe dict (docs/agents.md#prompts-and-runs).
 
     Raises ``InvalidRequest`` for the reserved keys ``instruction`` and ``input`` or for a
     value that is not JSON. Checking what each option means is its consumer's job.
@@ -341,7 +344,7 @@ def prompt_options_validate(options: Mapping[str, Any]) -> dict[str, Any]:
 
 @transaction.atomic
 def run_enqueue(*, agent: Agent, instruction: str, input: Any = None, **options: Any) -> Run:
-    """Queue a prompt for an expert agent (spec/agents.md §1 "Expert agents", §4).
+    """Queue a prompt for an expert agent (docs/agents.md#the-expert-agent).
 
     ``Run.input`` becomes ``{"instruction", "input", **options}``. Runs of one agent are
     processed one at a time, first in first out (``run_claim_next``). Raises
@@ -373,7 +376,7 @@ def run_claim_next(*, process_id: str) -> Run | None:
 
     Claims are a conditional UPDATE (``status='queued'`` and no running run of the same
     agent), taken while holding the agent's row lock, so two processes never claim the
-    same run nor two runs of one agent (CONVENTIONS.md habit 4). Runs of agents that are
+    same run nor two runs of one agent. Runs of agents that are
     not ``running`` stay queued. Returns the claimed run (status ``running``,
     ``claimed_by`` = ``process_id``) or ``None`` when there is nothing to do.
     """
@@ -447,7 +450,7 @@ def run_cancel(*, user: User, run_id: str) -> Run:
 def runs_fail_orphaned(*, alive_process_ids: Iterable[str]) -> list[Run]:
     """Fail every running run whose claiming process is not alive ("worker lost").
 
-    Never requeued: a replay could repeat a command on a machine (spec/agents.md §1).
+    Never requeued: a replay could repeat a command on a machine.
     Each failure is also a ``system`` event on the agent. Returns the failed runs.
     """
     alive = list(alive_process_ids)

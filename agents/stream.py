@@ -1,4 +1,5 @@
-"""``GET /api/v1/events``: the live stream for the UI (spec/agents.md §5, ui.md).
+"""``GET /api/v1/events``: the live stream for the UI
+(docs/agents.md#the-live-event-stream).
 
 An async Django view (not DRF) streaming server-sent events: it subscribes to the
 user's channel-layer group first, then builds the ``snapshot`` frame (so a change made

@@ -1,4 +1,4 @@
-"""The CLI supervisor of this host (spec/agents.md §2): lease, passes, the activity watcher.
+"""The CLI supervisor of this host (docs/agents.md#the-supervisor): lease, passes, the activity watcher.
 
 ``supervise_once`` is run by ``dispatch.background.cli_supervisor_loop`` every
 ``DISPATCH_CLI_SUPERVISE_INTERVAL`` seconds or sooner when ``messages.doorbell_ring``
@@ -139,7 +139,7 @@ class SupervisePass:
 def supervise_once(
     *, runner: TmuxRunner | None = None, holder: str | None = None, instance_id: str | None = None
 ) -> SupervisePass:
-    """One pass of the CLI supervisor of this host (spec/agents.md §2).
+    """One pass of the CLI supervisor of this host (docs/agents.md#the-supervisor).
 
     Acts only if ``holder`` (default: this process's id) holds or can claim the host's
     lease. For each CLI agent of this host (shadow agents skipped) that is creating,

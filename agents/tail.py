@@ -1,4 +1,4 @@
-"""The output tail of the built-in agent's tool calls (issue 14 "The built-in agent").
+"""The output tail of the built-in agent's tool calls (docs/live-operations.md#the-built-in-agent).
 
 While a tool call of an expert run streams a command's output, the run's timeline gets a
 ``system`` event with the last ``TAIL_LINES`` lines of it (at most ``TAIL_BYTES`` of

@@ -1,11 +1,11 @@
-"""The tmux layer for CLI agents (spec/agents.md §2), built on ``libtmux``.
+"""The tmux layer for CLI agents (docs/agents.md#the-private-tmux-server), built on ``libtmux``.
 
 ``TmuxRunner`` starts, inspects, feeds and stops the tmux sessions that hold CLI agents.
 It knows nothing of agents or the database: the agent services call it (from a thread,
 never on the event loop — every method blocks on a ``tmux`` subprocess) and translate
 ``TmuxError`` into their own vocabulary.
 
-Rules kept here (spec/agents.md §2):
+Rules kept here (docs/agents.md#agent-types):
 
 - argv elements reach tmux as separate arguments, so tmux ``execvp``s the program
   directly; no user text is ever interpreted by a shell;
@@ -167,7 +167,7 @@ def server_environment() -> dict[str, str]:
     """This process's environment without Dispatch's own configuration (``DATABASE_URL``,
     ``REDIS_URL``, ``SECRET_KEY_FILE``, ``DISPATCH_*``, …; ``agent_exec.agent_environment``):
     the environment a tmux server started by Dispatch gets as its global environment, which
-    every window on it inherits (issue 11 item 9)."""
+    every window on it inherits, so Dispatch's own settings never reach an agent."""
     return agent_environment(dict(os.environ), {})
 
 
@@ -187,7 +187,7 @@ def _is_server_down(stderr: str) -> bool:
 
 
 class TmuxRunner:
-    """Runs CLI agents in tmux sessions on one tmux server (spec/agents.md §2).
+    """Runs CLI agents in tmux sessions on one tmux server (docs/agents.md#the-private-tmux-server).
 
     ``socket_name``: the ``tmux -L`` socket name of the server; ``None`` or ``""`` for
     Dispatch's own, ``DEFAULT_SOCKET`` — never the user's default tmux server

@@ -1,11 +1,11 @@
-"""Agent tokens: the ``DISPATCH_MCP_TOKEN`` of a CLI agent (spec/agents.md §2, §6).
+"""Agent tokens: the ``DISPATCH_MCP_TOKEN`` of a CLI agent (docs/agents.md#agent-tokens).
 
 A token is minted at each start, handed to the agent in its environment only (never in
 argv, logs or URLs), and revoked at stop and archive. It authenticates as that agent on
 ``/mcp`` and REST: the caller's user is the agent's owner and the agent is the caller
 (its id is the machine session; launches record it as ``launched_by``).
 
-The scope of an agent token (issue 11 item 10; README "What an agent token may do"):
+The scope of an agent token (README "What an agent token may do"):
 it may read its owner's agents, runs, events and messages; launch (recording
 ``launched_by``), message, and stop, start or archive itself and the agents it launched
 (``Agent.manages``); run machine ops and copies only in its own session (``session_id`` =
@@ -109,7 +109,7 @@ def agent_scope_session(agent: Agent | None, session_id: str) -> None:
     """Refuse a machine session other than the calling agent's own (its id).
 
     Raises ``DispatchError`` ``PERMISSION_DENIED`` (403) for an agent acting in another
-    ``session_id``; a user may act in any session of theirs (machines.md §4).
+    ``session_id``; a user may act in any session of theirs.
     """
     if agent is not None and session_id != agent.pk:
         raise DispatchError(
@@ -136,7 +136,7 @@ def agent_scope_manage(agent: Agent | None, target: Agent) -> None:
 def agent_scope_launch(launcher: Agent | None, *, full_access: bool) -> None:
     """Refuse an agent giving a new agent more than it has: a ``full_access`` launch by
     an agent that is not full-access itself (as a linked instance needs
-    ``allow_full_access``, spec/peers.md §3).
+    ``allow_full_access``, docs/peers.md#permissions).
 
     ``launcher``: the launching agent, ``None`` for a user. Raises ``DispatchError``
     ``PERMISSION_DENIED`` (403).

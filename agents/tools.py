@@ -1,5 +1,4 @@
-"""The agent tools shared by the expert agent and the MCP endpoint (spec/agents.md §3
-"Native tools", §6).
+"""The agent tools shared by the expert agent and the MCP endpoint (docs/agents.md#agent-tools).
 
 ``agent_tools(user=…, caller_agent=…)`` builds, for one caller and one request:
 
@@ -68,7 +67,7 @@ MAX_PROMPT = 200_000
 MAX_TARGET = 300
 CANDIDATES_SHOWN = 20
 ERROR_MESSAGE_MAX = 500
-# Event types an agent reports about itself (spec/agents.md §1); ``system`` is Dispatch's own.
+# Event types an agent reports about itself (docs/agents.md#the-timeline); ``system`` is Dispatch's own.
 REPORTED_EVENT_TYPES = ("working", "blocked", "waiting_user", "done", "idle")
 
 
@@ -145,7 +144,7 @@ def _agent_history(user: User, agent_id: str, limit: int) -> dict[str, Any]:
 
 
 def _resolve_target(user: User, target: str) -> Agent | tuple[Link, str]:
-    """The recipient named by ``target`` (spec/agents.md §6 ``dispatch_send_message``).
+    """The recipient named by ``target`` (``dispatch_send_message``, docs/agents.md#agent-tools).
 
     An id of one of ``user``'s agents (a shadow agent included); else
     ``<label or instance id>:<agent id>`` — recognised by shape: a label or instance id of
@@ -189,7 +188,7 @@ def _resolve_target(user: User, target: str) -> Agent | tuple[Link, str]:
 def _send(user: User, caller: Agent | None, target: str, content: str) -> dict[str, Any]:
     resolved = _resolve_target(user, target)
     if isinstance(resolved, tuple) or selectors.is_shadow(resolved):
-        # An agent on a peer: through the outbox (spec/peers.md §8); queued until the peer answers.
+        # An agent on a peer: through the outbox (docs/peers.md#the-outbox); queued until the peer answers.
         if isinstance(resolved, tuple):
             peer, remote_id = resolved
             message = linked().message_send(
@@ -421,7 +420,7 @@ def launch_tool(user: User, caller_agent: Agent | None, choices: LaunchChoices) 
 
     async def dispatch_launch_agent(arguments: dict[str, Any]) -> Any:
         location = arguments.get("location")
-        if location:  # on a linked instance (spec/peers.md §6): its shadow here
+        if location:  # on a linked instance (docs/peers.md#using-a-link): its shadow here
             shadow = await linked().launch(
                 user=user,
                 caller_agent=caller_agent,
@@ -621,7 +620,7 @@ async def agent_tools(*, user: User, caller_agent: Agent | None, event_tool: boo
     agents it launches and as the sender of its messages; it is the default agent of
     ``get_agent_history``. ``dispatch_event`` is included only when ``caller_agent`` is
     set and ``event_tool`` is true. Each tool's result is a JSON value; failures raise
-    ``DispatchError`` (see the module docstring). spec/agents.md §3, §6.
+    ``DispatchError`` (see the module docstring).
     """
     choices = await database_sync_to_async(launch_choices)(user)
     tools = [
@@ -644,8 +643,8 @@ async def agent_tools(*, user: User, caller_agent: Agent | None, event_tool: boo
 def with_approval_note(tool: Tool, agent: Agent) -> Tool:
     """``tool`` (a machine tool called by ``agent``) whose audit records name the approval
     that allowed the call, when there is one (``approvals.approval_for_tool_call``): set as
-    ``machines.audit_note.AUDIT_NOTE`` ``{"approval_id"}`` around the call (machines.md §7;
-    docs/agents.md "Approvals")."""
+    ``machines.audit_note.AUDIT_NOTE`` ``{"approval_id"}`` around the call (docs/agents.md#approvals,
+    "Audit")."""
     handler = tool.handler
 
     async def noted(arguments: dict[str, Any]) -> Any:
@@ -674,16 +673,16 @@ async def tool_set(
     machines_only: bool = False,
 ) -> dict[str, Tool]:
     """Every tool of one caller, by name: the machine tools, the agent tools, then
-    ``remotes`` (spec/agents.md §3 "Native tools", §6; machines.md §6); with
+    ``remotes`` (docs/agents.md#agent-tools, docs/mcp.md#tools); with
     ``machines_only``, the machine tools alone — what a call of one of them needs, since
-    they shadow every other tool of their name (issue 15: an MCP ``tools/call`` of a machine
-    tool builds nothing else). The first tool of a
+    they shadow every other tool of their name (an MCP ``tools/call`` of a machine tool builds
+    nothing else). The first tool of a
     name wins, so native tools shadow remote functions of the same name.
 
     With ``caller_agent`` the agent is the caller: its id is the machine session (a call
     naming another session is refused, ``agent_scope_session``) and the audit's caller.
     For a user caller ``session_id`` (the machine session the descriptions are computed
-    for) and ``audit_caller`` (who asked, machines.md §7) are required: ``ValueError``
+    for) and ``audit_caller`` (who asked, for the audit record) are required: ``ValueError``
     otherwise. ``event_tool`` as ``agent_tools``. What ``remotes`` holds is the caller's:
     MCP offers every function of the user's connected remotes, an expert run those of the
     remotes it names.

@@ -1,4 +1,4 @@
-"""CLI agent types: ``DISPATCH_AGENT_TYPES`` (spec/agents.md §2).
+"""CLI agent types: ``DISPATCH_AGENT_TYPES`` (docs/agents.md#agent-types).
 
 ``DISPATCH_AGENT_TYPES`` is a JSON object ``{"<type>": {"argv": [...],
 "full_access_argv": [...], "kind": "llm" | "shell", "env": {...}}}``. ``argv`` is

@@ -1,4 +1,4 @@
-"""``/api/v1`` routes of agents and runs (spec/agents.md §5); wired in ``dispatch/urls.py``."""
+"""``/api/v1`` routes of agents and runs (docs/agents.md#the-rest-api); wired in ``dispatch/urls.py``."""
 
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""The Agents pages (ui.md): the list with a launch form, and one agent's page.
+"""The Agents pages: the list with a launch form, and one agent's page.
 
 Live parts follow the one server-sent-event stream of the tab (``/api/v1/events``): a
 small script (``static/js/live.js``) listens and asks htmx to re-fetch the affected
 fragment; on a local CLI agent's page the same stream carries its pane (``?pane=<id>``).
 
-Shadow agents (spec/peers.md §6-7) are listed with the local ones, with their peer's
-label as a badge; their page shows the **Remote activity** pane (ui.md "Agent") instead
+Shadow agents (docs/peers.md#shadow-agents) are listed with the local ones, with their peer's
+label as a badge; their page shows the **Remote activity** pane instead
 of a terminal: the mirroring state, the mirrored timeline newest first (200 a page, older
 pages through the ``before`` cursor of ``GET /api/v1/agents/<id>/events``) and a message
 box whose messages go through the outbox.
@@ -35,7 +35,7 @@ from core.views import htmx_login_required
 from remotes.selectors import remotes_for
 
 MESSAGES_SHOWN = 50
-TIMELINE_SHOWN = 200  # the shadow page's "Showing the last 200" (ui.md)
+TIMELINE_SHOWN = 200  # the shadow page's "Showing the last 200"
 NESTING_SHOWN = 6  # deeper sub-agents are indented no further
 NOT_RUNNING = frozenset({Agent.Status.STOPPED, Agent.Status.ERROR, Agent.Status.ARCHIVED})
 
@@ -56,7 +56,7 @@ class AgentRow:
 
 def nest_agents(agents: list[Agent]) -> list[AgentRow]:
     """``agents`` (one page, newest first) reordered so each sub-agent follows its parent,
-    depth first (ui.md "Agents": sub-agents nested under their parent, local and shadow).
+    depth first (sub-agents nested under their parent, local and shadow).
 
     Agents whose parent is not on the page stay top-level in their place; siblings keep
     the page's order. Pure: no queries (the page's rows carry ``parent_id``).
@@ -89,7 +89,7 @@ def nest_agents(agents: list[Agent]) -> list[AgentRow]:
 
 @dataclass(frozen=True)
 class LaunchLocation:
-    """One choice of the launch form's "location" select (ui.md "Agents"; peers.md §6):
+    """One choice of the launch form's "location" select (docs/peers.md#labels):
     a live peer of the user, by label. ``refusal`` is why it cannot be chosen ("" if it can)."""
 
     label: str
@@ -198,7 +198,7 @@ def has_local_pane(agent: Agent) -> bool:
 
 @dataclass(frozen=True)
 class MirrorState:
-    """What the Remote activity pane says about a shadow agent's mirror (ui.md "Agent"):
+    """What the Remote activity pane says about a shadow agent's mirror:
     ``key`` is ``live``, ``stale`` or ``stopped`` (its CSS class), ``text`` the words shown."""
 
     key: str
@@ -206,7 +206,7 @@ class MirrorState:
 
 
 def mirror_state(agent: Agent) -> MirrorState:
-    """The words of the shadow page's state line (ui.md "Agent"): "Link down — last known
+    """The words of the shadow page's state line: "Link down — last known
     state" while the peer's stream is down (``stale``), else "Not running" for a stopped,
     failed or archived shadow, else "Mirroring live"."""
     if agent.stale:
@@ -217,7 +217,7 @@ def mirror_state(agent: Agent) -> MirrorState:
 
 
 def is_lost_contact(event: AgentEvent) -> bool:
-    """Whether ``event`` is Dispatch's note that a peer's stream dropped (peers.md §7:
+    """Whether ``event`` is Dispatch's note that a peer's stream dropped (docs/peers.md#shadow-agents:
     a ``system`` event "lost contact with <peer>"), styled as such on the timeline."""
     return event.type == AgentEvent.Type.SYSTEM and event.message.lower().startswith("lost contact with")
 

@@ -1,4 +1,4 @@
-"""The agents' models move from the ``dispatch`` app to ``agents`` (issue 12, docs/architecture.md):
+"""The agents' models move from the ``dispatch`` app to ``agents`` (docs/architecture.md#tables-keep-their-names):
 state only — the tables keep their names (``Meta.db_table``), so every existing row stays."""
 
 import agents.models
