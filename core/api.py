@@ -1,4 +1,4 @@
-"""Core REST API: token issuance and the one error shape (spec/overview.md "Error shapes")."""
+"""Core REST API: token issuance and the one error shape (docs/architecture.md#errors)."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ class TokenObtainView(DispatchAPIView):
     """``POST /api/v1/auth/token``: username + password → a new API token (shown once).
 
     Throttled like every password check: 429 after 5 failures per username or address in
-    10 minutes (spec/sessions-and-remotes.md §1.1); 401 for bad credentials.
+    10 minutes (docs/ws-protocol.md#authentication); 401 for bad credentials.
     """
 
     authentication_classes: list[Any] = []

@@ -1,4 +1,4 @@
-"""DRF authentication by ``Authorization: Bearer <api token>`` (spec/overview.md "Credentials")."""
+"""DRF authentication by ``Authorization: Bearer <api token>`` (user API tokens and registered kinds)."""
 
 from __future__ import annotations
 
@@ -92,7 +92,7 @@ def bearer_credential(raw_token: str) -> tuple[User, Any]:
     ``core.credential_cache.BEARER_CACHE_SECONDS`` (``bearer_cache_get``); a refusal never is.
 
     Raises ``core.services.AuthenticationFailed`` for an unknown, revoked or expired token,
-    an inactive user (sync: database reads; spec/overview.md "Credentials").
+    an inactive user (sync: database reads).
     """
     cached = bearer_cache_get(raw_token)
     if cached is not None:
@@ -115,7 +115,7 @@ class BearerTokenAuthentication(BaseAuthentication):
 
     A user token gives ``(user, ApiToken)``; an agent token gives ``(owner, Agent)``, so
     ``request.auth`` is the calling agent (``calling_agent``). 401 with
-    ``WWW-Authenticate: Bearer`` otherwise (spec/overview.md "Credentials").
+    ``WWW-Authenticate: Bearer`` otherwise (docs/architecture.md#errors).
     """
 
     keyword = "bearer"
@@ -151,7 +151,7 @@ def authenticated_user(request: HttpRequest | Request) -> User:
 def by_user_credential(request: Request | HttpRequest) -> bool:
     """Whether ``request`` stands on the user's own credential — a logged-in session or a
     user API token — rather than another registered kind (an agent token). Token
-    management accepts only these (spec/overview.md "Credentials")."""
+    management accepts only these."""
     auth = getattr(request, "auth", None)
     return auth is None or isinstance(auth, ApiToken)
 
@@ -178,7 +178,7 @@ class _UpgradeRequest(HttpRequest):
 
 def websocket_origin_allowed(scope: Mapping[str, Any]) -> bool:
     """Whether a cookie-authenticated websocket's ``Origin`` is the site's own
-    (spec/sessions-and-remotes.md §1.1), decided exactly as Django's CSRF check decides it
+    (docs/ws-protocol.md#authentication), decided exactly as Django's CSRF check decides it
     for a REST request: scheme, host **and port** of ``Origin`` equal the request's own
     origin (``ws``→``http``, ``wss``→``https``; its ``Host`` valid under
     ``ALLOWED_HOSTS``, port included in the comparison), or ``Origin`` is one of

@@ -1,4 +1,4 @@
-"""System checks for deployments (``manage.py check --deploy``), spec/overview.md "Configuration"."""
+"""System checks for deployments (``manage.py check --deploy``; docs/deployment.md#many-processes)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Strict readers for settings taken from the environment.
 
 Every Dispatch setting is read once, in ``dispatch/settings.py``, through these helpers
-(spec/overview.md "Configuration"). A value that cannot be parsed raises
+(docs/operating.md#settings). A value that cannot be parsed raises
 ``ImproperlyConfigured`` naming the variable; an unset variable yields the default.
 Nothing falls back silently.
 """

@@ -1,6 +1,7 @@
-"""This process's cache of bearer-token lookups (issue 15, B4), keyed by the token's
-SHA-256 digest, never the token. ``core.authentication`` reads and fills it;
-``core.revocation`` and the services that revoke empty it (``clear``). A module of its own
+"""This process's cache of bearer-token lookups, so that a REST or MCP request need not
+query its token again; keyed by the token's SHA-256 digest, never the token.
+``core.authentication`` reads and fills it; ``core.revocation`` and the services that
+revoke empty it (``clear``). A module of its own
 so that revocation need not import authentication (which imports the services, which import
 revocation).
 """

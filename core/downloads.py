@@ -1,4 +1,4 @@
-"""The client packages this instance serves at ``/downloads/`` (issue 13).
+"""The client packages this instance serves at ``/downloads/`` (README.md#http-api).
 
 ``make dist`` puts the shim's and the remote client's wheels and sdists in ``DIST_DIR``
 (``DISPATCH_DIST_DIR``, default ``<checkout>/dist``). A file there is a *client package*
@@ -9,7 +9,7 @@ the folder is listed or served.
 
 These functions read the file system: async code calls them through
 ``sync_to_async(..., thread_sensitive=False)``, never on the event loop nor on the shared
-sync thread (CONVENTIONS.md habit 5).
+sync thread (docs/architecture.md#how-the-code-is-written).
 """
 
 from __future__ import annotations

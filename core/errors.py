@@ -1,7 +1,7 @@
-"""One error vocabulary for every edge (CONVENTIONS.md habit 6).
+"""One error vocabulary for every edge (docs/architecture.md#errors).
 
 ``DispatchError(code, message, details)`` carries an UPPER_SNAKE code; each edge renders
-it in its own shape (spec/overview.md "Error shapes"): REST as
+it in its own shape: REST as
 ``{"error": {"code", "message", "details"}}`` with ``http_status``, ``/ws`` as the plain
 ``message`` string, the shim consumer as an ``ERROR`` frame, MCP as an ``isError`` result.
 """
@@ -12,7 +12,7 @@ from typing import Any
 
 from core.outage import SERVICES, tracker
 
-# HTTP status per code (spec/overview.md "Error shapes"); unknown codes map to 400.
+# HTTP status per code (docs/architecture.md#errors); unknown codes map to 400.
 HTTP_STATUS: dict[str, int] = {
     "INVALID_REQUEST": 400,
     "VALIDATION_ERROR": 400,
@@ -103,8 +103,8 @@ class RateLimited(DispatchError):
 class TemporarilyUnavailable(DispatchError):
     """A service this process needs (the database, the channel layer) cannot be reached (503).
 
-    The request did nothing that needs undoing; the client retries later (spec/quality.md
-    "Faults": REST answers 503, never 500, while Redis or the database is down).
+    The request did nothing that needs undoing; the client retries later (docs/operating.md#health:
+    REST answers 503, never 500, while Redis or the database is down).
     """
 
     def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:

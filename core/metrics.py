@@ -60,7 +60,7 @@ _EXTRA_CODES = frozenset({INTERNAL_ERROR, "MACHINE_ERROR", CANCELLED})
 
 REMOTE_CALLS = Counter(
     "dispatch_remote_calls",
-    "Remote calls started in this process, by result: ok or the error code (spec/sessions-and-remotes.md §2.3).",
+    "Remote calls started in this process, by result: ok or the error code (docs/ws-protocol.md#remote-call).",
     ["result"],
     registry=REGISTRY,
 )
@@ -74,7 +74,7 @@ REMOTE_CALL_SECONDS = Histogram(
 MACHINE_OPERATIONS = Counter(
     "dispatch_machine_operations",
     "Machine operations routed by this process, by operation type and result: ok or the error code "
-    "(spec/machines.md §5-§6).",
+    "(docs/shim-protocol.md#errors).",
     ["operation", "result"],
     registry=REGISTRY,
 )

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 
 def new_instance_id() -> str:
-    """``inst_`` + 12 lowercase hex (spec/README.md "instance")."""
+    """``inst_`` + 12 lowercase hex (docs/README.md#words-used-throughout)."""
     return "inst_" + secrets.token_hex(6)
 
 
@@ -26,9 +26,9 @@ class InstanceIdentity(models.Model):
     instance_id = models.CharField(max_length=17, unique=True, default=new_instance_id)
     display_name = models.CharField(max_length=100, default=default_instance_name)
     created_at = models.DateTimeField(default=timezone.now)
-    # The Ed25519 key pair of spec/peers.md §1, created on first use (peers.identity):
-    # the raw public key (base64url, no padding) and the raw private key encrypted with
-    # MultiFernet over DISPATCH_ENCRYPTION_KEYS.
+    # The instance's Ed25519 key pair (docs/peers.md#authentication), created on first use
+    # (peers.identity): the raw public key (base64url, no padding) and the raw private key
+    # encrypted with MultiFernet over DISPATCH_ENCRYPTION_KEYS.
     public_key = models.CharField(max_length=64, blank=True)
     private_key_encrypted = models.TextField(blank=True)
 
@@ -46,7 +46,7 @@ STOPPED_MARKER_SECONDS = 60.0
 
 
 class ServerProcess(models.Model):
-    """One running ``serve`` or ``dispatch_worker`` process (spec/overview.md "Many machines").
+    """One running ``serve`` or ``dispatch_worker`` process (docs/deployment.md#what-runs-where).
 
     Alive while ``heartbeat_at`` is younger than ``DISPATCH_PROCESS_TTL``. Live connection
     rows point here with ``on_delete=CASCADE``: reaping a dead process forgets them.
@@ -54,8 +54,8 @@ class ServerProcess(models.Model):
     A process that stops cleanly leaves a *stopped marker*: its row, holding nothing, with
     ``stopped_at`` set, for ``STOPPED_MARKER_SECONDS``. It tells a caller whose cached route
     still names the process that the process answered every call it forwarded before it
-    went, so an unanswered call never ran and may go to the remote's new session (issue 16
-    "Rolling restart"). A reaped process leaves no marker: its calls' fate is unknown.
+    went, so an unanswered call never ran and may go to the remote's new session
+    (docs/deploy.md#rolling-restart). A reaped process leaves no marker: its calls' fate is unknown.
     """
 
     class Kind(models.TextChoices):
@@ -83,7 +83,7 @@ class ServerProcess(models.Model):
 
 
 class ApiToken(models.Model):
-    """A user API token (spec/sessions-and-remotes.md §1.1).
+    """A user API token (docs/ws-protocol.md#authentication).
 
     Only the SHA-256 hex ``digest`` and an 8-character display ``prefix`` are stored; the
     token itself is shown once at creation.
@@ -113,4 +113,4 @@ class ApiToken(models.Model):
         return self.expires_at is None or self.expires_at > timezone.now()
 
 
-# --- agents (spec/agents.md §1) ----------------------------------------------------------
+# --- agents (docs/agents.md) ----------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""This process's identity as a ``ServerProcess`` (spec/overview.md "Many machines").
+"""This process's identity as a ``ServerProcess`` (docs/deployment.md#what-runs-where).
 
 The id is made once per process at import and names the process in connection rows.
 The process also knows its own live sockets (``local_connections``), only to close them
@@ -64,7 +64,8 @@ def connection_closed(consumer: Any) -> None:
 
 def presence_group(process_id: str) -> str:
     """The channel-layer group a process answers ``presence.ping`` on: ``presence.`` + its
-    id (``dispatch.background.presence_loop`` joins it; issue 16, a takeover's check)."""
+    id (``dispatch.background.presence_loop`` joins it; a takeover's check,
+    docs/operating.md#a-client-of-a-dead-process-registering-again)."""
     return f"presence.{process_id}"
 
 

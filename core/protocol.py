@@ -1,16 +1,16 @@
 """Channel-layer messages: the typed base every one of them is built on, and the kernel's own.
 
-Every message that crosses the channel layer is a ``ChannelMessage`` (issue 12, "a typed
-message for every channel-layer message"; CONVENTIONS.md habit 15): a frozen pydantic
-model whose ``type`` field is a ``Literal`` (the Channels handler it reaches:
-``"remote.call"`` → ``remote_call``) with that one value as its default, and no field
-beyond the ones it declares. Each app keeps its own in its ``protocol.py``; the senders
-build the model and hand it to ``core.realtime`` (``ring``, ``ring_on_commit``,
-``send_on_commit``, ``layer_send``, ``request_reply``, ``layer_request``), which turns it
-into the plain dict the layer carries (``ChannelMessage.for_layer``) right before sending;
-the receivers (``core.consumers.receives``, ``core.realtime.Subscription``,
-``request_reply``'s ``reply``) validate what arrives with ``ChannelMessage.received`` —
-a message that does not fit is logged and dropped, never raised into a consumer.
+Every message that crosses the channel layer is a ``ChannelMessage`` (every wire message has
+a model, docs/architecture.md#how-the-code-is-written): a frozen pydantic model whose
+``type`` field is a ``Literal`` (the Channels handler it reaches: ``"remote.call"`` →
+``remote_call``) with that one value as its default, and no field beyond the ones it
+declares. Each app keeps its own in its ``protocol.py``; the senders build the model and
+hand it to ``core.realtime`` (``ring``, ``ring_on_commit``, ``send_on_commit``,
+``layer_send``, ``request_reply``, ``layer_request``), which turns it into the plain dict
+the layer carries (``ChannelMessage.for_layer``) right before sending; the receivers
+(``core.consumers.receives``, ``core.realtime.Subscription``, ``request_reply``'s ``reply``)
+validate what arrives with ``ChannelMessage.received`` — a message that does not fit is
+logged and dropped, never raised into a consumer.
 
 A request answered over a fresh reply channel is a ``ChannelRequest``: its sender leaves
 ``reply_channel`` out, ``core.realtime.request_reply`` fills it in, and a request received
@@ -128,7 +128,7 @@ class CredentialsRingMessage(ChannelMessage):
 
 class ToolsChangedMessage(ChannelMessage):
     """``tools.changed``: the user's tool list changed (``core.tool_changes.tools_group``);
-    the MCP relay sends ``notifications/tools/list_changed`` (spec/agents.md §6)."""
+    the MCP relay sends ``notifications/tools/list_changed`` (docs/mcp.md#tool-list-changes)."""
 
     type: Literal["tools.changed"] = "tools.changed"
 
@@ -137,8 +137,8 @@ class PresencePingMessage(ChannelRequest):
     """``presence.ping``: "are you alive, and which of these channels are your open
     connections?", sent to a process's presence group (``core.presence.presence_group``) by
     ``core.services.server_process_liveness`` before a name held by that process is taken
-    over (spec/sessions-and-remotes.md §2 "Lifetime", issue 16). ``channel_names``: at most
-    a few channel names (a takeover asks about one)."""
+    over (docs/operating.md#a-client-of-a-dead-process-registering-again). ``channel_names``:
+    at most a few channel names (a takeover asks about one)."""
 
     type: Literal["presence.ping"] = "presence.ping"
     channel_names: list[str] = []

@@ -1,4 +1,4 @@
-"""Per-connection request rate limit (spec/sessions-and-remotes.md §1.2).
+"""Per-connection request rate limit (docs/ws-protocol.md#limits).
 
 A token bucket that lives with one websocket connection (it is that connection's own
 state, not a registry): ``rate`` tokens per second refill a bucket of ``burst`` tokens.

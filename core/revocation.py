@@ -1,5 +1,5 @@
-"""Ending live connections whose credential ended (issue 11 item 7; spec/overview.md
-"Credentials and where each is accepted").
+"""Ending live connections whose credential ended (docs/ws-protocol.md#authentication,
+docs/mcp.md#tool-list-changes).
 
 A websocket or an event stream is authenticated once, when it opens. Revoking or expiring
 the API token it opened with, deactivating its user, or ending the Django session of a
@@ -223,7 +223,7 @@ async def revocation_sweep_once() -> int:
     """Find this process's connections and streams whose credential ended and send each
     ``CredentialEndedMessage`` (again after ``RETELL_AFTER`` seconds if it is still there).
     Returns how many were told. Raises what the database or the layer raises."""
-    credential_cache.clear()  # the bearer tokens this process looked up are looked up again (issue 15)
+    credential_cache.clear()  # the bearer tokens this process looked up are looked up again
     streams = dict(_streams)
     channels = await sync_to_async(_ended_channels, thread_sensitive=True)(streams)
     now = time.monotonic()

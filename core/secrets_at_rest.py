@@ -1,4 +1,4 @@
-"""Secrets at rest: MultiFernet over ``DISPATCH_ENCRYPTION_KEYS`` (spec/overview.md "Configuration").
+"""Secrets at rest: MultiFernet over ``DISPATCH_ENCRYPTION_KEYS`` (docs/operating.md#encryption-keys).
 
 The first key encrypts; every key decrypts, so keys rotate by putting a new one first
 (``rotate`` re-encrypts a value under it).

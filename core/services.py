@@ -1,7 +1,7 @@
 """Every write of the core app: API tokens, password checks, server-process presence.
 
-Spec: sessions-and-remotes.md §1.1 (tokens, password throttling), overview.md "Many
-machines" (presence).
+Docs: docs/ws-protocol.md#authentication (tokens, password throttling),
+docs/deployment.md#what-runs-where (presence).
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def _failure_keys(username: str, client_address: str | None) -> list[tuple[str, 
 
 
 def password_authenticate(*, username: str, password: str, client_address: str | None) -> User:
-    """Check a username and password, throttled (spec/sessions-and-remotes.md §1.1).
+    """Check a username and password, throttled (docs/ws-protocol.md#authentication).
 
     After ``DISPATCH_LOGIN_FAILURE_LIMIT`` (5) failures for one username or from one client
     address within ``DISPATCH_LOGIN_FAILURE_WINDOW`` (600 s) further attempts raise
@@ -308,7 +308,7 @@ def server_process_unregister(*, process_id: str | None = None, leave_marker: bo
         ServerProcess.objects.create(id=process_id, **row, heartbeat_at=STOPPED_HEARTBEAT, stopped_at=timezone.now())
 
 
-# --- takeover checks (issue 16) -------------------------------------------------------
+# --- takeover checks (docs/operating.md#a-client-of-a-dead-process-registering-again) ---
 
 PRESENCE_PING_TIMEOUT = 1.0
 """Seconds a process has to answer ``presence.ping`` before a takeover may treat it as gone."""
@@ -349,7 +349,7 @@ def _process_presence(process_id: str) -> tuple[str, int, bool] | None:
 
 
 async def server_process_liveness(*, process_id: str, channel_names: Sequence[str] = ()) -> ProcessLiveness:
-    """Check at once whether server process ``process_id`` lives, across hosts (issue 16).
+    """Check at once whether server process ``process_id`` lives, across hosts.
 
     This process answers for itself from its own open connections. Another is sent a
     ``presence.ping`` on its presence group (``core.presence.presence_group``), answered by
@@ -382,7 +382,7 @@ async def server_process_liveness(*, process_id: str, channel_names: Sequence[st
 @transaction.atomic
 def server_process_takeover_reap(*, process_id: str) -> bool:
     """Reap one process found gone by ``server_process_liveness`` (not answering, missed two
-    heartbeats), so that a connect can take over a name it held (issue 16).
+    heartbeats), so that a connect can take over a name it held.
 
     As ``server_process_reap`` does for one process, under a row lock and only while its
     heartbeat is still older than ``MISSED_HEARTBEATS`` intervals (a process that

@@ -1,4 +1,4 @@
-"""Announcing that a user's tool list changed (spec/agents.md §6 ``list_changed``).
+"""Announcing that a user's tool list changed (docs/mcp.md#tool-list-changes).
 
 A user's MCP tools are their machines and their remotes, and ``dispatch_launch_agent``'s
 description lists their linked instances. The services that attach or detach a machine,

@@ -2,13 +2,13 @@
 
 A ``Tool`` is a name, a description, the JSON Schema of its arguments (``parameters``:
 MCP's ``inputSchema``, Chat Completions' ``parameters``) and an async call. Tools are built
-per caller and per request — the machine tools (``machines.tools``, machines.md §6), the
-agent tools (``agents.tools``, agents.md §3, §6) and one tool per remote function — and put
+per caller and per request — the machine tools (``machines.tools``), the agent tools
+(``agents.tools``; both in docs/mcp.md#tools) and one tool per remote function — and put
 together by ``agents.tools.tool_set``; ``dispatch.mcp`` and the expert agent render them
 in their own protocol.
 
-``tool_name`` and ``remote_tool_names`` are the naming rule of sessions-and-remotes.md
-§2.6: what model APIs accept as a tool name, ``[A-Za-z0-9_-]{1,64}``.
+``tool_name`` and ``remote_tool_names`` are the naming rule of docs/mcp.md#tools:
+what model APIs accept as a tool name, ``[A-Za-z0-9_-]{1,64}``.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class ToolCall:
     ``output``: where the tool sends a streamed command's output chunks as they arrive
     (``machines.tools``: ``local_pc_execute_command`` runs streamed when ``progress`` or
     ``output`` is set), or ``None``. The built-in agent uses it for its output tail
-    (issue 14: the last 20 lines, which the one-line ``progress`` message cannot rebuild).
+    (the last 20 lines, which the one-line ``progress`` message cannot rebuild).
     """
 
     progress: ProgressReport | None = None
@@ -145,7 +145,7 @@ def _alternatives_message(error: Any) -> str | None:
     return f"needs {how} of {', '.join(names)}"
 
 
-# --- names (sessions-and-remotes.md §2.6) -------------------------------------------------------
+# --- names (docs/mcp.md#tools) --------------------------------------------------------------------
 
 
 def remote_full_name(remotename: str, function: str) -> str:
@@ -160,7 +160,7 @@ def _hashed(name: str, full_name: str) -> str:
 
 
 def tool_name(full_name: str) -> str:
-    """The tool name for ``full_name`` (§2.6): characters outside ``[A-Za-z0-9_-]`` become
+    """The tool name for ``full_name``: characters outside ``[A-Za-z0-9_-]`` become
     ``_``; a name still over 64 characters is cut and ends with ``_`` + 6 hex digits of
     the SHA-256 of the full name. The result always matches ``TOOL_NAME_PATTERN``."""
     name = _OUTSIDE_ALPHABET.sub("_", full_name) or "_"
@@ -168,7 +168,7 @@ def tool_name(full_name: str) -> str:
 
 
 def remote_tool_names(functions: list[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    """The tool name of each ``(remotename, function)`` pair (§2.6).
+    """The tool name of each ``(remotename, function)`` pair.
 
     Each gets ``tool_name(remote__<remotename>__<function>)``; pairs whose names collide
     (``a.b`` and ``a/b`` both give ``a_b``) all get the hash suffix instead, computed from

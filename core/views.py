@@ -32,7 +32,7 @@ from core.health import health_check
 
 
 class ThrottledAuthenticationForm(AuthenticationForm):
-    """The login form, checking passwords through the shared throttle (§1.1)."""
+    """The login form, checking passwords through the shared throttle (docs/ws-protocol.md#authentication)."""
 
     def clean(self) -> dict[str, Any]:
         username = self.cleaned_data.get("username")

@@ -1,4 +1,4 @@
-"""The core models move from the ``dispatch`` app to ``core`` (issue 12, docs/architecture.md):
+"""The core models move from the ``dispatch`` app to ``core`` (docs/architecture.md#tables-keep-their-names):
 state only — the tables keep their names (``Meta.db_table``), so every existing row stays."""
 
 import core.models
