@@ -1,7 +1,7 @@
-"""Pairing routes (spec/peers.md §2) and the staff-only peer management API.
+"""Pairing routes (docs/peers.md#pairing) and the staff-only peer management API.
 
 - ``POST /api/v1/peers/claim`` — open (no user, no CSRF: another instance's server calls
-  it), rate-limited; body and answer as spec §2.
+  it), rate-limited; body and answer as docs/peers.md#claim.
 - ``POST /api/v1/peers/offers`` → ``{code, expires_at, address, fingerprint}``
 - ``POST /api/v1/peers/link`` ``{url, code, label?, allow_*?, as_user?}`` →
   ``{peer, our_fingerprint, their_fingerprint}``
@@ -80,7 +80,7 @@ def _client_address(request: HttpRequest) -> str:
 
 
 def _claim(body: dict[str, Any], client_address: str) -> dict[str, Any]:
-    # Spec §2 step 3's order: the rate limit, the body (protocol version first), then the code.
+    # The claim's order (docs/peers.md#claim): the rate limit, the body (protocol version first), then the code.
     pairing.claim_throttle(client_address=client_address)
     claim = parse_plain(ClaimBody, body, context={OUR_INSTANCE_ID: identity_get().instance_id})
     return pairing.offer_claim(claim=claim)
@@ -101,7 +101,7 @@ def _claim(body: dict[str, Any], client_address: str) -> dict[str, Any]:
 @csrf_exempt
 @login_not_required
 async def claim_api(request: HttpRequest) -> HttpResponse:
-    """``POST /api/v1/peers/claim`` (spec §2 step 3): open, for another instance's server.
+    """``POST /api/v1/peers/claim`` (docs/peers.md#claim): open, for another instance's server.
 
     200 ``{protocol_version, instance_id, name, url, public_key, token_for_you,
     capabilities}``; 429 rate limit, 400 protocol or body (``ClaimBody``), 401 bad code,
@@ -148,7 +148,7 @@ def _offer_for(user: User, body: OfferBody) -> dict[str, Any]:
 @json_api
 async def offers_api(request: HttpRequest, user: User) -> dict[str, Any]:
     """``POST /api/v1/peers/offers`` ``{allow_*?, as_user?}`` → 200 ``{code, expires_at,
-    address, fingerprint}`` (spec §2 step 1). 403 non-staff, 409 a sixth live offer."""
+    address, fingerprint}``. 403 non-staff, 409 a sixth live offer."""
     _staff(request, user)
     return await database_sync_to_async(_offer_for)(user, parse_plain(OfferBody, json_object(request)))
 
@@ -158,7 +158,7 @@ async def offers_api(request: HttpRequest, user: User) -> dict[str, Any]:
 @json_api
 async def link_api(request: HttpRequest, user: User) -> dict[str, Any]:
     """``POST /api/v1/peers/link`` ``{url, code, label?, allow_*?, as_user?}`` → 200
-    ``{peer, our_fingerprint, their_fingerprint}`` (spec §2 steps 2 and 4)."""
+    ``{peer, our_fingerprint, their_fingerprint}``."""
     _staff(request, user)
     body = parse_plain(LinkBody, json_object(request))
     result = await pairing.peer_link(
@@ -208,7 +208,7 @@ def _delete(user: User, peer_id: int) -> dict[str, Any]:
 @json_api
 async def peer_api(request: HttpRequest, user: User, peer_id: int) -> dict[str, Any] | HttpResponse:
     """``PATCH /api/v1/peers/{id}`` ``{label?, allow_*?}`` → the peer (409 a taken label);
-    ``DELETE /api/v1/peers/{id}`` → the peer, revoked (spec §7 unlink). 404 not the caller's."""
+    ``DELETE /api/v1/peers/{id}`` → the peer, revoked (docs/peers.md#unlinking). 404 not the caller's."""
     _staff(request, user)
     try:
         if request.method == "DELETE":

@@ -1,4 +1,4 @@
-"""The peer API this instance serves to its linked peers (spec/peers.md §5, except events).
+"""The peer API this instance serves to its linked peers (docs/peers.md#the-peer-api), except events.
 
 | route | capability | answer |
 |---|---|---|
@@ -14,7 +14,7 @@
 Every answer, errors included, carries this instance's ``Dispatch-Peer-Features`` header
 (``peers.auth.announce_features``); ``messages.batch`` there announces the batch route.
 Every request is authenticated as a peer (``peers.auth``: bearer token + RFC 9421
-signature, spec §4); then the route's own capability flag is checked (403
+signature, docs/peers.md#authentication); then the route's own capability flag is checked (403
 ``CAPABILITY_NOT_GRANTED``); every POST needs an ``Idempotency-Key`` (400 without) and is
 answered through a receipt (``peers.receipts``): a repeated key gets the first answer,
 another body under it 422. Errors: ``{"error": {code, message, details}}``; an
@@ -129,7 +129,7 @@ def _peer_operation(
 )
 @peer_route(method="POST", capability="allow_launch")
 def launch(request: HttpRequest, peer: Peer) -> Answer:
-    """``POST /api/v1/peers/launch`` (spec §5 Launch): ``services.peer_launch_here`` once per key.
+    """``POST /api/v1/peers/launch`` (docs/peers.md#launch): ``services.peer_launch_here`` once per key.
 
     201 ``{agent_id, name, status}``; a repeated key returns the first answer. 400 for a
     bad body or a ``cwd`` outside ``DISPATCH_REPO_ROOTS`` (or none configured); 403 for
@@ -157,7 +157,7 @@ def launch(request: HttpRequest, peer: Peer) -> Answer:
 )
 @peer_route(method="POST", capability="allow_message")
 def messages(request: HttpRequest, peer: Peer) -> Answer:
-    """``POST /api/v1/peers/messages`` (spec §5 Messages): ``services.peer_message_deliver``.
+    """``POST /api/v1/peers/messages`` (docs/peers.md#messages): ``services.peer_message_deliver``.
 
     200 ``{"delivered": true, "message_id"}``; a repeated key 200 ``{"delivered": true,
     "duplicate": true}``; 409 when the agent is gone or not running (permanent; the
@@ -222,7 +222,7 @@ def messages_batch(request: HttpRequest, peer: Peer) -> Answer:
 @documented(_peer_operation("get", "The repo roots advertised for launches", None, ReposAnswer))
 @peer_route(method="GET")
 def repos(request: HttpRequest, peer: Peer) -> Answer:
-    """``GET /api/v1/peers/repos`` (spec §5): 200 ``{"roots": [absolute paths]}`` — the
+    """``GET /api/v1/peers/repos``: 200 ``{"roots": [absolute paths]}`` — the
     ``DISPATCH_REPO_ROOTS`` a launch's ``cwd`` must be inside (``[]``: launches refused)."""
     return Answer(status=200, body={"roots": list(settings.REPO_ROOTS)})
 
@@ -241,7 +241,7 @@ def _agent_action(route: str, act: Callable[..., Any]) -> PeerView:
 
     view.__name__ = f"agent_{route}"
     view.__doc__ = (
-        f"``POST /api/v1/peers/agents/{{agent_id}}/{route}`` (spec §5): {route} an agent this peer launched.\n\n"
+        f"``POST /api/v1/peers/agents/{{agent_id}}/{route}``: {route} an agent this peer launched.\n\n"
         "200 ``{agent_id, name, status}``; 404 for any agent the peer did not launch here; 409 when its "
         "status does not allow it (stop); a repeated key returns the first answer."
     )
@@ -259,7 +259,7 @@ agent_archive = documented(
 @documented(_peer_operation("post", "The peer unlinked us: revoke the link here too", EmptyBody, UnlinkAnswer))
 @peer_route(method="POST")
 def unlink(request: HttpRequest, peer: Peer) -> Answer:
-    """``POST /api/v1/peers/unlink`` (spec §5, §7): the peer unlinked us, so we revoke our side
+    """``POST /api/v1/peers/unlink`` (docs/peers.md#unlinking): the peer unlinked us, so we revoke our side
     too (``pairing.peer_mark_unlinked_by_peer``). Needs an ``Idempotency-Key`` like every
     peer POST (no receipt is kept: once revoked, the peer cannot authenticate again).
     200 ``{"unlinked": true}``."""

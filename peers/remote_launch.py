@@ -1,4 +1,4 @@
-"""The launching side of peers (spec/peers.md §6, §8; agents.md §5–6): locations, launching
+"""The launching side of peers (docs/peers.md#using-a-link): locations, launching
 on a peer with its local shadow, forwarding a shadow's stop and archive, and what the
 agents app asks of linked instances (``PeerLinks``, registered in ``agents.hooks``).
 
@@ -45,7 +45,7 @@ from peers.services.outgoing import launcher_address, peer_message_send
 
 logger = logging.getLogger(__name__)
 
-LAUNCH_TIMEOUT = 30.0  # seconds (spec §6)
+LAUNCH_TIMEOUT = 30.0  # seconds
 FORWARD_TIMEOUT = 30.0
 FORWARDED = ("stop", "archive")
 
@@ -55,7 +55,7 @@ FORWARDED = ("stop", "archive")
 
 def location_resolve(*, user: User, location: str) -> Peer:
     """The live peer of ``user`` that ``location`` names: its label or its instance id,
-    case-insensitive (spec §6; ``peers.selectors.peer_resolve_location``).
+    case-insensitive (docs/peers.md#labels; ``peers.selectors.peer_resolve_location``).
 
     Raises ``InvalidRequest`` (an argument that names nothing usable): no match (the
     message lists the user's labels and says to omit location to launch here), or
@@ -72,7 +72,7 @@ def peer_address_parse(*, user: User, target: str) -> tuple[Peer, str] | None:
     and the part before the colon names one of ``user``'s live peers; else ``None`` (the
     target is then a local id or name: "fix: sse race" is a name).
 
-    Raises ``InvalidRequest`` when the prefix is ambiguous (spec §6).
+    Raises ``InvalidRequest`` when the prefix is ambiguous.
     """
     matched = PEER_ADDRESS.match(target.strip())
     if matched is None:
@@ -85,7 +85,7 @@ def peer_address_parse(*, user: User, target: str) -> tuple[Peer, str] | None:
 
 
 def linked_instances_text(*, user: User) -> str:
-    """The linked-instances sentence of ``dispatch_launch_agent``'s description (agents.md §6):
+    """The linked-instances sentence of ``dispatch_launch_agent``'s description (docs/mcp.md#tools):
     each live peer of ``user`` as ``<label> (<instance id>)``, flagged "not responding
     recently" (``Peer.responding``) and with its ``Peer.launch_refusal`` ("launching not
     permitted": the peer reported ``allow_launch`` false); or, with none, that
@@ -194,7 +194,7 @@ async def peer_launch(
     child: bool,
     full_access: bool,
 ) -> Agent:
-    """Launch an agent on the peer ``location`` names and return its local shadow (spec §6).
+    """Launch an agent on the peer ``location`` names and return its local shadow.
 
     ``cwd`` is required (a directory on the peer; the refusal lists the peer's repo roots).
     Posts ``{name, prompt, type?, cwd, full_access, child, launched_by: {instance_id,
@@ -269,8 +269,8 @@ def _shadow_state(agent: Agent) -> tuple[Agent, Peer | None]:
 
 
 async def shadow_forward(*, agent: Agent, action: str) -> Agent:
-    """Forward ``stop`` or ``archive`` of the shadow ``agent`` to its peer (agents.md §5,
-    spec §5: ``POST /api/v1/peers/agents/{peer_agent_id}/stop|archive``, needs
+    """Forward ``stop`` or ``archive`` of the shadow ``agent`` to its peer (docs/peers.md#shadow-agents:
+    ``POST /api/v1/peers/agents/{peer_agent_id}/stop|archive``, needs
     ``allow_launch`` there and only for agents this instance launched there).
 
     ``stop``: the shadow takes the status the peer answers (``{status}``), else keeps its
@@ -373,7 +373,7 @@ class PeerLinks:
         return launch_preamble(peer=peer, launched_by=agent.launched_by_peer).strip() if peer is not None else None
 
     def message_delivery(self, *, message: AgentMessage) -> dict[str, Any] | None:
-        """The outbox state of a message this instance sent to an agent on a peer (spec §8,
+        """The outbox state of a message this instance sent to an agent on a peer (docs/peers.md#using-a-link,
         ``message_status``): ``{peer, remote_agent_id, attempts, next_attempt_at (null once
         it left the queue), error}``; ``None`` for any other message."""
         if message.peer_id is None or message.sender_peer_id is not None:

@@ -1,7 +1,7 @@
-"""Reads of the peers app (CONVENTIONS.md "selectors"): always for a caller, never a bare ``.get``.
+"""Reads of the peers app (docs/architecture.md#the-layers): always for a caller, never a bare ``.get``.
 
-Spec: spec/peers.md §1 (who a link acts as: one user per side — no other user sees the
-link), §6 (locations: a label or an instance id, case-insensitive).
+A link acts as one user per side and no other user sees it (docs/peers.md#who-a-link-acts-as);
+a location is a label or an instance id, case-insensitive (docs/peers.md#labels).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from peers.models import OutboxMessage, PairingOffer, Peer
 
 
 def peers_for(*, user: User) -> QuerySet[Peer]:
-    """The live peers whose link acts as ``user`` (spec §1), by label (case-insensitive)."""
+    """The live peers whose link acts as ``user``, by label (case-insensitive)."""
     return Peer.objects.filter(owner=user, revoked_at__isnull=True).select_related("owner").order_by("label", "id")
 
 
@@ -38,7 +38,7 @@ def peer_get_for(*, user: User, peer_id: int) -> Peer:
 
 
 def peer_resolve_location(*, user: User, location: str) -> Peer:
-    """The peer a ``location`` names (spec §6): a label or an instance id, case-insensitive,
+    """The peer a ``location`` names: a label or an instance id, case-insensitive,
     among ``user``'s live peers.
 
     Raises ``NotFound`` (404) listing the user's labels when nothing matches, and
@@ -62,7 +62,7 @@ def peer_resolve_location(*, user: User, location: str) -> Peer:
 
 
 def label_taken(*, label: str, exclude_peer_id: int | None = None) -> bool:
-    """Whether a live peer (any user's: labels are unique per instance, spec §6) has ``label``, ignoring case."""
+    """Whether a live peer (any user's: labels are unique per instance) has ``label``, ignoring case."""
     taken = Peer.objects.filter(revoked_at__isnull=True, label__iexact=label)
     if exclude_peer_id is not None:
         taken = taken.exclude(pk=exclude_peer_id)
@@ -70,13 +70,13 @@ def label_taken(*, label: str, exclude_peer_id: int | None = None) -> bool:
 
 
 def live_offers() -> QuerySet[PairingOffer]:
-    """Pairing offers still usable: not used, not burned, not expired (spec §2 step 1)."""
+    """Pairing offers still usable: not used, not burned, not expired."""
     return PairingOffer.objects.filter(used_at__isnull=True, burned_at__isnull=True, expires_at__gt=timezone.now())
 
 
 def outbox_counts(*, peer_ids: list[int]) -> dict[int, dict[str, int]]:
-    """``{peer_id: {"queued": n, "dead": n}}`` for the given peers (spec §8 "Operators see
-    queued and dead rows"); a peer without rows gets zeros."""
+    """``{peer_id: {"queued": n, "dead": n}}`` for the given peers (what operators see,
+    docs/peers.md#the-outbox); a peer without rows gets zeros."""
     counts: dict[int, dict[str, int]] = {peer_id: {"queued": 0, "dead": 0} for peer_id in peer_ids}
     rows = (
         OutboxMessage.objects.filter(
@@ -112,7 +112,7 @@ class OutboxBacklog:
 
 def outbox_backlog(*, now: datetime | None = None) -> list[OutboxBacklog]:
     """The outbox of every live peer, and of any revoked peer that still has queued or dead
-    rows, by peer id (spec §8 "Operators see queued and dead rows"); ages are measured at
+    rows, by peer id (docs/peers.md#the-outbox); ages are measured at
     ``now`` (default: now). Two queries whatever the number of rows."""
     now = now or timezone.now()
     rows = (
