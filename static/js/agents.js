@@ -1,4 +1,4 @@
-// Agents pages: the parts that talk to the REST API directly (ui.md "Agents", "Agent").
+// Agents pages: the parts that talk to the REST API directly (docs/agents.md#the-rest-api).
 // - The launch form with a location (a linked instance) posts to POST /api/v1/agents:
 //   a launch on a peer waits on that peer, so it goes through the API, not the page view.
 //   Without a location the form posts to the page as before.

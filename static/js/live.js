@@ -1,4 +1,4 @@
-// One server-sent-event stream per tab (ui.md): when a page has live parts
+// One server-sent-event stream per tab (docs/agents.md#the-live-event-stream): when a page has live parts
 // ([data-live]), listen to /api/v1/events and let htmx re-fetch them on a change.
 // On a local CLI agent's page the same stream also carries its terminal pane
 // (?pane=<agent id>): each `pane` frame replaces the text of the read-only <pre>.

@@ -1,4 +1,4 @@
-// The Machines page's live panels (issue 14 "Pages"): run a command on one machine, several
+// The Machines page's live panels (docs/live-operations.md#the-machines-page): run a command on one machine, several
 // or all of the session's (the output arrives as it is printed, each line labelled by its
 // machine when several run it), cancel it, see each machine's result; the operations in
 // flight, each with Cancel; a copy between machines with a progress bar.
