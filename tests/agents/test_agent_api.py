@@ -1,4 +1,4 @@
-"""The agents REST API (spec/agents.md §5): routes, fields, paging, errors, scoping."""
+"""The agents REST API (docs/agents.md#the-rest-api): routes, fields, paging, errors, scoping."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Agents pages: list, launch form, agent page, prompt and archive forms (ui.md)."""
+"""The Agents pages: list, launch form, agent page, prompt and archive forms."""
 
 from __future__ import annotations
 

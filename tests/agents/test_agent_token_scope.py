@@ -1,4 +1,5 @@
-"""The scope of an agent token (issue 11 item 10; README "What an agent token may do").
+"""The scope of an agent token (docs/agents.md#agent-tokens; the README's table
+"What an agent token may do").
 
 One table with a row for every route under ``/api/v1`` (and each of its methods) and
 one for every MCP tool an agent token is offered. A row says what the agent token gets

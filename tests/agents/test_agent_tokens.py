@@ -1,4 +1,5 @@
-"""Agent tokens: minted per start, revoked at stop, authenticating as the agent (spec/agents.md §2, §6)."""
+"""Agent tokens: minted per start, revoked at stop, authenticating as the agent
+(docs/agents.md#agent-tokens)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The agent tools shared by the expert agent and MCP (agents/tools.py,
-spec/agents.md §3 "Native tools", §6), called in process the way both edges call them:
+docs/agents.md#agent-tools), called in process the way both edges call them:
 ``await tool(arguments)`` (schema check, then the handler). Hostile arguments included.
 """
 

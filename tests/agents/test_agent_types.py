@@ -1,4 +1,4 @@
-"""DISPATCH_AGENT_TYPES parsing and the launch entry point's type checks (spec/agents.md §2)."""
+"""DISPATCH_AGENT_TYPES parsing and the launch entry point's type checks (docs/agents.md#agent-types)."""
 
 from __future__ import annotations
 

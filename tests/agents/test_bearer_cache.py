@@ -1,4 +1,4 @@
-"""The bearer-token lookup cache (issue 15, B4; ``core.authentication.bearer_credential``):
+"""The bearer-token lookup cache (``core.authentication.bearer_credential``):
 a token just looked up costs no query for a second, and revocation is still honoured —
 at once in the process that revokes, within ``BEARER_CACHE_SECONDS`` (or its next
 revocation sweep) in any other."""

@@ -1,5 +1,5 @@
 """Every change is announced to the owner's live-events group, only after commit
-(CONVENTIONS.md habit 2; spec/agents.md §1 "every change publishes an agent.upsert")."""
+(docs/agents.md#status-changes): a listener never hears of a change that is rolled back."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""CLI agents in tmux (agents/cli.py, spec/agents.md §2), against real tmux.
+"""CLI agents in tmux (agents/cli.py, docs/agents.md), against real tmux.
 
 Every test runs a private tmux server (``tmux -L <unique name>``) killed afterwards; the
 API is pointed at it through ``cli.runner_factory``. Waiting is polling with a deadline.

@@ -1,4 +1,4 @@
-"""CLI agents in tmux, the second half (agents/cli.py, spec/agents.md §2): message
+"""CLI agents in tmux, the second half (agents/cli.py, docs/agents.md#the-supervisor): message
 delivery through the supervisor, tokens in the environment, types from
 ``DISPATCH_AGENT_TYPES``, the activity watcher, the supervisor lease, stopping.
 

@@ -1,5 +1,5 @@
 """Agent events: recording, the denormalised latest event, mirrored dedupe, and paging
-cursors (spec/agents.md §1, §5)."""
+cursors (docs/agents.md#the-timeline)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The ExpertAgent's tool loop and the prompt contract's tool rules (spec/agents.md §3, §4).
+"""The ExpertAgent's tool loop and the prompt contract's tool rules (docs/agents.md#the-expert-agent,
+docs/agents.md#prompts-and-runs).
 
 The model is the only double (``llm_double``); remotes are served over the real ``/ws``
 by test clients, runs are claimed and executed by the real executor in this process.

@@ -1,5 +1,5 @@
-"""The expert agent using real machines (spec/agents.md §3 "Native tools": the machine
-tools with the agent's id as the session; machines.md §6).
+"""The expert agent using real machines (docs/agents.md#the-expert-agent: the machine
+tools with the agent's id as the session; docs/mcp.md#tools).
 
 A real ``manage.py serve`` runs the expert's runs in its background services; a real shim
 subprocess is attached to the agent's session; only the model is a double

@@ -1,4 +1,4 @@
-"""Prompting an agent over /ws and REST (spec/agents.md §4, §5): the run it creates, the
+"""Prompting an agent over /ws and REST (docs/agents.md#prompts-and-runs): the run it creates, the
 refusals, and the progress frames every ws session of the user receives."""
 
 from __future__ import annotations
@@ -307,7 +307,7 @@ def test_post_prompt_refuses_a_stopped_agent(api, expert):
     assert error_of(response)["message"] == f"agent '{expert.pk}' is not running"
 
 
-# --- generated bodies (spec/quality.md "Bad input, all entry points") ------------------------
+# --- generated bodies: bad input at any entry point is an error reply, never a crash -----------
 
 # No lone surrogates: the envelope refuses those before any action sees them
 # (tests/remotes/test_ws_properties.py).

@@ -1,5 +1,5 @@
-"""Agent creation and the expert agent's run lifecycle (spec/agents.md §1 "Expert agents",
-§4): running from creation, FIFO queue, one run at a time, cancel, orphans failed and
+"""Agent creation and the expert agent's run lifecycle (docs/agents.md#the-expert-agent):
+running from creation, FIFO queue, one run at a time, cancel, orphans failed and
 never replayed, a stopped agent refuses prompts."""
 
 from __future__ import annotations

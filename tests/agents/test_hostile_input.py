@@ -111,7 +111,7 @@ def test_the_launch_route_refuses_nul_in_text(api, workdir, field):
     assert not Agent.objects.exists()
 
 
-# --- messages routes (spec/agents.md §5) ---------------------------------------------------
+# --- messages routes (docs/agents.md#the-rest-api) ---------------------------------------
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The agents app sits below peers and its domain below its edges (CONVENTIONS.md habit 13).
+"""The agents app sits below peers and its domain below its edges (docs/architecture.md#the-layers).
 
 Every ``import`` is read, function-level ones included (a lazy import that hides a circle
 is a circle): no agents module names ``peers``, and no domain module of agents names an

@@ -1,4 +1,4 @@
-"""The built-in agent's live operations (issue 14 "The built-in agent"): a long command's
+"""The built-in agent's live operations (docs/live-operations.md#the-built-in-agent): a long command's
 output tail reaches the run's timeline as it runs — at most one ``system`` event per 2 s
 with the last 20 lines (≤ 2 KiB) — and cancelling the run cancels its operations.
 

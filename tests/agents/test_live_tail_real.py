@@ -1,4 +1,4 @@
-"""The built-in agent's live operations on a real shim (issue 14 "The built-in agent"): a
+"""The built-in agent's live operations on a real shim (docs/live-operations.md#the-built-in-agent): a
 real ``manage.py serve`` runs the expert's run in its background services, a real shim
 (protocol 2.1) runs the command; only the model is a double.
 """

@@ -1,4 +1,4 @@
-"""Message services (spec/agents.md §1 AgentMessage): expert recipients get runs, CLI ones a queue."""
+"""Message services (docs/agents.md#messages-and-their-status): expert recipients get runs, CLI ones a queue."""
 
 from __future__ import annotations
 

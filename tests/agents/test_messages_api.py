@@ -1,4 +1,5 @@
-"""Messages and prompts over REST and /ws (spec/agents.md §1 AgentMessage, §4, §5).
+"""Messages and prompts over REST and /ws (docs/agents.md#messages-and-their-status,
+docs/agents.md#prompts-and-runs).
 
 ``POST /api/v1/agents/{id}/messages``, ``GET /api/v1/agents/{id}/messages``,
 ``GET /api/v1/messages/{id}``, ``POST /api/v1/agents/{id}/prompt`` on a CLI agent, the

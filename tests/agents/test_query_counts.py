@@ -1,5 +1,5 @@
 """Query counts of the agent reads (events, agents, runs, messages; the agents and agent
-pages) do not grow with the data (spec/quality.md B9).
+pages) do not grow with the data: a user with many agents must not make every page slower.
 
 Each test measures a request with little data, adds many more rows (agents with parents,
 runs and events tied to runs, so a serializer or template that followed a relation per

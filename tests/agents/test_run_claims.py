@@ -1,4 +1,5 @@
-"""Claiming runs from several threads at once (CONVENTIONS.md habit 4): no run is claimed
+"""Claiming runs from several threads at once (a conditional update under the agent's row
+lock): no run is claimed
 twice, and an agent never has two running runs."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The agent status transition table (spec/agents.md §1): every allowed change works,
+"""The agent status transition table (docs/agents.md#status-changes): every allowed change works,
 every other one is refused with CONFLICT and changes nothing."""
 
 from __future__ import annotations

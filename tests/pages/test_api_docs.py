@@ -1,5 +1,5 @@
 """The API's two readers, Swagger UI (``/api/docs/``) and Redoc (``/api/redoc/``), work
-without internet (issue 13 "First-hour stumbles"; spec/agents.md §5): every script,
+without internet (docs/agents.md#the-rest-api): every script,
 stylesheet, font and image they name is this server's own static file
 (drf-spectacular-sidecar, served by whitenoise), never a CDN's.
 

@@ -1,4 +1,5 @@
-"""Login everywhere, the throttled login page, and the pages' frame (ui.md; sessions-and-remotes.md §1.1)."""
+"""Login everywhere, the throttled login page, and the pages' frame
+(docs/ws-protocol.md#authentication)."""
 
 from __future__ import annotations
 

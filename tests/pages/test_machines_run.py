@@ -1,4 +1,4 @@
-"""The Machines page's live panels (issue 14 "Pages"): the "Run" panel over the machines
+"""The Machines page's live panels (docs/live-operations.md#the-machines-page): the "Run" panel over the machines
 attached to the session ``default``, the operations in flight, the copy form — their
 markup, who sees which machine, and that the page's script never writes server text as
 HTML. The panels' behaviour against a real server and shim is the browser test

@@ -1,4 +1,5 @@
-"""The Remotes page: the user's own remotes, the polled list, and the call form (ui.md; sessions-and-remotes.md §2)."""
+"""The Remotes page: the user's own remotes, the polled list, and the call form
+(docs/ws-protocol.md#remote-call)."""
 
 from __future__ import annotations
 

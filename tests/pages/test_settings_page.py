@@ -1,4 +1,5 @@
-"""The Settings page: API tokens created (shown once), listed and revoked (ui.md; sessions-and-remotes.md §1.1)."""
+"""The Settings page: API tokens created (shown once), listed and revoked
+(docs/ws-protocol.md#authentication)."""
 
 from __future__ import annotations
 
