@@ -1,4 +1,4 @@
-"""Background services of a process, run as asyncio tasks (spec/overview.md "How it runs").
+"""Background services of a process, run as asyncio tasks (docs/deployment.md#what-runs-where).
 
 ``serve`` runs them in its own event loop unless ``--no-background``; ``dispatch_worker``
 runs only them. The presence heartbeat is not one of them: every process that holds
@@ -52,7 +52,7 @@ def heartbeat_stamp() -> Callable[..., Awaitable[bool]]:
     On its own thread and database connection (``dispatch-heartbeat``), not on the
     process's one thread for ``database_sync_to_async``: under load that thread has a
     queue of queries, and a heartbeat waiting behind it for ``DISPATCH_PROCESS_TTL``
-    would get a busy, live process reaped with all its connections (issue 16). An
+    would get a busy, live process reaped with all its connections. An
     in-memory SQLite database exists only on the thread that made it: there
     the stamp stays on that thread.
     """
@@ -95,7 +95,7 @@ PRESENCE_REJOIN_EVERY = 10.0  # seconds between renewals of the presence group m
 
 async def presence_loop(*, process_id: str | None = None) -> None:
     """Answer every ``presence.ping`` sent to this process's presence group at once, with
-    the asked channel names that are open connections of this process (issue 16: a
+    the asked channel names that are open connections of this process (a
     takeover checks the holder of a name this way, across hosts; no database query).
 
     ``process_id`` defaults to this process's (tests answer for another). Survives layer
@@ -152,7 +152,7 @@ async def revocation_loop() -> None:
 
 def reap_once() -> None:
     """Reap dead server processes, then fail the runs they were executing ("worker lost";
-    never replayed, spec/agents.md §1)."""
+    never replayed: a replay could repeat a command on a machine)."""
     from agents.services import runs_fail_orphaned
     from core.selectors import alive_processes
 
@@ -175,7 +175,7 @@ async def reaper_loop() -> None:
 
 
 async def cli_supervisor_loop() -> None:
-    """Supervise this host's CLI agents (spec/agents.md §2) while holding the host's lease.
+    """Supervise this host's CLI agents (docs/agents.md) while holding the host's lease.
 
     Runs ``cli.supervise_once`` every ``DISPATCH_CLI_SUPERVISE_INTERVAL`` seconds, sooner
     when the host's doorbell group (``messages.doorbell_group``) rings for a new message,

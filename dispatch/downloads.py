@@ -1,4 +1,4 @@
-"""``/downloads/``: the client wheels this instance serves, to anyone (issue 13).
+"""``/downloads/``: the client wheels this instance serves, to anyone (README.md#http-api).
 
 The one path of the site that needs no login: the shim and the remote client are
 installed on computers that have no session yet (``pipx install <public URL>/downloads/

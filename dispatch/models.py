@@ -11,7 +11,7 @@ from core.models import ApiToken, ServerProcess
 
 
 class McpStream(models.Model):
-    """One open MCP event stream (spec/agents.md §6): a ``GET /mcp`` stream (protocol
+    """One open MCP event stream (docs/mcp.md#tool-list-changes): a ``GET /mcp`` stream (protocol
     2025-11-25) or a ``subscriptions/listen`` stream (2026-07-28).
 
     A row per stream, so the per-user limit holds across processes; it belongs to the

@@ -5,8 +5,8 @@ of the DRF views, project-wide:
 - the plain and async views' operations, each declared beside its view from the pydantic
   models it validates with (``core.openapi.documented``; hook
   ``core.openapi.add_documented_routes``);
-- the error statuses of every operation, with the one error shape (spec/overview.md
-  "Error shapes"; hook ``add_error_responses``).
+- the error statuses of every operation, with the one error shape
+  (docs/architecture.md#errors; hook ``add_error_responses``).
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ class BearerTokenScheme(OpenApiAuthenticationExtension):
         }
 
 
-# --- error responses (spec/overview.md "Error shapes") ------------------------------------
+# --- error responses (docs/architecture.md#errors) ---------------------------------------
 
 ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -1,4 +1,4 @@
-"""Server-sent-event responses pass through a proxy unbuffered (issue 16 "Behind a proxy").
+"""Server-sent-event responses pass through a proxy unbuffered (docs/operating.md#behind-a-proxy).
 
 nginx buffers a proxied response unless the response says ``X-Accel-Buffering: no``: an
 event stream (``/api/v1/events``, ``/api/v1/peers/events``, ``GET /mcp``, a streamed

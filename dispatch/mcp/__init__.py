@@ -1,4 +1,4 @@
-"""The MCP endpoint at ``/mcp`` (spec/agents.md §6, sessions-and-remotes.md §2.6).
+"""The MCP endpoint at ``/mcp`` (docs/mcp.md).
 
 ``tools`` builds the caller's tool catalogue per request, ``server`` is the SDK's
 low-level ``Server`` with its ``tools/list``, ``tools/call`` and ``subscriptions/listen``

@@ -1,4 +1,4 @@
-"""The ASGI application for ``/mcp`` (spec/agents.md §6).
+"""The ASGI application for ``/mcp`` (docs/mcp.md#transport).
 
 Each request: ``Host`` (and ``Origin``, when a browser sends one) checked against
 ``ALLOWED_HOSTS`` the way Django checks them; ``Authorization: Bearer <user API token or agent token>``
@@ -15,9 +15,10 @@ to its answer); ``GET`` is the 2025-11-25 event stream, answered by
 
 A ``tools/call`` whose client accepts ``text/event-stream`` (as MCP asks every client to)
 is answered as server-sent events by a second manager (``json_response=False``): the
-JSON-response mode has no wire for request-scoped notifications, and a long tool call
-sends ``notifications/progress`` there (issue 14). Everything else — initialize,
-tools/list, a client that accepts only JSON — keeps its JSON answer.
+JSON-response mode has no wire for request-scoped notifications, and a long tool call sends
+``notifications/progress`` there (docs/live-operations.md#mcp-progress-and-cancellation).
+Everything else — initialize, tools/list, a client that accepts only JSON — keeps its JSON
+answer.
 
 A client that closes a tool call's event stream before its answer cancels the call's
 operations the same way. A ``notifications/cancelled`` POST (stateless: it may reach any
@@ -172,7 +173,7 @@ def _refusal(headers: Headers) -> Response | None:
 async def authenticate(headers: Headers) -> Caller:
     """The caller of the request's ``Authorization: Bearer <token>``: a user API token
     gives ``Caller(user)``; an agent token (``DISPATCH_MCP_TOKEN``) gives
-    ``Caller(agent.owner, agent)`` (spec/agents.md §6).
+    ``Caller(agent.owner, agent)`` (docs/mcp.md#endpoint-and-authentication).
 
     Raises ``DispatchError`` ``NOT_AUTHENTICATED`` (no bearer token) or
     ``AUTHENTICATION_FAILED`` (unknown, revoked or expired token, inactive user, an agent
@@ -299,7 +300,7 @@ async def mcp_app(scope: Scope, receive: Receive, send: Send) -> None:
         if not answered and request_id is not None:
             # The client went away before the answer (its stream closed): the SDK's
             # stateless 2025-11-25 path lets the handler run on, so its operations are
-            # cancelled the way a notifications/cancelled would (design §4).
+            # cancelled the way a notifications/cancelled would.
             await _cancel_quietly(caller, call_key(raw_token, request_id, session_id))
 
 
@@ -419,7 +420,7 @@ def refused_at_the_edge(body: bytes, *, protocol_version: str = "") -> tuple[int
       nothing, so its client waited for ever. ``(400, -32600)`` with ``id: null``.
     - JSON the SDK's own parser refuses as a bare ``-32700`` — a lone surrogate
       (``"\\ud800"``), "unexpected end of hex escape" at 2025-11-25 — so that it names the
-      field like every other value the channel layer cannot carry (issue 10 item 7): a
+      field like every other value the channel layer cannot carry (docs/mcp.md#results-and-errors): a
       ``tools/call`` whose ``arguments`` hold it gets ``(200, result)`` with an ``isError``
       result ``INVALID_REQUEST: arguments.<field>: …``; anything else ``(400, error)``
       with ``-32602`` (in ``params``) or ``-32600``. The result carries ``resultType``

@@ -1,4 +1,4 @@
-"""``GET /mcp``: the server-sent-event stream of MCP 2025-11-25 (spec/agents.md §6).
+"""``GET /mcp``: the server-sent-event stream of MCP 2025-11-25 (docs/mcp.md#tool-list-changes).
 
 The SDK cannot serve this stream in stateless mode, so Dispatch answers it itself — a
 plain ASGI response that holds no database connection while it streams. The stream is

@@ -1,4 +1,4 @@
-"""Each user's tool-change doorbell, relayed into this process (spec/agents.md §6).
+"""Each user's tool-change doorbell, relayed into this process (docs/mcp.md#tool-list-changes).
 
 ``core.tool_changes`` rings the channel-layer group ``tools_group(user_id)`` after a
 change of the user's remotes or machines commits. While at least one MCP event stream of

@@ -1,31 +1,32 @@
-"""The SDK's low-level ``Server`` behind ``/mcp`` (spec/agents.md §6).
+"""The SDK's low-level ``Server`` behind ``/mcp`` (docs/mcp.md).
 
 Tool lists differ per user and per request, so the handlers compute the catalogue
 (``dispatch.mcp.tools.tools_for``) on every ``tools/list`` and ``tools/call``. The
 caller (``Caller``: the user, and the agent of an agent token) is what ``dispatch.mcp.app``
 authenticated and put in the ASGI scope.
 
-A ``tools/call`` runs with ``core.tools.TOOL_CALL`` set (issue 14): ``progress`` sends
+A ``tools/call`` runs with ``core.tools.TOOL_CALL`` set
+(docs/live-operations.md#mcp-progress-and-cancellation): ``progress`` sends
 ``notifications/progress`` on the call's own response stream when the client sent a
 ``progressToken`` (else ``None``: nobody listens), and ``call_key`` names the call — by
 token, MCP session (when the client has one) and request id — so that a
 ``notifications/cancelled`` POST reaching any process cancels its operations
 (``dispatch.mcp.app``).
 
-Errors (spec/overview.md "Error shapes"): a ``DispatchError`` while running a tool, and
+Errors (docs/mcp.md#results-and-errors): a ``DispatchError`` while running a tool, and
 arguments that fail the tool's schema, are tool results with ``isError: true`` whose text
 starts with the code (``MACHINE_NOT_ATTACHED: …``, ``INVALID_REQUEST: …``); an unknown
 tool is a JSON-RPC error ``-32602`` (MCP 2025-11-25, "Error Handling").
 
-``notifications/tools/list_changed`` (spec/agents.md §6): ``tools.listChanged: true`` at
-every protocol version (``DispatchServer``). At 2026-07-28 a client opens
+``notifications/tools/list_changed`` (docs/mcp.md#tool-list-changes): ``tools.listChanged:
+true`` at every protocol version (``DispatchServer``). At 2026-07-28 a client opens
 ``subscriptions/listen`` (the SDK's ``ListenHandler``, SSE even in JSON-response mode); at
-2025-11-25 it opens ``GET /mcp`` (``dispatch.mcp.events``). Both are fed by the user's
-relay (``dispatch.mcp.relay``) of the channel-layer group ``tools_group(user_id)``
+2025-11-25 it opens ``GET /mcp`` (``dispatch.mcp.events``). Both are fed by the user's relay
+(``dispatch.mcp.relay``) of the channel-layer group ``tools_group(user_id)``
 (``core.tool_changes``), which the services ring on commit whenever one of the user's
-remotes connects or disconnects, a machine attaches or detaches, a ws session closes or
-a dead process is reaped; both are rows of ``dispatch.mcp.streams`` (the per-user limit,
-the end on revocation or shutdown).
+remotes connects or disconnects, a machine attaches or detaches, a ws session closes or a
+dead process is reaped; both are rows of ``dispatch.mcp.streams`` (the per-user limit, the
+end on revocation or shutdown).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ PROGRESS_SEND_SECONDS = 5.0  # a progress notification not written by then: the 
 @dataclass(frozen=True)
 class Caller:
     """Who is calling: ``user``, and ``agent`` when the bearer token is an agent token
-    (the agent is then the caller of the tools, spec/agents.md §6)."""
+    (the agent is then the caller of the tools, docs/mcp.md#tools)."""
 
     user: User
     agent: Agent | None = None
@@ -148,12 +149,13 @@ def error_result(code: str, message: str) -> types.CallToolResult:
 
 
 def uncarriable(arguments: dict[str, Any]) -> str | None:
-    """What in a tool's ``arguments`` the channel layer cannot carry, or ``None`` (issue 10
-    item 7): :func:`core.wire.problem` (integers outside the signed 64-bit range,
-    NaN/Infinity, lone surrogates in strings or keys, nesting over ``wire.MAX_DEPTH``),
-    its path under ``arguments``. The SDK's JSON parsers let most of these through, so
-    ``call_tool`` checks before a tool runs; the answer names the field, e.g.
-    ``arguments.limit: integer 2361183241434822606848 is outside the signed 64-bit range``.
+    """What in a tool's ``arguments`` the channel layer cannot carry, or ``None``
+    (docs/mcp.md#results-and-errors): :func:`core.wire.problem` (integers outside the signed
+    64-bit range, NaN/Infinity, lone surrogates in strings or keys, nesting over
+    ``wire.MAX_DEPTH``), its path under ``arguments``. The SDK's JSON parsers let most of
+    these through, so ``call_tool`` checks before a tool runs; the answer names the field,
+    e.g. ``arguments.limit: integer 2361183241434822606848 is outside the signed 64-bit
+    range``.
     """
     return wire.problem(arguments, root=("arguments",))
 
@@ -346,7 +348,7 @@ async def subscriptions_listen(
 
 class DispatchServer(Server[Any]):
     """The low-level ``Server`` advertising ``tools.listChanged: true`` at every protocol
-    version (spec/agents.md §6): at 2026-07-28 the SDK derives it from the
+    version (docs/mcp.md#tool-list-changes): at 2026-07-28 the SDK derives it from the
     ``subscriptions/listen`` handler; before that the SDK takes it from
     ``NotificationOptions``, and Dispatch delivers it on the ``GET /mcp`` stream."""
 

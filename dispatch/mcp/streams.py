@@ -1,4 +1,4 @@
-"""Open MCP event streams: their rows, their limit, their end (spec/agents.md §6).
+"""Open MCP event streams: their rows, their limit, their end (docs/mcp.md#tool-list-changes).
 
 Every event stream — ``GET /mcp`` (2025-11-25) and ``subscriptions/listen`` (2026-07-28) —
 has an ``McpStream`` row while it is open, naming its user, its process and the
@@ -6,7 +6,7 @@ credential that opened it. The rows count a user's streams across every process 
 ``STREAMS_PER_USER``, more is ``RATE_LIMITED``, 429); a killed process's rows go with its
 ``ServerProcess`` row when it is reaped.
 
-A stream ends (issue 11 item 7) when:
+A stream ends when:
 
 - its credential is revoked, expired or deleted, or its user deactivated: the process's
   watchdog checks all of its open streams in one query every ``CHECK_INTERVAL`` seconds
@@ -39,7 +39,7 @@ from dispatch.models import McpStream
 
 logger = logging.getLogger(__name__)
 
-STREAMS_PER_USER = 64  # open event streams of one user, across every process (spec/agents.md §6)
+STREAMS_PER_USER = 64  # open event streams of one user, across every process (docs/mcp.md#tool-list-changes)
 CHECK_INTERVAL = 2.0  # seconds between two checks of this process's open streams
 
 

@@ -1,11 +1,11 @@
-"""The tools an MCP caller sees, computed for each request (spec/agents.md §6).
+"""The tools an MCP caller sees, computed for each request (docs/mcp.md#tools).
 
-Every caller gets ``list_machines`` and the ``local_pc_*`` tools (machines.md §6, via
+Every caller gets ``list_machines`` and the ``local_pc_*`` tools (via
 ``machines.tools.machine_tools``), the agent tools (``agents.tools``:
 ``list_agents``, ``get_agent_history``, ``dispatch_launch_agent``,
 ``dispatch_send_message``, ``message_status``, and ``dispatch_event`` for an agent token
 only) and one tool per function of each of the user's connected remotes, named by
-``core.tools.remote_tool_names`` (sessions-and-remotes.md §2.6); native tools first, the
+``core.tools.remote_tool_names``; native tools first, the
 first tool of a name wins (``agents.tools.tool_set``, the one builder). With an agent token
 the agent is the caller: its id is the default machine session and the audit's caller,
 and its launches record it as ``launched_by``. Nothing is kept between requests: the
@@ -27,8 +27,8 @@ from machines.tools import MACHINE_TOOL_NAMES
 from remotes.selectors import remote_list_for
 from remotes.services import remote_call
 
-DEFAULT_SESSION = "default"  # the machine session of a user token that names none (machines.md §4)
-CALLER = "mcp"  # who asked, in the machine audit (machines.md §7)
+DEFAULT_SESSION = "default"  # the machine session of a user token that names none (docs/mcp.md#tools)
+CALLER = "mcp"  # who asked, in the machine audit (``AuditRecord.caller``)
 
 
 def _remote_runner(user: User, remotename: str, function: str) -> ToolHandler:
@@ -68,10 +68,10 @@ async def tools_for(
     ``caller_agent`` is the agent of an agent token (``None`` for a user token).
     ``session_id`` is the machine session the descriptions are computed for (the
     ``session_id`` argument of the call); ``None`` means the caller's own: the agent's id,
-    or ``"default"`` for a user token (machines.md §4). Names are unique: the first tool
+    or ``"default"`` for a user token. Names are unique: the first tool
     of a name wins, so native tools shadow remote functions of the same name. ``name``: the
     tool a ``tools/call`` runs; a machine tool's name builds the machine tools only (they
-    shadow the rest), without the agent tools' and the remotes' queries (issue 15, B4).
+    shadow the rest), without the agent tools' and the remotes' queries.
     """
     machines_only = name is not None and name in MACHINE_TOOL_NAMES
     return await tool_set(

@@ -4,7 +4,7 @@ import core.models
 
 
 def create_instance_identity(apps, schema_editor):
-    """The singleton identity row exists from the first migration (spec/overview.md)."""
+    """The singleton identity row exists from the first migration."""
     InstanceIdentity = apps.get_model("dispatch", "InstanceIdentity")
     InstanceIdentity.objects.using(schema_editor.connection.alias).get_or_create(
         pk=1,

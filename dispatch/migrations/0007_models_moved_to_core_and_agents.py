@@ -1,4 +1,4 @@
-"""The ``dispatch`` app gives its models to ``core`` and ``agents`` (issue 12, docs/architecture.md).
+"""The ``dispatch`` app gives its models to ``core`` and ``agents`` (docs/architecture.md#tables-keep-their-names).
 
 State only — the tables keep their names, so every row stays — and then the content types
 follow the models (``django_content_type.app_label``), so staff permissions and admin

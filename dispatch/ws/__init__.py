@@ -1,1 +1,1 @@
-"""The ``/ws`` session edge: one consumer for remotes and agents (spec/sessions-and-remotes.md §1-§2)."""
+"""The ``/ws`` session edge: one consumer for remotes and agents (docs/ws-protocol.md)."""

@@ -1,4 +1,4 @@
-"""The ``/ws`` session consumer (spec/sessions-and-remotes.md §1 and §2).
+"""The ``/ws`` session consumer (docs/ws-protocol.md).
 
 A thin edge: it authenticates, parses the action envelope, calls services and replies.
 Its own state is only what belongs to this one connection: the remotes it serves and the
@@ -89,7 +89,7 @@ class SessionConsumer(DispatchConsumer):
     ws_session_id: str | None
 
     async def connect(self) -> None:
-        # Accept first: custom close codes need an accepted socket (§1.1).
+        # Accept first: custom close codes need an accepted socket (docs/ws-protocol.md#authentication).
         await self.accept()
         self.user = None
         self.ws_session_id = None
@@ -164,7 +164,7 @@ class SessionConsumer(DispatchConsumer):
             refused = wire.lenient_object(text_data or "")
             if await self._fail_refused_result(refused, str(exc)):
                 return
-            # §1 robustness rules: the error carries the nonce when one can be read.
+            # The error carries the nonce when one can be read (docs/ws-protocol.md#frames).
             await self._limited_error(f"invalid JSON: {exc}", nonce=_readable_nonce(refused))
             return
         if not isinstance(message, dict):
@@ -204,7 +204,7 @@ class SessionConsumer(DispatchConsumer):
             error = "rate limited"
         await self._reply(nonce, error=error)
 
-    # --- actions (spec §2.1) ----------------------------------------------------------
+    # --- actions (docs/ws-protocol.md#actions) ----------------------------------------
 
     async def do_ping(self, parsed: Any, nonce: Any) -> None:
         await self._reply(nonce, pong=True)
@@ -249,7 +249,7 @@ class SessionConsumer(DispatchConsumer):
             await self._reply(nonce, error=refusal)
             return
         # The wait runs as its own task: a consumer handles one message at a time, and a
-        # session may call a remote it serves itself (§2.4).
+        # session may call a remote it serves itself.
         task = asyncio.ensure_future(self._call(parsed, nonce))
         self.calls.add(task)
         task.add_done_callback(self.calls.discard)
@@ -289,8 +289,9 @@ class SessionConsumer(DispatchConsumer):
         await self._answer(pending.reply_channel, parsed.reply())
 
     async def do_send_agent_prompt(self, parsed: SendAgentPromptBody, nonce: Any) -> None:
-        """``send-agent-prompt`` (spec/agents.md §4): a run for an expert agent (progress arrives
-        as events), a message for a CLI agent; the reply names the run or the message."""
+        """``send-agent-prompt`` (docs/ws-protocol.md#send-agent-prompt): a run for an
+        expert agent (progress arrives as events), a message for a CLI agent; the reply
+        names the run or the message."""
         accepted = await database_sync_to_async(agent_prompt_any)(
             user=self.user,
             agent_id=parsed.agent_id,
@@ -365,7 +366,7 @@ class SessionConsumer(DispatchConsumer):
     @receives(UserEventMessage)
     async def user_event(self, message: UserEventMessage) -> None:
         """``user.event`` (``UserEventMessage``): the user's live events; agent progress
-        becomes event frames (agents.md §4)."""
+        becomes event frames (docs/ws-protocol.md#agent-event)."""
         data = message.data
         if message.event == "agent.event":
             frame: dict[str, Any] | None = agent_event_frame(data)
@@ -377,7 +378,7 @@ class SessionConsumer(DispatchConsumer):
             return
         if not self.send_pressure.has_room():
             # A doorbell, not the record: the run and its events are rows the client can
-            # read once it reads again (agents.md §4); meanwhile they do not pile up here.
+            # read once it reads again; meanwhile they do not pile up here.
             logger.info("dropping a %s frame: the client has not read %d bytes", message.event, self.unsent_bytes())
             return
         await self._send(frame)
@@ -403,7 +404,7 @@ class SessionConsumer(DispatchConsumer):
         if gone.remote_id in self.own_disconnects:
             self.own_disconnects.discard(gone.remote_id)
         elif not self.closing:
-            # §2: another session (maybe in another process) disconnected it; tell the client.
+            # Another session (maybe in another process) disconnected it; tell the client.
             reason = gone.reason or "disconnected by another session of the user"
             await self._send({"action": "remote-disconnected", "remotename": served.name, "reason": reason})
 
@@ -478,7 +479,7 @@ class SessionConsumer(DispatchConsumer):
             return False
         self.user = user
         self.ws_session_id = session.pk
-        # Agent progress reaches every ws session of the user (spec/agents.md §4).
+        # Agent progress reaches every ws session of the user (docs/ws-protocol.md#agent-event).
         self.events_group = user_events_group(user.pk)
         await self.channel_layer.group_add(self.events_group, self.channel_name)
         return True
@@ -544,7 +545,8 @@ class SessionConsumer(DispatchConsumer):
 
     def _origin_allowed(self) -> bool:
         """Cookie-authenticated browsers only: ``Origin`` is the site's own, scheme, host
-        and port, as Django's CSRF check decides it (§1.1; ``websocket_origin_allowed``)."""
+        and port, as Django's CSRF check decides it (docs/ws-protocol.md#authentication;
+        ``websocket_origin_allowed``)."""
         return websocket_origin_allowed(self.scope)
 
     def _client_address(self) -> str:

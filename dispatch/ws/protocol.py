@@ -1,5 +1,5 @@
 """The ``/ws`` session's actions and the model each one's body is validated with
-(spec/sessions-and-remotes.md §1.2, §2.1; spec/agents.md §4).
+(docs/ws-protocol.md#frames, docs/ws-protocol.md#actions).
 
 The envelope ``{"action", "nonce", "body"}`` is checked by the consumer itself, in the
 order the wire pins (JSON, object, nonce, rate limit, action); then ``parse_action``
@@ -34,12 +34,12 @@ ACTIONS: dict[str, tuple[type[BaseModel], ActionParser]] = {
     "remote-disconnect": (RemoteNameBody, lambda message, body: parse_body(RemoteNameBody, body)),
     "remote-list": (NoBody, lambda message, body: NoBody.model_validate(body)),
     "remote-call": (RemoteCallBody, lambda message, body: parse_body(RemoteCallBody, body)),
-    # Its fields may stand at the top level of the frame (§2.1).
+    # Its fields may stand at the top level of the frame (docs/ws-protocol.md#remote-call-result).
     "remote-call-result": (RemoteCallResult, lambda message, body: RemoteCallResult.from_frame(message, body)),
     "send-agent-prompt": (SendAgentPromptBody, lambda message, body: SendAgentPromptBody.parse(body)),
 }
 
-# Never rate limited: a busy remote must be able to answer as fast as it is called (§1.2).
+# Never rate limited: a busy remote must be able to answer as fast as it is called (docs/ws-protocol.md#limits).
 UNLIMITED_ACTIONS = frozenset({"remote-call-result", "ping"})
 
 

@@ -1,15 +1,16 @@
 """``manage.py serve [--host H] [--port P] [--no-background]``: daphne + background services.
 
 daphne serves HTTP and websockets with its websocket message and frame caps raised to
-16 MiB + 64 KiB and its 24-hour socket timeout off (spec/overview.md "Stack"); each
-consumer enforces its own protocol's limit. Unless ``--no-background`` the background
-services run as asyncio tasks on the same loop. SIGTERM/SIGINT: stop accepting, fail
-pending remote calls, close sockets, exit 0 within 10 s. With ``DISPATCH_BEHIND_PROXY``
-the client address and scheme come from the proxy's ``X-Forwarded-*`` headers
-(``proxy_header_options``). A wildcard public URL (``http://0.0.0.0:…``) is refused, and so
-is a wildcard ``--host`` while no ``DISPATCH_PUBLIC_URL`` names this machine; once
-listening, the public URL is recorded in ``DISPATCH_DATA_DIR/public_url.json`` for the
-other ``manage.py`` commands (docs/operating.md "Settings"), and removed at exit.
+16 MiB + 64 KiB and its 24-hour socket timeout off; each consumer enforces its own
+protocol's limit (docs/ws-protocol.md#limits, docs/shim-protocol.md#connecting). Unless
+``--no-background`` the background services run as asyncio tasks on the same loop.
+SIGTERM/SIGINT: stop accepting, fail pending remote calls, close sockets, exit 0 within
+10 s. With ``DISPATCH_BEHIND_PROXY`` the client address and scheme come from the proxy's
+``X-Forwarded-*`` headers (``proxy_header_options``). A wildcard public URL
+(``http://0.0.0.0:…``) is refused, and so is a wildcard ``--host`` while no
+``DISPATCH_PUBLIC_URL`` names this machine; once listening, the public URL is recorded in
+``DISPATCH_DATA_DIR/public_url.json`` for the other ``manage.py`` commands
+(docs/operating.md#settings), and removed at exit.
 """
 
 from __future__ import annotations
@@ -169,13 +170,14 @@ def pace_streamed_responses() -> None:
     buffer drained below twisted's mark, about 64 KiB past the kernel's own buffer).
 
     daphne writes every ``http.response.body`` message into the transport and returns at
-    once, so a streamed response to a slow reader grew the server's memory without bound:
-    a live operation's event stream (issue 14) grants the machine more output as it sends
-    events, so without this a command printing fast to a slow ``curl`` was buffered whole
-    in the server. With it the stream's consumer waits, its credit stops, and the command
-    waits on the machine. Uses twisted's producer API on the request (``registerProducer``
-    with a push producer, unregistered before the last chunk finishes the request); the
-    wait re-checks the connection every second, so a client that went away ends it.
+    once, so a streamed response to a slow reader grew the server's memory without bound: a
+    live operation's event stream (docs/live-operations.md#streamed-output) grants the
+    machine more output as it sends events, so without this a command printing fast to a
+    slow ``curl`` was buffered whole in the server. With it the stream's consumer waits, its
+    credit stops, and the command waits on the machine. Uses twisted's producer API on the
+    request (``registerProducer`` with a push producer, unregistered before the last chunk
+    finishes the request); the wait re-checks the connection every second, so a client that
+    went away ends it.
     """
     from daphne.server import Server
 
@@ -325,7 +327,7 @@ def forget_public_url(record: Path) -> None:
 
 
 def proxy_header_options(behind_proxy: bool) -> dict[str, str | None]:
-    """daphne's proxy-header options for ``DISPATCH_BEHIND_PROXY`` (issue 16).
+    """daphne's proxy-header options for ``DISPATCH_BEHIND_PROXY`` (docs/operating.md#behind-a-proxy).
 
     On: the ASGI scope's ``client`` of every HTTP request and websocket upgrade is the
     first ``X-Forwarded-For`` entry (port 0), and an HTTP request's ``scheme`` is
