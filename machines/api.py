@@ -1,11 +1,12 @@
-"""REST routes of the machines app (machines.md §1, §6; issue "Machines" item 7).
+"""REST routes of the machines app (docs/shim-protocol.md: device login, routing, copy;
+docs/live-operations.md).
 
 The device-login endpoints are unauthenticated (rate-limited) and answer RFC 8628 /
 RFC 6749 §5.2 errors. The operation routes wait on a shim, so they are async views. The
 bodies of these plain views are the models of ``machines.protocol``, which validate them
 and describe them in the OpenAPI schema (``core.openapi.documented``).
 
-Live operations (issue 14): ``POST …/ops`` and ``POST …/copy`` with ``stream: true``
+Live operations (docs/live-operations.md): ``POST …/ops`` and ``POST …/copy`` with ``stream: true``
 answer ``text/event-stream`` (``event: <name>`` + one JSON ``data:`` line per event, no
 ``id``: nothing is replayed; a ``: keep-alive`` comment after ``KEEPALIVE_SECONDS`` of
 silence), read from ``machines.services.live`` as the body is written, so the command's
@@ -224,9 +225,9 @@ class MachineDetailView(DispatchAPIView):
 
 class SessionMachineSerializer(serializers.Serializer):
     """One machine attached to a session, as ``GET /api/v1/sessions/{session_id}/machines``
-    answers it: what its shim reports (§5 ``MACHINE_LIST_RESPONSE``) plus its name, status,
+    answers it: what its shim reports (``MACHINE_LIST_RESPONSE``) plus its name, status,
     whether it is the default and ``last_active_at`` (ISO 8601, like every REST machine
-    route; the ``list_machines`` tool says ``last_active_ts``, epoch seconds, as §6 does)."""
+    route; the ``list_machines`` tool says ``last_active_ts``, epoch seconds; docs/shim-protocol.md#machine-status)."""
 
     machine_id = serializers.CharField()
     display_name = serializers.CharField()
@@ -267,7 +268,7 @@ class SessionMachinesView(DispatchAPIView):
 @json_api
 async def default_machine(request: HttpRequest, user: User) -> dict[str, Any]:
     """``PUT /api/v1/machines/default`` ``{"machine_id": "<machine>" | null}`` (``DefaultMachineBody``):
-    the routing default (§6 step 3), named as a ``target_machine`` may be (id, host or
+    the routing default (docs/shim-protocol.md#routing, step 3), named as a ``target_machine`` may be (id, host or
     display name, unique prefix) → ``{"machine_id": "<its id>" | null}``. Errors:
     ``MACHINE_NOT_ATTACHED`` (404: none of the caller's machines), ``MACHINE_AMBIGUOUS``
     (409, with the candidates), ``INVALID_REQUEST`` (400), ``PERMISSION_DENIED`` (403: an
@@ -433,12 +434,12 @@ OPS_EVENTS = (
 @_machine_errors
 async def session_op(request: HttpRequest, user: User, session_id: str) -> Any:
     """``POST /api/v1/sessions/{session_id}/ops`` ``{op, payload, target_machine? |
-    target_machines?, stream?, request_id?}`` (§6; issue 14).
+    target_machines?, stream?, request_id?}`` (docs/live-operations.md).
 
     200 ``{"machine_id", "type", "payload"}`` (the shim's response); with
     ``target_machines`` ``{"results": [{machine_id, name, ok, result | error}]}``. With
     ``stream: true`` (EXECUTE_COMMAND): ``text/event-stream`` (``OPS_EVENTS``); closing
-    it cancels the command. Errors carry the spec's code (``MACHINE_NOT_ATTACHED`` 404,
+    it cancels the command. Errors carry their code (docs/shim-protocol.md#errors; ``MACHINE_NOT_ATTACHED`` 404,
     ``PATH_OUTSIDE_ALLOWED_ROOT`` 400, ``OPERATION_EXISTS`` 409 for a ``request_id`` in
     flight, ``UNSUPPORTED_OPERATION`` 409 for streaming on a protocol 2.0 shim,
     ``INVALID_REQUEST`` 400 for ``target_machine`` with ``target_machines``, …).
@@ -563,7 +564,7 @@ async def session_ops_in_flight(request: HttpRequest, user: User, session_id: st
 async def session_pipe(request: HttpRequest, user: User, session_id: str) -> dict[str, Any]:
     """``POST /api/v1/sessions/{session_id}/pipe`` ``{source: {machine, argv | command,
     cwd?}, destination: {…}, timeout_seconds?, request_id?}`` → ``{request_id, bytes,
-    source, destination}`` (issue 14 "Cross-machine pipe": both need ``shell``; the source
+    source, destination}`` (docs/live-operations.md#cross-machine-pipes: both need ``shell``; the source
     failing closes the destination's stdin, the destination exiting first stops the
     source). Errors: the router's (404, 403, 409), ``UNSUPPORTED_OPERATION`` 409 (a
     protocol 2.0 shim), ``OPERATION_EXISTS`` 409, ``INVALID_REQUEST`` 400.
@@ -602,10 +603,10 @@ COPY_EVENTS = (
 @json_api
 @_machine_errors
 async def session_copy(request: HttpRequest, user: User, session_id: str) -> Any:
-    """``POST /api/v1/sessions/{session_id}/copy`` → ``{"size_bytes", "sha256"}`` (§6
-    cross-machine copy); ``request_id`` (a UUID) makes it cancellable by that id; with
-    ``stream: true``, ``text/event-stream`` (``COPY_EVENTS``), and closing it cancels the
-    copy (the partial file is removed)."""
+    """``POST /api/v1/sessions/{session_id}/copy`` → ``{"size_bytes", "sha256"}``
+    (docs/shim-protocol.md#cross-machine-copy); ``request_id`` (a UUID) makes it
+    cancellable by that id; with ``stream: true``, ``text/event-stream`` (``COPY_EVENTS``),
+    and closing it cancels the copy (the partial file is removed)."""
     agent_scope_session(calling_agent(request), session_id)
     body = parse_plain(SessionCopyBody, json_object(request))
     copy_arguments: dict[str, Any] = {

@@ -4,7 +4,7 @@ from django.apps import AppConfig
 
 
 class MachinesConfig(AppConfig):
-    """Machines: the shims on users' computers and the operations routed to them (spec/machines.md)."""
+    """Machines: the shims on users' computers and the operations routed to them (docs/shim-protocol.md)."""
 
     name = "machines"
 

@@ -1,5 +1,5 @@
 """What the edge running a tool call adds to the machine audit records the call writes
-(machines.md §7; docs/agents.md "Approvals").
+(docs/shim-protocol.md#audit; docs/agents.md#approvals).
 
 The agents' tool set sets ``AUDIT_NOTE`` around a machine tool call an agent makes right
 after one of its approvals allowed that very call (``{"approval_id": "apr_…"}``);

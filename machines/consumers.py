@@ -1,11 +1,11 @@
-"""The ``/ws/shim/`` consumer (machines.md §2–§4; protocol 2.1, issue 14).
+"""The ``/ws/shim/`` consumer (docs/shim-protocol.md, protocol 2.1).
 
 A thin edge: bearer auth, the HELLO handshake, forwarding routed operations to the shim
 and their responses back to the waiting caller's reply channel, PING/PONG presence. Its
 own state is only this connection's: the operations pending on it, and the ids of the
 ``CANCEL`` frames it sent (whose ``ACK`` it swallows).
 
-Live operations (2.1, design §2): an operation sent with ``relay`` also gets the shim's
+Live operations (2.1, docs/shim-protocol.md#live-operations-21): an operation sent with ``relay`` also gets the shim's
 ``COMMAND_OUTPUT`` frames (``MachineOutputMessage``) and its stdin ``FLOW`` grants
 (``MachineFlowMessage``) on its reply channel, in the order they came; the caller's
 ``MachineFlowMessage`` (stdout/stderr credit), ``MachineInputMessage`` and
@@ -76,7 +76,7 @@ from machines.shim.protocol import (
 
 logger = logging.getLogger(__name__)
 
-PING_INTERVAL = 30.0  # seconds between the platform's PINGs (§4)
+PING_INTERVAL = 30.0  # seconds between the platform's PINGs
 PONG_TIMEOUT = 10.0  # seconds a shim has to answer a PING
 CANCEL_ACK_SECONDS = 60.0  # how long the id of a CANCEL sent is remembered (its ACK swallowed)
 
@@ -105,7 +105,7 @@ class PendingOperation:
 class ShimConsumer(DispatchConsumer):
     """One shim connection."""
 
-    protocol_version: str | None = None  # negotiated in the HELLO (§3)
+    protocol_version: str | None = None  # negotiated in the HELLO
     detached_user_id: int | None = None  # set when closing removed the connection's row
 
     async def connect(self) -> None:
@@ -409,7 +409,7 @@ class ShimConsumer(DispatchConsumer):
 
     @receives(MachineOpMessage)
     async def machine_op(self, operation: MachineOpMessage) -> None:
-        """``machine.op`` (``MachineOpMessage``): send a routed operation to the shim (§5)."""
+        """``machine.op`` (``MachineOpMessage``): send a routed operation to the shim."""
         if self.closing or self.connection_id is None:
             await self._answer(operation.reply_channel, _error_reply("MACHINE_UNREACHABLE", "the machine disconnected"))
             return
@@ -513,14 +513,14 @@ class ShimConsumer(DispatchConsumer):
     @receives(MachineRevokedMessage)
     async def machine_revoked(self, message: MachineRevokedMessage) -> None:
         """``machine.revoked`` (``MachineRevokedMessage``): the machine token was revoked:
-        close 4401 (§1)."""
+        close 4401."""
         await self._error("AUTH_FAILED", "the machine token was revoked", fatal=True)
         await self._close(CloseCode.AUTH_FAILED)
 
     @receives(MachineTakeoverMessage)
     async def machine_takeover(self, takeover: MachineTakeoverMessage) -> None:
         """``machine.takeover`` (``MachineTakeoverMessage``): the same machine reconnected
-        elsewhere: 4427 (§4)."""
+        elsewhere: 4427 (docs/shim-protocol.md#presence-and-takeover)."""
         if takeover.connection_id != self.connection_id:
             return
         self.connection_id = None  # the new connection owns the machine's rows now
@@ -550,7 +550,7 @@ class ShimConsumer(DispatchConsumer):
         return True
 
     async def _ping_loop(self) -> None:
-        """PING every ``SHIM_PING_INTERVAL`` seconds (a fixed period, §4); drop the shim if
+        """PING every ``SHIM_PING_INTERVAL`` seconds (a fixed period); drop the shim if
         the PONG has not come ``SHIM_PONG_TIMEOUT`` seconds after a PING."""
         loop = asyncio.get_running_loop()
         next_ping = loop.time() + settings.SHIM_PING_INTERVAL

@@ -1,6 +1,6 @@
 """Machines: device login, machine tokens, live shim connections, routing state, audit.
 
-Spec: machines.md. A *machine* is a user's computer known by the ``machine_id`` its shim
+Protocol: docs/shim-protocol.md. A *machine* is a user's computer known by the ``machine_id`` its shim
 generated; a *connection* is one live shim socket (owned by a ``ServerProcess``, so a
 dead process's connections are reaped with it); a *machine session* is a routing scope
 named by a ``session_id`` string that connections attach to (``sessions`` list or ``*``).
@@ -19,7 +19,7 @@ from core.models import ApiToken, ServerProcess
 
 
 class DeviceAuthorization(models.Model):
-    """One RFC 8628 device authorization request (machines.md §1).
+    """One RFC 8628 device authorization request (docs/shim-protocol.md#getting-a-token).
 
     Both codes are stored only as SHA-256 digests. The machine token is minted when the
     shim polls after approval, so no raw token is ever stored.
@@ -73,7 +73,7 @@ def default_allowed_capabilities() -> list[str]:
 
 
 class Machine(models.Model):
-    """A user's computer as its shim last described it, with its shown status (§4)."""
+    """A user's computer as its shim last described it, with its shown status (docs/shim-protocol.md#machine-status)."""
 
     class Connection(models.TextChoices):
         CONNECTING = "connecting"
@@ -134,7 +134,7 @@ class Machine(models.Model):
 
 
 class MachineConnection(models.Model):
-    """One live shim socket: the attachment of a machine to its sessions (§4).
+    """One live shim socket: the attachment of a machine to its sessions (docs/shim-protocol.md#machine-sessions).
 
     ``sessions`` is the HELLO's list (``["*"]`` for every session of the user).
     """
@@ -207,7 +207,7 @@ class PathRecency(models.Model):
 
 
 class AuditRecord(models.Model):
-    """One routed operation (§7): never file contents or env values; secrets redacted."""
+    """One routed operation (docs/shim-protocol.md#audit): never file contents or env values; secrets redacted."""
 
     ts = models.DateTimeField(default=timezone.now, db_index=True)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="machine_audit")
@@ -246,7 +246,7 @@ class AuditRecord(models.Model):
 
 class OperationInFlight(models.Model):
     """A live operation in flight: an ``EXECUTE_COMMAND`` (one machine or a fan-out), a
-    cross-machine copy or a pipe (issue 14, design §3). Written when the operation is sent,
+    cross-machine copy or a pipe (docs/live-operations.md#operations-in-flight). Written when the operation is sent,
     deleted when it is answered; FILE_* operations have none.
 
     ``request_id`` is the caller's id for the operation, unique per user (two users may

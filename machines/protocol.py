@@ -1,21 +1,21 @@
-"""The shim wire protocol, platform side (spec/machines.md §2–§5).
+"""The shim wire protocol, platform side (docs/shim-protocol.md).
 
 The protocol itself — envelope, message types, operations, capabilities, error payload,
 close codes, version rule, id patterns, limits, ``encode`` — is defined once, in
 ``machines.shim.protocol`` (standard library only: the shim installs without the
 server), and imported from there. This module adds only what the server needs on top:
 
-- ``Hello``: the model the platform validates a shim's ``HELLO`` payload with (§3; the
+- ``Hello``: the model the platform validates a shim's ``HELLO`` payload with (the
   shim builds that payload in ``machines.shim.connection.Shim.hello_frame``, and a test
   holds the two to the same fields);
-- ``negotiate``: the platform's choice of version (§3);
+- ``negotiate``: the platform's choice of version (docs/shim-protocol.md#the-handshake);
 - the server's views of the shared tables: ``DEFAULT_LIMITS`` (the ``HELLO_ACK.limits``
   it grants), ``OPERATIONS`` keyed the way the router reads it, ``CALLER_OPERATIONS``,
   ``CAPABILITIES``;
 - the channel-layer messages (``core.protocol.ChannelMessage``) the shim consumer
   receives from ``machines.services`` (``MachineOpMessage``, ``MachineRevokedMessage``,
   ``MachineTakeoverMessage``), and the ``MachineReplyMessage`` it answers an operation with;
-- the bodies of the machines app's async REST routes (§1, §6), which validate them and
+- the bodies of the machines app's async REST routes (device login and operations), which validate them and
   which their views document (``core.openapi.documented``): ``SessionOpBody``, ``SessionCopyBody``,
   ``DeviceCodeBody``, ``DeviceTokenBody``, ``DefaultMachineBody``, and their answers.
 """
@@ -91,10 +91,11 @@ __all__ = [
     "negotiate",
 ]
 
-# The limits the platform grants in HELLO_ACK (§3; 2.1 adds the two stream limits, in bytes).
+# The limits the platform grants in HELLO_ACK (docs/shim-protocol.md#the-handshake; 2.1 adds the
+# two stream limits, in bytes).
 DEFAULT_LIMITS: dict[str, Any] = Limits().as_payload()
 
-# Operation → (capability it needs, the response type a success carries) (§5): the shim
+# Operation → (capability it needs, the response type a success carries): the shim
 # protocol's table, keyed the way the router and the consumer read it.
 OPERATIONS: dict[str, tuple[str | None, str]] = {
     str(op): (None if capability is None else str(capability), str(response))
@@ -106,7 +107,7 @@ CAPABILITIES = frozenset(str(capability) for capability in Capability)
 
 
 class Hello(BaseModel):
-    """The shim's ``HELLO`` payload (§3), as the platform accepts it."""
+    """The shim's ``HELLO`` payload, as the platform accepts it."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -154,7 +155,7 @@ class Hello(BaseModel):
 
 
 def negotiate(shim_version: str) -> str | None:
-    """The negotiated version (same major, lower minor), or ``None`` on a major mismatch (§3)."""
+    """The negotiated version (same major, lower minor), or ``None`` on a major mismatch."""
     shim_major, shim_minor = parse_version(shim_version)
     our_major, our_minor = parse_version(PROTOCOL_VERSION)
     if shim_major != our_major:
@@ -185,7 +186,7 @@ class MachineOpMessage(ChannelRequest):
 
 class MachineReplyMessage(ChannelMessage):
     """``machine.reply`` to a ``machine.op``: the shim's response frame's ``type``
-    (``response_type``: the operation's response, or ``ERROR``) and its ``payload`` (§5; an
+    (``response_type``: the operation's response, or ``ERROR``) and its ``payload`` (an
     ``ERROR`` payload ``{code, message, details?}``, the platform's own when the machine
     could not be reached)."""
 
@@ -252,20 +253,20 @@ class OperationCancelMessage(ChannelMessage):
 
 
 class MachineRevokedMessage(ChannelMessage):
-    """``machine.revoked``: the machine's token was revoked (close 4401, §1)."""
+    """``machine.revoked``: the machine's token was revoked (close 4401)."""
 
     type: Literal["machine.revoked"] = "machine.revoked"
 
 
 class MachineTakeoverMessage(ChannelMessage):
     """``machine.takeover``: the machine reconnected on another socket; the connection
-    ``connection_id`` (this one, unless it already changed) gives way (4427, §4)."""
+    ``connection_id`` (this one, unless it already changed) gives way (4427)."""
 
     type: Literal["machine.takeover"] = "machine.takeover"
     connection_id: str
 
 
-# --- bodies of the async REST routes (§1 device login, §6 operations) -----------------------
+# --- bodies of the async REST routes (device login, operations) -----------------------------
 
 REQUEST_ID_SCHEMA = {
     "anyOf": [{"type": "string", "format": "uuid"}, {"type": "null"}],
@@ -282,7 +283,7 @@ def request_id_of(value: Any) -> str | None:
     """A client-chosen ``request_id`` in canonical form (lower-case, hyphenated), or ``None``.
 
     Raises ``ValueError("request_id must be a UUID …")`` for anything but a UUID string
-    (issue 14: "a request may carry a client-chosen request_id (UUID)").
+    (a caller chooses it to cancel the operation by: docs/live-operations.md#cancelling).
     """
     if value is None:
         return None
@@ -297,7 +298,7 @@ def request_id_of(value: Any) -> str | None:
 
 
 def target_machines_of(value: Any) -> list[str] | Literal["*"] | None:
-    """``target_machines`` as given (issue 14 "Fan-out"): a non-empty list of distinct
+    """``target_machines`` as given (docs/live-operations.md#fan-out-to-many-machines): a non-empty list of distinct
     machine names (each what a ``target_machine`` may be), ``"*"`` (every attached machine
     with the capability), or ``None``. Raises ``ValueError`` saying what is wrong."""
     if value is None or value == "*":
@@ -335,11 +336,11 @@ TARGET_MACHINES_SCHEMA = {
 
 class SessionOpBody(WireModel):
     """``POST /api/v1/sessions/{session_id}/ops``: ``{op, payload?, target_machine?,
-    target_machines?, stream?, request_id?}`` (§6; issue 14).
+    target_machines?, stream?, request_id?}`` (docs/live-operations.md).
 
     ``op`` must be a string (``"op is required (e.g. FILE_READ, EXECUTE_COMMAND)"``); the
     operation's name, its ``payload`` (default ``{}``) and the ``target_machine`` are
-    checked by ``machines.services.operations.machine_op`` with the §5 error codes.
+    checked by ``machines.services.operations.machine_op`` with the protocol's error codes.
     ``target_machines`` (``target_machines_of``) and ``target_machine`` are exclusive;
     ``stream`` (a boolean, default false) is for ``EXECUTE_COMMAND`` only; ``request_id``
     is a UUID (``request_id_of``, canonical form).
@@ -360,9 +361,9 @@ class SessionOpBody(WireModel):
     absent_as_null = ("op",)
 
     op: Annotated[str, WithJsonSchema({"type": "string", "enum": sorted(CALLER_OPERATIONS)})] = Field(
-        description="a §5 operation"
+        description="a machine operation"
     )
-    payload: Annotated[Any, WithJsonSchema({"type": "object", "description": "the operation's §5 payload"})] = Field(
+    payload: Annotated[Any, WithJsonSchema({"type": "object", "description": "the operation's payload"})] = Field(
         default_factory=dict
     )
     target_machine: Annotated[
@@ -416,7 +417,7 @@ class SessionOpBody(WireModel):
 
 
 class SessionOpAnswer(BaseModel):
-    """The shim's response: ``{machine_id, type, payload}`` (§5)."""
+    """The shim's response: ``{machine_id, type, payload}``."""
 
     machine_id: str
     type: str
@@ -524,7 +525,7 @@ PIPE_END_SCHEMA = {
 
 class SessionPipeBody(WireModel):
     """``POST /api/v1/sessions/{session_id}/pipe``: ``{source, destination, timeout_seconds?,
-    request_id?}`` (issue 14 "Cross-machine pipe"): each end ``{machine, argv | command,
+    request_id?}`` (docs/live-operations.md#cross-machine-pipes): each end ``{machine, argv | command,
     cwd?, env?}`` (exactly one of argv and command); the source's stdout goes into the
     destination's stdin. ``timeout_seconds`` bounds the pipe (a number > 0)."""
 
@@ -593,8 +594,8 @@ class SessionPipeAnswer(BaseModel):
 
 class SessionCopyBody(WireModel):
     """``POST /api/v1/sessions/{session_id}/copy``: ``{source_machine, source_path,
-    destination_machine, destination_path, overwrite?, stream?, request_id?}`` (§6
-    cross-machine copy; issue 14); each of the four a non-empty string (``"<field> is
+    destination_machine, destination_path, overwrite?, stream?, request_id?}``
+    (docs/shim-protocol.md#cross-machine-copy); each of the four a non-empty string (``"<field> is
     required (a string)"``, in this order), then ``overwrite`` and ``stream`` booleans
     (default false), ``request_id`` a UUID."""
 
@@ -655,7 +656,7 @@ class SessionCopyBody(WireModel):
 
 
 class SessionCopyAnswer(BaseModel):
-    """A verified copy: ``{size_bytes, sha256}`` (§6)."""
+    """A verified copy: ``{size_bytes, sha256}``."""
 
     size_bytes: int
     sha256: str
@@ -663,7 +664,7 @@ class SessionCopyAnswer(BaseModel):
 
 class DefaultMachineBody(WireModel):
     """``PUT /api/v1/machines/default``: ``{machine_id}``, the machine to route to by default
-    (§6 step 3) — anything a ``target_machine`` may be (a ``machine_id``, a host or display
+    (docs/shim-protocol.md#routing, step 3) — anything a ``target_machine`` may be (a ``machine_id``, a host or display
     name, a unique prefix of either), resolved among the caller's machines by
     ``machines.services.router.default_machine_set`` — or ``null`` to clear it. Required:
     ``"machine_id is required (…)"``; anything else: ``"machine_id must be a non-empty string or null"``."""
@@ -714,10 +715,10 @@ def _device_text(limit: int) -> WithJsonSchema:
 
 
 class DeviceCodeBody(WireModel):
-    """``POST /api/v1/machines/device/code``: ``{machine_id, hostname, platform, arch}`` (§1,
-    RFC 8628 §3.1; ``client_id``/``grant_type`` accepted and ignored). The values are
-    checked by ``machines.services.device`` with RFC 6749 §5.2 errors (a missing one too:
-    absent reads as ``null``, refused there)."""
+    """``POST /api/v1/machines/device/code``: ``{machine_id, hostname, platform, arch}``
+    (docs/shim-protocol.md#getting-a-token, RFC 8628 §3.1; ``client_id``/``grant_type``
+    accepted and ignored). The values are checked by ``machines.services.device`` with
+    RFC 6749 §5.2 errors (a missing one too: absent reads as ``null``, refused there)."""
 
     absent_as_null = ("machine_id", "hostname", "platform", "arch")
 
@@ -728,9 +729,10 @@ class DeviceCodeBody(WireModel):
 
 
 class DeviceTokenBody(WireModel):
-    """``POST /api/v1/machines/device/token``: ``{grant_type, device_code}`` (§1, RFC 8628
-    §3.4), checked by ``machines.services.device`` (a missing ``grant_type`` is
-    ``invalid_request``, another one ``unsupported_grant_type``: absent reads as ``null``)."""
+    """``POST /api/v1/machines/device/token``: ``{grant_type, device_code}``
+    (docs/shim-protocol.md#getting-a-token, RFC 8628 §3.4), checked by
+    ``machines.services.device`` (a missing ``grant_type`` is ``invalid_request``, another
+    one ``unsupported_grant_type``: absent reads as ``null``)."""
 
     absent_as_null = ("grant_type", "device_code")
 

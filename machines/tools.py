@@ -1,4 +1,4 @@
-"""The machine tools, ready for agents and MCP (machines.md §6 "Tools").
+"""The machine tools, ready for agents and MCP (docs/mcp.md#tools).
 
 ``machine_tools(user=…, session_id=…)`` builds ``list_machines`` and the ``local_pc_*``
 tools (``core.tools.Tool``) with JSON-schema parameters and descriptions computed for
@@ -6,7 +6,7 @@ this request (they list the attached machines when two or more are attached). Ca
 validates the arguments against its schema and runs it; an operation's result is the
 response payload plus the ``machine_id`` that served it.
 
-Issue 14: every operation tool takes ``target_machines`` (a list of names, or ``"*"``:
+Every operation tool takes ``target_machines`` (a list of names, or ``"*"``:
 every attached machine with the capability), exclusive with ``target_machine``; its
 result is then ``{"results": [{machine_id, name, ok, result | error}]}``, one entry per
 machine. ``local_pc_pipe`` streams a command's stdout on one machine into a command's

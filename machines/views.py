@@ -1,7 +1,7 @@
-"""The Machines page and the device activation page (ui.md; machines.md §1).
+"""The Machines page and the device activation page (docs/shim-protocol.md#getting-a-token).
 
-The page's live-operation panels (issue 14 "Pages": the "Run" panel, operations in
-flight, a copy with its progress bar) are rendered here and driven by
+The page's live-operation panels (docs/live-operations.md#the-machines-page: the "Run"
+panel, operations in flight, a copy with its progress bar) are rendered here and driven by
 ``static/js/machines-run.js`` through the REST routes (``/api/v1/sessions/default/ops``
 with ``stream: true``, ``…/ops/{request_id}/cancel``, ``GET …/ops``, ``…/copy``), with the
 page's session cookie and CSRF token; they act in the machine session ``RUN_SESSION``.
@@ -29,7 +29,7 @@ from machines.services import connections, device, router
 from machines.shim.protocol import supports_live_operations
 
 EXAMPLE_ROOT = "~/src"  # in the commands shown: the folder agents may use, for the user to edit
-RUN_SESSION = "default"  # the machine session the page's Run and Copy panels act in (issue 14)
+RUN_SESSION = "default"  # the machine session the page's Run and Copy panels act in
 
 
 def _run_targets(machines: list[Machine], default_machine_id: str | None) -> list[dict[str, object]]:

@@ -1,4 +1,4 @@
-"""Foreign keys now name the moved models (``core.*``, ``agents.*``; issue 12): state only, the
+"""Foreign keys now name the moved models (``core.*``, ``agents.*``): state only, the
 columns and their constraints already point at the same tables."""
 
 import django.db.models.deletion

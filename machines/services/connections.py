@@ -1,4 +1,5 @@
-"""Live shim connections: authentication, attachment, takeover, presence (machines.md §3–§4)."""
+"""Live shim connections: authentication, attachment, takeover, presence (docs/shim-protocol.md#the-handshake,
+docs/shim-protocol.md#presence-and-takeover)."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def shim_identity_cached(raw_token: str) -> ShimIdentity | None:
 
 
 def shim_authenticate(raw_token: str) -> ShimIdentity | None:
-    """A machine token (or a user API token) → the identity; ``None`` when refused (§3).
+    """A machine token (or a user API token) → the identity; ``None`` when refused.
 
     A found identity is cached for ``core.credential_cache.BEARER_CACHE_SECONDS``
     (``shim_identity_cached``); a refusal never is (sync: database reads)."""
@@ -134,7 +135,7 @@ def shim_connected(
     """Record a shim that completed its HELLO; take over older sockets of the same machine.
 
     Granted capabilities are the advertised ones that the owner allows for this machine
-    (``Machine.allowed_capabilities``, set on the Machines page; §3). Returns what the
+    (``Machine.allowed_capabilities``, set on the Machines page). Returns what the
     HELLO_ACK needs. ``process_row_trusted``: this process's ``ServerProcess`` row is
     taken as live without reading it (``core.presence.process_row_trusted``; a reaped row
     then fails the commit with ``IntegrityError``). The tool-list ring is the caller's
@@ -233,7 +234,7 @@ def shim_attach(*, identity: ShimIdentity, hello: Hello, channel_name: str, prot
 async def announce_attachment(attachment: Attachment) -> None:
     """After a HELLO: ring the user's tool list, revoke taken-over sockets (4427), and on
     the N = 2 transition ask every attached shim of the shared sessions for its
-    ``MACHINE_LIST_RESPONSE`` (§4)."""
+    ``MACHINE_LIST_RESPONSE`` (docs/shim-protocol.md#machine-sessions)."""
     await tools_changed(attachment.user_id)
     for channel_name, connection_id in attachment.replaced_channels:
         try:
@@ -248,7 +249,7 @@ async def announce_attachment(attachment: Attachment) -> None:
 
 
 def _snapshot_targets(attachment: Attachment) -> list[str]:
-    """Whom to ask for a ``MACHINE_LIST_RESPONSE`` after this attachment (§4 "N = 2").
+    """Whom to ask for a ``MACHINE_LIST_RESPONSE`` after this attachment (docs/shim-protocol.md#machine-sessions).
 
     Nobody while the new connection shares no session with another; else the newcomer,
     plus the connections sharing a session with it whose snapshot is not cached yet (the
@@ -318,7 +319,7 @@ def shim_connections_of_processes_closed(process_ids: list[str]) -> None:
 
     Registered in ``core.services.PROCESSES_GONE_HOOKS``: the reaper and a clean
     shutdown delete processes, whose connection rows would otherwise go by cascade and
-    leave their machines ``connected`` for ever (issue 11, item 3).
+    leave their machines ``connected`` for ever.
     """
     held = MachineConnection.objects.filter(server_process_id__in=process_ids)
     for connection_id in list(held.values_list("connection_id", flat=True)):
@@ -376,14 +377,14 @@ _seen_stamps = _SeenStamps()
 
 
 def shim_seen_soon(connection_id: str) -> None:
-    """After a PONG: stamp the connection's ``last_seen_at`` (§4 "Presence") within
+    """After a PONG: stamp the connection's ``last_seen_at`` (docs/shim-protocol.md#machine-status) within
     ``SEEN_FLUSH_INTERVAL`` seconds, batched with the other connections of this process.
     Async code only (it starts the flush task on the running loop); never waits."""
     _seen_stamps.note(connection_id)
 
 
 def machine_snapshot_store(*, connection_id: str | None, snapshot: dict[str, Any]) -> None:
-    """Cache a ``MACHINE_LIST_RESPONSE`` payload on the machine (§4 "N = 2")."""
+    """Cache a ``MACHINE_LIST_RESPONSE`` payload on the machine (its snapshot for ``list_machines``)."""
     machine_pk = (
         MachineConnection.objects.filter(connection_id=connection_id).values_list("machine_id", flat=True).first()
     )
@@ -421,7 +422,7 @@ def machine_capabilities_set(*, user: User, machine_id: str, allowed: list[str])
 
 @transaction.atomic
 def machine_revoke(*, user: User, machine_id: str) -> Machine:
-    """Revoke a machine: its tokens stop working and its live sockets close with 4401 (§1)."""
+    """Revoke a machine: its tokens stop working and its live sockets close with 4401."""
     from core.errors import NotFound
 
     machine = Machine.objects.select_for_update().filter(user=user, machine_id=machine_id).first()

@@ -1,4 +1,4 @@
-"""Cross-machine copy through the platform, in constant memory (machines.md §6).
+"""Cross-machine copy through the platform, in constant memory (docs/shim-protocol.md#cross-machine-copy).
 
 ``FILE_READ`` in 1 MiB chunks (base64, ``offset``/``length``) on the source, ``FILE_WRITE``
 with ``append`` into ``<destination>.dispatch-partial`` on the destination (the first
@@ -7,7 +7,7 @@ chunks held — then ``FILE_STAT {hash: true}`` on both ends; only when size and
 match is the partial file moved into place (``FILE_MOVE``, replacing an existing
 destination only with ``overwrite``). A failed copy removes the partial file.
 
-Issue 14: a copy is an operation in flight (an ``OperationInFlight`` row of kind ``copy``,
+A copy is an operation in flight (an ``OperationInFlight`` row of kind ``copy``,
 under its ``request_id``), reports progress after each chunk, and can be cancelled from
 any process (``machines.services.live.cancel_operation`` sends ``OperationCancelMessage``
 to the copy's own channel): it stops between chunks, removes the partial file and fails
@@ -194,7 +194,7 @@ async def _copy(
             )
         )
 
-    # Pipelined (issue 15, B5): chunk n+1 is read while chunk n is written, so the source's
+    # Pipelined (bench B5, bench/README.md): chunk n+1 is read while chunk n is written, so the source's
     # read and the destination's write overlap; at most two chunks are held (the one being
     # written and the one being read), whatever the file's size.
     reading: asyncio.Task[dict[str, Any]] | None = None

@@ -1,4 +1,4 @@
-"""Device login (RFC 8628) and machine tokens (machines.md §1).
+"""Device login (RFC 8628) and machine tokens (docs/shim-protocol.md#getting-a-token).
 
 Codes: ``user_code`` is 8 characters from ``BCDFGHJKLMNPQRSTVWXZ`` shown as ``XXXX-XXXX``;
 ``device_code`` is 256-bit random; both stored as SHA-256 digests. A machine token is
@@ -225,8 +225,8 @@ def device_authorization_decide(*, user: User, user_code: str, approve: bool) ->
 @transaction.atomic
 def machine_tokens_revoke(*, token_ids: list[int]) -> int:
     """Revoke machine tokens (the admin's action): a token bound to a machine revokes that
-    machine (``connections.machine_revoke``: its sockets close with 4401, spec/machines.md
-    §1); an unbound one (a device login not finished) is stamped ``revoked_at``, and the
+    machine (``connections.machine_revoke``: its sockets close with 4401); an
+    unbound one (a device login not finished) is stamped ``revoked_at``, and the
     revocation sweep is rung. Returns how many tokens were live. Already revoked ones are left."""
     live = MachineToken.objects.select_related("user").filter(pk__in=token_ids, revoked_at__isnull=True)
     tokens = list(live)

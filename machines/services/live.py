@@ -1,4 +1,4 @@
-"""Live operations: streamed commands, cancel, the in-flight list (issue 14, design §2–§3).
+"""Live operations: streamed commands, cancel, the in-flight list (docs/live-operations.md).
 
 What the edges call (REST, MCP, the built-in agent, the pages):
 

@@ -1,4 +1,4 @@
-"""Routed operations on machines: ``machine_op``, snapshots, ``list_machines`` (machines.md §4–§7).
+"""Routed operations on machines: ``machine_op``, snapshots, ``list_machines`` (docs/shim-protocol.md).
 
 ``machine_op`` is ``async def`` and waits on the channel layer (never on the shared sync
 thread); the shim may be held by another server process. While waiting it re-checks that
@@ -55,17 +55,17 @@ logger = logging.getLogger(__name__)
 
 # An operation travels as a MachineOpMessage to machines.consumers.ShimConsumer, which
 # answers on its reply_channel with a MachineReplyMessage (machines.protocol).
-TIMEOUT_MARGIN = 10.0  # seconds the platform waits past an operation's own timeout (§5)
+TIMEOUT_MARGIN = 10.0  # seconds the platform waits past an operation's own timeout
 SNAPSHOT_TIMEOUT = 10.0  # seconds to wait for MACHINE_LIST_RESPONSEs
 _background: set[asyncio.Future[Any]] = set()
 
 
 class MachineError(DispatchError):
-    """A failed machine operation: a shim ``ERROR`` or a platform code (§5, §6)."""
+    """A failed machine operation: a shim ``ERROR`` or a platform code (docs/shim-protocol.md#errors)."""
 
 
 def check_session_id(session_id: str) -> str:
-    """Validate a machine ``session_id`` (§4) or raise ``InvalidRequest``."""
+    """Validate a machine ``session_id`` (docs/shim-protocol.md#machine-sessions) or raise ``InvalidRequest``."""
     if not isinstance(session_id, str) or not re.fullmatch(SESSION_ID_PATTERN, session_id):
         raise InvalidRequest(
             "session_id must be 1-256 characters from letters, digits and '._:-', not starting with a symbol"
@@ -134,8 +134,8 @@ SUMMARY_MAX = 500  # characters of an in-flight row's summary
 
 def check_request_id(request_id: Any) -> str:
     """A caller's ``request_id`` in canonical form (a UUID string, lower case with hyphens),
-    or a fresh uuid4 for ``None``. Raises ``InvalidRequest`` for anything else (issue 14:
-    "a request may carry a client-chosen request_id (UUID)")."""
+    or a fresh uuid4 for ``None``. Raises ``InvalidRequest`` for anything else (a caller
+    chooses it to cancel the operation by: docs/live-operations.md#cancelling)."""
     if request_id is None:
         return str(uuid.uuid4())
     if isinstance(request_id, str) and len(request_id) <= 45:
@@ -161,7 +161,7 @@ def check_target_machines(target_machines: Any) -> list[str] | Literal["*"]:
 
 
 def command_summary(payload: dict[str, Any]) -> str:
-    """What an in-flight list shows of a command: its argv or command line, redacted (§7)."""
+    """What an in-flight list shows of a command: its argv or command line, redacted."""
     if isinstance(payload.get("argv"), list):
         text = " ".join(str(part) for part in redact_argv(payload["argv"]))
     else:
@@ -190,7 +190,7 @@ def inflight_create(
     machine_ids: list[str] | None = None,
     machine_names: list[str] | None = None,
 ) -> None:
-    """Record an operation in flight (``OperationInFlight``, design §3), owned by this
+    """Record an operation in flight (``OperationInFlight``), owned by this
     process. Raises ``MachineError`` ``OPERATION_EXISTS`` when ``user`` already has
     ``request_id`` in flight (request ids are per user: another user's is no conflict)."""
     try:
@@ -294,10 +294,10 @@ async def machine_op(
 
     Returns ``{"machine_id", "type", "payload"}`` (the shim's response). Raises
     ``InvalidRequest`` (unknown op, bad payload, session id or ``request_id``) and
-    ``MachineError`` with a §5/§6 code (``MACHINE_NOT_ATTACHED``, ``MACHINE_AMBIGUOUS``,
+    ``MachineError`` with a code of docs/shim-protocol.md#errors (``MACHINE_NOT_ATTACHED``, ``MACHINE_AMBIGUOUS``,
     ``CAPABILITY_NOT_GRANTED``, ``MACHINE_UNREACHABLE``, ``TIMEOUT``, ``MACHINE_BUSY`` when
     the shim has not read what it was sent (over ``DISPATCH_WS_HIGH_WATER``; nothing is
-    queued, docs/shim-protocol.md "Back-pressure"), or the shim's own code such as
+    queued, docs/shim-protocol.md#back-pressure), or the shim's own code such as
     ``PATH_OUTSIDE_ALLOWED_ROOT``), and ``admission.OperationRefused`` (``RATE_LIMITED``)
     over a cap on operations in flight (docs/operating.md "Bounds"). Never retried
     automatically, but for one case:
@@ -307,9 +307,9 @@ async def machine_op(
     ``AuditRecord`` is written before the operation is sent (the audit is the record that it
     ran): when it cannot be written (a full disk, a read-only database) the operation is not
     sent and ``TemporarilyUnavailable`` (503) says why; its result is filled in after the
-    reply, off the hot path (§7). ``caller`` names who asked (agent id, ``mcp:…``, ``api``).
+    reply, off the hot path. ``caller`` names who asked (agent id, ``mcp:…``, ``api``).
 
-    Issue 14 (design §3):
+    Live operations (docs/live-operations.md):
 
     - ``target_machines`` (a list of names, or ``"*"``: every attached machine granted the
       op's capability; exclusive with ``target_machine``) runs the operation on each machine
@@ -549,7 +549,7 @@ async def _routed_op(
                 result["cancelled"] = bool(reply.payload.get("cancelled"))
         if router.operation_path(op, payload) is not None:
             # Recency is a routing input: it must be visible to the very next operation
-            # (a write and the following read of one file go to one machine, §6 step 2),
+            # (a write and the following read of one file go to one machine: docs/shim-protocol.md#routing),
             # so unlike the audit record it is written before the reply is returned.
             await database_sync_to_async(path_recency_record)(
                 user=user, session_id=session_id, machine_id=chosen.machine_id, op=op, payload=payload
@@ -711,8 +711,8 @@ def streamed_command_audited(
     failure: BaseException | None,
     observe: bool = True,
 ) -> None:
-    """One ``AuditRecord`` for a streamed command (§7; issue 14: exit code, cancelled,
-    bytes per stream) and, when ``observe``, its metric (``failure``: what ended it, for
+    """One ``AuditRecord`` for a streamed command (exit code, cancelled, bytes per
+    stream) and, when ``observe``, its metric (``failure``: what ended it, for
     the metric's label). ``end``: how it ended; ``None``: it was cancelled (the caller
     left, or the pipe stopped it). ``started``: ``time.monotonic()`` at its start."""
     result: dict[str, Any] = {"ok": isinstance(end, Result), "bytes": dict(command.bytes)}
@@ -847,7 +847,7 @@ def _in_background(work: Any) -> None:
 
 def audit_details(op: str, payload: dict[str, Any]) -> dict[str, Any]:
     """What an audit record keeps of a payload: paths, argv (redacted), sizes, env keys —
-    never contents or env values (§7)."""
+    never contents or env values (docs/shim-protocol.md#audit)."""
     details: dict[str, Any] = {}
     for key in ("path", "src", "dst", "cwd", "glob", "encoding", "offset", "length", "recursive", "timeout_seconds"):
         if key in payload and isinstance(payload[key], (str, int, float, bool)):
@@ -864,8 +864,8 @@ def audit_details(op: str, payload: dict[str, Any]) -> dict[str, Any]:
 
 
 LAST_ACTIVE_RESOLUTION = 5.0
-"""Seconds: a process stamps a machine's ``last_active_at`` at most this often (issue 15, B4:
-the audit's recency write, one UPDATE an operation before). What reads it — the machine
+"""Seconds: a process stamps a machine's ``last_active_at`` at most this often (bench B4 in
+bench/README.md: this was one UPDATE per operation). What reads it — the machine
 list's ``last_active_at`` / ``last_active_ts`` — is that much behind at most."""
 _last_active_written: dict[tuple[int, str], float] = {}  # (user id, machine_id) → monotonic time of the write
 _LAST_ACTIVE_MAX = 10_000  # entries before the memo is emptied
@@ -894,7 +894,7 @@ def audit_record_create(
     step of, ``""`` for none) and stamp the machine's last activity: one
     INSERT, plus — at most once every ``LAST_ACTIVE_RESOLUTION`` seconds per machine and
     process, or when this process saw the machine refuse work — one UPDATE of
-    ``last_active_at`` that also clears ``OVERLOADED`` (§4's second status axis)."""
+    ``last_active_at`` that also clears ``OVERLOADED`` (the health axis of docs/shim-protocol.md#machine-status)."""
     record = AuditRecord.objects.create(
         user=user,
         session_id=session_id,
@@ -927,7 +927,7 @@ def _activity_stamped(*, user: User, machine_id: str, result: dict[str, Any]) ->
                 _last_active_written.clear()
             _last_active_written[key] = now
     elif machine_id and result.get("error_code") == "SHIM_OVERLOADED":
-        # The second status axis (§4): shown until the machine completes an operation again.
+        # The health axis of the status: shown until the machine completes an operation again.
         Machine.objects.filter(user=user, machine_id=machine_id).update(
             health=Machine.Health.OVERLOADED, status_reason="the shim refused work: too many operations in flight"
         )
@@ -954,7 +954,7 @@ def path_recency_record(*, user: User, session_id: str, machine_id: str, op: str
 
 
 async def request_snapshots(*, user_id: int, connection_ids: list[str]) -> None:
-    """Ask each connection for its ``MACHINE_LIST_RESPONSE`` and cache them (§4 "N = 2")."""
+    """Ask each connection for its ``MACHINE_LIST_RESPONSE`` and cache them (docs/shim-protocol.md#machine-sessions)."""
     rows = await database_sync_to_async(
         lambda: list(MachineConnection.objects.filter(connection_id__in=connection_ids).select_related("machine"))
     )()
@@ -976,7 +976,7 @@ async def request_snapshots(*, user_id: int, connection_ids: list[str]) -> None:
 
 def attached_machines(*, user: User, session_id: str) -> list[dict[str, Any]]:
     """Per machine of ``user`` attached to ``session_id``, by name: its snapshot (the cached
-    ``MACHINE_LIST_RESPONSE`` payload, else what its ``HELLO`` said, §4) plus
+    ``MACHINE_LIST_RESPONSE`` payload, else what its ``HELLO`` said) plus
     ``display_name`` (its name), ``last_active_at`` (an aware ``datetime`` of its last
     routed operation, or ``None``), ``status`` and ``is_default``. Each edge renders
     ``last_active_at`` in its own words (REST: ISO 8601; the tool: ``last_active_ts``).
@@ -1008,8 +1008,8 @@ def attached_machines(*, user: User, session_id: str) -> list[dict[str, Any]]:
 
 
 def list_machines(*, user: User, session_id: str) -> list[dict[str, Any]]:
-    """The ``list_machines`` tool's answer (§6 "Tools"): ``attached_machines`` with, in place
-    of ``last_active_at``, the spec's ``last_active_ts`` (epoch seconds, or ``None``)."""
+    """The ``list_machines`` tool's answer (docs/mcp.md#tools): ``attached_machines`` with, in
+    place of ``last_active_at``, the tool's ``last_active_ts`` (epoch seconds, or ``None``)."""
     listed = []
     for entry in attached_machines(user=user, session_id=session_id):
         listed.append(
@@ -1024,5 +1024,5 @@ def list_machines(*, user: User, session_id: str) -> list[dict[str, Any]]:
 
 
 def machine_status(machine: Machine) -> dict[str, str]:
-    """The two-axis status shown to users (§4): connection, health and a reason."""
+    """The two-axis status shown to users (docs/shim-protocol.md#machine-status): connection, health and a reason."""
     return {"connection": machine.connection_status, "health": machine.health, "reason": machine.status_reason}

@@ -1,5 +1,5 @@
 """Cross-machine pipes: one command's stdout into another's stdin, through the platform
-(issue 14 "Cross-machine pipe"; design §1, §3; protocol 2.1).
+(docs/live-operations.md#cross-machine-pipes; protocol 2.1).
 
 The source runs ``EXECUTE_COMMAND {stream, binary, pipe: true}``; the destination
 ``EXECUTE_COMMAND {stream, stdin: "stream", pipe: true}``. Each source stdout frame (base64,

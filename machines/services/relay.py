@@ -1,4 +1,5 @@
-"""The caller's side of a live operation on one machine (issue 14, design §2; protocol 2.1).
+"""The caller's side of a live operation on one machine (protocol 2.1:
+docs/shim-protocol.md#live-operations-21).
 
 A ``LiveCommand`` is one streamed ``EXECUTE_COMMAND`` on one machine: it sends a
 ``MachineOpMessage(relay=True)`` to the shim consumer's channel with its own long-lived
@@ -9,7 +10,7 @@ reply channel (a ``core.realtime.Subscription``), and reads that channel itself:
 (stdout/stderr credit, granted as the caller consumes), ``MachineInputMessage`` (stdin) and
 ``MachineCancelMessage``.
 
-Rules it holds (design §1–§2):
+Rules it holds (docs/shim-protocol.md#flow-control-flow, #streamed-output):
 
 - credit is end to end: the shim may send ``stream_window_bytes`` raw bytes of each stream
   before the first grant; ``consumed(output)`` grants more (cumulative ``credit_total`` =
@@ -140,9 +141,9 @@ class Result(LiveEvent):
 
 @dataclass(frozen=True)
 class Failed(LiveEvent):
-    """The operation failed on ``machine_id`` (``None`` when no machine was chosen): a §5/§6
-    code (``MACHINE_UNREACHABLE``, ``TIMEOUT``, ``OUTPUT_LOST``, ``UNSUPPORTED_OPERATION``, the
-    shim's own …), its message and details."""
+    """The operation failed on ``machine_id`` (``None`` when no machine was chosen): a code
+    of docs/shim-protocol.md#errors (``MACHINE_UNREACHABLE``, ``TIMEOUT``, ``OUTPUT_LOST``,
+    ``UNSUPPORTED_OPERATION``, the shim's own …), its message and details."""
 
     event: ClassVar[str] = "error"
     request_id: str
@@ -165,7 +166,8 @@ def base64_length(data: str) -> int:
 @database_sync_to_async
 def connection_alive(connection_id: str, server_process_id: str) -> bool:
     """Whether the connection row still exists and (held by another process) that process's
-    heartbeat is fresh (spec/machines.md §4, the last bullet)."""
+    heartbeat is fresh (docs/shim-protocol.md#presence-and-takeover: a dead process's
+    waiting callers hear of it within seconds)."""
     rows = MachineConnection.objects.filter(connection_id=connection_id)
     if server_process_id != current_process_id():
         cutoff = timezone.now() - timedelta(seconds=settings.PROCESS_TTL)

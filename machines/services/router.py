@@ -1,4 +1,5 @@
-"""``machines.router``: which machine serves an operation in a session (machines.md §6).
+"""``machines.router``: which machine serves an operation in a session
+(docs/shim-protocol.md#routing).
 
 Precedence: (1) an explicit ``target_machine`` — exact ``machine_id``, then exact host
 name or display name (case-insensitive), then a unique prefix of either; (2) the
@@ -41,7 +42,7 @@ class Candidate:
     granted_capabilities: tuple[str, ...]
     allowed_roots: tuple[str, ...]
     limits: dict[str, int]
-    protocol_version: str = "2.0"  # the connection's negotiated version (§3)
+    protocol_version: str = "2.0"  # the connection's negotiated version
     shim_version: str = ""  # the shim program's version, from its HELLO
 
     @property
@@ -56,8 +57,9 @@ class Candidate:
 
     def require_live(self, feature: str) -> None:
         """Raise ``DispatchError`` ``UNSUPPORTED_OPERATION`` unless the connection speaks
-        2.1 (issue 14: a 2.0 shim keeps working, and asking it for a live feature names its
-        version): "machine 'laptop' runs shim 0.1.0 (protocol 2.0); <feature> needs protocol 2.1"."""
+        2.1 (a 2.0 shim keeps working, and asking it for a live feature names its version;
+        docs/shim-protocol.md#version-20-compatibility): "machine 'laptop' runs shim 0.1.0
+        (protocol 2.0); <feature> needs protocol 2.1"."""
         if not self.live:
             raise DispatchError(
                 "UNSUPPORTED_OPERATION",
@@ -89,8 +91,9 @@ class Candidate:
 
 
 ROUTE_CACHE_SECONDS = 1.0
-"""How long ``choose_cached`` reuses a session's attached machines (issue 15, B4). A
-process forgets them at once when it connects, disconnects, re-grants or revokes a machine
+"""How long ``choose_cached`` reuses a session's attached machines, so that most
+operations are routed without a query (bench B4 in bench/README.md). A process forgets
+them at once when it connects, disconnects, re-grants or revokes a machine
 (``route_cache_clear``); another process's change is seen within this. A candidate taken
 from it whose connection turns out gone is routed again, fresh, only for an operation that
 may run twice (``rerouting_safe``; machine_op)."""
@@ -112,7 +115,7 @@ def route_cache_clear_on_commit() -> None:
 
 def rerouting_safe(op: str, payload: dict[str, Any]) -> bool:
     """Whether running ``op`` twice does no harm, so a stale cached route may be retried:
-    not ``EXECUTE_COMMAND``, ``FILE_MOVE``, an appending ``FILE_WRITE`` (§6: never retried)
+    not ``EXECUTE_COMMAND``, ``FILE_MOVE``, an appending ``FILE_WRITE`` (never sent twice)
     nor ``FILE_DELETE`` (a second one fails)."""
     if op in ("EXECUTE_COMMAND", "FILE_MOVE", "FILE_DELETE"):
         return False
@@ -321,10 +324,10 @@ class FanOutTarget:
 
 
 def choose_many(*, user: User, session_id: str, op: str, target_machines: list[str] | str) -> list[FanOutTarget]:
-    """The machines of a fan-out (issue 14 "Fan-out"): ``"*"`` → every machine attached to
-    ``session_id`` that was granted the op's capability (by name); a list → each entry
-    resolved as an explicit ``target_machine`` (step 1), in order, a machine named twice
-    kept once. An entry that does not resolve (``MACHINE_NOT_ATTACHED``,
+    """The machines of a fan-out (docs/live-operations.md#fan-out-to-many-machines):
+    ``"*"`` → every machine attached to ``session_id`` that was granted the op's capability
+    (by name); a list → each entry resolved as an explicit ``target_machine`` (step 1), in
+    order, a machine named twice kept once. An entry that does not resolve (``MACHINE_NOT_ATTACHED``,
     ``MACHINE_AMBIGUOUS``) or lacks the capability (``CAPABILITY_NOT_GRANTED``) is an entry
     with its ``error``, not a failure of the whole call.
 
@@ -376,7 +379,7 @@ def _next_turn(*, user: User, session_id: str) -> int:
 
 
 def default_machine_id(*, user: User) -> str | None:
-    """The user's default machine id (cached in Redis when configured, §6 step 3)."""
+    """The user's default machine id (cached in Redis when configured; routing step 3)."""
     key = f"{settings.REDIS_PREFIX}:machines:default_machine:{user.pk}"
     if settings.REDIS_URL:
         cached = _redis().get(key)
