@@ -1,4 +1,4 @@
-"""This instance's identity for peers (spec/peers.md §1): its key pair, created on first
+"""This instance's identity for peers (docs/peers.md#before-you-pair): its key pair, created on first
 use, and its display name; and who may change them or pair (staff).
 
 The pair is kept in the ``InstanceIdentity`` row: the raw public key as base64url without
@@ -55,7 +55,7 @@ def identity_get() -> Identity:
 
 def staff_require(*, user: User) -> None:
     """Refuse unless ``user`` is an active staff user: pairing, linking and renaming this
-    instance are admin actions (spec §1 "Who a link acts as"). Raises
+    instance are admin actions (docs/peers.md#pairing). Raises
     ``DispatchError("PERMISSION_DENIED")`` (403) "pairing is for staff users only"."""
     if not (user.is_active and user.is_staff):
         raise DispatchError("PERMISSION_DENIED", "pairing is for staff users only")
@@ -63,10 +63,10 @@ def staff_require(*, user: User) -> None:
 
 @transaction.atomic
 def instance_rename(*, user: User, name: str) -> str:
-    """Set this instance's display name (spec §1: editable; it seeds the label peers give
+    """Set this instance's display name (editable; it seeds the label peers give
     this instance). Staff only (403); 1–100 characters (400); ``CONFLICT`` (409) when a
     live link here is labelled so, ignoring case (its agents would be badged with this
-    instance's own name, issue 13). Returns the stored name."""
+    instance's own name). Returns the stored name."""
     staff_require(user=user)
     text = name.strip() if isinstance(name, str) else ""
     if not 1 <= len(text) <= 100:

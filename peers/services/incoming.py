@@ -1,9 +1,9 @@
-"""Writes the peer API makes on this instance for a linked peer (spec/peers.md §5), through
+"""Writes the peer API makes on this instance for a linked peer (docs/peers.md#the-peer-api), through
 the agents app's services (``agents.lifecycle``, ``agents.messages``).
 
-Everything here acts as the link's user (``peer.owner``, spec §1 "Who a link acts as"):
+Everything here acts as the link's user (``peer.owner``, docs/peers.md#who-a-link-acts-as):
 agents a peer launches are owned by them, messages reach only their local agents, and a
-peer may stop or archive only the agents it launched itself. Capabilities (spec §3) are
+peer may stop or archive only the agents it launched itself. Capabilities (docs/peers.md#permissions) are
 checked by ``capability_require`` before any of these run; ``full_access`` launches are
 checked here.
 """
@@ -31,7 +31,7 @@ from peers.services import receipts
 
 logger = logging.getLogger(__name__)
 
-# Capability flag → the refusal's message (spec §3: each route checks its own flag).
+# Capability flag → the refusal's message (each route checks its own flag).
 CAPABILITY_MESSAGES: dict[str, str] = {
     "allow_launch": "launch is not permitted for this peer",
     "allow_message": "messaging is not permitted for this peer",
@@ -41,9 +41,9 @@ CAPABILITY_MESSAGES: dict[str, str] = {
 
 
 def capability_require(*, peer: Peer, flag: str) -> None:
-    """Refuse unless ``peer`` was granted ``flag`` (an ``allow_*`` field, spec §3).
+    """Refuse unless ``peer`` was granted ``flag`` (an ``allow_*`` field, docs/peers.md#permissions).
 
-    Raises ``DispatchError("CAPABILITY_NOT_GRANTED")`` (403) with the spec's message,
+    Raises ``DispatchError("CAPABILITY_NOT_GRANTED")`` (403) with the documented message,
     e.g. "launch is not permitted for this peer". Reads the row as given: the caller
     loads the peer per request, so a changed flag takes effect on the next request.
     """
@@ -63,7 +63,7 @@ def _outside(cwd: str, roots: list[str]) -> DispatchError:
 
 
 def launch_cwd_resolve(cwd: Any, *, roots: list[str] | None = None) -> str:
-    """The directory a peer's launch runs in (spec §5 Launch), or a 400 naming the roots.
+    """The directory a peer's launch runs in (docs/peers.md#launch), or a 400 naming the roots.
 
     ``cwd``: an absolute path, or one starting with ``~`` / ``~/`` (this instance's
     home). Its realpath (symlinks and ``..`` resolved) must be one of ``roots`` (default
@@ -104,10 +104,10 @@ def _segments(path: str) -> list[str]:
 
 
 def launch_preamble(*, peer: Peer, launched_by: dict[str, Any]) -> str:
-    """The text a peer-launched agent gets first (spec §5 Launch), ending in a blank line.
+    """The text a peer-launched agent gets first (docs/peers.md#using-a-link), ending in a blank line.
 
     Names the linked instance by this instance's label for it and the launcher by its
-    address here, ``<label>:<agent id>`` (what ``dispatch_send_message`` takes, §6), or,
+    address here, ``<label>:<agent id>`` (what ``dispatch_send_message`` takes), or,
     for a person (``agent_id`` null), by their name.
     """
     instance = f'the linked Dispatch instance "{peer.label}"'
@@ -132,7 +132,7 @@ def _kind(type: str) -> str:
 
 
 def peer_launch_here(*, peer: Peer, launch: LaunchBody) -> Agent:
-    """Launch an agent here for ``peer`` (``POST /api/v1/peers/launch``, spec §5) and return it.
+    """Launch an agent here for ``peer`` (``POST /api/v1/peers/launch``) and return it.
 
     ``launch``: the validated body (``LaunchBody``, context ``{"peer_instance_id":
     peer.instance_id}``). Its ``type`` defaults to what a local launch gets
@@ -186,7 +186,7 @@ def _record_launched_by_peer(*, agent: Agent, peer: Peer, launched_by: dict[str,
 
 
 def launch_answer(agent: Agent) -> dict[str, Any]:
-    """The 201 body of a peer launch: ``{agent_id, name, status}`` (spec §5)."""
+    """The 201 body of a peer launch: ``{agent_id, name, status}``."""
     return {"agent_id": agent.pk, "name": agent.name, "status": agent.status}
 
 
@@ -201,7 +201,7 @@ def _undeliverable(agent_id: str, reason: str, status: str | None = None) -> Dis
 
 
 def peer_message_here(*, peer: Peer, message: MessageBody, idempotency_key: str) -> AgentMessage:
-    """Deliver ``peer``'s message to one of the link user's local agents (spec §5 Messages).
+    """Deliver ``peer``'s message to one of the link user's local agents (docs/peers.md#messages).
 
     ``message``: the validated body (``MessageBody``, context ``{"peer_instance_id":
     peer.instance_id}``). Records an ``AgentMessage`` with ``sender_peer`` / ``peer`` =
@@ -248,7 +248,7 @@ def peer_launched_agent(*, peer: Peer, agent_id: Any) -> Agent:
 
 
 def peer_agent_stop(*, peer: Peer, agent_id: str) -> Agent:
-    """Stop an agent ``peer`` launched here (spec §5; ``lifecycle.agent_stop_any``).
+    """Stop an agent ``peer`` launched here (``lifecycle.agent_stop_any``).
 
     Raises ``NotFound`` (404) for any other agent and ``DispatchError("CONFLICT")`` (409)
     when it cannot stop from its status (already stopped, archived).
@@ -279,14 +279,14 @@ def _message_deliver(*, peer: Peer, idempotency_key: str, body: dict[str, Any]) 
 
 
 def peer_message_deliver(*, peer: Peer, idempotency_key: str, body: dict[str, Any]) -> receipts.Answer:
-    """``POST /api/v1/peers/messages`` (spec §5): the receipt and the message in one transaction.
+    """``POST /api/v1/peers/messages``: the receipt and the message in one transaction.
 
     ``body``: the request's JSON object. New key → the body is validated
     (``MessageBody``), then ``peer_message_here``, and 200 ``{"delivered": true,
     "message_id"}`` is stored in the receipt. Repeated key, same body → 200 ``{"delivered":
     true, "duplicate": true}`` without delivering again. Raises ``IdempotencyKeyReused``
     (422) for another body under the key — whatever that body is: the receipt is opened
-    before the body is judged (spec §5) — then ``InvalidRequest`` (400, the model's
+    before the body is judged — then ``InvalidRequest`` (400, the model's
     sentence), then what ``peer_message_here`` raises (409 when the agent is gone or not
     running). On any error the transaction rolls back, so the receipt is removed with the
     message and a retry under the same key is judged afresh.

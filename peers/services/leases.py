@@ -1,5 +1,5 @@
 """Per-peer leases (``PeerLease``): one process at a time subscribes to a peer's stream
-(``subscribe``, spec/peers.md §7, ``peers.mirror``) or drains its outbox (``drain``, §8,
+(``subscribe``, ``peers.mirror``) or drains its outbox (``drain``,
 ``peers.outbox``). A holder is a process id (plus a suffix for the drain)."""
 
 from __future__ import annotations

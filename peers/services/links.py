@@ -1,4 +1,4 @@
-"""A link once made (spec/peers.md §3, §4, §6, §7, §8): its label, its capabilities, the
+"""A link once made (docs/peers.md#permissions, docs/peers.md#labels): its label, its capabilities, the
 credential it presents, its liveness (``last_seen_at``, stamped when the peer is seen) and
 what its stream reconnecting sets going.
 
@@ -25,7 +25,7 @@ from peers.models import Peer
 from peers.selectors import label_taken, peer_get_for
 from peers.services.outbox import outbox_backoff_reset
 
-# ``last_seen_at`` is stamped at most once per this interval (spec §4).
+# ``last_seen_at`` is stamped at most once per this interval (docs/peers.md#authentication).
 LAST_SEEN_RESOLUTION = datetime.timedelta(seconds=60)
 CAPABILITIES = ("allow_launch", "allow_message", "allow_full_access", "allow_events")
 DEFAULT_CAPABILITIES = {"allow_launch": True, "allow_message": True, "allow_full_access": False, "allow_events": True}
@@ -34,11 +34,11 @@ _LABEL_RE = re.compile(r"[\w .-]{1,64}")  # letters, digits, spaces and ._- (\w 
 _LABEL_BAD_CHAR = re.compile(r"[^\w .-]+")
 
 
-# --- labels (spec §6) and capabilities (spec §3) ---------------------------------------------------
+# --- labels and capabilities -------------------------------------------------------------------
 
 
 def label_validate(label: Any) -> str:
-    """A label as stored (spec §6): 1–64 characters of letters, digits, spaces and ``._-``,
+    """A label as stored (docs/peers.md#labels): 1–64 characters of letters, digits, spaces and ``._-``,
     surrounding spaces removed. ``InvalidRequest`` (400) otherwise (a colon would make
     ``<label>:<agent id>`` ambiguous)."""
     text = label.strip() if isinstance(label, str) else ""
@@ -58,7 +58,7 @@ def label_from_name(name: str) -> str:
 
 
 def label_unique(base: str, *, exclude_peer_id: int | None = None) -> str:
-    """``base``, or ``base-2``, ``base-3``… — the first free label among live peers (spec §6)."""
+    """``base``, or ``base-2``, ``base-3``… — the first free label among live peers."""
     if not label_taken(label=base, exclude_peer_id=exclude_peer_id):
         return base
     n = 2
@@ -78,7 +78,7 @@ def _own_names() -> set[str]:
 
 def label_is_own_name(label: str) -> bool:
     """Whether ``label`` is this instance's own display name, ignoring case: a peer called
-    that here would badge the peer's agents with this instance's name (issue 13)."""
+    that here would badge the peer's agents with this instance's name."""
     return label.strip().casefold() in _own_names()
 
 
@@ -86,7 +86,7 @@ def label_distinct_from_own(label: str, *, url: str) -> str:
     """``label``, or — when it is this instance's own name (``label_is_own_name``; two
     instances both named after the host they run on) — ``"<label> at <host> port <port>"``
     from the peer's ``url`` (``"<label> at <host>"`` without an explicit port), within
-    ``LABEL_MAX`` characters and spec §6's alphabet (no colon). Not made unique: the caller
+    ``LABEL_MAX`` characters and the labels' alphabet (no colon). Not made unique: the caller
     passes the result to ``label_unique``."""
     if not label_is_own_name(label):
         return label
@@ -103,7 +103,7 @@ def label_distinct_from_own(label: str, *, url: str) -> str:
 
 
 def label_for_link(*, label: str | None, name: str, url: str, exclude_peer_id: int | None = None) -> str:
-    """The label a link gets when it is made (spec §2, §6): ``label`` as given (validated by
+    """The label a link gets when it is made: ``label`` as given (validated by
     the caller) or, without one, one derived from the peer's reported ``name``; never this
     instance's own name (``label_distinct_from_own``, with the peer's ``url``: both sides of
     a pairing must not show the same name for each other); then the first free one among
@@ -113,7 +113,7 @@ def label_for_link(*, label: str | None, name: str, url: str, exclude_peer_id: i
 
 
 def capabilities_validate(values: dict[str, Any]) -> dict[str, bool]:
-    """The four flags of spec §3 from ``values`` (missing ones take their defaults,
+    """The four ``allow_*`` flags (docs/peers.md#permissions) from ``values`` (missing ones take their defaults,
     ``DEFAULT_CAPABILITIES``). ``InvalidRequest`` (400) for a value that is not a boolean;
     other keys are ignored."""
     flags: dict[str, bool] = {}
@@ -130,7 +130,7 @@ def capabilities_validate(values: dict[str, Any]) -> dict[str, bool]:
 
 @transaction.atomic
 def peer_rename(*, user: User, peer_id: int, label: str) -> Peer:
-    """Give one of ``user``'s peers a new label (spec §6). ``reported_name`` is untouched.
+    """Give one of ``user``'s peers a new label. ``reported_name`` is untouched.
 
     Raises ``NotFound`` (404), ``InvalidRequest`` (400) for an invalid label, and
     ``CONFLICT`` (409) when another live peer has it, or when it is this instance's own
@@ -162,7 +162,7 @@ def _rename(peer: Peer, label: Any) -> Peer:
 
 @transaction.atomic
 def peer_capabilities_set(*, user: User, peer_id: int, **capabilities: bool) -> Peer:
-    """Change what one of ``user``'s peers may do here (spec §3: ``allow_launch``,
+    """Change what one of ``user``'s peers may do here (``allow_launch``,
     ``allow_message``, ``allow_full_access``, ``allow_events``; unnamed flags keep their
     value). Takes effect on the peer's next request. ``InvalidRequest`` for an unknown flag
     or a non-boolean; ``NotFound`` for a peer that is not the user's."""
@@ -182,8 +182,8 @@ def peer_capabilities_set(*, user: User, peer_id: int, **capabilities: bool) -> 
 
 @transaction.atomic
 def peer_admin_update(*, peer: Peer, label: str, **capabilities: bool) -> Peer:
-    """The admin's edit of any peer: its label (spec §6 rules, 409 when taken) and the
-    capability flags (spec §3), in one transaction; nothing is kept if either is refused."""
+    """The admin's edit of any peer: its label (409 when taken) and the
+    capability flags, in one transaction; nothing is kept if either is refused."""
     row = Peer.objects.select_for_update().get(pk=peer.pk)
     if label != row.label:
         row = _rename(row, label)
@@ -200,9 +200,9 @@ def peer_admin_update(*, peer: Peer, label: str, **capabilities: bool) -> Peer:
 @transaction.atomic
 def peer_credentials_rotate(*, peer: Peer) -> Peer:
     """Re-encrypt the token this instance presents to ``peer`` under the newest
-    ``DISPATCH_ENCRYPTION_KEYS`` key (the admin's "rotate credentials", spec §1: keys can
+    ``DISPATCH_ENCRYPTION_KEYS`` key (the admin's "rotate credentials": keys can
     be rotated without breaking links). The tokens themselves change only by re-pairing
-    (spec §2 step 4). ``SecretUnreadable`` if no configured key opens the stored token."""
+    (docs/peers.md#pairing). ``SecretUnreadable`` if no configured key opens the stored token."""
     row = Peer.objects.select_for_update().get(pk=peer.pk)
     row.outbound_token_encrypted = secrets_at_rest.rotate(row.outbound_token_encrypted)
     row.updated_at = timezone.now()
@@ -242,7 +242,7 @@ def peer_features_record(*, peer: Peer, features: list[str]) -> bool:
 
 def peer_seen_stamp(*, peer_id: int) -> None:
     """Stamp peer ``peer_id``'s ``last_seen_at`` now, unconditionally: its events stream is
-    connected (spec §7 "a connected stream proves the peer alive"). The mirroring subscriber
+    connected, which proves the peer alive. The mirroring subscriber
     throttles its own calls (``peers.mirror.LAST_SEEN_INTERVAL``)."""
     Peer.objects.filter(pk=peer_id).update(last_seen_at=timezone.now())
 
@@ -251,7 +251,6 @@ def peer_seen_stamp(*, peer_id: int) -> None:
 def peer_reconnected(*, peer: Peer) -> None:
     """``peer``'s events stream (re)connected (its first snapshot arrived): stamp
     ``last_seen_at``, make its queued outbox rows due now with their backoff forgotten and
-    ring the drain doorbell after commit (``outbox_backoff_reset``; spec §8 "reset when the
-    peer's stream reconnects")."""
+    ring the drain doorbell after commit (``outbox_backoff_reset``; docs/peers.md#the-outbox)."""
     peer_seen_stamp(peer_id=peer.pk)
     outbox_backoff_reset(peer=peer)

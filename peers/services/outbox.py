@@ -1,4 +1,4 @@
-"""The outbox's rows (spec/peers.md §8: messages are content, status is state): queueing a
+"""The outbox's rows (docs/peers.md#the-outbox): queueing a
 message for a peer, the outcome of each try, operators' retry and discard, retention.
 
 An ``OutboxMessage`` is ``queued`` until it is ``delivered`` (the peer answered 2xx),
@@ -64,7 +64,7 @@ def ring_on_commit_unawaited(group: str, message: ChannelMessage) -> None:
 
     A sync view runs on Channels' one shared sync thread; ``ring_on_commit`` makes that
     thread wait (``async_to_sync``) until the busy event loop has sent the ring — a quarter
-    of a REST enqueue's time under load (issue 15, B8: the outbox doorbell and the
+    of a REST enqueue's time under load (measured on the outbox doorbell and the
     ``message.created`` announcement). Nothing here needs the ring's outcome
     (``core.realtime.ring`` logs its own failures), so after commit it is scheduled on the
     loop that runs this thread's caller (asgiref's ``SyncToAsync`` records it) and not
@@ -88,7 +88,7 @@ def _ring_without_waiting(group: str, message: ChannelMessage) -> None:
 
 
 def outbox_enqueue(*, message: AgentMessage, peer: Peer, to_agent_id: str, payload: dict[str, Any]) -> OutboxMessage:
-    """Queue ``message`` for delivery to agent ``to_agent_id`` on ``peer`` (spec §8).
+    """Queue ``message`` for delivery to agent ``to_agent_id`` on ``peer`` (docs/peers.md#the-outbox).
 
     Must run inside the transaction that created ``message`` (raises ``RuntimeError``
     otherwise: a message without its outbox row, or the reverse, must never commit).
@@ -124,8 +124,7 @@ def backoff_delay(attempts: int, *, rand: Callable[[], float] | None = None) -> 
 def outbox_backoff_reset(*, peer: Peer | int) -> int:
     """Make ``peer``'s (a row or its id) queued rows due now with their backoff forgotten
     (``attempts`` = 0), then ring the drain doorbell. Called when the peer's stream
-    (re)connects (``peers.services.links.peer_reconnected``; spec §8 "reset when the peer's
-    stream reconnects").
+    (re)connects (``peers.services.links.peer_reconnected``).
 
     Returns the number of rows reset.
     """
@@ -137,7 +136,7 @@ def outbox_backoff_reset(*, peer: Peer | int) -> int:
     return reset
 
 
-# --- one row's outcome (the drain's tries, spec §8) ---------------------------------------------
+# --- one row's outcome (the drain's tries) ---------------------------------------------------
 
 
 def outbox_mark_dead(*, row: OutboxMessage, error: str) -> bool:
@@ -179,7 +178,7 @@ def outbox_mark_delivered(*, row: OutboxMessage) -> bool:
 def outbox_mark_delivered_many(*, rows: list[OutboxMessage]) -> list[int]:
     """``outbox_mark_delivered`` for each of ``rows`` (the peer's batch answer had a 2xx
     receipt for each), in **one** transaction of a fixed number of queries whatever the
-    number of rows (issue 15, B8: it was 18 queries a row, the write lock held meanwhile):
+    number of rows (not about 18 a row with the write lock held meanwhile):
     the rows still ``queued`` are read (locked), marked ``delivered`` in one UPDATE, and
     their messages marked by ``agents.messages.messages_mark_delivered``.
     Returns the ids of the rows marked, in the order given; a row no longer ``queued`` is
@@ -218,7 +217,7 @@ def outbox_defer(*, row: OutboxMessage, error: str) -> None:
 
 
 def outbox_purge(*, now: datetime | None = None) -> dict[str, int]:
-    """Delete what retention allows (spec §8): delivered rows after 7 days, dead and
+    """Delete what retention allows (docs/peers.md#the-outbox): delivered rows after 7 days, dead and
     discarded rows after 30, peer receipts after 30. Returns counts by kind."""
     clock = now or timezone.now()
     delivered, _ = OutboxMessage.objects.filter(
@@ -250,7 +249,7 @@ def _row_for(user: User, outbox_id: Any) -> OutboxMessage:
 
 @transaction.atomic
 def outbox_retry(*, user: User, outbox_id: Any) -> OutboxMessage:
-    """Queue a ``dead`` or ``discarded`` row again (UI and admin, spec §8): ``queued``,
+    """Queue a ``dead`` or ``discarded`` row again (UI and admin): ``queued``,
     attempts 0, due now, and a fresh age (``created_at`` = now, so it queues behind the
     peer's current mail and is not dead-lettered by age at once); its message goes back
     to ``queued``. Rings the doorbell after commit.
@@ -279,7 +278,7 @@ def outbox_retry(*, user: User, outbox_id: Any) -> OutboxMessage:
 
 @transaction.atomic
 def outbox_discard(*, user: User, outbox_id: Any) -> OutboxMessage:
-    """Give up a ``queued`` or ``dead`` row for good (UI and admin, spec §8): ``discarded``,
+    """Give up a ``queued`` or ``dead`` row for good (UI and admin): ``discarded``,
     never sent; a queued message becomes ``dead`` with the error "discarded by <user>".
 
     Raises ``NotFound`` for another user's or an unknown row, ``DispatchError("CONFLICT")``

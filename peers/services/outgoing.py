@@ -1,7 +1,7 @@
-"""Messages this instance sends to agents on a linked peer (spec/peers.md §8): the local
+"""Messages this instance sends to agents on a linked peer (docs/peers.md#the-outbox): the local
 ``AgentMessage`` and its ``OutboxMessage``, written in one transaction; the drain
 (``peers.outbox``) delivers it. Also who on this instance launches or sends, as a peer
-sees it (``launcher_address``, spec §5 ``launched_by`` / ``from``).
+sees it (``launcher_address``: ``launched_by`` / ``from``, docs/peers.md#launch).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from peers.services.outbox import outbox_enqueue, ring_on_commit_unawaited
 
 def launcher_address(*, user: User, caller_agent: Agent | None) -> dict[str, Any]:
     """``{instance_id, agent_id | null, name}``: who on this instance launches or sends
-    (spec §5 ``launched_by`` / ``from``): ``caller_agent``, else the person ``user``."""
+    (``launched_by`` / ``from``): ``caller_agent``, else the person ``user``."""
     # The instance id alone: one SELECT, not identity_get()'s locked read and key decryption.
     return _address(instance_identity_get().instance_id, user=user, caller_agent=caller_agent)
 
@@ -73,7 +73,7 @@ def _shadow_for(peer: Peer, agent_id: str) -> Agent:
 def peer_message_send(
     *, user: User, sender_agent: Agent | None, peer: Peer, to_agent_id: str, content: str
 ) -> AgentMessage:
-    """Send ``content`` to agent ``to_agent_id`` on ``peer`` (spec §8) and return the local message.
+    """Send ``content`` to agent ``to_agent_id`` on ``peer`` and return the local message.
 
     Writes, in one transaction, the ``AgentMessage`` (``queued``; recipient = the shadow
     of ``(peer, to_agent_id)`` — ``to_agent_id`` may also be the shadow's local id;

@@ -1,4 +1,4 @@
-"""Making and ending links (spec/peers.md §2 pairing, §7 unlink): pairing offers and their
+"""Making and ending links (docs/peers.md#pairing, docs/peers.md#unlinking): pairing offers and their
 codes, the ``Peer`` row a claim or a claim's answer stores, and revocation.
 
 The TV model: the side being connected to (B) makes an offer (``offer_create``) and shows
@@ -52,7 +52,7 @@ WRONG_CODE_LIMIT = parse("5 per 10 minutes")  # per instance: then every live of
 
 def _mirror_rescan() -> None:
     """Ring the mirroring loop (``peers.mirror``, which sits above this module) to rescan the
-    links after commit, as ``peers.mirror.mirror_rescan`` does (spec §7)."""
+    links after commit, as ``peers.mirror.mirror_rescan`` does."""
     ring_on_commit(PEERS_MIRROR_GROUP, MirrorRescanMessage())
 
 
@@ -64,7 +64,7 @@ def _code_generate() -> str:
 
 
 def code_display(code: str) -> str:
-    """``BCDFGHJK`` → ``BCDF-GHJK`` (spec §2 step 1)."""
+    """``BCDFGHJK`` → ``BCDF-GHJK``, the form people read and type."""
     return f"{code[:4]}-{code[4:]}"
 
 
@@ -108,9 +108,9 @@ class IssuedOffer:
 
 @transaction.atomic
 def offer_create(*, user: User, link_user: User | None = None, **capabilities: bool) -> IssuedOffer:
-    """Make a pairing offer (spec §2 step 1): a code of 8 characters from ``CODE_ALPHABET``,
+    """Make a pairing offer (docs/peers.md#pairing): a code of 8 characters from ``CODE_ALPHABET``,
     stored as its SHA-256, valid 10 minutes, usable once, carrying ``capabilities``
-    (``allow_launch`` etc., spec §3 defaults) for the peer that claims it.
+    (``allow_launch`` etc., missing ones at their defaults) for the peer that claims it.
 
     ``user`` must be staff (``PERMISSION_DENIED`` 403); ``link_user`` (default ``user``) is
     the user the link will act as here. A sixth live offer raises ``CONFLICT`` (409).
@@ -153,7 +153,7 @@ def offer_create(*, user: User, link_user: User | None = None, **capabilities: b
 
 def offer_wrong_code_record() -> int:
     """Count a wrong pairing code (per instance, in the rate limiter's storage); the fifth
-    within 10 minutes burns every live offer (spec §2 step 3). Returns how many offers were
+    within 10 minutes burns every live offer (docs/peers.md#claim). Returns how many offers were
     burned (0 before the fifth)."""
     limiter = rate_limiter()
     key = (settings.REDIS_PREFIX, "peer-claim-wrong-code")
@@ -168,9 +168,9 @@ def offer_wrong_code_record() -> int:
 
 def _slot_check(*, instance_id: str, public_key: str, owner: User | None = None) -> Peer | None:
     """The live peer of ``instance_id`` (a re-pair), locked, or ``None``; ``CONFLICT`` (409)
-    when it is linked under another key — the existing link is left untouched (spec §2) —
+    when it is linked under another key — the existing link is left untouched —
     or, with ``owner``, when the link acts for another user here: re-pairing rotates tokens,
-    it never hands a user's link (shadows, messages, outbox) to someone else (spec §1)."""
+    it never hands a user's link (shadows, messages, outbox) to someone else (docs/peers.md#who-a-link-acts-as)."""
     existing = Peer.objects.select_for_update().filter(instance_id=instance_id, revoked_at__isnull=True).first()
     if existing is not None and existing.public_key != public_key:
         raise DispatchError(
@@ -229,7 +229,7 @@ def _peer_store(
     if existing is not None:
         if label is not None or label_is_own_name(existing.label):
             # A re-pair keeps the label unless one is given — or the old one is this
-            # instance's own name (a link made before issue 13): it gets a distinct one.
+            # instance's own name (a link made before labels were kept apart from it): it gets a distinct one.
             fields["label"] = label_for_link(
                 label=label if label is not None else existing.label, name=name, url=url, exclude_peer_id=existing.pk
             )
@@ -268,7 +268,7 @@ def offer_redeem(
     features: list[str] | None = None,
 ) -> ClaimAccepted | None:
     """Redeem the live offer of ``code`` (normalized, ``code_normalize``) for the claiming
-    instance (spec §2 step 3, after the rate limit and the body's validation), in one
+    instance (docs/peers.md#claim, after the rate limit and the body's validation), in one
     transaction: check the slot, store the claimant as a peer acting as the offer's
     ``link_user`` with the offer's capabilities — or, for the same id and key, rotate both
     tokens in place — issue a fresh inbound token, mark the offer used and ring the
@@ -328,7 +328,7 @@ def peer_link_store(
     flags: dict[str, bool],
     features: list[str] | None = None,
 ) -> Peer:
-    """Store the instance that answered this instance's claim (spec §2 step 4), acting here
+    """Store the instance that answered this instance's claim, acting here
     as ``owner``: a new peer, or — same id and key — the existing link with both tokens
     rotated in place. Then ring the mirror's rescan after commit.
 
@@ -365,7 +365,7 @@ def peer_link_store(
 
 
 def _revoke_locally(peer: Peer, *, reason: str, by_peer: bool) -> Peer:
-    """The local effects of an unlink (spec §7), inside the caller's transaction."""
+    """The local effects of an unlink (docs/peers.md#unlinking), inside the caller's transaction."""
     now = timezone.now()
     peer.revoked_at = now
     peer.revoked_reason = reason[:200]
@@ -386,7 +386,7 @@ def _revoke_locally(peer: Peer, *, reason: str, by_peer: bool) -> Peer:
 
 @transaction.atomic
 def peer_revoke(*, user: User, peer_id: int, on_revoked: Callable[[Peer], None] | None = None) -> Peer:
-    """Unlink one of ``user``'s peers here (spec §7), in one transaction: its credentials
+    """Unlink one of ``user``'s peers here, in one transaction: its credentials
     are revoked (``revoked_at``: neither token works any more), its queued outbox rows
     closed (``dead``, "peer revoked") with their messages marked ``dead``, its running
     shadows ``stopped`` with a ``system`` event. ``on_revoked(peer)`` runs after commit (the
@@ -415,7 +415,7 @@ def peer_revoke_as_admin(*, peer: Peer, actor: User, on_revoked: Callable[[Peer]
 
 @transaction.atomic
 def peer_mark_unlinked_by_peer(*, peer: Peer) -> Peer:
-    """The peer told us it unlinked us (``POST /api/v1/peers/unlink``, spec §5, §7) or no
+    """The peer told us it unlinked us (``POST /api/v1/peers/unlink``) or no
     longer accepts our token: the same local effects as ``peer_revoke`` — without notifying
     back — and ``unlinked_by_peer`` set so the UI shows "unlinked by the other side".
     Idempotent for a revoked peer."""

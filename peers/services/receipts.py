@@ -1,4 +1,4 @@
-"""Idempotency-Key receipts of the peer API (spec/peers.md §4, §5).
+"""Idempotency-Key receipts of the peer API (docs/peers.md#authentication).
 
 Every state-changing peer POST carries an ``Idempotency-Key`` (a captured request
 replayed inside the signature's time window must do nothing new). Before acting, the
@@ -12,7 +12,7 @@ the body; when done it stores the answer in it.
   receiver does not wait; the sender may retry with the same key and then gets the first
   answer);
 - the first request failed (any error) → the receipt is removed, so a retry is judged
-  afresh (spec §5 Messages: "the receipt is removed and the answer is 409").
+  afresh (a message to an agent that is gone is 409 and keeps no receipt, docs/peers.md#messages).
 
 Two ways to use it: ``receipt_open`` / ``receipt_close`` inside the caller's transaction
 (the message route: the receipt and the message commit or roll back together, so a
@@ -42,7 +42,7 @@ _KEY = re.compile(r"[\x21-\x7e]{1,100}")
 
 
 class IdempotencyKeyReused(DispatchError):
-    """The key was already used for another route or body (422, spec §5 Messages)."""
+    """The key was already used for another route or body (422)."""
 
     def __init__(self, message: str, details: dict[str, Any] | None = None) -> None:
         super().__init__("IDEMPOTENCY_KEY_REUSED", message, details)
@@ -71,7 +71,7 @@ def idempotency_key_of(request: HttpRequest) -> str:
     """
     key = request.headers.get(IDEMPOTENCY_KEY_HEADER, "").strip()
     if not key:
-        raise InvalidRequest("the Idempotency-Key header is required on this route (spec/peers.md §4)")
+        raise InvalidRequest("the Idempotency-Key header is required on this route (docs/peers.md#authentication)")
     if not _KEY.fullmatch(key):
         raise InvalidRequest("Idempotency-Key must be 1 to 100 printable ASCII characters without spaces")
     return key

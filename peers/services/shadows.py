@@ -1,4 +1,4 @@
-"""Shadow agents: local rows mirroring a peer's agents (spec/peers.md §6-7, agents.md §1).
+"""Shadow agents: local rows mirroring a peer's agents (docs/peers.md#shadow-agents).
 
 A shadow is an ``Agent`` with ``peer`` set and ``peer_agent_id`` = the agent's id on the
 peer, owned by the link's local user (``peer.owner``). Shadows take whatever known
@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 Status = Agent.Status
 # The ``system`` notes a shadow gets when its peer's stream drops and when it is back
-# (spec/peers.md §7), each followed by the peer's label.
+# (docs/peers.md#shadow-agents), each followed by the peer's label.
 LOST_CONTACT = "lost contact with"
 CONTACT_RESTORED = "contact restored with"
 # The ``system`` note of a delivered message (agents.messages.messages_mark_delivered): this
@@ -91,7 +91,7 @@ def shadow_upsert(
     parent_peer_agent_id: str | None = None,
     seen_at: datetime,
 ) -> Agent:
-    """Create or update the shadow of the peer's agent ``peer_agent_id`` (spec/peers.md §7).
+    """Create or update the shadow of the peer's agent ``peer_agent_id``.
 
     The shadow is matched by ``(peer, peer_agent_id)`` and owned by ``peer.owner``.
     ``status`` is any ``Agent.Status`` value (taken as is, no transition check);
@@ -223,7 +223,7 @@ def shadow_apply_frame(*, peer: Peer, data: Mapping[str, Any], seen_at: datetime
 def shadows_apply_snapshot(*, peer: Peer, agents: Iterable[Any], seen_at: datetime) -> dict[str, int]:
     """Apply a ``snapshot`` frame's ``agents``: clear ``stale`` on every shadow of the peer
     (contact is back: ``shadows_clear_stale`` notes it on each), upsert each agent, reap the
-    shadows it no longer lists (spec/peers.md §7).
+    shadows it no longer lists.
 
     A malformed item is logged and skipped (its shadow, if any, is not reaped). Returns
     ``{"applied", "rejected", "reaped"}`` counts.
@@ -253,7 +253,7 @@ def _set_status(shadow: Agent, status: str, note: str) -> None:
 
 @transaction.atomic
 def shadows_reap_missing(*, peer: Peer, listed_ids: Iterable[str]) -> int:
-    """Stop the peer's shadows that a snapshot no longer lists (spec/peers.md §7).
+    """Stop the peer's shadows that a snapshot no longer lists.
 
     Each one not already stopped or archived becomes ``stopped`` with a ``system`` event
     "no longer reported by <peer label>". Returns how many were reaped.
@@ -271,7 +271,7 @@ def shadows_reap_missing(*, peer: Peer, listed_ids: Iterable[str]) -> int:
 
 @transaction.atomic
 def shadows_mark_stale(*, peer: Peer) -> int:
-    """The peer's stream dropped: mark its shadows ``stale`` (spec/peers.md §7).
+    """The peer's stream dropped: mark its shadows ``stale``.
 
     Only shadows not already stale (and not archived) change, each with one ``system``
     event "lost contact with <peer label>": calling this again before the next snapshot
@@ -299,7 +299,7 @@ def shadows_clear_stale(*, peer: Peer) -> int:
     """The peer's stream is back (a snapshot arrived): clear ``stale`` on every shadow of the
     peer, each not archived with one ``system`` event "contact restored with <peer label>" —
     the counterpart of ``shadows_mark_stale``'s "lost contact", so only a shadow that lost
-    contact gets it, once per drop (issue 13). Announces each. Returns the count."""
+    contact gets it, once per drop. Announces each. Returns the count."""
     shadows = list(Agent.objects.select_for_update().filter(peer=peer, stale=True))
     Agent.objects.filter(pk__in=[shadow.pk for shadow in shadows]).update(stale=False, updated_at=timezone.now())
     for shadow in shadows:
@@ -312,14 +312,14 @@ def shadows_clear_stale(*, peer: Peer) -> int:
 @transaction.atomic
 def shadows_stop_for_unlink(*, peer: Peer) -> int:
     """The link was revoked: every shadow of the peer not stopped or archived becomes
-    ``stopped`` with a ``system`` event saying why (spec/peers.md §7). Returns the count."""
+    ``stopped`` with a ``system`` event saying why. Returns the count."""
     shadows = list(Agent.objects.select_for_update().filter(peer=peer).exclude(status__in=_AT_REST))
     for shadow in shadows:
         _set_status(shadow, Status.STOPPED, f"the link to {peer.label} was removed; this agent is no longer mirrored")
     return len(shadows)
 
 
-# --- a shadow this instance launched or forwarded to its peer (spec §6, agents.md §5) -----------
+# --- a shadow this instance launched or forwarded to its peer ------------------------------------
 
 
 @transaction.atomic
@@ -334,7 +334,7 @@ def shadow_record_launch(
     launched_by: Agent | None,
     child: bool,
 ) -> Agent:
-    """The shadow of an agent just launched on ``peer`` (spec §6): created with the status of
+    """The shadow of an agent just launched on ``peer`` (docs/peers.md#using-a-link): created with the status of
     the launch answer (``shadow_upsert``), or — when the mirror created it
     first — left at the mirror's status; either way ``cwd``, ``launched_by`` (always) and
     ``parent`` (= the launcher when ``child``) are set. Owned by ``peer.owner``.
