@@ -1,4 +1,4 @@
-"""Example remote: a fake weather service (spec §2.5).
+"""Example remote: a fake weather service (README.md#serve-and-call-a-remote).
 
 With ``DISPATCH_URL`` (the instance's base URL, ``http://127.0.0.1:8000``) and
 ``DISPATCH_TOKEN`` in the environment and the ``dispatch-remote`` package installed:

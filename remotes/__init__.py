@@ -1,2 +1,2 @@
 """Remotes: the registry of functions users serve over the ``/ws`` session protocol, remote
-calls, and the Django-free remote client (``remotes.client``; spec/sessions-and-remotes.md)."""
+calls, and the Django-free remote client (``remotes.client``; docs/ws-protocol.md)."""

@@ -4,7 +4,7 @@ from django.apps import AppConfig
 
 
 class RemotesConfig(AppConfig):
-    """Remotes: functions users serve over the ``/ws`` session protocol (spec/sessions-and-remotes.md)."""
+    """Remotes: functions users serve over the ``/ws`` session protocol (docs/ws-protocol.md)."""
 
     name = "remotes"
 

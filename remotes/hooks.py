@@ -14,7 +14,7 @@ from remotes.models import Remote, WsSession
 
 
 def remotes_of_processes_gone(process_ids: list[str]) -> None:
-    """Ring the tool-list doorbell (spec/agents.md §6 ``list_changed``) of every user with a
+    """Ring the tool-list doorbell (docs/mcp.md#tool-list-changes) of every user with a
     remote held by these processes, whose rows go by cascade with them (reaped or
     unregistered). Runs in the deleting transaction; the ring goes after commit."""
     users = set(Remote.objects.filter(server_process_id__in=process_ids).values_list("user_id", flat=True))

@@ -1,7 +1,8 @@
 """Live connection rows for ws sessions and the remotes they serve.
 
 Both rows belong to the ``ServerProcess`` holding the socket (``on_delete=CASCADE``), so
-reaping a dead process forgets its sessions and remotes (spec/sessions-and-remotes.md §2.4).
+reaping a dead process forgets its sessions and remotes
+(docs/architecture.md#which-way-data-flows).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Typed wire messages of the remotes app, validated on the way in.
 
-- the ``/ws`` remote actions' bodies (spec/sessions-and-remotes.md §2.1):
+- the ``/ws`` remote actions' bodies (docs/ws-protocol.md#actions):
   ``remote-connect`` (``RemoteConnectBody``), ``remote-disconnect`` (``RemoteNameBody``),
   ``remote-call`` (``RemoteCallBody``, also the body of ``POST
   /api/v1/remotes/{remotename}/call``), ``remote-call-result`` (``RemoteCallResult``);
-- the downstream ``remote-call`` event the server sends (§2.2, ``remote_call_event``) and
+- the downstream ``remote-call`` event the server sends (docs/ws-protocol.md#remote-call-event,
+  ``remote_call_event``) and
   the ``requestId`` it carries (``new_request_id``);
 - the channel-layer messages (``core.protocol.ChannelMessage``) the ``/ws`` consumer
   receives from ``remotes.services`` (``RemoteCallMessage``, ``RemoteProbeMessage``,
@@ -57,7 +58,7 @@ __all__ = [
 REMOTENAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,63}$"
 FUNCTION_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 MAX_FUNCTIONS = 128
-MAX_CALL_TIMEOUT = 300.0  # seconds (§2.3)
+MAX_CALL_TIMEOUT = 300.0  # seconds (docs/ws-protocol.md#remote-call)
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
 REMOTENAME_RULE = "1-64 characters from letters, digits and '._/-', starting with a letter or digit"
@@ -65,14 +66,15 @@ FUNCTION_NAME_RULE = "1-64 characters from letters, digits, '_' and '-'"
 
 
 def check_remotename(value: str) -> str:
-    """Return ``value`` when it is a valid remote name (§2.1), else raise ``ValueError``."""
+    """Return ``value`` when it is a valid remote name, else raise ``ValueError``
+    (docs/ws-protocol.md#remote-connect)."""
     if not re.fullmatch(REMOTENAME_PATTERN, value):
         raise ValueError(f"must be {REMOTENAME_RULE}")
     return value
 
 
 class FunctionSpec(BaseModel):
-    """One function of a remote: ``{name, description, parameters}`` (§2.1)."""
+    """One function of a remote: ``{name, description, parameters}``."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -239,7 +241,7 @@ def new_request_id(remotename: str) -> str:
 
 
 def remote_call_event(*, request_id: str, remotename: str, function: str, args: dict[str, Any]) -> str:
-    """The downstream ``remote-call`` event (§2.2) as a frame; it never carries a nonce."""
+    """The downstream ``remote-call`` event as a frame; it never carries a nonce."""
     return encode(
         {"action": "remote-call", "requestId": request_id, "remotename": remotename, "function": function, "args": args}
     )
@@ -252,7 +254,7 @@ class RemoteCallAnswer(BaseModel):
 
 
 class RemoteCallResult(BaseModel):
-    """``remote-call-result`` (§2.1, §2.2): ``{requestId, result}`` or ``{requestId, error}``,
+    """``remote-call-result``: ``{requestId, result}`` or ``{requestId, error}``,
     at the top level of the frame or under ``body``.
 
     No reply is ever sent, so nothing here is refused: a ``requestId`` that is not a
@@ -303,7 +305,7 @@ class RemoteCallMessage(ChannelRequest):
 
 class RemoteProbeMessage(ChannelRequest):
     """``remote.probe``: does this session still serve ``remote_id``? Answered at once on
-    ``reply_channel`` with a ``RemoteProbeReply`` (§2, a takeover of a stale name)."""
+    ``reply_channel`` with a ``RemoteProbeReply`` (a takeover of a stale name)."""
 
     type: Literal["remote.probe"] = "remote.probe"
     remote_id: int
@@ -322,7 +324,7 @@ class RemoteCallReply(ChannelMessage):
     """``remote.reply`` to a ``remote.call``: ``{"result": <any JSON value>}``, or ``{"error":
     <text>}`` with, for a platform error, its ``code`` (``REMOTE_DISCONNECTED``, …) and
     ``delivered: false`` when the call never reached the client (the caller may re-route
-    it, §2.4)."""
+    it)."""
 
     type: Literal["remote.reply"] = "remote.reply"
     result: Any = None

@@ -16,7 +16,7 @@ def remotes_for(*, user: User) -> QuerySet[Remote]:
 
 
 def remote_list_for(*, user: User) -> list[dict[str, Any]]:
-    """The ``remote-list`` entries (§2.1): one ``{remotename, name, description, parameters}``
+    """The ``remote-list`` entries: one ``{remotename, name, description, parameters}``
     per function of each of ``user``'s connected remotes, by remote then function order."""
     entries: list[dict[str, Any]] = []
     for remotename, tools in Remote.objects.filter(user=user).order_by("name").values_list("name", "tools"):

@@ -1,8 +1,9 @@
 """Every write of the remotes app, and the remote call itself.
 
-Spec: sessions-and-remotes.md §1 (ws sessions) and §2 (remotes). The registry lives in
+Docs: docs/ws-protocol.md (ws sessions, remotes). The registry lives in
 the database (``WsSession`` and ``Remote`` rows); a call is a channel-layer message to
-the serving session's channel carrying a reply channel (§2.4).
+the serving session's channel carrying a reply channel
+(docs/architecture.md#which-way-data-flows).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from remotes.schemas import ArgumentValidator, compile_validator, has_patterns
 
 logger = logging.getLogger(__name__)
 
-# Default wait for a remote's answer, seconds (§2.3); overridden by
+# Default wait for a remote's answer, seconds (docs/ws-protocol.md#limits); overridden by
 # DISPATCH_REMOTE_CALL_TIMEOUT and per call.
 REMOTE_CALL_TIMEOUT = 30.0
 
@@ -58,7 +59,7 @@ REMOTE_PROBE_TIMEOUT = 1.0  # seconds a name's (live) holder has to answer a pro
 
 
 class RemoteError(DispatchError):
-    """Any failure of a remote operation, with a message fit to show a model (§2.3).
+    """Any failure of a remote operation, with a message fit to show a model (docs/ws-protocol.md#remote-call).
 
     ``code`` tells the kind: ``REMOTE_NOT_CONNECTED``, ``REMOTE_ALREADY_CONNECTED``,
     ``INVALID_REQUEST`` (unknown function, bad args, arguments too large), ``REMOTE_BUSY``,
@@ -122,7 +123,7 @@ def ws_session_open(
 
 
 def ws_session_close(*, ws_session_id: str) -> None:
-    """Forget a closed ws session and every remote it served (§2 "Lifetime"): the remotes'
+    """Forget a closed ws session and every remote it served: the remotes'
     ``DELETE … RETURNING``, then the session's ``DELETE`` (``core.rows``: nothing else
     refers to either row, so Django's cascade collection, a SELECT more, is not run)."""
     served = [
@@ -141,7 +142,7 @@ def ws_session_close(*, ws_session_id: str) -> None:
 def remote_connect(
     *, user: User, ws_session_id: str, channel_name: str, remotename: str, tools: list[FunctionSpec]
 ) -> Remote:
-    """Register ``remotename`` for ``user``, served by the given ws session (§2.1).
+    """Register ``remotename`` for ``user``, served by the given ws session (docs/ws-protocol.md#remote-connect).
 
     ``tools`` are already validated (``RemoteConnectBody``). Raises ``RemoteError``
     ``"remote 'x' is already connected"`` when the user has a remote of that name
@@ -215,15 +216,16 @@ def remote_holder_forget(*, holder: RemoteHolder, session_stale: bool) -> None:
 
 
 async def _holder_released(holder: RemoteHolder) -> bool:
-    """Whether a name's holder is gone and its registration was removed (issue 16).
+    """Whether a name's holder is gone and its registration was removed
+    (docs/operating.md#a-client-of-a-dead-process-registering-again).
 
     Its process is checked at once (``core.services.server_process_liveness``). Gone — it
     missed two heartbeats and did not answer (or this host knows its pid is gone) — the
     process is reaped and its rows go by cascade. Alive without a connection on the
-    session's channel — the consumer died without its cleanup (issue 11) — the ws session
-    is forgotten. Alive with it, the consumer is probed: one that answers it no longer
-    serves the row loses only that row. Anything else keeps the name: a live process's
-    name is never taken, however late its heartbeat or answer.
+    session's channel — the consumer died without its cleanup (a Redis outage, say) — the ws
+    session is forgotten. Alive with it, the consumer is probed: one that answers it no
+    longer serves the row loses only that row. Anything else keeps the name: a live
+    process's name is never taken, however late its heartbeat or answer.
     """
     liveness = await server_process_liveness(process_id=holder.server_process_id, channel_names=[holder.channel_name])
     if not liveness.answered:
@@ -244,7 +246,7 @@ async def _holder_released(holder: RemoteHolder) -> bool:
 async def remote_connect_probing(
     *, user: User, ws_session_id: str, channel_name: str, remotename: str, tools: list[FunctionSpec]
 ) -> Remote:
-    """``remote_connect``, taking over a name whose holder is gone (§2 "Lifetime", issue 16).
+    """``remote_connect``, taking over a name whose holder is gone (docs/ws-protocol.md#remote-connect).
 
     When the name is taken by another session, the holder's process is checked at once
     (a ``presence.ping``, answered within ``core.services.PRESENCE_PING_TIMEOUT``, 1 s) and,
@@ -275,7 +277,7 @@ async def remote_connect_probing(
 
 @transaction.atomic
 def remote_disconnect(*, user: User, remotename: str) -> Remote:
-    """Disconnect one of ``user``'s remotes, from any of the user's sessions (§2 "Lifetime").
+    """Disconnect one of ``user``'s remotes, from any of the user's sessions (docs/ws-protocol.md#remote-disconnect).
 
     After commit the serving session is told (``remote.disconnected``) and fails the
     remote's pending calls at once. Raises ``RemoteError`` ``"no connected remote named
@@ -370,14 +372,15 @@ def forget_route(user_id: int, remotename: str) -> None:
 
 @database_sync_to_async
 def _serving_state(route: RemoteRoute) -> str:
-    """``"served"`` while the remote's row exists and its process is alive (§2.4);
+    """``"served"`` while the remote's row exists and its process is alive;
     ``"closed"`` when the row is gone but its process lives (the session closed cleanly);
     ``"lost"`` when its process is dead or gone.
 
     A process that stopped cleanly (its stopped marker, ``core.models.ServerProcess``) is
     ``"closed"``: it answered every call it forwarded before its rows went, so a call still
     unanswered never ran, and the caller may re-route it (a route cached from before a
-    rolling restart, issue 16). A reaped process is ``"lost"``: the call may have run."""
+    rolling restart, docs/deploy.md#rolling-restart). A reaped process is ``"lost"``: the
+    call may have run."""
     if route.server_process_id == current_process_id():
         process_alive = True
     else:
@@ -406,7 +409,7 @@ _PATTERNS: dict[tuple[int, str], bool] = {}
 
 
 def check_arguments(route: RemoteRoute, remotename: str, function: str, args: dict[str, Any]) -> int:
-    """Raise ``RemoteError`` unless ``function`` exists and ``args`` fit its schema (§2.2);
+    """Raise ``RemoteError`` unless ``function`` exists and ``args`` fit its schema;
     return the size of the call's downstream frame in UTF-8 bytes (what it holds in flight)."""
     spec = next((tool for tool in route.tools if tool["name"] == function), None)
     if spec is None:
@@ -423,7 +426,7 @@ def check_arguments(route: RemoteRoute, remotename: str, function: str, args: di
         raise RemoteError(
             f"invalid arguments for '{remotename}.{function}': {error.message}{suffix}", "INVALID_REQUEST"
         )
-    # The serving client cannot read a frame over the /ws limit (§2.2); the request id
+    # The serving client cannot read a frame over the /ws limit (docs/ws-protocol.md#limits); the request id
     # is at most the name, '#' and 20 digits.
     frame = remote_call_event(
         request_id=f"{remotename}#{'9' * 20}", remotename=remotename, function=function, args=args
@@ -447,7 +450,7 @@ async def remote_call(
     """Call ``function`` of the caller's remote ``remotename`` with ``args``; return its result.
 
     Usable from any process and any async context (ws sessions, agent runs, MCP): the
-    serving session may be held by another server process (§2.4). Waits on the channel
+    serving session may be held by another server process. Waits on the channel
     layer, never on a thread. ``timeout`` is in seconds (default
     ``DISPATCH_REMOTE_CALL_TIMEOUT``, 30 s; at most 300). While waiting it re-checks every
     ``DISPATCH_REMOTE_LIVENESS_INTERVAL`` seconds that the remote's row exists and its
@@ -459,10 +462,10 @@ async def remote_call(
     "Bounds").
 
     Returns the JSON value the remote answered (``None`` when it sent no ``result``).
-    Raises ``RemoteError`` for every failure (§2.3): not connected, unknown function,
-    arguments failing the schema or too large, too many calls in flight
-    (``RATE_LIMITED``), busy (``REMOTE_BUSY``: the remote's client has not read what it
-    was sent), disconnected, timed out, or the error string the remote reported.
+    Raises ``RemoteError`` for every failure (docs/ws-protocol.md#remote-call): not
+    connected, unknown function, arguments failing the schema or too large, too many calls
+    in flight (``RATE_LIMITED``), busy (``REMOTE_BUSY``: the remote's client has not read
+    what it was sent), disconnected, timed out, or the error string the remote reported.
     """
     if timeout is None:
         timeout = settings.REMOTE_CALL_TIMEOUT

@@ -1,4 +1,5 @@
-"""Client library for Dispatch remotes: serve Python functions over ``/ws`` (spec §2.5).
+"""Client library for Dispatch remotes: serve Python functions over ``/ws``
+(docs/ws-protocol.md#the-python-client).
 
 Imports nothing from Django; depends on ``websockets``, ``pydantic`` and
 ``docstring_parser`` only. Installed as the package ``dispatch_remote`` (``from

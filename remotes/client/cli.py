@@ -1,6 +1,7 @@
-"""Command line for Dispatch remotes (spec §2.5): ``dispatch-remote``, or ``python -m
-remotes.client`` in a clone of the server. Its help (:data:`DESCRIPTION`) says how it is
-used; this module's functions are documented one by one below.
+"""Command line for Dispatch remotes (docs/ws-protocol.md#the-python-client):
+``dispatch-remote``, or ``python -m remotes.client`` in a clone of the server. Its help
+(:data:`DESCRIPTION`) says how it is used; this module's functions are documented one by one
+below.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ Exit codes: 0 success, 1 a failed call or connection, 2 bad usage or no token,
 130 interrupted. The protocol: docs/ws-protocol.md in the Dispatch repository.
 """
 SERVER_CALL_TIMEOUT_MAX = 300.0
-"""Seconds: the longest per-call ``timeout`` the server accepts (§2.3)."""
+"""Seconds: the longest per-call ``timeout`` the server accepts (docs/ws-protocol.md#remote-call)."""
 REPLY_MARGIN = 10.0
 """Seconds ``call`` waits for the reply beyond the server-side call timeout."""
 

@@ -1,4 +1,4 @@
-"""Serve Python functions as a Dispatch remote (spec §2, client side in §2.5)."""
+"""Serve Python functions as a Dispatch remote (docs/ws-protocol.md#the-python-client)."""
 
 from __future__ import annotations
 
@@ -47,13 +47,13 @@ RECONNECT_DELAY_MAX = 30.0
 """Cap of the reconnect delay, in seconds (before jitter)."""
 REGISTER_RETRY_WINDOW = 30.0
 """Seconds to keep retrying ``remote-connect`` while the server still holds the old
-registration of this remote (§2: it has not noticed the old session close yet)."""
+registration of this remote (it has not noticed the old session close yet)."""
 ERROR_MAX_CHARS = 10_000
 """Longer error strings are cut so that an error result always fits in one frame."""
 
 
 class RemoteDisconnected(Exception):
-    """Another session of the user disconnected this remote (spec §2 ``remote-disconnected``).
+    """Another session of the user disconnected this remote (``remote-disconnected``).
 
     The message names the remote and the server's reason. :meth:`Remote.serve` raises it
     and does not register the name again: whoever disconnected it meant it to stop.
@@ -68,7 +68,7 @@ class _Function:
 
 
 class Remote:
-    """A named set of functions served over a ``/ws`` session (spec §2.5).
+    """A named set of functions served over a ``/ws`` session (docs/ws-protocol.md#the-python-client).
 
     ``url`` names the instance, by its base URL ``http(s)://host:port`` or its
     ``ws(s)://host:port/ws``; ``None`` means ``$DISPATCH_URL``, else
@@ -233,7 +233,7 @@ class Remote:
     async def _register(
         self, session: Session, *, give_up: bool, announce: Announce | None, retry_window: float | None
     ) -> None:
-        """Send ``remote-connect``, retrying while the name is still held (§2, §2.5).
+        """Send ``remote-connect``, retrying while the name is still held.
 
         With ``give_up`` the last refusal is raised as ``RemoteCallError`` after
         ``retry_window`` seconds (``None``: :data:`REGISTER_RETRY_WINDOW`); without it (a
@@ -288,7 +288,8 @@ class Remote:
         task.add_done_callback(self._calls.discard)
 
     async def _answer(self, session: Session, call: dict[str, Any]) -> None:
-        """Run one ``remote-call`` event and send its ``remote-call-result`` (§2.2)."""
+        """Run one ``remote-call`` event and send its ``remote-call-result``
+        (docs/ws-protocol.md#remote-call-result)."""
         request_id = call.get("requestId")
         reply: dict[str, Any] = {
             "action": "remote-call-result",

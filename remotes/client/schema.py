@@ -1,4 +1,4 @@
-"""Function specs for ``remote-connect``, derived from a Python callable (spec §2.1, §2.5).
+"""Function specs for ``remote-connect``, derived from a Python callable (docs/ws-protocol.md#remote-connect).
 
 The parameter schema comes from pydantic (the same arguments validator that checks calls)
 and the descriptions from the docstring (``docstring_parser``); nothing here maps types

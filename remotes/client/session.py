@@ -1,4 +1,4 @@
-"""Low-level client for a Dispatch ``/ws`` session (spec §1).
+"""Low-level client for a Dispatch ``/ws`` session (docs/ws-protocol.md).
 
 A :class:`Session` is one websocket connection authenticated with an API token in the
 ``Authorization`` header. It sends requests in the action envelope
@@ -22,7 +22,7 @@ from websockets.exceptions import ConnectionClosed
 logger = logging.getLogger("remotes.client")
 
 MAX_MESSAGE_BYTES = 1024 * 1024
-"""Largest frame either side may send (``DISPATCH_WS_MAX_MESSAGE_BYTES`` default, §1.2)."""
+"""Largest frame either side may send (``DISPATCH_WS_MAX_MESSAGE_BYTES`` default, docs/ws-protocol.md#limits)."""
 
 DEFAULT_URL = "ws://127.0.0.1:8000/ws"
 """The ``/ws`` URL used when neither ``--server``/``--url``, ``$DISPATCH_URL`` nor a
@@ -39,7 +39,7 @@ the session 7-12 s after it stopped, within about ``DISPATCH_PROCESS_TTL``, so t
 "Limits"). The server answers pings by itself; nothing changes on the wire."""
 
 REFUSED_CLOSE_CODES = {4401: "authentication failed", 4408: "authentication timed out"}
-"""Close codes by which the server refuses the session (§1.1); reconnecting cannot help."""
+"""Close codes by which the server refuses the session (docs/ws-protocol.md#close-codes); reconnecting cannot help."""
 
 EventHandler = Callable[["Session", dict[str, Any]], None]
 """Called on the event loop with the session and each event (a frame without a nonce)."""
@@ -48,7 +48,7 @@ EventHandler = Callable[["Session", dict[str, Any]], None]
 def websocket_url(server: str) -> str:
     """``http(s)://host:port[/prefix]`` → ``ws(s)://host:port[/prefix]/ws``: the ``/ws``
     session URL of the instance whose base URL is ``server`` (the shim derives its own
-    ``/ws/shim/`` the same way, spec/machines.md §8).
+    ``/ws/shim/`` the same way, docs/shim-protocol.md#connecting).
 
     The one place the client turns a user's URL into a session URL: ``--server``,
     ``--url``, ``$DISPATCH_URL`` (which Dispatch sets to its http(s) base URL for its
@@ -69,11 +69,11 @@ def websocket_url(server: str) -> str:
 
 
 class RemoteCallError(Exception):
-    """A reply carried an ``error``; the message is the server's error string (§1.2)."""
+    """A reply carried an ``error``; the message is the server's error string (docs/ws-protocol.md#frames)."""
 
 
 class AuthenticationError(Exception):
-    """The server closed the session with 4401 or 4408 (§1.1): the token was refused."""
+    """The server closed the session with 4401 or 4408 (docs/ws-protocol.md#authentication): the token was refused."""
 
 
 class MessageTooLarge(ValueError):
@@ -84,7 +84,7 @@ def encode_message(message: Mapping[str, Any]) -> str:
     """Encode ``message`` as one JSON text frame.
 
     Raises ``MessageTooLarge`` when the UTF-8 frame exceeds 1 MiB (the server would close
-    the connection with 1009, §1.2), ``TypeError`` for values JSON cannot encode and
+    the connection with 1009), ``TypeError`` for values JSON cannot encode and
     ``ValueError`` for NaN or ±Infinity (``allow_nan=False``: not JSON, Dispatch refuses them).
     """
     frame = json.dumps(message, allow_nan=False)

@@ -1,5 +1,6 @@
-"""Foreign keys now name the moved models (``core.*``, ``agents.*``; issue 12): state only, the
-columns and their constraints already point at the same tables."""
+"""Foreign keys now name the moved models (``core.*``, ``agents.*``;
+docs/architecture.md#tables-keep-their-names): state only, the columns and their constraints
+already point at the same tables."""
 
 import django.db.models.deletion
 from django.db import migrations, models
