@@ -1,4 +1,4 @@
-"""Typed bodies of the peer API and the pairing routes (spec/peers.md §2, §5, §6).
+"""Typed bodies of the peer API and the pairing routes (docs/peers.md#the-peer-api).
 
 One model per route body, used to validate the body and, named in its view's
 ``core.openapi.documented`` operation, to produce the route's OpenAPI entry
@@ -18,7 +18,7 @@ already had:
 | ``POST /api/v1/peers/link`` | ``LinkBody`` | ``pairing_api.link_api`` |
 | ``PATCH /api/v1/peers/{id}`` | ``PeerUpdateBody`` | ``pairing_api.peer_api`` |
 
-Each body is judged where the spec puts its check: a launch's and a message's after the
+Each body is judged where the route's documented order puts its check: a launch's and a message's after the
 Idempotency-Key receipt (a reused key answers 422 whatever the body; the message's
 receipt is opened in the message's transaction, so that service validates it), a claim's
 after the claim rate limit (429 first) and before its code (401); the services then take
@@ -54,7 +54,7 @@ from core.protocol import ChannelMessage
 from core.validation import WireModel, refusal
 from peers.identity import PEER_PROTOCOL_VERSION, features_parse, public_key_from
 
-NAME_MAX = 100  # characters of an agent name and of a sender's name (spec §5)
+NAME_MAX = 100  # characters of an agent name and of a sender's name
 AGENT_ID_MAX = 64
 CAPABILITY_FIELDS = ("allow_launch", "allow_message", "allow_full_access", "allow_events")
 PEER_INSTANCE_ID = "peer_instance_id"  # the validation context key: the calling peer's instance id
@@ -88,7 +88,7 @@ def _flag(value: Any, what: str) -> bool:
 
 
 class SenderAddress(BaseModel):
-    """Who acts on the peer: ``{instance_id, agent_id | null, name}`` (spec §5; ``agent_id``
+    """Who acts on the peer: ``{instance_id, agent_id | null, name}`` (``agent_id``
     null for a person there)."""
 
     model_config = ConfigDict(extra="ignore")
@@ -101,7 +101,7 @@ class SenderAddress(BaseModel):
     def check(cls, value: Any, *, what: str, peer_instance_id: str | None) -> SenderAddress:
         """``value`` as an address of the peer ``peer_instance_id``; ``ValueError`` naming
         ``what`` (``launched_by`` / ``from``) and the first wrong part: an object, the
-        peer's own instance id (never another's: capabilities are not transitive, §3), an
+        peer's own instance id (never another's: permissions are never passed on), an
         agent id of at most 64 characters without a colon or null, a name of 1–100."""
         if not isinstance(value, dict):
             raise ValueError(f"{what} must be an object {{instance_id, agent_id, name}}")
@@ -125,12 +125,12 @@ def _peer_instance_id(info: ValidationInfo) -> str | None:
     return context.get(PEER_INSTANCE_ID)
 
 
-# --- the peer API (spec §5) -------------------------------------------------------------------
+# --- the peer API (docs/peers.md#the-peer-api) ----------------------------------------------
 
 
 class LaunchBody(WireModel):
     """``POST /api/v1/peers/launch``: ``{name, prompt, type?, cwd, full_access?, child?,
-    launched_by}`` (spec §5 Launch). Validate with the context ``{"peer_instance_id": …}``.
+    launched_by}`` (docs/peers.md#launch). Validate with the context ``{"peer_instance_id": …}``.
 
     Checked in this order, as the route answers: ``name`` (1–100 characters), ``prompt``
     (text, at most 200,000 characters; null means none), ``type`` (a string; empty or
@@ -188,7 +188,7 @@ class LaunchBody(WireModel):
 
 
 class MessageBody(WireModel):
-    """``POST /api/v1/peers/messages``: ``{to_agent_id, content, from}`` (spec §5 Messages),
+    """``POST /api/v1/peers/messages``: ``{to_agent_id, content, from}`` (docs/peers.md#messages),
     checked in the order ``to_agent_id`` (an agent id, 1–64 characters), ``from``
     (``SenderAddress.check``), ``content`` (``agents.messages.message_content``: 1–200,000
     characters, storable). Validate with the context ``{"peer_instance_id": …}``."""
@@ -239,7 +239,7 @@ def _batch_entries(value: Any) -> list[dict[str, Any]]:
 
 
 # One message of a batch: a ``MessageBody`` plus the ``idempotency_key`` it would carry as
-# its own ``POST /api/v1/peers/messages`` (its receipt's key, spec §5 Messages).
+# its own ``POST /api/v1/peers/messages`` (its receipt's key, docs/peers.md#message-batches).
 _BATCH_MESSAGES_SCHEMA: dict[str, Any] = {
     "type": "array",
     "minItems": 1,
@@ -303,13 +303,13 @@ class MessageBatchAnswer(BaseModel):
 
 class EmptyBody(BaseModel):
     """The body of a peer POST that takes none (stop, archive, unlink): any JSON object,
-    ignored (the ``Idempotency-Key`` is what matters, spec §4)."""
+    ignored (the ``Idempotency-Key`` is what matters)."""
 
     model_config = ConfigDict(extra="allow")
 
 
 class PeerAgentAnswer(BaseModel):
-    """A launched, stopped or archived agent: ``{agent_id, name, status}`` (spec §5)."""
+    """A launched, stopped or archived agent: ``{agent_id, name, status}``."""
 
     agent_id: str
     name: str
@@ -318,7 +318,7 @@ class PeerAgentAnswer(BaseModel):
 
 class MessageAnswer(BaseModel):
     """``{"delivered": true, "message_id"}``, or ``{"delivered": true, "duplicate": true}``
-    for a repeated Idempotency-Key (spec §5 Messages)."""
+    for a repeated Idempotency-Key."""
 
     delivered: bool
     message_id: int | None = None
@@ -332,16 +332,16 @@ class ReposAnswer(BaseModel):
 
 
 class UnlinkAnswer(BaseModel):
-    """``{"unlinked": true}`` (spec §5, §7)."""
+    """``{"unlinked": true}``."""
 
     unlinked: bool
 
 
-# --- pairing (spec §2) and the staff routes (§6) ----------------------------------------------
+# --- pairing and the staff routes (docs/peers.md#pairing, docs/peers.md#permissions) -----------
 
 
 class CapabilityFlags(WireModel):
-    """The four ``allow_*`` flags of spec §3, each optional. Their values are checked by
+    """The four ``allow_*`` flags (docs/peers.md#permissions), each optional. Their values are checked by
     ``peers.pairing`` (``"<flag> must be true or false"``), after the routes' own checks."""
 
     allow_launch: Annotated[Any, _FLAG] = Field(default=None, json_schema_extra=_no_default)
@@ -363,7 +363,7 @@ def _as_user(value: Any) -> str | None:
 
 
 class OfferBody(CapabilityFlags):
-    """``POST /api/v1/peers/offers``: ``{allow_*?, as_user?}`` (spec §2 step 1); ``as_user``
+    """``POST /api/v1/peers/offers``: ``{allow_*?, as_user?}``; ``as_user``
     is a username (empty or null: the caller)."""
 
     as_user: str | None = None
@@ -375,9 +375,9 @@ class OfferBody(CapabilityFlags):
 
 
 class LinkBody(CapabilityFlags):
-    """``POST /api/v1/peers/link``: ``{url, code, label?, allow_*?, as_user?}`` (spec §2 steps
-    2 and 4). ``url`` and ``code`` are taken as text (absent: empty, which the link refuses);
-    an empty ``label`` is none; the label's rules and the flags are ``peers.pairing``'s."""
+    """``POST /api/v1/peers/link``: ``{url, code, label?, allow_*?, as_user?}``. ``url`` and
+    ``code`` are taken as text (absent: empty, which the link refuses); an empty ``label``
+    is none; the label's rules and the flags are ``peers.pairing``'s."""
 
     url: str = ""
     code: str = ""
@@ -401,7 +401,7 @@ class LinkBody(CapabilityFlags):
 
 
 class PeerUpdateBody(CapabilityFlags):
-    """``PATCH /api/v1/peers/{id}``: ``{label?, allow_*?}`` (spec §3, §6); any other field is
+    """``PATCH /api/v1/peers/{id}``: ``{label?, allow_*?}``; any other field is
     refused, naming it. The label's rules and the flags' values are ``peers.pairing``'s."""
 
     model_config = ConfigDict(extra="forbid")
@@ -461,13 +461,13 @@ def _claimant_token(value: Any) -> str:
 
 def _granted(value: Any) -> dict[str, bool] | None:
     """The ``allow_*`` flags of a claim's ``capabilities`` that are booleans; anything else
-    there is left out (what the other side grants is informative, spec §3)."""
+    there is left out (what the other side grants is informative)."""
     if not isinstance(value, dict):
         return None
     return {name: value[name] for name in CAPABILITY_FIELDS if isinstance(value.get(name), bool)}
 
 
-# The fields a claim and its answer share: who the other instance is (spec §2 steps 2-3).
+# The fields a claim and its answer share: who the other instance is (docs/peers.md#claim).
 # Each is stripped; validate with the context {OUR_INSTANCE_ID: this instance's id}.
 ClaimantInstanceId = Annotated[str, BeforeValidator(_claimant_instance_id)]
 ClaimantName = Annotated[str, BeforeValidator(_claimant_name)]
@@ -478,8 +478,8 @@ ClaimantToken = Annotated[str, BeforeValidator(_claimant_token)]
 
 class ClaimBody(WireModel):
     """``POST /api/v1/peers/claim``: ``{code, protocol_version, instance_id, name, url,
-    public_key, token_for_you, capabilities?, features?}`` (spec §2 step 2), judged after the claim
-    rate limit and before the code (spec §2 step 3): ``protocol_version`` first (refused
+    public_key, token_for_you, capabilities?, features?}`` (docs/peers.md#claim), judged after the claim
+    rate limit and before the code: ``protocol_version`` first (refused
     with ``details.protocol_version``), then the fields in this order, each text of bounded
     length, stripped (``url`` without a trailing slash). A ``code`` that cannot be one is a
     wrong code (401), never a bad body; ``capabilities`` keeps its boolean ``allow_*``
@@ -529,10 +529,10 @@ class ClaimBody(WireModel):
 
 
 class ClaimAnswer(WireModel):
-    """The claim's answer: this instance and the token it issued to the claimant (spec §2
-    step 3), with the capabilities the offer grants. The claimant checks
-    ``protocol_version``, then the fields as a claim's (context ``{"our_instance_id":
-    …}``); an absent ``name`` is empty, absent ``capabilities`` none."""
+    """The claim's answer: this instance and the token it issued to the claimant, with the
+    capabilities the offer grants. The claimant checks ``protocol_version``, then the fields
+    as a claim's (context ``{"our_instance_id": …}``); an absent ``name`` is empty, absent
+    ``capabilities`` none."""
 
     absent_as_null = ("instance_id", "url", "public_key", "token_for_you", "capabilities")
 
@@ -554,7 +554,7 @@ class ClaimAnswer(WireModel):
 
 
 class OfferAnswer(BaseModel):
-    """A pairing offer: ``{code, expires_at, address, fingerprint}`` (spec §2 step 1)."""
+    """A pairing offer: ``{code, expires_at, address, fingerprint}``."""
 
     code: str
     expires_at: str
@@ -584,7 +584,7 @@ class PeerAnswer(BaseModel):
 
 
 class LinkAnswer(BaseModel):
-    """A link just made: ``{peer, our_fingerprint, their_fingerprint}`` (spec §2 step 4)."""
+    """A link just made: ``{peer, our_fingerprint, their_fingerprint}``."""
 
     peer: PeerAnswer
     our_fingerprint: str
@@ -602,21 +602,21 @@ class PeerListAnswer(BaseModel):
 
 class OutboxDoorbellMessage(ChannelMessage):
     """``outbox.doorbell``: outbox rows are due; every process's drain loop passes now
-    (``peers.services.outbox.DOORBELL_GROUP``, spec §8)."""
+    (``peers.services.outbox.DOORBELL_GROUP``)."""
 
     type: Literal["outbox.doorbell"] = "outbox.doorbell"
 
 
 class MirrorRescanMessage(ChannelMessage):
     """``mirror.rescan``: a link was made, changed or revoked; every process's mirroring loop
-    rescans the links now (``core.realtime.PEERS_MIRROR_GROUP``, spec §7)."""
+    rescans the links now (``core.realtime.PEERS_MIRROR_GROUP``)."""
 
     type: Literal["mirror.rescan"] = "mirror.rescan"
 
 
 class MirrorResnapshotMessage(ChannelMessage):
     """``mirror.resnapshot``: the process subscribed to peer ``peer_id`` reconnects its stream
-    now, which brings a fresh snapshot (after a launch on that peer, spec §6)."""
+    now, which brings a fresh snapshot (after a launch on that peer)."""
 
     type: Literal["mirror.resnapshot"] = "mirror.resnapshot"
     peer_id: int

@@ -1,4 +1,4 @@
-"""``GET /api/v1/peers/events``: our local agents as a peer may see them (spec/peers.md §5).
+"""``GET /api/v1/peers/events``: our local agents as a peer may see them (docs/peers.md#events).
 
 An async Django view streaming server-sent events to an authenticated peer
 (``peers.auth.peer_authenticate``). Scope: only the link user's (``peer.owner``'s)
@@ -175,7 +175,7 @@ async def peer_frames(peer: Peer, live: Subscription) -> AsyncIterator[str]:
                 if not isinstance(message, UserEventMessage) or message.event != "agent.upsert":
                     continue
                 if loop.time() - checked >= LINK_RECHECK_SECONDS:
-                    # spec §3: a changed flag takes effect on the next request — the stream is
+                    # A changed flag takes effect on the next request — the stream is
                     # one long request, so it re-reads the link; an unlink or a new link user
                     # (re-pairing) ends it (the peer reconnects and is judged afresh).
                     link = await database_sync_to_async(_link_now)(peer.pk)
@@ -221,7 +221,7 @@ async def peer_events_open(peer: Peer) -> AsyncIterator[str]:
 @csrf_exempt
 @login_not_required  # peers authenticate with their bearer token and a signature
 async def peer_events(request: HttpRequest) -> HttpResponseBase:
-    """``GET /api/v1/peers/events`` (spec/peers.md §5): ``text/event-stream`` of
+    """``GET /api/v1/peers/events`` (docs/peers.md#events): ``text/event-stream`` of
     ``snapshot`` then ``agent.upsert`` frames for an authenticated peer.
 
     Authentication failures answer before streaming (``peers.auth``: 401 for a missing,

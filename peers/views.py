@@ -1,4 +1,4 @@
-"""The Linked instances page ``/peers/`` (spec/ui.md "Linked instances"): four cards.
+"""The Linked instances page ``/peers/`` (docs/peers.md#pairing): four cards.
 
 1. *This instance* — name (editable by staff), instance id, fingerprint, public URL, repo roots;
 2. *Accept a connection* (staff) — capability switches, "Act as", "Show pairing code";
@@ -208,7 +208,7 @@ def peer_capabilities(request: HttpRequest, peer_id: int) -> HttpResponse:
 
 @require_POST
 def peer_unlink(request: HttpRequest, peer_id: int) -> HttpResponse:
-    """``POST /peers/<id>/unlink``: revoke the link (spec §7) and tell the peer, best effort."""
+    """``POST /peers/<id>/unlink``: revoke the link (docs/peers.md#unlinking) and tell the peer, best effort."""
     assert isinstance(request.user, User)
     try:
         peer = pairing.peer_unlink(user=request.user, peer_id=peer_id)
@@ -220,7 +220,7 @@ def peer_unlink(request: HttpRequest, peer_id: int) -> HttpResponse:
 
 @require_POST
 def outbox_action(request: HttpRequest, outbox_id: int, action: str) -> HttpResponse:
-    """``POST /peers/outbox/<id>/retry|discard`` (spec §8: operators retry or discard rows)."""
+    """``POST /peers/outbox/<id>/retry|discard`` (operators retry or discard rows, docs/peers.md#the-outbox)."""
     assert isinstance(request.user, User)
     try:
         row: OutboxMessage = (outbox_retry if action == "retry" else outbox_discard)(
