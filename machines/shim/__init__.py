@@ -1,5 +1,5 @@
 """The Dispatch shim: runs on a user's computer and serves file and shell operations
-routed to it over ``/ws/shim/`` (spec/machines.md §2–§5, §8).
+routed to it over ``/ws/shim/`` (docs/shim-protocol.md).
 
 Imports nothing from Django (it runs on other computers); depends on ``websockets``
 and ``httpx`` only. Installed as the package ``dispatch_shim`` with the command

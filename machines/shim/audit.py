@@ -1,4 +1,4 @@
-"""The shim's local audit log: one JSON line per operation (spec/machines.md §5, §7).
+"""The shim's local audit log: one JSON line per operation (docs/shim-protocol.md#audit).
 
 Each record is ``{ts, session_id, machine_id, request_id, op, details, result: {ok,
 error_code, duration_ms[, exit_code][, cancelled][, bytes: {stdout, stderr, stdin}]}}``.
@@ -6,7 +6,7 @@ error_code, duration_ms[, exit_code][, cancelled][, bytes: {stdout, stderr, stdi
 options (``stream``, ``binary``, ``pipe``, ``stdin``) — never file contents, never env
 values (only env keys), never streamed data. Protocol 2.1 control frames (``CANCEL``,
 ``FLOW``, ``COMMAND_INPUT``) and ``COMMAND_OUTPUT`` frames get no record of their own: the
-operation's one record carries the bytes per stream and whether it was cancelled (issue 14).
+operation's one record carries the bytes per stream and whether it was cancelled.
 The file is created with mode 0600 and only ever appended to.
 """
 

@@ -1,4 +1,4 @@
-"""Command line of the shim (spec/machines.md §8): ``dispatch-shim``, or ``python -m
+"""Command line of the shim (docs/shim-protocol.md#the-shim-program): ``dispatch-shim``, or ``python -m
 machines.shim`` in a clone of the server. Its help (:data:`DESCRIPTION`) says how it is
 used; ``service`` is :mod:`.service`.
 """
@@ -67,10 +67,10 @@ The protocol: docs/shim-protocol.md in the Dispatch repository.
 """
 
 TOKEN_ENV = "DISPATCH_SHIM_TOKEN"
-"""Environment variable holding a token for headless ``run`` (§8)."""
+"""Environment variable holding a token for headless ``run``."""
 
 SESSION_ID = re.compile(SESSION_ID_PATTERN)
-"""A machine session id (§4)."""
+"""A machine session id (docs/shim-protocol.md#machine-sessions)."""
 
 
 class _UsageError(Exception):

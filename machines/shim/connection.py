@@ -1,10 +1,10 @@
-"""The shim's websocket loop: connect, handshake, serve requests, reconnect (spec §3–§5, §8).
+"""The shim's websocket loop: connect, handshake, serve requests, reconnect (docs/shim-protocol.md).
 
 :class:`Shim` connects to ``ws(s)://host:port/ws/shim/`` with ``Authorization: Bearer
 <token>``, sends ``HELLO``, waits for ``HELLO_ACK`` and then serves the platform's
 requests through a :class:`RequestDispatcher` (one task per operation, so PINGs are
 answered while a long command runs; protocol 2.1's CANCEL, FLOW and COMMAND_INPUT reach
-running commands at once, issue 14). When the connection ends it reconnects after
+running commands at once). When the connection ends it reconnects after
 ``min(2^n, 60) s + 0–5 s`` of jitter — never after close 4401/4426/4427 or an HTTP
 401/403 at the upgrade, which raise :class:`ShimRefused`.
 """
@@ -77,7 +77,7 @@ _UNCOUNTED = frozenset({MessageType.PING, MessageType.MACHINE_LIST_REQUEST})
 """Requests answered at once and not counted against ``max_concurrent``."""
 
 _CONTROL = frozenset({MessageType.CANCEL, MessageType.COMMAND_INPUT, MessageType.FLOW})
-"""2.1 frames about a running operation (issue 14): handled in the receive loop, never
+"""2.1 frames about a running operation: handled in the receive loop, never
 counted against ``max_concurrent``, never ``SHIM_OVERLOADED``, never audited."""
 
 _INPUT_ENCODINGS = ("utf-8", "base64")
@@ -87,7 +87,7 @@ SendFrame = Callable[[Mapping[str, Any]], Awaitable[None]]
 
 class ShimRefused(Exception):
     """The platform refused this shim for good: close 4401/4426/4427 or HTTP 401/403 at
-    the upgrade. Reconnecting cannot help (§3, §8). ``code`` is the close code or the
+    the upgrade. Reconnecting cannot help (docs/shim-protocol.md#close-codes). ``code`` is the close code or the
     HTTP status."""
 
     def __init__(self, message: str, code: int) -> None:
@@ -96,7 +96,7 @@ class ShimRefused(Exception):
 
 
 def websocket_url(server: str) -> str:
-    """``http(s)://host:port[/prefix]`` → ``ws(s)://host:port[/prefix]/ws/shim/`` (§8).
+    """``http(s)://host:port[/prefix]`` → ``ws(s)://host:port[/prefix]/ws/shim/``.
 
     ``ws(s)://`` URLs are accepted too; a URL already ending in ``/ws/shim/`` is kept.
     Raises ``ValueError`` for another scheme or a URL without a host.
@@ -113,7 +113,7 @@ def websocket_url(server: str) -> str:
 
 def reconnect_delay(attempt: int, scale: float = 1.0, rng: random.Random | None = None) -> float:
     """Seconds to wait before reconnect number ``attempt`` (0-based): ``(min(2^attempt,
-    60) + uniform(0, 5)) * scale`` (§8)."""
+    60) + uniform(0, 5)) * scale`` (docs/shim-protocol.md#presence-and-takeover)."""
     jitter = (rng or random).uniform(0, JITTER)
     return (min(2.0 ** min(attempt, 16), BACKOFF_CAP) + jitter) * scale
 
@@ -130,7 +130,7 @@ def backoff_scale_from_env() -> float:
 
 @dataclass(frozen=True)
 class Negotiated:
-    """What ``HELLO_ACK`` settled for one connection (§3): the negotiated version, the
+    """What ``HELLO_ACK`` settled for one connection: the negotiated version, the
     connection id, the usable capabilities (granted ∩ advertised) and the lowered limits."""
 
     protocol_version: str
@@ -140,7 +140,7 @@ class Negotiated:
 
 
 class RequestDispatcher:
-    """Serves the requests of one connection (§5; the 2.1 control frames: issue 14).
+    """Serves the requests of one connection (docs/shim-protocol.md#operations, and the 2.1 control frames).
 
     Checks each request (``UNSUPPORTED_OPERATION``, ``CAPABILITY_NOT_GRANTED``,
     ``SHIM_OVERLOADED`` beyond ``max_concurrent`` in flight — PING and
@@ -323,7 +323,7 @@ class RequestDispatcher:
 
     def _live_sender(self, request: Mapping[str, Any]) -> FrameSender:
         """How a command's ``LiveCommand`` sends: ``COMMAND_OUTPUT`` under the request's id,
-        ``FLOW`` under a fresh id naming the request (issue 14)."""
+        ``FLOW`` under a fresh id naming the request."""
 
         async def send(message_type: str, payload: dict[str, Any]) -> None:
             if message_type == MessageType.COMMAND_OUTPUT:
@@ -499,7 +499,7 @@ class Shim:
         self._revoked_reason: str | None = None
 
     def hello_frame(self) -> dict[str, Any]:
-        """The ``HELLO`` frame (§3): identity, capabilities, realpath roots, sessions."""
+        """The ``HELLO`` frame: identity, capabilities, realpath roots, sessions."""
         identity = self.identity
         return envelope(
             MessageType.HELLO,
@@ -718,7 +718,7 @@ class Shim:
 
 
 def fit_frame(frame: Mapping[str, Any]) -> str:
-    """Encode ``frame``, keeping it within the platform's frame cap (§2, 16 MiB + 64 KiB).
+    """Encode ``frame``, keeping it within the platform's frame cap (16 MiB + 64 KiB).
 
     An oversized ``COMMAND_RESULT`` loses the ends of its outputs (``output_truncated``
     set); any other oversized response becomes ``ERROR FILE_TOO_LARGE``.

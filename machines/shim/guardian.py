@@ -1,11 +1,11 @@
 """The guardian: a shim that dies without cleaning up still leaves no command running.
 
-A command runs in its own session (so its own process group, spec/machines.md §5) and the
-shim kills that group when the command times out, is cancelled, or the connection drops.
-A shim killed with SIGKILL (or by the OOM killer, or a crash in the interpreter) runs no
-cleanup at all, and a command that prints nothing (``sleep 300``) would then run on as an
-orphan — while the platform has already told the caller ``MACHINE_UNREACHABLE`` (issue 14:
-"a SIGKILLed shim mid-stream: nothing left running").
+A command runs in its own session (so its own process group) and the shim kills that
+group when the command times out, is cancelled, or the connection drops. A shim killed
+with SIGKILL (or by the OOM killer, or a crash in the interpreter) runs no cleanup at all,
+and a command that prints nothing (``sleep 300``) would then run on as an orphan — while
+the platform has already told the caller ``MACHINE_UNREACHABLE``. Nothing may be left
+running after a SIGKILLed shim (docs/live-operations.md#when-a-command-ends).
 
 So the shim keeps one small helper process, the guardian (standard library only, started
 with the shim's own interpreter on the first command), and tells it over a pipe which

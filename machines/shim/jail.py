@@ -1,4 +1,4 @@
-"""The path jail: every FILE_* path must resolve inside an allowed root (spec §5).
+"""The path jail: every FILE_* path must resolve inside an allowed root (docs/shim-protocol.md#operations).
 
 Paths are resolved with ``os.path.realpath`` (symlinks followed) and compared with the
 roots segment by segment, so ``/home/al`` is not inside ``/home/alice`` and
@@ -85,7 +85,7 @@ class PathJail:
         """Resolve a path that will be created, written, replaced, deleted or moved to.
 
         Besides the path itself, its lexical parent and the parent's nearest existing
-        ancestor must resolve inside a root (§5), else ``PATH_OUTSIDE_ALLOWED_ROOT``.
+        ancestor must resolve inside a root, else ``PATH_OUTSIDE_ALLOWED_ROOT``.
         The returned ``entry`` is ``realpath(parent)/name``.
         """
         requested = self.absolute(path, field)

@@ -1,5 +1,5 @@
 """One running command of shim protocol 2.1: streamed output, streamed stdin, flow credit
-and cancel (issue 14 "Live operations"; spec/machines.md §5 for the 2.0 rules it keeps).
+and cancel (docs/shim-protocol.md#live-operations-21; #operations for the 2.0 rules it keeps).
 
 :class:`LiveCommand` is created for every ``EXECUTE_COMMAND`` before its task starts, so
 ``CANCEL``, ``FLOW`` and ``COMMAND_INPUT`` frames that arrive right behind the request find
@@ -70,7 +70,7 @@ or a ``FLOW`` (under a fresh id; the sender adds the operation's ``request_id``)
 
 @dataclass(frozen=True)
 class CommandOptions:
-    """The 2.1 fields of an ``EXECUTE_COMMAND`` payload (issue 14), all optional.
+    """The 2.1 fields of an ``EXECUTE_COMMAND`` payload, all optional.
 
     ``stream``: send ``COMMAND_OUTPUT`` frames while it runs; ``binary``: their ``data`` is
     base64 instead of UTF-8 text (meaningful only with ``stream``); ``stdin_stream``: the
@@ -109,7 +109,7 @@ class _Output:
 
 
 class LiveCommand:
-    """The live side of one ``EXECUTE_COMMAND`` (issue 14): cancel, credit, stdin, streaming.
+    """The live side of one ``EXECUTE_COMMAND``: cancel, credit, stdin, streaming.
 
     ``window`` is the negotiated ``stream_window_bytes`` (initial credit of every stream, and
     the stdin window the shim grants ahead); ``max_stream_bytes`` bounds the streamed output
@@ -171,7 +171,7 @@ class LiveCommand:
         return total + sum(len(chunk) for chunk in self._input)
 
     def cancel(self) -> None:
-        """``CANCEL`` (issue 14): SIGTERM the process group now (or as soon as it starts),
+        """``CANCEL``: SIGTERM the process group now (or as soon as it starts),
         SIGKILL it ``CANCEL_GRACE_SECONDS`` later. Repeated cancels change nothing."""
         if self._cancelled:
             return

@@ -1,4 +1,4 @@
-"""Device login: the OAuth 2.0 device authorization grant (RFC 8628; spec/machines.md §1).
+"""Device login: the OAuth 2.0 device authorization grant (RFC 8628; docs/shim-protocol.md#getting-a-token).
 
 ``POST {server}/api/v1/machines/device/code {machine_id, hostname, platform, arch}`` →
 ``{device_code, user_code, verification_uri, verification_uri_complete, expires_in,

@@ -1,8 +1,8 @@
-"""The operations a shim executes for the platform (spec/machines.md §5).
+"""The operations a shim executes for the platform (docs/shim-protocol.md#operations).
 
 :class:`Operations` turns one request (type + payload) into its response (type +
-payload) or raises :class:`~machines.shim.protocol.ShimError` with a §5 error code.
-Blocking file work runs in worker threads and commands run as asyncio subprocesses, so
+payload) or raises :class:`~machines.shim.protocol.ShimError` with a protocol error code
+(docs/shim-protocol.md#errors). Blocking file work runs in worker threads and commands run as asyncio subprocesses, so
 the event loop stays free for PINGs and other operations while a long one runs.
 """
 
@@ -50,7 +50,7 @@ MAX_LIST_ENTRIES = 100_000
 """The largest ``max_entries`` FILE_LIST accepts."""
 
 DEFAULT_LIST_ENTRIES = 1000
-"""FILE_LIST's ``max_entries`` when the request names none (§5)."""
+"""FILE_LIST's ``max_entries`` when the request names none."""
 
 _READ_CHUNK = 1024 * 1024
 _DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -73,7 +73,7 @@ _T = TypeVar("_T")
 
 
 def os_error(error: OSError, path: str | None = None) -> ShimError:
-    """Translate an ``OSError`` into the §5 code for it.
+    """Translate an ``OSError`` into the protocol's error code for it.
 
     ENOENT/ENOTDIR → ``PATH_NOT_FOUND``, EEXIST → ``PATH_EXISTS``, ENOTEMPTY →
     ``PATH_NOT_EMPTY``, EISDIR → ``IS_A_DIRECTORY``, ENAMETOOLONG/ELOOP/EINVAL →
@@ -90,7 +90,7 @@ def os_error(error: OSError, path: str | None = None) -> ShimError:
 
 @dataclass(frozen=True)
 class MachineIdentity:
-    """Who this shim is, as sent in HELLO and MACHINE_LIST_RESPONSE (§3, §5).
+    """Who this shim is, as sent in HELLO and MACHINE_LIST_RESPONSE.
 
     ``platform`` is ``linux`` or ``darwin``; ``arch`` is normalised (``x86_64``, ``arm64``…).
     """
@@ -117,7 +117,7 @@ class MachineIdentity:
 
 def normalized_platform(name: str | None = None) -> str:
     """``sys.platform`` (or ``name``) as the protocol names it: ``linux``, ``darwin``,
-    else unchanged (§3: Windows is out of scope)."""
+    else unchanged (Windows is not supported: HELLO refuses it)."""
     name = name or sys.platform
     return "linux" if name.startswith("linux") else name
 
@@ -130,12 +130,12 @@ def normalized_arch(machine: str | None = None) -> str:
 
 
 class Operations:
-    """Executes §5 operations inside a path jail, with negotiated limits and capabilities.
+    """Executes the protocol's operations inside a path jail, with negotiated limits and capabilities.
 
     ``capabilities`` are the granted ones (``HELLO_ACK.granted_capabilities`` ∩ the
-    shim's own); ``limits`` are the lower of both sides' (§3). ``shell`` is the program
+    shim's own); ``limits`` are the lower of both sides'. ``shell`` is the program
     that runs ``command`` strings with ``-c`` (default ``$SHELL``, else ``/bin/sh``).
-    ``protocol_version`` is the connection's negotiated ``"major.minor"`` (§3): below 2.1
+    ``protocol_version`` is the connection's negotiated ``"major.minor"``: below 2.1
     the live fields of ``EXECUTE_COMMAND`` are refused ``UNSUPPORTED_OPERATION``.
     """
 
@@ -169,7 +169,7 @@ class Operations:
 
     def check_allowed(self, op: str) -> None:
         """Raise ``UNSUPPORTED_OPERATION`` for an unknown op, ``CAPABILITY_NOT_GRANTED``
-        for one whose capability (``files``/``shell``) was not granted (§5)."""
+        for one whose capability (``files``/``shell``) was not granted."""
         if op not in OPERATIONS:
             raise ShimError(ErrorCode.UNSUPPORTED_OPERATION, f"this shim does not support {op!r}", {"op": op})
         capability = OPERATIONS[op][1]
@@ -183,11 +183,12 @@ class Operations:
     async def perform(
         self, op: str, payload: Mapping[str, Any], *, live: LiveCommand | None = None
     ) -> tuple[str, dict[str, Any]]:
-        """Run one operation; return ``(response type, response payload)`` per the §5 table.
+        """Run one operation; return ``(response type, response payload)`` per the table of
+        docs/shim-protocol.md#operations.
 
         ``live`` is the command's :class:`LiveCommand` when ``op`` is ``EXECUTE_COMMAND``
         and the caller wants to cancel it or feed it (see :meth:`live_command`).
-        Raises ``ShimError`` with a §5 code for every refusal and failure.
+        Raises ``ShimError`` with a protocol error code for every refusal and failure.
         """
         self.check_allowed(op)
         response_type = OPERATIONS[op][0]
@@ -197,7 +198,7 @@ class Operations:
 
     def live_command(self, payload: Mapping[str, Any], send: FrameSender | None = None) -> LiveCommand:
         """The :class:`LiveCommand` of an ``EXECUTE_COMMAND`` with this ``payload``, for
-        ``CANCEL``/``FLOW``/``COMMAND_INPUT`` to reach it while it runs (issue 14).
+        ``CANCEL``/``FLOW``/``COMMAND_INPUT`` to reach it while it runs.
 
         Checks the 2.1 fields: ``stream``, ``binary``, ``pipe`` booleans, ``stdin``
         ``"null"`` or ``"stream"`` (else ``INVALID_REQUEST``); asking any of them on a
@@ -368,7 +369,7 @@ class Operations:
     async def execute_command(self, payload: Mapping[str, Any], live: LiveCommand | None = None) -> dict[str, Any]:
         """EXECUTE_COMMAND ``{argv | command, cwd?, timeout_seconds?, env?, stream?, binary?,
         stdin?, pipe?}`` → COMMAND_RESULT ``{stdout, stderr, exit_code, timed_out,
-        duration_seconds, output_truncated, cancelled}`` (§5; the 2.1 fields: issue 14).
+        duration_seconds, output_truncated, cancelled}`` (``cancelled`` and the streaming fields: 2.1).
 
         ``argv`` runs without a shell, ``command`` through ``<shell> -c``. The process
         starts in its own session (so its own process group) in ``cwd`` (default: the
@@ -473,7 +474,7 @@ class Operations:
 
 
 def safe_environment(shell: str) -> dict[str, str]:
-    """The minimal environment commands start from (§5): ``PATH`` (the shim's, else the
+    """The minimal environment commands start from: ``PATH`` (the shim's, else the
     system default), ``HOME``, ``LANG`` (else ``C.UTF-8``), ``USER``, ``SHELL`` and
     ``TERM=dumb``. Nothing else of the shim's environment (tokens!) is passed on."""
     try:

@@ -1,4 +1,4 @@
-"""The shim wire protocol (spec/machines.md §2–§5): the one definition, for both ends.
+"""The shim wire protocol (docs/shim-protocol.md): the one definition, for both ends.
 
 The envelope every frame carries, the message types, the operations and the capability
 each needs, the error codes and the ``ERROR`` payload, the close codes, the version
@@ -22,7 +22,7 @@ from enum import IntEnum, StrEnum
 from typing import Any
 
 PROTOCOL_VERSION = "2.1"
-"""The protocol version this shim speaks, ``"major.minor"`` (§2). 2.1 adds streamed
+"""The protocol version this shim speaks, ``"major.minor"``. 2.1 adds streamed
 command output (``COMMAND_OUTPUT``), ``CANCEL``, streamed stdin (``COMMAND_INPUT``) with
 ``FLOW`` credits; a connection negotiated at 2.0 uses none of them."""
 
@@ -43,24 +43,24 @@ SHIM_VERSION = "0.1.0"
 """This program's version, sent in ``HELLO.shim_version``."""
 
 MAX_FRAME_BYTES = 16 * 1024 * 1024
-"""Largest payload-carrying frame either side sends: 16 MiB (§2)."""
+"""Largest payload-carrying frame either side sends: 16 MiB."""
 
 MAX_MESSAGE_BYTES = MAX_FRAME_BYTES + 64 * 1024
-"""Websocket ``max_size`` the shim connects with: 16 MiB + 64 KiB of envelope slack (§2)."""
+"""Websocket ``max_size`` the shim connects with: 16 MiB + 64 KiB of envelope slack."""
 
 MAX_FILE_SIZE_CEILING = 12 * 1024 * 1024
 """Bytes: the largest ``max_file_size_bytes`` the shim accepts, so that a whole-limit read
 in base64 (4/3 of it: 16 MiB) still fits in one frame."""
 
 SESSION_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,255}$"
-"""A machine session id (§4); ``HELLO.sessions`` holds these or ``"*"``."""
+"""A machine session id (docs/shim-protocol.md#machine-sessions); ``HELLO.sessions`` holds these or ``"*"``."""
 
 MACHINE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$"
-"""A ``machine_id`` as ``HELLO`` and the device login carry it (§1, §3)."""
+"""A ``machine_id`` as ``HELLO`` and the device login carry it."""
 
 
 class MessageType(StrEnum):
-    """Every frame ``type`` of the protocol (§3–§5)."""
+    """Every frame ``type`` of the protocol."""
 
     HELLO = "HELLO"
     HELLO_ACK = "HELLO_ACK"
@@ -90,7 +90,7 @@ class MessageType(StrEnum):
 
 
 class ErrorCode(StrEnum):
-    """``ERROR.payload.code`` values the shim sends (§5).
+    """``ERROR.payload.code`` values the shim sends (docs/shim-protocol.md#errors).
 
     ``CANCELLED`` (2.1): a ``CANCEL`` stopped an operation that is not a command (a command
     still ends with its ``COMMAND_RESULT {cancelled: true}``).
@@ -115,7 +115,7 @@ class ErrorCode(StrEnum):
 
 
 class CloseCode(IntEnum):
-    """Websocket close codes of ``/ws/shim/`` (§2–§4)."""
+    """Websocket close codes of ``/ws/shim/`` (docs/shim-protocol.md#close-codes)."""
 
     NORMAL = 1000
     MESSAGE_TOO_BIG = 1009
@@ -131,11 +131,11 @@ NO_RECONNECT_CLOSE_CODES: Mapping[int, str] = {
     CloseCode.PROTOCOL_VERSION_MISMATCH: "the platform speaks another major protocol version",
     CloseCode.SESSION_REVOKED: "another shim with this machine_id connected and took over",
 }
-"""Close codes after which the shim must not reconnect (§3, §8), with the reason it prints."""
+"""Close codes after which the shim must not reconnect, with the reason it prints."""
 
 
 class Capability(StrEnum):
-    """What a shim can be granted (§3, §5)."""
+    """What a shim can be granted: ``files`` covers every ``FILE_*`` operation, ``shell`` ``EXECUTE_COMMAND``."""
 
     SHELL = "shell"
     FILES = "files"
@@ -152,11 +152,12 @@ OPERATIONS: Mapping[str, tuple[str, Capability | None]] = {
     MessageType.EXECUTE_COMMAND: (MessageType.COMMAND_RESULT, Capability.SHELL),
     MessageType.PING: (MessageType.PONG, None),
 }
-"""Operation type → (response type, the capability it needs or ``None``), the §5 table."""
+"""Operation type → (response type, the capability it needs or ``None``), the table of
+docs/shim-protocol.md#operations."""
 
 
 class ShimError(Exception):
-    """An operation failed with one of the §5 error codes; sent as an ``ERROR`` frame.
+    """An operation failed with one of the error codes of docs/shim-protocol.md#errors; sent as an ``ERROR`` frame.
 
     ``details`` is a JSON-serialisable dict (or ``None``); ``message`` is for humans and
     never carries file contents, env values or tokens.
@@ -176,7 +177,7 @@ class ShimError(Exception):
 def error_payload(
     code: str, message: str, *, fatal: bool = False, details: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
-    """An ``ERROR`` payload ``{code, message, fatal, details?}`` (§3, §5), from either side:
+    """An ``ERROR`` payload ``{code, message, fatal, details?}``, from either side:
     ``details`` is included when given (not ``None``); ``fatal`` means the sender closes
     the connection next."""
     body: dict[str, Any] = {"code": code, "message": message, "fatal": fatal}
@@ -198,7 +199,8 @@ def envelope(
     session_id: str | None = None,
     target_machine: str | None = None,
 ) -> dict[str, Any]:
-    """Build one frame ``{type, id, ts, version, session_id, target_machine, payload}`` (§2).
+    """Build one frame ``{type, id, ts, version, session_id, target_machine, payload}``
+    (docs/shim-protocol.md#the-envelope).
 
     ``frame_id`` defaults to a new UUID; a response passes its request's id. ``ts`` is
     seconds since the epoch (float).
@@ -227,7 +229,7 @@ def response_to(request: Mapping[str, Any], message_type: str, payload: Mapping[
 
 
 def error_to(request: Mapping[str, Any], error: ShimError) -> dict[str, Any]:
-    """The ``ERROR`` frame answering ``request`` with ``error`` (§5)."""
+    """The ``ERROR`` frame answering ``request`` with ``error``."""
     frame = response_to(request, MessageType.ERROR, error.payload())
     if not isinstance(request.get("id"), str):
         frame["id"] = None  # the request had no usable id: answer, but correlate with nothing
@@ -275,7 +277,7 @@ def decode(text: str | bytes) -> dict[str, Any]:
 
 
 def parse_version(text: str) -> tuple[int, int]:
-    """``"2.0"`` → ``(2, 0)`` (§2 ``"major.minor"``); ``ValueError`` for anything else."""
+    """``"2.0"`` → ``(2, 0)`` (``"major.minor"``); ``ValueError`` for anything else."""
     major, _, minor = text.partition(".")
     if not major.isdigit() or not minor.isdigit():
         raise ValueError(f"protocol_version must look like '2.0', got {text!r}")
@@ -307,7 +309,7 @@ def supports_live_operations(version: object) -> bool:
 
 @dataclass(frozen=True)
 class Limits:
-    """Operation limits (§3 ``HELLO_ACK.limits``); the shim uses the lower of its own and
+    """Operation limits (``HELLO_ACK.limits``); the shim uses the lower of its own and
     the platform's.
 
     Units: bytes, seconds, seconds, operations in flight, bytes (streamed output of one
@@ -334,7 +336,7 @@ class Limits:
             raise ValueError(f"max_file_size_bytes may be at most {MAX_FILE_SIZE_CEILING} (12 MiB)")
 
     def lower(self, platform_limits: Mapping[str, Any]) -> Limits:
-        """These limits lowered by the platform's ``HELLO_ACK.limits`` (§3).
+        """These limits lowered by the platform's ``HELLO_ACK.limits``.
 
         Fields the platform leaves out, or sends with a value that is not a positive
         number, keep this side's value. ``command_timeout_seconds`` never ends up above

@@ -1,4 +1,4 @@
-"""Redaction of secret-looking values in audit records (spec/machines.md §7).
+"""Redaction of secret-looking values in audit records (docs/shim-protocol.md#audit).
 
 The one redaction of Dispatch: the shim's local audit log (``machines.shim.audit``) and the
 platform's ``AuditRecord`` (``machines.services.operations``) both use it, so what one

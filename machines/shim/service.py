@@ -1,4 +1,5 @@
-"""Run the shim as a service: started at boot, restarted when it fails (spec/machines.md §8).
+"""Run the shim as a service: started at boot, restarted when it fails
+(docs/shim-protocol.md#the-shim-program).
 
 ``dispatch-shim service install [run options]`` writes one file and enables it:
 

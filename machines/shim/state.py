@@ -1,4 +1,4 @@
-"""The shim's state file and configuration file (spec/machines.md §1, §8).
+"""The shim's state file and configuration file (docs/shim-protocol.md#the-shim-program).
 
 State (``state.json``, mode 0600 in a 0700 directory): ``{"machine_id", "server",
 "token"}``. The ``machine_id`` is a UUID generated once and kept; ``logout`` removes only
@@ -34,7 +34,7 @@ from .protocol import Capability, Limits
 logger = logging.getLogger("machines.shim")
 
 STATE_DIR_ENV = "DISPATCH_SHIM_STATE_DIR"
-"""Environment variable naming the state directory (§8)."""
+"""Environment variable naming the state directory."""
 
 STATE_FILE_NAME = "state.json"
 CONFIG_FILE_NAME = "config.toml"
