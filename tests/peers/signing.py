@@ -1,4 +1,4 @@
-"""Requests as a peer would send them, for the tests of peer routes (spec/peers.md §4).
+"""Requests as a peer would send them, for the tests of peer routes (docs/peers.md#authentication).
 
 ``signed_headers(fake_peer, method, path, body)`` returns the headers a ``FakePeer``
 (tests/peers/conftest.py) sends: its bearer token (the one we issued to it), the

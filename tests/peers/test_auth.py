@@ -1,4 +1,4 @@
-"""Peer authentication (spec/peers.md §4): bearer token + RFC 9421 signature, every refusal."""
+"""Peer authentication (docs/peers.md#authentication): bearer token + RFC 9421 signature, every refusal."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The batch form of the peer message API and the feature announcement that enables it
-(issue 15, B8): ``POST /api/v1/peers/messages/batch`` answers a receipt per message with
-the single route's idempotency rules, and every peer route carries
-``Dispatch-Peer-Features``; the pairing claim and its answer carry ``features``.
+(docs/peers.md#message-batches, docs/peers.md#features): ``POST
+/api/v1/peers/messages/batch`` answers a receipt per message with the single route's
+idempotency rules, and every peer route carries ``Dispatch-Peer-Features``; the pairing
+claim and its answer carry ``features``.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ def test_a_refused_message_is_answered_alone_and_the_rest_are_delivered(client, 
     assert [status for _, status in receipts_of(response)] == [200, 409, 422, 409, 400, 200]
     assert response.json()["receipts"][1]["body"]["error"]["code"] == "CONFLICT"
     assert list(AgentMessage.objects.order_by("id").values_list("content", flat=True)) == ["original", "one", "two"]
-    # A refused message keeps no receipt: a retry under its key is judged afresh (spec §5).
+    # A refused message keeps no receipt: a retry under its key is judged afresh.
     refused_keys = [entries[1]["idempotency_key"], entries[3]["idempotency_key"]]
     assert not PeerReceipt.objects.filter(idempotency_key__in=refused_keys).exists()
 

@@ -1,4 +1,4 @@
-"""The outbox drain sends batches to a peer that announced ``messages.batch`` (issue 15, B8),
+"""The outbox drain sends batches to a peer that announced ``messages.batch`` (docs/peers.md#message-batches),
 and single POSTs to one that did not — checked end to end against this instance's own peer
 API: the drain's signed requests go, through ``httpx.MockTransport``, to the real routes
 (``POST /api/v1/peers/messages`` and ``…/messages/batch``) of a second link row standing

@@ -1,6 +1,6 @@
 """Two real instances paired with the headless commands announce ``messages.batch`` to each
 other, and mail queued on A while B was away reaches B once each, in order, when B comes
-back (issue 15, B8: the batch route between two servers).
+back: the batch route between two servers.
 
 The same servers and fixtures as tests/integration/test_two_instances.py (SQLite, the
 in-memory channel layer); B's agents are experts (no LLM configured: a message queues a

@@ -1,4 +1,4 @@
-"""The signed peer client (spec/peers.md §4, §5): what it sends verifies on the other side.
+"""The signed peer client (docs/peers.md#authentication): what it sends verifies on the other side.
 
 Two identities in one test database are awkward, so the "other side" here is this same
 instance looking at itself: a ``Peer`` row whose pinned public key is our own identity's,

@@ -1,4 +1,4 @@
-"""Where a peer may launch (spec/peers.md §5 Launch): a ``cwd`` whose realpath lies inside
+"""Where a peer may launch (docs/peers.md#launch): a ``cwd`` whose realpath lies inside
 one of ``DISPATCH_REPO_ROOTS``, compared segment by segment (peers.services.launch_cwd_resolve)."""
 
 from __future__ import annotations

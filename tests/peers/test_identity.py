@@ -1,4 +1,4 @@
-"""This instance's peer identity (spec/peers.md §1): key pair, fingerprint, encryption at rest."""
+"""This instance's peer identity (docs/peers.md#before-you-pair): key pair, fingerprint, encryption at rest."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Labels and locations (spec/peers.md §6): what this instance calls a peer."""
+"""Labels and locations (docs/peers.md#labels): what this instance calls a peer."""
 
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ def test_an_ambiguous_location_lists_the_matches(owner: Any, make_peer: Any) -> 
     assert {match["label"] for match in refused.value.details["matches"]} == {"Cloud", second.peer.label}
 
 
-# --- two instances with the same name (issue 13: both default to the host name) ---------------
+# --- two instances with the same name (both default to the host name) --------------------------
 
 
 def _name_this_instance(owner: Any, name: str) -> None:

@@ -1,4 +1,4 @@
-"""The mirroring subscriber (spec/peers.md §7): leases, backoff, doorbell, and a real peer's stream.
+"""The mirroring subscriber (docs/peers.md#shadow-agents): leases, backoff, doorbell, and a real peer's stream.
 
 The last test runs the subscriber of this (test) instance against a peer that is a real
 ``manage.py serve`` subprocess which has this instance linked (our public key, a token).

@@ -1,4 +1,4 @@
-"""The durable outbox (spec/peers.md §8): messages to agents on peers are written with
+"""The durable outbox (docs/peers.md#the-outbox): messages to agents on peers are written with
 their outbox row in one transaction and drained in order per peer, each peer on its own,
 with backoff, dead letters and exactly-once delivery through the peer's receipts.
 

@@ -1,5 +1,5 @@
-"""The outbox in ``/metrics`` (docs/metrics.md; spec/peers.md §8 "Operators see queued and
-dead rows"): per linked instance, the queued rows, the age of the oldest, the dead ones."""
+"""The outbox in ``/metrics`` (docs/metrics.md#families; what operators see of it,
+docs/peers.md#the-outbox): per linked instance, the queued rows, the age of the oldest, the dead ones."""
 
 from __future__ import annotations
 

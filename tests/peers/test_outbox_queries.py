@@ -1,4 +1,4 @@
-"""The outbox's hot paths cost a fixed number of queries (issue 15, B8): a REST enqueue to
+"""The outbox's hot paths cost a fixed number of queries: a REST enqueue to
 a shadow agent, and marking a peer's batch receipt delivered — one transaction for the
 whole batch, whatever its size (it was 18 queries a row, the SQLite write lock held
 meanwhile, which made every REST enqueue wait). What each marks is checked beside the

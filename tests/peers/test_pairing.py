@@ -1,4 +1,4 @@
-"""Pairing (spec/peers.md §2): offers, the open claim route and its checks in order."""
+"""Pairing (docs/peers.md#pairing, docs/peers.md#claim): offers, the open claim route and its checks in order."""
 
 from __future__ import annotations
 
@@ -149,7 +149,7 @@ def test_unknown_and_expired_codes_get_the_same_401(client: Client, owner: Any) 
 
 def test_the_sixth_claim_in_a_minute_from_one_address_is_429(client: Client, owner: Any) -> None:
     issued = offer_create(user=owner)
-    for _ in range(4):  # (a fifth wrong code would burn the offer: spec §2)
+    for _ in range(4):  # (a fifth wrong code would burn the offer)
         assert claim(client, claim_body("BBBB-BBBB"), address="10.0.0.7").status_code == 401
     assert claim(client, claim_body(issued.code, protocol_version=1), address="10.0.0.7").status_code == 400
     limited = claim(client, claim_body(issued.code), address="10.0.0.7")
@@ -194,7 +194,7 @@ BAD_CLAIMS: list[tuple[dict[str, Any], str]] = [  # (fields changed, or ABSENT; 
     ({"url": None}, "url must be text of 1 to 2048 characters"),
     ({"public_key": "abc"}, "public_key must be a raw Ed25519 public key in base64url"),
     ({"token_for_you": " "}, "token_for_you must be text of 1 to 200 characters"),
-    # Two faults: the first one in spec §2's order is named.
+    # Two faults: the first one in the claim's order (docs/peers.md#claim) is named.
     ({"name": 7, "url": 5, "token_for_you": ""}, "name must be text of 1 to 100 characters"),
 ]
 
@@ -220,7 +220,7 @@ def test_a_protocol_refusal_names_the_version_this_instance_speaks(client: Clien
 
 def test_malformed_claims_with_wrong_codes_are_not_counted_as_wrong_codes(client: Client, owner: Any) -> None:
     issued = offer_create(user=owner)
-    for n in range(5):  # the body is refused before the code is looked at (spec §2 step 3)
+    for n in range(5):  # the body is refused before the code is looked at
         response = claim(client, claim_body("BBBB-BBBB", url="ftp://x"), address=f"10.3.0.{n}")
         assert response.status_code == 400
     assert PairingOffer.objects.get().burned_at is None

@@ -1,4 +1,5 @@
-"""The staff-only peer management API (/api/v1/peers…) and unlinking (spec/peers.md §2, §3, §7)."""
+"""The staff-only peer management API (/api/v1/peers…) and unlinking
+(docs/peers.md#permissions, docs/peers.md#unlinking)."""
 
 from __future__ import annotations
 

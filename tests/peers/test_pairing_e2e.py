@@ -1,4 +1,4 @@
-"""Pairing two real instances end to end (spec/peers.md §2, §3 "Headless").
+"""Pairing two real instances end to end (docs/peers.md#headless).
 
 Two ``manage.py serve`` subprocesses with their own data dirs and ``DISPATCH_PUBLIC_URL``:
 ``peer_offer`` on B prints a code, ``peer_link`` on A types it; then each side holds a

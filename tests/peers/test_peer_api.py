@@ -1,4 +1,4 @@
-"""The peer API served to linked peers (peers/peer_api.py, spec/peers.md §5 except events):
+"""The peer API served to linked peers (peers/peer_api.py, docs/peers.md#the-peer-api, except events):
 launch, messages, repos, stop/archive of the agents a peer launched, unlink — each gated
 by its own capability, every POST answered through an Idempotency-Key receipt."""
 

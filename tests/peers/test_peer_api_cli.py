@@ -1,4 +1,4 @@
-"""The peer API with CLI agents in real tmux (spec/peers.md §5): a peer launches a ``shell``
+"""The peer API with CLI agents in real tmux (docs/peers.md#the-peer-api): a peer launches a ``shell``
 agent here, messages it through its supervisor, and stops it.
 
 Every test runs a private tmux server killed afterwards (as tests/agents/test_cli_agents.py).

@@ -1,4 +1,4 @@
-"""``manage.py peer_offer`` and ``peer_link`` (spec/peers.md §3 "Headless")."""
+"""``manage.py peer_offer`` and ``peer_link`` (docs/peers.md#headless)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Linked instances page /peers/ (spec/ui.md "Linked instances")."""
+"""The Linked instances page /peers/ (docs/peers.md#pairing, docs/peers.md#permissions)."""
 
 from __future__ import annotations
 
@@ -165,7 +165,7 @@ def test_the_outbox_buttons_discard_and_retry_a_row(owner: Any, make_peer: Any) 
 def test_linking_an_instance_with_this_instances_name_proposes_a_label_naming_its_address(
     owner: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 13: both instances default to the host name; the page must not call the other
+    """Both instances default to the host name; the page must not call the other
     one by this instance's own name."""
     import httpx
 

@@ -1,8 +1,8 @@
-"""The peer API's body models (peers/protocol.py) are what the routes validate with (spec/peers.md
-§2, §5, §6): a malformed body is refused by the route with the model's sentence, at the
-point the spec orders (a launch's and a message's after the Idempotency-Key receipt), and
-the bodies this instance sends are bodies the models accept. The claim's order is in
-tests/peers/test_pairing.py."""
+"""The peer API's body models (peers/protocol.py) are what the routes validate with
+(docs/peers.md#the-peer-api): a malformed body is refused by the route with the model's
+sentence, at the point the route's documented order puts it (a launch's and a message's
+after the Idempotency-Key receipt), and the bodies this instance sends are bodies the
+models accept. The claim's order is in tests/peers/test_pairing.py."""
 
 from __future__ import annotations
 
@@ -135,7 +135,7 @@ def test_a_bad_message_is_refused_by_the_route_with_the_models_sentence(
 def test_a_reused_message_key_is_422_before_the_body_is_judged(
     client: Client, cloud: FakePeer, owner: Any, tmp_path: Path
 ) -> None:
-    # spec §5: the receipt comes first, so another body under a used key is 422 even when
+    # The receipt comes first, so another body under a used key is 422 even when
     # that body is malformed; a malformed first body leaves no receipt behind.
     helper = agent_services.agent_create(owner=owner, type="expert", name="helper", cwd=str(tmp_path))
     good = {**MESSAGE, "to_agent_id": helper.pk}

@@ -1,6 +1,6 @@
-"""A change of a user's linked instances rings the user's tool-list doorbell (spec/agents.md §6:
-``dispatch_launch_agent``'s description lists the linked instances), so MCP clients hear
-``notifications/tools/list_changed``: relabelling, changing capabilities, unlinking."""
+"""A change of a user's linked instances rings the user's tool-list doorbell
+(``dispatch_launch_agent``'s description lists them, docs/mcp.md#tools), so MCP clients
+hear ``notifications/tools/list_changed``: relabelling, changing capabilities, unlinking."""
 
 from __future__ import annotations
 

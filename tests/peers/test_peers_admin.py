@@ -1,4 +1,4 @@
-"""Admin for linked instances (spec/ui.md "Admin"): actions and edits through services, pairing."""
+"""Admin for linked instances: actions and edits through services, pairing."""
 
 from __future__ import annotations
 

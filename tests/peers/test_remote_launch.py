@@ -1,4 +1,4 @@
-"""The launching side of peers (spec/peers.md §6, §8; agents.md §5–6): locations, launching on
+"""The launching side of peers (docs/peers.md#using-a-link): locations, launching on
 a peer with its local shadow, messages to agents on peers by address or through their shadow,
 and forwarding a shadow's stop and archive.
 

@@ -1,4 +1,4 @@
-"""The peer API and the pairing routes are in the OpenAPI schema (spec/agents.md §5, peers.md §5),
+"""The peer API and the pairing routes are in the OpenAPI schema (docs/peers.md#the-peer-api),
 each with the success status its view answers."""
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def test_every_peer_and_pairing_route_answers_the_success_status_the_schema_docu
         answered[(method, path)] = response.status_code
         return response
 
-    # The peer API, as a linked peer (spec §5).
+    # The peer API, as a linked peer.
     settings.REPO_ROOTS = [os.path.realpath(tmp_path)]
     cloud = make_peer(owner, label="Cloud")
     person = {"instance_id": cloud.instance_id, "agent_id": None, "name": "dana"}
@@ -95,7 +95,7 @@ def test_every_peer_and_pairing_route_answers_the_success_status_the_schema_docu
     answer("post", "/api/v1/peers/approvals/{approval_id}/answer", peer_post(client, cloud, path, decided))
     answer("post", "/api/v1/peers/unlink", peer_post(client, cloud, "/api/v1/peers/unlink", {}))
 
-    # Pairing and the staff routes (spec §2, §6).
+    # Pairing and the staff routes.
     offer = client.post("/api/v1/peers/offers", {}, content_type="application/json", **staff)
     answer("post", "/api/v1/peers/offers", offer)
     claim = {"code": offer_create(user=owner).code, **_claimant()}

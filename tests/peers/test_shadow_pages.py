@@ -1,4 +1,4 @@
-"""Shadow agents in the web pages (ui.md "Agents" and "Agent"; spec/peers.md §6-7).
+"""Shadow agents in the web pages (the agents list and the agent page; docs/peers.md#shadow-agents).
 
 Shadow rows are made directly, as the mirroring subscriber would leave them: an ``Agent``
 with ``peer`` and ``peer_agent_id``, and mirrored events with the peer's timestamps.

@@ -1,4 +1,4 @@
-"""Shadow agents follow their peer's frames (spec/peers.md §7)."""
+"""Shadow agents follow their peer's frames (docs/peers.md#shadow-agents)."""
 
 from __future__ import annotations
 

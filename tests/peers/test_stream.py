@@ -1,4 +1,4 @@
-"""``GET /api/v1/peers/events`` (spec/peers.md §5 "Events"): what a peer may see, in order.
+"""``GET /api/v1/peers/events`` (docs/peers.md#events): what a peer may see, in order.
 
 The first tests drive the stream's frame generator in-process (with the in-memory channel
 layer) to control the moment between subscribing and the snapshot; the last ones go

@@ -1,7 +1,7 @@
-"""Every write of the peers app is a service (CONVENTIONS.md "services.py holds every write",
-issue 12 "one house"): no module of ``peers`` outside ``peers/services/`` (and the
-migrations) calls an ORM write method. The loops, the peer client, the HTTP exchanges and
-the edges call ``peers.services`` instead.
+"""Every write of the peers app is a service (docs/architecture.md#the-layers): no module
+of ``peers`` outside ``peers/services/`` (and the migrations) calls an ORM write method.
+The loops, the peer client, the HTTP exchanges and the edges call ``peers.services``
+instead.
 
 The check reads the source with ``ast``: a call of a method named like an ORM write
 (``save``, ``create``, ``update``, ``delete``, ``select_for_update`` …) on anything counts,
