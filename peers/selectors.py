@@ -25,7 +25,7 @@ def peers_for(*, user: User) -> QuerySet[Peer]:
 
 def peers_by_label_for(*, user: User) -> QuerySet[Peer]:
     """The live peers whose link acts as ``user``, ordered by ``Lower(label)`` (the launch
-    form's locations, ui.md "Agents")."""
+    form's locations on the agents page)."""
     return Peer.objects.filter(owner=user, revoked_at__isnull=True).order_by(Lower("label"))
 
 
