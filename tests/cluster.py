@@ -1,7 +1,7 @@
-"""The nginx topology of issue 16 for tests: a private nginx on a free loopback port in front
-of several ``manage.py serve --no-background`` processes and one ``dispatch_worker``, on a
-fresh PostgreSQL database and Redis (``deploy.cluster`` writes nginx's config and runs it;
-``tests.infra`` starts Dispatch's processes).
+"""The nginx topology of docs/deploy.md for tests: a private nginx on a free loopback port
+in front of several ``manage.py serve --no-background`` processes and one
+``dispatch_worker``, on a fresh PostgreSQL database and Redis (``deploy.cluster`` writes
+nginx's config and runs it; ``tests.infra`` starts Dispatch's processes).
 
     with cluster(servers=3, tls=True) as topo:
         topo.url                 # https://127.0.0.1:PORT, the public URL every process has

@@ -1,4 +1,4 @@
-"""The shared world of the test suite (CONVENTIONS.md habit 10).
+"""The shared world of the test suite (docs/architecture.md#how-the-code-is-written).
 
 Users ``owner`` (alice), ``member`` (bob) and ``outsider`` (carol), their API tokens,
 and ``ws_connect`` to open ``/ws`` through the real ASGI application.

@@ -348,10 +348,11 @@ class Server(Process):
 
 @dataclass
 class ShimProcess(Process):
-    """A ``python -m machines.shim run`` subprocess (spec/machines.md §8) and its state directory.
+    """A ``python -m machines.shim run`` subprocess (docs/shim-protocol.md) and its state
+    directory.
 
     ``machine_id`` is read from ``<state_dir>/state.json``; ``audit()`` parses the shim's
-    own JSONL audit log (one record per operation it served, spec §5).
+    own JSONL audit log (one record per operation it served).
     """
 
     state_dir: Path = field(default_factory=Path)
@@ -395,7 +396,7 @@ class ShimLogin(Process):
     """A ``python -m machines.shim login`` subprocess waiting for its code to be approved."""
 
     def user_code(self, timeout: float = 30) -> str:
-        """The ``XXXX-XXXX`` code the login printed (spec/machines.md §1)."""
+        """The ``XXXX-XXXX`` code the login printed (docs/shim-protocol.md#getting-a-token)."""
 
         def printed() -> str | None:
             found = re.search(r"enter the code ([A-Z]{4}-[A-Z]{4})", self.log())
@@ -585,7 +586,7 @@ def _maybe(manager: Any) -> Iterator[Any]:
 
 
 class LiveSession:
-    """A raw ``websockets`` client of a live server's ``/ws`` (spec/sessions-and-remotes.md §1.2).
+    """A raw ``websockets`` client of a live server's ``/ws`` (docs/ws-protocol.md#frames).
 
     A reader task decodes every frame into ``frames`` (in arrival order); a frame with a
     ``nonce`` resolves ``reply(nonce)`` (``reply_counts`` counts them, to catch duplicates),
@@ -681,7 +682,7 @@ class LiveSession:
 
 @dataclass
 class MachineApi:
-    """A keep-alive client of the machines REST API (spec/machines.md §6) of one server, as one user."""
+    """A keep-alive client of the machines REST API (README.md#http-api) of one server, as one user."""
 
     url: str
     token: str

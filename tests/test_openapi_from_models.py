@@ -37,7 +37,7 @@ DOCUMENTED = {
     ("patch", "/api/v1/peers/{peer_id}"): "200 400 401 403 404 409 413 4XX 503 5XX",
     ("post", "/api/v1/peers/launch"): "201 400 401 403 404 409 413 4XX 503 5XX",
     ("post", "/api/v1/peers/messages"): "200 400 401 403 404 409 413 4XX 503 5XX",
-    ("post", "/api/v1/peers/messages/batch"): "200 400 401 403 404 409 413 4XX 503 5XX",  # issue 15, B8
+    ("post", "/api/v1/peers/messages/batch"): "200 400 401 403 404 409 413 4XX 503 5XX",  # batched delivery (bench B8)
     ("get", "/api/v1/peers/events"): "200 400 401 403 404 503",
     ("get", "/api/v1/peers/repos"): "200 400 401 403 404 4XX 503 5XX",
     ("post", "/api/v1/peers/agents/{agent_id}/stop"): "200 400 401 403 404 409 413 4XX 503 5XX",

@@ -1,5 +1,5 @@
-"""The dependency order of docs/architecture.md holds (issue 12): the import-linter contracts
-in ``pyproject.toml`` are kept, and they are sharp enough to catch a wrong import.
+"""The dependency order of docs/architecture.md#the-layers holds: the import-linter
+contracts in ``pyproject.toml`` are kept, and they are sharp enough to catch a wrong import.
 
 ``make lint`` runs the same check; this test makes ``make test`` (CI) hold it too.
 """

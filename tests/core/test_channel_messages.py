@@ -1,5 +1,5 @@
-"""Every channel-layer message is a typed model (issue 12, "a typed message (pydantic) for
-every channel-layer message"; CONVENTIONS.md habit 15; ``core.protocol``).
+"""Every channel-layer message is a typed model (``core.protocol``;
+docs/architecture.md#where-a-new-feature-goes).
 
 Four holds, each read from the code rather than trusted:
 
@@ -86,7 +86,8 @@ SEND_FUNCTIONS = ("ring", "ring_on_commit", "send_on_commit", "layer_send", "req
 SHARED_TYPES = {"remote.reply": {RemoteCallReply, RemoteProbeReply}}
 
 # Every model, an instance as its sender builds it, and the dict the layer carries — the
-# very dict the sender built by hand before issue 12 (``request_reply`` adds the reply channel).
+# very dict the sender built by hand before the models existed (``request_reply`` adds the
+# reply channel).
 EXAMPLES: list[tuple[ChannelMessage, dict[str, Any]]] = [
     (HealthProbeMessage(probe="0f3c"), {"type": "health.probe", "probe": "0f3c"}),
     (ServerShutdownMessage(), {"type": "server.shutdown"}),

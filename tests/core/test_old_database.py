@@ -1,5 +1,5 @@
-"""An old database survives the models' move to ``core`` and ``agents`` (issue 12, "Data and
-behaviour"; docs/architecture.md).
+"""An old database survives the models' move to ``core`` and ``agents`` (every row kept;
+docs/architecture.md#tables-keep-their-names).
 
 Commit e3ac2de moved ``InstanceIdentity``, ``ServerProcess`` and ``ApiToken`` from the
 ``dispatch`` app to ``core``, and the agents' six models to ``agents``, with state-only
@@ -177,8 +177,8 @@ def latest_nodes() -> list[tuple[str, str]]:
 
 def moved_nodes() -> list[tuple[str, str]]:
     """The leaf migrations right after the move: Django's apps as today, Dispatch's at the
-    move's own migrations (``NEW_MIGRATIONS``; later migrations, e.g. issue 14's
-    ``machines`` 0005, are not the move's to test)."""
+    move's own migrations (``NEW_MIGRATIONS``; later migrations, e.g. ``machines`` 0005, are
+    not the move's to test)."""
     keep = [node for node in latest_nodes() if node[0] not in (*DISPATCH_APPS, *NEW_APPS)]
     return [*keep, *sorted(NEW_MIGRATIONS)]
 
@@ -426,8 +426,8 @@ def build_old_database(alias: str) -> dict[str, list[dict[str, Any]]]:
 
 def check_at_the_latest_migrations(alias: str, old: dict[str, list[dict[str, Any]]]) -> None:
     """Migrate ``alias`` on to the latest migrations (the ones after the move add columns
-    and tables today's models read, e.g. issue 15's ``peers`` 0003) and check the rows with
-    today's models: a test's last step (their ``post_migrate`` adds content types)."""
+    and tables today's models read, e.g. ``peers`` 0003) and check the rows with today's
+    models: a test's last step (their ``post_migrate`` adds content types)."""
     migrate(alias, latest_nodes())
     with routed_to(alias):
         check_with_todays_models(old)

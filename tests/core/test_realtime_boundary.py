@@ -1,6 +1,6 @@
 """Only ``core.realtime`` talks to the channel layer's groups and receives from it
-(CONVENTIONS.md habit 14, issue 12: one request/reply, one after-commit ring, one doorbell
-wait).
+(docs/architecture.md#how-the-code-is-written: one request/reply, one after-commit ring, one
+doorbell wait).
 
 The check reads the code, not the text: it parses every module of the server packages and
 flags any attribute named ``group_send`` or ``receive`` — a call such as

@@ -1,7 +1,7 @@
 """The one request/reply over the channel layer (``core.realtime.request_reply``), as remote
-calls (spec/sessions-and-remotes.md §2.3–§2.4) and machine operations (spec/machines.md
-§5) use it: the reply comes back, and each failure keeps the error code and message its
-caller had before issue 12.
+calls (docs/ws-protocol.md#remote-call) and machine operations
+(docs/shim-protocol.md#errors) use it: the reply comes back, and each failure keeps the
+error code and message its caller had before it was shared.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The one doorbell wait (``core.realtime.Subscription``): one long-lived receive per
 channel, never cancelled while the channel lives, and a loop that outlives a layer outage
-(issue 12; channels-redis drops a channel's buffered messages when its receive is
-cancelled, and its pub/sub layer unsubscribes the channel).
+(channels-redis drops a channel's buffered messages when its receive is cancelled, and its
+pub/sub layer unsubscribes the channel).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Every setting is read in ``dispatch/settings.py`` and listed in ``.env.example`` and the
-README (issue 12 "Settings outside settings.py"; spec/overview.md "Configuration").
+README (docs/architecture.md#where-a-new-feature-goes, docs/operating.md#settings).
 
 The server code reads no environment variable of its own: ``settings.py`` reads them all
 through ``core.conf`` (strict parsing, ``ImproperlyConfigured`` naming the variable). The

@@ -1,5 +1,5 @@
 """Every error under ``/api/`` is the JSON error shape, and the schema lists each
-operation's error statuses (issue 11 item 12; spec/overview.md "Error shapes")."""
+operation's error statuses (docs/architecture.md#errors)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Behind a proxy (issue 16): ``DISPATCH_BEHIND_PROXY`` and unbuffered event streams.
+"""Behind a proxy (docs/operating.md#behind-a-proxy): ``DISPATCH_BEHIND_PROXY`` and
+unbuffered event streams.
 
 - the setting: off, ``serve`` ignores ``X-Forwarded-For`` (every client behind a proxy is
   the proxy) and Django ignores ``X-Forwarded-Proto``; on, the password throttle counts the

@@ -1,4 +1,4 @@
-"""The strict settings readers (CONVENTIONS.md habit 7, dispatch/conf.py)."""
+"""The strict settings readers (``core.conf``; docs/architecture.md#how-the-code-is-written)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Each instance's cookies carry its own names (issue 13 "First-hour stumbles"): browsers keep
-cookies per host, not per port, so two instances on one host sharing ``sessionid`` and
-``csrftoken`` logged each other out in one browser.
+"""Each instance's cookies carry its own names: browsers keep cookies per host, not per
+port, so two instances on one host sharing ``sessionid`` and ``csrftoken`` logged each other
+out in one browser.
 
 The names are ``<prefix>sessionid`` and ``<prefix>csrftoken``; the prefix defaults to
 ``dispatch_<hash>_`` with the same short hash of the database that defaults

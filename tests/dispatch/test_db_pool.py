@@ -1,4 +1,4 @@
-"""Database connections per process (issue 11 item 2; spec/overview.md "Configuration").
+"""Database connections per process (docs/deploy.md#pool-sizes).
 
 On PostgreSQL every ``serve`` process draws its connections from psycopg's pool, bounded by
 ``DISPATCH_DB_POOL_MAX``; ``DISPATCH_DB_CONN_MAX_AGE`` (persistent connections, which Django

@@ -1,5 +1,5 @@
 """``/downloads/``: the client wheels `make dist` built, served to anyone, and nothing else
-(issue 13 item 1)."""
+(README.md#http-api)."""
 
 from __future__ import annotations
 

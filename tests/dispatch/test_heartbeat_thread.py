@@ -1,4 +1,4 @@
-"""The presence heartbeat has its own thread and database connection (issue 16).
+"""The presence heartbeat has its own thread and database connection.
 
 Every ``database_sync_to_async`` call of a process runs on one thread. Under load that
 thread has a queue of queries; a heartbeat waiting behind it for ``DISPATCH_PROCESS_TTL``

@@ -1,6 +1,6 @@
 """Background loops back off after an error and log once per change of state
-(spec/quality.md "Faults", issue 11 item 4: the peer-mirror loop made 200–700 passes a
-second, two tracebacks each, while Redis was down).
+(docs/operating.md#health; without it the peer-mirror loop made 200–700 passes a second, two
+tracebacks each, while Redis was down).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """REST answers 503 ``TEMPORARILY_UNAVAILABLE``, never 500, while the channel layer or the
-database cannot be reached (spec/quality.md "Faults", issue 11 item 1).
+database cannot be reached (docs/operating.md#health).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Server-process presence: heartbeats, the reaper, and callers of remotes in dead processes.
 
-Spec: overview.md "Many machines", sessions-and-remotes.md §2.4. Tests run with
+Docs: docs/deployment.md#what-runs-where. Tests run with
 DISPATCH_PROCESS_TTL=4 s and DISPATCH_REMOTE_LIVENESS_INTERVAL=0.5 s (tests/settings.py).
 """
 

@@ -1,4 +1,4 @@
-"""Ending a credential closes what stands on it (issue 11 item 7; core.revocation).
+"""Ending a credential closes what stands on it (core.revocation; docs/ws-protocol.md#authentication).
 
 In-memory layer, one process: the sweep is called directly (``revocation_sweep_once``);
 tests/integration/test_revocation_serve.py shows the same over a real ``serve``.

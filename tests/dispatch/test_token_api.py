@@ -1,4 +1,4 @@
-"""``POST /api/v1/auth/token`` and bearer authentication on the REST API (spec/sessions-and-remotes.md §1.1)."""
+"""``POST /api/v1/auth/token`` and bearer authentication on the REST API (docs/ws-protocol.md#authentication)."""
 
 from __future__ import annotations
 

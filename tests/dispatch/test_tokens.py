@@ -1,4 +1,4 @@
-"""API tokens: hashed at rest, expiry, revocation, last use (spec/sessions-and-remotes.md §1.1)."""
+"""API tokens: hashed at rest, expiry, revocation, last use (docs/ws-protocol.md#authentication)."""
 
 from __future__ import annotations
 
