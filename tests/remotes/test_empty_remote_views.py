@@ -1,5 +1,5 @@
 """A remote with no functions yet on the Remotes page and in ``GET /api/v1/remotes``
-(spec/sessions-and-remotes.md §2: 0 to 128 functions; issue 10)."""
+(0 to 128 functions: docs/ws-protocol.md#remote-connect)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What the public Horde remote client (hordelab/remote-center, Node) sends, in raw frames,
-against the real consumer through the real router (issue 10 catalogue; spec §1.1, §1.2, §2)."""
+against the real consumer through the real router (docs/ws-protocol.md)."""
 
 from __future__ import annotations
 

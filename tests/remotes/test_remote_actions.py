@@ -1,4 +1,4 @@
-"""Every row of the remotes action table and its validation (spec/sessions-and-remotes.md §2.1, §2.2)."""
+"""Every row of the remotes action table and its validation (docs/ws-protocol.md#actions)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Remote calls: routing, failures and load (spec/sessions-and-remotes.md §2.2–§2.4)."""
+"""Remote calls: routing, failures and load (docs/ws-protocol.md#remote-call)."""
 
 from __future__ import annotations
 
@@ -133,7 +133,7 @@ async def test_a_reconnected_remote_serves_new_calls_after_the_old_ones_failed(w
         await caller.send(call_frame("c1"))
         await server.next_event()
         await server.request("remote-disconnect", {"remotename": WEATHER})
-        # The old call has failed before the name can be connected again (§2.2: only
+        # The old call has failed before the name can be connected again (only
         # then may the request counter restart).
         assert await caller.reply("c1") == {"error": f"remote '{WEATHER}' disconnected", "nonce": "c1"}
         await connect_weather(server, weather_tools)
@@ -393,7 +393,7 @@ async def test_arguments_and_results_with_lone_surrogates_are_refused_without_lo
             '{"action": "remote-call-result", "requestId": "' + event["requestId"] + '", "result": "\\udfff"}'
         )
         # The result frame is refused as well, and its requestId can be read: the call fails
-        # at once (issue 10), and a later answer for it is ignored.
+        # at once, and a later answer for it is ignored.
         reply = await caller.reply("c2")
         assert reply["error"].startswith("remote 'weather-service' returned a result Dispatch cannot carry: result: ")
         await server.send({"action": "remote-call-result", "requestId": event["requestId"], "result": "ok"})

@@ -1,5 +1,5 @@
 """Request ids across reconnects, empty remotes, the ``remote-disconnected`` event and the
-action-less auth reply (spec/sessions-and-remotes.md §1.1, §2, §2.1, §2.2; issue 10)."""
+action-less auth reply (docs/ws-protocol.md)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ async def connect(ws, remotename: str, tools: list[dict[str, Any]]) -> None:
     assert reply["message"] == "remote connected", reply
 
 
-# --- request ids (§2.2) ------------------------------------------------------------------
+# --- request ids -----------------------------------------------------------------------
 
 
 async def test_request_ids_never_restart_on_reconnect_and_a_late_result_does_not_resolve_a_newer_call(
@@ -65,7 +65,7 @@ async def test_each_id_names_its_remote_and_none_repeats(ws_connect, owner_token
         assert len(set(ids)) == 3
 
 
-# --- empty remotes (§2) --------------------------------------------------------------------
+# --- empty remotes ------------------------------------------------------------------------
 
 
 async def test_a_remote_with_no_functions_connects_is_not_listed_and_has_no_function(ws_connect, owner_token):
@@ -84,7 +84,7 @@ async def test_129_functions_are_still_refused(ws_connect, owner_token, weather_
         assert "0 to 128 functions, got 129" in reply["error"]
 
 
-# --- remote-disconnected (§2) -------------------------------------------------------------
+# --- remote-disconnected -----------------------------------------------------------------
 
 
 async def test_the_serving_session_hears_when_another_session_disconnects_its_remote(
@@ -110,7 +110,7 @@ async def test_the_serving_session_hears_when_another_session_disconnects_its_re
         assert await server.nothing_received(0.3)
 
 
-# --- the first-frame auth reply (§1.1) ------------------------------------------------------
+# --- the first-frame auth reply -----------------------------------------------------------
 
 
 async def test_the_first_frame_auth_reply_carries_no_action(ws_connect, owner, owner_token):

@@ -1,4 +1,4 @@
-"""Users only ever see and call their own remotes (spec/sessions-and-remotes.md §2, quality.md "Security")."""
+"""Users only ever see and call their own remotes (docs/ws-protocol.md)."""
 
 from __future__ import annotations
 

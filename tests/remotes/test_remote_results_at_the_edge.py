@@ -1,5 +1,5 @@
 """A ``remote-call-result`` the channel layer cannot carry fails its call at once, naming
-why (issue 10 finding 7; spec/sessions-and-remotes.md §2.2, §2.3)."""
+why (docs/ws-protocol.md#remote-call)."""
 
 from __future__ import annotations
 

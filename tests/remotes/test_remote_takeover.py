@@ -1,6 +1,6 @@
-"""Taking over a remote name whose holder is gone (spec/sessions-and-remotes.md §2
-"Lifetime"; issue 11 item 1, issue 16 "a client of the dead process can register its remote
-again within 5 s").
+"""Taking over a remote name whose holder is gone
+(docs/operating.md#a-client-of-a-dead-process-registering-again): a client of the dead
+process can register its remote again within 5 s.
 
 A connect that finds the name held checks the holder's process at once
 (``core.services.server_process_liveness``): a process of this host answers from its own
@@ -205,7 +205,7 @@ async def test_a_live_process_keeps_its_name_however_late_its_heartbeat(
 async def test_a_live_process_whose_session_is_closed_loses_that_session_s_names(
     ws_connect: Any, owner: Any, owner_token: str, weather_tools: list[dict[str, Any]], count_rows: Any
 ) -> None:
-    # Issue 11: the consumer died without its cleanup while its process lives on.
+    # The consumer died without its cleanup (a Redis outage) while its process lives on.
     await _other_process_registration(owner, weather_tools, heartbeat_age=0)
     async with answering_for(GHOST), ws_connect(token=owner_token) as server:
         started = time.monotonic()

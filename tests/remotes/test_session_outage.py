@@ -1,6 +1,6 @@
-"""A ``/ws`` session's cleanup runs on every exit, rows first (spec/quality.md "Faults",
-issue 11 item 1): a channel layer that fails under the consumer must not leave its
-``WsSession`` and ``Remote`` rows behind, and its client is told to come back later.
+"""A ``/ws`` session's cleanup runs on every exit, rows first (docs/operating.md#health): a
+channel layer that fails under the consumer must not leave its ``WsSession`` and ``Remote``
+rows behind, and its client is told to come back later.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""A call on a route cached from before its remote's process stopped (issue 16 "Rolling
-restart": calls that start after their client has reconnected never fail).
+"""A call on a route cached from before its remote's process stopped
+(docs/deploy.md#rolling-restart: calls that start after their client has reconnected never
+fail).
 
 Each process caches a remote's route for up to ``ROUTE_CACHE_SECONDS``. When the serving
 process stops cleanly and the remote re-registers on another process within that second,

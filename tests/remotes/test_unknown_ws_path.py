@@ -1,5 +1,5 @@
 """An unknown websocket path is refused at the upgrade with 403, logged at most at INFO
-(issue 10 finding 4: ``/ws/ws`` was an HTTP 500 with an ERROR traceback)."""
+(``/ws/ws`` used to be an HTTP 500 with an ERROR traceback)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The four ways to authenticate a ``/ws`` session, and every refusal (spec/sessions-and-remotes.md §1.1)."""
+"""The four ways to authenticate a ``/ws`` session, and every refusal (docs/ws-protocol.md#authentication)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The action envelope and its robustness rules (spec/sessions-and-remotes.md §1.2)."""
+"""The action envelope and its robustness rules (docs/ws-protocol.md#frames)."""
 
 from __future__ import annotations
 
@@ -97,8 +97,9 @@ async def test_every_reply_echoes_the_nonce_unchanged(ws_connect, owner_token):
 
 
 async def test_a_frame_refused_at_the_edge_gets_its_error_with_the_nonce_when_one_can_be_read(ws_connect, owner_token):
-    # §1 robustness rules: "with the nonce when one could be read" — a request whose body
-    # holds a value the channel layer cannot carry still gets a reply its client can match.
+    # The error carries the nonce when one can be read (docs/ws-protocol.md#frames): a
+    # request whose body holds a value the channel layer cannot carry still gets a reply its
+    # client can match.
     async with ws_connect(token=owner_token) as ws:
         await ws.send('{"action": "remote-list", "nonce": "n7", "body": {"n": 18446744073709551616}}')
         assert await ws.recv() == {

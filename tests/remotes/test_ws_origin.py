@@ -1,6 +1,6 @@
 """Cross-site websocket hijacking: a cookie login on ``/ws`` is accepted only from the
 site's own origin — scheme, host and port — as Django's CSRF check decides for REST
-(spec/sessions-and-remotes.md §1.1; issue 11 item 6)."""
+(docs/ws-protocol.md#authentication)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Generated frames thrown at ``/ws`` (spec/quality.md "Bad input, all entry points").
+"""Generated frames thrown at ``/ws`` (docs/ws-protocol.md#frames).
 
 The consumer never crashes, and every frame gets an answer (an ``error`` or a valid
 reply) or the close the protocol prescribes. One connection per example; every wait is
@@ -128,7 +128,7 @@ def parsed_request(frame: str | bytes) -> dict[str, Any] | None:
 
 
 def readable_nonce(request: dict[str, Any] | None) -> tuple[bool, Any]:
-    """(the nonce is valid, the nonce) as the envelope reads it (§1.2)."""
+    """(the nonce is valid, the nonce) as the envelope reads it (docs/ws-protocol.md#frames)."""
     if request is None or request.get("nonce") is None:
         return True, None
     nonce = request["nonce"]
@@ -182,7 +182,7 @@ async def test_an_authenticated_session_answers_every_generated_frame(ws_connect
                 assert is_valid_reply(answer), answer
                 if request is None and isinstance(frame, str):
                     # Refused by the strict reading: the nonce is echoed when a lenient
-                    # reading finds one the layer can carry (spec §1 "when one could be read").
+                    # reading finds one the layer can carry (docs/ws-protocol.md#frames).
                     echoed = wire.lenient_field(wire.lenient_object(frame), "nonce", nested=False)
                     if isinstance(echoed, str | int | float) and not isinstance(echoed, bool):
                         if wire.problem(echoed) is None:

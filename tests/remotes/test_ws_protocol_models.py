@@ -1,6 +1,6 @@
 """Every ``/ws`` action and every channel-layer message the session consumer receives has
 its pydantic model (dispatch/ws/protocol.py, remotes/protocol.py, agents/protocol.py;
-spec/sessions-and-remotes.md §1.2, §2.1, spec/agents.md §4)."""
+docs/ws-protocol.md#actions)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A fake Dispatch ``/ws`` endpoint speaking the remotes protocol (spec §1.2, §2), for the
+"""A fake Dispatch ``/ws`` endpoint speaking the remotes protocol (docs/ws-protocol.md), for the
 client tests. No Django: a bare ``websockets`` server on 127.0.0.1, port 0."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class FakeDispatch:
     def __init__(self) -> None:
         self.url = ""
         self.refusal_close_code = 4401
-        # The refusal frame before the close: Dispatch's (§1.1, no action) or an older server's.
+        # The refusal frame before the close: Dispatch's (no action) or an older server's.
         self.refusal_frame: dict[str, Any] = {"error": "authentication failed"}
         self.still_connected = 0  # how many remote-connects to refuse as "already connected"
         self.connect_error: str | None = None  # refuse every remote-connect with this
@@ -64,7 +64,7 @@ class FakeDispatch:
             return await result
 
     async def disconnect(self, remotename: str, reason: str) -> None:
-        """Another session disconnected ``remotename``: drop it and tell its holder (§2)."""
+        """Another session disconnected ``remotename``: drop it and tell its holder."""
         holder = self.serving.pop(remotename)
         event = {"action": "remote-disconnected", "remotename": remotename, "reason": reason}
         await holder.send(json.dumps(event))

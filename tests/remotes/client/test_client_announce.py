@@ -1,4 +1,4 @@
-"""What serving says: one line when the remote is registered, one per reconnect (spec §2.5),
+"""What serving says: one line when the remote is registered, one per reconnect,
 from ``Remote.serve(announce=…)``, ``Remote.run()`` in a plain script, and ``--server``."""
 
 from __future__ import annotations

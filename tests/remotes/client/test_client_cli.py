@@ -1,4 +1,4 @@
-"""``python -m remotes.client`` against a fake ``/ws`` (spec §2.5)."""
+"""``python -m remotes.client`` against a fake ``/ws`` (docs/ws-protocol.md#the-python-client)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The remote client when another session disconnects its remote (spec §2 ``remote-disconnected``),
-when a function returns a value JSON cannot carry, and the two auth-refusal shapes (§1.1)."""
+"""The remote client when another session disconnects its remote (``remote-disconnected``),
+when a function returns a value JSON cannot carry, and the two auth-refusal shapes
+(docs/ws-protocol.md#authentication)."""
 
 from __future__ import annotations
 

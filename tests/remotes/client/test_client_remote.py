@@ -1,4 +1,4 @@
-"""The Remote serving loop against a fake ``/ws`` (spec §2.2, §2.5)."""
+"""The Remote serving loop against a fake ``/ws`` (docs/ws-protocol.md#the-python-client)."""
 
 from __future__ import annotations
 

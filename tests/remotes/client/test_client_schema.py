@@ -1,4 +1,4 @@
-"""Function specs derived from type hints and docstrings (spec §2.1, §2.5)."""
+"""Function specs derived from type hints and docstrings (docs/ws-protocol.md#the-python-client)."""
 
 from __future__ import annotations
 
