@@ -1,5 +1,5 @@
 """The ``/mcp`` ASGI app in process: routing, the lazy start of the session manager,
-refusals before the SDK is reached (spec/agents.md §6)."""
+refusals before the SDK is reached (docs/mcp.md#endpoint-and-authentication)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The agent tools and agent tokens on ``/mcp``, against a real ``manage.py serve`` driven
-by the SDK's streamable-HTTP client (spec/agents.md §6, agents/tools.py).
+by the SDK's streamable-HTTP client (docs/mcp.md#tools, agents/tools.py).
 
 One server for the module: ``bob`` has the expert agent ``boss`` (whose agent token the
 tests use) and ``eve`` an agent of her own. The server's model endpoint is the scripted
@@ -143,7 +143,7 @@ async def test_an_agent_tokens_machine_session_is_the_agent(live: Live, tmp_path
         async with mcp_client(live.mcp_url, live.boss_token) as client:
             described = {tool.name: tool.description or "" for tool in (await client.list_tools()).tools}
             ran = await client.call_tool("local_pc_execute_command", {"argv": ["pwd"]})
-            # An agent token acts only in its own session (issue 11 item 10).
+            # An agent token acts only in its own session (docs/mcp.md#tools).
             elsewhere = await client.call_tool("local_pc_execute_command", {"argv": ["pwd"], "session_id": "default"})
     finally:
         shim.stop()

@@ -1,5 +1,5 @@
 """The MCP endpoint against a real ``manage.py serve``, driven by the SDK's own
-streamable-HTTP client (spec/agents.md §6, sessions-and-remotes.md §2.6).
+streamable-HTTP client (docs/mcp.md).
 
 One server for the module; ``admin`` has the ``weather-service`` remote (served by the
 client library in a subprocess) and no machine; the machine tests use a user of their
@@ -287,7 +287,7 @@ def call(name: Any, arguments: Any) -> dict[str, Any]:
 
 def answer_of(response: httpx.Response) -> Any:
     """The JSON-RPC answer of a POST: the JSON body, or — a tool call answered as server-sent
-    events (issue 14) — the last ``data:`` message of the stream."""
+    events — the last ``data:`` message of the stream."""
     if not response.headers.get("content-type", "").startswith("text/event-stream"):
         return response.json()
     messages = [json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:") and line[5:]]

@@ -1,8 +1,8 @@
-"""``GET /mcp``, the event stream of MCP 2025-11-25 (spec/agents.md §6, issue 10 item 6,
-issue 11 item 7), read with raw httpx against a real ``manage.py serve``: its shape
-(``retry``, no ids, one ``list_changed`` on every connect), the push of a remote connecting,
-its refusals (406, 401, the 65th stream 429), its end on revocation, deactivation and
-SIGTERM; and across two processes on PostgreSQL + Redis.
+"""``GET /mcp``, the event stream of MCP 2025-11-25 (docs/mcp.md#tool-list-changes), read
+with raw httpx against a real ``manage.py serve``: its shape (``retry``, no ids, one
+``list_changed`` on every connect), the push of a remote connecting, its refusals (406, 401,
+the 65th stream 429), its end on revocation, deactivation and SIGTERM; and across two
+processes on PostgreSQL + Redis.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""``notifications/tools/list_changed`` over ``subscriptions/listen`` (2026-07-28), against a
-real ``manage.py serve`` with the SDK's own client (spec/agents.md §6): a remote connecting
-or disconnecting and a machine attaching reach the user's listen streams, and nobody
-else's; both protocol versions are told ``listChanged: true`` (2025-11-25 gets its push on
-``GET /mcp``, tests/mcp/test_mcp_event_stream.py).
+"""``notifications/tools/list_changed`` over ``subscriptions/listen`` (2026-07-28), against
+a real ``manage.py serve`` with the SDK's own client (docs/mcp.md#tool-list-changes): a
+remote connecting or disconnecting and a machine attaching reach the user's listen streams,
+and nobody else's; both protocol versions are told ``listChanged: true`` (2025-11-25 gets
+its push on ``GET /mcp``, tests/mcp/test_mcp_event_stream.py).
 """
 
 from __future__ import annotations

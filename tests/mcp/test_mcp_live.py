@@ -1,9 +1,9 @@
-"""The MCP edge of live operations (issue 14; design §4 "MCP"), in process: tool calls
-answered as server-sent events carrying ``notifications/progress`` with the client's
-``progressToken``, the ``core.tools.TOOL_CALL`` a tool sees, ``notifications/cancelled``
-answered at the edge with the call's ``call_key``, and the machine tools' progress reports
-(``machines.tools.OutputProgress``). Against real shims and a real ``serve``:
-tests/mcp/test_mcp_live_clients.py.
+"""The MCP edge of live operations (docs/live-operations.md#mcp-progress-and-cancellation),
+in process: tool calls answered as server-sent events carrying ``notifications/progress``
+with the client's ``progressToken``, the ``core.tools.TOOL_CALL`` a tool sees,
+``notifications/cancelled`` answered at the edge with the call's ``call_key``, and the
+machine tools' progress reports (``machines.tools.OutputProgress``). Against real shims and
+a real ``serve``: tests/mcp/test_mcp_live_clients.py.
 """
 
 from __future__ import annotations

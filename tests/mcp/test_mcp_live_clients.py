@@ -1,11 +1,11 @@
 """Public MCP clients running a live command on a real shim through a real ``serve``
-(issue 14 "What callers get", MCP): the Python SDK's client and the official TypeScript
-SDK (tests/clients/mcp_live_client.mjs) receive ``notifications/progress`` while
-``local_pc_execute_command`` runs (progress = bytes of output so far, message = the
-latest line), and a TypeScript ``AbortSignal`` — the SDK POSTs ``notifications/cancelled``
-on its own, stateless, so it is matched by (token, request id) — stops the command on the
-machine: its process ends, nothing stays in flight, the file it would have written after
-sleeping never appears. One server and one shim for the module.
+(docs/live-operations.md#mcp-progress-and-cancellation): the Python SDK's client and the
+official TypeScript SDK (tests/clients/mcp_live_client.mjs) receive
+``notifications/progress`` while ``local_pc_execute_command`` runs (progress = bytes of
+output so far, message = the latest line), and a TypeScript ``AbortSignal`` — the SDK POSTs
+``notifications/cancelled`` on its own, stateless, so it is matched by (token, request id) —
+stops the command on the machine: its process ends, nothing stays in flight, the file it
+would have written after sleeping never appears. One server and one shim for the module.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class Live:
     server: Server
     shim: ShimProcess
     root: Path
-    session: str = "default"  # a user token's MCP session (machines.md §4)
+    session: str = "default"  # a user token's MCP session (docs/mcp.md#tools)
 
     @property
     def mcp_url(self) -> str:

@@ -1,6 +1,6 @@
-"""MCP event-stream rows and the ``GET /mcp`` response in process (spec/agents.md §6,
-issue 11 item 7): which streams may stay open, the limit, keep-alive comments, the row
-deleted when the client goes."""
+"""MCP event-stream rows and the ``GET /mcp`` response in process
+(docs/mcp.md#tool-list-changes): which streams may stay open, the limit, keep-alive
+comments, the row deleted when the client goes."""
 
 from __future__ import annotations
 

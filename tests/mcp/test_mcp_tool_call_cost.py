@@ -1,6 +1,6 @@
-"""An MCP ``tools/call`` of a machine tool builds the machine tools only (issue 15, B4):
-they shadow every other tool of their name, so the agent tools' and the remotes' queries
-are not run for it."""
+"""An MCP ``tools/call`` of a machine tool builds the machine tools only: they shadow every
+other tool of their name, so the agent tools' and the remotes' queries are not run for
+it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The stateless MCP endpoint across two ``serve`` processes (spec/agents.md §6): one
+"""The stateless MCP endpoint across two ``serve`` processes (docs/mcp.md#transport): one
 client's requests answered alternately by both, with the remote held by one of them
 (PostgreSQL for the registry, Redis for the channel layer)."""
 

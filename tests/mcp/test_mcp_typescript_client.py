@@ -1,8 +1,9 @@
 """The official TypeScript MCP SDK client (``@modelcontextprotocol/sdk``, pinned in
-tests/clients/package.json) against a real ``manage.py serve`` (spec/agents.md §6, issue 10):
-it speaks protocol 2025-11-25, opens ``GET /mcp`` after its ``notifications/initialized``
-POST got 202, and must hear ``notifications/tools/list_changed`` there when a remote
-connects — what Claude Code, Cursor and the MCP Inspector are built on.
+tests/clients/package.json) against a real ``manage.py serve``
+(docs/mcp.md#tool-list-changes): it speaks protocol 2025-11-25, opens ``GET /mcp`` after its
+``notifications/initialized`` POST got 202, and must hear
+``notifications/tools/list_changed`` there when a remote connects — what Claude Code, Cursor
+and the MCP Inspector are built on.
 
 ``make test`` installs the client with ``npm ci`` (once, a stamp file). Without ``node``
 the test is skipped locally with the install command, and fails under ``CI=true``.

@@ -1,8 +1,8 @@
-"""Tool arguments the channel layer cannot carry are refused at the MCP edge (issue 10 item 7):
-integers outside signed 64 bits, NaN/Infinity, lone surrogates, nesting over 64 levels. The
-SDK's JSON parsers let them through, and on Redis a big integer then failed inside msgpack
-and the caller waited the full timeout. Each is an ``isError`` result naming the field, at
-once, and the remote never sees a call.
+"""Tool arguments the channel layer cannot carry are refused at the MCP edge
+(docs/mcp.md#results-and-errors): integers outside signed 64 bits, NaN/Infinity, lone
+surrogates, nesting over 64 levels. The SDK's JSON parsers let them through, and on Redis a
+big integer then failed inside msgpack and the caller waited the full timeout. Each is an
+``isError`` result naming the field, at once, and the remote never sees a call.
 """
 
 from __future__ import annotations

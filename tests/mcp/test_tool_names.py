@@ -1,4 +1,4 @@
-"""Remote functions as MCP tool names (spec/sessions-and-remotes.md §2.6)."""
+"""Remote functions as MCP tool names (docs/mcp.md#tools)."""
 
 from __future__ import annotations
 
