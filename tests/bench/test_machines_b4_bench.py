@@ -1,7 +1,7 @@
-"""Smoke test of bench/machines.py's B4 phases (issue 15): REST, MCP and the built-in
+"""Smoke test of bench/machines.py's B4 phases (bench/README.md): REST, MCP and the built-in
 agent's tool path (a second Django process over PostgreSQL + Redis) each answer FILE_STAT
-through the router on small sizes, beside the bare relay and ``/healthz``, and the rows
-are computed. Only correctness is asserted, never a latency or a ratio."""
+through the router on small sizes, beside the bare relay and ``/healthz``, and the rows are
+computed. Only correctness is asserted, never a latency or a ratio."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 // The official TypeScript MCP SDK client running a live command on a real machine through a
-// running Dispatch (tests/mcp/test_mcp_live_clients.py, issue 14).
+// running Dispatch (tests/mcp/test_mcp_live_clients.py).
 //
 // Usage: node mcp_live_client.mjs <mcp url> <bearer token> <mode> <tool arguments as JSON>
 //   mode "progress": local_pc_execute_command with onprogress (and resetTimeoutOnProgress, a

@@ -1,5 +1,5 @@
-"""A caller process for the live-operation integration tests (issue 14): it runs
-``machines.services`` live operations against an instance's PostgreSQL + Redis, so the
+"""A caller process for the live-operation integration tests (docs/live-operations.md): it
+runs ``machines.services`` live operations against an instance's PostgreSQL + Redis, so the
 caller and the shim's consumer live in different processes.
 
 ``python -m tests.integration.live_caller '<json request>'`` (in an instance's environment)

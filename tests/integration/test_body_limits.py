@@ -1,4 +1,4 @@
-"""Request body cap of ``serve`` (issue 11 item 8; spec/overview.md "Error shapes").
+"""Request body cap of ``serve`` (docs/operating.md#limits, docs/architecture.md#errors).
 
 daphne buffers a whole request body before the application runs, so ``serve`` refuses a
 body over ``DISPATCH_MAX_REQUEST_BYTES`` inside daphne: a ``Content-Length`` over the cap
@@ -193,7 +193,7 @@ def test_a_10_mib_file_write_over_mcp_succeeds(live: Live) -> None:
         timeout=60,
     )
     assert response.status_code == 200, response.text[:500]
-    # tools/call is answered as an event stream when the client accepts one (issue 14)
+    # tools/call is answered as an event stream when the client accepts one
     body = response.text
     if response.headers.get("content-type", "").startswith("text/event-stream"):
         body = next(

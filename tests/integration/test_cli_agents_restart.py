@@ -1,4 +1,4 @@
-"""CLI agents across real ``manage.py serve`` processes (spec/agents.md §2).
+"""CLI agents across real ``manage.py serve`` processes (docs/agents.md).
 
 Agents keep running when Dispatch restarts and the new process's supervisor picks them
 up; a second instance on the same computer (its own database, the same tmux server)

@@ -1,4 +1,4 @@
-"""Issue 16, "Show" 2 and 3: faults of a ``serve`` process behind nginx under load.
+"""Faults of a ``serve`` process behind nginx under load.
 
 One topology (``tests.cluster``: nginx, three ``serve --no-background``, one
 ``dispatch_worker``, PostgreSQL + Redis, ``DISPATCH_PROCESS_TTL=6``, 1 s heartbeat) for
@@ -48,7 +48,7 @@ CALLERS = 6
 SHIMS = 3
 SESSION = "faults"
 TTL = 6.0  # deploy.cluster.PROCESS_TTL
-TAKEOVER_BOUND = 5.0  # issue 16: a dead process's remote registers again within 5 s
+TAKEOVER_BOUND = 5.0  # a dead process's remote registers again within 5 s
 
 
 @pytest.fixture(scope="module")

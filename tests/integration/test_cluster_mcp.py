@@ -1,6 +1,6 @@
-"""Issue 16, "Every client reaches Dispatch only through nginx": the official TypeScript MCP
-SDK client (``tests/clients/mcp_client.mjs``, the client Claude Code, Cursor and the MCP
-Inspector are built on) against the three-process topology over https.
+"""Every client reaches Dispatch only through nginx (docs/deploy.md#nginx): the official
+TypeScript MCP SDK client (``tests/clients/mcp_client.mjs``, the client Claude Code, Cursor
+and the MCP Inspector are built on) against the three-process topology over https.
 
 No sticky sessions: the SDK's POSTs (initialize, tools/list, tools/call) and its ``GET
 /mcp`` stream each land where least-connections puts them, and the remote it then calls

@@ -1,7 +1,7 @@
-"""Issue 16, "every outbox row is delivered once": a linked instance B that reaches the
-cluster only through nginx keeps sending messages to a shadow of a cluster agent while
-the cluster's ``serve`` process holding B's mirror stream is SIGKILLed in the middle of
-one of B's signed message POSTs (spec/peers.md §4, §5, §8).
+"""Every outbox row is delivered once (docs/peers.md#the-outbox): a linked instance B that
+reaches the cluster only through nginx keeps sending messages to a shadow of a cluster agent
+while the cluster's ``serve`` process holding B's mirror stream is SIGKILLed in the middle
+of one of B's signed message POSTs (docs/peers.md#messages).
 
 The cluster (``tests.cluster``: nginx, three ``serve --no-background``, one
 ``dispatch_worker``, PostgreSQL + Redis) offers a pairing code; B (SQLite, one ``serve``

@@ -1,5 +1,5 @@
-"""Behind a real nginx (issue 16 "Behind a proxy"): the address and scheme Dispatch sees, and
-event streams that are not held back.
+"""Behind a real nginx (docs/operating.md#behind-a-proxy): the address and scheme Dispatch
+sees, and event streams that are not held back.
 
 The topology is ``tests.cluster`` (nginx with TLS in front of two ``serve`` processes on
 PostgreSQL + Redis, ``DISPATCH_BEHIND_PROXY=1``). Clients on loopback take distinct

@@ -1,5 +1,5 @@
-"""Issue 16, "Show" 1: connections through nginx spread over three ``serve`` processes, and
-calls between any two of them succeed whichever processes hold caller and callee.
+"""Connections through nginx spread over three ``serve`` processes, and calls between any
+two of them succeed whichever processes hold caller and callee.
 
 The topology is ``tests.cluster``'s (nginx with TLS, least connections, no sticky
 sessions; three ``serve --no-background``, one ``dispatch_worker``, PostgreSQL + Redis).
@@ -93,8 +93,9 @@ class RemoteHost:
 
 
 class RawShim:
-    """A raw shim client (spec/machines.md §3): HELLO attached to ``SESSION``, then answers
-    PING with PONG and FILE_STAT with a FILE_STAT_RESPONSE whose ``size_bytes`` is its index."""
+    """A raw shim client (docs/shim-protocol.md#the-handshake): HELLO attached to
+    ``SESSION``, then answers PING with PONG and FILE_STAT with a FILE_STAT_RESPONSE whose
+    ``size_bytes`` is its index."""
 
     def __init__(self, ws: ClientConnection, machine_id: str, index: int) -> None:
         self.ws = ws
@@ -154,7 +155,7 @@ class RawShim:
 
 
 def envelope(message_type: str, payload: dict[str, Any], **fields: Any) -> dict[str, Any]:
-    """A frame in the spec/machines.md §2 envelope."""
+    """A frame in the shim envelope (docs/shim-protocol.md#the-envelope)."""
     return {
         "type": message_type,
         "id": fields.pop("id", None) or str(uuid.uuid4()),

@@ -1,5 +1,5 @@
-"""Live operations through the REST edge for real (issue 14 "Done when"): ``manage.py serve``
-and real shim subprocesses, driven by an HTTP client reading the server-sent events.
+"""Live operations through the REST edge for real (docs/live-operations.md): ``manage.py
+serve`` and real shim subprocesses, driven by an HTTP client reading the server-sent events.
 
 Streaming (started, output as it happens, result), cancel by the route and by closing the
 stream (the command's process is gone, nothing left in flight, the file it would have

@@ -1,4 +1,4 @@
-"""Live operations with real shims, across processes (issue 14 "Done when"; design §2–§3).
+"""Live operations with real shims, across processes (docs/live-operations.md).
 
 Two ``manage.py serve`` processes share PostgreSQL and Redis; real ``python -m
 machines.shim run`` subprocesses (protocol 2.1) connect to them; the caller is a third
@@ -99,7 +99,8 @@ class Live:
         return shim
 
     def old_shim(self, name: str, server: Server) -> ShimProcess:
-        """A real shim whose protocol is patched to 2.0 before it starts (design §1)."""
+        """A real shim whose protocol is patched to 2.0 before it starts
+        (docs/shim-protocol.md#version-20-compatibility)."""
         root = self.tmp_path / f"root-{name}"
         root.mkdir(exist_ok=True)
         state = self.tmp_path / f"state-{name}"

@@ -1,5 +1,5 @@
 """Machines across two ``manage.py serve`` processes sharing PostgreSQL and Redis
-(spec/machines.md §4 "Presence", §6 steps 3–4; spec/overview.md "Many machines").
+(docs/shim-protocol.md#presence-and-takeover, docs/deployment.md#what-runs-where).
 
 A shim's socket lives in one process; an operation may be requested on any. The default
 machine and the round-robin counter are shared (the database and Redis), and a caller

@@ -1,8 +1,8 @@
 """Machines for real: ``manage.py serve`` (SQLite, in-memory channel layer) and real shim
 subprocesses (``python -m machines.shim run``), driven through the REST API.
 
-spec/machines.md §1 (device login, revocation), §3–§4 (handshake, N = 1 / N = 2, takeover,
-disconnect mid-operation), §5 (path jail), §6 (routing, cross-machine copy). Each shim has
+docs/shim-protocol.md: device login and revocation, the handshake (N = 1 / N = 2, takeover,
+disconnect mid-operation), the path jail, routing and the cross-machine copy. Each shim has
 its own ``--state-dir`` (so its own ``machine_id``) and ``--root`` under ``tmp_path``, and
 attaches to the test's own session only (``--session``), so tests cannot see each other's
 machines. Both shims of a test run on this computer, so they share its host name: they are

@@ -1,7 +1,7 @@
-"""Two ``manage.py serve`` processes sharing PostgreSQL and Redis (spec/overview.md "Many
-machines", spec/sessions-and-remotes.md §2.4): a remote served by one process is listed,
-called and disconnected from the other; a process that stops or crashes leaves no ghost
-remote, and its callers fail within seconds.
+"""Two ``manage.py serve`` processes sharing PostgreSQL and Redis
+(docs/deployment.md#what-runs-where): a remote served by one process is listed, called and
+disconnected from the other; a process that stops or crashes leaves no ghost remote, and its
+callers fail within seconds.
 
 The instance runs with ``DISPATCH_PROCESS_TTL=3``, heartbeats, reaping and liveness checks
 every 0.5 s, and a remote-call timeout of 10 s (``tests.infra.base_env``).
@@ -156,7 +156,7 @@ async def test_a_remote_disconnect_from_the_other_process_fails_a_pending_call_a
 async def test_a_call_right_after_the_remote_reconnects_reaches_its_new_session(
     pair: Pair, weather_tools: list[dict[str, Any]]
 ) -> None:
-    """A client reconnecting after a network drop registers again at once (§2.5); a caller
+    """A client reconnecting after a network drop registers again at once; a caller
     in another process must reach the new session, not the closed one it just called."""
     name = "forecast-reconnecting"
     async with LiveSession.open(pair.b.ws_url, pair.token) as caller:
@@ -169,7 +169,7 @@ async def test_a_call_right_after_the_remote_reconnects_reaches_its_new_session(
 
         async with LiveSession.open(pair.a.ws_url, pair.token) as second:
 
-            async def registered() -> bool:  # retried while the closed session's row remains (§2)
+            async def registered() -> bool:  # retried while the closed session's row remains
                 reply = await second.request("remote-connect", connect_body(weather_tools, name))
                 return reply.get("message") == "remote connected"
 
@@ -243,7 +243,7 @@ async def test_a_sigterm_removes_the_process_s_remotes_at_once(
 async def test_a_process_reaped_while_frozen_closes_its_sockets_when_it_wakes(
     fresh_pair: Pair, weather_tools: list[dict[str, Any]]
 ) -> None:
-    """Presence (spec/overview.md "Many machines"): a reaped process's sockets are closed so
+    """Presence (docs/deployment.md#what-runs-where): a reaped process's sockets are closed so
     that its clients reconnect and register again."""
     pair = fresh_pair
     async with (

@@ -1,5 +1,5 @@
 """Redis killed under two ``serve`` processes and started again: remotes recover without a
-restart of Dispatch, and no ghost rows stay (spec/quality.md "Faults"; issue 11 item 1).
+restart of Dispatch, and no ghost rows stay (docs/operating.md#health).
 
 The test runs its own ``redis-server`` on a free port (never the machine's shared one) and
 a fresh PostgreSQL database. A remote served by the project's client (``remotes.client``,

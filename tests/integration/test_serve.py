@@ -1,9 +1,8 @@
 """One real ``manage.py serve`` (SQLite, in-memory channel layer) driven over real sockets.
 
-spec/sessions-and-remotes.md §1 (the ``/ws`` session) and §2 (remotes), spec/overview.md
-("How it runs", "Many machines"). Every test talks to subprocesses, never to the test
-database. Most tests share one server (``live``); the ones that stop or kill a server
-start their own instance.
+docs/ws-protocol.md (the ``/ws`` session and remotes), docs/deployment.md#what-runs-where.
+Every test talks to subprocesses, never to the test database. Most tests share one server
+(``live``); the ones that stop or kill a server start their own instance.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Two real Dispatch instances linked as peers (spec/peers.md): pair, launch on B from A,
+"""Two real Dispatch instances linked as peers (docs/peers.md): pair, launch on B from A,
 mirror B's agent on A as a shadow, survive B going away, unlink.
 
 Each instance has its own data dir, database, tmux server and port; each

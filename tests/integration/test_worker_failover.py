@@ -1,14 +1,14 @@
 """Two ``dispatch_worker`` processes on PostgreSQL + Redis: SIGKILL the one holding the
-host's CLI supervisor lease; the other takes it over within the lease time and every
-queued message reaches the agent's pane exactly once (issue 16 Show 4; spec/agents.md §2
-"one supervisor per host under a lease").
+host's CLI supervisor lease; the other takes it over within the lease time and every queued
+message reaches the agent's pane exactly once (one supervisor per host under a lease:
+docs/deployment.md#what-runs-where).
 
 The leases a worker can hold: the CLI supervisor lease of its host (``SupervisorLease``,
 ``3 × DISPATCH_CLI_SUPERVISE_INTERVAL``, renewed every pass), a peer's drain lease
 (``PeerLease`` kind ``drain``, 60 s, held only during a drain pass and released at its
 end) and a peer's subscribe lease (``subscribe``, 180 s, for the mirror's stream). This
 test covers the supervisor lease, the one held all the time; the peer leases need a
-linked instance and outlast this test's budget (see the report of issue 16).
+linked instance and outlast this test's budget.
 """
 
 from __future__ import annotations
