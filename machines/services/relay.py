@@ -10,7 +10,7 @@ reply channel (a ``core.realtime.Subscription``), and reads that channel itself:
 (stdout/stderr credit, granted as the caller consumes), ``MachineInputMessage`` (stdin) and
 ``MachineCancelMessage``.
 
-Rules it holds (docs/shim-protocol.md#flow-control-flow, #streamed-output):
+Rules it holds (docs/shim-protocol.md#flow-control-flow, docs/shim-protocol.md#streamed-output):
 
 - credit is end to end: the shim may send ``stream_window_bytes`` raw bytes of each stream
   before the first grant; ``consumed(output)`` grants more (cumulative ``credit_total`` =

@@ -1,5 +1,6 @@
 """One running command of shim protocol 2.1: streamed output, streamed stdin, flow credit
-and cancel (docs/shim-protocol.md#live-operations-21; #operations for the 2.0 rules it keeps).
+and cancel (docs/shim-protocol.md#live-operations-21; the 2.0 rules it keeps:
+docs/shim-protocol.md#operations).
 
 :class:`LiveCommand` is created for every ``EXECUTE_COMMAND`` before its task starts, so
 ``CANCEL``, ``FLOW`` and ``COMMAND_INPUT`` frames that arrive right behind the request find

@@ -1,4 +1,4 @@
-"""Shared pieces of the machines server tests: ``FakeShim`` (spec/machines.md §2–§5).
+"""Shared pieces of the machines server tests: ``FakeShim`` (docs/shim-protocol.md).
 
 A ``FakeShim`` is a ``WebsocketCommunicator`` on ``/ws/shim/`` through the real ASGI
 application, authenticated by an ``Authorization: Bearer`` header. It sends ``HELLO``,
@@ -31,7 +31,7 @@ SHIM_PATH = "/ws/shim/"
 
 
 def hello_payload(**overrides: Any) -> dict[str, Any]:
-    """A valid HELLO payload (§3) with ``overrides`` applied."""
+    """A valid HELLO payload with ``overrides`` applied."""
     payload: dict[str, Any] = {
         "shim_version": "0.1.0",
         "protocol_version": "2.0",
@@ -50,7 +50,7 @@ def hello_payload(**overrides: Any) -> dict[str, Any]:
 
 
 def frame(message_type: str, payload: Any, *, message_id: str | None = None) -> dict[str, Any]:
-    """A shim → platform frame in the §2 envelope."""
+    """A shim → platform frame in the protocol's envelope."""
     return {
         "type": message_type,
         "id": message_id or str(uuid.uuid4()),
@@ -210,7 +210,7 @@ class FakeShim:
                 raise ShimFailure("PATH_OUTSIDE_ALLOWED_ROOT", f"{path} is outside the allowed roots")
 
     async def memory_handler(self, request: dict[str, Any]) -> dict[str, Any] | None:
-        """Serve an operation from ``files`` (§5 payloads; ``size_bytes`` of a read is the
+        """Serve an operation from ``files`` (the protocol's payloads; ``size_bytes`` of a read is the
         whole file's size, as the real shim reports it)."""
         op, payload = request["type"], request["payload"]
         if op == "MACHINE_LIST_REQUEST":
@@ -363,7 +363,7 @@ async def shims() -> AsyncIterator[Shims]:
 
 
 async def settle() -> None:
-    """Wait for the audit records (and path recency) written after replies (§7)."""
+    """Wait for the audit records (and path recency) written after replies."""
     from machines.services import operations
 
     pending = set(operations._background)

@@ -1,4 +1,5 @@
-"""A fake protocol-2.1 shim for the live-operation tests (issue 14, design §1).
+"""A fake protocol-2.1 shim for the live-operation tests
+(docs/shim-protocol.md#live-operations-21).
 
 ``LiveMachine(shim)`` replaces a ``FakeShim``'s handler: a streamed ``EXECUTE_COMMAND``
 sends its output as ``COMMAND_OUTPUT`` frames, never past the ``FLOW`` credit the platform

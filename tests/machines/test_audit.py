@@ -1,4 +1,4 @@
-"""The platform's audit of routed operations (spec/machines.md §7)."""
+"""The platform's audit of routed operations (docs/shim-protocol.md#audit)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Device login (RFC 8628) through the HTTP endpoints and /machines/activate (spec/machines.md §1)."""
+"""Device login (RFC 8628) through the HTTP endpoints and /machines/activate (docs/shim-protocol.md#getting-a-token)."""
 
 from __future__ import annotations
 

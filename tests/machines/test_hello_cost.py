@@ -122,7 +122,7 @@ async def test_a_shim_with_a_known_token_reaches_the_database_thread_once(owner:
     shims = Shims()
     try:
         issued = await database_sync_to_async(api_token_create)(user=owner)
-        # Each in a session of its own: no snapshot is asked for (§4 "N = 2").
+        # Each in a session of its own: no snapshot is asked for (docs/shim-protocol.md#machine-sessions).
         await shims.connect(owner, token=issued.raw, sessions=["s-a"])  # its identity and the process row are now known
         await settle()
         with thread_hops() as hops:

@@ -1,4 +1,4 @@
-"""The live-operation REST edges (issue 14; design §4 "REST"), with the services replaced:
+"""The live-operation REST edges (docs/live-operations.md), with the services replaced:
 what each route validates, what it calls, and the exact wire it answers — the JSON
 errors before a stream, the server-sent events of a stream, and the cancel a client
 causes by closing one. The same routes against real shims: tests/integration/test_live_edges.py.

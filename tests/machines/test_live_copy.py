@@ -1,4 +1,4 @@
-"""A cross-machine copy as an operation in flight (issue 14, design §3): progress after each
+"""A cross-machine copy as an operation in flight (docs/live-operations.md#copy-progress): progress after each
 chunk, its in-flight row, cancel between chunks (the partial file removed, ``CANCELLED``)."""
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def _process() -> str:
     return server_process_ensure()
 
 
-# --- the pipeline (issue 15, B5): chunk n+1 is read while chunk n is written ----------------------
+# --- the pipeline (bench B5): chunk n+1 is read while chunk n is written ----------------------
 
 
 def record_timeline(source: Any, destination: Any, timeline: list[tuple[str, int]], write_delay: float) -> None:

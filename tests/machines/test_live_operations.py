@@ -1,4 +1,4 @@
-"""Live operations through the services, against fake shims (issue 14, design §2–§3):
+"""Live operations through the services, against fake shims (docs/live-operations.md):
 ``operation_stream``, ``machine_op(on_output, request_id, target_machines)``, cancel, the
 in-flight rows, the consumer's relay."""
 

@@ -1,5 +1,5 @@
-"""Cross-machine pipes through the services, against fake 2.1 shims (issue 14 "Cross-machine
-pipe"; design §3): bytes moved in order, credit end to end, the destination ending first,
+"""Cross-machine pipes through the services, against fake 2.1 shims
+(docs/live-operations.md#cross-machine-pipes): bytes moved in order, credit end to end, the destination ending first,
 cancel, a 2.0 shim refused."""
 
 from __future__ import annotations

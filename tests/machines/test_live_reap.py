@@ -1,4 +1,4 @@
-"""Operations in flight of a caller process that died (issue 14, fix 2): when the reaper
+"""Operations in flight of a caller process that died: when the reaper
 deletes the dead process (and its ``OperationInFlight`` rows by cascade), the commands
 they still run on the shims are cancelled — they would otherwise hold the shims'
 ``max_concurrent`` slots until their timeout, with no caller and no row to cancel."""

@@ -1,4 +1,4 @@
-"""The shim consumer's relay of live operations (issue 14, design §2), driven from the
+"""The shim consumer's relay of live operations (docs/shim-protocol.md#live-operations-21), driven from the
 channel layer as a caller in any process would: ``MachineOpMessage(relay=True)`` in,
 ``MachineOutputMessage``/``MachineFlowMessage``/``MachineReplyMessage`` out; FLOW,
 COMMAND_INPUT and CANCEL frames towards the shim."""

@@ -1,4 +1,5 @@
-"""The machines admin's actions go through the services (issue 12 "writes outside services")."""
+"""The machines admin's actions go through the services (every write is a
+service: docs/architecture.md#the-layers)."""
 
 from __future__ import annotations
 

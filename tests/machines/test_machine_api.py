@@ -1,4 +1,4 @@
-"""The machines REST API (spec/machines.md §6; issue "Machines" item 7), token-authenticated."""
+"""The machines REST API (docs/shim-protocol.md#routing), token-authenticated."""
 
 from __future__ import annotations
 

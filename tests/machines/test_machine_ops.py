@@ -1,4 +1,5 @@
-"""``machine_op`` and its failures (spec/machines.md §4 "Disconnect", §5, §6 error codes)."""
+"""``machine_op`` and its failures (docs/shim-protocol.md#errors,
+docs/shim-protocol.md#presence-and-takeover)."""
 
 from __future__ import annotations
 
@@ -318,7 +319,7 @@ async def _frames(shim: Any, message_type: str, count: int) -> list[dict[str, An
     raise AssertionError(f"expected {count} {message_type} frames, got {shim.frames}")
 
 
-# --- frame size (§2) ----------------------------------------------------------------------------
+# --- frame size ----------------------------------------------------------------------------------
 
 
 async def test_a_request_over_16_mib_is_refused_before_it_reaches_the_shim(shims, owner):

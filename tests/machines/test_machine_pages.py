@@ -1,4 +1,5 @@
-"""The Machines page and its forms (ui.md; spec/machines.md §1, §4, §7)."""
+"""The Machines page and its forms (docs/live-operations.md#the-machines-page,
+docs/shim-protocol.md#getting-a-token)."""
 
 from __future__ import annotations
 
@@ -193,7 +194,7 @@ def test_the_capabilities_form_refuses_another_users_machine_and_unknown_capabil
     assert Machine.objects.get(machine_id="mine").allowed_capabilities == ["files", "shell"]
 
 
-# --- connecting a machine, shim versions, names in the audit (issue 13 items 2-4) ---------
+# --- connecting a machine, shim versions, names in the audit ---------------------------
 
 
 def wheel(folder: Any, version: str, project: str = "dispatch_shim") -> str:

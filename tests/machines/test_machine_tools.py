@@ -1,4 +1,4 @@
-"""The machine tools for agents and MCP (spec/machines.md §6 "Tools")."""
+"""The machine tools for agents and MCP (docs/mcp.md#tools)."""
 
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ async def test_list_machines_returns_the_snapshots(shims, owner):
 
 
 async def test_list_machines_keeps_last_active_ts_in_epoch_seconds(shims, owner):
-    # The spec's word for the tool (§6 "Tools"); the REST routes say last_active_at.
+    # The tool's word (docs/mcp.md#tools); the REST routes say last_active_at.
     await shims.connect(owner, machine_id="m1", hostname="laptop")
     await shims.connect(owner, machine_id="m2", hostname="idle")
     await snapshots_stored(owner, 2)

@@ -1,4 +1,4 @@
-"""What a routed operation costs beyond routing (issue 15, B4): queries per FILE_STAT over
+"""What a routed operation costs beyond routing (bench B4 in bench/README.md): queries per FILE_STAT over
 REST, the 1 s route cache and its safe re-routing, the throttled ``last_active_at`` write,
 the one-statement path recency."""
 
@@ -76,8 +76,9 @@ async def test_a_rest_file_stat_costs_two_queries_once_warm(shims: Any, owner: A
         await settle()
     # Per operation: the audit INSERT (before the send: the record that it ran), the path
     # recency UPDATE (a routing input, before the reply) and the audit result UPDATE (after
-    # it). Before issue 15: token SELECT, route SELECT, recency update_or_create (savepoint,
-    # SELECT, UPDATE, release), audit INSERT and two UPDATEs.
+    # it). Before the route cache and these merged writes: token SELECT, route SELECT,
+    # recency update_or_create (savepoint, SELECT, UPDATE, release), audit INSERT and two
+    # UPDATEs.
     assert len(queries) <= 3 * 5, "\n".join(queries)
     assert await database_sync_to_async(AuditRecord.objects.filter(op="FILE_STAT").count)() == 6
 

@@ -1,5 +1,5 @@
 """One redaction for both audits: the shim's log and the platform's ``AuditRecord``
-(spec/machines.md §7; issue 11 item 11). Each row is a command line with a secret in it;
+(docs/shim-protocol.md#audit). Each row is a command line with a secret in it;
 both audits must hide the secret and keep the rest."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Which machine serves an operation (spec/machines.md §6 "Routing")."""
+"""Which machine serves an operation (docs/shim-protocol.md#routing)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """PONGs stamp ``last_seen_at`` in batches (machines/services/connections.py
 ``shim_seen_soon``): one UPDATE a second for every connection of the process that
 answered meanwhile, instead of one write per PONG on the process's one sync thread
-(spec/machines.md §4 "Presence"; bench B6: 250 writes a second at 5,000 shims)."""
+(docs/shim-protocol.md#machine-status; bench B6: 250 writes a second at 5,000 shims)."""
 
 from __future__ import annotations
 

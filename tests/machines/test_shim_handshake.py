@@ -1,4 +1,5 @@
-"""The ``/ws/shim/`` handshake, attachment and presence (spec/machines.md §3–§4)."""
+"""The ``/ws/shim/`` handshake, attachment and presence (docs/shim-protocol.md#the-handshake,
+docs/shim-protocol.md#presence-and-takeover)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""A shim connection's end always reaches the machine's status (spec/quality.md "Faults",
-issue 11 items 1 and 3): a ``/ws/shim/`` consumer whose channel layer fails deletes its
-connection row first and closes 1012; a server process killed with SIGKILL is reaped and
-its machines show ``disconnected``, as after a clean disconnect.
+"""A shim connection's end always reaches the machine's status, whatever failed (a
+machine left ``connected`` would be routed to for ever): a ``/ws/shim/`` consumer whose
+channel layer fails deletes its connection row first and closes 1012; a server process
+killed with SIGKILL is reaped and its machines show ``disconnected``, as after a clean
+disconnect.
 """
 
 from __future__ import annotations

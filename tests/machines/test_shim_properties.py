@@ -1,5 +1,5 @@
-"""Generated frames thrown at ``/ws/shim/`` (spec/quality.md "Bad input, all entry points";
-spec/machines.md §2–§3).
+"""Generated frames thrown at ``/ws/shim/`` (docs/shim-protocol.md#the-envelope,
+docs/shim-protocol.md#the-handshake).
 
 Before HELLO every frame that is not a valid HELLO gets an ``ERROR`` and close 4400.
 After HELLO the consumer never crashes and never closes: a frame that is not a response
@@ -137,7 +137,7 @@ async def shim_socket(token: str) -> AsyncIterator[WebsocketCommunicator]:
 
 async def output(communicator: WebsocketCommunicator, timeout: float = 3) -> dict[str, Any]:
     """The next thing the server sent: ``{"close": code}`` or the parsed JSON frame, which
-    must be valid UTF-8 (as a real server sends it) and a §2 envelope."""
+    must be valid UTF-8 (as a real server sends it) and a protocol envelope."""
     message = await communicator.receive_output(timeout)
     if message["type"] == "websocket.close":
         return {"close": message.get("code")}

@@ -1,4 +1,4 @@
-"""One shim protocol (spec/machines.md §2–§5): ``machines.shim.protocol`` defines it, the
+"""One shim protocol (docs/shim-protocol.md): ``machines.shim.protocol`` defines it, the
 platform (``machines.protocol``, the shim consumer) imports it, and what must stay on
 each side — the shim's ``HELLO`` builder and the platform's ``Hello`` model, the shim's
 ``encode`` and the server's ``core.wire.encode`` — is held to the same definitions here."""

@@ -1,4 +1,5 @@
-"""A shim answering with a value the channel layer cannot carry (issue 10 finding 7): its
+"""A shim answering with a value the channel layer cannot carry (docs/shim-protocol.md#errors,
+``INVALID_RESPONSE``): its
 operation fails at once with INVALID_RESPONSE naming why; the shim is not disconnected."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Shared pieces of the shim tests: an allowed root, an Operations factory, and a fake
-platform speaking ``/ws/shim/`` (spec/machines.md §2–§5). No Django, no database."""
+platform speaking ``/ws/shim/`` (docs/shim-protocol.md). No Django, no database."""
 
 from __future__ import annotations
 
@@ -174,7 +174,7 @@ class PlatformSide:
 
 
 class FakePlatform:
-    """A bare websockets server playing the platform's ``/ws/shim/`` side (§3): checks the
+    """A bare websockets server playing the platform's ``/ws/shim/`` side: checks the
     bearer token, reads HELLO, answers HELLO_ACK, then hands each connection to the test."""
 
     token = "shim-test-token"

@@ -1,4 +1,4 @@
-"""Redaction of secret-looking values in the shim's audit log (spec/machines.md §5, §7)."""
+"""Redaction of secret-looking values in the shim's audit log (docs/shim-protocol.md#audit)."""
 
 from __future__ import annotations
 

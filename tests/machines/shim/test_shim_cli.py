@@ -1,4 +1,5 @@
-"""``python -m machines.shim run`` as a real process against a fake platform (spec §8)."""
+"""``python -m machines.shim run`` as a real process against a fake platform
+(docs/shim-protocol.md#the-shim-program)."""
 
 from __future__ import annotations
 

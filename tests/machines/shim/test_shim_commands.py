@@ -1,4 +1,4 @@
-"""EXECUTE_COMMAND (spec/machines.md §5): argv and shell, cwd inside a root, the safe
+"""EXECUTE_COMMAND (docs/shim-protocol.md#operations): argv and shell, cwd inside a root, the safe
 environment, timeouts that kill the whole process group, the output cap."""
 
 from __future__ import annotations

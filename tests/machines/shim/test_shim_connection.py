@@ -1,4 +1,4 @@
-"""The shim against a fake platform (spec/machines.md §3–§5, §8): HELLO, HELLO_ACK,
+"""The shim against a fake platform (docs/shim-protocol.md): HELLO, HELLO_ACK,
 operations over the wire, PING, refusals that end it and closes that it survives."""
 
 from __future__ import annotations

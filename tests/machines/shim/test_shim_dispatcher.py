@@ -1,4 +1,4 @@
-"""One connection's request handling (spec/machines.md §5): responses reuse the request
+"""One connection's request handling (docs/shim-protocol.md#operations): responses reuse the request
 id, one task per operation, max_concurrent / SHIM_OVERLOADED (PING exempt), the local
 audit log."""
 

@@ -1,4 +1,4 @@
-"""FILE_* operations and their error codes (spec/machines.md §5), against a tmp root."""
+"""FILE_* operations and their error codes (docs/shim-protocol.md#operations), against a tmp root."""
 
 from __future__ import annotations
 

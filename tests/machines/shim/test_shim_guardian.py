@@ -1,6 +1,6 @@
 """The shim's guardian (``machines.shim.guardian``): the process groups of running commands
-are killed once the shim is gone, however it died (issue 14: a SIGKILLed shim leaves
-nothing running). Here the shim's death is its end of the pipe closing."""
+are killed once the shim is gone, however it died (a SIGKILLed shim leaves nothing
+running: docs/live-operations.md#when-a-command-ends). Here the shim's death is its end of the pipe closing."""
 
 from __future__ import annotations
 

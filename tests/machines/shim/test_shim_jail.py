@@ -1,4 +1,4 @@
-"""The path jail (spec/machines.md §5): realpath, segment-wise, writes checked on the
+"""The path jail (docs/shim-protocol.md#operations): realpath, segment-wise, writes checked on the
 parent and the nearest existing ancestor too."""
 
 from __future__ import annotations

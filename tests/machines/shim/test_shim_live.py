@@ -1,4 +1,4 @@
-"""Shim protocol 2.1 live operations on one connection (issue 14): streamed output
+"""Shim protocol 2.1 live operations on one connection: streamed output
 (order, seq, flush timing, UTF-8, base64, caps), CANCEL, uncounted control frames and the
 refusals of a connection negotiated at 2.0. Driven through the RequestDispatcher with a
 fake platform that collects what the shim sends."""

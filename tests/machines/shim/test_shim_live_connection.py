@@ -1,4 +1,4 @@
-"""The real Shim class over a websocket with live operations (issue 14): on a connection
+"""The real Shim class over a websocket with live operations: on a connection
 negotiated at 2.1 it streams, takes credit and cancels; one negotiated at 2.0 refuses the
 live features naming the versions; a dropped socket kills a streamed command's group."""
 

@@ -1,4 +1,4 @@
-"""Flow control of shim protocol 2.1 (issue 14): output credit (a stalled stream stops
+"""Flow control of shim protocol 2.1 (docs/shim-protocol.md#flow-control-flow): output credit (a stalled stream stops
 reading its pipe, memory stays flat, granting resumes it), streamed stdin with the shim's
 stdin credit, the audit record of a live command, and what a dropped connection or a
 timeout leaves behind."""

@@ -1,4 +1,4 @@
-"""Device login (RFC 8628; spec/machines.md §1): request a code, poll through pending
+"""Device login (RFC 8628; docs/shim-protocol.md#getting-a-token): request a code, poll through pending
 and slow_down, store the token in a 0600 state file."""
 
 from __future__ import annotations

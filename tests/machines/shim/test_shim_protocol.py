@@ -1,4 +1,4 @@
-"""Envelope helpers, limits negotiation, URLs, backoff and frame caps (spec §2, §3, §8)."""
+"""Envelope helpers, limits negotiation, URLs, backoff and frame caps (docs/shim-protocol.md)."""
 
 from __future__ import annotations
 

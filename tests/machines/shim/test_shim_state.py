@@ -1,4 +1,4 @@
-"""The state file (mode 0600, machine_id kept) and config.toml (spec/machines.md §1, §8)."""
+"""The state file (mode 0600, machine_id kept) and config.toml (docs/shim-protocol.md#the-shim-program)."""
 
 from __future__ import annotations
 
