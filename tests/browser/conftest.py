@@ -1,4 +1,4 @@
-"""Playwright with Debian's Chromium (spec/ui.md "Browser tests").
+"""Playwright with Debian's Chromium, driving a real server.
 
 ``browser`` launches ``/usr/bin/chromium`` headless once per module; each test gets a
 fresh ``context``. Without Chromium the tests are skipped locally and fail under CI=true.

@@ -1,5 +1,5 @@
 """A person in Chromium launches a ``shell`` agent, watches its terminal live, messages it
-and stops it (spec/agents.md §2, spec/ui.md "Agents" and "Agent").
+and stops it (docs/agents.md, the Agents and Agent pages).
 
 The server is a real ``manage.py serve`` on a private tmux server (``DISPATCH_TMUX_SOCKET``):
 its background CLI supervisor pastes the prompt and the message into the pane; the page

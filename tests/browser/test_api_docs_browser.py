@@ -1,6 +1,5 @@
 """Swagger UI (``/api/docs/``) and Redoc (``/api/redoc/``) render the API in Chromium with
-every other host unreachable (issue 13 "First-hour stumbles": a CDN-loaded Swagger UI was a
-blank page without internet).
+every other host unreachable (a CDN-loaded Swagger UI was a blank page without internet).
 
 The server is a real ``manage.py serve`` (static files through whitenoise's finders, as under
 ``make run``). Every request of the browser context whose host is not this computer is

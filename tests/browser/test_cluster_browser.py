@@ -1,5 +1,6 @@
-"""Issue 16, "Every client reaches Dispatch only through nginx": a person in Chromium uses
-the three-process topology over https (nginx, least connections, no sticky sessions).
+"""Every client reaches Dispatch only through nginx (docs/deploy.md#nginx): a person in
+Chromium uses the three-process topology over https (nginx, least connections, no sticky
+sessions).
 
 Log in (CSRF and the origin check behind the proxy: the scheme from ``X-Forwarded-Proto``,
 the port kept by ``Host $http_host``), launch a ``shell`` agent, watch its pane live

@@ -1,6 +1,6 @@
 """A person in Chromium connects a computer: the shim's device login is approved on
 /machines/activate, then the Machines page follows the shim without being reloaded
-(spec/machines.md §1, spec/ui.md).
+(docs/shim-protocol.md#getting-a-token).
 
 The server is a real ``manage.py serve``; the shim is a real ``python -m machines.shim``
 (``login``, then ``run`` with the stored token). The Machines page polls every 2 s.

@@ -1,6 +1,6 @@
 """The Machines page tells a person how to connect a computer to *this* instance, which
 shims are out of date, and which machine ran each operation; ``/downloads/`` serves the
-wheels to anyone (issue 13 items 1-4, spec/ui.md).
+wheels to anyone.
 
 A real ``manage.py serve`` with its own dist folder (``DISPATCH_DIST_DIR``) and public URL
 (``DISPATCH_PUBLIC_URL``), a real shim (``python -m machines.shim run``), Chromium.

@@ -1,5 +1,5 @@
-"""A person runs commands from the Machines page (issue 14 "Pages", "Done when": "a browser
-test runs a command from the Machines page, sees its output arrive, and cancels one").
+"""A person runs commands from the Machines page (docs/live-operations.md#the-machines-page):
+one runs, its output arrives while it runs, and another is cancelled.
 
 A real ``manage.py serve``, two real shims (``python -m machines.shim run``, protocol 2.1)
 attached to every session, Chromium. The page reads the REST routes' server-sent events

@@ -1,4 +1,4 @@
-"""No push while the user looks at the agent (docs/notifications.md "Open tabs").
+"""No push while the user looks at the agent (docs/notifications.md#notifications-in-open-tabs).
 
 A real ``manage.py serve`` (its background worker delivers), Chromium with the
 notifications permission granted, and an Apprise ``json://`` URL pointing at an HTTP

@@ -1,5 +1,5 @@
 """Two people in Chromium link two real Dispatch instances and watch a remote agent
-(spec/ui.md "Linked instances" and "Agent"; peers.md §2-3, §6-7).
+(the Linked instances and Agent pages; docs/peers.md#pairing, docs/peers.md#shadow-agents).
 
 On B's Linked instances page the admin presses "Show pairing code"; on A's page the admin
 fills "Connect to another instance" (B's address, that code, label "Cloud") and links; both
@@ -186,7 +186,7 @@ def test_two_people_link_instances_and_watch_a_remote_agent_live(
         context_b.close()
 
 
-# --- issue 13: the first hour with linked instances ---------------------------------------------
+# --- the first hour with linked instances -------------------------------------------------------
 
 
 @pytest.fixture

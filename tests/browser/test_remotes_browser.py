@@ -1,4 +1,4 @@
-"""A person in Chromium: log in, create a token, serve a remote with it, watch and call it (spec/ui.md).
+"""A person in Chromium: log in, create a token, serve a remote with it, watch and call it.
 
 The server is a real ``manage.py serve``; the remote is a real ``python -m remotes.client
 serve`` subprocess. The Remotes page is never reloaded: the remote appears and disappears

@@ -1,4 +1,4 @@
-"""A person in Chromium sees a shadow agent (spec/ui.md "Agents" and "Agent"; peers.md §7):
+"""A person in Chromium sees a shadow agent (docs/peers.md#shadow-agents):
 its peer badge and nesting on the Agents page, the launch form's location select, the
 Remote activity pane — and the pane turning to "Link down" live, without a reload, when
 the peer's event stream drops.
@@ -215,7 +215,7 @@ def test_a_user_watches_a_shadow_agent_and_sees_the_link_go_down_live(live, stan
         raise
 
 
-# --- the peer comes back (issue 13) ----------------------------------------------------------------
+# --- the peer comes back ---------------------------------------------------------------------------
 
 SNAPSHOT = (
     "event: snapshot\ndata: "

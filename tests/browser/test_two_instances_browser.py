@@ -1,7 +1,6 @@
-"""Two Dispatch instances on one host, used side by side in ONE browser profile (issue 13
-"First-hour stumbles"): cookies ignore the port, so with Django's default ``sessionid`` and
-``csrftoken`` logging in to the second logged the first out, and the first's forms failed
-their CSRF check.
+"""Two Dispatch instances on one host, used side by side in ONE browser profile: cookies
+ignore the port, so with Django's default ``sessionid`` and ``csrftoken`` logging in to the
+second logged the first out, and the first's forms failed their CSRF check.
 
 Each instance is a real ``manage.py serve`` on 127.0.0.1 with its own data dir and SQLite
 database, on its own port. One Chromium context logs in to A, loads A's settings form, logs

@@ -1,4 +1,5 @@
-"""A tmux server started by Dispatch gets a clean global environment (issue 11 item 9)."""
+"""A tmux server started by Dispatch gets a clean global environment, without Dispatch's
+own settings (database URL, secret key…) in it (docs/agents.md#the-private-tmux-server)."""
 
 from __future__ import annotations
 

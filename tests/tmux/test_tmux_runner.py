@@ -1,4 +1,5 @@
-"""The tmux layer for CLI agents (agents/tmux.py, spec/agents.md §2), against real tmux.
+"""The tmux layer for CLI agents (agents/tmux.py, docs/agents.md#the-private-tmux-server),
+against real tmux.
 
 Each test runs its own tmux server (``tmux -L <unique name>``) and kills it afterwards,
 so nothing here touches the user's sessions. Waiting is polling with a deadline.
