@@ -79,7 +79,7 @@ DEVICE_ENDPOINT_RATE = "30 per 60 seconds"  # per client address, each device en
 KEEPALIVE_SECONDS = 15.0  # a comment on a silent event stream, so proxies keep it open
 MACHINE_ROUTE_STATUS = {"UNSUPPORTED_OPERATION": 409, "MACHINE_BUSY": 503}  # see the module docstring
 # Seconds a client should wait before trying again (Retry-After, RFC 9110 §10.2.3): the
-# machine's socket drains, operations in flight end (docs/operating.md "Bounds").
+# machine's socket drains, operations in flight end (docs/operating.md#bounds).
 RETRY_AFTER = {"MACHINE_BUSY": 1, "RATE_LIMITED": 1}
 # The path parameters of the session routes as their views check them (check_session_id,
 # request_id_of), so the schema does not call valid what they refuse.
@@ -308,7 +308,7 @@ def _release_body(request: HttpRequest) -> None:
     ``asgi_request``) that only the cyclic collector's rare full passes free, so a burst of
     large writes refused at once would otherwise keep their bodies (up to
     ``DISPATCH_MAX_REQUEST_BYTES`` each) long after the answers went out
-    (docs/operating.md "Bounds")."""
+    (docs/operating.md#bounds)."""
     request._body = b""  # Django's cache of the read body
     request._stream = io.BytesIO()
 

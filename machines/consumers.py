@@ -17,7 +17,7 @@ past ``max_stream_bytes`` (one frame of slack; not for a pipe), or a malformed f
 cancels the operation and fails it ``PROTOCOL_ERROR`` — a shim ignoring FLOW cannot flood
 the caller.
 
-Back-pressure (docs/shim-protocol.md "Back-pressure"; ``core.backpressure``): an operation
+Back-pressure (docs/shim-protocol.md#back-pressure; ``core.backpressure``): an operation
 arriving while the shim's unread backlog is over ``DISPATCH_WS_HIGH_WATER`` is answered
 ``MACHINE_BUSY`` at once and never queued here; the shim's stdin credit is relayed to the
 caller only as far as the ``COMMAND_INPUT`` bytes this consumer handed to the socket plus
@@ -371,7 +371,7 @@ class ShimConsumer(DispatchConsumer):
         ``COMMAND_INPUT`` this consumer handed to the socket plus one window, and only while
         the socket is under its high-water mark (else once it drains): a shim claiming
         credit it does not read makes the caller wait, not this process buffer
-        (docs/live-operations.md "Pipes")."""
+        (docs/live-operations.md#cross-machine-pipes)."""
         allowed = min(pending.stdin_claimed, pending.stdin_written + stream_window(self.limits))
         if allowed <= pending.stdin_relayed:
             return
@@ -420,7 +420,7 @@ class ShimConsumer(DispatchConsumer):
             return
         if not self.send_pressure.has_room():
             # The shim has not read what it was sent: refused now (before the frame is even
-            # encoded), never queued in this process (docs/shim-protocol.md "Back-pressure").
+            # encoded), never queued in this process (docs/shim-protocol.md#back-pressure).
             await self._answer(operation.reply_channel, self._busy_reply())
             return
         frame = envelope(

@@ -5,7 +5,7 @@ that made the call until the shim answers or the operation times out (the comman
 plus 10 s). Without a bound, one session could start hundreds of large writes to a machine
 that never answers. So every operation is admitted here first, counted by its machine
 session (``session_id`` of one user), by its user and by the whole process, in operations
-and in payload bytes (docs/operating.md "Bounds"):
+and in payload bytes (docs/operating.md#bounds):
 
 - ``DISPATCH_MACHINE_OPS_PER_SESSION`` / ``DISPATCH_MACHINE_OP_BYTES_PER_SESSION`` (64, 64 MiB);
 - ``DISPATCH_MACHINE_OPS_PER_USER`` / ``DISPATCH_MACHINE_OP_BYTES_PER_USER`` (256, 256 MiB),

@@ -164,8 +164,7 @@ async def _copy(
                 break
             except MachineError as exc:
                 # Not sent: the machine has not read what it was sent. The copy waits here,
-                # reading no more of the source, until it drains (docs/live-operations.md
-                # "Back-pressure").
+                # reading no more of the source, until it drains (docs/live-operations.md#back-pressure).
                 if exc.code != "MACHINE_BUSY" or loop.time() >= patience:
                     raise
             await asyncio.sleep(BUSY_RETRY_SECONDS)

@@ -299,7 +299,7 @@ async def machine_op(
     the shim has not read what it was sent (over ``DISPATCH_WS_HIGH_WATER``; nothing is
     queued, docs/shim-protocol.md#back-pressure), or the shim's own code such as
     ``PATH_OUTSIDE_ALLOWED_ROOT``), and ``admission.OperationRefused`` (``RATE_LIMITED``)
-    over a cap on operations in flight (docs/operating.md "Bounds"). Never retried
+    over a cap on operations in flight (docs/operating.md#bounds). Never retried
     automatically, but for one case:
     an operation that may run twice (``router.rerouting_safe``) routed from the route cache
     (``router.choose_cached``, up to ``ROUTE_CACHE_SECONDS`` old) to a connection found

@@ -203,7 +203,7 @@ def none_attached(message: str, details: dict[str, Any] | None = None) -> Dispat
     ``details``), but 503 ``TEMPORARILY_UNAVAILABLE`` naming the channel layer while this
     process finds it down (``core.outage``): shims are disconnected during a Redis outage
     and come back with it, so "not attached" would tell the caller the wrong thing
-    (docs/operating.md "Health")."""
+    (docs/operating.md#health)."""
     if tracker.down("channel_layer"):
         return TemporarilyUnavailable(
             f"{CHANNEL_LAYER_UNAVAILABLE} (machines cannot be reached without it)", {"service": "channel_layer"}

@@ -67,8 +67,8 @@ CLOSE_TIMEOUT = 2.0
 ``KEEPALIVE_TIMEOUT``, and ``CLOSE_TIMEOUT`` seconds for the closing handshake: a server
 that stops answering (a frozen process behind nginx, whose TCP connection stays up) is
 left 7-12 s after it stopped, within about ``DISPATCH_PROCESS_TTL``, and the shim
-reconnects through the load balancer to a live process (docs/shim-protocol.md "Presence
-and takeover"). The server answers pings by itself; nothing changes on the wire."""
+reconnects through the load balancer to a live process (docs/shim-protocol.md#presence-and-takeover).
+The server answers pings by itself; nothing changes on the wire."""
 
 BACKOFF_CAP = 60.0
 JITTER = 5.0

@@ -31,7 +31,7 @@ SLOW_DOWN_STEP = 5.0
 def show_at_once(text: str) -> None:
     """Print ``text`` on stdout and flush it: when stdout is a pipe, a log file or ssh
     without ``-t``, Python buffers it in blocks, and the user would not see the code to
-    type until the login is over (docs/shim-protocol.md "Getting a token")."""
+    type until the login is over (docs/shim-protocol.md#getting-a-token)."""
     print(text, flush=True)
 
 

@@ -1,8 +1,8 @@
-"""A person answers an agent's permission request in Chromium (docs/agents.md "Approvals
-on the pages"): the box appears on the agent page without a reload, "Approve once" answers
-it as that person and the timeline says so; on a phone (390x844) the Approvals page's
-buttons are visible, at least 44 px tall, and a long command wraps instead of scrolling
-the page sideways.
+"""A person answers an agent's permission request in Chromium
+(docs/agents.md#approvals-on-the-pages): the box appears on the agent page without a
+reload, "Approve once" answers it as that person and the timeline says so; on a phone
+(390x844) the Approvals page's buttons are visible, at least 44 px tall, and a long
+command wraps instead of scrolling the page sideways.
 
 The server is a real ``manage.py serve``. The first two tests make the request as the
 CLI's hook would, through ``agents.approvals.approval_request`` in that instance's

@@ -1,4 +1,4 @@
-"""The audit record is the record that an operation ran (docs/operating.md "Logs"): it is
+"""The audit record is the record that an operation ran (docs/operating.md#logs): it is
 written before the operation is sent, and an operation whose record cannot be written (a
 full disk, a read-only database) fails with 503 and never reaches the shim."""
 

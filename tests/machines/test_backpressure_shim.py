@@ -1,7 +1,8 @@
-"""Back-pressure on /ws/shim/ (docs/shim-protocol.md "Back-pressure", docs/operating.md
-"Bounds"): a shim that has not read what it was sent gets no new operation (MACHINE_BUSY at
-once, nothing queued), a pipe into it waits at its source whatever stdin credit it claims,
-a copy into it pauses; operations in flight are capped per session and per user.
+"""Back-pressure on /ws/shim/ (docs/shim-protocol.md#back-pressure,
+docs/operating.md#bounds): a shim that has not read what it was sent gets no new operation
+(MACHINE_BUSY at once, nothing queued), a pipe into it waits at its source whatever stdin
+credit it claims, a copy into it pauses; operations in flight are capped per session and
+per user.
 
 Under Channels' test communicator a socket's unsent backlog is unknown (0), so each test
 sets it per machine through ``backlog`` (the consumer's ``unsent_bytes``); the same code

@@ -1,5 +1,5 @@
 """The device-token endpoint against RFC 6749 §5.1-5.2 and RFC 8628 §3.4-3.5 as strict
-OAuth clients read it (docs/shim-protocol.md "Getting a token"): both no-cache headers on
+OAuth clients read it (docs/shim-protocol.md#getting-a-token): both no-cache headers on
 every answer, the grant_type checks, and no WARNING log line for a normal poll."""
 
 from __future__ import annotations

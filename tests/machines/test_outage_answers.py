@@ -1,6 +1,6 @@
 """A machine operation that finds no machine while this process sees the channel layer down
 answers 503 naming the layer, not 404 ``MACHINE_NOT_ATTACHED``: the outage disconnected the
-shims and they come back with it (docs/operating.md "Health")."""
+shims and they come back with it (docs/operating.md#health)."""
 
 from __future__ import annotations
 

@@ -417,7 +417,7 @@ def test_pasteable_keeps_text_tabs_and_newlines_and_drops_other_controls() -> No
     assert pasteable("héllo ✓") == "héllo ✓"
 
 
-# --- never writing into a dead pane (docs/agents.md "How a message reaches the pane") --------
+# --- never writing into a dead pane (docs/agents.md#how-a-message-reaches-the-pane) --------
 
 
 def start_dead(runner: TmuxRunner, cwd: Path) -> str:

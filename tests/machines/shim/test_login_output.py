@@ -1,6 +1,7 @@
-"""``dispatch-shim login`` shows its code at once whatever its stdout is (docs/shim-protocol.md
-"Getting a token"): piped, logged or over ssh without ``-t``, the user must read the URL and
-the code while the login still waits for them, not after it is approved.
+"""``dispatch-shim login`` shows its code at once whatever its stdout is
+(docs/shim-protocol.md#getting-a-token): piped, logged or over ssh without ``-t``, the
+user must read the URL and the code while the login still waits for them, not after it is
+approved.
 
 A real ``manage.py serve`` and a real ``python -m machines.shim login`` whose stdout is a
 pipe, in an environment without ``PYTHONUNBUFFERED`` (the one a user's shell has): the code
