@@ -307,7 +307,7 @@ async def machine_op(
     ``AuditRecord`` is written before the operation is sent (the audit is the record that it
     ran): when it cannot be written (a full disk, a read-only database) the operation is not
     sent and ``TemporarilyUnavailable`` (503) says why; its result is filled in after the
-    reply, off the hot path. ``caller`` names who asked (agent id, ``mcp:…``, ``api``).
+    reply, off the hot path. ``caller`` names who asked (agent id, ``mcp``, ``api``).
 
     Live operations (docs/live-operations.md):
 
