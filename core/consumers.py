@@ -4,8 +4,8 @@ A consumer can end five ways: the client closes (``websocket.disconnect``), a ha
 raises, the channel layer's receive fails (Redis went away), the server cancels it
 (daphne's ``application_close_timeout``), or the process shuts it down. Channels only
 calls ``disconnect()`` on the first, so ``DispatchConsumer`` runs its own cleanup from
-``__call__``'s ``finally`` — once, however the consumer ends — in this order
-(spec/quality.md "Faults"):
+``__call__``'s ``finally`` — once, however the consumer ends — in this order (what clients
+see during an outage: docs/operating.md#health):
 
 1. ``delete_rows()`` — the subclass deletes this connection's database rows (ws session,
    remotes, machine connection). First, because it needs no channel layer, and a
@@ -68,7 +68,8 @@ def outage(exc: BaseException) -> bool:
     return channel_layer_unavailable(exc) or database_unavailable(exc)
 
 
-# The credential's close code, 4401 on both /ws (sessions-and-remotes §1.1) and /ws/shim/.
+# The credential's close code, 4401 on both /ws and /ws/shim/ (docs/ws-protocol.md#close-codes,
+# docs/shim-protocol.md#close-codes).
 CLOSE_CREDENTIAL_ENDED = 4401
 
 

@@ -83,13 +83,13 @@ async def bearer_caller(raw_token: str) -> tuple[User, Any]:
     """Who a bearer token is (``core.authentication.bearer_credential``, cached for a second):
     ``(user, ApiToken)`` for a user
     API token, ``(owner, Agent)`` for an agent token (its ``DISPATCH_MCP_TOKEN``;
-    spec/overview.md "Credentials") — the same pair DRF's ``BearerTokenAuthentication``
+    docs/agents.md#agent-tokens) — the same pair DRF's ``BearerTokenAuthentication``
     gives as ``(request.user, request.auth)``.
 
     Raises ``DispatchError`` ``AUTHENTICATION_FAILED`` (401) for an unknown, revoked or
     expired token, an inactive user, an agent that is not creating/running/stopping.
     """
-    cached = bearer_cache_get(raw_token)  # issue 15: no database thread hop for a token just seen
+    cached = bearer_cache_get(raw_token)  # a token just seen costs no database thread hop
     if cached is not None:
         return cached
     try:
@@ -130,7 +130,7 @@ def json_object(request: HttpRequest) -> dict[str, Any]:
 
 class OutageMiddleware(AsyncCapableMiddleware):
     """A view that fails because the database or the channel layer cannot be reached
-    answers 503 ``TEMPORARILY_UNAVAILABLE``, never 500 (spec/quality.md "Faults").
+    answers 503 ``TEMPORARILY_UNAVAILABLE``, never 500 (docs/operating.md#health).
 
     ``process_exception`` only: it sees what a view raised (DRF views and ``json_api``
     map these themselves, through the same ``unavailable_error``). Under ``/api/`` and
@@ -165,7 +165,7 @@ _STATUS_CODES = {
 
 
 class ApiErrorShapeMiddleware(AsyncCapableMiddleware):
-    """Every error under ``/api/`` is the JSON error shape (spec/overview.md "Error shapes").
+    """Every error under ``/api/`` is the JSON error shape (docs/architecture.md#errors).
 
     Views and handlers answer in it themselves; this catches the rest: an error response
     that is not JSON (Django's bare 405 from ``require_http_methods``, any HTML page) is
@@ -239,7 +239,7 @@ def json_api(view: Callable[..., Awaitable[Any]]) -> Callable[..., Any]:
 class WireJSONParser:
     """DRF's JSON parser through :func:`core.wire.loads`, so REST refuses what the
     channel layer cannot carry (integers outside 64 bits, NaN, lone surrogates, nesting
-    over 64) with 400 naming the field, like every other edge (issue 10)."""
+    over 64) with 400 naming the field, like every other edge."""
 
     media_type = "application/json"
     renderer_class = None

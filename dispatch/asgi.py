@@ -3,7 +3,7 @@
 
 No ``AllowedHostsOriginValidator``: shims, peers and scripts send no ``Origin``; the
 ``/ws`` consumer checks the origin itself for cookie-authenticated browsers
-(spec/sessions-and-remotes.md §1.1).
+(docs/ws-protocol.md#authentication).
 """
 
 from __future__ import annotations
