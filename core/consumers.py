@@ -125,7 +125,7 @@ class DispatchConsumer(AsyncWebsocketConsumer):
     _hard_watch: asyncio.Future[None] | None = None  # core.backpressure: the close after the grace
     _local_inbox: LocalChannel | None = None  # the channel's same-process inbox (core.realtime)
 
-    # --- back-pressure (core.backpressure; docs/operating.md "Bounds") ----------------------
+    # --- back-pressure (core.backpressure; docs/operating.md#bounds) ----------------------
 
     @property
     def send_pressure(self) -> SendPressure:
@@ -322,7 +322,7 @@ class DispatchConsumer(AsyncWebsocketConsumer):
     def _close_local_inbox(self) -> None:
         """First thing on every exit: no request of this process reaches this consumer any
         more, and the ones waiting in its inbox are dropped, as a dead channel's are (each
-        caller's liveness check ends its wait; docs/operating.md "Channel layer")."""
+        caller's liveness check ends its wait; docs/operating.md#channel-layer)."""
         inbox, self._local_inbox = self._local_inbox, None
         if inbox is None:
             return

@@ -1,8 +1,8 @@
 """Dispatch settings, read once from the environment (and ``.env``).
 
 Every variable is listed in ``.env.example`` and in the README. Helpers in
-``core.conf`` raise ``ImproperlyConfigured`` on a bad value (spec/overview.md
-"Configuration").
+``core.conf`` raise ``ImproperlyConfigured`` on a bad value, naming the variable
+(docs/operating.md#settings).
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [*_local_hosts, _public.hostname])
 CSRF_TRUSTED_ORIGINS = [f"{_public.scheme}://{_public.netloc}"]
 CSRF_FAILURE_VIEW = "core.views.csrf_failure"  # the JSON error shape under /api/
 
-# Behind a reverse proxy (docs/operating.md "Behind a proxy", issue 16): ``serve`` takes each
+# Behind a reverse proxy (docs/operating.md#behind-a-proxy): ``serve`` takes each
 # request's client address from the first ``X-Forwarded-For`` entry and its scheme from
 # ``X-Forwarded-Proto`` (HTTP and websocket upgrades alike), and Django counts a request as
 # HTTPS when ``X-Forwarded-Proto`` is ``https``. Only safe when the proxy *overwrites* both
@@ -201,7 +201,7 @@ TEMPLATES = [
     },
 ]
 
-# Dependency deadline (docs/operating.md "Bounds"): seconds a request-path call to Redis (the
+# Dependency deadline (docs/operating.md#bounds): seconds a request-path call to Redis (the
 # channel layer, the rate limiters, the router's cache) or a new PostgreSQL connection may take
 # before the request answers 503 TEMPORARILY_UNAVAILABLE naming the dependency, so a frozen
 # Redis or database costs a request this long, not the 30 s of a socket timeout.
@@ -224,7 +224,7 @@ else:
 
 if _default_db["ENGINE"] == "django.db.backends.sqlite3":
     # Every SQLite database (default or given): WAL, immediate transactions, 20 s busy
-    # timeout (spec/overview.md "Stack").
+    # timeout (docs/operating.md#settings).
     _default_db.setdefault("OPTIONS", {}).update(
         {
             "transaction_mode": "IMMEDIATE",
@@ -232,7 +232,7 @@ if _default_db["ENGINE"] == "django.db.backends.sqlite3":
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         }
     )
-# Connections per process (spec/quality.md, issue 11 item 2). PostgreSQL: psycopg's pool,
+# Connections per process (docs/deploy.md#pool-sizes). PostgreSQL: psycopg's pool,
 # at most DISPATCH_DB_POOL_MAX per process (default 20: four processes fit the server's
 # default max_connections=100); a query that finds every connection busy waits up to
 # DISPATCH_DB_POOL_TIMEOUT seconds (on Channels' one shared sync thread, so briefly), then
@@ -286,7 +286,7 @@ CHANNEL_CAPACITY = env_int("DISPATCH_CHANNEL_CAPACITY", 10_000, minimum=10_000)
 REDIS_MAX_CONNECTIONS = env_int("DISPATCH_REDIS_MAX_CONNECTIONS", 200, minimum=2)
 REDIS_POOL_TIMEOUT = env_float("DISPATCH_REDIS_POOL_TIMEOUT", 10.0)
 # "pubsub": one PUBLISH per message to the owning process (core.pubsub_layer); "list":
-# channels-redis' lists (core.channel_layer). docs/operating.md "Channel layer".
+# channels-redis' lists (core.channel_layer). docs/operating.md#channel-layer.
 CHANNEL_LAYER_KIND = env_str("DISPATCH_CHANNEL_LAYER", "pubsub")
 if CHANNEL_LAYER_KIND not in ("pubsub", "list"):
     raise ImproperlyConfigured(f"DISPATCH_CHANNEL_LAYER must be pubsub or list, got {CHANNEL_LAYER_KIND!r}")
@@ -357,7 +357,7 @@ CSRF_COOKIE_NAME = COOKIE_PREFIX + "csrftoken"
 # Flash messages live in the session, not in a "messages" cookie every instance would share.
 MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
 
-# Password throttling (spec/sessions-and-remotes.md §1.1): failures per username and per
+# Password throttling (docs/ws-protocol.md#authentication): failures per username and per
 # client address within the window before attempts are refused unchecked.
 LOGIN_FAILURE_LIMIT = env_int("DISPATCH_LOGIN_FAILURE_LIMIT", 5, minimum=1)
 LOGIN_FAILURE_WINDOW = env_int("DISPATCH_LOGIN_FAILURE_WINDOW", 600, minimum=1)  # seconds
@@ -370,7 +370,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "EXCEPTION_HANDLER": "core.api.exception_handler",
-    # Strict JSON through core.wire (issue 10): what the channel layer cannot carry is a 400.
+    # Strict JSON through core.wire: what the channel layer cannot carry is a 400.
     "DEFAULT_PARSER_CLASSES": [
         "core.http.WireJSONParser",
         "rest_framework.parsers.FormParser",
@@ -422,20 +422,20 @@ USE_I18N = False
 USE_TZ = True
 
 # --- Dispatch runtime ------------------------------------------------------------------
-# Presence (spec/overview.md "Many machines"): heartbeat period and time to live, seconds.
+# Presence (docs/operating.md#health): heartbeat period and time to live, seconds.
 PROCESS_HEARTBEAT_INTERVAL = env_float("DISPATCH_HEARTBEAT_INTERVAL", 2.0)
 PROCESS_TTL = env_float("DISPATCH_PROCESS_TTL", 10.0)
 if PROCESS_TTL <= PROCESS_HEARTBEAT_INTERVAL:
     raise ImproperlyConfigured("DISPATCH_PROCESS_TTL must be longer than DISPATCH_HEARTBEAT_INTERVAL")
 REAP_INTERVAL = env_float("DISPATCH_REAP_INTERVAL", 2.0)
 
-# /ws session protocol (spec/sessions-and-remotes.md §1).
+# /ws session protocol (docs/ws-protocol.md#limits).
 WS_MAX_MESSAGE_BYTES = env_int("DISPATCH_WS_MAX_MESSAGE_BYTES", 1024 * 1024, minimum=1024)
 WS_RATE = env_float("DISPATCH_WS_RATE", 100.0)  # requests per second, per connection
 WS_BURST = env_int("DISPATCH_WS_BURST", 500, minimum=1)
 WS_AUTH_TIMEOUT = env_float("DISPATCH_WS_AUTH_TIMEOUT", 10.0)  # seconds
 # Back-pressure on every websocket (/ws, /ws/shim/, peers), bytes a peer has not read yet
-# (core.backpressure; docs/operating.md "Bounds"): above the high-water mark the socket is
+# (core.backpressure; docs/operating.md#bounds): above the high-water mark the socket is
 # handed no new work; above the hard mark for longer than the grace it is closed (1013).
 WS_HIGH_WATER = env_int("DISPATCH_WS_HIGH_WATER", 4 * 1024 * 1024, minimum=64 * 1024)
 WS_HARD_LIMIT = env_int("DISPATCH_WS_HARD_LIMIT", 32 * 1024 * 1024, minimum=64 * 1024)
@@ -454,7 +454,7 @@ REMOTE_CALL_BYTES_PER_USER = env_int("DISPATCH_REMOTE_CALL_BYTES_PER_USER", 256 
 REMOTE_CALL_BYTES_PER_PROCESS = env_int("DISPATCH_REMOTE_CALL_BYTES_PER_PROCESS", 1024 * 1024 * 1024, minimum=1024)
 
 # Machine operations in flight, counted where they were made (machines.services.admission;
-# docs/operating.md "Bounds"): an operation over a cap is refused at once (RATE_LIMITED).
+# docs/operating.md#bounds): an operation over a cap is refused at once (RATE_LIMITED).
 # "Per session" is a machine session of one user; "per user" counts within one process.
 MACHINE_OPS_PER_SESSION = env_int("DISPATCH_MACHINE_OPS_PER_SESSION", 64, minimum=1)
 MACHINE_OP_BYTES_PER_SESSION = env_int("DISPATCH_MACHINE_OP_BYTES_PER_SESSION", 64 * 1024 * 1024, minimum=1024)
@@ -462,41 +462,41 @@ MACHINE_OPS_PER_USER = env_int("DISPATCH_MACHINE_OPS_PER_USER", 256, minimum=1)
 MACHINE_OP_BYTES_PER_USER = env_int("DISPATCH_MACHINE_OP_BYTES_PER_USER", 256 * 1024 * 1024, minimum=1024)
 MACHINE_OP_BYTES_PER_PROCESS = env_int("DISPATCH_MACHINE_OP_BYTES_PER_PROCESS", 1024 * 1024 * 1024, minimum=1024)
 
-# Remotes (spec/sessions-and-remotes.md §2.3–§2.4), seconds.
+# Remotes (docs/ws-protocol.md#remote-call), seconds.
 REMOTE_CALL_TIMEOUT = env_float("DISPATCH_REMOTE_CALL_TIMEOUT", 30.0)
 REMOTE_LIVENESS_INTERVAL = env_float("DISPATCH_REMOTE_LIVENESS_INTERVAL", 2.0)
 
-# Shims (machines.md §3–§4), seconds.
+# Shims (docs/shim-protocol.md#presence-and-takeover), seconds.
 SHIM_HELLO_TIMEOUT = env_float("DISPATCH_SHIM_HELLO_TIMEOUT", 10.0)
 SHIM_PING_INTERVAL = env_float("DISPATCH_SHIM_PING_INTERVAL", 30.0)
 SHIM_PONG_TIMEOUT = env_float("DISPATCH_SHIM_PONG_TIMEOUT", 10.0)
 
-# The expert agent's model (spec/agents.md §3): an OpenAI-compatible Chat Completions
+# The expert agent's model (docs/agents.md#the-expert-agent): an OpenAI-compatible Chat Completions
 # endpoint. Unset base URL: expert runs fail at once with a clear error.
 # CLI agents: the tmux server (a ``tmux -L`` socket name; empty: Dispatch's own,
 # ``tmux -L dispatch``, never the user's default; docs/agents.md).
 TMUX_SOCKET = env_str("DISPATCH_TMUX_SOCKET", "")
-# CLI agent types (spec/agents.md §2): JSON, see agents/types.py; empty = defaults.
+# CLI agent types (docs/agents.md#agent-types): JSON, see agents/types.py; empty = defaults.
 try:
     AGENT_TYPES = parse_agent_types(env_str("DISPATCH_AGENT_TYPES", ""))
 except ValueError as exc:
     raise ImproperlyConfigured(str(exc)) from None
 # Folders an admin trusts once for every user's Claude Code and codex agents: a launch in
-# one of them, or below, needs no trust_folder (absolute; docs/agents.md "Folder trust").
+# one of them, or below, needs no trust_folder (absolute; docs/agents.md#folder-trust).
 TRUSTED_ROOTS = [os.path.normpath(os.path.expanduser(root)) for root in env_list("DISPATCH_TRUSTED_ROOTS", [])]
 for _root in TRUSTED_ROOTS:
     if not os.path.isabs(_root):
         raise ImproperlyConfigured(f"DISPATCH_TRUSTED_ROOTS: {_root!r} is not an absolute folder")
-# The CLI supervisor (spec/agents.md §2), seconds: how often it reconciles (a doorbell wakes
+# The CLI supervisor (docs/agents.md#the-supervisor), seconds: how often it reconciles (a doorbell wakes
 # it sooner for a new message), how long an agent reported working may stay silent before
 # the activity watcher marks it idle, the grace between a stop request and killing a CLI
-# that has not exited after its stop keys (docs/agents.md "How stop works"),
+# that has not exited after its stop keys (docs/agents.md#how-stop-works),
 # and the hard limit on ``stopping``.
 CLI_SUPERVISE_INTERVAL = env_float("DISPATCH_CLI_SUPERVISE_INTERVAL", 2.0, minimum=0.1)
 AGENT_IDLE_AFTER = env_float("DISPATCH_AGENT_IDLE_AFTER", 180.0)
 AGENT_STOP_GRACE = env_float("DISPATCH_AGENT_STOP_GRACE", 10.0)
 AGENT_STOP_TIMEOUT = env_float("DISPATCH_AGENT_STOP_TIMEOUT", 60.0)
-# Approvals (docs/agents.md "Approvals"): how long a CLI's permission request waits for an
+# Approvals (docs/agents.md#approvals): how long a CLI's permission request waits for an
 # answer, in seconds, and the decision it gets when nobody answers in time ("deny" or
 # "allow_once"); an agent type may set its own (DISPATCH_AGENT_TYPES approval_timeout,
 # approval_default). The CLI's own hook timeout is set above it.
@@ -504,13 +504,13 @@ APPROVAL_TIMEOUT = env_int("DISPATCH_APPROVAL_TIMEOUT", 300, minimum=1)
 APPROVAL_DEFAULT = env_str("DISPATCH_APPROVAL_DEFAULT", "deny")
 if APPROVAL_DEFAULT not in ("deny", "allow_once"):
     raise ImproperlyConfigured(f"DISPATCH_APPROVAL_DEFAULT must be deny or allow_once, got {APPROVAL_DEFAULT!r}")
-# Directories advertised to peers for incoming launches (spec/peers.md §1); none: refused.
+# Directories advertised to peers for incoming launches (docs/peers.md#launch); none: refused.
 REPO_ROOTS = [os.path.realpath(os.path.expanduser(root)) for root in env_list("DISPATCH_REPO_ROOTS", [])]
-OUTBOX_MAX_AGE = env_float("DISPATCH_OUTBOX_MAX_AGE", 7 * 86400.0, minimum=60.0)  # seconds; spec/peers.md §8
-# Messages one signed POST carries to a peer that announced "messages.batch" (spec/peers.md §8;
+OUTBOX_MAX_AGE = env_float("DISPATCH_OUTBOX_MAX_AGE", 7 * 86400.0, minimum=60.0)  # seconds; docs/peers.md#the-outbox
+# Messages one signed POST carries to a peer that announced "messages.batch" (docs/peers.md#message-batches;
 # also bounded by bytes under the body cap, and by the receiver's 500); 1: one POST a message.
 PEER_BATCH_MESSAGES = env_int("DISPATCH_PEER_BATCH_MESSAGES", 50, minimum=1)
-# Scales the peer mirror's reconnect back-off (spec/peers.md §7; a test knob: 0.05 = 20× faster).
+# Scales the peer mirror's reconnect back-off (docs/peers.md#shadow-agents; a test knob: 0.05 = 20× faster).
 PEER_BACKOFF_SCALE = env_float("DISPATCH_PEER_BACKOFF_SCALE", 1.0, minimum=0.0)
 # Where agents launched without a cwd work (MCP dispatch_launch_agent with a user token).
 DEFAULT_CWD = env_str("DISPATCH_DEFAULT_CWD", "") or os.path.expanduser("~")
@@ -523,14 +523,14 @@ LLM_MODEL = env_str("DISPATCH_LLM_MODEL", "gpt-4o-mini")
 TOOL_RESULT_MAX_CHARS = env_int("DISPATCH_TOOL_RESULT_MAX_CHARS", 20_000, minimum=100)
 MAX_TOOL_STEPS = env_int("DISPATCH_MAX_TOOL_STEPS", 25, minimum=1)
 
-# The daphne server's own websocket caps (serve): 16 MiB + 64 KiB (spec/overview.md "Stack").
+# The daphne server's own websocket caps (serve): 16 MiB + 64 KiB (docs/shim-protocol.md#connecting).
 SERVER_WS_MAX_BYTES = 16 * 1024 * 1024 + 64 * 1024
-# Largest HTTP request body, bytes (issue 11 item 8). ``serve`` refuses a bigger one (413
+# Largest HTTP request body, bytes (docs/operating.md#limits). ``serve`` refuses a bigger one (413
 # REQUEST_TOO_LARGE) before buffering it; Django's own in-memory limit and the MCP
 # endpoint's follow. Default 16 MiB: a 10 MiB file write, base64 inside JSON (~14 MiB), fits.
 MAX_REQUEST_BYTES = env_int("DISPATCH_MAX_REQUEST_BYTES", 16 * 1024 * 1024, minimum=64 * 1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = MAX_REQUEST_BYTES
-# Request bodies being read at once by this process, bytes (docs/operating.md "Bounds"): a
+# Request bodies being read at once by this process, bytes (docs/operating.md#bounds): a
 # request whose declared body would take the total over it is refused 503 with Retry-After
 # before its body is read (dispatch.body_budget). At least DISPATCH_MAX_REQUEST_BYTES.
 REQUEST_BODY_BUDGET = env_int("DISPATCH_REQUEST_BODY_BUDGET", max(64 * 1024 * 1024, MAX_REQUEST_BYTES), minimum=1)
