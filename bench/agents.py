@@ -1,4 +1,4 @@
-"""Agent read benchmark B9 (spec/quality.md "Performance").
+"""Agent read benchmark B9 (goal: bench/README.md#goals).
 
 Usage: ``.venv/bin/python bench/agents.py [--quick] [--database-url URL]`` (``make bench``).
 

@@ -1,10 +1,10 @@
-"""The baselines Dispatch is measured against (spec/quality.md "Performance").
+"""The baselines Dispatch is measured against (bench/README.md).
 
 ``python bench/baseline.py relay --port P``
     A bare ``websockets`` server in one process relaying the same JSON frames as
     Dispatch's ``/ws`` between a caller and a serving client: it parses each frame and
     re-serialises the downstream ``remote-call`` event and the reply, with the same
-    envelope shapes (spec/sessions-and-remotes.md §1.2, §2.1, §2.2). No auth, no
+    envelope shapes (docs/ws-protocol.md#frames, #remote-call, #remote-call-result). No auth, no
     database, no schema check, no channel layer: what any relay must do at least.
 
 ``python bench/baseline.py channels --port P``

@@ -1,4 +1,4 @@
-"""Throughput with processes (issue 16 "Show" 5): B3's load through nginx, spread over three
+"""Throughput with processes: B3's load through nginx, spread over three
 ``serve`` processes, beside the same load on one ``serve`` process through nginx.
 
 Usage: ``.venv/bin/python bench/cluster.py [--quick] [--seconds S] [--callers N]``.

@@ -2,7 +2,7 @@
 
 The same client code drives Dispatch, the bare ``websockets`` relay and the Channels relay
 (bench/baseline.py): all three speak the ``/ws`` envelope of
-spec/sessions-and-remotes.md §1.2 and §2 (``remote-connect``, ``remote-call`` with a
+docs/ws-protocol.md#frames and #actions (``remote-connect``, ``remote-call`` with a
 nonce, the downstream ``remote-call`` event with a ``requestId``, ``remote-call-result``),
 so a difference in the numbers is a difference in the server.
 """
@@ -243,8 +243,8 @@ class CpuMeter:
 
 
 class CpuPerOp:
-    """Server CPU milliseconds per operation (issue 15: "each bench row also prints server
-    CPU milliseconds per operation, from /proc, server processes only").
+    """Server CPU milliseconds per operation, from /proc, server processes only: the CPU
+    column every bench row prints (bench/README.md).
 
     Add each measured window: ``add(meter, ops, servers)`` with the ``CpuMeter`` of the
     window, the operations it completed and the names (``meter.pids`` keys) of the server

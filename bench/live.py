@@ -1,4 +1,4 @@
-"""Live-operation benchmarks B10, B11, B12 (issue 14 "Measured"), each beside a baseline
+"""Live-operation benchmarks B10, B11, B12 (goals: bench/README.md#goals), each beside a baseline
 measured in the same run.
 
 Usage: ``.venv/bin/python bench/live.py [--quick]`` (``make bench``, after bench/machines.py).
@@ -112,7 +112,7 @@ MAX_MESSAGE = shim_protocol.MAX_MESSAGE_BYTES
 LIVE_VERSION = shim_protocol.PROTOCOL_VERSION  # "2.1"
 DEFAULT_LIMITS = shim_protocol.Limits()
 
-# Targets (issue 14 "Measured").
+# Goals: bench/README.md#goals.
 B10_MAX_P95_MS = 200.0
 B11_MIN_SHARE = 0.50
 B11_MAX_GROWTH_MIB = 32.0

@@ -1,4 +1,4 @@
-"""Machine benchmarks B4, B5, B6 (spec/quality.md "Performance"), beside a bare relay.
+"""Machine benchmarks B4, B5, B6 (goals: bench/README.md#goals), beside a bare relay.
 
 Usage: ``.venv/bin/python bench/machines.py [--quick]`` (``make bench``, after
 bench/remote_calls.py); ``.venv/bin/python bench/machines.py relay --port P`` runs the
@@ -90,10 +90,10 @@ RESULTS = BENCH / "results" / "machines.json"
 HARD_LIMIT = 600  # seconds: the whole run is aborted (and cleaned up) past this
 MiB = 1024 * 1024
 CHUNK_BYTES = MiB  # machines/services/copy.py
-MAX_MESSAGE = 16 * MiB + 64 * 1024  # spec/machines.md §2
+MAX_MESSAGE = 16 * MiB + 64 * 1024  # docs/shim-protocol.md#connecting
 SESSION = "bench"
 
-# Goals: bench/README.md "Goals" (where the floor each must stay above is printed too).
+# Goals: bench/README.md#goals (where the floor each must stay above is printed too).
 B4_TOOL_MAX_RATIO = 4.0  # the in-process tool path: p50 <= this x bare
 B4_REST_MAX_RATIO = 3.0  # REST and MCP: p50 <= the /healthz floor + this x bare
 B5_MIN_SHARE = 0.75
@@ -121,7 +121,7 @@ B6_PONG_TIMEOUT = 5.0
 
 
 def envelope(message_type: str, payload: dict[str, Any], **fields: Any) -> dict[str, Any]:
-    """A frame in the spec/machines.md §2 envelope."""
+    """A frame in the shim envelope (docs/shim-protocol.md#the-envelope)."""
     return {
         "type": message_type,
         "id": fields.pop("id", None) or str(uuid.uuid4()),
@@ -490,7 +490,7 @@ MCP_HEADERS = {"Accept": "application/json", "MCP-Protocol-Version": "2025-11-25
 
 
 def mcp_file_stat(path: str, call_id: int) -> dict[str, Any]:
-    """The JSON-RPC ``tools/call`` of ``local_pc_file_stat`` (FILE_STAT's tool, spec/machines.md §6)."""
+    """The JSON-RPC ``tools/call`` of ``local_pc_file_stat`` (FILE_STAT's tool, docs/mcp.md#tools)."""
     return {
         "jsonrpc": "2.0",
         "id": call_id,
@@ -926,7 +926,7 @@ class IdleShim:
 
 
 class IdleSession:
-    """A raw ``/ws`` session authenticated by its bearer header (spec/sessions-and-remotes.md §1)."""
+    """A raw ``/ws`` session authenticated by its bearer header (docs/ws-protocol.md#authentication)."""
 
     def __init__(self, ws: Any) -> None:
         self.ws = ws
@@ -1715,7 +1715,7 @@ def main(argv: list[str]) -> int:
             f"(B6') {storm['shims']} shims of one user on '*' made the platform send "
             f"{storm['machine_list_requests']} MACHINE_LIST_REQUESTs: every new attachment asks every attached "
             "shim again (machines/services/connections.py announce_attachment), so it grows as N^2/2; "
-            "spec/machines.md §4 asks at the N = 2 transition"
+            "docs/shim-protocol.md#machine-sessions asks when a second machine attaches"
         )
     return finish_report(
         report=report,

@@ -1,4 +1,5 @@
-"""Peer benchmarks B7 and B8 (spec/quality.md "Performance"; spec/peers.md §7, §8).
+"""Peer benchmarks B7 and B8 (goals: bench/README.md#goals; what they measure: docs/peers.md#shadow-agents,
+docs/peers.md#the-outbox).
 
 Usage: ``.venv/bin/python bench/peers.py [--quick]`` (``make bench``).
 
@@ -76,10 +77,10 @@ from common import CpuMeter, CpuPerOp, bench_row, finish_report, latency_summary
 RESULTS = BENCH / "results" / "peers.json"
 HARD_LIMIT = 2400  # seconds
 B7_MAX_P95_MS = 500.0
-B7_MAX_RATIO = 2.0  # issue 15: mirror lag p95 <= 2x B's own stream
-B8_MIN_RATE = 150.0  # messages per second (issue 15; spec/quality.md's floor: 100)
-B8_MIN_BARE_RATIO = 2.0  # issue 15: >= 2x the bare one-POST-per-message loop
-B8_MIN_ENQUEUE_RATIO = 0.5  # issue 15: REST enqueue >= 0.5x the /healthz rate, same posters
+B7_MAX_RATIO = 2.0  # mirror lag p95 <= 2x B's own stream
+B8_MIN_RATE = 150.0  # messages per second (the floor: 100)
+B8_MIN_BARE_RATIO = 2.0  # >= 2x the bare one-POST-per-message loop
+B8_MIN_ENQUEUE_RATIO = 0.5  # REST enqueue >= 0.5x the /healthz rate, same posters
 B8_NO_DELAY_RATIO = 0.9  # rate with C down / rate without C
 POSTERS = 4  # concurrent posters on A, one per expert agent on B
 C_MAIL_EVERY = 1000  # one message for the down peer C every this many messages for B
@@ -690,8 +691,8 @@ def check_phase(peers: Peers, phase: Phase) -> dict[str, Any]:
 
 
 async def healthz_rate(url: str, token: str, count: int) -> dict[str, Any]:
-    """The REST floor for issue 15's enqueue target ("REST enqueue >= 0.5x the /healthz rate
-    with the same posters"): ``count`` ``GET /healthz`` on A from ``POSTERS`` concurrent
+    """The REST floor for B8's enqueue goal (REST enqueue >= 0.5x the /healthz rate with the
+    same posters, bench/README.md#goals): ``count`` ``GET /healthz`` on A from ``POSTERS`` concurrent
     sequential clients, as the phases' posters send their messages. ``{count, seconds, rate}``."""
     rest = Rest(url, token)
     try:
@@ -865,7 +866,7 @@ def _lat(summary: dict[str, float]) -> str:
 
 
 def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """The B7 and B8 rows (common.bench_row), goals from issue 15. CPU: A's and B's ms per
+    """The B7 and B8 rows (common.bench_row), goals from bench/README.md#goals. CPU: A's and B's ms per
     change (B7) or per message delivered (B8); the bare loop's is B's alone (it has no A)."""
     b7 = report["b7"]
     mirror, local = b7["mirror"], b7["local"]
@@ -1015,7 +1016,7 @@ def print_details(report: dict[str, Any]) -> None:
     for phase in b8["phases"]:
         print(
             f"B8 REST enqueue ({phase['name']}) {phase['enqueue_rate']:.1f}/s vs GET /healthz {healthz['rate']:.1f}/s "
-            f"with the same {POSTERS} posters: {phase['enqueue_rate'] / healthz['rate']:.2f}x (issue 15: >= 0.5x)"
+            f"with the same {POSTERS} posters: {phase['enqueue_rate'] / healthz['rate']:.2f}x (goal: >= 0.5x)"
         )
 
 

@@ -1,4 +1,4 @@
-"""Remote-call benchmarks B1, B2, B3 (spec/quality.md "Performance"), beside baselines.
+"""Remote-call benchmarks B1, B2, B3 (goals: bench/README.md#goals), beside baselines.
 
 Usage: ``.venv/bin/python bench/remote_calls.py [--quick]`` (``make bench``).
 
