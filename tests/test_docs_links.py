@@ -1,14 +1,18 @@
-"""The user documentation travels with the code (issue 13): every link in ``README.md`` and
-``docs/*.md`` leads somewhere a user's clone of the repository has.
+"""The documentation travels with the code: every link in ``README.md`` and ``docs/*.md``
+leads somewhere a user's clone of the repository has, and nothing the repository tracks cites
+what a clone lacks.
 
 - a relative link (``[text](docs/ws-protocol.md)``, ``[text](#anchor)``,
   ``[text](peers.md#pairing)``) names a file or directory inside the repository, and its
   ``#anchor`` names a heading of the Markdown file it points to, slugged as GitHub does;
 - a Markdown file named in a code span (``sessions-and-remotes.md``) exists in the
   repository, next to the document or from its root;
-- nothing points at the product specification (``shared/spec/``), which lives beside the
-  repository, not in it;
-- ``docs/operating.md`` names every setting ``dispatch/settings.py`` reads.
+- nothing points at the product specification, which lives beside the repository, not in it;
+- ``docs/operating.md`` names every setting ``dispatch/settings.py`` reads;
+- no git-tracked text file (code, comments, templates, docs, tests, Makefile, CI) cites the
+  product specification, its numbered sections, the house-rules file or an issue number, and
+  every ``docs/<file>.md#anchor`` it cites names an existing file and heading. A reader of a
+  clone can follow a citation only to something the clone has.
 
 Links inside fenced code blocks and code spans are not links; ``http(s)://`` and
 ``mailto:`` links are not checked (no network in a unit test).
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 import unicodedata
 from pathlib import Path
 from urllib.parse import unquote
@@ -36,7 +41,15 @@ REFERENCE_DEFINITION = re.compile(r"^\s{0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+.*)?$"
 HREF = re.compile(r"""<a\s[^>]*href=["']([^"']+)["']""", re.IGNORECASE)
 EXTERNAL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")  # http:, https:, mailto:, …
 MARKDOWN_FILE = re.compile(r"^[\w./-]+\.md$")
-SPEC = re.compile(r"shared/spec\b")
+SPEC = re.compile(r"shared[/]spec\b")
+# Citations of what the repository does not contain: the product specification (by path or by
+# a section sign), the house-rules file, an issue number. The patterns are spelled so that this
+# file does not match them itself. Sections of a public standard (RFC 6750 section 3.1, with
+# the sign too) may be cited.
+OUTSIDE_CITATION = re.compile(r"spec[/]|shared[/]spec|\xa7|CONVENTION[S]|\bissues? #?\d+", re.IGNORECASE)
+RFC_SECTION = re.compile(r"RFC ?\d+,? ?(section |\xa7 ?)[\d.]+", re.IGNORECASE)
+DOCS_CITATION = re.compile(r"docs/([\w.-]+\.md)(?:#([\w-]+))?")
+NOT_SCANNED = ("node_modules/", ".venv/", "var/")
 
 
 def prose_lines(text: str) -> list[tuple[int, str]]:
@@ -151,7 +164,78 @@ def test_nothing_points_at_the_specification_outside_the_repository(document: Pa
     found = [
         f"line {n}: {line.strip()}" for n, line in enumerate(document.read_text().splitlines(), 1) if SPEC.search(line)
     ]
-    assert found == [], f"{_id(document)} points at shared/spec/, which users' clones do not have:\n" + "\n".join(found)
+    assert found == [], (
+        f"{_id(document)} points at the product specification, which users' clones do not have:\n" + "\n".join(found)
+    )
+
+
+def tracked_text_files(root: Path = ROOT) -> list[str]:
+    """The repository's git-tracked files that are text (paths relative to ``root``), minus
+    installed packages and runtime data."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout
+    names = [name for name in listed.decode().split("\0") if name and not name.startswith(NOT_SCANNED)]
+    return [name for name in names if (root / name).is_file() and _text(root / name) is not None]
+
+
+def _text(path: Path) -> str | None:
+    data = path.read_bytes()
+    if b"\0" in data:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def outside_citations(names: list[str], root: Path = ROOT) -> list[str]:
+    """``file:line: text`` of every line of ``names`` that cites the specification, its
+    sections, the house-rules file or an issue number."""
+    found: list[str] = []
+    for name in names:
+        text = _text(root / name) or ""
+        for number, line in enumerate(text.splitlines(), start=1):
+            if OUTSIDE_CITATION.search(RFC_SECTION.sub(" ", line)):
+                found.append(f"{name}:{number}: {line.strip()[:160]}")
+    return found
+
+
+def broken_docs_citations(names: list[str], root: Path = ROOT) -> list[str]:
+    """``file:line: docs/<file>.md#anchor`` of every citation in ``names`` whose document or
+    heading does not exist (anchors slugged as GitHub does)."""
+    found: list[str] = []
+    headings: dict[str, set[str]] = {}
+    for name in names:
+        text = _text(root / name) or ""
+        for number, line in enumerate(text.splitlines(), start=1):
+            for document, anchor in DOCS_CITATION.findall(line):
+                target = root / "docs" / document
+                if not target.is_file():
+                    found.append(f"{name}:{number}: docs/{document}: no such document")
+                elif anchor and anchor not in headings.setdefault(document, anchors(target)):
+                    found.append(f"{name}:{number}: docs/{document}#{anchor}: no such heading")
+    return found
+
+
+@pytest.fixture(scope="module")
+def tracked() -> list[str]:
+    try:
+        return tracked_text_files()
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: nothing to list the tracked files with")
+
+
+def test_nothing_cites_what_the_repository_does_not_contain(tracked: list[str]) -> None:
+    found = outside_citations(tracked)
+    assert not found, (
+        "these lines cite the product specification, its sections, the house-rules file or an issue "
+        "number, which a clone does not have; cite the docs/*.md section that says the rule (add one "
+        "if none does) or say why in words:\n" + "\n".join(found)
+    )
+
+
+def test_every_docs_citation_names_a_file_and_heading(tracked: list[str]) -> None:
+    found = broken_docs_citations(tracked)
+    assert not found, "these docs/*.md citations lead nowhere:\n" + "\n".join(found)
 
 
 def test_the_readme_links_to_the_user_documentation() -> None:
@@ -214,3 +298,32 @@ def test_the_checker_finds_broken_links_and_ignores_code(tmp_path: Path) -> None
     problems = [broken_link(sample, target, root) for _, target in links(sample)]
     assert [problem.split(":")[0] for problem in problems if problem] == ["#nope", "missing.md", "../../outside.md"]
     assert missing_markdown_mentions(sample, root) == ["line 11: `sessions-and-remotes.md` is not in the repository"]
+
+
+def test_the_citation_checker_finds_outside_and_broken_citations(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "guide.md").write_text("# Guide\n\n## Close codes\n", encoding="utf-8")
+    # Spelled in pieces so that this file does not cite them itself.
+    sign, spec, issue, rules, docs = "\xa7", "spec" + "/", "issue" + " 12", "CONVEN" + "TIONS", "docs" + "/"
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        f"# The limit ({spec}agents.md).\n"
+        f"# Ordering (peers.md {sign}6).\n"
+        f"# Kept for {issue}, item 3.\n"
+        f"# See {rules}.md.\n"
+        f"# Closes 4401 ({docs}guide.md#close-codes), bearer per RFC 6750 {sign}3.1.\n"
+        f"# Wrong: {docs}guide.md#nope and {docs}gone.md.\n",
+        encoding="utf-8",
+    )
+    good = tmp_path / "good.py"
+    good.write_text(
+        f"# The rule: {docs}guide.md#close-codes; RFC 6750 section 3.1; issued 3 tokens.\n", encoding="utf-8"
+    )
+    (tmp_path / "image.png").write_bytes(b"\x89PNG\0" + spec.encode())
+    names = ["bad.py", "good.py", "image.png"]
+    assert [entry.split(":")[1] for entry in outside_citations(names, tmp_path)] == ["1", "2", "3", "4"]
+    assert broken_docs_citations(names, tmp_path) == [
+        f"bad.py:6: {docs}guide.md#nope: no such heading",
+        f"bad.py:6: {docs}gone.md: no such document",
+    ]
+    assert outside_citations(["good.py"], tmp_path) == broken_docs_citations(["good.py"], tmp_path) == []
