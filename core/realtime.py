@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
 import random
 import uuid
@@ -678,15 +679,46 @@ class _NoReply(DispatchError):
         super().__init__("TIMEOUT", "no reply")
 
 
+_local_reply_numbers = itertools.count(1)  # a same-process reply channel never leaves the process
+
+
+def _made(error: DispatchError | Callable[[], DispatchError]) -> DispatchError:
+    return error if isinstance(error, BaseException) else error()
+
+
+def _wake(waiter: asyncio.Future[None], *_: Any) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+async def _settled(future: asyncio.Future[Any], timeout: float) -> bool:
+    """Whether ``future`` is done within ``timeout`` seconds; it is never cancelled here.
+    What ``asyncio.wait({future}, timeout=…)`` does for one future, at a third of its cost
+    (no sets, no task wrapping, one waiter): a remote call's reply is awaited this way."""
+    if future.done():
+        return True
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+    wake = functools.partial(_wake, waiter)
+    timer = loop.call_later(timeout, wake)
+    future.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        future.remove_done_callback(wake)
+    return future.done()
+
+
 async def request_reply(
     channel_name: str,
     message: ChannelRequest,
     *,
     reply: type[Reply],
-    timed_out: DispatchError,
+    timed_out: DispatchError | Callable[[], DispatchError],
     timeout: float | None = None,
     deadline: float | None = None,
-    busy: DispatchError | None = None,
+    busy: DispatchError | Callable[[], DispatchError] | None = None,
     unsendable: Callable[[Exception], DispatchError] | None = None,
     liveness: Callable[[], Awaitable[Gone | None]] | None = None,
     check_every: float | None = None,
@@ -702,6 +734,9 @@ async def request_reply(
     is asked whether the answerer still lives: ``None`` goes on waiting, a ``Gone`` ends
     the wait (after its grace) with its error. One receive is held at a time and cancelled
     only when the wait is over (the reply channel is used once).
+
+    ``timed_out`` and ``busy`` may be given as the error or as a function making it (the
+    hot path builds no error it does not raise).
 
     Raises ``busy`` when the target channel is full (``ChannelFull`` itself when ``busy``
     is ``None``), ``unsendable(exc)`` when the message cannot be serialized
@@ -721,12 +756,16 @@ async def request_reply(
         raise TypeError("request_reply takes exactly one of timeout and deadline")
     layer = get_channel_layer()
     local = None if group else local_inbox(channel_name)
-    reply_channel = f"{LOCAL_REPLY_PREFIX}{uuid.uuid4().hex}" if local is not None else await layer.new_channel()
+    if local is not None:
+        reply_channel = f"{LOCAL_REPLY_PREFIX}{next(_local_reply_numbers)}"
+    else:
+        reply_channel = await layer.new_channel()
     replies: LocalChannel | None = None
     receive: asyncio.Future[dict[str, Any]] | None = None
     try:
         try:
-            request = message.model_copy(update={"reply_channel": reply_channel}).for_layer()
+            request = message.for_layer()
+            request["reply_channel"] = reply_channel
             if local is None:
                 await (layer.group_send if group else layer.send)(channel_name, request)
             else:
@@ -738,7 +777,7 @@ async def request_reply(
         except ChannelFull:
             if busy is None:
                 raise
-            raise busy from None
+            raise _made(busy) from None
         except (TypeError, ValueError) as exc:
             if unsendable is None:
                 raise
@@ -758,13 +797,13 @@ async def request_reply(
         while True:
             remaining = deadline - loop.time()
             if remaining <= 0:
-                raise timed_out
-            done, _ = await asyncio.wait({receive}, timeout=remaining if liveness is None else min(remaining, interval))
+                raise _made(timed_out)
+            done = await _settled(receive, remaining if liveness is None else min(remaining, interval))
             if not done and liveness is not None:
                 gone = await liveness()
                 if gone is not None:
                     if gone.grace > 0:
-                        done, _ = await asyncio.wait({receive}, timeout=gone.grace)
+                        done = await _settled(receive, gone.grace)
                     if not done:
                         raise gone.error
             if not done:

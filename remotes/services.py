@@ -348,17 +348,51 @@ def _route_from_database(user_id: int, remotename: str) -> RemoteRoute | None:
     return None if row is None else RemoteRoute(*row)
 
 
+# The lookups under way, by key: callers that miss the cache together (64 sessions calling
+# one remote when its entry expires) share one query instead of making one each.
+_ROUTE_LOOKUPS: dict[tuple[int, str], asyncio.Future[RemoteRoute | None]] = {}
+
+
 async def _route(user_id: int, remotename: str, *, fresh: bool = False) -> tuple[RemoteRoute | None, bool]:
-    """The remote's route and whether it came from this process's short-lived cache."""
+    """The remote's route and whether it came from this process's short-lived cache.
+
+    One database lookup per key at a time: a caller that misses while another's lookup of
+    the same key is under way shares its answer (or its error). ``fresh`` skips the cache
+    and makes its own lookup. A lookup that ``forget_route`` overtook is not cached.
+    Raises what the database raises."""
     key = (user_id, remotename)
     now = time.monotonic()
     cached = None if fresh else _ROUTES.get(key)
     if cached is not None and cached[0] > now:
         return cached[1], True
-    route = await _route_from_database(user_id, remotename)
+    while (shared := None if fresh else _ROUTE_LOOKUPS.get(key)) is not None:
+        try:
+            return await asyncio.shield(shared), False
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not shared.cancelled() or (task is not None and task.cancelling()):
+                raise
+            # Its owner was cancelled, not this caller: look again.
+    lookup: asyncio.Future[RemoteRoute | None] = asyncio.get_running_loop().create_future()
+    if not fresh:
+        _ROUTE_LOOKUPS[key] = lookup
+    try:
+        route = await _route_from_database(user_id, remotename)
+    except asyncio.CancelledError:
+        lookup.cancel()
+        raise
+    except Exception as exc:
+        lookup.set_exception(exc)
+        lookup.exception()  # retrieved: the sharers, if any, raise it themselves
+        raise
+    finally:
+        current = fresh or _ROUTE_LOOKUPS.get(key) is lookup
+        if _ROUTE_LOOKUPS.get(key) is lookup:
+            del _ROUTE_LOOKUPS[key]
+    lookup.set_result(route)
     if route is None:
         _ROUTES.pop(key, None)
-    else:
+    elif current:
         if len(_ROUTES) >= _ROUTE_CACHE_SIZE:
             _ROUTES.clear()
         _ROUTES[key] = (now + ROUTE_CACHE_SECONDS, route)
@@ -366,8 +400,10 @@ async def _route(user_id: int, remotename: str, *, fresh: bool = False) -> tuple
 
 
 def forget_route(user_id: int, remotename: str) -> None:
-    """Drop a cached route (after a connect, disconnect or failed delivery)."""
+    """Drop a cached route (after a connect, disconnect or failed delivery); a lookup of
+    it under way is no longer shared (callers from now on look again)."""
     _ROUTES.pop((user_id, remotename), None)
+    _ROUTE_LOOKUPS.pop((user_id, remotename), None)
 
 
 @database_sync_to_async
@@ -536,8 +572,10 @@ async def _deliver(
             ),
             reply=RemoteCallReply,
             deadline=deadline,
-            timed_out=RemoteError(f"remote call '{remotename}.{function}' timed out after {timeout:g}s", "TIMEOUT"),
-            busy=RemoteError(f"remote '{remotename}' is busy", "REMOTE_BUSY"),
+            timed_out=lambda: RemoteError(
+                f"remote call '{remotename}.{function}' timed out after {timeout:g}s", "TIMEOUT"
+            ),
+            busy=lambda: RemoteError(f"remote '{remotename}' is busy", "REMOTE_BUSY"),
             unsendable=lambda exc: RemoteError(f"arguments cannot be sent: {exc}", "INVALID_REQUEST"),
             liveness=serving,
         )

@@ -117,10 +117,10 @@ async def send_to_machine(
         ),
         reply=MachineReplyMessage,
         timeout=timeout,
-        timed_out=MachineError(
+        timed_out=lambda: MachineError(
             "TIMEOUT", f"no answer from machine '{candidate.name}' within {timeout:g}s; the operation may have run"
         ),
-        busy=MachineError("MACHINE_UNREACHABLE", f"machine '{candidate.name}' is not taking requests"),
+        busy=lambda: MachineError("MACHINE_UNREACHABLE", f"machine '{candidate.name}' is not taking requests"),
         liveness=connected,
     )
 
