@@ -14,7 +14,7 @@ def main() -> None:
     try:
         execute_from_command_line(sys.argv)
     except ImproperlyConfigured as exc:
-        # A bad setting: say which, without a page of traceback (spec/overview.md "Configuration").
+        # A bad setting: say which, without a page of traceback (docs/operating.md#settings).
         print(f"Configuration error: {exc}", file=sys.stderr)
         sys.exit(2)
 

@@ -1,4 +1,4 @@
-"""The channel layer, one way for each job (CONVENTIONS.md habit 14; spec/overview.md "How it runs").
+"""The channel layer, one way for each job (docs/architecture.md#how-the-code-is-written).
 
 The layer is a doorbell, never the only copy of anything (the rows are the truth), and
 this module is the only one that sends on it, calls ``group_send`` or ``receive``.
@@ -34,8 +34,8 @@ dropped (``message_received``), never raised into a loop or a consumer.
   fresh ``reply_channel`` and waits, bounded, for the one answer, validated as the
   caller's reply model (the consumer answers with ``layer_send(reply_channel, <reply>)``),
   re-checking the answerer's liveness while it waits; used by remote calls
-  (spec/sessions-and-remotes.md §2.4) and machine operations (spec/machines.md §5).
-  ``layer_request`` is its short form for probes (§2 "Lifetime"), ``layer_round_trip``
+  (docs/ws-protocol.md#remote-call) and machine operations (docs/shim-protocol.md#operations).
+  ``layer_request`` is its short form for probes (is a name's holder still there?), ``layer_round_trip``
   the ``/healthz`` check of the layer.
 - **Same process** — a message to a consumer of this process skips the layer: each
   consumer's channel has a ``LocalChannel`` inbox beside it (``consumer_channel``);
@@ -44,10 +44,10 @@ dropped (``message_received``), never raised into a loop or a consumer.
   on a local reply inbox, which ``layer_send`` fills. Same capacity (``ChannelFull``:
   busy), same serialization refusals, each message the receiver's own dict, one path so
   one sender's messages keep their order; a consumer that ends closes its inbox and what
-  waited there is dropped, as on a dead channel (docs/operating.md "Channel layer").
+  waited there is dropped, as on a dead channel (docs/operating.md#channel-layer).
   Groups and ``layer_round_trip`` (a ``Subscription``, not a consumer) stay on the layer.
 - ``LoopHealth``: how a background loop is doing — its backoff after errors and its
-  once-per-change-of-state log (spec/quality.md "Faults").
+  once-per-change-of-state log (docs/operating.md#health).
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class LoopHealth:
     is down neither spins nor retries in step with every other process). It logs one line
     per change of state — the first failure, with its error (and the traceback when it is
     not an outage), and "recovered" when a pass works again — never one per pass
-    (spec/quality.md "Faults"; issue 11 item 4). Each failure is also counted in
+    (docs/operating.md#health). Each failure is also counted in
     ``dispatch_background_loop_errors_total{loop=metric_name}`` (default: ``name``; give a
     fixed ``metric_name`` when ``name`` carries an id).
     """
@@ -224,7 +224,8 @@ def _ring_now(target: str, message: ChannelMessage, *, group: bool) -> None:
 
 def ring_on_commit(group: str, message: ChannelMessage) -> None:
     """Send ``message`` to ``group`` once the current transaction commits — at once when
-    none is open, never when it rolls back (CONVENTIONS.md "Write, then announce").
+    none is open, never when it rolls back: a ring announces a write that happened
+    (docs/architecture.md#how-the-code-is-written).
 
     Sync code only (it uses ``async_to_sync``). Never raises: a full channel or an
     unreachable layer is logged, and the committed rows stay the truth.
@@ -288,7 +289,7 @@ def _put_local(layer: Any, channel_name: str, payload: dict[str, Any]) -> bool:
 
 class LocalChannel:
     """A channel's inbox in this process's memory, for messages whose sender and receiver
-    both live here (docs/operating.md "Channel layer"): a consumer's second inbox beside
+    both live here (docs/operating.md#channel-layer): a consumer's second inbox beside
     its channel on the layer (``consumer_channel``), or the reply inbox of one
     ``request_reply``.
 
@@ -428,7 +429,7 @@ async def consumer_channel(
     process sends the channel (``request_reply``, ``layer_send``, ``send_on_commit``) goes
     there instead of on the layer. Its capacity is the layer's for the channel. The consumer reads
     ``local.take`` beside ``reader`` and must ``local.close()`` when it ends, on every
-    path (docs/operating.md "Channel layer")."""
+    path (docs/operating.md#channel-layer)."""
     layer = get_channel_layer(alias)
     if layer is None:
         return None
@@ -824,8 +825,8 @@ async def layer_request(
 ) -> Reply | None:
     """Send ``message`` plus ``reply_channel`` to ``channel_name``; return the first reply
     (validated as ``reply``) that arrives within ``timeout`` seconds, or ``None`` when none
-    does (a probe: "do you still serve this?", spec/sessions-and-remotes.md §2 "Lifetime").
-    With ``group``, ``channel_name`` is a group (a process's presence ping, issue 16).
+    does (a probe: "do you still serve this?", docs/ws-protocol.md#remote-connect).
+    With ``group``, ``channel_name`` is a group (a process's presence ping).
 
     Raises what the layer raises on send (``ChannelFull``; a Redis ``ConnectionError``
     while the layer is unreachable).
