@@ -211,7 +211,7 @@ def drain(output: Path, *, label: str, holder: str) -> None:
     steps run through ``database_sync_to_async``, so their time includes the thread hop).
     Writes ``{delivered, seconds, passes, skipped, steps: {name: {calls, seconds}}}``."""
     _django()
-    import peers.outbox as outbox
+    import peers.outbox_drain as outbox
     from peers.client import PeerClient
     from peers.models import Peer
 

@@ -233,7 +233,7 @@ def background_services() -> list[Callable[[], Awaitable[None]]]:
     from agents.executor import executor_loop
     from attention.worker import notification_delivery_loop
     from peers.mirror import mirror_loop
-    from peers.outbox import outbox_drain_loop
+    from peers.outbox_drain import outbox_drain_loop
 
     return [reaper_loop, executor_loop, cli_supervisor_loop, mirror_loop, outbox_drain_loop, notification_delivery_loop]
 

@@ -2,7 +2,7 @@
 
 Peers: list, filters, search; hashes and prefixes read-only (the encrypted outbound token
 is never shown); label and capability edits through ``links.peer_admin_update``;
-actions "revoke peer" (``pairing.peer_revoke_admin``) and "rotate credentials". The Peer
+actions "revoke peer" (``pairing_exchange.peer_revoke_admin``) and "rotate credentials". The Peer
 list links to a pairing page (``admin/peers/peer/pairing/``) that makes an offer and shows
 its code, and links with a code (the form posts to the async ``/peers/link`` view, which
 comes back here).
@@ -22,7 +22,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
 from core.errors import DispatchError
-from peers import pairing
+from peers import pairing_exchange
 from peers.models import OutboxMessage, PairingOffer, Peer, PeerLease, PeerReceipt
 from peers.services import links
 from peers.services.outbox import outbox_discard, outbox_retry
@@ -117,7 +117,8 @@ class PeerAdmin(admin.ModelAdmin):
         actor = request.user
         assert isinstance(actor, User)
         revoked = [
-            pairing.peer_revoke_admin(peer=peer, actor=actor) for peer in queryset.filter(revoked_at__isnull=True)
+            pairing_exchange.peer_revoke_admin(peer=peer, actor=actor)
+            for peer in queryset.filter(revoked_at__isnull=True)
         ]
         self.message_user(request, f"Revoked {len(revoked)} peer(s).")
 

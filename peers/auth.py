@@ -5,7 +5,7 @@ instance issued to the peer at pairing) **and** an HTTP message signature (RFC 9
 Ed25519) by the peer's pinned key over ``@method``, ``@path``, ``@query``,
 ``authorization``, ``idempotency-key`` (when the request has one), ``content-digest``
 (RFC 9530, ``sha-256=:<base64>:``, checked against the body) and a ``created`` time
-within ±300 s; ``keyid`` is the sender's fingerprint (``peers.identity.fingerprint_of``).
+within ±300 s; ``keyid`` is the sender's fingerprint (``peers.keys.fingerprint_of``).
 
 The sending side is ``sign_request`` (used by ``peers.client.PeerClient``); the
 receiving side is ``peer_authenticate`` (async views) / ``peer_authenticate_sync``.
@@ -39,7 +39,7 @@ from http_message_signatures.exceptions import HTTPMessageSignaturesException
 from core.http import bearer_credentials
 from core.openapi import Security
 from core.services import token_digest
-from peers.identity import FEATURES_HEADER, Identity, features_header_value, features_parse, public_key_from
+from peers.keys import FEATURES_HEADER, Identity, features_header_value, features_parse, public_key_from
 from peers.models import Peer
 from peers.services import links
 from peers.services.identity import identity_get
@@ -114,7 +114,7 @@ def method_refusal(method: str) -> JsonResponse:
 def announce_features(view: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap a peer route (sync or async view) so that every answer it gives — success,
     error, 405 — carries this instance's ``Dispatch-Peer-Features`` header
-    (``peers.identity.features_header_value``, docs/peers.md#features): the calling peer
+    (``peers.keys.features_header_value``, docs/peers.md#features): the calling peer
     learns what it may ask for from any exchange. Apply it outside the view's other
     decorators (inside ``documented``)."""
     if iscoroutinefunction(view):

@@ -25,7 +25,7 @@ from channels.db import database_sync_to_async
 
 from core import secrets_at_rest
 from peers.auth import sign_request
-from peers.identity import FEATURES_HEADER, Identity, features_header_value, features_parse
+from peers.keys import FEATURES_HEADER, Identity, features_header_value, features_parse
 from peers.models import Peer, new_idempotency_key
 from peers.services.identity import identity_get
 from peers.services.links import peer_features_record

@@ -43,7 +43,7 @@ class Peer(models.Model):
     outbound_token_encrypted = models.TextField()
     granted_by_peer = models.JSONField(default=dict, blank=True)  # the peer's flags for us, as reported
     protocol_version = models.PositiveIntegerField(default=2)
-    # What the peer announced it can do (``peers.identity.PEER_FEATURES`` names): from the
+    # What the peer announced it can do (``peers.keys.PEER_FEATURES`` names): from the
     # pairing claim or its answer, then from the ``Dispatch-Peer-Features`` header of every
     # peer request it sends and every answer it gives (``links.peer_features_record``).
     features = models.JSONField(default=list, blank=True)
@@ -128,9 +128,7 @@ class PeerReceipt(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
-        constraints = [
-            models.UniqueConstraint(fields=["peer", "idempotency_key"], name="peerreceipt_peer_key_unique")
-        ]
+        constraints = [models.UniqueConstraint(fields=["peer", "idempotency_key"], name="peerreceipt_peer_key_unique")]
 
     def __str__(self) -> str:
         return f"receipt {self.idempotency_key} from {self.peer_id}"

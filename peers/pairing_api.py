@@ -33,7 +33,7 @@ from core.errors import DispatchError
 from core.http import error_response, json_api, json_object
 from core.openapi import OPEN, Operation, documented
 from core.validation import parse_plain
-from peers import pairing
+from peers import pairing_exchange
 from peers.auth import announce_features, method_refusal
 from peers.models import Peer
 from peers.protocol import (
@@ -81,9 +81,9 @@ def _client_address(request: HttpRequest) -> str:
 
 def _claim(body: dict[str, Any], client_address: str) -> dict[str, Any]:
     # The claim's order (docs/peers.md#claim): the rate limit, the body (protocol version first), then the code.
-    pairing.claim_throttle(client_address=client_address)
+    pairing_exchange.claim_throttle(client_address=client_address)
     claim = parse_plain(ClaimBody, body, context={OUR_INSTANCE_ID: identity_get().instance_id})
-    return pairing.offer_claim(claim=claim)
+    return pairing_exchange.offer_claim(claim=claim)
 
 
 @documented(
@@ -161,7 +161,7 @@ async def link_api(request: HttpRequest, user: User) -> dict[str, Any]:
     ``{peer, our_fingerprint, their_fingerprint}``."""
     _staff(request, user)
     body = parse_plain(LinkBody, json_object(request))
-    result = await pairing.peer_link(
+    result = await pairing_exchange.peer_link(
         user=user, url=body.url, code=body.code, label=body.label, as_user=body.as_user, **body.flags()
     )
     data = await database_sync_to_async(peer_data)(result.peer)
@@ -197,7 +197,7 @@ def _update(user: User, peer_id: int, body: PeerUpdateBody) -> dict[str, Any]:
 
 
 def _delete(user: User, peer_id: int) -> dict[str, Any]:
-    return peer_data(pairing.peer_unlink(user=user, peer_id=peer_id))
+    return peer_data(pairing_exchange.peer_unlink(user=user, peer_id=peer_id))
 
 
 @documented(

@@ -52,7 +52,7 @@ from agents.messages import MAX_MESSAGE_LENGTH, message_content
 from core.errors import InvalidRequest
 from core.protocol import ChannelMessage
 from core.validation import WireModel, refusal
-from peers.identity import PEER_PROTOCOL_VERSION, features_parse, public_key_from
+from peers.keys import PEER_PROTOCOL_VERSION, features_parse, public_key_from
 
 NAME_MAX = 100  # characters of an agent name and of a sender's name
 AGENT_ID_MAX = 64
@@ -342,7 +342,7 @@ class UnlinkAnswer(BaseModel):
 
 class CapabilityFlags(WireModel):
     """The four ``allow_*`` flags (docs/peers.md#permissions), each optional. Their values are checked by
-    ``peers.pairing`` (``"<flag> must be true or false"``), after the routes' own checks."""
+    ``peers.pairing_exchange`` (``"<flag> must be true or false"``), after the routes' own checks."""
 
     allow_launch: Annotated[Any, _FLAG] = Field(default=None, json_schema_extra=_no_default)
     allow_message: Annotated[Any, _FLAG] = Field(default=None, json_schema_extra=_no_default)
@@ -350,7 +350,7 @@ class CapabilityFlags(WireModel):
     allow_events: Annotated[Any, _FLAG] = Field(default=None, json_schema_extra=_no_default)
 
     def flags(self) -> dict[str, Any]:
-        """The flags the body names, as sent (``peers.pairing`` checks their values)."""
+        """The flags the body names, as sent (``peers.pairing_exchange`` checks their values)."""
         return {name: getattr(self, name) for name in CAPABILITY_FIELDS if name in self.model_fields_set}
 
 
@@ -377,7 +377,7 @@ class OfferBody(CapabilityFlags):
 class LinkBody(CapabilityFlags):
     """``POST /api/v1/peers/link``: ``{url, code, label?, allow_*?, as_user?}``. ``url`` and
     ``code`` are taken as text (absent: empty, which the link refuses); an empty ``label``
-    is none; the label's rules and the flags are ``peers.pairing``'s."""
+    is none; the label's rules and the flags are ``peers.pairing_exchange``'s."""
 
     url: str = ""
     code: str = ""
@@ -402,7 +402,7 @@ class LinkBody(CapabilityFlags):
 
 class PeerUpdateBody(CapabilityFlags):
     """``PATCH /api/v1/peers/{id}``: ``{label?, allow_*?}``; any other field is
-    refused, naming it. The label's rules and the flags' values are ``peers.pairing``'s."""
+    refused, naming it. The label's rules and the flags' values are ``peers.pairing_exchange``'s."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -483,7 +483,7 @@ class ClaimBody(WireModel):
     with ``details.protocol_version``), then the fields in this order, each text of bounded
     length, stripped (``url`` without a trailing slash). A ``code`` that cannot be one is a
     wrong code (401), never a bad body; ``capabilities`` keeps its boolean ``allow_*``
-    flags; ``features`` keeps the well-formed names (``peers.identity.features_parse``).
+    flags; ``features`` keeps the well-formed names (``peers.keys.features_parse``).
     Validate with the context ``{"our_instance_id": …}``.
     """
 
@@ -511,7 +511,7 @@ class ClaimBody(WireModel):
     )
     features: Annotated[list[str], BeforeValidator(features_parse)] = Field(
         default_factory=list,
-        description="what the claimant can do beyond the protocol version (peers.identity.PEER_FEATURES, "
+        description="what the claimant can do beyond the protocol version (peers.keys.PEER_FEATURES, "
         'e.g. "messages.batch"); absent: nothing',
     )
 

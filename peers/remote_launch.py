@@ -12,7 +12,7 @@ agents app asks of linked instances (``PeerLinks``, registered in ``agents.hooks
 - ``peer_address_parse``: ``<label or instance id>:<agent id>`` recognised by shape.
 - ``PeerLinks.message_send``: ``peers.services.outgoing.peer_message_send`` (the
   ``AgentMessage`` and its ``OutboxMessage`` in one transaction; the drain,
-  ``peers.outbox``, delivers it).
+  ``peers.outbox_drain``, delivers it).
 
 Peer HTTP calls are async (``peers.client.PeerClient``); database work runs through
 ``database_sync_to_async`` in short steps, never across a network wait. Every write is a

@@ -7,7 +7,7 @@
    message), "calls itself X", badges both ways, URL, last seen, outbox counts with
    retry / discard, unlink.
 
-Views translate forms into ``peers.services`` (and ``peers.pairing``'s exchanges) and
+Views translate forms into ``peers.services`` (and ``peers.pairing_exchange``'s exchanges) and
 render; they hold no rules. Linking waits on the other instance, so it is an async view (never the shared sync thread).
 """
 
@@ -29,7 +29,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from core.errors import DispatchError
 from core.views import htmx_login_required
-from peers import linked_approvals, pairing
+from peers import linked_approvals, pairing_exchange
 from peers.models import OutboxMessage, Peer
 from peers.selectors import outbox_counts, outbox_rows_for, peers_for
 from peers.services import links
@@ -157,7 +157,7 @@ async def link_create(request: HttpRequest) -> HttpResponse:
     label = post.get("label", "").strip() or None
     next_url = _safe_next(request)
     try:
-        result = await pairing.peer_link(
+        result = await pairing_exchange.peer_link(
             user=user,
             url=post.get("url", ""),
             code=post.get("code", ""),
@@ -211,7 +211,7 @@ def peer_unlink(request: HttpRequest, peer_id: int) -> HttpResponse:
     """``POST /peers/<id>/unlink``: revoke the link (docs/peers.md#unlinking) and tell the peer, best effort."""
     assert isinstance(request.user, User)
     try:
-        peer = pairing.peer_unlink(user=request.user, peer_id=peer_id)
+        peer = pairing_exchange.peer_unlink(user=request.user, peer_id=peer_id)
         messages.success(request, f"Unlinked {peer.label}.")
     except DispatchError as exc:
         _error(request, exc)

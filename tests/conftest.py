@@ -7,8 +7,11 @@ and ``ws_connect`` to open ``/ws`` through the real ASGI application.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,12 +25,90 @@ from core.services import api_token_create, password_throttle_reset
 
 PASSWORD = "correct horse battery"
 
+# --- markers and the parallel run (README.md#tests) ---------------------------------------
+#
+# `make test` runs the suite on pytest-xdist workers (`-m "not serial"`), then the tests
+# marked ``serial`` alone. The markers below are given by where a test lives, so the folders
+# need no marker of their own; ``SERIAL`` names the files that must not run beside others.
+
+# Tests that measure or starve the machine: beside other workers they would measure them.
+SERIAL = {
+    "tests/bench/test_agents_bench.py": "a benchmark: it measures throughput on the whole machine",
+    "tests/bench/test_live_bench.py": "a benchmark: it measures throughput on the whole machine",
+    "tests/bench/test_machines_b4_bench.py": "a benchmark: it measures throughput on the whole machine",
+    "tests/bench/test_peers_bench.py": "a benchmark: it measures throughput on the whole machine",
+    "tests/integration/test_memory_shim.py": "memory bounds: a serve's VmRSS, with 1 GB pipes and 140 MB of writes",
+    "tests/integration/test_memory_ws.py": "memory bounds: a serve's VmRSS under floods of /ws frames",
+    "tests/integration/test_body_budget.py": "memory bounds: a serve's VmRSS under 30 posts of 16 MB",
+    "tests/integration/test_frozen_dependencies.py": "frozen Redis/PostgreSQL with answers due within 3 s",
+}
+
+# Markers by folder: ``bench`` (tests/bench: the benchmarks and their summary), ``real_cli``
+# (tests/agents/real_cli: the real Claude Code and Codex CLIs), ``cluster`` (tests that start
+# a cluster behind nginx, tests/cluster.py).
+FOLDER_MARKERS = {"tests/bench/": "bench", "tests/agents/real_cli/": "real_cli"}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.path)).resolve()
+        relative = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.as_posix()
+        for folder, marker in FOLDER_MARKERS.items():
+            if relative.startswith(folder):
+                item.add_marker(marker)
+        if relative.startswith("tests/integration/test_cluster_") or relative == "tests/browser/test_cluster_browser.py":
+            item.add_marker("cluster")
+        if relative in SERIAL:
+            item.add_marker(pytest.mark.serial(reason=SERIAL[relative]))
+
+
+# Values tests/settings.py makes up for its own process (a temporary data dir and dist dir,
+# a tmux socket named by its pid). Under xdist the controller imports the settings before it
+# starts the workers, which inherit its environment: without this each worker would share the
+# controller's data dir, wheel folder and tmux server (and the first worker to finish would
+# kill that server under the others).
+def _made_by_test_settings(name: str, value: str) -> bool:
+    if name == "DISPATCH_TMUX_SOCKET":
+        return value == f"dispatch-tests-{os.getpid()}"
+    folder = Path(value)
+    return folder.parent == Path(tempfile.gettempdir()) and folder.name.startswith("dispatch-tests-")
+
+
+def _worker() -> str:
+    """The xdist worker id (``gw0``…), or "" outside a worker."""
+    return os.environ.get("PYTEST_XDIST_WORKER", "")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker = _worker()
+    if worker:
+        # Workers share the Redis server (CI's second pass) but not its keys: the channel
+        # layer's groups, the rate limits and the router's counters are per worker.
+        from django.conf import settings
+
+        prefix = f"{settings.REDIS_PREFIX}-{worker}"
+        settings.REDIS_PREFIX = prefix
+        os.environ["DISPATCH_REDIS_PREFIX"] = prefix
+        for layer in settings.CHANNEL_LAYERS.values():
+            if "prefix" in layer.get("CONFIG", {}):
+                layer["CONFIG"]["prefix"] = prefix
+    elif getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", "no") != "no":
+        for name in ("DISPATCH_DATA_DIR", "DISPATCH_DIST_DIR", "DISPATCH_TMUX_SOCKET"):
+            value = os.environ.get(name, "")
+            if value and _made_by_test_settings(name, value):
+                del os.environ[name]
+                if name != "DISPATCH_TMUX_SOCKET":
+                    try:
+                        os.rmdir(value)  # still empty: the controller runs no test
+                    except OSError:
+                        pass
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_tmux_server() -> Iterator[None]:
     """Stop the tests' own tmux server (``DISPATCH_TMUX_SOCKET``) when the run ends."""
     yield
-    import os
     import subprocess
 
     socket_name = os.environ.get("DISPATCH_TMUX_SOCKET")

@@ -17,7 +17,7 @@
 Callers import the submodule (``from peers.services import shadows``); nothing is
 re-exported here. No module outside this package writes (``tests/peers/
 test_writes_in_services.py``). Nothing here imports the peer client, the HTTP exchanges or
-the loops (``peers.client``, ``peers.pairing``, ``peers.remote_launch``, ``peers.outbox``,
+the loops (``peers.client``, ``peers.pairing_exchange``, ``peers.remote_launch``, ``peers.outbox_drain``,
 ``peers.mirror``): they sit above and call these. Where a write is followed by an HTTP call
 — telling a peer it was unlinked — the caller passes it in (``on_revoked``) and it runs
 after commit.

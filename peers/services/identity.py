@@ -17,7 +17,7 @@ from core import secrets_at_rest
 from core.errors import DispatchError, InvalidRequest
 from core.models import InstanceIdentity
 from core.services import instance_identity_get
-from peers.identity import Identity, b64url, fingerprint_of
+from peers.keys import Identity, b64url, fingerprint_of
 from peers.selectors import label_taken
 from peers.services.links import label_from_name
 

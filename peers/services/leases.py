@@ -1,6 +1,6 @@
 """Per-peer leases (``PeerLease``): one process at a time subscribes to a peer's stream
 (``subscribe``, ``peers.mirror``) or drains its outbox (``drain``,
-``peers.outbox``). A holder is a process id (plus a suffix for the drain)."""
+``peers.outbox_drain``). A holder is a process id (plus a suffix for the drain)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from peers.models import PeerLease
 DRAIN = "drain"
 SUBSCRIBE = "subscribe"
 # A drain pass renews its lease before a row once half the send timeout has passed since
-# its last claim, and a send lasts at most the send timeout (``peers.outbox.SEND_TIMEOUT``,
+# its last claim, and a send lasts at most the send timeout (``peers.outbox_drain.SEND_TIMEOUT``,
 # half of this): the lease never runs out under a live pass.
 DRAIN_LEASE_TTL = timedelta(seconds=60)
 # The mirror renews its leases on every scan (at most ``peers.mirror.RESCAN_SECONDS``, 60 s,

@@ -227,7 +227,7 @@ def peer_seen(*, peer: Peer) -> None:
 
 
 def peer_features_record(*, peer: Peer, features: list[str]) -> bool:
-    """Keep what ``peer`` just announced (``features``: ``peers.identity.features_parse`` of
+    """Keep what ``peer`` just announced (``features``: ``peers.keys.features_parse`` of
     a ``Dispatch-Peer-Features`` header or of a claim): one UPDATE, only when it differs from
     what ``peer`` (the object passed in, updated too) holds — every peer request and answer
     carries the header, so an unchanged announcement costs nothing. An absent header is an

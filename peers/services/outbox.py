@@ -6,7 +6,7 @@ An ``OutboxMessage`` is ``queued`` until it is ``delivered`` (the peer answered 
 ``discarded`` (by an operator); its ``AgentMessage`` follows it (``queued`` /
 ``delivered`` / ``dead``). Every write that makes a row due rings the drain doorbell
 (``DOORBELL_GROUP``) after commit. The drain itself — the loop, the per-peer lease, the
-signed POSTs — is ``peers.outbox``, which calls these.
+signed POSTs — is ``peers.outbox_drain``, which calls these.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Messages this instance sends to agents on a linked peer (docs/peers.md#the-outbox): the local
 ``AgentMessage`` and its ``OutboxMessage``, written in one transaction; the drain
-(``peers.outbox``) delivers it. Also who on this instance launches or sends, as a peer
+(``peers.outbox_drain``) delivers it. Also who on this instance launches or sends, as a peer
 sees it (``launcher_address``: ``launched_by`` / ``from``, docs/peers.md#launch).
 """
 

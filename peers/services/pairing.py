@@ -3,11 +3,11 @@ codes, the ``Peer`` row a claim or a claim's answer stores, and revocation.
 
 The TV model: the side being connected to (B) makes an offer (``offer_create``) and shows
 its code; the other side's claim redeems it (``offer_redeem``, called by
-``peers.pairing.offer_claim``, which validates the claim body). The connecting side (A)
-stores B from B's answer (``peer_link_store``, called by ``peers.pairing.peer_link``, which
+``peers.pairing_exchange.offer_claim``, which validates the claim body). The connecting side (A)
+stores B from B's answer (``peer_link_store``, called by ``peers.pairing_exchange.peer_link``, which
 makes the HTTP exchange). Unlinking revokes the link here (``peer_revoke``); telling the
 peer is HTTP, so it is the caller's (``on_revoked``, run after commit:
-``peers.pairing.peer_unlink``). The label and capability rules are
+``peers.pairing_exchange.peer_unlink``). The label and capability rules are
 ``peers.services.links``'.
 """
 
@@ -33,7 +33,7 @@ from core.errors import DispatchError, InvalidRequest
 from core.realtime import PEERS_MIRROR_GROUP, ring_on_commit
 from core.services import generate_token, rate_limiter, token_digest
 from core.tool_changes import tools_changed_on_commit
-from peers.identity import PEER_PROTOCOL_VERSION, fingerprint_of
+from peers.keys import PEER_PROTOCOL_VERSION, fingerprint_of
 from peers.models import OutboxMessage, PairingOffer, Peer
 from peers.protocol import MirrorRescanMessage
 from peers.selectors import live_offers, peer_get_for
@@ -276,7 +276,7 @@ def offer_redeem(
 
     ``name``, ``url``, ``public_key``, ``token_for_you`` (encrypted at rest) and
     ``granted_by_peer`` (what the claimant lets this instance do there) and ``features``
-    (what it announced, ``peers.identity.PEER_FEATURES`` names; none by default) are the claim's;
+    (what it announced, ``peers.keys.PEER_FEATURES`` names; none by default) are the claim's;
     the claimant's label is its ``name`` — or, when that is this instance's own name, one
     naming its ``url`` (``links.label_for_link``).
     Returns ``None`` (nothing written) when no live offer has that code — unknown, used,
@@ -390,7 +390,7 @@ def peer_revoke(*, user: User, peer_id: int, on_revoked: Callable[[Peer], None] 
     are revoked (``revoked_at``: neither token works any more), its queued outbox rows
     closed (``dead``, "peer revoked") with their messages marked ``dead``, its running
     shadows ``stopped`` with a ``system`` event. ``on_revoked(peer)`` runs after commit (the
-    caller's best-effort notice to the peer, ``peers.pairing.peer_unlink``). ``NotFound``
+    caller's best-effort notice to the peer, ``peers.pairing_exchange.peer_unlink``). ``NotFound``
     (404) for a peer that is not the user's live peer."""
     peer = Peer.objects.select_for_update().get(pk=peer_get_for(user=user, peer_id=peer_id).pk)
     _revoke_locally(peer, reason=f"unlinked by {user.get_username()}", by_peer=False)

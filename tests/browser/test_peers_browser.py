@@ -266,7 +266,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from core import secrets_at_rest
 from core.services import generate_token, token_digest
-from peers.identity import b64url, fingerprint_of
+from peers.keys import b64url, fingerprint_of
 from peers.models import Peer
 
 public = b64url(Ed25519PrivateKey.generate().public_key().public_bytes(Encoding.Raw, PublicFormat.Raw))

@@ -107,7 +107,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from core import secrets_at_rest
 from agents.models import Agent, AgentEvent
 from core.services import generate_token, token_digest
-from peers.identity import b64url, fingerprint_of
+from peers.keys import b64url, fingerprint_of
 from peers.models import Peer
 
 config = json.loads({config!r})

@@ -86,7 +86,7 @@ async def test_the_peer_mirror_loop_backs_off_while_the_channel_layer_is_down(
 async def test_the_outbox_drain_loop_logs_a_failing_doorbell_once(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from peers import outbox
+    from peers import outbox_drain as outbox
 
     monkeypatch.setattr(outbox, "DRAIN_INTERVAL", 0.05)
     outage = LayerOutage(get_channel_layer())

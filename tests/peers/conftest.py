@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from core import secrets_at_rest
 from core.services import generate_token, token_digest
-from peers.identity import b64url, fingerprint_of
+from peers.keys import b64url, fingerprint_of
 from peers.models import Peer
 
 

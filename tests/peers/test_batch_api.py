@@ -19,7 +19,7 @@ from agents import services as agent_services
 from agents.models import Agent, AgentMessage, Run
 from core.services import generate_token
 from peers import peer_api
-from peers.identity import FEATURES_HEADER
+from peers.keys import FEATURES_HEADER
 from peers.models import Peer, PeerReceipt, new_idempotency_key
 from peers.services import incoming as peer_services
 from peers.services.pairing import offer_create

@@ -27,11 +27,11 @@ from agents import services as agent_services
 from agents.models import Agent, AgentEvent, AgentMessage
 from core import secrets_at_rest
 from core.services import generate_token, token_digest
-from peers import outbox
+from peers import outbox_drain
 from peers.client import PeerClient
-from peers.identity import FEATURES_HEADER
+from peers.keys import FEATURES_HEADER
 from peers.models import OutboxMessage, Peer
-from peers.outbox import outbox_drain_peer
+from peers.outbox_drain import outbox_drain_peer
 from peers.services import incoming as peer_services
 from peers.services.identity import identity_get
 from peers.services.outgoing import peer_message_send
@@ -81,7 +81,7 @@ class LoopBack:
 def loop_back(monkeypatch: pytest.MonkeyPatch) -> LoopBack:
     fake = LoopBack()
     monkeypatch.setattr(
-        outbox, "PeerClient", functools.partial(PeerClient, transport=httpx.MockTransport(fake.handler))
+        outbox_drain, "PeerClient", functools.partial(PeerClient, transport=httpx.MockTransport(fake.handler))
     )
     return fake
 
@@ -135,7 +135,7 @@ def send(owner: Any, link: Link, content: str, to: int = 0) -> AgentMessage:
     )
 
 
-def drain(link: Link) -> outbox.PeerDrain:
+def drain(link: Link) -> outbox_drain.PeerDrain:
     return async_to_sync(outbox_drain_peer)(link.bee.pk, holder="worker-1")
 
 
@@ -300,7 +300,7 @@ def test_the_drain_loop_delivers_a_backlog_in_batches(owner, link, loop_back):
         send(owner, link, f"message {n}")
 
     async def until_idle() -> None:
-        await outbox._drain_until_idle(link.bee.pk, holder="worker-1")
+        await outbox_drain._drain_until_idle(link.bee.pk, holder="worker-1")
 
     async_to_sync(until_idle)()
 

@@ -38,7 +38,7 @@ def _ourselves_as_a_peer(url: str = "http://peer.test/", public_key: str | None 
     identity = identity_get()
     token = generate_token()
     owner = get_user_model().objects.create_user("linker")
-    from peers.identity import fingerprint_of
+    from peers.keys import fingerprint_of
 
     key = public_key or identity.public_key
     return Peer.objects.create(

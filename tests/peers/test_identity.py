@@ -10,7 +10,7 @@ from django.test import override_settings
 
 from core import secrets_at_rest
 from core.models import InstanceIdentity
-from peers.identity import b64url_decode, fingerprint_of, public_key_from
+from peers.keys import b64url_decode, fingerprint_of, public_key_from
 from peers.services.identity import identity_get
 
 

@@ -92,7 +92,7 @@ def _link_us_on(inst: Any, *, token: str) -> None:
         "shell",
         "-c",
         "from django.contrib.auth import get_user_model; from core.services import token_digest; "
-        "from peers.identity import fingerprint_of; from peers.models import Peer; "
+        "from peers.keys import fingerprint_of; from peers.models import Peer; "
         "admin = get_user_model().objects.get(username='admin'); "
         f"Peer.objects.create(owner=admin, instance_id={us.instance_id!r}, label='Tests', url='http://127.0.0.1:9', "
         f"public_key={us.public_key!r}, fingerprint=fingerprint_of({us.public_key!r}), "

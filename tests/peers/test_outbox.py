@@ -25,10 +25,10 @@ from django.utils import timezone
 from agents.models import Agent, AgentEvent, AgentMessage
 from agents.services import agent_create
 from core.errors import DispatchError, NotFound
-from peers import outbox
+from peers import outbox_drain
 from peers.client import PeerClient
 from peers.models import OutboxMessage, PeerLease, PeerReceipt
-from peers.outbox import outbox_drain_once, outbox_drain_peer
+from peers.outbox_drain import outbox_drain_once, outbox_drain_peer
 from peers.services import outbox as outbox_services
 from peers.services.outbox import backoff_delay, outbox_backoff_reset, outbox_discard, outbox_purge, outbox_retry
 from peers.services.outgoing import peer_message_send
@@ -75,7 +75,7 @@ class FakeRemotes:
 def remotes(monkeypatch: pytest.MonkeyPatch) -> FakeRemotes:
     fake = FakeRemotes()
     monkeypatch.setattr(
-        outbox, "PeerClient", functools.partial(PeerClient, transport=httpx.MockTransport(fake.handler))
+        outbox_drain, "PeerClient", functools.partial(PeerClient, transport=httpx.MockTransport(fake.handler))
     )
     return fake
 
@@ -112,7 +112,7 @@ async def until(condition: Any, seconds: float) -> None:
         await asyncio.sleep(0.02)
 
 
-def drain(holder: str = "worker-1", **kwargs: Any) -> list[outbox.PeerDrain]:
+def drain(holder: str = "worker-1", **kwargs: Any) -> list[outbox_drain.PeerDrain]:
     return async_to_sync(outbox_drain_once)(holder=holder, **kwargs)
 
 
@@ -260,16 +260,16 @@ def test_a_crash_between_sending_and_marking_delivers_exactly_once(
     owner: Any, sender: Agent, cloud: Any, remotes: FakeRemotes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     message = send(owner, sender, cloud, "once only")
-    real = outbox.outbox_mark_delivered
+    real = outbox_drain.outbox_mark_delivered
 
     def crash(*, row: OutboxMessage) -> bool:
         raise RuntimeError("process died after the peer answered")
 
-    monkeypatch.setattr(outbox, "outbox_mark_delivered", crash)
+    monkeypatch.setattr(outbox_drain, "outbox_mark_delivered", crash)
     with pytest.raises(RuntimeError):
         async_to_sync(outbox_drain_peer)(cloud.pk, holder="worker-1")
     assert statuses(message) == ["queued"]
-    monkeypatch.setattr(outbox, "outbox_mark_delivered", real)
+    monkeypatch.setattr(outbox_drain, "outbox_mark_delivered", real)
     drain(holder="worker-2")
     assert len(remotes.received) == 2  # sent twice with the same key ...
     assert len(remotes.delivered) == 1  # ... delivered once: the peer answered "duplicate"
@@ -283,7 +283,7 @@ def test_two_workers_draining_at_once_never_send_a_row_twice_or_out_of_order(
     for n in range(10):
         send(owner, sender, cloud, f"m{n}")
 
-    async def both() -> list[outbox.PeerDrain]:
+    async def both() -> list[outbox_drain.PeerDrain]:
         return list(
             await asyncio.gather(
                 outbox_drain_peer(cloud.pk, holder="worker-1"), outbox_drain_peer(cloud.pk, holder="worker-2")
@@ -314,7 +314,7 @@ def test_a_pass_that_loses_its_lease_stops_before_the_next_row(
 ) -> None:
     # The lease expired while a send hung, and another worker took it: this pass must not
     # send another row (the other worker owns the order now).
-    monkeypatch.setattr(outbox, "LEASE_RENEW_AFTER", 0.0)  # renew before every row
+    monkeypatch.setattr(outbox_drain, "LEASE_RENEW_AFTER", 0.0)  # renew before every row
     first, second, third = (send(owner, sender, cloud, f"m{n}") for n in range(3))
     real_handler = remotes.handler
 
@@ -328,7 +328,9 @@ def test_a_pass_that_loses_its_lease_stops_before_the_next_row(
         return response
 
     monkeypatch.setattr(remotes, "handler", then_steal)
-    monkeypatch.setattr(outbox, "PeerClient", functools.partial(PeerClient, transport=httpx.MockTransport(then_steal)))
+    monkeypatch.setattr(
+        outbox_drain, "PeerClient", functools.partial(PeerClient, transport=httpx.MockTransport(then_steal))
+    )
     report = async_to_sync(outbox_drain_peer)(cloud.pk, holder="worker-1")
     assert report.skipped == "lease lost"
     assert [content for _, _, content in remotes.received] == ["m0"]
@@ -340,13 +342,13 @@ def test_a_fast_pass_does_not_renew_its_lease_before_every_row(
     owner: Any, sender: Agent, cloud: Any, remotes: FakeRemotes, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     claims: list[str] = []
-    real_claim = outbox.drain_lease_claim
+    real_claim = outbox_drain.drain_lease_claim
 
     def counting_claim(**kwargs: Any) -> bool:
         claims.append(kwargs["holder"])
         return real_claim(**kwargs)
 
-    monkeypatch.setattr(outbox, "drain_lease_claim", counting_claim)
+    monkeypatch.setattr(outbox_drain, "drain_lease_claim", counting_claim)
     for n in range(5):
         send(owner, sender, cloud, f"m{n}")
     report = async_to_sync(outbox_drain_peer)(cloud.pk, holder="worker-1")
@@ -429,7 +431,7 @@ def test_a_backlog_drains_pass_after_pass_without_waiting_for_a_ring(
 ) -> None:
     for n in range(123):
         send(owner, sender, cloud, f"m{n}")
-    async_to_sync(outbox._drain_until_idle)(cloud.pk, holder="worker-1")
+    async_to_sync(outbox_drain._drain_until_idle)(cloud.pk, holder="worker-1")
     assert [content for _, _, content in remotes.delivered] == [f"m{n}" for n in range(123)]
 
 
@@ -444,13 +446,15 @@ def test_the_loop_drains_each_peer_in_its_own_task_so_a_hanging_peer_delays_no_o
             await hanging.wait()  # a peer that accepts and never answers
         return await real_handler(request)
 
-    monkeypatch.setattr(outbox, "PeerClient", functools.partial(PeerClient, transport=httpx.MockTransport(handler)))
+    monkeypatch.setattr(
+        outbox_drain, "PeerClient", functools.partial(PeerClient, transport=httpx.MockTransport(handler))
+    )
     send(owner, sender, laptop, "to the hanging laptop")
     for n in range(3):
         send(owner, sender, cloud, f"cloud {n}")
 
     async def run() -> None:
-        loop_task = asyncio.ensure_future(outbox.outbox_drain_loop())
+        loop_task = asyncio.ensure_future(outbox_drain.outbox_drain_loop())
         try:
             await until(lambda: len(remotes.delivered) == 3, 5)
             # The laptop still hangs; new mail for the cloud goes out on the next ring.
@@ -474,7 +478,7 @@ def test_mail_that_arrives_while_its_peers_drain_is_running_goes_out_without_wai
     # The ring for "second" comes while the drain is still sending "first" (its pass read
     # its rows before "second" was queued): the loop must not swallow that ring, or
     # "second" waits for the next ring or DRAIN_INTERVAL (found by bench/peers.py: 28 s gaps).
-    monkeypatch.setattr(outbox, "DRAIN_INTERVAL", 60.0)
+    monkeypatch.setattr(outbox_drain, "DRAIN_INTERVAL", 60.0)
     gate = asyncio.Event()
     entered: list[str] = []
     real_handler = remotes.handler
@@ -485,11 +489,13 @@ def test_mail_that_arrives_while_its_peers_drain_is_running_goes_out_without_wai
             await gate.wait()
         return await real_handler(request)
 
-    monkeypatch.setattr(outbox, "PeerClient", functools.partial(PeerClient, transport=httpx.MockTransport(slow_first)))
+    monkeypatch.setattr(
+        outbox_drain, "PeerClient", functools.partial(PeerClient, transport=httpx.MockTransport(slow_first))
+    )
     send(owner, sender, cloud, "first")
 
     async def run() -> None:
-        loop_task = asyncio.ensure_future(outbox.outbox_drain_loop())
+        loop_task = asyncio.ensure_future(outbox_drain.outbox_drain_loop())
         try:
             await until(lambda: bool(entered), 4)  # the drain is inside its first POST
             assert entered == ["first"]
@@ -510,13 +516,13 @@ def test_a_drain_the_loop_rang_during_a_short_pass_makes_one_more_pass(monkeypat
     rung: set[int] = set()
     passes: list[int] = []
 
-    async def fake_pass(peer_id: int, *, holder: str) -> outbox.PeerDrain:
+    async def fake_pass(peer_id: int, *, holder: str) -> outbox_drain.PeerDrain:
         passes.append(peer_id)
         if len(passes) == 1:
             rung.add(peer_id)  # the loop heard a ring for this peer during the pass
-        return outbox.PeerDrain(peer_id=peer_id, delivered=[1])  # a short pass
+        return outbox_drain.PeerDrain(peer_id=peer_id, delivered=[1])  # a short pass
 
-    monkeypatch.setattr(outbox, "outbox_drain_peer", fake_pass)
-    async_to_sync(outbox._drain_until_idle)(7, holder="worker-1", rung=rung)
+    monkeypatch.setattr(outbox_drain, "outbox_drain_peer", fake_pass)
+    async_to_sync(outbox_drain._drain_until_idle)(7, holder="worker-1", rung=rung)
     assert passes == [7, 7]  # one more pass for the ring, then a short pass nobody rang for
     assert rung == set()

@@ -15,7 +15,7 @@ from core import secrets_at_rest
 from core.errors import DispatchError
 from core.services import generate_token, token_digest
 from peers.models import PairingOffer, Peer
-from peers.pairing import BAD_CODE
+from peers.pairing_exchange import BAD_CODE
 from peers.services.identity import identity_get
 from peers.services.pairing import CODE_ALPHABET, offer_create
 from tests.peers.conftest import new_key_pair
@@ -296,7 +296,7 @@ async def test_linking_an_address_another_user_has_linked_is_refused_before_any_
 ) -> None:
     from channels.db import database_sync_to_async
 
-    from peers.pairing import peer_link
+    from peers.pairing_exchange import peer_link
 
     await database_sync_to_async(make_peer)(owner, label="Cloud", url="http://127.0.0.1:9")
     member.is_staff = True
@@ -321,10 +321,12 @@ def _answering(monkeypatch: pytest.MonkeyPatch, answer: dict[str, Any]) -> None:
 
     import httpx
 
-    from peers import pairing
+    from peers import pairing_exchange
 
     transport = httpx.MockTransport(lambda request: httpx.Response(200, json=answer))
-    monkeypatch.setattr(pairing.httpx, "AsyncClient", functools.partial(httpx.AsyncClient, transport=transport))
+    monkeypatch.setattr(
+        pairing_exchange.httpx, "AsyncClient", functools.partial(httpx.AsyncClient, transport=transport)
+    )
 
 
 def _claim_answer(**overrides: Any) -> dict[str, Any]:
@@ -356,7 +358,7 @@ async def test_a_claim_answer_that_is_not_one_is_refused_and_nothing_is_linked(
 ) -> None:
     from channels.db import database_sync_to_async
 
-    from peers.pairing import peer_link
+    from peers.pairing_exchange import peer_link
 
     _answering(monkeypatch, _claim_answer(**overrides))
     with pytest.raises(DispatchError) as refused:
@@ -371,7 +373,7 @@ async def test_an_answer_from_ourselves_is_refused_and_one_without_name_or_capab
 ) -> None:
     from channels.db import database_sync_to_async
 
-    from peers.pairing import peer_link
+    from peers.pairing_exchange import peer_link
 
     ours = await database_sync_to_async(identity_get)()
     _answering(monkeypatch, _claim_answer(instance_id=ours.instance_id))

@@ -10,7 +10,7 @@ from django.test import Client
 
 from agents.models import Agent, AgentEvent, AgentMessage
 from peers.models import OutboxMessage, PairingOffer, Peer
-from peers.pairing import peer_unlink
+from peers.pairing_exchange import peer_unlink
 from peers.services.pairing import peer_mark_unlinked_by_peer
 
 pytestmark = pytest.mark.django_db(transaction=True)  # async views: their queries run on another thread

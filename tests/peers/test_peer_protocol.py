@@ -192,7 +192,7 @@ def test_the_staff_bodies_refuse_what_the_routes_refused() -> None:
 
 
 def test_the_claim_this_instance_sends_is_a_claim_body() -> None:
-    # The fields peers.pairing.peer_link posts to /api/v1/peers/claim.
+    # The fields peers.pairing_exchange.peer_link posts to /api/v1/peers/claim.
     claim = {
         "code": "BCDF-GHJK",
         "protocol_version": 2,

@@ -13,7 +13,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
 from core.tool_changes import tools_group
-from peers.pairing import peer_unlink
+from peers.pairing_exchange import peer_unlink
 from peers.services.links import peer_capabilities_set, peer_rename
 from tests.peers.conftest import FakePeer
 

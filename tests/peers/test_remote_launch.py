@@ -24,10 +24,10 @@ from agents.models import Agent, AgentMessage
 from agents.services import agent_create
 from agents.tools import agent_tools
 from core.errors import DispatchError, InvalidRequest, NotFound
-from peers import outbox, remote_launch
+from peers import outbox_drain, remote_launch
 from peers.client import PeerClient
 from peers.models import OutboxMessage
-from peers.outbox import outbox_drain_once
+from peers.outbox_drain import outbox_drain_once
 from peers.remote_launch import location_resolve, peer_address_parse
 from peers.services import outgoing
 from peers.services.shadows import shadow_upsert
@@ -77,7 +77,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakePeerApi:
     api = FakePeerApi()
     client = functools.partial(PeerClient, transport=httpx.MockTransport(api.handler))
     monkeypatch.setattr(remote_launch, "PeerClient", client)
-    monkeypatch.setattr(outbox, "PeerClient", client)
+    monkeypatch.setattr(outbox_drain, "PeerClient", client)
     return api
 
 

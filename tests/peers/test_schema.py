@@ -17,7 +17,7 @@ from django.test import Client
 from agents import services as agent_services
 from agents.approvals import approval_request
 from core.services import generate_token
-from peers import pairing
+from peers import pairing_exchange
 from peers.services.pairing import offer_create
 from tests.peers.conftest import FakePeer, new_key_pair
 from tests.peers.signing import peer_get, peer_post
@@ -101,7 +101,9 @@ def test_every_peer_and_pairing_route_answers_the_success_status_the_schema_docu
     claim = {"code": offer_create(user=owner).code, **_claimant()}
     answer("post", "/api/v1/peers/claim", client.post("/api/v1/peers/claim", claim, content_type="application/json"))
     transport = httpx.MockTransport(lambda request: httpx.Response(200, json=_claimant(capabilities={})))
-    monkeypatch.setattr(pairing.httpx, "AsyncClient", functools.partial(httpx.AsyncClient, transport=transport))
+    monkeypatch.setattr(
+        pairing_exchange.httpx, "AsyncClient", functools.partial(httpx.AsyncClient, transport=transport)
+    )
     link = {"url": "http://127.0.0.1:9", "code": "BCDF-GHJK", "label": "Other"}
     linked = client.post("/api/v1/peers/link", link, content_type="application/json", **staff)
     answer("post", "/api/v1/peers/link", linked)

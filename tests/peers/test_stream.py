@@ -157,7 +157,7 @@ def _link_on(inst: Any, *, public_key: str, token: str, allow_events: bool = Tru
         "shell",
         "-c",
         "from django.contrib.auth import get_user_model; from core.services import token_digest; "
-        "from peers.identity import fingerprint_of; from peers.models import Peer; "
+        "from peers.keys import fingerprint_of; from peers.models import Peer; "
         "admin = get_user_model().objects.get(username='admin'); "
         f"Peer.objects.create(owner=admin, instance_id='inst_00000000aaaa', label='A', url='http://127.0.0.1:9', "
         f"public_key={public_key!r}, fingerprint=fingerprint_of({public_key!r}), "
@@ -196,7 +196,7 @@ def test_a_signed_peer_gets_the_snapshot_then_upserts_through_serve():
     with instance() as inst:
         server = inst.serve()
         _link_on(inst, public_key=public, token=token)
-        from peers.identity import fingerprint_of
+        from peers.keys import fingerprint_of
 
         keyid = fingerprint_of(public)
         headers = {"Authorization": f"Bearer {inst.admin_token}"}

@@ -16,7 +16,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from core.errors import DispatchError
 from peers.management.commands._pairing_options import add_capability_flags, capabilities_from, console_users
-from peers.pairing import peer_link
+from peers.pairing_exchange import peer_link
 
 
 class Command(BaseCommand):

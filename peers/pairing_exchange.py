@@ -31,7 +31,8 @@ from limits import parse
 from core.errors import DispatchError, InvalidRequest, NotFound, RateLimited
 from core.services import generate_token, rate_limiter
 from core.validation import parse_plain
-from peers.identity import PEER_FEATURES, PEER_PROTOCOL_VERSION, Identity
+from peers.client import PeerClient, PeerUnreachable
+from peers.keys import PEER_FEATURES, PEER_PROTOCOL_VERSION, Identity
 from peers.models import Peer, new_idempotency_key
 from peers.protocol import OUR_INSTANCE_ID, ClaimAnswer, ClaimBody
 from peers.services.identity import identity_get, staff_require
@@ -56,7 +57,7 @@ __all__ = [
     "peer_unlink",
 ]
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("peers.pairing")  # the name operators and log filters know it by
 
 CLAIM_RATE = parse("5 per minute")  # per client address (docs/peers.md#claim)
 BAD_CODE = "pairing code is unknown, used or expired"
@@ -260,11 +261,6 @@ def _notify_unlinked(peer: Peer) -> None:
     caller — and never the shared sync thread — waits on the peer."""
 
     async def notify() -> None:
-        try:
-            from peers.client import PeerClient, PeerUnreachable  # helper PA's module
-        except ImportError:
-            logger.warning("peers.client is missing: %s is not told it was unlinked", peer.label)
-            return
         try:
             response = await PeerClient(peer, timeout=10.0, identity=identity).post(
                 UNLINK_PATH, {"instance_id": identity.instance_id}, idempotency_key=new_idempotency_key()

@@ -55,7 +55,7 @@ from django.utils import timezone
 
 from core.realtime import LoopHealth, Subscription
 from peers.client import PeerClient, PeerUnreachable
-from peers.identity import FEATURE_MESSAGES_BATCH
+from peers.keys import FEATURE_MESSAGES_BATCH
 from peers.models import OutboxMessage, Peer
 from peers.protocol import BATCH_MAX_MESSAGES, OutboxDoorbellMessage
 from peers.services.leases import DRAIN_LEASE_TTL, drain_lease_claim, drain_lease_release
@@ -68,7 +68,7 @@ from peers.services.outbox import (
     outbox_purge,
 )
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("peers.outbox")  # the name operators and log filters know it by
 
 DRAIN_INTERVAL = 30.0  # seconds between drain passes when nobody rings
 BATCH = 50  # rows per peer per pass
