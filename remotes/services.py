@@ -567,8 +567,11 @@ async def _deliver(
     try:
         return await request_reply(
             route.channel_name,
-            RemoteCallMessage(
-                remote_id=route.remote_id, remotename=remotename, function=function, args=args, timeout=timeout
+            # Built without validation: every field is already checked and typed here (the
+            # arguments against the function's schema), and the serving consumer validates
+            # what it receives.
+            RemoteCallMessage.model_construct(
+                remote_id=route.remote_id, remotename=remotename, function=function, args=args, timeout=float(timeout)
             ),
             reply=RemoteCallReply,
             deadline=deadline,
