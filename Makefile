@@ -5,13 +5,16 @@ PY     := $(VENV)/bin/python
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 PYTEST_ARGS ?=
+# pytest-xdist workers of `make test` and `make test-fast` (README.md#tests): most tests wait
+# on sockets and subprocesses, so more workers than the 2 cores pay off.
+TEST_WORKERS ?= 3
 DIST   ?= dist
 CLIENTS := tests/clients
 CLUSTER_SERVERS ?= 3
 CLUSTER_PORT    ?= 8080
 CLUSTER_TLS     ?=
 
-.PHONY: run cluster test lint bench venv dev dist clean
+.PHONY: run cluster test test-fast lint bench venv dev dist clean
 
 $(VENV)/bin/python:
 	@$(PYTHON) -m venv $(VENV) || { echo "Could not create a virtualenv: install Python's venv module (Debian/Ubuntu: apt-get install python3-venv)"; exit 1; }
@@ -53,9 +56,25 @@ run: venv
 cluster: venv
 	$(PY) -m deploy.cluster --servers $(CLUSTER_SERVERS) --port $(CLUSTER_PORT) $(if $(filter 1 yes true,$(CLUSTER_TLS)),--tls)
 
-## test: the whole suite (browser tests need Debian's chromium; see README)
+## test: the whole suite (browser tests need Debian's chromium; see README): the tests not
+##       marked serial on TEST_WORKERS (3) pytest-xdist workers, then the serial ones alone
+##       (memory bounds, benchmarks, frozen dependencies: tests/conftest.py SERIAL). Both
+##       steps run; it fails when either does (a step PYTEST_ARGS leaves without tests, pytest's
+##       exit 5, is no failure unless both are). PYTEST_ARGS go to both: a -m there combines
+##       with each step's `--lane` (tests/conftest.py).
 test: dev $(CLIENTS)/node_modules/.installed
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@echo '$(PY) -m pytest -n $(TEST_WORKERS) --lane parallel PYTEST_ARGS, then $(PY) -m pytest --lane serial PYTEST_ARGS'
+	@parallel=0; serial=0; \
+	$(PY) -m pytest -n $(TEST_WORKERS) --lane parallel $(PYTEST_ARGS) || parallel=$$?; \
+	$(PY) -m pytest --lane serial $(PYTEST_ARGS) || serial=$$?; \
+	if [ $$parallel -eq 5 ] && [ $$serial -eq 5 ]; then exit 5; fi; \
+	[ $$parallel -ne 5 ] || parallel=0; [ $$serial -ne 5 ] || serial=0; \
+	[ $$parallel -ne 0 ] && exit $$parallel; exit $$serial
+
+## test-fast: the quick lane, in parallel: no servers started for real, browsers, clusters,
+##            benchmarks, real agent CLIs or serial tests (`--lane fast`; a few minutes)
+test-fast: dev $(CLIENTS)/node_modules/.installed
+	$(PY) -m pytest -n $(TEST_WORKERS) --lane fast $(PYTEST_ARGS)
 
 # The public clients the suite runs (tests/clients/package.json, pinned by its lock file),
 # installed once with `npm ci`. Without node/npm nothing is installed and the tests that

@@ -47,17 +47,54 @@ SERIAL = {
 # (tests/agents/real_cli: the real Claude Code and Codex CLIs), ``cluster`` (tests that start
 # a cluster behind nginx, tests/cluster.py).
 FOLDER_MARKERS = {"tests/bench/": "bench", "tests/agents/real_cli/": "real_cli"}
+CLUSTER_TESTS = ("tests/integration/test_cluster_", "tests/browser/test_cluster_browser.py")
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# What ``--lane fast`` (`make test-fast`) leaves out: everything that starts real servers,
+# browsers, clusters, benchmarks or the real agent CLIs.
+SLOW_MARKERS = ("integration", "browser", "multiprocess", "cluster", "bench", "real_cli")
+LANES = ("parallel", "serial", "fast")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--lane",
+        choices=LANES,
+        default=None,
+        help="parallel: the tests not marked serial; serial: only those; fast: the parallel ones "
+        f"not marked {', '.join(SLOW_MARKERS)} (default: every test). Combines with -m.",
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _mark_by_place(items)
+    lane = config.getoption("lane")
+    if lane is None:
+        return
+    kept, dropped = [], []
+    for item in items:
+        serial = item.get_closest_marker("serial") is not None
+        if lane == "serial":
+            keep = serial
+        elif lane == "parallel":
+            keep = not serial
+        else:
+            keep = not serial and not any(item.get_closest_marker(name) for name in SLOW_MARKERS)
+        (kept if keep else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+def _mark_by_place(items: list[pytest.Item]) -> None:
     for item in items:
         path = Path(str(item.path)).resolve()
         relative = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else path.as_posix()
         for folder, marker in FOLDER_MARKERS.items():
             if relative.startswith(folder):
                 item.add_marker(marker)
-        if relative.startswith("tests/integration/test_cluster_") or relative == "tests/browser/test_cluster_browser.py":
+        if relative.startswith(CLUSTER_TESTS):
             item.add_marker("cluster")
         if relative in SERIAL:
             item.add_marker(pytest.mark.serial(reason=SERIAL[relative]))
