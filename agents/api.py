@@ -17,7 +17,6 @@ from rest_framework.response import Response
 
 from agents import keys as agent_keys
 from agents import launching, lifecycle, messages, selectors, services
-from agents.hooks import linked
 from agents.models import Agent
 from agents.serializers import (
     AgentEventSerializer,
@@ -31,6 +30,7 @@ from agents.tokens import agent_scope_forbid, agent_scope_manage, calling_agent
 from core.api import DispatchAPIView
 from core.authentication import authenticated_user
 from core.errors import InvalidRequest, NotFound
+from peers.remote_launch import launch_at_location, location_resolve
 
 
 class StrictCharField(serializers.CharField):
@@ -153,17 +153,9 @@ class AgentListView(DispatchAPIView):
                     "there (a launch there with trust_folder, or its DISPATCH_TRUSTED_ROOTS)"
                 )
             user = authenticated_user(request)
-            linked().location_check(user=user, location=body["location"])  # a bad one is 400 before any wait
-            shadow = async_to_sync(linked().launch)(
-                user=user,
-                caller_agent=launcher,
-                location=body["location"],
-                name=body["name"],
-                prompt=body["prompt"],
-                type=body["type"] or None,
-                cwd=body["cwd"],
-                child=body["child"],
-                full_access=body["full_access"],
+            location_resolve(user=user, location=body["location"])  # a bad one is 400 before any wait
+            shadow = async_to_sync(launch_at_location)(
+                user=user, caller_agent=launcher, location=body["location"], fields=body
             )
             return Response(agent_data(shadow), status=status.HTTP_201_CREATED)
         agent = lifecycle.agent_launch_any(

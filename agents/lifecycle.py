@@ -16,7 +16,7 @@ This module sits above ``agents.services`` (the rows: statuses, events, runs), `
 ``messages``, ``launching`` and ``prompting``, which is why the lifecycle is not in
 ``agents.services`` itself: ``cli`` and ``messages`` write through ``services``, so
 ``services`` calling them back would be an import circle. A launch "at a location" is the
-edge's (``linked().launch``, async): it waits on a peer.
+edge's (``peers.remote_launch.launch_at_location``, async): it waits on a peer.
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ to ``ERROR_MESSAGE_MAX`` characters. Descriptions are computed per call (the lau
 types, the default type, the linked instances). ``tool_set`` puts them together with the
 machine tools and a caller's remote tools: the one builder, for MCP
 (``dispatch.mcp.tools``) and the expert agent (``agents.expert``). Linked instances are
-reached through ``agents.hooks.linked()``.
+``peers``' (``peers.remote_launch``, ``peers.selectors``, ``peers.services.outgoing``): the tools
+are an edge, above ``peers`` (docs/architecture.md#the-layers).
 
 Threads: ``agent_tools`` is async; short database work runs through
 ``database_sync_to_async``; launching a CLI agent blocks on tmux subprocesses, so it runs
@@ -44,7 +45,6 @@ from django.contrib.auth.models import User
 from django.db import close_old_connections, connection
 
 from agents import approvals, selectors, services, trust
-from agents.hooks import Link, linked
 from agents.launching import agent_type_availability, default_launch_type, launch_type_resolve
 from agents.lifecycle import agent_launch_any, agent_message_send
 from agents.messages import CLI_ACCEPTING, message_get
@@ -55,6 +55,10 @@ from core.errors import DispatchError, InvalidRequest, NotFound
 from core.tools import Tool, cap
 from machines.audit_note import AUDIT_NOTE
 from machines.tools import machine_tools
+from peers.models import Peer
+from peers.remote_launch import launch_at_location, linked_instances_text, peer_address_parse
+from peers.selectors import outbox_delivery_for, peers_for
+from peers.services.outgoing import peer_message_send
 
 T = TypeVar("T")
 
@@ -143,7 +147,7 @@ def _agent_history(user: User, agent_id: str, limit: int) -> dict[str, Any]:
     }
 
 
-def _resolve_target(user: User, target: str) -> Agent | tuple[Link, str]:
+def _resolve_target(user: User, target: str) -> Agent | tuple[Peer, str]:
     """The recipient named by ``target`` (``dispatch_send_message``, docs/agents.md#agent-tools).
 
     An id of one of ``user``'s agents (a shadow agent included); else
@@ -159,7 +163,7 @@ def _resolve_target(user: User, target: str) -> Agent | tuple[Link, str]:
         if agent is None:
             raise NotFound(f"no agent '{target}'")
         return agent
-    address = linked().address_parse(user=user, target=target)
+    address = peer_address_parse(user=user, target=target)
     if address is not None:
         return address
     running = Agent.objects.filter(owner=user, status__in=CLI_ACCEPTING)
@@ -173,7 +177,7 @@ def _resolve_target(user: User, target: str) -> Agent | tuple[Link, str]:
             {"candidates": [{"id": agent.pk, "name": agent.name, "type": agent.type} for agent in named]},
         )
     if selectors.PEER_ADDRESS.match(target.strip()):
-        labels = ", ".join(linked().labels(user=user)) or "none"
+        labels = ", ".join(peer.label for peer in peers_for(user=user)) or "none"
         raise InvalidRequest(
             f"'{cap(target, 100)}' names an agent on a linked instance you do not have; your linked instances: {labels}"
         )
@@ -191,17 +195,18 @@ def _send(user: User, caller: Agent | None, target: str, content: str) -> dict[s
         # An agent on a peer: through the outbox (docs/peers.md#the-outbox); queued until the peer answers.
         if isinstance(resolved, tuple):
             peer, remote_id = resolved
-            message = linked().message_send(
-                user=user, sender_agent=caller, link=peer, to_agent_id=remote_id, content=content
+            message = peer_message_send(
+                user=user, sender_agent=caller, peer=peer, to_agent_id=remote_id, content=content
             )
+            label = peer.label
         else:
-            peer, remote_id = selectors.shadow_link_for_message(resolved), resolved.peer_agent_id
+            label, remote_id = selectors.shadow_link_for_message(resolved).label, resolved.peer_agent_id
             message = agent_message_send(user=user, recipient=resolved, content=content, sender_agent=caller)
         return {
             "message_id": message.pk,
             "status": message.status,
             "recipient": message.recipient_agent_id,
-            "peer": peer.label,
+            "peer": label,
             "remote_agent_id": remote_id,
         }
     recipient = resolved
@@ -219,7 +224,7 @@ def _status(user: User, message_id: Any) -> dict[str, Any]:
         "error": message.error or None,
         "delivered_at": message.delivered_at.isoformat() if message.delivered_at else None,
     }
-    delivery = linked().message_delivery(message=message)  # sent to an agent on a peer
+    delivery = outbox_delivery_for(message=message)  # sent to an agent on a peer
     if delivery is not None:
         answer.update(delivery)
     return answer
@@ -325,7 +330,7 @@ def _tool(*, name: str, description: str, parameters: dict[str, Any], handler: A
 class LaunchChoices:
     """What ``dispatch_launch_agent``'s description says now: the types (all, and which is
     the default, ``None`` when a launch here must name one) and the linked instances
-    (``linked().launch_description``)."""
+    (``peers.remote_launch.linked_instances_text``)."""
 
     linked: str
     types: list[str]
@@ -338,7 +343,7 @@ def launch_choices(user: User) -> LaunchChoices:
     ``database_sync_to_async`` from async code): the types that work here, those that do
     not with why (``launching.agent_type_availability``), and the default type
     (``launching.default_launch_type``) or that ``type`` is required."""
-    linked_text = linked().launch_description(user=user)
+    linked_text = linked_instances_text(user=user)
     listed = agent_type_availability()
     available = [entry.type for entry in listed if entry.available]
     unavailable = [f"{entry.type} ({entry.reason})" for entry in listed if not entry.available]
@@ -416,22 +421,12 @@ def history_tool(user: User, caller_agent: Agent | None) -> Tool:
 def launch_tool(user: User, caller_agent: Agent | None, choices: LaunchChoices) -> Tool:
     """``dispatch_launch_agent(name, prompt, type?, cwd?, location?, child, full_access)``:
     here (``lifecycle.agent_launch_any``; a CLI launch on a thread of its own, it blocks on
-    tmux) or, with ``location``, on a linked instance (``linked().launch``: its shadow here)."""
+    tmux) or, with ``location``, on a linked instance (``peers.remote_launch.launch_at_location``: its shadow here)."""
 
     async def dispatch_launch_agent(arguments: dict[str, Any]) -> Any:
         location = arguments.get("location")
         if location:  # on a linked instance (docs/peers.md#using-a-link): its shadow here
-            shadow = await linked().launch(
-                user=user,
-                caller_agent=caller_agent,
-                location=str(location),
-                name=arguments["name"],
-                prompt=arguments.get("prompt", ""),
-                type=arguments.get("type") or None,
-                cwd=arguments.get("cwd") or None,
-                child=bool(arguments.get("child", True)) and caller_agent is not None,
-                full_access=bool(arguments.get("full_access", False)),
-            )
+            shadow = await launch_at_location(user=user, caller_agent=caller_agent, location=location, fields=arguments)
             return await database_sync_to_async(agent_data)(shadow)
         type = launch_type_resolve(arguments.get("type"))
         if type == services.EXPERT:

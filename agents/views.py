@@ -26,12 +26,12 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from agents import approval_pages, keys, launching, lifecycle, selectors, services
-from agents.hooks import linked
 from agents.models import Agent, AgentEvent
 from core.authentication import authenticated_user
 from core.errors import DispatchError, InvalidRequest
 from core.presence import HOSTNAME
 from core.views import htmx_login_required
+from peers.selectors import peers_by_label_for
 from remotes.selectors import remotes_for
 
 MESSAGES_SHOWN = 50
@@ -103,7 +103,7 @@ def launch_locations(*, user: User, now: Any = None) -> list[LaunchLocation]:
 
     A peer is "not responding recently" unless ``Peer.responding()``; one it cannot launch
     on is disabled with ``Peer.launch_refusal()`` ("launching not permitted", "unlinked by
-    the other side"). One query (``linked().launch_locations``).
+    the other side"). One query (``peers.selectors.peers_by_label_for``).
     """
     now = now or timezone.now()
     return [
@@ -113,7 +113,7 @@ def launch_locations(*, user: User, now: Any = None) -> list[LaunchLocation]:
             responding=peer.responding(now),
             refusal=peer.launch_refusal(),
         )
-        for peer in linked().launch_locations(user=user)
+        for peer in peers_by_label_for(user=user)
     ]
 
 

@@ -15,8 +15,8 @@ class PeersConfig(AppConfig):
         # A linked instance's event stream (/api/v1/peers/events) ends with its link.
         live_credentials_register("p", "peer_id", live_peers)
 
-        # Offer the agents app what it needs of linked instances (agents.hooks): agents
-        # sit below peers and never import them.
+        # Offer agents' domain code what it needs of linked instances (agents.hooks): it
+        # sits below peers and never imports them.
         from agents.hooks import linked_register
         from peers.remote_launch import PeerLinks
 

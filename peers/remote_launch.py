@@ -1,6 +1,6 @@
 """The launching side of peers (docs/peers.md#using-a-link): locations, launching
 on a peer with its local shadow, forwarding a shadow's stop and archive, and what the
-agents app asks of linked instances (``PeerLinks``, registered in ``agents.hooks``).
+agents app's domain code asks of linked instances (``PeerLinks``, registered in ``agents.hooks``).
 
 - ``peer_launch`` (async): resolve ``location``, require ``cwd`` (the error lists the peer's
   repo roots from ``GET /api/v1/peers/repos``), ``POST /api/v1/peers/launch`` (30 s,
@@ -10,9 +10,12 @@ agents app asks of linked instances (``PeerLinks``, registered in ``agents.hooks
 - ``shadow_forward`` (async): ``stop`` / ``archive`` of a shadow sent to its peer as
   ``POST /api/v1/peers/agents/{peer_agent_id}/stop|archive``.
 - ``peer_address_parse``: ``<label or instance id>:<agent id>`` recognised by shape.
-- ``PeerLinks.message_send``: ``peers.services.outgoing.peer_message_send`` (the
+- ``launch_at_location`` (async): the REST launch's and the launch tool's "at a location"
+  branch, written once.
+- ``PeerLinks``: what agents' domain code needs of peers (``agents.hooks``): a shadow's
+  ``forward``, ``message_send`` (``peers.services.outgoing.peer_message_send``: the
   ``AgentMessage`` and its ``OutboxMessage`` in one transaction; the drain,
-  ``peers.outbox_drain``, delivers it).
+  ``peers.outbox_drain``, delivers it) and a peer-launched agent's ``launch_context``.
 
 Peer HTTP calls are async (``peers.client.PeerClient``); database work runs through
 ``database_sync_to_async`` in short steps, never across a network wait. Every write is a
@@ -23,6 +26,7 @@ service: the shadows' rows ``peers.services.shadows``, messages
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -37,8 +41,8 @@ from agents.selectors import AGENT_ID, PEER_ADDRESS, is_shadow, shadow_link
 from core.errors import DispatchError, InvalidRequest, NotFound
 from peers.client import PeerClient, PeerUnreachable
 from peers.mirror import mirror_resnapshot
-from peers.models import OutboxMessage, Peer, new_idempotency_key
-from peers.selectors import peer_resolve_location, peers_by_label_for, peers_for
+from peers.models import Peer, new_idempotency_key
+from peers.selectors import peer_resolve_location, peers_for
 from peers.services import shadows
 from peers.services.incoming import launch_preamble
 from peers.services.outgoing import launcher_address, peer_message_send
@@ -260,6 +264,27 @@ async def peer_launch(
     return shadow
 
 
+async def launch_at_location(
+    *, user: User, caller_agent: Agent | None, location: str, fields: Mapping[str, Any]
+) -> Agent:
+    """A launch "at a location" as both of its edges ask for it — ``POST /api/v1/agents`` with
+    ``location`` and the ``dispatch_launch_agent`` tool (docs/peers.md#using-a-link): ``peer_launch``
+    with the request's ``fields`` (``name``, ``prompt``, ``type``, ``cwd``, ``child``,
+    ``full_access``; an empty ``type`` or ``cwd`` is none, ``child`` defaults to true and needs a
+    ``caller_agent``). Returns the local shadow; raises as ``peer_launch``."""
+    return await peer_launch(
+        user=user,
+        caller_agent=caller_agent,
+        location=str(location),
+        name=fields["name"],
+        prompt=fields.get("prompt", ""),
+        type=fields.get("type") or None,
+        cwd=fields.get("cwd") or None,
+        child=bool(fields.get("child", True)) and caller_agent is not None,
+        full_access=bool(fields.get("full_access", False)),
+    )
+
+
 # --- forwarding a shadow's lifecycle -----------------------------------------------------------
 
 
@@ -331,7 +356,7 @@ async def shadow_forward(*, agent: Agent, action: str) -> Agent:
     return current
 
 
-# --- what the agents app asks of peers (agents.hooks) -------------------------------------------
+# --- what the agents app's domain code asks of peers (agents.hooks) ---------------------------
 
 
 def _peer(link: Link) -> Peer:
@@ -342,13 +367,11 @@ def _peer(link: Link) -> Peer:
 
 class PeerLinks:
     """``agents.hooks.LinkedInstances`` as ``peers`` does it, registered in
-    ``PeersConfig.ready``: the agents app reaches linked instances only through this."""
+    ``PeersConfig.ready``: what agents' domain code (``agents.lifecycle``, ``agents.cli``),
+    which may not import ``peers``, needs of linked instances. The agents app's edges
+    (REST, pages, tools) import ``peers`` directly (docs/architecture.md#the-layers)."""
 
-    location_check = staticmethod(location_resolve)
-    launch = staticmethod(peer_launch)
     forward = staticmethod(shadow_forward)
-    address_parse = staticmethod(peer_address_parse)
-    launch_description = staticmethod(linked_instances_text)
 
     def message_send(
         self, *, user: User, sender_agent: Agent | None, link: Link, to_agent_id: str, content: str
@@ -357,10 +380,6 @@ class PeerLinks:
         return peer_message_send(
             user=user, sender_agent=sender_agent, peer=_peer(link), to_agent_id=to_agent_id, content=content
         )
-
-    def labels(self, *, user: User) -> list[str]:
-        """The labels of ``user``'s live peers (``peers_for``'s order)."""
-        return [peer.label for peer in peers_for(user=user)]
 
     def launch_context(self, *, agent: Agent) -> str | None:
         """``launch_preamble`` (without its blank line) for an agent the live peer named by
@@ -371,24 +390,3 @@ class PeerLinks:
             owner_id=agent.owner_id, instance_id=agent.launched_by_peer.get("instance_id"), revoked_at__isnull=True
         ).first()
         return launch_preamble(peer=peer, launched_by=agent.launched_by_peer).strip() if peer is not None else None
-
-    def message_delivery(self, *, message: AgentMessage) -> dict[str, Any] | None:
-        """The outbox state of a message this instance sent to an agent on a peer (docs/peers.md#using-a-link,
-        ``message_status``): ``{peer, remote_agent_id, attempts, next_attempt_at (null once
-        it left the queue), error}``; ``None`` for any other message."""
-        if message.peer_id is None or message.sender_peer_id is not None:
-            return None
-        outbox = OutboxMessage.objects.filter(message=message).select_related("peer").first()
-        if outbox is None:
-            return None
-        return {
-            "peer": outbox.peer.label,
-            "remote_agent_id": outbox.to_agent_id,
-            "attempts": outbox.attempts,
-            "next_attempt_at": outbox.next_attempt_at.isoformat() if outbox.status == "queued" else None,
-            "error": message.error or outbox.last_error or None,
-        }
-
-    def launch_locations(self, *, user: User) -> list[Peer]:
-        """``peers_by_label_for``."""
-        return list(peers_by_label_for(user=user))

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.contrib.auth.models import User
 from django.db.models import Count, Min, Q, QuerySet
 from django.db.models.functions import Lower
 from django.utils import timezone
 
+from agents.models import AgentMessage
 from core.errors import InvalidRequest, NotFound
 from peers.models import OutboxMessage, PairingOffer, Peer
 
@@ -139,3 +141,21 @@ def outbox_backlog(*, now: datetime | None = None) -> list[OutboxBacklog]:
         )
         for peer_id, label in peers.values_list("pk", "label")
     ]
+
+
+def outbox_delivery_for(*, message: AgentMessage) -> dict[str, Any] | None:
+    """The outbox state of a message this instance sent to an agent on a peer (docs/peers.md#using-a-link,
+    ``message_status``): ``{peer, remote_agent_id, attempts, next_attempt_at (null once
+    it left the queue), error}``; ``None`` for any other message."""
+    if message.peer_id is None or message.sender_peer_id is not None:
+        return None
+    outbox = OutboxMessage.objects.filter(message=message).select_related("peer").first()
+    if outbox is None:
+        return None
+    return {
+        "peer": outbox.peer.label,
+        "remote_agent_id": outbox.to_agent_id,
+        "attempts": outbox.attempts,
+        "next_attempt_at": outbox.next_attempt_at.isoformat() if outbox.status == "queued" else None,
+        "error": message.error or outbox.last_error or None,
+    }

@@ -1,8 +1,9 @@
 """The agents app sits below peers and its domain below its edges (docs/architecture.md#the-layers).
 
 Every ``import`` is read, function-level ones included (a lazy import that hides a circle
-is a circle): no agents module names ``peers``, and no domain module of agents names an
-edge (REST, pages, admin, tools, the event stream) or the project package.
+is a circle): no agents module but an edge names ``peers`` (an edge sits above every app's
+domain, so it may), and no domain module of agents names an edge (REST, pages, admin, tools,
+the event stream) or the project package.
 """
 
 from __future__ import annotations
@@ -39,10 +40,11 @@ def modules() -> dict[str, Path]:
     return {"agents." + path.stem: path for path in AGENTS.glob("*.py") if path.stem != "__init__"}
 
 
-def test_no_agents_module_imports_peers() -> None:
+def test_no_agents_module_but_an_edge_imports_peers() -> None:
     offenders = {
         name: sorted(n for n in imported(path) if n == "peers" or n.startswith("peers."))
         for name, path in modules().items()
+        if name not in EDGES
     }
     assert {name: found for name, found in offenders.items() if found} == {}
 
