@@ -36,7 +36,7 @@ from core.validation import parse_plain
 from peers import pairing_exchange
 from peers.auth import announce_features, method_refusal
 from peers.models import Peer
-from peers.protocol import (
+from peers.pairing_protocol import (
     OUR_INSTANCE_ID,
     ClaimAnswer,
     ClaimBody,

@@ -7,7 +7,7 @@ B). Each side then holds one ``Peer`` row with the hash of the token it issued (
 the encrypted token it presents (outbound) and the other side's public key. Unlinking
 tells the peer with a best-effort ``POST /api/v1/peers/unlink`` (``peer_unlink``).
 
-The claim and its answer are validated by their models (``peers.protocol.ClaimBody``, at
+The claim and its answer are validated by their models (``peers.pairing_protocol.ClaimBody``, at
 the claim route after ``claim_throttle``; ``ClaimAnswer``, here); this module counts claims,
 checks the code and makes the HTTP calls; every write —
 offers, the ``Peer`` rows, revocation — is ``peers.services.pairing``'s, and a link's
@@ -34,7 +34,7 @@ from core.validation import parse_plain
 from peers.client import PeerClient, PeerUnreachable
 from peers.keys import PEER_FEATURES, PEER_PROTOCOL_VERSION, Identity
 from peers.models import Peer, new_idempotency_key
-from peers.protocol import OUR_INSTANCE_ID, ClaimAnswer, ClaimBody
+from peers.pairing_protocol import OUR_INSTANCE_ID, ClaimAnswer, ClaimBody
 from peers.services.identity import identity_get, staff_require
 from peers.services.links import capabilities_validate, label_validate
 from peers.services.pairing import (

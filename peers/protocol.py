@@ -1,4 +1,4 @@
-"""Typed bodies of the peer API and the pairing routes (docs/peers.md#the-peer-api).
+"""Typed bodies of the peer API (docs/peers.md#the-peer-api), its approvals and the peers app's channel messages.
 
 One model per route body, used to validate the body and, named in its view's
 ``core.openapi.documented`` operation, to produce the route's OpenAPI entry
@@ -13,17 +13,14 @@ already had:
 | ``POST /api/v1/peers/messages`` | ``MessageBody`` | ``services.incoming.peer_message_deliver``, after the receipt |
 | ``POST /api/v1/peers/messages/batch`` | ``MessageBatchBody`` | ``peer_api.messages_batch``; each message as above |
 | ``POST /api/v1/peers/agents/{id}/stop``, ``archive``, ``POST /api/v1/peers/unlink`` | ``EmptyBody`` | the edge |
-| ``POST /api/v1/peers/claim`` | ``ClaimBody`` | ``pairing_api.claim_api``, after the rate limit |
-| ``POST /api/v1/peers/offers`` | ``OfferBody`` | ``pairing_api.offers_api`` |
-| ``POST /api/v1/peers/link`` | ``LinkBody`` | ``pairing_api.link_api`` |
-| ``PATCH /api/v1/peers/{id}`` | ``PeerUpdateBody`` | ``pairing_api.peer_api`` |
 
 Each body is judged where the route's documented order puts its check: a launch's and a message's after the
 Idempotency-Key receipt (a reused key answers 422 whatever the body; the message's
 receipt is opened in the message's transaction, so that service validates it), a claim's
 after the claim rate limit (429 first) and before its code (401); the services then take
-the validated model. ``ClaimAnswer`` also validates the claim's answer on the claiming side
-(``pairing.peer_link``). Fields whose rules need this instance's state (a launch's ``cwd``
+the validated model. The bodies of ``POST /api/v1/peers/claim``, ``offers``, ``link`` and
+``PATCH /api/v1/peers/{id}``, and the claim's answer, are ``peers.pairing_protocol``'s.
+Fields whose rules need this instance's state (a launch's ``cwd``
 against ``DISPATCH_REPO_ROOTS``, the capability flags' defaults) are typed for the schema
 and checked by the service.
 
@@ -39,34 +36,22 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     ValidationInfo,
     WithJsonSchema,
     field_validator,
-    model_validator,
 )
 
 from agents.messages import MAX_MESSAGE_LENGTH, message_content
 from core.errors import InvalidRequest
 from core.protocol import ChannelMessage
-from core.validation import WireModel, refusal
-from peers.keys import PEER_PROTOCOL_VERSION, features_parse, public_key_from
+from core.validation import WireModel
 
 NAME_MAX = 100  # characters of an agent name and of a sender's name
 AGENT_ID_MAX = 64
 CAPABILITY_FIELDS = ("allow_launch", "allow_message", "allow_full_access", "allow_events")
 PEER_INSTANCE_ID = "peer_instance_id"  # the validation context key: the calling peer's instance id
-OUR_INSTANCE_ID = "our_instance_id"  # the validation context key of a claim or its answer: this instance's id
-INSTANCE_ID_PATTERN = re.compile(r"inst_[0-9a-f]{12}")
-
-_FLAG = WithJsonSchema({"type": "boolean"})
-
-
-def _no_default(schema: dict[str, Any]) -> None:
-    """Leave a field's ``default: null`` out of the schema (absent means "unchanged")."""
-    schema.pop("default", None)
 
 
 def _text(value: Any, what: str, *, max_length: int, required: bool = True) -> str:
@@ -335,266 +320,6 @@ class UnlinkAnswer(BaseModel):
     """``{"unlinked": true}``."""
 
     unlinked: bool
-
-
-# --- pairing and the staff routes (docs/peers.md#pairing, docs/peers.md#permissions) -----------
-
-
-class CapabilityFlags(WireModel):
-    """The four ``allow_*`` flags (docs/peers.md#permissions), each optional. Their values are checked by
-    ``peers.pairing_exchange`` (``"<flag> must be true or false"``), after the routes' own checks."""
-
-    allow_launch: Annotated[Any, _FLAG] = Field(default=None, json_schema_extra=_no_default)
-    allow_message: Annotated[Any, _FLAG] = Field(default=None, json_schema_extra=_no_default)
-    allow_full_access: Annotated[Any, _FLAG] = Field(default=None, json_schema_extra=_no_default)
-    allow_events: Annotated[Any, _FLAG] = Field(default=None, json_schema_extra=_no_default)
-
-    def flags(self) -> dict[str, Any]:
-        """The flags the body names, as sent (``peers.pairing_exchange`` checks their values)."""
-        return {name: getattr(self, name) for name in CAPABILITY_FIELDS if name in self.model_fields_set}
-
-
-def _as_user(value: Any) -> str | None:
-    if value is None or value == "":
-        return None
-    if not isinstance(value, str):
-        raise ValueError("as_user must be a username")
-    return value
-
-
-class OfferBody(CapabilityFlags):
-    """``POST /api/v1/peers/offers``: ``{allow_*?, as_user?}``; ``as_user``
-    is a username (empty or null: the caller)."""
-
-    as_user: str | None = None
-
-    @field_validator("as_user", mode="before")
-    @classmethod
-    def _username(cls, value: Any) -> str | None:
-        return _as_user(value)
-
-
-class LinkBody(CapabilityFlags):
-    """``POST /api/v1/peers/link``: ``{url, code, label?, allow_*?, as_user?}``. ``url`` and
-    ``code`` are taken as text (absent: empty, which the link refuses); an empty ``label``
-    is none; the label's rules and the flags are ``peers.pairing_exchange``'s."""
-
-    url: str = ""
-    code: str = ""
-    label: Annotated[Any, WithJsonSchema({"type": "string"})] = Field(default=None, json_schema_extra=_no_default)
-    as_user: str | None = None
-
-    @field_validator("url", "code", mode="before")
-    @classmethod
-    def _text(cls, value: Any) -> str:
-        return str(value or "")
-
-    @field_validator("label", mode="before")
-    @classmethod
-    def _label(cls, value: Any) -> Any:
-        return None if value == "" else value
-
-    @field_validator("as_user", mode="before")
-    @classmethod
-    def _username(cls, value: Any) -> str | None:
-        return _as_user(value)
-
-
-class PeerUpdateBody(CapabilityFlags):
-    """``PATCH /api/v1/peers/{id}``: ``{label?, allow_*?}``; any other field is
-    refused, naming it. The label's rules and the flags' values are ``peers.pairing_exchange``'s."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    label: Annotated[Any, WithJsonSchema({"type": "string"})] = Field(default=None, json_schema_extra=_no_default)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _known_fields(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            unknown = sorted(set(value) - {"label", *CAPABILITY_FIELDS})
-            if unknown:
-                raise ValueError(
-                    f"unknown field {', '.join(unknown)}; you can change label and {', '.join(CAPABILITY_FIELDS)}"
-                )
-        return value
-
-
-def _claim_text(value: Any, what: str, *, max_length: int, required: bool = True) -> str:
-    if not isinstance(value, str) or len(value) > max_length or (required and not value.strip()):
-        raise ValueError(f"{what} must be text of 1 to {max_length} characters")
-    return value.strip()
-
-
-def _claimant_instance_id(value: Any, info: ValidationInfo) -> str:
-    instance_id = _claim_text(value, "instance_id", max_length=17)
-    if not INSTANCE_ID_PATTERN.fullmatch(instance_id):
-        raise ValueError("instance_id must be 'inst_' and 12 lowercase hex digits")
-    if instance_id == (info.context or {}).get(OUR_INSTANCE_ID):
-        raise ValueError("an instance cannot be linked to itself")
-    return instance_id
-
-
-def _claimant_url(value: Any) -> str:
-    url = _claim_text(value, "url", max_length=2048)
-    if not url.startswith(("http://", "https://")):
-        raise ValueError("url must start with http:// or https://")
-    return url.rstrip("/")
-
-
-def _claimant_public_key(value: Any) -> str:
-    public_key = _claim_text(value, "public_key", max_length=64)
-    try:
-        public_key_from(public_key)
-    except ValueError:
-        raise ValueError("public_key must be a raw Ed25519 public key in base64url") from None
-    return public_key
-
-
-def _claimant_name(value: Any) -> str:
-    return _claim_text(value, "name", max_length=NAME_MAX, required=False)
-
-
-def _claimant_token(value: Any) -> str:
-    return _claim_text(value, "token_for_you", max_length=200)
-
-
-def _granted(value: Any) -> dict[str, bool] | None:
-    """The ``allow_*`` flags of a claim's ``capabilities`` that are booleans; anything else
-    there is left out (what the other side grants is informative)."""
-    if not isinstance(value, dict):
-        return None
-    return {name: value[name] for name in CAPABILITY_FIELDS if isinstance(value.get(name), bool)}
-
-
-# The fields a claim and its answer share: who the other instance is (docs/peers.md#claim).
-# Each is stripped; validate with the context {OUR_INSTANCE_ID: this instance's id}.
-ClaimantInstanceId = Annotated[str, BeforeValidator(_claimant_instance_id)]
-ClaimantName = Annotated[str, BeforeValidator(_claimant_name)]
-ClaimantUrl = Annotated[str, BeforeValidator(_claimant_url)]
-ClaimantPublicKey = Annotated[str, BeforeValidator(_claimant_public_key)]
-ClaimantToken = Annotated[str, BeforeValidator(_claimant_token)]
-
-
-class ClaimBody(WireModel):
-    """``POST /api/v1/peers/claim``: ``{code, protocol_version, instance_id, name, url,
-    public_key, token_for_you, capabilities?, features?}`` (docs/peers.md#claim), judged after the claim
-    rate limit and before the code: ``protocol_version`` first (refused
-    with ``details.protocol_version``), then the fields in this order, each text of bounded
-    length, stripped (``url`` without a trailing slash). A ``code`` that cannot be one is a
-    wrong code (401), never a bad body; ``capabilities`` keeps its boolean ``allow_*``
-    flags; ``features`` keeps the well-formed names (``peers.keys.features_parse``).
-    Validate with the context ``{"our_instance_id": …}``.
-    """
-
-    absent_as_null = ("code", "protocol_version", "instance_id", "url", "public_key", "token_for_you")
-
-    code: Annotated[
-        Any, WithJsonSchema({"type": "string", "description": "the pairing code shown on this instance, XXXX-XXXX"})
-    ]
-    protocol_version: int = Field(
-        description="PEER_PROTOCOL_VERSION, 2", json_schema_extra={"const": PEER_PROTOCOL_VERSION}
-    )
-    instance_id: ClaimantInstanceId = Field(pattern=r"^inst_[0-9a-f]{12}$")
-    name: ClaimantName = Field(default="", max_length=NAME_MAX)
-    # The schemas say what the validators refuse of the value as sent (stripped, the url
-    # without its trailing slashes, the key decoded to 32 bytes).
-    url: ClaimantUrl = Field(max_length=2048, pattern=r"^https?://", json_schema_extra={"pattern": r"^https?://[^/\s]"})
-    public_key: ClaimantPublicKey = Field(
-        max_length=64,
-        description="raw Ed25519 public key, base64url",
-        json_schema_extra={"pattern": "^[A-Za-z0-9_-]{43}=?$"},
-    )
-    token_for_you: ClaimantToken = Field(min_length=1, max_length=200, json_schema_extra={"pattern": r"\S"})
-    capabilities: Annotated[dict[str, bool] | None, BeforeValidator(_granted)] = Field(
-        default=None, description="what the claimant lets this instance do there (recorded as granted_by_peer)"
-    )
-    features: Annotated[list[str], BeforeValidator(features_parse)] = Field(
-        default_factory=list,
-        description="what the claimant can do beyond the protocol version (peers.keys.PEER_FEATURES, "
-        'e.g. "messages.batch"); absent: nothing',
-    )
-
-    @field_validator("protocol_version", mode="before")
-    @classmethod
-    def _protocol_version(cls, value: Any) -> int:
-        details = {"protocol_version": PEER_PROTOCOL_VERSION}
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise refusal(
-                f"protocol_version must be an integer (this instance speaks {PEER_PROTOCOL_VERSION})", details
-            )
-        if value != PEER_PROTOCOL_VERSION:
-            raise refusal(f"peer speaks protocol {value}, this instance speaks {PEER_PROTOCOL_VERSION}", details)
-        return value
-
-
-class ClaimAnswer(WireModel):
-    """The claim's answer: this instance and the token it issued to the claimant, with the
-    capabilities the offer grants. The claimant checks ``protocol_version``, then the fields
-    as a claim's (context ``{"our_instance_id": …}``); an absent ``name`` is empty, absent
-    ``capabilities`` none."""
-
-    absent_as_null = ("instance_id", "url", "public_key", "token_for_you", "capabilities")
-
-    protocol_version: int
-    instance_id: ClaimantInstanceId
-    name: ClaimantName
-    url: ClaimantUrl
-    public_key: ClaimantPublicKey
-    token_for_you: ClaimantToken
-    capabilities: Annotated[dict[str, bool], BeforeValidator(lambda value: _granted(value) or {})]
-    features: Annotated[list[str], BeforeValidator(features_parse)] = Field(
-        default_factory=list, description="what this instance can do beyond the protocol version; absent: nothing"
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _unnamed(cls, value: Any) -> Any:
-        return {"name": "", **value} if isinstance(value, dict) else value
-
-
-class OfferAnswer(BaseModel):
-    """A pairing offer: ``{code, expires_at, address, fingerprint}``."""
-
-    code: str
-    expires_at: str
-    address: str
-    fingerprint: str
-
-
-class PeerAnswer(BaseModel):
-    """A link as the staff API shows it (``pairing_api.peer_data``; never a token: the
-    inbound token's prefix only). Times are ISO 8601."""
-
-    id: int
-    label: str
-    reported_name: str
-    instance_id: str
-    url: str
-    fingerprint: str
-    owner: str
-    capabilities: dict[str, bool]
-    granted_by_peer: dict[str, Any]
-    inbound_prefix: str
-    created_at: str
-    last_seen_at: str | None
-    revoked_at: str | None
-    unlinked_by_peer: bool
-    outbox: dict[str, int] = Field(description="{queued, dead} rows of the outbox")
-
-
-class LinkAnswer(BaseModel):
-    """A link just made: ``{peer, our_fingerprint, their_fingerprint}``."""
-
-    peer: PeerAnswer
-    our_fingerprint: str
-    their_fingerprint: str
-
-
-class PeerListAnswer(BaseModel):
-    """``{"peers": [...]}``: the caller's live links with their outbox counts."""
-
-    peers: list[PeerAnswer]
 
 
 # --- channel-layer messages (doorbells of the peers app's background loops) ---------------------

@@ -21,15 +21,8 @@ from agents.models import Agent, AgentMessage
 from core.errors import InvalidRequest
 from core.validation import parse_plain
 from peers.models import PeerReceipt, new_idempotency_key
-from peers.protocol import (
-    PEER_INSTANCE_ID,
-    ClaimBody,
-    LaunchBody,
-    LinkBody,
-    MessageBody,
-    OfferBody,
-    PeerUpdateBody,
-)
+from peers.pairing_protocol import ClaimBody, LinkBody, OfferBody, PeerUpdateBody
+from peers.protocol import PEER_INSTANCE_ID, LaunchBody, MessageBody
 from tests.peers.conftest import FakePeer
 from tests.peers.signing import peer_post
 
