@@ -70,8 +70,9 @@ from machines.protocol import (
     request_id_of,
 )
 from machines.services import connections, device, live, router
+from machines.services.arguments import check_session_id
 from machines.services.copy import copy_between_machines
-from machines.services.operations import attached_machines, check_session_id, machine_op
+from machines.services.operations import machine_op
 
 logger = logging.getLogger(__name__)
 
@@ -251,7 +252,7 @@ class SessionMachinesView(DispatchAPIView):
     )
     def get(self, request: Request, session_id: str) -> Response:
         agent_scope_session(calling_agent(request), session_id)
-        machines = attached_machines(user=authenticated_user(request), session_id=session_id)
+        machines = selectors.attached_machines(user=authenticated_user(request), session_id=session_id)
         return Response({"machines": SessionMachineSerializer(machines, many=True).data})
 
 
@@ -350,7 +351,7 @@ EVENT_NAMES: dict[type, str] = {
 
 def _outcome(event: live.Result | live.Failed) -> dict[str, Any]:
     """A fan-out ``done`` entry, as the JSON answer has it: ``{machine_id, name, ok, result |
-    error: {code, message, details}}`` (``machines.services.operations.fan_out_error``)."""
+    error: {code, message, details}}`` (``machines.services.errors.fan_out_error``)."""
     if isinstance(event, live.Result):
         result = {"machine_id": event.machine_id, "type": event.type, "payload": event.payload}
         return {"machine_id": event.machine_id, "name": event.name, "ok": True, "result": result}

@@ -15,7 +15,7 @@ class MachinesConfig(AppConfig):
         # The reaper closes a dead process's machine connections as a clean disconnect does
         # (which also rings the owners' tool lists).
         processes_gone_hook_register(shim_connections_of_processes_closed)
-        from machines.services.operations import operations_of_processes_cancelled
+        from machines.services.inflight import operations_of_processes_cancelled
 
         # ... and cancels the commands its operations in flight still run on the shims
         # (their caller is gone: nothing else would stop them before their timeout).

@@ -10,8 +10,10 @@ from django.contrib.auth.models import User
 from django.db.models import Count, Max, Min, OuterRef, Q, QuerySet, Subquery
 
 from machines.models import AuditRecord, Machine, MachineConnection, OperationInFlight
+from machines.services import router
+from machines.services.arguments import check_session_id
 from machines.services.copy import PARTIAL_SUFFIX
-from machines.services.operations import pipe_command_ids
+from machines.services.inflight import pipe_command_ids
 
 
 def machines_for(*, user: User) -> QuerySet[Machine]:
@@ -278,3 +280,57 @@ def shim_connections_held_by(*, server_process_id: str) -> int:
     """How many shim connections the process ``server_process_id`` holds, counted from the
     rows (``/metrics``)."""
     return MachineConnection.objects.filter(server_process_id=server_process_id).count()
+
+
+def attached_machines(*, user: User, session_id: str) -> list[dict[str, Any]]:
+    """Per machine of ``user`` attached to ``session_id``, by name: its snapshot (the cached
+    ``MACHINE_LIST_RESPONSE`` payload, else what its ``HELLO`` said) plus
+    ``display_name`` (its name), ``last_active_at`` (an aware ``datetime`` of its last
+    routed operation, or ``None``), ``status`` and ``is_default``. Each edge renders
+    ``last_active_at`` in its own words (REST: ISO 8601; the tool: ``last_active_ts``).
+    Raises ``InvalidRequest`` for a malformed ``session_id``."""
+    check_session_id(session_id)
+    default_id = router.default_machine_id(user=user)
+    attached = {c.machine_id for c in router.attached_candidates(user=user, session_id=session_id)}
+    snapshots = []
+    for machine in Machine.objects.filter(user=user, machine_id__in=attached).order_by("display_name", "hostname"):
+        snapshot = machine.snapshot or {
+            "machine_id": machine.machine_id,
+            "hostname": machine.hostname,
+            "display_name": machine.display_name,
+            "platform": machine.platform,
+            "arch": machine.arch,
+            "capabilities": machine.granted_capabilities,
+            "hardware_devices": machine.hardware_devices,
+        }
+        snapshots.append(
+            {
+                **snapshot,
+                "display_name": machine.name,
+                "last_active_at": machine.last_active_at,
+                "status": machine_status(machine),
+                "is_default": machine.machine_id == default_id,
+            }
+        )
+    return snapshots
+
+
+def list_machines(*, user: User, session_id: str) -> list[dict[str, Any]]:
+    """The ``list_machines`` tool's answer (docs/mcp.md#tools): ``attached_machines`` with, in
+    place of ``last_active_at``, the tool's ``last_active_ts`` (epoch seconds, or ``None``)."""
+    listed = []
+    for entry in attached_machines(user=user, session_id=session_id):
+        listed.append(
+            {
+                ("last_active_ts" if key == "last_active_at" else key): (
+                    value.timestamp() if key == "last_active_at" and value is not None else value
+                )
+                for key, value in entry.items()
+            }
+        )
+    return listed
+
+
+def machine_status(machine: Machine) -> dict[str, str]:
+    """The two-axis status shown to users (docs/shim-protocol.md#machine-status): connection, health and a reason."""
+    return {"connection": machine.connection_status, "health": machine.health, "reason": machine.status_reason}

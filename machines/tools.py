@@ -31,11 +31,12 @@ from django.contrib.auth.models import User
 from core.errors import InvalidRequest
 from core.tools import TOOL_CALL, OutputReport, ProgressReport, Tool, ToolHandler
 from core.validation import parse_plain
+from machines import selectors
 from machines.protocol import PIPE_END_SCHEMA, SessionPipeBody
 from machines.services import live, router
 from machines.services.copy import copy_between_machines
 from machines.services.live import Output
-from machines.services.operations import list_machines, machine_op
+from machines.services.operations import machine_op
 
 PROGRESS_PER_SECOND = 4  # at most this many progress reports a second (plus the final one)
 PROGRESS_LINE_MAX = 200  # characters of the latest output line a progress report carries
@@ -224,7 +225,7 @@ async def machine_tools(
             name="list_machines",
             description="List the machines attached to the session, with status, capabilities and which is default.",
             parameters=LIST_PARAMETERS,
-            handler=lambda arguments: database_sync_to_async(list_machines)(
+            handler=lambda arguments: database_sync_to_async(selectors.list_machines)(
                 user=user, session_id=session_of(arguments)
             ),
         )

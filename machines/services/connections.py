@@ -33,7 +33,8 @@ from core.tool_changes import tools_changed, tools_changed_on_commit
 from machines.models import Machine, MachineConnection, MachineToken
 from machines.protocol import DEFAULT_LIMITS, Hello, MachineRevokedMessage, MachineTakeoverMessage
 from machines.services import router
-from machines.services.operations import _in_background, last_active_forget, request_snapshots
+from machines.services.audit import in_background, last_active_forget
+from machines.services.transport import request_snapshots
 
 logger = logging.getLogger(__name__)
 
@@ -142,20 +143,7 @@ def shim_connected(
     (``announce_attachment``), so the database thread never waits on the layer.
     """
     user = identity.user
-    described: dict[str, Any] = {
-        "hostname": hello.hostname,
-        "display_name": hello.display_name or "",
-        "platform": hello.platform,
-        "arch": hello.arch,
-        "shim_version": hello.shim_version,
-        "capabilities": sorted(set(hello.capabilities)),
-        "allowed_roots": hello.allowed_roots,
-        "hardware_devices": hello.hardware_devices,
-        "connection_status": Machine.Connection.CONNECTED,
-        "health": Machine.Health.OK,
-        "status_reason": "connected",
-        "revoked_at": None,
-    }
+    described = _described(hello)
     allowed_by_default = Machine._meta.get_field("allowed_capabilities").get_default()
     machine, created = Machine.objects.select_for_update().get_or_create(
         user=user,
@@ -193,6 +181,24 @@ def shim_connected(
         sessions=connection.sessions,
         replaced_channels=replaced,
     )
+
+
+def _described(hello: Hello) -> dict[str, Any]:
+    """The fields of a ``Machine`` row that a ``HELLO`` sets (and a connect resets)."""
+    return {
+        "hostname": hello.hostname,
+        "display_name": hello.display_name or "",
+        "platform": hello.platform,
+        "arch": hello.arch,
+        "shim_version": hello.shim_version,
+        "capabilities": sorted(set(hello.capabilities)),
+        "allowed_roots": hello.allowed_roots,
+        "hardware_devices": hello.hardware_devices,
+        "connection_status": Machine.Connection.CONNECTED,
+        "health": Machine.Health.OK,
+        "status_reason": "connected",
+        "revoked_at": None,
+    }
 
 
 def _connections_delete(*, machine_pk: int) -> list[tuple[str, str]]:
@@ -357,7 +363,7 @@ class _SeenStamps:
         loop = asyncio.get_running_loop()
         if self.flushing_on is not loop:
             self.flushing_on = loop
-            _in_background(self._flush_while_pending())
+            in_background(self._flush_while_pending())
 
     async def _flush_while_pending(self) -> None:
         try:

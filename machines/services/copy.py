@@ -21,6 +21,7 @@ import base64
 import binascii
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -31,15 +32,11 @@ from core.realtime import Subscription
 from machines.models import OperationInFlight
 from machines.protocol import OperationCancelMessage
 from machines.services import router
-from machines.services.operations import (
-    MachineError,
-    check_request_id,
-    check_session_id,
-    current_call_key,
-    inflight_create,
-    inflight_delete,
-    machine_op,
-)
+from machines.services.arguments import check_request_id, check_session_id
+from machines.services.errors import MachineError
+from machines.services.inflight import current_call_key, inflight_create, inflight_delete
+from machines.services.operations import machine_op
+from machines.services.router import Candidate
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +78,37 @@ async def copy_between_machines(
     """
     check_session_id(session_id)
     request_id = check_request_id(request_id)
-    report = on_progress or progress
+    source_candidate, destination_candidate = await _route(
+        user=user, session_id=session_id, source_machine=source_machine, destination_machine=destination_machine
+    )
+    async with Subscription(receives=[OperationCancelMessage]) as cancels:
+        copy = _Copy(
+            user=user,
+            session_id=session_id,
+            caller=caller,
+            request_id=request_id,
+            cancels=cancels,
+            source_machine=source_candidate.machine_id,
+            source_path=source_path,
+            destination_machine=destination_candidate.machine_id,
+            destination_path=destination_path,
+            overwrite=overwrite,
+            progress=on_progress or progress,
+        )
+        await copy.register(source_candidate, destination_candidate)
+        try:
+            if on_started is not None:
+                on_started()
+            return await copy.run()
+        finally:
+            await database_sync_to_async(inflight_delete)(user=user, request_id=request_id)
+
+
+async def _route(
+    *, user: User, session_id: str, source_machine: str, destination_machine: str
+) -> tuple[Candidate, Candidate]:
+    """The source machine (one that may ``FILE_READ``) and the destination (``FILE_WRITE``);
+    a routing error as a ``MachineError``."""
     try:
         source_candidate = await database_sync_to_async(router.choose)(
             user=user, session_id=session_id, op="FILE_READ", payload={}, target_machine=source_machine
@@ -91,75 +118,82 @@ async def copy_between_machines(
         )
     except DispatchError as exc:
         raise MachineError(exc.code, exc.message, exc.details) from None
-    candidates = [source_candidate, destination_candidate]
-    async with Subscription(receives=[OperationCancelMessage]) as cancels:
-        await database_sync_to_async(inflight_create)(
-            user=user,
-            session_id=session_id,
-            request_id=request_id,
-            kind=OperationInFlight.Kind.COPY,
-            op="COPY",
-            candidates=candidates,
-            caller=caller,
-            summary=f"{source_candidate.name}:{source_path} → {destination_candidate.name}:{destination_path}",
-            call_key=current_call_key(),
-            caller_channel=cancels.channel or "",
-        )
-        try:
-            if on_started is not None:
-                on_started()
-            return await _copy(
-                user=user,
-                session_id=session_id,
-                source_machine=source_candidate.machine_id,
-                source_path=source_path,
-                destination_machine=destination_candidate.machine_id,
-                destination_path=destination_path,
-                overwrite=overwrite,
-                caller=caller,
-                progress=report,
-                cancels=cancels,
-                request_id=request_id,
-            )
-        finally:
-            await database_sync_to_async(inflight_delete)(user=user, request_id=request_id)
+    return source_candidate, destination_candidate
 
 
-async def _copy(
-    *,
-    user: User,
-    session_id: str,
-    source_machine: str,
-    source_path: str,
-    destination_machine: str,
-    destination_path: str,
-    overwrite: bool,
-    caller: str,
-    progress: Progress | None,
-    cancels: Subscription,
-    request_id: str,
-) -> dict[str, Any]:
+@dataclass
+class _Copy:
     """The copy itself (see ``copy_between_machines``), between two chosen machines; each
     step is audited under the copy's ``request_id`` (one row on the Machines page)."""
 
-    async def check_cancelled() -> None:
-        message = await cancels.wait(0)
+    user: User
+    session_id: str
+    caller: str
+    request_id: str
+    cancels: Subscription
+    source_machine: str
+    source_path: str
+    destination_machine: str
+    destination_path: str
+    overwrite: bool
+    progress: Progress | None
+    reading: asyncio.Task[dict[str, Any]] | None = None  # the next chunk's read, while one is written
+
+    @property
+    def partial(self) -> str:
+        return self.destination_path + PARTIAL_SUFFIX
+
+    async def run(self) -> dict[str, Any]:
+        """Check both ends, move the chunks into the partial file, verify it and move it in
+        place; on any failure the partial file is removed."""
+        total = await self.checked()
+        try:
+            await self.transfer(total)
+            source_final = await self.verified()
+            await self.op(
+                self.destination_machine,
+                "FILE_MOVE",
+                {"src": self.partial, "dst": self.destination_path, "overwrite": self.overwrite},
+            )
+        except BaseException:
+            await self.clean_up()
+            raise
+        return {"size_bytes": source_final.get("size_bytes"), "sha256": source_final.get("sha256")}
+
+    async def register(self, source: Candidate, destination: Candidate) -> None:
+        """The copy's in-flight row (kind ``copy``), which ``cancel_operation`` takes."""
+        await database_sync_to_async(inflight_create)(
+            user=self.user,
+            session_id=self.session_id,
+            request_id=self.request_id,
+            kind=OperationInFlight.Kind.COPY,
+            op="COPY",
+            candidates=[source, destination],
+            caller=self.caller,
+            summary=f"{source.name}:{self.source_path} → {destination.name}:{self.destination_path}",
+            call_key=current_call_key(),
+            caller_channel=self.cancels.channel or "",
+        )
+
+    async def check_cancelled(self) -> None:
+        message = await self.cancels.wait(0)
         if isinstance(message, OperationCancelMessage):
             raise MachineError("CANCELLED", f"the copy was cancelled ({message.reason}); the partial file was removed")
 
-    async def op(machine: str, name: str, payload: dict[str, Any]) -> dict[str, Any]:
+    async def op(self, machine: str, name: str, payload: dict[str, Any]) -> dict[str, Any]:
+        """One step (``machine_op``), tried again while the machine is busy, up to ``BUSY_PATIENCE``."""
         loop = asyncio.get_running_loop()
         patience = loop.time() + BUSY_PATIENCE
         while True:
             try:
                 response = await machine_op(
-                    user=user,
-                    session_id=session_id,
+                    user=self.user,
+                    session_id=self.session_id,
                     op=name,
                     payload=payload,
                     target_machine=machine,
-                    caller=caller,
-                    operation_id=request_id,
+                    caller=self.caller,
+                    operation_id=self.request_id,
                 )
                 break
             except MachineError as exc:
@@ -168,50 +202,54 @@ async def _copy(
                 if exc.code != "MACHINE_BUSY" or loop.time() >= patience:
                     raise
             await asyncio.sleep(BUSY_RETRY_SECONDS)
-            await check_cancelled()
+            await self.check_cancelled()
         result: dict[str, Any] = response["payload"]
         return result
 
-    source = await op(source_machine, "FILE_STAT", {"path": source_path})
-    if not source.get("exists"):
-        raise MachineError("PATH_NOT_FOUND", f"{source_path} does not exist on '{source_machine}'")
-    if not source.get("is_file"):
-        raise MachineError("IS_A_DIRECTORY", f"{source_path} is not a regular file")
-    total = int(source.get("size_bytes") or 0)
-    if not overwrite:
-        existing = await op(destination_machine, "FILE_STAT", {"path": destination_path})
-        if existing.get("exists"):
-            raise MachineError("PATH_EXISTS", f"{destination_path} exists on '{destination_machine}' (pass overwrite)")
-    partial = destination_path + PARTIAL_SUFFIX
+    async def checked(self) -> int:
+        """The source's size; the source a regular file, the destination absent unless ``overwrite``."""
+        source = await self.op(self.source_machine, "FILE_STAT", {"path": self.source_path})
+        if not source.get("exists"):
+            raise MachineError("PATH_NOT_FOUND", f"{self.source_path} does not exist on '{self.source_machine}'")
+        if not source.get("is_file"):
+            raise MachineError("IS_A_DIRECTORY", f"{self.source_path} is not a regular file")
+        total = int(source.get("size_bytes") or 0)
+        if not self.overwrite:
+            existing = await self.op(self.destination_machine, "FILE_STAT", {"path": self.destination_path})
+            if existing.get("exists"):
+                raise MachineError(
+                    "PATH_EXISTS", f"{self.destination_path} exists on '{self.destination_machine}' (pass overwrite)"
+                )
+        return total
 
-    def read(offset: int) -> asyncio.Task[dict[str, Any]]:
+    def read(self, offset: int) -> asyncio.Task[dict[str, Any]]:
         return asyncio.ensure_future(
-            op(
-                source_machine,
+            self.op(
+                self.source_machine,
                 "FILE_READ",
-                {"path": source_path, "encoding": "base64", "offset": offset, "length": CHUNK_BYTES},
+                {"path": self.source_path, "encoding": "base64", "offset": offset, "length": CHUNK_BYTES},
             )
         )
 
-    # Pipelined (bench B5, bench/README.md): chunk n+1 is read while chunk n is written, so the source's
-    # read and the destination's write overlap; at most two chunks are held (the one being
-    # written and the one being read), whatever the file's size.
-    reading: asyncio.Task[dict[str, Any]] | None = None
-    try:
+    async def transfer(self, total: int) -> None:
+        """The chunks, read from the source and written to the partial file."""
+        # Pipelined (bench B5, bench/README.md): chunk n+1 is read while chunk n is written, so the source's
+        # read and the destination's write overlap; at most two chunks are held (the one being
+        # written and the one being read), whatever the file's size.
         offset = 0
         first = True
-        reading = read(0)
-        while reading is not None:
-            chunk = await reading
-            reading = None
+        self.reading = self.read(0)
+        while self.reading is not None:
+            chunk = await self.reading
+            self.reading = None
             read_bytes = _chunk_length(chunk)
             if read_bytes > 0 and offset + read_bytes < total:
-                reading = read(offset + read_bytes)  # the next chunk, while this one is written
-            await op(
-                destination_machine,
+                self.reading = self.read(offset + read_bytes)  # the next chunk, while this one is written
+            await self.op(
+                self.destination_machine,
                 "FILE_WRITE",
                 {
-                    "path": partial,
+                    "path": self.partial,
                     "content": chunk["content"],
                     "encoding": "base64",
                     "append": not first,
@@ -221,14 +259,20 @@ async def _copy(
             del chunk
             first = False
             offset += read_bytes
-            if progress is not None:
-                outcome = progress(offset, total)
-                if outcome is not None:
-                    await outcome
+            await self.report(offset, total)
             if read_bytes > 0:
-                await check_cancelled()
-        source_final = await op(source_machine, "FILE_STAT", {"path": source_path, "hash": True})
-        copied = await op(destination_machine, "FILE_STAT", {"path": partial, "hash": True})
+                await self.check_cancelled()
+
+    async def report(self, done: int, total: int) -> None:
+        if self.progress is not None:
+            outcome = self.progress(done, total)
+            if outcome is not None:
+                await outcome
+
+    async def verified(self) -> dict[str, Any]:
+        """The source's final ``FILE_STAT`` (with its hash), once the copy matches it."""
+        source_final = await self.op(self.source_machine, "FILE_STAT", {"path": self.source_path, "hash": True})
+        copied = await self.op(self.destination_machine, "FILE_STAT", {"path": self.partial, "hash": True})
         if (copied.get("size_bytes"), copied.get("sha256")) != (
             source_final.get("size_bytes"),
             source_final.get("sha256"),
@@ -241,17 +285,17 @@ async def _copy(
                     "copy": {"size_bytes": copied.get("size_bytes"), "sha256": copied.get("sha256")},
                 },
             )
-        await op(destination_machine, "FILE_MOVE", {"src": partial, "dst": destination_path, "overwrite": overwrite})
-    except BaseException:
-        if reading is not None:  # a read in flight when the write (or the cancel) failed
-            reading.cancel()
-            await asyncio.gather(reading, return_exceptions=True)
+        return source_final
+
+    async def clean_up(self) -> None:
+        """After a failure: the read in flight stopped, the partial file removed (a failure logged)."""
+        if self.reading is not None:  # a read in flight when the write (or the cancel) failed
+            self.reading.cancel()
+            await asyncio.gather(self.reading, return_exceptions=True)
         try:
-            await op(destination_machine, "FILE_DELETE", {"path": partial, "missing_ok": True})
+            await self.op(self.destination_machine, "FILE_DELETE", {"path": self.partial, "missing_ok": True})
         except Exception:
-            logger.warning("could not remove %s on %s after a failed copy", partial, destination_machine)
-        raise
-    return {"size_bytes": source_final.get("size_bytes"), "sha256": source_final.get("sha256")}
+            logger.warning("could not remove %s on %s after a failed copy", self.partial, self.destination_machine)
 
 
 def _chunk_length(chunk: dict[str, Any]) -> int:

@@ -40,24 +40,20 @@ from machines.models import Machine, OperationInFlight
 from machines.protocol import MachineCancelMessage, OperationCancelMessage
 from machines.services import router
 from machines.services.admission import OPERATIONS_IN_FLIGHT, payload_size
-from machines.services.operations import (
+from machines.services.arguments import (
     LIVE_PAYLOAD_FIELDS,
-    MachineError,
-    _check_operation,
+    check_operation,
     check_request_id,
     check_session_id,
     check_target_machines,
-    command_summary,
-    current_call_key,
-    inflight_create,
-    inflight_delete,
-    operation_timeout,
-    streamed_command_audited,
-    streamed_commands_audit_begin,
 )
+from machines.services.audit import streamed_command_audited, streamed_commands_audit_begin
+from machines.services.errors import MachineError
+from machines.services.inflight import command_summary, current_call_key, inflight_create, inflight_delete
 from machines.services.pipe import pipe
 from machines.services.relay import Failed, LiveCommand, LiveEvent, Output, Progress, Result, Started
 from machines.services.router import Candidate
+from machines.services.transport import operation_timeout
 from machines.shim.protocol import supports_live_operations
 
 __all__ = [
@@ -132,52 +128,16 @@ async def operation_stream(
     """
     if op != "EXECUTE_COMMAND":
         raise InvalidRequest("only EXECUTE_COMMAND streams its output")
-    _check_operation(op, payload, session_id, target_machine)
+    check_operation(op, payload, session_id, target_machine)
     streamed = _stream_payload(payload)
     request_id = check_request_id(request_id)
     refused: list[Failed] = []
     if target_machines is None:
-        try:
-            chosen = await database_sync_to_async(router.choose)(
-                user=user, session_id=session_id, op=op, payload=payload, target_machine=target_machine
-            )
-            chosen.require_live("streamed output")
-        except DispatchError as exc:
-            raise MachineError(exc.code, exc.message, exc.details) from None
-        candidates = [chosen]
+        candidates = [await _stream_machine(user, session_id, payload, target_machine)]
+    elif target_machine is not None:
+        raise InvalidRequest("target_machine and target_machines are exclusive: pass one of them")
     else:
-        if target_machine is not None:
-            raise InvalidRequest("target_machine and target_machines are exclusive: pass one of them")
-        wanted = check_target_machines(target_machines)
-        try:
-            targets = await database_sync_to_async(router.choose_many)(
-                user=user, session_id=session_id, op=op, target_machines=wanted
-            )
-        except DispatchError as exc:
-            raise MachineError(exc.code, exc.message, exc.details) from None
-        candidates = []
-        for target in targets:
-            machine = target.candidate
-            error = target.error
-            if error is None and machine is not None and not machine.live:
-                try:
-                    machine.require_live("streamed output")
-                except DispatchError as exc:
-                    error = exc
-            if error is not None or machine is None:
-                error = error or DispatchError("MACHINE_NOT_ATTACHED", f"no machine '{target.requested}'")
-                refused.append(
-                    Failed(
-                        request_id=request_id,
-                        machine_id=machine.machine_id if machine else None,
-                        name=machine.name if machine else target.requested,
-                        code=error.code,
-                        message=error.message,
-                        details=error.details or {},
-                    )
-                )
-            else:
-                candidates.append(machine)
+        candidates, refused = await _stream_machines(user, session_id, target_machines, request_id)
     with OPERATIONS_IN_FLIGHT.admit(user_id=user.pk, session_id=session_id, size=payload_size(streamed)):
         async for event in _stream(
             user=user,
@@ -189,6 +149,54 @@ async def operation_stream(
             request_id=request_id,
         ):
             yield event
+
+
+async def _stream_machine(
+    user: User, session_id: str, payload: dict[str, Any], target_machine: str | None
+) -> Candidate:
+    """The one machine of a stream, routed as ``machine_op`` routes, on protocol 2.1; a
+    routing error as a ``MachineError``."""
+    try:
+        chosen = await database_sync_to_async(router.choose)(
+            user=user, session_id=session_id, op="EXECUTE_COMMAND", payload=payload, target_machine=target_machine
+        )
+        chosen.require_live("streamed output")
+    except DispatchError as exc:
+        raise MachineError(exc.code, exc.message, exc.details) from None
+    return chosen
+
+
+async def _stream_machines(
+    user: User, session_id: str, target_machines: Any, request_id: str
+) -> tuple[list[Candidate], list[Failed]]:
+    """The machines of a fan-out stream on protocol 2.1, and a ``Failed`` for each other entry."""
+    wanted = check_target_machines(target_machines)
+    targets = await router.route_many(user=user, session_id=session_id, op="EXECUTE_COMMAND", target_machines=wanted)
+    candidates: list[Candidate] = []
+    refused: list[Failed] = []
+    for target in targets:
+        machine = target.candidate
+        error = target.error
+        if error is None and machine is not None and not machine.live:
+            try:
+                machine.require_live("streamed output")
+            except DispatchError as exc:
+                error = exc
+        if error is not None or machine is None:
+            error = error or DispatchError("MACHINE_NOT_ATTACHED", f"no machine '{target.requested}'")
+            refused.append(
+                Failed(
+                    request_id=request_id,
+                    machine_id=machine.machine_id if machine else None,
+                    name=machine.name if machine else target.requested,
+                    code=error.code,
+                    message=error.message,
+                    details=error.details or {},
+                )
+            )
+        else:
+            candidates.append(machine)
+    return candidates, refused
 
 
 async def _stream(
@@ -204,7 +212,8 @@ async def _stream(
     """The commands of ``operation_stream`` on ``candidates`` (2.1 connections), after the
     ``refused`` machines' ``Failed`` events; one task per command feeds one queue, and
     credit is granted when the consumer takes an ``Output``."""
-    commands = [
+    run = _Streams(user=user, session_id=session_id, payload=payload, caller=caller, request_id=request_id)
+    run.commands = [
         LiveCommand(
             candidate,
             request_id=request_id,
@@ -214,89 +223,109 @@ async def _stream(
         )
         for candidate in candidates
     ]
-    queue: asyncio.Queue[tuple[LiveCommand, LiveEvent]] = asyncio.Queue()
-    tasks: list[asyncio.Task[None]] = []
-    started = time.monotonic()
-    ended: dict[int, LiveEvent] = {}
-    row = False
-
-    async def produce(command: LiveCommand) -> None:
-        failure = await command.send()
-        if failure is not None:
-            await queue.put((command, failure))
-            return
-        await queue.put((command, command.started()))
-        while True:
-            event = await command.next_event()
-            await queue.put((command, event))
-            if not isinstance(event, Output):
-                return
-
     await streamed_commands_audit_begin(
-        [(command, payload) for command in commands], user=user, session_id=session_id, caller=caller
+        [(command, payload) for command in run.commands], user=user, session_id=session_id, caller=caller
     )
     try:
-        for command in commands:
-            await command.open()
-        if commands:
-            await database_sync_to_async(inflight_create)(
-                user=user,
-                session_id=session_id,
-                request_id=request_id,
-                kind=OperationInFlight.Kind.COMMAND,
-                op="EXECUTE_COMMAND",
-                candidates=candidates,
-                caller=caller,
-                summary=command_summary(payload),
-                call_key=current_call_key(),
-                caller_channel=commands[0].channel,
-            )
-            row = True
+        await run.open(candidates)
         for failure in refused:
             yield failure
-        tasks = [asyncio.ensure_future(produce(command)) for command in commands]
-        while len(ended) < len(commands):
-            command, event = await queue.get()
+        run.tasks = [asyncio.ensure_future(run.produce(command)) for command in run.commands]
+        while len(run.ended) < len(run.commands):
+            command, event = await run.queue.get()
             if isinstance(event, (Result, Failed)):
-                ended[id(command)] = event
-                streamed_command_audited(
-                    command,
-                    event,
-                    user=user,
-                    session_id=session_id,
-                    caller=caller,
-                    payload=payload,
-                    started=started,
-                    failure=sys.exc_info()[1],
-                )
-                if row and len(ended) == len(commands):
-                    row = False  # answered: out of the in-flight list before the last event goes out
-                    await database_sync_to_async(inflight_delete)(user=user, request_id=request_id)
+                await run.end(command, event, failure=sys.exc_info()[1])
             yield event
             if isinstance(event, Output):
                 await command.consumed(event)
     finally:
-        for command in commands:
-            if id(command) not in ended:
+        await run.stop(failure=sys.exc_info()[1])
+
+
+class _Streams:
+    """The state of one ``_stream``: its commands, the queue their tasks feed, which ended,
+    and whether its in-flight row is still there."""
+
+    def __init__(self, *, user: User, session_id: str, payload: dict[str, Any], caller: str, request_id: str) -> None:
+        self.user = user
+        self.session_id = session_id
+        self.payload = payload
+        self.caller = caller
+        self.request_id = request_id
+        self.commands: list[LiveCommand] = []
+        self.queue: asyncio.Queue[tuple[LiveCommand, LiveEvent]] = asyncio.Queue()
+        self.tasks: list[asyncio.Task[None]] = []
+        self.started = time.monotonic()
+        self.ended: dict[int, LiveEvent] = {}
+        self.row = False
+
+    async def produce(self, command: LiveCommand) -> None:
+        """Send ``command`` and put its events on the queue until it ends."""
+        failure = await command.send()
+        if failure is not None:
+            await self.queue.put((command, failure))
+            return
+        await self.queue.put((command, command.started()))
+        while True:
+            event = await command.next_event()
+            await self.queue.put((command, event))
+            if not isinstance(event, Output):
+                return
+
+    async def open(self, candidates: list[Candidate]) -> None:
+        """Open each command's channel and write the in-flight row (when there is a command)."""
+        for command in self.commands:
+            await command.open()
+        if self.commands:
+            await database_sync_to_async(inflight_create)(
+                user=self.user,
+                session_id=self.session_id,
+                request_id=self.request_id,
+                kind=OperationInFlight.Kind.COMMAND,
+                op="EXECUTE_COMMAND",
+                candidates=candidates,
+                caller=self.caller,
+                summary=command_summary(self.payload),
+                call_key=current_call_key(),
+                caller_channel=self.commands[0].channel,
+            )
+            self.row = True
+
+    def audited(self, command: LiveCommand, end: Result | Failed | None, failure: BaseException | None) -> None:
+        streamed_command_audited(
+            command,
+            end,
+            user=self.user,
+            session_id=self.session_id,
+            caller=self.caller,
+            payload=self.payload,
+            started=self.started,
+            failure=failure,
+        )
+
+    async def end(self, command: LiveCommand, event: Result | Failed, *, failure: BaseException | None) -> None:
+        """``command`` ended with ``event``: its audit record; the last one, the row deleted."""
+        self.ended[id(command)] = event
+        self.audited(command, event, failure)
+        if self.row and len(self.ended) == len(self.commands):
+            self.row = False  # answered: out of the in-flight list before the last event goes out
+            await database_sync_to_async(inflight_delete)(user=self.user, request_id=self.request_id)
+
+    async def stop(self, *, failure: BaseException | None) -> None:
+        """However the stream ended: the commands still running cancelled (and audited),
+        the tasks stopped, the channels closed, the row deleted."""
+        for command in self.commands:
+            if id(command) not in self.ended:
                 await command.cancel()
-                streamed_command_audited(
-                    command,
-                    None,
-                    user=user,
-                    session_id=session_id,
-                    caller=caller,
-                    payload=payload,
-                    started=started,
-                    failure=sys.exc_info()[1],
-                )
-        for task in tasks:
+                self.audited(command, None, failure)
+        for task in self.tasks:
             task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
-        for command in commands:
+        if self.tasks:
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+        for command in self.commands:
             await command.close()
-        if row:
-            await database_sync_to_async(inflight_delete)(user=user, request_id=request_id)
+        if self.row:
+            await database_sync_to_async(inflight_delete)(user=self.user, request_id=self.request_id)
 
 
 # --- cancel ------------------------------------------------------------------------------------

@@ -30,22 +30,20 @@ from machines.models import OperationInFlight
 from machines.protocol import DEFAULT_LIMITS
 from machines.services import router
 from machines.services.admission import OPERATIONS_IN_FLIGHT, payload_size
-from machines.services.operations import (
-    MachineError,
-    OutputAssembly,
-    check_request_id,
-    check_session_id,
+from machines.services.arguments import check_request_id, check_session_id
+from machines.services.audit import streamed_command_audited, streamed_commands_audit_begin
+from machines.services.errors import MachineError
+from machines.services.inflight import (
     command_summary,
     current_call_key,
     inflight_create,
     inflight_delete,
-    operation_timeout,
     pipe_command_ids,
-    streamed_command_audited,
-    streamed_commands_audit_begin,
 )
+from machines.services.output import OutputAssembly
 from machines.services.relay import Failed, LiveCommand, Output, Result
 from machines.services.router import Candidate
+from machines.services.transport import operation_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -144,9 +142,32 @@ async def pipe(
     destination_payload = _command(destination, "destination")
     request_id = check_request_id(request_id)
     _timeout(timeout_seconds, DEFAULT_LIMITS)  # a malformed one is refused before routing
-    ends: list[Candidate] = []
+    payloads = [source_payload, destination_payload]
+    ends = await _route_ends(user=user, session_id=session_id, ends=[source, destination], payloads=payloads)
+    source_command, destination_command = _live_commands(
+        ends, payloads, request_id=request_id, session_id=session_id, timeout_seconds=timeout_seconds
+    )
+    run = _Pipe(source=source_command, destination=destination_command, on_progress=on_progress)
+    # One operation in flight for as long as it runs (its bytes are bounded by the credit).
+    sizes = payload_size(source_payload) + payload_size(destination_payload)
+    with OPERATIONS_IN_FLIGHT.admit(user_id=user.pk, session_id=session_id, size=sizes):
+        await _run_audited(run, payloads, user=user, session_id=session_id, caller=caller, request_id=request_id)
+    return {
+        "request_id": request_id,
+        "bytes": run.moved,
+        "source": run.answer(run.source, with_stdout=False),
+        "destination": run.answer(run.destination, with_stdout=True),
+    }
+
+
+async def _route_ends(
+    *, user: User, session_id: str, ends: list[dict[str, Any]], payloads: list[dict[str, Any]]
+) -> list[Candidate]:
+    """The machine of each end (its ``machine`` as a ``target_machine``), each on protocol
+    2.1; a routing error as a ``MachineError``."""
+    chosen_ends: list[Candidate] = []
     try:
-        for end, payload in ((source, source_payload), (destination, destination_payload)):
+        for end, payload in zip(ends, payloads, strict=True):
             chosen = await database_sync_to_async(router.choose)(
                 user=user,
                 session_id=session_id,
@@ -155,86 +176,91 @@ async def pipe(
                 target_machine=end.get("machine"),
             )
             chosen.require_live("a pipe")
-            ends.append(chosen)
+            chosen_ends.append(chosen)
     except DispatchError as exc:
         raise MachineError(exc.code, exc.message, exc.details) from None
-    source_machine, destination_machine = ends
-    timeout = min(
-        _timeout(timeout_seconds, source_machine.limits), _timeout(timeout_seconds, destination_machine.limits)
-    )
+    return chosen_ends
+
+
+def _live_commands(
+    ends: list[Candidate],
+    payloads: list[dict[str, Any]],
+    *,
+    request_id: str,
+    session_id: str,
+    timeout_seconds: float | None,
+) -> list[LiveCommand]:
+    """The source's and the destination's commands: their payloads set for a pipe (in
+    place), one timeout that both machines allow, the ids ``pipe_command_ids`` derives."""
+    source_payload, destination_payload = payloads
+    timeout = min(_timeout(timeout_seconds, ends[0].limits), _timeout(timeout_seconds, ends[1].limits))
     source_payload.update(timeout_seconds=timeout, binary=True, pipe=True)
     destination_payload.update(timeout_seconds=timeout, stdin="stream", pipe=True)
-    source_id, destination_id = pipe_command_ids(request_id)
-    run = _Pipe(
-        source=LiveCommand(
-            source_machine,
-            request_id=source_id,
+    return [
+        LiveCommand(
+            machine,
+            request_id=command_id,
             session_id=session_id,
-            payload=source_payload,
-            timeout=operation_timeout("EXECUTE_COMMAND", source_payload, source_machine.limits),
+            payload=payload,
+            timeout=operation_timeout("EXECUTE_COMMAND", payload, machine.limits),
             event_request_id=request_id,
-        ),
-        destination=LiveCommand(
-            destination_machine,
-            request_id=destination_id,
-            session_id=session_id,
-            payload=destination_payload,
-            timeout=operation_timeout("EXECUTE_COMMAND", destination_payload, destination_machine.limits),
-            event_request_id=request_id,
-        ),
-        on_progress=on_progress,
-    )
-    # One operation in flight for as long as it runs (its bytes are bounded by the credit).
-    sizes = payload_size(source_payload) + payload_size(destination_payload)
-    with OPERATIONS_IN_FLIGHT.admit(user_id=user.pk, session_id=session_id, size=sizes):
-        row = False
-        started = time.monotonic()
-        await streamed_commands_audit_begin(
-            [(run.source, source_payload), (run.destination, destination_payload)],
-            user=user,
-            session_id=session_id,
-            caller=caller,
         )
-        try:
-            await run.source.open()
-            await run.destination.open()
-            await database_sync_to_async(inflight_create)(
+        for machine, payload, command_id in zip(ends, payloads, pipe_command_ids(request_id), strict=True)
+    ]
+
+
+async def _run_audited(
+    run: _Pipe, payloads: list[dict[str, Any]], *, user: User, session_id: str, caller: str, request_id: str
+) -> None:
+    """Both audit records written, both commands opened, the pipe's in-flight row, the run;
+    however it ends, both stopped, the row deleted and both audit records completed."""
+    commands = list(zip((run.source, run.destination), payloads, strict=True))
+    row = False
+    started = time.monotonic()
+    await streamed_commands_audit_begin(commands, user=user, session_id=session_id, caller=caller)
+    try:
+        await run.source.open()
+        await run.destination.open()
+        await _register(run, payloads, user=user, session_id=session_id, caller=caller, request_id=request_id)
+        row = True
+        await run.run()
+    finally:
+        await run.stop()
+        if row:
+            await database_sync_to_async(inflight_delete)(user=user, request_id=request_id)
+        for command, payload in commands:
+            streamed_command_audited(
+                command,
+                run.ends.get(id(command)),
                 user=user,
                 session_id=session_id,
-                request_id=request_id,
-                kind=OperationInFlight.Kind.PIPE,
-                op="PIPE",
-                candidates=ends,
                 caller=caller,
-                summary=f"{source_machine.name}: {command_summary(source_payload)} → "
-                f"{destination_machine.name}: {command_summary(destination_payload)}",
-                call_key=current_call_key(),
-                caller_channel=run.source.channel,
+                payload=payload,
+                started=started,
+                failure=None,
+                observe=command.sent,
             )
-            row = True
-            await run.run()
-        finally:
-            await run.stop()
-            if row:
-                await database_sync_to_async(inflight_delete)(user=user, request_id=request_id)
-            for command, payload in ((run.source, source_payload), (run.destination, destination_payload)):
-                streamed_command_audited(
-                    command,
-                    run.ends.get(id(command)),
-                    user=user,
-                    session_id=session_id,
-                    caller=caller,
-                    payload=payload,
-                    started=started,
-                    failure=None,
-                    observe=command.sent,
-                )
-    return {
-        "request_id": request_id,
-        "bytes": run.moved,
-        "source": run.answer(run.source, with_stdout=False),
-        "destination": run.answer(run.destination, with_stdout=True),
-    }
+
+
+async def _register(
+    run: _Pipe, payloads: list[dict[str, Any]], *, user: User, session_id: str, caller: str, request_id: str
+) -> None:
+    """The pipe's in-flight row (kind ``pipe``), which ``cancel_operation`` takes."""
+    source_payload, destination_payload = payloads
+    source_machine, destination_machine = run.source.candidate, run.destination.candidate
+    await database_sync_to_async(inflight_create)(
+        user=user,
+        session_id=session_id,
+        request_id=request_id,
+        kind=OperationInFlight.Kind.PIPE,
+        op="PIPE",
+        candidates=[source_machine, destination_machine],
+        caller=caller,
+        summary=f"{source_machine.name}: {command_summary(source_payload)} → "
+        f"{destination_machine.name}: {command_summary(destination_payload)}",
+        call_key=current_call_key(),
+        caller_channel=run.source.channel,
+    )
 
 
 class _Pipe:

@@ -294,71 +294,85 @@ class LiveCommand:
         interval = float(settings.REMOTE_LIVENESS_INTERVAL)
         while True:
             now = loop.time()
-            if now >= self._deadline:
-                await self.cancel()
-                return self.failed(
-                    "TIMEOUT",
-                    f"no answer from machine '{self.candidate.name}' within {self.timeout:g}s; "
-                    "the command was cancelled",
-                )
-            if now - self._checked_at >= interval:
-                self._checked_at = now
-                if not await connection_alive(self.candidate.connection_id, self.candidate.server_process_id):
-                    return self.failed("MACHINE_UNREACHABLE", f"machine '{self.candidate.name}' disconnected")
+            stalled = await self._stalled(now, interval)
+            if stalled is not None:
+                return stalled
             message = await self.subscription.wait(min(self._deadline - now, interval))
-            if message is None:
-                continue
             if isinstance(message, MachineOutputMessage):
-                if message.request_id != self.request_id:
-                    continue
-                if message.seq != self.next_seq:
-                    await self.cancel()
-                    return self.failed(
-                        "OUTPUT_LOST",
-                        "frames of the command's output were lost; the command was cancelled",
-                        {"expected_seq": self.next_seq, "received_seq": message.seq},
-                    )
-                self.next_seq += 1
-                output = Output(
-                    request_id=self.event_request_id,
-                    machine_id=self.candidate.machine_id,
-                    name=self.candidate.name,
-                    stream=message.stream,
-                    data=message.data,
-                    encoding=message.encoding,
-                    seq=message.seq,
-                )
-                self.bytes[message.stream] += output.raw_bytes
-                return output
-            if isinstance(message, MachineFlowMessage):
-                if message.request_id == self.request_id and message.stream == "stdin":
-                    if message.credit_total > self.stdin_credit:
-                        self.stdin_credit = message.credit_total
-                        self._stdin_granted.set()
-                        if self.on_stdin_credit is not None:
-                            await self.on_stdin_credit(message.credit_total)
-                continue
-            if isinstance(message, OperationCancelMessage):
+                if message.request_id == self.request_id:
+                    return await self._output(message)
+            elif isinstance(message, MachineFlowMessage):
+                await self._credited(message)
+            elif isinstance(message, OperationCancelMessage):
                 self.cancel_requested = True
                 await self.cancel()
                 if self.on_cancel is not None:
                     await self.on_cancel()
-                continue
-            if isinstance(message, MachineReplyMessage):
-                self.finished = True
-                self._stdin_granted.set()  # a writer waiting for credit stops
-                if message.response_type == "ERROR":
-                    error = message.payload
-                    code = str(error.get("code") or "MACHINE_ERROR")
-                    details = error.get("details") if isinstance(error.get("details"), dict) else {}
-                    return self.failed(code, str(error.get("message") or code), details)
-                return Result(
-                    request_id=self.event_request_id,
-                    machine_id=self.candidate.machine_id,
-                    name=self.candidate.name,
-                    type=message.response_type,
-                    payload=message.payload,
-                )
+            elif isinstance(message, MachineReplyMessage):
+                return self._reply(message)
+
+    async def _stalled(self, now: float, interval: float) -> Failed | None:
+        """``TIMEOUT`` past the deadline (the command cancelled), ``MACHINE_UNREACHABLE`` when
+        the liveness check (every ``interval`` seconds) finds the connection gone."""
+        if now >= self._deadline:
+            await self.cancel()
+            return self.failed(
+                "TIMEOUT",
+                f"no answer from machine '{self.candidate.name}' within {self.timeout:g}s; the command was cancelled",
+            )
+        if now - self._checked_at >= interval:
+            self._checked_at = now
+            if not await connection_alive(self.candidate.connection_id, self.candidate.server_process_id):
+                return self.failed("MACHINE_UNREACHABLE", f"machine '{self.candidate.name}' disconnected")
+        return None
+
+    async def _output(self, message: MachineOutputMessage) -> Output | Failed:
+        """The next ``Output``; ``OUTPUT_LOST`` (the command cancelled) on a ``seq`` gap."""
+        if message.seq != self.next_seq:
+            await self.cancel()
+            return self.failed(
+                "OUTPUT_LOST",
+                "frames of the command's output were lost; the command was cancelled",
+                {"expected_seq": self.next_seq, "received_seq": message.seq},
+            )
+        self.next_seq += 1
+        output = Output(
+            request_id=self.event_request_id,
+            machine_id=self.candidate.machine_id,
+            name=self.candidate.name,
+            stream=message.stream,
+            data=message.data,
+            encoding=message.encoding,
+            seq=message.seq,
+        )
+        self.bytes[message.stream] += output.raw_bytes
+        return output
+
+    async def _credited(self, message: MachineFlowMessage) -> None:
+        """More stdin credit from the shim: a writer waiting for it goes on."""
+        if message.request_id == self.request_id and message.stream == "stdin":
+            if message.credit_total > self.stdin_credit:
+                self.stdin_credit = message.credit_total
+                self._stdin_granted.set()
+                if self.on_stdin_credit is not None:
+                    await self.on_stdin_credit(message.credit_total)
+
+    def _reply(self, message: MachineReplyMessage) -> Result | Failed:
+        """The command's end: its response, or its ``ERROR`` as ``Failed``."""
+        self.finished = True
+        self._stdin_granted.set()  # a writer waiting for credit stops
+        if message.response_type == "ERROR":
+            error = message.payload
+            code = str(error.get("code") or "MACHINE_ERROR")
+            details = error.get("details") if isinstance(error.get("details"), dict) else {}
+            return self.failed(code, str(error.get("message") or code), details)
+        return Result(
+            request_id=self.event_request_id,
+            machine_id=self.candidate.machine_id,
+            name=self.candidate.name,
+            type=message.response_type,
+            payload=message.payload,
+        )
 
     async def consumed(self, output: Output) -> None:
         """``output`` was used: grant its stream more credit when a quarter window has been

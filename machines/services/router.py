@@ -15,8 +15,9 @@ import posixpath
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
+from channels.db import database_sync_to_async
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
@@ -26,6 +27,7 @@ from core.errors import CHANNEL_LAYER_UNAVAILABLE, DispatchError, TemporarilyUna
 from core.outage import tracker
 from machines.models import DefaultMachine, Machine, MachineConnection, PathRecency, RoutingCounter
 from machines.protocol import OPERATIONS
+from machines.services.errors import MachineError
 from machines.shim.protocol import supports_live_operations
 
 
@@ -255,6 +257,28 @@ def choose(*, user: User, session_id: str, op: str, payload: dict[str, Any], tar
         if candidate.machine_id == default_id:
             return candidate
     return capable[_next_turn(user=user, session_id=session_id) % len(capable)]
+
+
+async def route(*, user: User, session_id: str, op: str, payload: dict[str, Any], target: str | None) -> Candidate:
+    """``choose`` on the database thread; its routing error as a ``MachineError``."""
+    try:
+        return await database_sync_to_async(choose)(
+            user=user, session_id=session_id, op=op, payload=payload, target_machine=target
+        )
+    except DispatchError as exc:
+        raise MachineError(exc.code, exc.message, exc.details) from None
+
+
+async def route_many(
+    *, user: User, session_id: str, op: str, target_machines: list[str] | Literal["*"]
+) -> list[FanOutTarget]:
+    """``choose_many`` on the database thread; its routing error as a ``MachineError``."""
+    try:
+        return await database_sync_to_async(choose_many)(
+            user=user, session_id=session_id, op=op, target_machines=target_machines
+        )
+    except DispatchError as exc:
+        raise MachineError(exc.code, exc.message, exc.details) from None
 
 
 def choose_cached(

@@ -18,9 +18,10 @@ from core import realtime
 from core.errors import DispatchError
 from core.protocol import ChannelMessage, ChannelRequest
 from machines.protocol import MachineReplyMessage
-from machines.services import operations
-from machines.services.operations import MachineError, send_to_machine
+from machines.services import transport as operations
+from machines.services.errors import MachineError
 from machines.services.router import Candidate
+from machines.services.transport import send_to_machine
 from remotes import services as remotes
 from remotes.protocol import RemoteCallReply, RemoteProbeMessage, RemoteProbeReply
 from remotes.services import RemoteError, RemoteRoute

@@ -329,12 +329,12 @@ class Shims:
         return shim
 
     async def close_all(self) -> None:
-        from machines.services import operations
+        from machines.services import audit
 
         # Let work in flight (snapshot requests, audit records) finish while the shims can
         # still answer; whatever is left fails fast once they are gone.
-        if operations._background:
-            await asyncio.wait(set(operations._background), timeout=1)
+        if audit._background:
+            await asyncio.wait(set(audit._background), timeout=1)
         errors: list[BaseException] = []
         for shim in self.connected:
             try:
@@ -343,7 +343,7 @@ class Shims:
                 errors.append(exc)
             if shim.problems:
                 errors.append(AssertionError(shim.problems[0]))
-        pending = set(operations._background)
+        pending = set(audit._background)
         if pending:
             _, still = await asyncio.wait(pending, timeout=5)
             for task in still:
@@ -364,9 +364,9 @@ async def shims() -> AsyncIterator[Shims]:
 
 async def settle() -> None:
     """Wait for the audit records (and path recency) written after replies."""
-    from machines.services import operations
+    from machines.services import audit
 
-    pending = set(operations._background)
+    pending = set(audit._background)
     if pending:
         await asyncio.wait(pending, timeout=5)
 

@@ -9,7 +9,8 @@ import pytest
 from channels.db import database_sync_to_async
 
 from machines.models import AuditRecord
-from machines.services.operations import MachineError, machine_op
+from machines.services.errors import MachineError
+from machines.services.operations import machine_op
 from machines.shim.redaction import redact_argv
 from tests.machines.conftest import ShimFailure, settle, snapshots_stored
 

@@ -13,7 +13,7 @@ from django.db import OperationalError
 from django.test import AsyncClient
 
 from machines.models import AuditRecord
-from machines.services import operations
+from machines.services import audit
 from machines.services.operations import machine_op
 from tests.machines.conftest import settle
 
@@ -65,7 +65,7 @@ async def test_the_audit_record_is_in_the_database_before_the_shim_gets_the_oper
 
     shim.handler = look_first
     await machine_op(user=owner, session_id="s1", op="FILE_STAT", payload={"path": PATH}, caller="api")
-    assert seen_by_the_shim == [[{"op": "FILE_STAT", "machine_id": "m1", "result": operations.PENDING}]]
+    assert seen_by_the_shim == [[{"op": "FILE_STAT", "machine_id": "m1", "result": audit.PENDING}]]
     await settle()
     (record,) = await database_sync_to_async(lambda: list(AuditRecord.objects.filter(op="FILE_STAT")))()
     assert record.result["ok"] is True and "pending" not in record.result
@@ -119,7 +119,7 @@ async def test_a_streamed_commands_record_is_written_before_it_is_sent_and_finis
             user=owner, session_id="s1", op="EXECUTE_COMMAND", payload={"argv": ["make"]}, caller="test"
         )
     ]
-    assert events and seen == [[operations.PENDING]]  # in the database before the shim had it
+    assert events and seen == [[audit.PENDING]]  # in the database before the shim had it
     await settle()
     (record,) = await database_sync_to_async(lambda: list(AuditRecord.objects.filter(op="EXECUTE_COMMAND")))()
     assert record.result["ok"] is True and record.result["exit_code"] == 0 and record.outcome == "ok"

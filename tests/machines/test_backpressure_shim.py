@@ -24,7 +24,9 @@ from machines.consumers import ShimConsumer
 from machines.services import live
 from machines.services.admission import OPERATIONS_IN_FLIGHT, OperationRefused
 from machines.services.copy import CHUNK_BYTES, copy_between_machines
-from machines.services.operations import MachineError, machine_op, pipe_command_ids
+from machines.services.errors import MachineError
+from machines.services.inflight import pipe_command_ids
+from machines.services.operations import machine_op
 from tests.machines.conftest import until
 from tests.machines.live_shim import LiveMachine
 

@@ -17,7 +17,7 @@ from django.test import AsyncClient
 
 from machines import api as machines_api
 from machines.services import live
-from machines.services.operations import MachineError
+from machines.services.errors import MachineError
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

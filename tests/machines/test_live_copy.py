@@ -13,7 +13,7 @@ from channels.db import database_sync_to_async
 from machines.models import OperationInFlight
 from machines.services import live
 from machines.services.copy import CHUNK_BYTES, PARTIAL_SUFFIX, copy_between_machines
-from machines.services.operations import MachineError
+from machines.services.errors import MachineError
 from tests.machines.conftest import ShimFailure, until
 
 pytestmark = [pytest.mark.django_db(transaction=True)]

@@ -17,8 +17,9 @@ from core.tools import TOOL_CALL, ToolCall
 from machines.models import AuditRecord, OperationInFlight
 from machines.protocol import MachineOpMessage
 from machines.services import connections, live
+from machines.services.errors import MachineError
 from machines.services.live import Failed, Output, Result, Started, operation_stream
-from machines.services.operations import MachineError, machine_op
+from machines.services.operations import machine_op
 from tests.machines.conftest import settle, until
 from tests.machines.live_shim import LiveMachine, endless, lines
 

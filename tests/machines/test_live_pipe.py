@@ -15,7 +15,8 @@ from channels.db import database_sync_to_async
 
 from machines.models import AuditRecord, OperationInFlight
 from machines.services import connections, live
-from machines.services.operations import MachineError, pipe_command_ids
+from machines.services.errors import MachineError
+from machines.services.inflight import pipe_command_ids
 from tests.machines.conftest import settle, until
 from tests.machines.live_shim import LiveMachine, endless
 

@@ -17,7 +17,7 @@ from django.utils import timezone
 from core.models import ServerProcess
 from core.services import server_process_reap
 from machines.models import MachineConnection, OperationInFlight
-from machines.services.operations import pipe_command_ids
+from machines.services.inflight import pipe_command_ids
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from machines.services.operations import MachineError, machine_op
+from machines.services.errors import MachineError
+from machines.services.operations import machine_op
 from tests.machines.conftest import ShimFailure
 from tests.scrape import scrape, value
 

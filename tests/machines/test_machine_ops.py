@@ -16,8 +16,9 @@ from core.consumers import shutdown_local_connections
 from core.errors import InvalidRequest
 from core.models import ServerProcess
 from machines.models import MachineConnection
-from machines.services import operations
-from machines.services.operations import MachineError, machine_op
+from machines.services import transport
+from machines.services.errors import MachineError
+from machines.services.operations import machine_op
 from tests.machines.conftest import ShimFailure, frame
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.smoke]
@@ -221,7 +222,7 @@ async def test_a_server_shutdown_fails_pending_operations_and_closes_1012(shims,
 
 
 async def test_no_answer_is_a_timeout_after_the_operations_own_timeout_plus_the_margin(shims, owner, monkeypatch):
-    monkeypatch.setattr(operations, "TIMEOUT_MARGIN", 0.3)
+    monkeypatch.setattr(transport, "TIMEOUT_MARGIN", 0.3)
     shim = await shims.connect(owner)
     shim.handler = hold
     started = time.monotonic()
@@ -235,10 +236,10 @@ async def test_no_answer_is_a_timeout_after_the_operations_own_timeout_plus_the_
 
 def test_the_operation_timeout_is_the_command_timeout_or_the_default_plus_ten_seconds():
     limits = {"command_timeout_seconds": 30, "max_command_timeout_seconds": 600}
-    assert operations.operation_timeout("FILE_READ", {}, limits) == 40
-    assert operations.operation_timeout("EXECUTE_COMMAND", {}, limits) == 40
-    assert operations.operation_timeout("EXECUTE_COMMAND", {"timeout_seconds": 5}, limits) == 15
-    assert operations.operation_timeout("EXECUTE_COMMAND", {"timeout_seconds": 9999}, limits) == 610
+    assert transport.operation_timeout("FILE_READ", {}, limits) == 40
+    assert transport.operation_timeout("EXECUTE_COMMAND", {}, limits) == 40
+    assert transport.operation_timeout("EXECUTE_COMMAND", {"timeout_seconds": 5}, limits) == 15
+    assert transport.operation_timeout("EXECUTE_COMMAND", {"timeout_seconds": 9999}, limits) == 610
 
 
 # --- malformed responses ----------------------------------------------------------------------

@@ -19,7 +19,8 @@ from django.test.utils import CaptureQueriesContext
 from core.authentication import bearer_cache_clear
 from machines.models import AuditRecord, Machine, PathRecency
 from machines.services import router
-from machines.services.operations import audit_record_create, machine_op, path_recency_record
+from machines.services.audit import audit_record_create, path_recency_record
+from machines.services.operations import machine_op
 from tests.machines.conftest import settle
 
 pytestmark = pytest.mark.django_db(transaction=True)

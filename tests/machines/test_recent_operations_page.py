@@ -15,7 +15,8 @@ from django.test import AsyncClient
 
 from machines.services import live
 from machines.services.copy import CHUNK_BYTES, copy_between_machines
-from machines.services.operations import MachineError, machine_op
+from machines.services.errors import MachineError
+from machines.services.operations import machine_op
 from tests.machines.conftest import ShimFailure, settle, until
 from tests.machines.live_shim import LiveMachine, endless, lines
 

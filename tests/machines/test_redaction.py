@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from machines.services.operations import audit_details
+from machines.services.audit import audit_details
 from machines.shim.audit import operation_details
 
 R = "[REDACTED]"

@@ -16,7 +16,7 @@ from django.test import AsyncClient
 
 from machines.models import OperationInFlight
 from machines.services import live
-from machines.services.operations import MachineError
+from machines.services.errors import MachineError
 from tests.machines.conftest import Shims, until
 from tests.machines.live_shim import LiveMachine, lines
 

@@ -15,7 +15,8 @@ from channels.db import database_sync_to_async
 from core.presence import current_process_id
 from machines.models import Machine, MachineConnection
 from machines.services import connections
-from machines.services.operations import MachineError, machine_op
+from machines.services.errors import MachineError
+from machines.services.operations import machine_op
 from tests.machines.conftest import SHIM_PATH, eventually, frame, hello_payload
 
 pytestmark = pytest.mark.django_db(transaction=True)

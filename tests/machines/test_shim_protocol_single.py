@@ -113,8 +113,8 @@ def test_the_version_rule_is_the_shim_protocols() -> None:
 
 
 def test_the_platform_redacts_with_the_shims_one_redaction() -> None:
-    from machines.services import operations
+    from machines.services import audit, inflight
     from machines.shim import redaction
 
-    assert operations.redact is redaction.redact
-    assert operations.redact_argv is redaction.redact_argv
+    assert audit.redact is redaction.redact and inflight.redact is redaction.redact
+    assert audit.redact_argv is redaction.redact_argv and inflight.redact_argv is redaction.redact_argv

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from machines.services.operations import MachineError, machine_op
+from machines.services.errors import MachineError
+from machines.services.operations import machine_op
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.smoke]
 
