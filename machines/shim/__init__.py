@@ -10,7 +10,8 @@ inside; in a clone of the server: ``python -m machines.shim``.
 from __future__ import annotations
 
 from .audit import AuditLog, redact, redact_argv
-from .connection import RequestDispatcher, Shim, ShimRefused, reconnect_delay, websocket_url
+from .connection import Shim, ShimRefused, reconnect_delay, websocket_url
+from .dispatcher import RequestDispatcher
 from .jail import JailedPath, PathJail
 from .login import LoginError, device_login
 from .operations import MachineIdentity, Operations

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from machines.shim import ErrorCode, Operations, ShimError
-from machines.shim.operations import os_error
+from machines.shim.files import os_error
 
 # -- FILE_READ ----------------------------------------------------------------------------
 

@@ -286,7 +286,7 @@ async def test_a_cancel_of_a_running_file_operation_answers_cancelled(
         cancelled.wait(10)  # a long hash, stopped when the task is cancelled
         return {}
 
-    monkeypatch.setattr("machines.shim.operations._stat_path", slow_stat)
+    monkeypatch.setattr("machines.shim.files.stat_path", slow_stat)
     platform = connect()
     request_id = platform.send("FILE_STAT", {"path": ".", "hash": True})
     await asyncio.sleep(0.1)
