@@ -1,10 +1,9 @@
-"""REST routes of the machines app (docs/shim-protocol.md: device login, routing, copy;
-docs/live-operations.md).
+"""REST routes of the machines app (docs/shim-protocol.md: routing, copy;
+docs/live-operations.md). The device-login endpoints are ``machines.device_api``.
 
-The device-login endpoints are unauthenticated (rate-limited) and answer RFC 8628 /
-RFC 6749 §5.2 errors. The operation routes wait on a shim, so they are async views. The
-bodies of these plain views are the models of ``machines.protocol``, which validate them
-and describe them in the OpenAPI schema (``core.openapi.documented``).
+The operation routes wait on a shim, so they are async views. The bodies of these
+views are the models of ``machines.schemas``, which validate them and describe them in
+the OpenAPI schema (``core.openapi.documented``).
 
 Live operations (docs/live-operations.md): ``POST …/ops`` and ``POST …/copy`` with ``stream: true``
 answer ``text/event-stream`` (``event: <name>`` + one JSON ``data:`` line per event, no
@@ -29,14 +28,11 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from channels.db import database_sync_to_async
-from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
 from django.contrib.auth.models import User
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
-from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods, require_POST
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
-from limits import parse
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -46,19 +42,13 @@ from core.api import DispatchAPIView
 from core.authentication import authenticated_user
 from core.errors import DispatchError, InvalidRequest, unavailable_error
 from core.http import error_response, json_api, json_object
-from core.openapi import OPEN, Operation, documented
-from core.services import rate_limiter
+from core.openapi import Operation, documented
 from core.validation import parse_plain
 from machines import selectors
-from machines.protocol import (
-    SESSION_ID_PATTERN,
+from machines.protocol import SESSION_ID_PATTERN
+from machines.schemas import (
     DefaultMachineAnswer,
     DefaultMachineBody,
-    DeviceCodeAnswer,
-    DeviceCodeBody,
-    DeviceFlowErrorAnswer,
-    DeviceTokenAnswer,
-    DeviceTokenBody,
     OperationsInFlightAnswer,
     SessionCancelAnswer,
     SessionCopyAnswer,
@@ -69,14 +59,13 @@ from machines.protocol import (
     SessionPipeBody,
     request_id_of,
 )
-from machines.services import connections, device, live, router
+from machines.services import connections, live, router
 from machines.services.arguments import check_session_id
 from machines.services.copy import copy_between_machines
 from machines.services.operations import machine_op
 
 logger = logging.getLogger(__name__)
 
-DEVICE_ENDPOINT_RATE = "30 per 60 seconds"  # per client address, each device endpoint
 KEEPALIVE_SECONDS = 15.0  # a comment on a silent event stream, so proxies keep it open
 MACHINE_ROUTE_STATUS = {"UNSUPPORTED_OPERATION": 409, "MACHINE_BUSY": 503}  # see the module docstring
 # Seconds a client should wait before trying again (Retry-After, RFC 9110 §10.2.3): the
@@ -87,99 +76,6 @@ RETRY_AFTER = {"MACHINE_BUSY": 1, "RATE_LIMITED": 1}
 SESSION_ID_SCHEMA = {"type": "string", "pattern": SESSION_ID_PATTERN}
 SESSION_PATH = {"session_id": SESSION_ID_SCHEMA}
 OPERATION_PATH = {**SESSION_PATH, "request_id": {"type": "string", "format": "uuid"}}
-DEVICE_ERRORS = {400: DeviceFlowErrorAnswer, 429: DeviceFlowErrorAnswer}  # RFC 6749 §5.2's shape
-
-
-def _device_body(request: HttpRequest) -> dict[str, Any]:
-    if request.content_type == "application/json":
-        try:
-            body = json.loads(request.body or b"{}")
-        except ValueError:
-            raise device.DeviceFlowError("invalid_request", "body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise device.DeviceFlowError("invalid_request", "body must be a JSON object")
-        return body
-    return request.POST.dict()
-
-
-def _device_throttled(request: HttpRequest, endpoint: str) -> bool:
-    limit = parse(DEVICE_ENDPOINT_RATE)
-    key = (settings.REDIS_PREFIX, "device-endpoint", endpoint, str(request.META.get("REMOTE_ADDR", "")))
-    return not rate_limiter().hit(limit, *key)
-
-
-def _not_cached(response: JsonResponse) -> JsonResponse:
-    """RFC 6749 §5.1: token endpoint answers, success and error alike, carry both headers
-    (``Pragma`` for HTTP/1.0 caches); the device code answer holds a secret too."""
-    response["Cache-Control"] = "no-store"
-    response["Pragma"] = "no-cache"
-    return response
-
-
-def _oauth_error(error: str, description: str, status: int = 400) -> JsonResponse:
-    return _not_cached(JsonResponse({"error": error, "error_description": description}, status=status))
-
-
-@documented(
-    Operation(
-        "post",
-        "Start a shim's device login (RFC 8628 §3.1); unauthenticated, rate-limited",
-        "machines",
-        DeviceCodeBody,
-        DeviceCodeAnswer,
-        security=OPEN,
-        form=True,
-        errors=DEVICE_ERRORS,
-    ),
-    rate_limited=True,
-)
-@csrf_exempt
-@login_not_required
-@require_POST
-def device_code(request: HttpRequest) -> JsonResponse:
-    """``POST /api/v1/machines/device/code`` ``{machine_id, hostname, platform, arch}`` (RFC 8628 §3.1)."""
-    if _device_throttled(request, "code"):
-        return _oauth_error("slow_down", "too many requests; try again in a minute", status=429)
-    try:
-        body = DeviceCodeBody.model_validate(_device_body(request))
-        grant = device.device_authorization_start(
-            machine_id=body.machine_id, hostname=body.hostname, platform=body.platform, arch=body.arch
-        )
-    except device.DeviceFlowError as exc:
-        return _oauth_error(exc.error, exc.message)
-    except InvalidRequest as exc:
-        return _oauth_error("invalid_request", exc.message)
-    return _not_cached(JsonResponse(grant.as_response()))
-
-
-@documented(
-    Operation(
-        "post",
-        "Poll for the machine token (RFC 8628 §3.4); errors as RFC 6749 §5.2",
-        "machines",
-        DeviceTokenBody,
-        DeviceTokenAnswer,
-        security=OPEN,
-        form=True,
-        errors=DEVICE_ERRORS,
-    ),
-    rate_limited=True,
-)
-@csrf_exempt
-@login_not_required
-@require_POST
-def device_token(request: HttpRequest) -> JsonResponse:
-    """``POST /api/v1/machines/device/token`` ``{grant_type, device_code}`` (RFC 8628 §3.4–3.5),
-    JSON or form-encoded; every answer is ``Cache-Control: no-store`` + ``Pragma: no-cache``."""
-    if _device_throttled(request, "token"):
-        return _oauth_error("slow_down", "too many requests; try again in a minute", status=429)
-    try:
-        body = DeviceTokenBody.model_validate(_device_body(request))
-        issued = device.device_token_poll(device_code=body.device_code, grant_type=body.grant_type)
-    except device.DeviceFlowError as exc:
-        return _oauth_error(exc.error, exc.message)
-    answer = DeviceTokenAnswer(access_token=issued.raw, token_type="Bearer", machine_id=issued.token.machine_id)
-    return _not_cached(JsonResponse(answer.model_dump()))
 
 
 class MachineSerializer(serializers.Serializer):

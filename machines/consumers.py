@@ -32,7 +32,6 @@ import base64
 import binascii
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -47,6 +46,7 @@ from core.protocol import ServerShutdownMessage
 from core.realtime import layer_send
 from core.validation import describe_validation_error
 from core.wire import encode
+from machines.pending import PendingOperation, raw_bytes
 from machines.protocol import (
     OPERATIONS,
     Hello,
@@ -62,11 +62,10 @@ from machines.protocol import (
 )
 from machines.services import connections
 from machines.services.connections import ShimIdentity
-from machines.services.relay import base64_length, stream_window
+from machines.services.relay import stream_window
 from machines.shim.protocol import (
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
-    STREAM_FLUSH_BYTES,
     CloseCode,
     MessageType,
     envelope,
@@ -79,27 +78,6 @@ logger = logging.getLogger(__name__)
 PING_INTERVAL = 30.0  # seconds between the platform's PINGs
 PONG_TIMEOUT = 10.0  # seconds a shim has to answer a PING
 CANCEL_ACK_SECONDS = 60.0  # how long the id of a CANCEL sent is remembered (its ACK swallowed)
-
-
-@dataclass
-class PendingOperation:
-    """An operation sent to this shim, awaiting its response."""
-
-    op: str
-    reply_channel: str
-    expires_at: float
-    relay: bool = False  # 2.1: COMMAND_OUTPUT and stdin FLOW go to reply_channel too
-    # 2.1, relayed: the stdout/stderr credit granted so far (cumulative, the window first),
-    # the raw bytes received of each stream, and max_stream_bytes (None: a pipe, unbounded).
-    credit: dict[str, int] = field(default_factory=dict)
-    received: dict[str, int] = field(default_factory=dict)
-    max_stream_bytes: int | None = None
-    # 2.1, stdin (a pipe's destination): the credit the shim granted (cumulative), the
-    # credit relayed to the caller, and the raw bytes of COMMAND_INPUT handed to the socket.
-    # What is relayed is capped by what the socket took (``ShimConsumer._grant_stdin``).
-    stdin_claimed: int = 0
-    stdin_relayed: int = 0
-    stdin_written: int = 0
 
 
 class ShimConsumer(DispatchConsumer):
@@ -308,31 +286,11 @@ class ShimConsumer(DispatchConsumer):
             await self._error("INVALID_REQUEST", f"malformed COMMAND_OUTPUT: {reason}")
             await self._refuse(message_id, f"machine '{self._name()}' sent a malformed COMMAND_OUTPUT: {reason}")
             return
-        violation = self._count_output(pending, output)
+        violation = pending.count_output(output, self._name())
         if violation is not None:
             await self._refuse(message_id, violation)
             return
         await self._relay(pending.reply_channel, output)
-
-    def _count_output(self, pending: PendingOperation, output: MachineOutputMessage) -> str | None:
-        """Count ``output`` against its operation's credit: what is wrong with it (a frame
-        over 64 KiB raw, a stream past the credit granted or the output past
-        ``max_stream_bytes``, each with one frame of slack), or ``None``."""
-        raw = _raw_bytes(output.data, output.encoding)
-        name = self._name()
-        # A text frame may carry the last character begun in the frame before (the shim's
-        # incremental decoder holds up to 3 bytes back).
-        if raw > STREAM_FLUSH_BYTES + (0 if output.encoding == "base64" else 3):
-            return f"machine '{name}' sent an output frame of {raw} bytes, over the {STREAM_FLUSH_BYTES}-byte maximum"
-        stream = output.stream
-        pending.received[stream] = pending.received.get(stream, 0) + raw
-        credit = pending.credit.get(stream, 0)
-        if pending.received[stream] > credit + STREAM_FLUSH_BYTES:
-            return f"machine '{name}' sent {stream} output past the credit it was granted ({credit} bytes)"
-        total = sum(pending.received.values())
-        if pending.max_stream_bytes is not None and total > pending.max_stream_bytes + STREAM_FLUSH_BYTES:
-            return f"machine '{name}' sent output past max_stream_bytes ({pending.max_stream_bytes} bytes)"
-        return None
 
     async def _refuse(self, request_id: str, reason: str) -> None:
         """End operation ``request_id`` for the output its shim sent: ``CANCEL`` to the shim,
@@ -491,7 +449,7 @@ class ShimConsumer(DispatchConsumer):
         await self._send(envelope(MessageType.COMMAND_INPUT, payload, target_machine=self.machine_id))
         pending = self.pending.get(message.request_id)
         if pending is not None and pending.relay:
-            pending.stdin_written += _raw_bytes(message.data, message.encoding)
+            pending.stdin_written += raw_bytes(message.data, message.encoding)
             await self._grant_stdin(message.request_id, pending)
 
     @receives(MachineCancelMessage)
@@ -624,14 +582,6 @@ def _answer_id(request_id: Any) -> str | None:
     """The ``id`` of the platform's answer to a shim frame with ``request_id`` (``HELLO_ACK``,
     ``PONG``): that id as text, or a fresh one when it had none."""
     return str(request_id or "") or None
-
-
-def _raw_bytes(data: str, encoding: str) -> int:
-    """The raw bytes an output frame stands for, counted low: the decoded base64, or the
-    UTF-8 text with each U+FFFD counted as the one invalid byte it replaced."""
-    if encoding == "base64":
-        return base64_length(data)
-    return len(data.encode("utf-8", "surrogatepass")) - 2 * data.count("\ufffd")
 
 
 def _error_reply(code: str, message: str, details: dict[str, Any] | None = None) -> MachineReplyMessage:

@@ -32,7 +32,7 @@ from core.errors import InvalidRequest
 from core.tools import TOOL_CALL, OutputReport, ProgressReport, Tool, ToolHandler
 from core.validation import parse_plain
 from machines import selectors
-from machines.protocol import PIPE_END_SCHEMA, SessionPipeBody
+from machines.schemas import PIPE_END_SCHEMA, SessionPipeBody
 from machines.services import live, router
 from machines.services.copy import copy_between_machines
 from machines.services.live import Output

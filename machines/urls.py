@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from machines import api, views
+from machines import api, device_api, views
 
 urlpatterns = [
     path("machines/", views.machines_page, name="machines"),
@@ -14,8 +14,8 @@ urlpatterns = [
 ]
 
 api_urlpatterns = [
-    path("machines/device/code", api.device_code, name="api-device-code"),
-    path("machines/device/token", api.device_token, name="api-device-token"),
+    path("machines/device/code", device_api.device_code, name="api-device-code"),
+    path("machines/device/token", device_api.device_token, name="api-device-token"),
     path("machines", api.MachineListView.as_view(), name="api-machines"),
     path("machines/default", api.default_machine, name="api-machine-default"),
     path("machines/<str:machine_id>", api.MachineDetailView.as_view(), name="api-machine"),

@@ -11,7 +11,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from core.openapi import REF, documented_routes, served_routes, wire_values_constrained
-from machines.protocol import SessionOpBody
+from machines.schemas import SessionOpBody
 from peers.protocol import LaunchBody
 from remotes.protocol import RemoteCallBody
 

@@ -23,7 +23,7 @@ from core.errors import DispatchError, InvalidRequest, RateLimited
 from core.revocation import credentials_ended_on_commit
 from core.services import generate_token, rate_limiter
 from machines.models import DeviceAuthorization, MachineToken
-from machines.protocol import DEVICE_GRANT_TYPE
+from machines.schemas import DEVICE_GRANT_TYPE
 from machines.services.connections import machine_revoke
 
 USER_CODE_ALPHABET = "BCDFGHJKLMNPQRSTVWXZ"

@@ -1,7 +1,7 @@
 """Redaction of secret-looking values in audit records (docs/shim-protocol.md#audit).
 
 The one redaction of Dispatch: the shim's local audit log (``machines.shim.audit``) and the
-platform's ``AuditRecord`` (``machines.services.operations``) both use it, so what one
+platform's ``AuditRecord`` (``machines.services.audit``) both use it, so what one
 hides the other hides too. Standard library only (the shim package installs without
 Django).
 

@@ -1,0 +1,537 @@
+"""The bodies of the machines app's async REST routes (device login, operations, copy,
+pipe, the default machine) and their answers: models that validate a body and that the
+views document (``core.openapi.documented``), with the JSON schemas they publish
+(docs/shim-protocol.md, docs/live-operations.md). The wire protocol itself is
+``machines.protocol``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    RootModel,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+
+from core.validation import WireModel
+from machines.protocol import CALLER_OPERATIONS, DEFAULT_LIMITS
+from machines.shim.protocol import (
+    MACHINE_ID_PATTERN,
+)
+
+REQUEST_ID_SCHEMA = {
+    "anyOf": [{"type": "string", "format": "uuid"}, {"type": "null"}],
+    "description": "a UUID you choose, to cancel the operation by (POST …/ops/{request_id}/cancel); "
+    "unset: the platform picks one",
+}
+TARGET_MACHINES_MAX = 256  # names in one target_machines list (more than a session attaches)
+MACHINE_NAME_MAX = 255
+"""The longest machine name a body may give: longer than any machine id, host or display
+name stored (their columns are 64 and 255 characters), so a longer one can match nothing."""
+
+
+def request_id_of(value: Any) -> str | None:
+    """A client-chosen ``request_id`` in canonical form (lower-case, hyphenated), or ``None``.
+
+    Raises ``ValueError("request_id must be a UUID …")`` for anything but a UUID string
+    (a caller chooses it to cancel the operation by: docs/live-operations.md#cancelling).
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) > 45:
+        raise ValueError("request_id must be a UUID string, e.g. 3f2b9c1e-8d4a-4c3b-9f00-5e6d7c8b9a01")
+    try:
+        return str(uuid.UUID(value))
+    except ValueError:
+        raise ValueError(
+            f"request_id must be a UUID, e.g. 3f2b9c1e-8d4a-4c3b-9f00-5e6d7c8b9a01 (got {value[:45]!r})"
+        ) from None
+
+
+def target_machines_of(value: Any) -> list[str] | Literal["*"] | None:
+    """``target_machines`` as given (docs/live-operations.md#fan-out-to-many-machines): a non-empty list of distinct
+    machine names (each what a ``target_machine`` may be), ``"*"`` (every attached machine
+    with the capability), or ``None``. Raises ``ValueError`` saying what is wrong."""
+    if value is None or value == "*":
+        return value
+    if not isinstance(value, list) or not value:
+        raise ValueError('target_machines must be a non-empty list of machine names, or "*" for every machine')
+    if len(value) > TARGET_MACHINES_MAX:
+        raise ValueError(f"target_machines names at most {TARGET_MACHINES_MAX} machines")
+    for name in value:
+        if not isinstance(name, str) or not name.strip() or len(name) > MACHINE_NAME_MAX:
+            raise ValueError(
+                f"target_machines entries must be non-empty machine names of at most {MACHINE_NAME_MAX} characters"
+            )
+    if len(set(value)) != len(value):
+        raise ValueError("target_machines names a machine twice")
+    return list(value)
+
+
+TARGET_MACHINES_SCHEMA = {
+    "anyOf": [
+        {
+            "type": "array",
+            "items": {"type": "string", "pattern": r"\S", "maxLength": MACHINE_NAME_MAX},
+            "minItems": 1,
+            "maxItems": TARGET_MACHINES_MAX,
+            "uniqueItems": True,
+        },
+        {"const": "*"},
+        {"type": "null"},
+    ],
+    "description": 'run on each of these machines in parallel ("*": every attached machine with the '
+    "capability); the answer is then per machine. Exclusive with target_machine.",
+}
+
+
+class SessionOpBody(WireModel):
+    """``POST /api/v1/sessions/{session_id}/ops``: ``{op, payload?, target_machine?,
+    target_machines?, stream?, request_id?}`` (docs/live-operations.md).
+
+    ``op`` must be a string (``"op is required (e.g. FILE_READ, EXECUTE_COMMAND)"``); the
+    operation's name, its ``payload`` (default ``{}``) and the ``target_machine`` are
+    checked by ``machines.services.operations.machine_op`` with the protocol's error codes.
+    ``target_machines`` (``target_machines_of``) and ``target_machine`` are exclusive;
+    ``stream`` (a boolean, default false) is for ``EXECUTE_COMMAND`` only; ``request_id``
+    is a UUID (``request_id_of``, canonical form).
+    """
+
+    # What machines.services.operations refuses of a body its fields allow: stream: true
+    # other than for EXECUTE_COMMAND, target_machine beside target_machines.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"properties": {"stream": {"const": True}}, "required": ["stream"]},
+            "then": {"properties": {"op": {"const": "EXECUTE_COMMAND"}}},
+            "not": {
+                "properties": {"target_machine": {"type": "string"}, "target_machines": {"not": {"type": "null"}}},
+                "required": ["target_machine", "target_machines"],
+            },
+        }
+    )
+    absent_as_null = ("op",)
+
+    op: Annotated[str, WithJsonSchema({"type": "string", "enum": sorted(CALLER_OPERATIONS)})] = Field(
+        description="a machine operation"
+    )
+    payload: Annotated[Any, WithJsonSchema({"type": "object", "description": "the operation's payload"})] = Field(
+        default_factory=dict
+    )
+    target_machine: Annotated[
+        Any, WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "null"}], "description": "a machine_id"})
+    ] = None
+    target_machines: Annotated[Any, WithJsonSchema(TARGET_MACHINES_SCHEMA)] = None
+    stream: Annotated[
+        Any,
+        WithJsonSchema(
+            {
+                "type": "boolean",
+                "default": False,
+                "description": "EXECUTE_COMMAND only: answer text/event-stream (started, output, result or "
+                "error; fan-out: those of each machine, then done); closing the stream cancels the command",
+            }
+        ),
+    ] = False
+    request_id: Annotated[Any, WithJsonSchema(REQUEST_ID_SCHEMA)] = None
+
+    @field_validator("op", mode="before")
+    @classmethod
+    def _op(cls, value: Any) -> str:
+        if not isinstance(value, str):
+            raise ValueError("op is required (e.g. FILE_READ, EXECUTE_COMMAND)")
+        return value
+
+    @field_validator("target_machines", mode="before")
+    @classmethod
+    def _target_machines(cls, value: Any) -> Any:
+        return target_machines_of(value)
+
+    @field_validator("stream", mode="before")
+    @classmethod
+    def _stream(cls, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ValueError("stream must be a boolean")
+        return value
+
+    @field_validator("request_id", mode="before")
+    @classmethod
+    def _request_id(cls, value: Any) -> str | None:
+        return request_id_of(value)
+
+    @model_validator(mode="after")
+    def _combinations(self) -> SessionOpBody:
+        if self.target_machines is not None and self.target_machine is not None:
+            raise ValueError("target_machine and target_machines are exclusive: give one of them")
+        if self.stream and self.op != "EXECUTE_COMMAND":
+            raise ValueError(f"stream: true is for EXECUTE_COMMAND only (op is {self.op[:40]!r})")
+        return self
+
+
+class SessionOpAnswer(BaseModel):
+    """The shim's response: ``{machine_id, type, payload}``."""
+
+    machine_id: str
+    type: str
+    payload: dict[str, Any]
+
+
+class MachineOutcome(BaseModel):
+    """One machine's part of a fan-out: ``{machine_id, name, ok, result | error}``
+    (``result`` as ``SessionOpAnswer``; ``error`` ``{code, message}``)."""
+
+    machine_id: str
+    name: str
+    ok: bool
+    result: SessionOpAnswer | None = None
+    error: dict[str, Any] | None = None
+
+
+class SessionFanOutAnswer(BaseModel):
+    """A fan-out's answer (``target_machines``): ``{"results": [outcome, …]}``, one per machine."""
+
+    results: list[MachineOutcome]
+
+
+class SessionOpResult(RootModel[SessionOpAnswer | SessionFanOutAnswer]):
+    """``POST /api/v1/sessions/{session_id}/ops``'s JSON answer: one machine's response
+    (``SessionOpAnswer``), or with ``target_machines`` a fan-out's (``SessionFanOutAnswer``)."""
+
+
+class SessionCancelAnswer(BaseModel):
+    """``POST …/ops/{request_id}/cancel`` answers 202 ``{request_id, cancelled: true}``: the
+    cancel was sent; the operation itself ends with its own answer (``cancelled: true``)."""
+
+    request_id: str
+    cancelled: bool
+
+
+class OperationInFlight(BaseModel):
+    """One operation in flight (``machines.services.live.operations_in_flight``)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    request_id: str
+    session_id: str
+    kind: Literal["command", "copy", "pipe"]
+    op: str
+    machine_ids: list[str]
+    machines: list[str]
+    summary: str
+    caller: str
+    started_at: str
+
+
+class OperationsInFlightAnswer(BaseModel):
+    """``GET /api/v1/sessions/{session_id}/ops``: ``{"operations": [...]}``, newest first."""
+
+    operations: list[OperationInFlight]
+
+
+def _pipe_end(value: Any, field: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f"{field} is required: {{machine, argv | command, cwd?}}")
+    machine = value.get("machine")
+    if not isinstance(machine, str) or not machine.strip() or len(machine) > MACHINE_NAME_MAX:
+        raise ValueError(f"{field}.machine is required (a machine name)")
+    argv, command = value.get("argv"), value.get("command")
+    if (argv is None) == (command is None):
+        raise ValueError(f"{field} needs argv (a list of strings) or command (a string), exactly one")
+    if argv is not None and (not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv)):
+        raise ValueError(f"{field}.argv must be a non-empty list of strings")
+    if command is not None and (not isinstance(command, str) or not command):
+        raise ValueError(f"{field}.command must be a non-empty string")
+    cwd = value.get("cwd")
+    if cwd is not None and not isinstance(cwd, str):
+        raise ValueError(f"{field}.cwd must be a string")
+    env = value.get("env")
+    if env is not None and (
+        not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
+    ):
+        raise ValueError(f"{field}.env must be an object of strings")
+    unknown = set(value) - {"machine", "argv", "command", "cwd", "env"}
+    if unknown:
+        raise ValueError(f"{field} has unknown fields: {', '.join(sorted(unknown)[:5])}")
+    return {k: v for k, v in value.items() if v is not None}
+
+
+PIPE_END_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "machine": {
+            "type": "string",
+            "pattern": r"\S",
+            "maxLength": MACHINE_NAME_MAX,
+            "description": "a machine name, as target_machine",
+        },
+        "argv": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        "command": {"type": "string", "minLength": 1, "description": "run through the user's shell"},
+        "cwd": {"type": "string"},
+        "env": {"type": "object", "additionalProperties": {"type": "string"}},
+    },
+    "required": ["machine"],
+    "oneOf": [{"required": ["argv"]}, {"required": ["command"]}],
+    "additionalProperties": False,
+}
+
+
+class SessionPipeBody(WireModel):
+    """``POST /api/v1/sessions/{session_id}/pipe``: ``{source, destination, timeout_seconds?,
+    request_id?}`` (docs/live-operations.md#cross-machine-pipes): each end ``{machine, argv | command,
+    cwd?, env?}`` (exactly one of argv and command); the source's stdout goes into the
+    destination's stdin. ``timeout_seconds`` bounds the pipe (a number > 0)."""
+
+    model_config = ConfigDict(json_schema_extra={"additionalProperties": False})  # as _known_fields
+    absent_as_null = ("source", "destination")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, value: Any) -> Any:
+        # Refused like an end's unknown fields (``stream`` is not a pipe's: it answers JSON).
+        if isinstance(value, dict):
+            unknown = set(value) - {"source", "destination", "timeout_seconds", "request_id"}
+            if unknown:
+                raise ValueError(f"the pipe has unknown fields: {', '.join(sorted(map(str, unknown))[:5])}")
+        return value
+
+    source: Annotated[Any, WithJsonSchema(PIPE_END_SCHEMA)]
+    destination: Annotated[Any, WithJsonSchema(PIPE_END_SCHEMA)]
+    timeout_seconds: Annotated[
+        Any,
+        WithJsonSchema(
+            {
+                "anyOf": [
+                    # machines.services.pipe: at most the machines' max_command_timeout_seconds
+                    # (the platform's, unless a shim lowered its own).
+                    {"type": "number", "exclusiveMinimum": 0, "maximum": DEFAULT_LIMITS["max_command_timeout_seconds"]},
+                    {"type": "null"},
+                ]
+            }
+        ),
+    ] = None
+    request_id: Annotated[Any, WithJsonSchema(REQUEST_ID_SCHEMA)] = None
+
+    @field_validator("source", "destination", mode="before")
+    @classmethod
+    def _end(cls, value: Any, info: ValidationInfo) -> dict[str, Any]:
+        return _pipe_end(value, str(info.field_name))
+
+    @field_validator("timeout_seconds", mode="before")
+    @classmethod
+    def _timeout(cls, value: Any) -> float | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 10**7:
+            raise ValueError("timeout_seconds must be a number of seconds greater than 0")
+        return float(value)
+
+    @field_validator("request_id", mode="before")
+    @classmethod
+    def _request_id(cls, value: Any) -> str | None:
+        return request_id_of(value)
+
+
+class SessionPipeAnswer(BaseModel):
+    """A pipe's answer: ``{request_id, bytes, source, destination}`` — ``bytes`` moved
+    (raw), each end's result (``machine_id``, ``name``, ``exit_code``, ``stderr``,
+    ``timed_out``, ``cancelled``, …; the destination's ``stdout`` too)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    request_id: str
+    bytes: int
+    source: dict[str, Any]
+    destination: dict[str, Any]
+
+
+class SessionCopyBody(WireModel):
+    """``POST /api/v1/sessions/{session_id}/copy``: ``{source_machine, source_path,
+    destination_machine, destination_path, overwrite?, stream?, request_id?}``
+    (docs/shim-protocol.md#cross-machine-copy); each of the four a non-empty string (``"<field> is
+    required (a string)"``, in this order), then ``overwrite`` and ``stream`` booleans
+    (default false), ``request_id`` a UUID."""
+
+    absent_as_null = ("source_machine", "source_path", "destination_machine", "destination_path")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_targets(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            for name in ("target_machines", "target_machine"):
+                if name in value:
+                    raise ValueError(f"copy takes source_machine and destination_machine, not {name}")
+        return value
+
+    source_machine: str = Field(min_length=1)
+    source_path: str = Field(min_length=1)
+    destination_machine: str = Field(min_length=1)
+    destination_path: str = Field(min_length=1)
+    overwrite: bool = False
+    stream: Annotated[
+        Any,
+        WithJsonSchema(
+            {
+                "type": "boolean",
+                "default": False,
+                "description": "answer text/event-stream: progress {request_id, bytes_done, bytes_total} events, "
+                "then result or error; closing the stream cancels the copy",
+            }
+        ),
+    ] = False
+    request_id: Annotated[Any, WithJsonSchema(REQUEST_ID_SCHEMA)] = None
+
+    @field_validator("stream", mode="before")
+    @classmethod
+    def _stream(cls, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ValueError("stream must be a boolean")
+        return value
+
+    @field_validator("request_id", mode="before")
+    @classmethod
+    def _request_id(cls, value: Any) -> str | None:
+        return request_id_of(value)
+
+    @field_validator("source_machine", "source_path", "destination_machine", "destination_path", mode="before")
+    @classmethod
+    def _required_text(cls, value: Any, info: ValidationInfo) -> str:
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"{info.field_name} is required (a string)")
+        return value
+
+    @field_validator("overwrite", mode="before")
+    @classmethod
+    def _overwrite(cls, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise ValueError("overwrite must be a boolean")
+        return value
+
+
+class SessionCopyAnswer(BaseModel):
+    """A verified copy: ``{size_bytes, sha256}``."""
+
+    size_bytes: int
+    sha256: str
+
+
+class DefaultMachineBody(WireModel):
+    """``PUT /api/v1/machines/default``: ``{machine_id}``, the machine to route to by default
+    (docs/shim-protocol.md#routing, step 3) — anything a ``target_machine`` may be (a ``machine_id``, a host or display
+    name, a unique prefix of either), resolved among the caller's machines by
+    ``machines.services.router.default_machine_set`` — or ``null`` to clear it. Required:
+    ``"machine_id is required (…)"``; anything else: ``"machine_id must be a non-empty string or null"``."""
+
+    machine_id: Annotated[
+        Any,
+        WithJsonSchema(
+            {
+                "anyOf": [{"type": "string", "minLength": 1, "maxLength": MACHINE_NAME_MAX}, {"type": "null"}],
+                "description": "a machine id, host name, display name or unique prefix (as target_machine); "
+                "null clears the default",
+            }
+        ),
+    ]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _required(cls, value: Any) -> Any:
+        if isinstance(value, dict) and "machine_id" not in value:
+            raise ValueError(
+                "machine_id is required (a machine id, host name, display name or unique prefix; null to clear)"
+            )
+        return value
+
+    @field_validator("machine_id", mode="before")
+    @classmethod
+    def _machine(cls, value: Any) -> str | None:
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise ValueError("machine_id must be a non-empty string or null")
+        if value is not None and len(value) > MACHINE_NAME_MAX:
+            raise ValueError(f"machine_id must be at most {MACHINE_NAME_MAX} characters")
+        return value
+
+
+class DefaultMachineAnswer(BaseModel):
+    """The default machine now: ``{machine_id}`` (the resolved id, or ``null`` when cleared)."""
+
+    machine_id: str | None
+
+
+DEVICE_GRANT_TYPE = "urn:ietf:params:oauth:grant-type:device_code"  # RFC 8628 §3.4
+
+
+def _device_text(limit: int) -> WithJsonSchema:
+    # machines.services.device strips a value, then wants it non-empty and at most `limit`
+    # characters: the schema says the same of the value as sent.
+    return WithJsonSchema({"type": "string", "minLength": 1, "maxLength": limit, "pattern": r"\S"})
+
+
+class DeviceCodeBody(WireModel):
+    """``POST /api/v1/machines/device/code``: ``{machine_id, hostname, platform, arch}``
+    (docs/shim-protocol.md#getting-a-token, RFC 8628 §3.1; ``client_id``/``grant_type``
+    accepted and ignored). The values are checked by ``machines.services.device`` with
+    RFC 6749 §5.2 errors (a missing one too: absent reads as ``null``, refused there)."""
+
+    absent_as_null = ("machine_id", "hostname", "platform", "arch")
+
+    machine_id: Annotated[Any, WithJsonSchema({"type": "string", "pattern": MACHINE_ID_PATTERN})]
+    hostname: Annotated[Any, _device_text(255)]
+    platform: Annotated[Any, _device_text(32)]
+    arch: Annotated[Any, _device_text(32)]
+
+
+class DeviceTokenBody(WireModel):
+    """``POST /api/v1/machines/device/token``: ``{grant_type, device_code}``
+    (docs/shim-protocol.md#getting-a-token, RFC 8628 §3.4), checked by
+    ``machines.services.device`` (a missing ``grant_type`` is ``invalid_request``, another
+    one ``unsupported_grant_type``: absent reads as ``null``)."""
+
+    absent_as_null = ("grant_type", "device_code")
+
+    grant_type: Annotated[Any, WithJsonSchema({"type": "string", "const": DEVICE_GRANT_TYPE})]
+    device_code: Annotated[Any, WithJsonSchema({"type": "string", "minLength": 1, "maxLength": 200})]
+
+
+class DeviceCodeAnswer(BaseModel):
+    """The answer to ``POST /api/v1/machines/device/code`` (RFC 8628 §3.2): the codes, shown
+    once; ``expires_in`` and ``interval`` in seconds."""
+
+    device_code: str
+    user_code: str = Field(description="XXXX-XXXX, typed on the verification page")
+    verification_uri: str
+    verification_uri_complete: str
+    expires_in: int
+    interval: int
+
+
+class DeviceTokenAnswer(BaseModel):
+    """The answer to an approved ``POST /api/v1/machines/device/token`` (RFC 8628 §3.5,
+    RFC 6749 §5.1): the machine token, once."""
+
+    access_token: str
+    token_type: Literal["Bearer"]
+    machine_id: str
+
+
+class DeviceFlowErrorAnswer(BaseModel):
+    """An error of the device endpoints in RFC 6749 §5.2's shape (RFC 8628 §3.5 adds
+    ``authorization_pending``, ``slow_down``, ``access_denied``, ``expired_token``), not
+    the API's ``{error: {code, message, details}}``."""
+
+    error: Literal[
+        "invalid_request",
+        "unsupported_grant_type",
+        "invalid_grant",
+        "authorization_pending",
+        "slow_down",
+        "access_denied",
+        "expired_token",
+    ]
+    error_description: str
