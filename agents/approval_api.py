@@ -22,7 +22,7 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from agents import approvals, selectors
+from agents import approval_selectors, approvals, selectors
 from agents.models import Agent, Approval, ApprovalRule
 from agents.serializers import ApprovalRuleSerializer, ApprovalSerializer, approval_data
 from agents.tokens import agent_scope_forbid, calling_agent
@@ -105,7 +105,7 @@ class ApprovalListView(DispatchAPIView):
         limit = selectors.page_limit(request.query_params.get("limit"), default=LIST_DEFAULT, maximum=LIST_MAX)
         agent = _agent_filter(request)
         approvals.approvals_expire_due()
-        rows = approvals.approvals_for(
+        rows = approval_selectors.approvals_for(
             user=user,
             status=None if wanted == "all" else wanted,
             agent=agent,
@@ -122,7 +122,7 @@ class ApprovalDetailView(DispatchAPIView):
         user = authenticated_user(request)
         if selectors.is_valid_id(approval_id):
             approvals.approvals_expire_due(approval_id=approval_id)
-        return Response(approval_data(approvals.approval_get_for(user=user, approval_id=approval_id)))
+        return Response(approval_data(approval_selectors.approval_get_for(user=user, approval_id=approval_id)))
 
 
 class ApprovalAnswerView(DispatchAPIView):
@@ -158,7 +158,7 @@ class ApprovalRuleListView(DispatchAPIView):
         responses={200: inline_serializer("ApprovalRuleList", {"rules": ApprovalRuleSerializer(many=True)})},
     )
     def get(self, request: Request) -> Response:
-        rules = approvals.approval_rules_for(user=authenticated_user(request), agent=_agent_filter(request))
+        rules = approval_selectors.approval_rules_for(user=authenticated_user(request), agent=_agent_filter(request))
         return Response({"rules": ApprovalRuleSerializer(rules, many=True).data})
 
     @extend_schema(request=ApprovalRuleCreateSerializer, responses={201: ApprovalRuleSerializer})

@@ -30,7 +30,7 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from agents import approvals, selectors
+from agents import approval_selectors, approvals, selectors
 from agents.models import Agent, Approval, ApprovalRule
 from core.authentication import authenticated_user
 from core.errors import DispatchError
@@ -165,9 +165,9 @@ def approval_card(approval: Approval) -> ApprovalCard:
 def agent_approval_cards(*, user: User, agent: Agent) -> tuple[list[ApprovalCard], list[ApprovalCard]]:
     """``(pending, answered)`` approvals of ``user``'s ``agent``: the oldest
     ``PENDING_SHOWN`` pending ones and the last ``DECISIONS_SHOWN`` answered ones (newest first)."""
-    pending = approvals.approvals_for(user=user, status=Approval.Status.PENDING, agent=agent)
+    pending = approval_selectors.approvals_for(user=user, status=Approval.Status.PENDING, agent=agent)
     answered = (
-        approvals.approvals_for(user=user, status=None, agent=agent)
+        approval_selectors.approvals_for(user=user, status=None, agent=agent)
         .exclude(status=Approval.Status.PENDING)
         .order_by("-answered_at", "-asked_at")[:DECISIONS_SHOWN]
     )
@@ -184,13 +184,13 @@ def _next_url(request: HttpRequest, fallback: str) -> str:
 
 
 def _list_context(user: User) -> dict[str, Any]:
-    pending = approvals.approvals_for(user=user, status=Approval.Status.PENDING).order_by("asked_at")
+    pending = approval_selectors.approvals_for(user=user, status=Approval.Status.PENDING).order_by("asked_at")
     answered = (
-        approvals.approvals_for(user=user, status=None)
+        approval_selectors.approvals_for(user=user, status=None)
         .exclude(status=Approval.Status.PENDING)
         .order_by("-answered_at", "-asked_at")[:DECISIONS_SHOWN]
     )
-    rules = approvals.approval_rules_for(user=user)
+    rules = approval_selectors.approval_rules_for(user=user)
     shown = [approval_card(a) for a in pending[:PENDING_SHOWN]]
     total = len(shown) if len(shown) < PENDING_SHOWN else pending.count()
     return {
@@ -226,7 +226,7 @@ def approval_page(request: HttpRequest, approval_id: str) -> HttpResponse:
     pending, else who or which rule answered it. Another user's or an unknown id is 404."""
     user = authenticated_user(request)
     try:
-        approval = approvals.approval_get_for(user=user, approval_id=approval_id)
+        approval = approval_selectors.approval_get_for(user=user, approval_id=approval_id)
     except DispatchError as exc:
         return render(request, "agents/missing.html", {"message": exc.message}, status=404)
     return render(request, "approvals/approval.html", {"card": approval_card(approval)})
@@ -240,7 +240,7 @@ def approval_answer_form(request: HttpRequest, approval_id: str) -> HttpResponse
     unknown id is 404; a bad decision a note naming the choices."""
     user = authenticated_user(request)
     try:
-        approval = approvals.approval_get_for(user=user, approval_id=approval_id)
+        approval = approval_selectors.approval_get_for(user=user, approval_id=approval_id)
     except DispatchError as exc:
         return render(request, "agents/missing.html", {"message": exc.message}, status=404)
     back = _next_url(request, reverse("approval", kwargs={"approval_id": approval_id}))

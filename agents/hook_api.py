@@ -19,7 +19,7 @@ from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from agents import approvals, cli_hooks, selectors
+from agents import approval_selectors, approvals, cli_hooks, selectors
 from agents.models import Agent, Approval
 from agents.tokens import calling_agent
 from core.api import DispatchAPIView
@@ -153,5 +153,5 @@ class AgentHookApprovalView(DispatchAPIView):
         agent = _own_agent(request, agent_id)
         if selectors.is_valid_id(approval_id):
             approvals.approvals_expire_due(approval_id=approval_id)
-        approval = approvals.approval_of_agent(agent=agent, approval_id=approval_id)
+        approval = approval_selectors.approval_of_agent(agent=agent, approval_id=approval_id)
         return Response({"output": cli_hooks.approval_output(approval), "approval": _approval_body(approval)})

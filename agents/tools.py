@@ -32,7 +32,6 @@ database connection it opened before returning.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import partial
@@ -40,265 +39,30 @@ from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
-from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import close_old_connections, connection
 
-from agents import approvals, selectors, services, trust
+from agents import approval_selectors, approvals, services
+from agents import tool_handlers as handlers
 from agents.launching import agent_type_availability, default_launch_type, launch_type_resolve
-from agents.lifecycle import agent_launch_any, agent_message_send
-from agents.messages import CLI_ACCEPTING, message_get
 from agents.models import Agent
-from agents.serializers import agent_data, event_data
+from agents.serializers import agent_data
 from agents.tokens import agent_scope_session
-from core.errors import DispatchError, InvalidRequest, NotFound
-from core.tools import Tool, cap
+from core.errors import InvalidRequest
+from core.tools import Tool
 from machines.audit_note import AUDIT_NOTE
 from machines.tools import machine_tools
-from peers.models import Peer
-from peers.remote_launch import launch_at_location, linked_instances_text, peer_address_parse
-from peers.selectors import outbox_delivery_for, peers_for
-from peers.services.outgoing import peer_message_send
+from peers.remote_launch import launch_at_location, linked_instances_text
 
 T = TypeVar("T")
 
-AGENT_HISTORY_BUDGET = 20_000  # characters of JSON in one get_agent_history answer
 HISTORY_DEFAULT_LIMIT = 20
 HISTORY_MAX_LIMIT = 100
-HISTORY_TEXT_MAX = 4_000  # characters of one run's instruction or output
-EVENT_TEXT_MAX = 1_000  # characters of one event's message
 MAX_PROMPT = 200_000
 MAX_TARGET = 300
-CANDIDATES_SHOWN = 20
 ERROR_MESSAGE_MAX = 500
 # Event types an agent reports about itself (docs/agents.md#the-timeline); ``system`` is Dispatch's own.
 REPORTED_EVENT_TYPES = ("working", "blocked", "waiting_user", "done", "idle")
-
-
-# --- the work, synchronous (run through database_sync_to_async) ---------------------------------
-
-
-def _agents_list(user: User) -> list[dict[str, Any]]:
-    """``user``'s non-archived agents, newest first (the first 100)."""
-    return [
-        {
-            "id": agent.pk,
-            "name": agent.name,
-            "type": agent.type,
-            "status": agent.status,
-            "latest_event": (
-                {
-                    "type": agent.latest_event_type,
-                    "message": cap(agent.latest_event_message, EVENT_TEXT_MAX),
-                    "at": agent.latest_event_at.isoformat(),
-                }
-                if agent.latest_event_at is not None
-                else None
-            ),
-            "parent": agent.parent_id,
-            # Shadow agents: the linked instance's label and the agent's id there (the
-            # address for dispatch_send_message is "<peer>:<peer_agent_id>").
-            **(
-                {"peer": agent.peer.label, "peer_agent_id": agent.peer_agent_id, "stale": agent.stale}
-                if agent.peer
-                else {}
-            ),
-        }
-        for agent in selectors.agents_for(user=user).items
-    ]
-
-
-def _agent_history(user: User, agent_id: str, limit: int) -> dict[str, Any]:
-    """Runs and events of ``user``'s agent ``agent_id``, newest first, within the budget."""
-    agent = selectors.agent_get_for(user=user, agent_id=agent_id)
-    budget = AGENT_HISTORY_BUDGET
-    runs: list[dict[str, Any]] = []
-    cut = False
-    for run in selectors.runs_page(agent=agent).items[:limit]:
-        entry = {
-            "id": run.pk,
-            "status": run.status,
-            "instruction": cap(str(run.input.get("instruction", "")), HISTORY_TEXT_MAX),
-            "output": cap(run.output or run.error, HISTORY_TEXT_MAX),
-            "created_at": run.created_at.isoformat(),
-        }
-        budget -= len(json.dumps(entry))
-        if budget < 0:
-            cut = True
-            break
-        runs.append(entry)
-    events: list[dict[str, Any]] = []
-    for event in selectors.events_page(agent=agent, limit=limit).items:
-        item = {
-            "type": event.type,
-            "message": cap(event.message, EVENT_TEXT_MAX),
-            "created_at": event.created_at.isoformat(),
-        }
-        budget -= len(json.dumps(item))
-        if budget < 0:
-            cut = True
-            break
-        events.append(item)
-    return {
-        "agent": {"id": agent.pk, "name": agent.name, "type": agent.type, "status": agent.status},
-        "runs": runs,
-        "events": events,
-        "truncated": cut,
-    }
-
-
-def _resolve_target(user: User, target: str) -> Agent | tuple[Peer, str]:
-    """The recipient named by ``target`` (``dispatch_send_message``, docs/agents.md#agent-tools).
-
-    An id of one of ``user``'s agents (a shadow agent included); else
-    ``<label or instance id>:<agent id>`` — recognised by shape: a label or instance id of
-    one of ``user``'s live peers, a colon, ``agt_`` + 12 hex — as ``(peer, agent id
-    there)``; else a unique name among ``user``'s running agents ("fix: sse race" is a
-    name). Raises ``NotFound`` (unknown id or name; the message lists the
-    running agents), ``InvalidRequest`` (an ambiguous name or location, listing the
-    candidates; a peer address whose linked instance is unknown).
-    """
-    if selectors.AGENT_ID.match(target):
-        agent = Agent.objects.filter(owner=user, pk=target).exclude(status=Agent.Status.ARCHIVED).first()
-        if agent is None:
-            raise NotFound(f"no agent '{target}'")
-        return agent
-    address = peer_address_parse(user=user, target=target)
-    if address is not None:
-        return address
-    running = Agent.objects.filter(owner=user, status__in=CLI_ACCEPTING)
-    named = list(running.filter(name=target.strip()).order_by("-created_at")[:CANDIDATES_SHOWN])
-    if len(named) == 1:
-        return named[0]
-    if len(named) > 1:
-        listed = ", ".join(agent.pk for agent in named)
-        raise InvalidRequest(
-            f"{len(named)} running agents are named '{cap(target, 100)}' ({listed}): send to one of them by id",
-            {"candidates": [{"id": agent.pk, "name": agent.name, "type": agent.type} for agent in named]},
-        )
-    if selectors.PEER_ADDRESS.match(target.strip()):
-        labels = ", ".join(peer.label for peer in peers_for(user=user)) or "none"
-        raise InvalidRequest(
-            f"'{cap(target, 100)}' names an agent on a linked instance you do not have; your linked instances: {labels}"
-        )
-    candidates = list(running.order_by("-created_at")[:CANDIDATES_SHOWN])
-    listed = ", ".join(f"{agent.name} ({agent.pk})" for agent in candidates) or "none"
-    raise NotFound(
-        f"no running agent with the id or name '{cap(target, 100)}'; running agents: {listed}",
-        {"candidates": [{"id": agent.pk, "name": agent.name, "type": agent.type} for agent in candidates]},
-    )
-
-
-def _send(user: User, caller: Agent | None, target: str, content: str) -> dict[str, Any]:
-    resolved = _resolve_target(user, target)
-    if isinstance(resolved, tuple) or selectors.is_shadow(resolved):
-        # An agent on a peer: through the outbox (docs/peers.md#the-outbox); queued until the peer answers.
-        if isinstance(resolved, tuple):
-            peer, remote_id = resolved
-            message = peer_message_send(
-                user=user, sender_agent=caller, peer=peer, to_agent_id=remote_id, content=content
-            )
-            label = peer.label
-        else:
-            label, remote_id = selectors.shadow_link_for_message(resolved).label, resolved.peer_agent_id
-            message = agent_message_send(user=user, recipient=resolved, content=content, sender_agent=caller)
-        return {
-            "message_id": message.pk,
-            "status": message.status,
-            "recipient": message.recipient_agent_id,
-            "peer": label,
-            "remote_agent_id": remote_id,
-        }
-    recipient = resolved
-    if caller is not None and recipient.pk == caller.pk:
-        raise InvalidRequest("an agent cannot send a message to itself")
-    message = agent_message_send(user=user, recipient=recipient, content=content, sender_agent=caller)
-    return {"message_id": message.pk, "status": message.status, "recipient": recipient.pk}
-
-
-def _status(user: User, message_id: Any) -> dict[str, Any]:
-    message = message_get(user=user, message_id=message_id)
-    answer = {
-        "message_id": message.pk,
-        "status": message.status,
-        "error": message.error or None,
-        "delivered_at": message.delivered_at.isoformat() if message.delivered_at else None,
-    }
-    delivery = outbox_delivery_for(message=message)  # sent to an agent on a peer
-    if delivery is not None:
-        answer.update(delivery)
-    return answer
-
-
-def _record(agent: Agent, type: str, message: str) -> dict[str, Any]:
-    current = Agent.objects.select_related("owner").get(pk=agent.pk)
-    event = services.agent_event_record(agent=current, type=type, message=message)
-    if event is None:  # only mirrored events are ever deduplicated
-        raise DispatchError("CONFLICT", "the event was not recorded")
-    return event_data(event)
-
-
-def _launch(user: User, caller: Agent | None, arguments: dict[str, Any], type: str) -> dict[str, Any]:
-    child = bool(arguments.get("child", True))
-    launcher = Agent.objects.get(pk=caller.pk) if caller is not None else None
-    try:
-        agent = agent_launch_any(
-            owner=user,
-            type=type,
-            name=arguments["name"],
-            prompt=arguments.get("prompt", ""),
-            cwd=arguments.get("cwd") or None,
-            launched_by=launcher,
-            child=child and launcher is not None,
-            full_access=bool(arguments.get("full_access", False)),
-        )
-    except trust.FolderNotTrusted as refused:
-        # The tool has no trust_folder: a model must not trust a folder, so the refusal
-        # says who can (docs/agents.md "Folder trust").
-        spec = settings.AGENT_TYPES.get(type)
-        family = spec.hooks if spec is not None and spec.hooks else type
-        raise trust.refusal(family=family, path=refused.details["path"], type=type, person=False) from None
-    return agent_data(agent)
-
-
-APPROVALS_LISTED = 50
-
-
-def _approval_brief(approval: Any) -> dict[str, Any]:
-    """An approval as a model reads it: what is asked, by which agent, and its answer."""
-    return {
-        "approval_id": approval.pk,
-        "agent_id": approval.agent_id,
-        "agent_name": approval.agent.name,
-        "tool_name": approval.tool_name,
-        "tool_summary": cap(approval.tool_summary, EVENT_TEXT_MAX),
-        "status": approval.status,
-        "decision": approval.decision or None,
-        "answered_by": approval.answered_by or None,
-        "message": approval.message or None,
-        "asked_at": approval.asked_at.isoformat(),
-        "expires_at": approval.expires_at.isoformat(),
-    }
-
-
-def _approvals_list(user: User, caller: Agent | None, status: str, agent_id: str | None) -> dict[str, Any]:
-    agent = selectors.agent_get_for(user=user, agent_id=agent_id) if agent_id else None
-    approvals.approvals_expire_due()
-    rows = approvals.approvals_for(
-        user=user, status=None if status == "all" else status, agent=agent, exclude_agent=caller
-    )
-    return {"approvals": [_approval_brief(approval) for approval in rows[:APPROVALS_LISTED]]}
-
-
-def _approval_answer(user: User, caller: Agent | None, arguments: dict[str, Any]) -> dict[str, Any]:
-    answered = approvals.approval_answer(
-        approval_id=arguments["approval_id"],
-        decision=arguments["decision"],
-        message=arguments.get("message", ""),
-        user=user if caller is None else None,
-        by_agent=Agent.objects.get(pk=caller.pk) if caller is not None else None,
-    )
-    return _approval_brief(answered)
 
 
 def _on_own_thread(function: Callable[..., T]) -> Callable[..., Any]:
@@ -369,10 +133,10 @@ def launch_choices(user: User) -> LaunchChoices:
 
 
 def list_agents_tool(user: User) -> Tool:
-    """``list_agents()``: ``user``'s non-archived agents, newest first (``_agents_list``)."""
+    """``list_agents()``: ``user``'s non-archived agents, newest first (``tool_handlers.agents_list``)."""
 
     async def list_agents(arguments: dict[str, Any]) -> Any:
-        return await database_sync_to_async(_agents_list)(user)
+        return await database_sync_to_async(handlers.agents_list)(user)
 
     return _tool(
         name="list_agents",
@@ -391,7 +155,7 @@ def history_tool(user: User, caller_agent: Agent | None) -> Tool:
         if not agent_id:
             raise InvalidRequest("agent_id is required")
         limit = int(arguments.get("limit", HISTORY_DEFAULT_LIMIT))
-        return await database_sync_to_async(_agent_history)(user, agent_id, limit)
+        return await database_sync_to_async(handlers.agent_history)(user, agent_id, limit)
 
     return _tool(
         name="get_agent_history",
@@ -430,8 +194,8 @@ def launch_tool(user: User, caller_agent: Agent | None, choices: LaunchChoices) 
             return await database_sync_to_async(agent_data)(shadow)
         type = launch_type_resolve(arguments.get("type"))
         if type == services.EXPERT:
-            return await database_sync_to_async(_launch)(user, caller_agent, arguments, type)
-        return await _on_own_thread(_launch)(user, caller_agent, arguments, type)
+            return await database_sync_to_async(handlers.launch)(user, caller_agent, arguments, type)
+        return await _on_own_thread(handlers.launch)(user, caller_agent, arguments, type)
 
     return _tool(
         name="dispatch_launch_agent",
@@ -470,10 +234,12 @@ def launch_tool(user: User, caller_agent: Agent | None, choices: LaunchChoices) 
 
 
 def send_tool(user: User, caller_agent: Agent | None) -> Tool:
-    """``dispatch_send_message(target, message)`` (``_send``)."""
+    """``dispatch_send_message(target, message)`` (``tool_handlers.send``)."""
 
     async def dispatch_send_message(arguments: dict[str, Any]) -> Any:
-        return await database_sync_to_async(_send)(user, caller_agent, arguments["target"], arguments["message"])
+        return await database_sync_to_async(handlers.send)(
+            user, caller_agent, arguments["target"], arguments["message"]
+        )
 
     return _tool(
         name="dispatch_send_message",
@@ -497,10 +263,10 @@ def send_tool(user: User, caller_agent: Agent | None) -> Tool:
 
 
 def status_tool(user: User) -> Tool:
-    """``message_status(message_id)`` (``_status``)."""
+    """``message_status(message_id)`` (``tool_handlers.status``)."""
 
     async def message_status(arguments: dict[str, Any]) -> Any:
-        return await database_sync_to_async(_status)(user, arguments["message_id"])
+        return await database_sync_to_async(handlers.status)(user, arguments["message_id"])
 
     return _tool(
         name="message_status",
@@ -519,10 +285,10 @@ def status_tool(user: User) -> Tool:
 
 
 def list_approvals_tool(user: User, caller_agent: Agent | None) -> Tool:
-    """``list_approvals(status?, agent_id?)`` (``_approvals_list``)."""
+    """``list_approvals(status?, agent_id?)`` (``tool_handlers.approvals_list``)."""
 
     async def list_approvals(arguments: dict[str, Any]) -> Any:
-        return await database_sync_to_async(_approvals_list)(
+        return await database_sync_to_async(handlers.approvals_list)(
             user, caller_agent, arguments.get("status", "pending"), arguments.get("agent_id")
         )
 
@@ -530,7 +296,8 @@ def list_approvals_tool(user: User, caller_agent: Agent | None) -> Tool:
         name="list_approvals",
         description=(
             "Permission requests of your agents' CLIs (a command, a file, a URL they want to use), newest first, "
-            f"at most {APPROVALS_LISTED}: approval_id, agent, tool_name, tool_summary, status, and the answer. "
+            f"at most {handlers.APPROVALS_LISTED}: approval_id, agent, tool_name, tool_summary, status, "
+            "and the answer. "
             "status: pending (default; waiting for an answer), allowed, denied, expired or all."
             + (" Your own requests are not listed: a person or another agent answers them." if caller_agent else "")
         ),
@@ -547,10 +314,10 @@ def list_approvals_tool(user: User, caller_agent: Agent | None) -> Tool:
 
 
 def answer_approval_tool(user: User, caller_agent: Agent | None) -> Tool:
-    """``answer_approval(approval_id, decision, message?)`` (``_approval_answer``)."""
+    """``answer_approval(approval_id, decision, message?)`` (``tool_handlers.approval_answer``)."""
 
     async def answer_approval(arguments: dict[str, Any]) -> Any:
-        return await database_sync_to_async(_approval_answer)(user, caller_agent, arguments)
+        return await database_sync_to_async(handlers.approval_answer)(user, caller_agent, arguments)
 
     return _tool(
         name="answer_approval",
@@ -584,10 +351,10 @@ def answer_approval_tool(user: User, caller_agent: Agent | None) -> Tool:
 
 
 def event_tool_for(agent: Agent) -> Tool:
-    """``dispatch_event(type, message)``: ``agent`` reports its state on its timeline (``_record``)."""
+    """``dispatch_event(type, message)``: ``agent`` reports its state on its timeline (``tool_handlers.record``)."""
 
     async def dispatch_event(arguments: dict[str, Any]) -> Any:
-        return await database_sync_to_async(_record)(agent, arguments["type"], arguments["message"])
+        return await database_sync_to_async(handlers.record)(agent, arguments["type"], arguments["message"])
 
     return _tool(
         name="dispatch_event",
@@ -637,13 +404,13 @@ async def agent_tools(*, user: User, caller_agent: Agent | None, event_tool: boo
 
 def with_approval_note(tool: Tool, agent: Agent) -> Tool:
     """``tool`` (a machine tool called by ``agent``) whose audit records name the approval
-    that allowed the call, when there is one (``approvals.approval_for_tool_call``): set as
+    that allowed the call, when there is one (``approval_selectors.approval_for_tool_call``): set as
     ``machines.audit_note.AUDIT_NOTE`` ``{"approval_id"}`` around the call (docs/agents.md#approvals,
     "Audit")."""
     handler = tool.handler
 
     async def noted(arguments: dict[str, Any]) -> Any:
-        approval = await database_sync_to_async(approvals.approval_for_tool_call)(
+        approval = await database_sync_to_async(approval_selectors.approval_for_tool_call)(
             agent=agent, tool_name=tool.name, arguments=arguments
         )
         if approval is None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from agents import approvals
+from agents import approval_selectors, approvals
 from agents.models import Approval
 from core.errors import NotFound
 from peers.models import Peer
@@ -59,7 +59,7 @@ def peer_approvals_pending(*, peer: Peer) -> list[dict[str, Any]]:
     answered where their agent runs), oldest first, at most ``PEER_APPROVALS_MAX``, each
     as ``peer_approval_data``."""
     rows = (
-        approvals.approvals_for(user=peer.owner, status=Approval.Status.PENDING)
+        approval_selectors.approvals_for(user=peer.owner, status=Approval.Status.PENDING)
         .filter(agent__peer__isnull=True)
         .order_by("asked_at", "pk")[:PEER_APPROVALS_MAX]
     )
@@ -76,7 +76,7 @@ def peer_approval_answer(*, peer: Peer, approval_id: str, answer: ApprovalAnswer
     ``APPROVAL_ANSWERED``, naming who answered), ``InvalidRequest`` (400: a message with
     an allow). Nothing changes on an error.
     """
-    found = approvals.approval_get_for(user=peer.owner, approval_id=approval_id)
+    found = approval_selectors.approval_get_for(user=peer.owner, approval_id=approval_id)
     if found.agent.peer_id is not None:
         raise NotFound(f"no approval '{approval_id}'")
     answered = approvals.approval_answer(

@@ -17,7 +17,8 @@ from channels.db import database_sync_to_async
 from agents import cli, services, supervisor
 from agents.launching import default_launch_type
 from agents.models import Agent, AgentEvent, AgentMessage, Run
-from agents.tools import AGENT_HISTORY_BUDGET, agent_tools
+from agents.tool_handlers import AGENT_HISTORY_BUDGET
+from agents.tools import agent_tools
 from agents.types import parse_agent_types
 from core.errors import DispatchError
 from tests.agents.conftest import force_status

@@ -16,7 +16,7 @@ from django.dispatch import Signal
 from django.test import override_settings
 from django.utils import timezone
 
-from agents import approvals
+from agents import approval_selectors, approvals
 from agents.models import Agent, AgentEvent, Approval, ApprovalRule
 from agents.signals import approval_answered, approval_requested
 from core.errors import DispatchError, InvalidRequest, NotFound
@@ -251,7 +251,7 @@ def test_an_expired_request_gets_the_default_and_a_late_answer_is_told(owner: An
     expired = Approval.objects.get(pk=approval.pk)
     assert (expired.status, expired.decision, expired.answered_by) == ("expired", "deny", "timeout")
     assert events(cli_agent)[-1].message == "expired: denied (default): Bash `ls -la`"
-    assert not approvals.approvals_for(user=owner).exists()
+    assert not approval_selectors.approvals_for(user=owner).exists()
 
 
 def test_expiry_applies_an_allowing_default(owner: Any, cli_agent: Agent) -> None:
@@ -271,7 +271,7 @@ def test_another_users_approval_is_not_found_like_an_unknown_one(outsider: Any, 
         with pytest.raises(NotFound):
             approvals.approval_answer(approval_id=approval_id, decision="allow_once", user=outsider)
         with pytest.raises(NotFound):
-            approvals.approval_get_for(user=outsider, approval_id=approval_id)
+            approval_selectors.approval_get_for(user=outsider, approval_id=approval_id)
     assert Approval.objects.get(pk=approval.pk).status == "pending"
 
 
@@ -317,11 +317,11 @@ def test_approvals_for_lists_the_users_pending_ones_only(
     ask(make_agent(outsider, type="claude", name="theirs"))
     answered = ask(cli_agent, "pwd")
     approvals.approval_answer(approval_id=answered.pk, decision="deny", user=owner)
-    assert [a.pk for a in approvals.approvals_for(user=owner)] == [mine.pk]
-    assert {a.pk for a in approvals.approvals_for(user=owner, status=None)} == {mine.pk, answered.pk}
-    assert [a.pk for a in approvals.approvals_for(user=owner, exclude_agent=cli_agent)] == []
+    assert [a.pk for a in approval_selectors.approvals_for(user=owner)] == [mine.pk]
+    assert {a.pk for a in approval_selectors.approvals_for(user=owner, status=None)} == {mine.pk, answered.pk}
+    assert [a.pk for a in approval_selectors.approvals_for(user=owner, exclude_agent=cli_agent)] == []
     with pytest.raises(InvalidRequest):
-        approvals.approvals_for(user=owner, status="bogus")
+        approval_selectors.approvals_for(user=owner, status="bogus")
 
 
 # --- admin ------------------------------------------------------------------------------------
@@ -367,17 +367,24 @@ def _allowed(agent: Agent, owner: Any, tool_name: str, tool_input: Any) -> Appro
 def test_the_approval_of_that_very_call_is_found_and_no_other(owner: Any, cli_agent: Agent) -> None:
     arguments = {"path": "/srv/notes.txt"}
     approval = _allowed(cli_agent, owner, "mcp__dispatch__local_pc_file_read", arguments)
-    found = approvals.approval_for_tool_call(agent=cli_agent, tool_name="local_pc_file_read", arguments=arguments)
+    found = approval_selectors.approval_for_tool_call(
+        agent=cli_agent, tool_name="local_pc_file_read", arguments=arguments
+    )
     assert found is not None and found.pk == approval.pk
     other = {"path": "/srv/other.txt"}
-    assert approvals.approval_for_tool_call(agent=cli_agent, tool_name="local_pc_file_read", arguments=other) is None
     assert (
-        approvals.approval_for_tool_call(agent=cli_agent, tool_name="local_pc_file_stat", arguments=arguments) is None
+        approval_selectors.approval_for_tool_call(agent=cli_agent, tool_name="local_pc_file_read", arguments=other)
+        is None
+    )
+    assert (
+        approval_selectors.approval_for_tool_call(agent=cli_agent, tool_name="local_pc_file_stat", arguments=arguments)
+        is None
     )
     # A later answer about something else: the call is no longer the one just approved.
     _allowed(cli_agent, owner, "Bash", {"command": "ls"})
     assert (
-        approvals.approval_for_tool_call(agent=cli_agent, tool_name="local_pc_file_read", arguments=arguments) is None
+        approval_selectors.approval_for_tool_call(agent=cli_agent, tool_name="local_pc_file_read", arguments=arguments)
+        is None
     )
 
 
@@ -388,12 +395,14 @@ def test_a_denied_or_old_approval_names_no_call(owner: Any, cli_agent: Agent) ->
     )
     approvals.approval_answer(approval_id=denied.pk, decision="deny", user=owner)
     assert (
-        approvals.approval_for_tool_call(agent=cli_agent, tool_name="local_pc_file_read", arguments=arguments) is None
+        approval_selectors.approval_for_tool_call(agent=cli_agent, tool_name="local_pc_file_read", arguments=arguments)
+        is None
     )
     allowed = _allowed(cli_agent, owner, "mcp__dispatch__local_pc_file_read", arguments)
     Approval.objects.filter(pk=allowed.pk).update(answered_at=timezone.now() - timedelta(seconds=601))
     assert (
-        approvals.approval_for_tool_call(agent=cli_agent, tool_name="local_pc_file_read", arguments=arguments) is None
+        approval_selectors.approval_for_tool_call(agent=cli_agent, tool_name="local_pc_file_read", arguments=arguments)
+        is None
     )
 
 

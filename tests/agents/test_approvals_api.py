@@ -10,7 +10,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.utils import timezone
 
-from agents import approvals, tokens
+from agents import approval_selectors, tokens
 from agents.models import Agent, AgentEvent, Approval, ApprovalRule
 from dispatch.mcp.tools import tools_for
 from tests.agents.conftest import Api, error_of, force_status
@@ -244,7 +244,7 @@ def test_a_supervising_agent_lists_and_answers_over_mcp_as_itself(
     assert [a["approval_id"] for a in listed["approvals"]] == [approval_id]
     assert (answered["status"], answered["answered_by"]) == ("allowed", "agent boss (supervisor)")
     assert Approval.objects.get(pk=approval_id).answered_by_agent_id == boss.pk
-    assert approvals.approvals_for(user=owner).count() == 0
+    assert approval_selectors.approvals_for(user=owner).count() == 0
 
 
 def test_the_sessions_pending_approvals_expire_when_it_ends(claude_agent: Agent) -> None:

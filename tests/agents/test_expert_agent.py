@@ -318,7 +318,7 @@ async def test_a_tool_raising_an_unexpected_exception_gives_an_error_string(llm,
     def broken(user: Any) -> Any:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("agents.tools._agents_list", broken)
+    monkeypatch.setattr("agents.tool_handlers.agents_list", broken)
     llm.script = [tool_calls(("list_agents", {})), answer("it broke")]
     await prompt(owner, expert)
 

@@ -19,6 +19,7 @@ EDGES = {
     "agents.views",
     "agents.admin",
     "agents.tools",
+    "agents.tool_handlers",
     "agents.stream",
     "agents.urls",
     "agents.page_urls",
