@@ -1,4 +1,5 @@
-"""This instance's identity for peers (docs/peers.md#before-you-pair): its shape, keys and fingerprints.
+"""Keys and what an instance announces to peers (docs/peers.md#before-you-pair): the ``Identity``
+shape, base64url keys, fingerprints, the protocol version and the optional features.
 
 ``Identity`` is what ``peers.services.identity.identity_get`` returns (the key pair is
 created there on first use and kept in the ``InstanceIdentity`` row: the raw public key as
