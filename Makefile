@@ -5,8 +5,8 @@ PY     := $(VENV)/bin/python
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 PYTEST_ARGS ?=
-# pytest-xdist workers of `make test` and `make test-fast` (README.md#tests): most tests wait
-# on sockets and subprocesses, so more workers than the 2 cores pay off.
+# pytest-xdist workers of `make test` and `make test-fast` (README.md "Running the
+# tests"): most tests wait on sockets and subprocesses, so more workers than cores pay off.
 TEST_WORKERS ?= 3
 DIST   ?= dist
 CLIENTS := tests/clients

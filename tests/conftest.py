@@ -25,13 +25,13 @@ from core.services import api_token_create, password_throttle_reset
 
 PASSWORD = "correct horse battery"
 
-# --- markers and the parallel run (README.md#tests) ---------------------------------------
+# --- markers and the parallel run (README.md "Running the tests") ------------------------
 #
-# `make test` runs the suite on pytest-xdist workers (`-m "not serial"`), then the tests
-# marked ``serial`` alone. The markers below are given by where a test lives, so the folders
-# need no marker of their own; ``SERIAL`` names the files that must not run beside others.
-
-# Tests that measure or starve the machine: beside other workers they would measure them.
+# `make test` runs the suite on pytest-xdist workers (``--lane parallel``), then the tests
+# marked ``serial`` alone (``--lane serial``). The markers below are given by where a test
+# lives, so the folders need no marker of their own; ``SERIAL`` names the files (or
+# file::test) that must not run beside others, most because they measure or starve the
+# machine and beside other workers would measure those.
 SERIAL = {
     "tests/bench/test_agents_bench.py": "a benchmark: it measures throughput on the whole machine",
     "tests/bench/test_live_bench.py": "a benchmark: it measures throughput on the whole machine",
@@ -41,6 +41,10 @@ SERIAL = {
     "tests/integration/test_memory_ws.py": "memory bounds: a serve's VmRSS under floods of /ws frames",
     "tests/integration/test_body_budget.py": "memory bounds: a serve's VmRSS under 30 posts of 16 MB",
     "tests/integration/test_frozen_dependencies.py": "frozen Redis/PostgreSQL with answers due within 3 s",
+    # xdist runs a test only when every worker collected the same test ids.
+    "tests/agents/test_events.py::test_it_refuses_a_bad_cursor": (
+        "one id is a cursor of timezone.now() made at import, different in each worker"
+    ),
 }
 
 # Markers by folder: ``bench`` (tests/bench: the benchmarks and their summary), ``real_cli``
@@ -96,8 +100,10 @@ def _mark_by_place(items: list[pytest.Item]) -> None:
                 item.add_marker(marker)
         if relative.startswith(CLUSTER_TESTS):
             item.add_marker("cluster")
-        if relative in SERIAL:
-            item.add_marker(pytest.mark.serial(reason=SERIAL[relative]))
+        function = f"{relative}::{getattr(item, 'originalname', item.name)}"
+        reason = SERIAL.get(relative) or SERIAL.get(function)
+        if reason:
+            item.add_marker(pytest.mark.serial(reason=reason))
 
 
 # Values tests/settings.py makes up for its own process (a temporary data dir and dist dir,
