@@ -225,6 +225,18 @@ def _is_model(value: Any) -> bool:
     return isinstance(value, type) and issubclass(value, ChannelMessage)
 
 
+def _built_model(call: ast.Call, names: dict[str, Any]) -> Any:
+    """The model ``call`` builds — ``Model(...)``, or ``Model.model_construct(...)`` (a
+    hot path's message whose fields are checked already) — else ``None``."""
+    built = _resolve(call.func, names)
+    if _is_model(built):
+        return built
+    if isinstance(call.func, ast.Attribute) and call.func.attr == "model_construct":
+        owner = _resolve(call.func.value, names)
+        return owner if _is_model(owner) else None
+    return None
+
+
 def _send_calls(tree: ast.AST, names: dict[str, Any]) -> list[tuple[ast.Call, str]]:
     """The calls of ``core.realtime``'s send functions in ``tree`` (resolved through the
     module's names, so an unrelated ``ring`` is not one)."""
@@ -252,8 +264,10 @@ def _refusal(argument: ast.expr | None, names: dict[str, Any]) -> str | None:
     if isinstance(argument, ast.Name):
         return None  # a variable: its type is mypy's to check (a ChannelMessage parameter)
     if isinstance(argument, ast.Call):
+        if _built_model(argument, names) is not None:
+            return None  # a model
         built = _resolve(argument.func, names)
-        if _is_model(built) or (inspect.isfunction(built) and _is_model(get_type_hints(built).get("return"))):
+        if inspect.isfunction(built) and _is_model(get_type_hints(built).get("return")):
             return None  # a model, or a function typed to return one
     return f"a {type(argument).__name__} ({ast.unparse(argument)[:60]}), not a ChannelMessage"
 
@@ -494,8 +508,8 @@ def test_every_model_has_an_example_and_a_sender() -> None:
         tree = ast.parse(source)
         names = _namespace(path, tree)
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and _is_model(_resolve(node.func, names)):
-                built.add(_resolve(node.func, names))
+            if isinstance(node, ast.Call) and (model := _built_model(node, names)) is not None:
+                built.add(model)
     assert models - built == set(), "models nobody sends"
 
 
