@@ -166,17 +166,17 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "core.outage.RetryAfterMiddleware",  # every 503 answer says when to retry
-    "django.middleware.security.SecurityMiddleware",
+    "core.middleware.SecurityMiddleware",  # Django's, its hooks on the event loop (core.middleware)
     "core.http.ApiErrorShapeMiddleware",  # every error under /api/ in the JSON shape
     "core.static.AsyncWhiteNoiseMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
+    "core.middleware.SessionMiddleware",
+    "core.middleware.CommonMiddleware",
     "core.http.BearerCsrfExemptMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.auth.middleware.LoginRequiredMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "core.middleware.CsrfViewMiddleware",
+    "core.middleware.AuthenticationMiddleware",
+    "core.middleware.LoginRequiredMiddleware",
+    "core.middleware.MessageMiddleware",
+    "core.middleware.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     # Innermost, so its process_exception runs first: a view failing on an outage is a 503.
     "core.http.OutageMiddleware",
