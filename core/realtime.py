@@ -56,6 +56,7 @@ import asyncio
 import functools
 import itertools
 import logging
+import os
 import random
 import uuid
 from collections import deque
@@ -64,7 +65,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgpack
-from asgiref.sync import async_to_sync
+from asgiref.sync import SyncToAsync, async_to_sync
 from channels.exceptions import ChannelFull
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.conf import settings
@@ -207,6 +208,62 @@ async def ring(group: str, message: ChannelMessage) -> None:
         _ring_failed(group, message, exc)
 
 
+RING_QUEUE_LIMIT = 10_000  # rings waiting for the event loop, per process; more are dropped (logged)
+
+
+class _RingQueue:
+    """Rings made by sync code that runs for an event loop (the database thread of
+    ``database_sync_to_async``): the thread hands each one over and goes on, and one task
+    of that loop sends them, in the order they were made. Waiting for each send (as
+    ``async_to_sync`` does) held the one database thread of the process for a layer round
+    trip per ring. Lives on its loop; ``put`` is called there (``call_soon_threadsafe``)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.waiting: deque[tuple[str, ChannelMessage, dict[str, Any], bool]] = deque()
+        self.sender: asyncio.Task[None] | None = None
+
+    def put(self, ring: tuple[str, ChannelMessage, dict[str, Any], bool]) -> None:
+        if len(self.waiting) >= RING_QUEUE_LIMIT:
+            logger.warning("ring %s to %s dropped: %d rings wait already", ring[1].type, ring[0], RING_QUEUE_LIMIT)
+            return
+        self.waiting.append(ring)
+        if self.sender is None or self.sender.done():
+            self.sender = self.loop.create_task(self._send_all())
+
+    async def _send_all(self) -> None:
+        layer = get_channel_layer()
+        while self.waiting:
+            target, message, payload, group = self.waiting.popleft()
+            try:
+                await (layer.group_send if group else layer.send)(target, payload)
+            except Exception as exc:
+                _ring_failed(target, message, exc)
+
+
+_ring_queues: dict[asyncio.AbstractEventLoop, _RingQueue] = {}
+
+
+def _ring_queue_put(loop: asyncio.AbstractEventLoop, ring: tuple[str, ChannelMessage, dict[str, Any], bool]) -> None:
+    queue = _ring_queues.get(loop)
+    if queue is None:
+        for stale in [other for other in _ring_queues if other.is_closed()]:
+            del _ring_queues[stale]
+        queue = _ring_queues[loop] = _RingQueue(loop)
+    queue.put(ring)
+
+
+def _loop_this_thread_works_for() -> asyncio.AbstractEventLoop | None:
+    """The event loop whose ``sync_to_async`` call runs on this thread (asgiref records
+    it), when that loop still runs; ``None`` in plain sync code (a command, a sync test)."""
+    loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None)
+    if loop is None or getattr(SyncToAsync.threadlocal, "main_event_loop_pid", None) != os.getpid():
+        return None
+    if loop.is_closed() or not loop.is_running() or _running_loop() is loop:
+        return None
+    return loop
+
+
 def _ring_now(target: str, message: ChannelMessage, *, group: bool) -> None:
     layer = get_channel_layer()
     if layer is None:
@@ -216,6 +273,11 @@ def _ring_now(target: str, message: ChannelMessage, *, group: bool) -> None:
         # A consumer of this process gets it in memory, behind what this process sent it
         # before (``_put_local``); from this thread the hand-over is thread-safe.
         if not group and _put_local(layer, target, payload):
+            return
+        loop = _loop_this_thread_works_for()
+        if loop is not None:
+            # Sent by the loop; this thread does not wait (a failure is logged there).
+            loop.call_soon_threadsafe(_ring_queue_put, loop, (target, message, payload, group))
             return
         async_to_sync(layer.group_send if group else layer.send)(target, payload)
     except Exception as exc:
