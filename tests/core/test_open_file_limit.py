@@ -40,6 +40,7 @@ def test_raise_open_file_limit_goes_up_to_the_hard_limit_and_never_down(low_soft
     assert raise_open_file_limit(wanted=600) == (wanted, wanted)  # already higher: left alone
 
 
+@pytest.mark.integration  # a real `serve` subprocess
 def test_a_served_process_started_with_512_descriptors_has_more(low_soft_limit: int) -> None:
     with instance() as inst:
         server = inst.serve()
