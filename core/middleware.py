@@ -153,7 +153,7 @@ class LoginRequiredMiddleware(_HooksOnTheLoop, auth.LoginRequiredMiddleware):
     loading the user); any other takes the hop to load the user."""
 
     def view_in_thread(self, request: HttpRequest, view_func: Any) -> bool:
-        return getattr(view_func, "login_required", True) is not False
+        return bool(getattr(view_func, "login_required", True))
 
     async def _process_view_on_loop(
         self, request: HttpRequest, view_func: Any, view_args: Any, view_kwargs: Any

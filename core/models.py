@@ -27,7 +27,7 @@ class InstanceIdentity(models.Model):
     display_name = models.CharField(max_length=100, default=default_instance_name)
     created_at = models.DateTimeField(default=timezone.now)
     # The instance's Ed25519 key pair (docs/peers.md#authentication), created on first use
-    # (peers.identity): the raw public key (base64url, no padding) and the raw private key
+    # (peers.keys): the raw public key (base64url, no padding) and the raw private key
     # encrypted with MultiFernet over DISPATCH_ENCRYPTION_KEYS.
     public_key = models.CharField(max_length=64, blank=True)
     private_key_encrypted = models.TextField(blank=True)

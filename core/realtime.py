@@ -58,14 +58,16 @@ import itertools
 import logging
 import os
 import random
+import threading
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgpack
-from asgiref.sync import SyncToAsync, async_to_sync
+from asgiref.sync import AsyncToSync, SyncToAsync, async_to_sync
 from channels.exceptions import ChannelFull
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from django.conf import settings
@@ -214,12 +216,12 @@ RING_QUEUE_LIMIT = 10_000  # rings waiting for the event loop, per process; more
 class _RingQueue:
     """Rings made by sync code that runs for an event loop (the database thread of
     ``database_sync_to_async``): the thread hands each one over and goes on, and one task
-    of that loop sends them, in the order they were made. Waiting for each send (as
+    of that loop sends them, in the order they were made (among themselves: a message the
+    caller sends after the service returned may arrive first). Waiting for each send (as
     ``async_to_sync`` does) held the one database thread of the process for a layer round
     trip per ring. Lives on its loop; ``put`` is called there (``call_soon_threadsafe``)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+    def __init__(self) -> None:
         self.waiting: deque[tuple[str, ChannelMessage, dict[str, Any], bool]] = deque()
         self.sender: asyncio.Task[None] | None = None
 
@@ -228,38 +230,52 @@ class _RingQueue:
             logger.warning("ring %s to %s dropped: %d rings wait already", ring[1].type, ring[0], RING_QUEUE_LIMIT)
             return
         self.waiting.append(ring)
-        if self.sender is None or self.sender.done():
-            self.sender = self.loop.create_task(self._send_all())
+        if self.sender is None:
+            self.sender = asyncio.get_running_loop().create_task(self._send_all())
 
     async def _send_all(self) -> None:
         layer = get_channel_layer()
-        while self.waiting:
-            target, message, payload, group = self.waiting.popleft()
-            try:
-                await (layer.group_send if group else layer.send)(target, payload)
-            except Exception as exc:
-                _ring_failed(target, message, exc)
+        try:
+            while self.waiting:
+                target, message, payload, group = self.waiting.popleft()
+                try:
+                    await (layer.group_send if group else layer.send)(target, payload)
+                except Exception as exc:
+                    _ring_failed(target, message, exc)
+        except asyncio.CancelledError:
+            if self.waiting:  # the loop is stopping: what waits is lost, as on a dead layer
+                logger.warning("%d ring(s) not sent: the event loop stopped", len(self.waiting))
+                self.waiting.clear()
+            raise
+        finally:
+            self.sender = None
 
 
-_ring_queues: dict[asyncio.AbstractEventLoop, _RingQueue] = {}
+# One queue per event loop, dropped with its loop; loops of several threads may register.
+_ring_queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _RingQueue] = weakref.WeakKeyDictionary()
+_ring_queues_lock = threading.Lock()
 
 
-def _ring_queue_put(loop: asyncio.AbstractEventLoop, ring: tuple[str, ChannelMessage, dict[str, Any], bool]) -> None:
-    queue = _ring_queues.get(loop)
-    if queue is None:
-        for stale in [other for other in _ring_queues if other.is_closed()]:
-            del _ring_queues[stale]
-        queue = _ring_queues[loop] = _RingQueue(loop)
+def _ring_queue_put(ring: tuple[str, ChannelMessage, dict[str, Any], bool]) -> None:
+    loop = asyncio.get_running_loop()
+    with _ring_queues_lock:
+        queue = _ring_queues.get(loop)
+        if queue is None:
+            queue = _ring_queues[loop] = _RingQueue()
     queue.put(ring)
 
 
 def _loop_this_thread_works_for() -> asyncio.AbstractEventLoop | None:
     """The event loop whose ``sync_to_async`` call runs on this thread (asgiref records
-    it), when that loop still runs; ``None`` in plain sync code (a command, a sync test)."""
+    it), when that loop still runs and outlives the call: ``None`` in plain sync code (a
+    command, a sync test) and for the short-lived loop of an ``async_to_sync`` call, which
+    would cancel a ring still waiting when it ends."""
     loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None)
     if loop is None or getattr(SyncToAsync.threadlocal, "main_event_loop_pid", None) != os.getpid():
         return None
     if loop.is_closed() or not loop.is_running() or _running_loop() is loop:
+        return None
+    if loop in getattr(AsyncToSync, "loop_thread_executors", {}):
         return None
     return loop
 
@@ -277,7 +293,7 @@ def _ring_now(target: str, message: ChannelMessage, *, group: bool) -> None:
         loop = _loop_this_thread_works_for()
         if loop is not None:
             # Sent by the loop; this thread does not wait (a failure is logged there).
-            loop.call_soon_threadsafe(_ring_queue_put, loop, (target, message, payload, group))
+            loop.call_soon_threadsafe(_ring_queue_put, (target, message, payload, group))
             return
         async_to_sync(layer.group_send if group else layer.send)(target, payload)
     except Exception as exc:

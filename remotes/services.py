@@ -357,7 +357,7 @@ async def _route(user_id: int, remotename: str, *, fresh: bool = False) -> tuple
     """The remote's route and whether it came from this process's short-lived cache.
 
     One database lookup per key at a time: a caller that misses while another's lookup of
-    the same key is under way shares its answer (or its error). ``fresh`` skips the cache
+    the same key is under way on the same event loop shares its answer (or its error). ``fresh`` skips the cache
     and makes its own lookup. A lookup that ``forget_route`` overtook is not cached.
     Raises what the database raises."""
     key = (user_id, remotename)
@@ -365,7 +365,8 @@ async def _route(user_id: int, remotename: str, *, fresh: bool = False) -> tuple
     cached = None if fresh else _ROUTES.get(key)
     if cached is not None and cached[0] > now:
         return cached[1], True
-    while (shared := None if fresh else _ROUTE_LOOKUPS.get(key)) is not None:
+    loop = asyncio.get_running_loop()
+    while (shared := None if fresh else _ROUTE_LOOKUPS.get(key)) is not None and shared.get_loop() is loop:
         try:
             return await asyncio.shield(shared), False
         except asyncio.CancelledError:
@@ -373,17 +374,17 @@ async def _route(user_id: int, remotename: str, *, fresh: bool = False) -> tuple
             if not shared.cancelled() or (task is not None and task.cancelling()):
                 raise
             # Its owner was cancelled, not this caller: look again.
-    lookup: asyncio.Future[RemoteRoute | None] = asyncio.get_running_loop().create_future()
+    lookup: asyncio.Future[RemoteRoute | None] = loop.create_future()
     if not fresh:
         _ROUTE_LOOKUPS[key] = lookup
     try:
         route = await _route_from_database(user_id, remotename)
-    except asyncio.CancelledError:
-        lookup.cancel()
-        raise
     except Exception as exc:
         lookup.set_exception(exc)
         lookup.exception()  # retrieved: the sharers, if any, raise it themselves
+        raise
+    except BaseException:  # cancelled (or stopping): the sharers look again themselves
+        lookup.cancel()
         raise
     finally:
         current = fresh or _ROUTE_LOOKUPS.get(key) is lookup

@@ -1,4 +1,4 @@
-"""The Remotes page (ui.md): connected remotes, their functions, and a call form.
+"""The Remotes page: connected remotes, their functions, and a call form.
 
 The list refreshes itself: htmx polls ``remotes_fragment`` every 2 s, sending the version
 of the list it shows and the call form's current choice. An unchanged list answers 204

@@ -46,7 +46,7 @@ SPEC = re.compile(r"shared[/]spec\b")
 # a section sign), the house-rules file, an issue number. The patterns are spelled so that this
 # file does not match them itself. Sections of a public standard (RFC 6750 section 3.1, with
 # the sign too) may be cited.
-OUTSIDE_CITATION = re.compile(r"spec[/]|shared[/]spec|\xa7|CONVENTION[S]|\bissues? #?\d+", re.IGNORECASE)
+OUTSIDE_CITATION = re.compile(r"spec[/]|shared[/]spec|\xa7|(?-i:CONVENTION[S])|\bissues? #?\d+", re.IGNORECASE)
 RFC_SECTION = re.compile(r"RFC ?\d+,? ?(section |\xa7 ?)[\d.]+", re.IGNORECASE)
 DOCS_CITATION = re.compile(r"docs/([\w.-]+\.md)(?:#([\w-]+))?")
 NOT_SCANNED = ("node_modules/", ".venv/", "var/")

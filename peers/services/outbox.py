@@ -11,14 +11,11 @@ signed POSTs — is ``peers.outbox_drain``, which calls these.
 
 from __future__ import annotations
 
-import asyncio
-import os
 import random
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from asgiref.sync import SyncToAsync
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Q
@@ -28,8 +25,7 @@ from agents import services as agent_services
 from agents.messages import message_mark_failed, messages_mark_delivered
 from agents.models import Agent, AgentEvent, AgentMessage
 from core.errors import DispatchError, NotFound
-from core.protocol import ChannelMessage
-from core.realtime import ring, ring_on_commit
+from core.realtime import ring_on_commit
 from peers.models import OutboxMessage, Peer, PeerReceipt
 from peers.protocol import OutboxDoorbellMessage
 
@@ -53,38 +49,10 @@ def outbox_ring() -> None:
     current transaction commits, at once outside one.
 
     Best effort, at most once: a lost ring only delays delivery to the next 30 s pass.
-    Sync code only; never raises, and never waits for the ring (``ring_on_commit_unawaited``).
+    Sync code only; never raises, and never waits for the ring (``core.realtime.ring_on_commit``
+    hands a ring made on the database thread to the event loop).
     """
-    ring_on_commit_unawaited(DOORBELL_GROUP, OutboxDoorbellMessage())
-
-
-def ring_on_commit_unawaited(group: str, message: ChannelMessage) -> None:
-    """``core.realtime.ring_on_commit`` (``message`` to ``group`` once the current
-    transaction commits, never on rollback) without making this thread wait for the send.
-
-    A sync view runs on Channels' one shared sync thread; ``ring_on_commit`` makes that
-    thread wait (``async_to_sync``) until the busy event loop has sent the ring — a quarter
-    of a REST enqueue's time under load (measured on the outbox doorbell and the
-    ``message.created`` announcement). Nothing here needs the ring's outcome
-    (``core.realtime.ring`` logs its own failures), so after commit it is scheduled on the
-    loop that runs this thread's caller (asgiref's ``SyncToAsync`` records it) and not
-    awaited; rings scheduled from one thread start in the order they were scheduled.
-    Without such a loop (a management command, a test, a worker thread) it rings as
-    ``ring_on_commit`` does, waiting. Sync code only; never raises.
-    """
-    transaction.on_commit(lambda: _ring_without_waiting(group, message))
-
-
-def _ring_without_waiting(group: str, message: ChannelMessage) -> None:
-    loop = getattr(SyncToAsync.threadlocal, "main_event_loop", None)
-    same_process = getattr(SyncToAsync.threadlocal, "main_event_loop_pid", None) == os.getpid()
-    if loop is not None and same_process and loop.is_running() and not loop.is_closed():
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:  # no loop in this thread: we are the sync thread of that loop
-            asyncio.run_coroutine_threadsafe(ring(group, message), loop)
-            return
-    ring_on_commit(group, message)  # after commit already: rings now
+    ring_on_commit(DOORBELL_GROUP, OutboxDoorbellMessage())
 
 
 def outbox_enqueue(*, message: AgentMessage, peer: Peer, to_agent_id: str, payload: dict[str, Any]) -> OutboxMessage:

@@ -19,9 +19,10 @@ from agents.protocol import UserEventMessage
 from agents.selectors import AGENT_ID
 from core.errors import InvalidRequest, NotFound
 from core.models import InstanceIdentity
+from core.realtime import ring_on_commit
 from core.services import instance_identity_get
 from peers.models import Peer, new_idempotency_key
-from peers.services.outbox import outbox_enqueue, ring_on_commit_unawaited
+from peers.services.outbox import outbox_enqueue
 
 
 def launcher_address(*, user: User, caller_agent: Agent | None) -> dict[str, Any]:
@@ -130,9 +131,8 @@ def peer_message_send(
         to_agent_id=to_agent_id,
         payload={"to_agent_id": to_agent_id, "content": content, "from": sender},
     )
-    # Announced as ``publish_on_commit`` would, without the sync thread waiting for the
-    # event loop to send it (``ring_on_commit_unawaited``).
-    ring_on_commit_unawaited(
+    # Announced after commit; the database thread does not wait for the send.
+    ring_on_commit(
         agent_services.user_events_group(user.pk), UserEventMessage(event="message.created", data=message_data(message))
     )
     return message

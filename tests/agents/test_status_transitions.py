@@ -16,7 +16,7 @@ pytestmark = pytest.mark.django_db
 
 STATUSES = ["creating", "running", "stopping", "stopped", "error", "archived"]
 
-# Written out from the spec's table, not imported: the test must fail if the code drifts.
+# Written out from docs/agents.md#status-changes, not imported: the test must fail if the code drifts.
 ALLOWED = {
     ("creating", "running"),
     ("creating", "error"),

@@ -10,6 +10,7 @@ import logging
 from typing import Any, Literal
 
 import pytest
+from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
@@ -68,12 +69,14 @@ async def test_rings_past_the_queue_limit_are_dropped_and_logged(
     release, sent = held_layer
     monkeypatch.setattr(realtime, "RING_QUEUE_LIMIT", 2)
 
-    def service() -> None:
-        for n in range(5):
+    def service(numbers: range) -> None:
+        for n in numbers:
             realtime.ring_on_commit("group-b", Numbered(n=n))
 
     with caplog.at_level(logging.WARNING, logger="core.realtime"):
-        await database_sync_to_async(service)()
+        await database_sync_to_async(service)(range(1))
+        await _settle()  # the sender took ring 0 and waits on the layer
+        await database_sync_to_async(service)(range(1, 5))
         await _settle()
     # The sender took the first ring and waits on it; two more wait in the queue.
     assert sum("rings wait already" in record.getMessage() for record in caplog.records) == 2
@@ -100,3 +103,25 @@ async def test_a_failed_send_is_logged_and_the_next_ring_still_goes(monkeypatch:
     await database_sync_to_async(service)()
     await _settle()
     assert sent == [2]
+
+
+def test_a_ring_made_under_async_to_sync_is_sent_before_that_call_returns(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command's ``async_to_sync(...)`` runs its own short loop, ended (its tasks
+    cancelled) as soon as the call returns: its rings are sent before, not queued."""
+    layer = get_channel_layer()
+    sent: list[int] = []
+
+    async def slow(target: str, message: dict[str, Any]) -> None:
+        await asyncio.sleep(0.05)  # a Redis send takes a few round trips
+        sent.append(message["n"])
+
+    monkeypatch.setattr(layer, "group_send", slow)
+
+    def service() -> None:
+        realtime.ring_on_commit("group-d", Numbered(n=7))
+
+    async def command() -> None:
+        await database_sync_to_async(service)()
+
+    async_to_sync(command)()
+    assert sent == [7]

@@ -278,7 +278,7 @@ async def test_descriptions_follow_the_machines_attached_at_each_request(live: L
             alpha.stop()
 
 
-# --- bad input (quality.md "Bad input, all entry points") --------------------------------
+# --- bad input: every entry point says what was wrong --------------------------------
 
 
 def call(name: Any, arguments: Any) -> dict[str, Any]:

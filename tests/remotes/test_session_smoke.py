@@ -1,4 +1,4 @@
-"""A first end-to-end exchange through the real router (the spec's example)."""
+"""A first end-to-end exchange through the real router (docs/ws-protocol.md#a-worked-example)."""
 
 from __future__ import annotations
 
