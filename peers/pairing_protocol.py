@@ -220,8 +220,8 @@ class ClaimBody(WireModel):
     )
     features: Annotated[list[str], BeforeValidator(features_parse)] = Field(
         default_factory=list,
-        description="what the claimant can do beyond the protocol version (peers.keys.PEER_FEATURES, "
-        'e.g. "messages.batch"); absent: nothing',
+        description='what the claimant can do beyond the protocol version (e.g. "messages.batch"); '
+        "absent: nothing",
     )
 
     @field_validator("protocol_version", mode="before")

@@ -415,7 +415,7 @@ def test_an_agents_machine_tool_call_right_after_its_approval_writes_the_approva
     from agents.tools import with_approval_note
     from core.tools import Tool
     from machines.models import AuditRecord
-    from machines.services.operations import audit_record_begin
+    from machines.services.audit import audit_record_begin
 
     agent = make_agent(owner, type="claude", name="auditor")
     arguments = {"path": "/srv/notes.txt"}
