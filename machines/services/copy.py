@@ -95,13 +95,13 @@ async def copy_between_machines(
             overwrite=overwrite,
             progress=on_progress or progress,
         )
-        await copy.register(source_candidate, destination_candidate)
+        row_id = await copy.register(source_candidate, destination_candidate)
         try:
             if on_started is not None:
                 on_started()
             return await copy.run()
         finally:
-            await database_sync_to_async(inflight_delete)(user=user, request_id=request_id)
+            await database_sync_to_async(inflight_delete)(row_id=row_id)
 
 
 async def _route(
@@ -160,9 +160,9 @@ class _Copy:
             raise
         return {"size_bytes": source_final.get("size_bytes"), "sha256": source_final.get("sha256")}
 
-    async def register(self, source: Candidate, destination: Candidate) -> None:
-        """The copy's in-flight row (kind ``copy``), which ``cancel_operation`` takes."""
-        await database_sync_to_async(inflight_create)(
+    async def register(self, source: Candidate, destination: Candidate) -> int:
+        """The copy's in-flight row (kind ``copy``), which ``cancel_operation`` takes; its id."""
+        return await database_sync_to_async(inflight_create)(
             user=self.user,
             session_id=self.session_id,
             request_id=self.request_id,

@@ -52,13 +52,14 @@ def inflight_create(
     caller_channel: str = "",
     machine_ids: list[str] | None = None,
     machine_names: list[str] | None = None,
-) -> None:
-    """Record an operation in flight (``OperationInFlight``), owned by this
-    process. Raises ``MachineError`` ``OPERATION_EXISTS`` when ``user`` already has
-    ``request_id`` in flight (request ids are per user: another user's is no conflict)."""
+) -> int:
+    """Record an operation in flight (``OperationInFlight``), owned by this process;
+    returns the row's id, which ``inflight_delete`` takes. Raises ``MachineError``
+    ``OPERATION_EXISTS`` when ``user`` already has ``request_id`` in flight (request ids
+    are per user: another user's is no conflict)."""
     try:
         with transaction.atomic():
-            OperationInFlight.objects.create(
+            row = OperationInFlight.objects.create(
                 request_id=request_id,
                 user=user,
                 session_id=session_id,
@@ -77,6 +78,7 @@ def inflight_create(
     except IntegrityError:
         refused = f"an operation with request_id {request_id} is already in flight"
         raise MachineError("OPERATION_EXISTS", refused) from None
+    return int(row.pk)
 
 
 def pipe_command_ids(request_id: str) -> tuple[str, str]:
@@ -107,7 +109,8 @@ def operations_of_processes_cancelled(process_ids: list[str]) -> None:
                 send_on_commit(channel, MachineCancelMessage(request_id=shim_request_id))
 
 
-def inflight_delete(*, user: User, request_id: str) -> None:
-    """Forget ``user``'s operation ``request_id`` in flight (it was answered); another
-    user's operation with the same id stays."""
-    OperationInFlight.objects.filter(user=user, request_id=request_id).delete()
+def inflight_delete(*, row_id: int) -> None:
+    """Forget an operation in flight (it was answered): the row ``inflight_create``
+    returned, and only that one — the same user may already run the same request id again
+    (a row of the same id made after this one stays)."""
+    OperationInFlight.objects.filter(pk=row_id).delete()

@@ -257,7 +257,7 @@ class _Streams:
         self.tasks: list[asyncio.Task[None]] = []
         self.started = time.monotonic()
         self.ended: dict[int, LiveEvent] = {}
-        self.row = False
+        self.row_id: int | None = None  # the in-flight row, while there is one
 
     async def produce(self, command: LiveCommand) -> None:
         """Send ``command`` and put its events on the queue until it ends."""
@@ -277,7 +277,7 @@ class _Streams:
         for command in self.commands:
             await command.open()
         if self.commands:
-            await database_sync_to_async(inflight_create)(
+            self.row_id = await database_sync_to_async(inflight_create)(
                 user=self.user,
                 session_id=self.session_id,
                 request_id=self.request_id,
@@ -289,7 +289,6 @@ class _Streams:
                 call_key=current_call_key(),
                 caller_channel=self.commands[0].channel,
             )
-            self.row = True
 
     def audited(self, command: LiveCommand, end: Result | Failed | None, failure: BaseException | None) -> None:
         streamed_command_audited(
@@ -307,9 +306,10 @@ class _Streams:
         """``command`` ended with ``event``: its audit record; the last one, the row deleted."""
         self.ended[id(command)] = event
         self.audited(command, event, failure)
-        if self.row and len(self.ended) == len(self.commands):
-            self.row = False  # answered: out of the in-flight list before the last event goes out
-            await database_sync_to_async(inflight_delete)(user=self.user, request_id=self.request_id)
+        if self.row_id is not None and len(self.ended) == len(self.commands):
+            # Answered: out of the in-flight list before the last event goes out.
+            row_id, self.row_id = self.row_id, None
+            await database_sync_to_async(inflight_delete)(row_id=row_id)
 
     async def stop(self, *, failure: BaseException | None) -> None:
         """However the stream ended: the commands still running cancelled (and audited),
@@ -324,8 +324,9 @@ class _Streams:
             await asyncio.gather(*self.tasks, return_exceptions=True)
         for command in self.commands:
             await command.close()
-        if self.row:
-            await database_sync_to_async(inflight_delete)(user=self.user, request_id=self.request_id)
+        if self.row_id is not None:
+            row_id, self.row_id = self.row_id, None
+            await database_sync_to_async(inflight_delete)(row_id=row_id)
 
 
 # --- cancel ------------------------------------------------------------------------------------

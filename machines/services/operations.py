@@ -129,9 +129,9 @@ async def _fan_out(
     fan-out (a command), the operations in parallel, one entry per machine."""
     targets = await router.route_many(user=user, session_id=session_id, op=op, target_machines=target_machines)
     runnable = [t.candidate for t in targets if t.error is None and t.candidate is not None]
-    row = op == "EXECUTE_COMMAND" and bool(runnable)
-    if row:
-        await database_sync_to_async(inflight_create)(
+    row_id: int | None = None
+    if op == "EXECUTE_COMMAND" and runnable:
+        row_id = await database_sync_to_async(inflight_create)(
             user=user,
             session_id=session_id,
             request_id=request_id,
@@ -147,8 +147,8 @@ async def _fan_out(
         entries = (_fan_out_entry(target, on_output, request_id=request_id, **operation) for target in targets)
         return {"results": list(await asyncio.gather(*entries))}
     finally:
-        if row:
-            await database_sync_to_async(inflight_delete)(user=user, request_id=request_id)
+        if row_id is not None:
+            await database_sync_to_async(inflight_delete)(row_id=row_id)
 
 
 async def _fan_out_entry(target: FanOutTarget, on_output: OutputSink | None, **operation: Any) -> dict[str, Any]:
@@ -187,7 +187,7 @@ class _RoutedOp:
     from_cache: bool = False
     audit_id: int | None = None
     audit_refused: bool = False
-    row_written: bool = False
+    row_id: int | None = None  # its own in-flight row, once written
     result: dict[str, Any] = field(default_factory=lambda: {"ok": False})
     started: float = field(default_factory=time.monotonic)
 
@@ -252,7 +252,7 @@ class _RoutedOp:
         """The operation's own in-flight row (a command's, when ``own_row``)."""
         if self.own_row and self.op == "EXECUTE_COMMAND":
             assert self.candidate is not None
-            await database_sync_to_async(inflight_create)(
+            self.row_id = await database_sync_to_async(inflight_create)(
                 user=self.user,
                 session_id=self.session_id,
                 request_id=self.request_id,
@@ -264,7 +264,6 @@ class _RoutedOp:
                 call_key=current_call_key(),
                 caller_channel=caller_channel,
             )
-            self.row_written = True
 
     async def streamed(self, chosen: Candidate, on_output: OutputSink) -> dict[str, Any]:
         """A command run streamed on a 2.1 shim (``output.execute_streamed``)."""
@@ -341,8 +340,9 @@ class _RoutedOp:
     async def finish(self, failure: BaseException | None) -> None:
         """However it ended: the in-flight row deleted, the metric observed (``failure``:
         what ended it) and the audit result written in the background."""
-        if self.row_written:
-            await database_sync_to_async(inflight_delete)(user=self.user, request_id=self.request_id)
+        if self.row_id is not None:
+            row_id, self.row_id = self.row_id, None
+            await database_sync_to_async(inflight_delete)(row_id=row_id)
         self.result["duration_ms"] = round((time.monotonic() - self.started) * 1000)
         metrics.machine_operation_observed(
             operation=self.op, ok=self.result["ok"], failure=failure, seconds=time.monotonic() - self.started

@@ -215,19 +215,18 @@ async def _run_audited(
     """Both audit records written, both commands opened, the pipe's in-flight row, the run;
     however it ends, both stopped, the row deleted and both audit records completed."""
     commands = list(zip((run.source, run.destination), payloads, strict=True))
-    row = False
+    row_id: int | None = None
     started = time.monotonic()
     await streamed_commands_audit_begin(commands, user=user, session_id=session_id, caller=caller)
     try:
         await run.source.open()
         await run.destination.open()
-        await _register(run, payloads, user=user, session_id=session_id, caller=caller, request_id=request_id)
-        row = True
+        row_id = await _register(run, payloads, user=user, session_id=session_id, caller=caller, request_id=request_id)
         await run.run()
     finally:
         await run.stop()
-        if row:
-            await database_sync_to_async(inflight_delete)(user=user, request_id=request_id)
+        if row_id is not None:
+            await database_sync_to_async(inflight_delete)(row_id=row_id)
         for command, payload in commands:
             streamed_command_audited(
                 command,
@@ -244,11 +243,11 @@ async def _run_audited(
 
 async def _register(
     run: _Pipe, payloads: list[dict[str, Any]], *, user: User, session_id: str, caller: str, request_id: str
-) -> None:
-    """The pipe's in-flight row (kind ``pipe``), which ``cancel_operation`` takes."""
+) -> int:
+    """The pipe's in-flight row (kind ``pipe``), which ``cancel_operation`` takes; its id."""
     source_payload, destination_payload = payloads
     source_machine, destination_machine = run.source.candidate, run.destination.candidate
-    await database_sync_to_async(inflight_create)(
+    return await database_sync_to_async(inflight_create)(
         user=user,
         session_id=session_id,
         request_id=request_id,

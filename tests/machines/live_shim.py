@@ -68,8 +68,12 @@ class LiveMachine:
             f["payload"] for f in self.shim.frames if f["type"] == "FLOW" and f["payload"]["request_id"] == request_id
         ]
 
-    def cancels(self, request_id: str) -> list[dict[str, Any]]:
-        return [f for f in self.shim.frames if f["type"] == "CANCEL" and f["payload"]["request_id"] == request_id]
+    def cancels(self, request_id: str, *, since: int = 0) -> list[dict[str, Any]]:
+        """The CANCELs received for ``request_id`` (from frame ``since`` on: a command only
+        heeds those that came after it started, as the real shim does)."""
+        return [
+            f for f in self.shim.frames[since:] if f["type"] == "CANCEL" and f["payload"]["request_id"] == request_id
+        ]
 
     async def _answer_cancels(self) -> None:
         for cancel in [f for f in self.shim.frames if f["type"] == "CANCEL" and f["id"] not in self.acked]:
@@ -98,6 +102,7 @@ class LiveMachine:
         if request["type"] != "EXECUTE_COMMAND" or not payload.get("stream"):
             return await self.shim.memory_handler(request)
         request_id = request["id"]
+        started = len(self.shim.frames)  # from now on: an older CANCEL of a reused id is not this command's
         sent = self.sent.setdefault(request_id, {"stdout": 0, "stderr": 0})
         self.running.add(request_id)
         seq = 0
@@ -108,7 +113,7 @@ class LiveMachine:
                 while True:
                     await self._answer_cancels()
                     await self._take_input(request_id)
-                    if self.cancels(request_id):
+                    if self.cancels(request_id, since=started):
                         cancelled = True
                         break
                     if sent[stream] + len(data) <= self.credit(request_id, stream):
@@ -124,11 +129,11 @@ class LiveMachine:
                 sent[stream] += len(data)
                 seq += 1
             if payload.get("stdin") == "stream" and not cancelled and not self.ignore_stdin:
-                while request_id not in self.stdin_eof and not self.cancels(request_id):
+                while request_id not in self.stdin_eof and not self.cancels(request_id, since=started):
                     await self._answer_cancels()
                     await self._take_input(request_id)
                     await asyncio.sleep(0.005)
-                cancelled = bool(self.cancels(request_id))
+                cancelled = bool(self.cancels(request_id, since=started))
                 if self.after_stdin is not None and not cancelled:
                     written = self.after_stdin(bytes(self.stdin.get(request_id, b"")))
                     output = {"stream": "stdout", "data": written.decode(), "encoding": "utf-8", "seq": seq}

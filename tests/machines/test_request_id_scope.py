@@ -122,7 +122,11 @@ async def test_two_users_run_the_same_request_id_at_once_and_the_same_user_twice
     assert RID in owners_machine.running and not owners_machine.cancels(RID)
     assert await wait_for_rows([(owner.username, RID)]) == [(owner.username, RID)]
 
-    # The member may reuse the id at once; their run's end leaves the owner's row in place.
+    # The member may reuse the id once the cancel has landed: a command's cancel reaches the
+    # shim twice (from the cancelling process, and from the caller after its own send), and
+    # a CANCEL still on its way would stop the new command of the same id.
+    await until(lambda: len(members_machine.cancels(RID)) == 2, what="both CANCELs of the member's first command")
+    # Their run's end leaves the owner's row in place.
     again = asyncio.ensure_future(last_event(await member_api.post(OPS, command())))
     await until(lambda: len(members_machine.shim.ops("EXECUTE_COMMAND")) == 2, what="the member's second command")
     await live.cancel_operation(user=member, session_id="s1", request_id=RID)
