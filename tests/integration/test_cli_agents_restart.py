@@ -87,7 +87,8 @@ def test_a_restarted_server_picks_its_running_agent_up_again(tmux_socket: str, t
             what="the new server marking the agent stopped",
             details=second.log,
         )
-        assert not runner.exists(name)
+        # The pass that marks it stopped kills the session next: just after, not before.
+        wait_until(lambda: not runner.exists(name), timeout=10, what="the ended agent's session killed")
 
 
 def test_a_second_instance_on_this_computer_never_touches_the_first_ones_sessions(
@@ -113,7 +114,7 @@ def test_a_second_instance_on_this_computer_never_touches_the_first_ones_session
             what="instance two reconciling its own agent",
             details=server_two.log,
         )
-        assert not runner.exists(f"dispatch_{theirs}")
+        wait_until(lambda: not runner.exists(f"dispatch_{theirs}"), timeout=10, what="instance two's session killed")
         assert runner.exists(f"dispatch_{ours}") and runner.pane_state(f"dispatch_{ours}").pid == pid
         assert status(server_one, one.admin_token, ours) == "running"
 
