@@ -34,7 +34,7 @@ from websockets.asyncio.client import connect
 import deploy.cluster
 from deploy.cluster import Nginx, body_cap, free_port
 from tests.cluster import MARKS, Cluster, cluster
-from tests.infra import LiveSession
+from tests.infra import LiveSession, wait_until
 
 pytestmark = [*(getattr(pytest.mark, mark) for mark in MARKS), pytest.mark.timeout(180)]
 
@@ -83,8 +83,20 @@ def test_a_forged_forwarded_address_is_overwritten_and_clients_are_throttled_apa
         # ... and nobody else is: not the address it named, not nginx's own.
         assert token_attempt(alice, "admin", password) == 201
         assert token_attempt(local, "admin", password) == 201
-    addresses = [line.split(" ", 1)[0] for line in topo.nginx.access_log().splitlines() if "/api/v1/auth/token" in line]
-    assert set(addresses) == {"127.0.0.1", "127.0.0.2", "127.0.0.3"}  # the attempts did go through nginx
+
+    def addresses() -> set[str]:
+        lines = topo.nginx.access_log().splitlines()
+        return {line.split(" ", 1)[0] for line in lines if "/api/v1/auth/token" in line}
+
+    # The attempts did go through nginx (it logs a request once answered: the last line may
+    # come a moment after its answer).
+    wanted = {"127.0.0.1", "127.0.0.2", "127.0.0.3"}
+    wait_until(
+        lambda: addresses() == wanted,
+        timeout=5,
+        what="the three addresses in nginx's log",
+        details=lambda: str(addresses()),
+    )
 
 
 async def test_a_websocket_session_records_its_real_address(topo: Cluster) -> None:
