@@ -1052,7 +1052,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description="Peer benchmarks B7 (mirroring lag) and B8 (outbox).")
     parser.add_argument("--quick", action="store_true", help="a short run (200 changes, 1,000 messages)")
     parser.add_argument("--changes", type=int, help="B7 status changes (default 200; at least 200 for the target)")
-    parser.add_argument("--messages", type=int, help="B8 messages with C down (default 5,000; bench/README.md#goals: 10,000)")
+    parser.add_argument("--messages", type=int, help="B8 messages with C down (default 5,000; the goal's: 10,000)")
     parser.add_argument("--alone-messages", type=int, help="B8 messages without mail for C (default 1,000)")
     parser.add_argument("--baseline-messages", type=int, help="B8 bare signed POSTs (default 500)")
     parser.add_argument("--drain-messages", type=int, help="(B8') rows drained alone (default 500)")

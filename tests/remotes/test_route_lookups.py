@@ -39,7 +39,7 @@ class _Database:
     def __init__(self) -> None:
         self.calls = 0
         self.release = asyncio.Event()
-        self.answer: RemoteRoute | None | Exception = ROUTE
+        self.answer: RemoteRoute | Exception | None = ROUTE
 
     async def __call__(self, user_id: int, remotename: str) -> RemoteRoute | None:
         self.calls += 1
@@ -149,7 +149,7 @@ async def test_the_errors_are_built_only_when_raised(monkeypatch: pytest.MonkeyP
 
         return make
 
-    with pytest.raises(DispatchError, match="^timed_out$"):
+    with pytest.raises(DispatchError, match=r"^timed_out$"):
         await realtime.request_reply(
             "test.nobody", Ping(), reply=Pong, timeout=0.05, timed_out=error("timed_out"), busy=error("busy")
         )
@@ -161,7 +161,7 @@ async def test_the_errors_are_built_only_when_raised(monkeypatch: pytest.MonkeyP
         raise ChannelFull()
 
     monkeypatch.setattr(layer, "send", full)
-    with pytest.raises(DispatchError, match="^busy$"):
+    with pytest.raises(DispatchError, match=r"^busy$"):
         await realtime.request_reply(
             "test.nobody", Ping(), reply=Pong, timeout=5, timed_out=error("timed_out"), busy=error("busy")
         )
