@@ -357,8 +357,9 @@ async def _route(user_id: int, remotename: str, *, fresh: bool = False) -> tuple
     """The remote's route and whether it came from this process's short-lived cache.
 
     One database lookup per key at a time: a caller that misses while another's lookup of
-    the same key is under way on the same event loop shares its answer (or its error). ``fresh`` skips the cache
-    and makes its own lookup. A lookup that ``forget_route`` overtook is not cached.
+    the same key is under way on the same event loop shares its answer (or its error).
+    ``fresh`` skips the cache and makes its own lookup. A lookup that ``forget_route``
+    overtook is not cached.
     Raises what the database raises."""
     key = (user_id, remotename)
     now = time.monotonic()
@@ -387,13 +388,13 @@ async def _route(user_id: int, remotename: str, *, fresh: bool = False) -> tuple
         lookup.cancel()
         raise
     finally:
-        current = fresh or _ROUTE_LOOKUPS.get(key) is lookup
-        if _ROUTE_LOOKUPS.get(key) is lookup:
+        shared_still = _ROUTE_LOOKUPS.get(key) is lookup  # not overtaken by forget_route
+        if shared_still:
             del _ROUTE_LOOKUPS[key]
     lookup.set_result(route)
     if route is None:
         _ROUTES.pop(key, None)
-    elif current:
+    elif fresh or shared_still:
         if len(_ROUTES) >= _ROUTE_CACHE_SIZE:
             _ROUTES.clear()
         _ROUTES[key] = (now + ROUTE_CACHE_SECONDS, route)
