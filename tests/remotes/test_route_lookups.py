@@ -16,6 +16,7 @@ from channels.exceptions import ChannelFull
 from core import realtime
 from core.errors import DispatchError
 from core.protocol import ChannelMessage, ChannelRequest
+from core.realtime import replies
 from remotes import services
 from remotes.services import RemoteRoute
 
@@ -133,10 +134,10 @@ class Pong(ChannelMessage):
 
 async def test_the_wait_never_cancels_what_it_waits_on() -> None:
     future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-    assert await realtime._settled(future, 0.01) is False
+    assert await replies._settled(future, 0.01) is False
     assert not future.cancelled() and not future._callbacks  # left as it was, no callback behind
     asyncio.get_running_loop().call_later(0.01, future.set_result, 1)
-    assert await realtime._settled(future, 5) is True
+    assert await replies._settled(future, 5) is True
 
 
 async def test_the_errors_are_built_only_when_raised(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -155,7 +156,7 @@ async def test_the_errors_are_built_only_when_raised(monkeypatch: pytest.MonkeyP
         )
     assert built == ["timed_out"]
 
-    layer = realtime.get_channel_layer()
+    layer = replies.get_channel_layer()
 
     async def full(channel: str, message: dict[str, Any]) -> None:
         raise ChannelFull()

@@ -21,7 +21,7 @@ from core.models import ServerProcess
 from core.services import api_token_create, api_token_revoke
 from remotes.models import Remote, WsSession
 from tests.conftest import WsClient
-from tests.dispatch.test_ws_header_path import upgrade
+from tests.dispatch.ws.test_ws_header_path import upgrade
 from tests.machines.test_hello_cost import fresh_caches, thread_hops  # noqa: F401  (autouse fixture)
 from tests.machines.test_op_path_costs import every_query
 
