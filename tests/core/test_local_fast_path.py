@@ -19,6 +19,7 @@ from core import realtime
 from core.consumers import DispatchConsumer, receives
 from core.errors import DispatchError
 from core.protocol import ChannelMessage, ChannelRequest
+from core.realtime import local
 from dispatch.ws.consumer import SessionConsumer
 from remotes import services
 from remotes.models import Remote
@@ -170,7 +171,7 @@ async def test_a_serving_consumer_that_ends_unregisters_its_inbox_and_a_call_wai
         await server.communicator.wait(5)
 
         assert realtime.local_inbox(channel) is None
-        assert channel not in realtime._consumer_inboxes
+        assert channel not in local._consumer_inboxes
         with pytest.raises(RemoteError) as ended:
             async with asyncio.timeout(5):  # the call's own timeout is 30 s
                 await waiting

@@ -145,7 +145,7 @@ def test_page_requests_and_rings_during_an_outage_add_no_warning_of_their_own(
 
     from core.http import OutageMiddleware
     from core.protocol import HealthProbeMessage
-    from core.realtime import _ring_failed
+    from core.realtime.rings import _ring_failed
 
     middleware = OutageMiddleware(lambda request: None)
     with caplog.at_level(logging.DEBUG):

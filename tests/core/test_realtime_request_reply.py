@@ -17,6 +17,7 @@ from channels.layers import get_channel_layer
 from core import realtime
 from core.errors import DispatchError
 from core.protocol import ChannelMessage, ChannelRequest
+from core.realtime import replies
 from machines.protocol import MachineReplyMessage
 from machines.services import transport as operations
 from machines.services.errors import MachineError
@@ -177,7 +178,7 @@ async def test_a_machine_operation_without_an_answer_times_out_as_before(monkeyp
 
 
 async def test_a_full_channel_is_busy_for_a_remote_and_unreachable_for_a_machine(monkeypatch: Any) -> None:
-    monkeypatch.setattr(realtime, "get_channel_layer", lambda: FullLayer(ChannelFull()))
+    monkeypatch.setattr(replies, "get_channel_layer", lambda: FullLayer(ChannelFull()))
     with pytest.raises(RemoteError) as remote_failure:
         await _deliver("specific.x!y", 5)
     assert (remote_failure.value.code, remote_failure.value.message) == ("REMOTE_BUSY", "remote 'clock' is busy")
@@ -192,7 +193,7 @@ async def test_a_full_channel_is_busy_for_a_remote_and_unreachable_for_a_machine
 
 
 async def test_arguments_the_layer_cannot_send_are_an_invalid_request_of_the_remote_call(monkeypatch: Any) -> None:
-    monkeypatch.setattr(realtime, "get_channel_layer", lambda: FullLayer(TypeError("can not serialize 'set'")))
+    monkeypatch.setattr(replies, "get_channel_layer", lambda: FullLayer(TypeError("can not serialize 'set'")))
     with pytest.raises(RemoteError) as failure:
         await _deliver("specific.x!y", 5)
     assert (failure.value.code, failure.value.message) == (
@@ -204,7 +205,7 @@ async def test_arguments_the_layer_cannot_send_are_an_invalid_request_of_the_rem
 async def test_a_layer_outage_is_raised_as_the_layers_error(monkeypatch: Any) -> None:
     from redis.exceptions import ConnectionError as RedisConnectionError
 
-    monkeypatch.setattr(realtime, "get_channel_layer", lambda: FullLayer(RedisConnectionError("refused")))
+    monkeypatch.setattr(replies, "get_channel_layer", lambda: FullLayer(RedisConnectionError("refused")))
     with pytest.raises(RedisConnectionError):  # the edges answer it 503 TEMPORARILY_UNAVAILABLE
         await _deliver("specific.x!y", 5)
 

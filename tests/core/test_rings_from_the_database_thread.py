@@ -16,6 +16,7 @@ from channels.layers import get_channel_layer
 
 from core import realtime
 from core.protocol import ChannelMessage
+from core.realtime import rings
 
 pytestmark = pytest.mark.django_db(transaction=True)  # database_sync_to_async tidies connections
 
@@ -67,7 +68,7 @@ async def test_rings_past_the_queue_limit_are_dropped_and_logged(
     held_layer: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     release, sent = held_layer
-    monkeypatch.setattr(realtime, "RING_QUEUE_LIMIT", 2)
+    monkeypatch.setattr(rings, "RING_QUEUE_LIMIT", 2)
 
     def service(numbers: range) -> None:
         for n in numbers:
