@@ -10,7 +10,10 @@ today, both kept byte for byte:
 - ``first_error_message``: the validator's own sentence, as is (the peer API and the
   machine operation routes, whose models raise the exact text the route answered before
   it had a model, such as ``name must be a non-empty string``); a validator that must
-  also answer ``details`` raises ``refusal(message, details)``.
+  also answer ``details`` raises ``refusal(message, details)``;
+- ``parse_request`` (the DRF views): DRF's ``ValidationError`` with the sentences DRF's
+  serializer fields answered (``DRF_SENTENCES``), nested under their fields
+  (docs/architecture.md#bodies).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
+from rest_framework import exceptions
+from rest_framework.exceptions import ErrorDetail
 
 from core.errors import InvalidRequest
 
@@ -63,7 +68,10 @@ def describe_validation_error(exc: ValidationError) -> str:
 def first_error_message(exc: ValidationError) -> str:
     """The first error's own sentence: the ``ValueError`` text a validator raised, else
     pydantic's message."""
-    error = _first(exc)
+    return _own_sentence(_first(exc))
+
+
+def _own_sentence(error: Any) -> str:
     return str(error.get("ctx", {}).get("error") or error["msg"])
 
 
@@ -91,3 +99,97 @@ def parse_plain(model: type[Model], body: Any, *, context: dict[str, Any] | None
         return model.model_validate(body, context=context)
     except ValidationError as exc:
         raise InvalidRequest(first_error_message(exc), _first(exc).get("ctx", {}).get("details")) from None
+
+
+# --- DRF views: a pydantic body, DRF's error answer ------------------------------------
+
+# DRF's DateTimeField and TimeField(input_formats=["%H:%M"]) name the formats they read.
+DATETIME_FORMATS = "YYYY-MM-DDThh:mm[:ss[.uuuuuu]][+HH:MM|-HH:MM|Z]"
+
+# pydantic error type → (DRF error code, the sentence DRF's field answered for it). A
+# sentence is formatted with the error's ``ctx`` and ``input`` (its text) and
+# ``input_type`` (its Python type's name). One table for every DRF view's body
+# (docs/architecture.md#bodies).
+DRF_SENTENCES: dict[str, tuple[str, str]] = {
+    "missing": ("required", "This field is required."),
+    "string_type": ("invalid", "Not a valid string."),
+    "string_too_long": ("max_length", "Ensure this field has no more than {max_length} characters."),
+    "string_too_short": ("min_length", "Ensure this field has at least {min_length} characters."),
+    "string_pattern_mismatch": ("invalid", "This value does not match the required pattern."),
+    "int_type": ("invalid", "A valid integer is required."),
+    "int_parsing": ("invalid", "A valid integer is required."),
+    "int_from_float": ("invalid", "A valid integer is required."),
+    "float_type": ("invalid", "A valid number is required."),
+    "float_parsing": ("invalid", "A valid number is required."),
+    "greater_than_equal": ("min_value", "Ensure this value is greater than or equal to {ge}."),
+    "less_than_equal": ("max_value", "Ensure this value is less than or equal to {le}."),
+    "bool_type": ("invalid", "Must be a valid boolean."),
+    "bool_parsing": ("invalid", "Must be a valid boolean."),
+    "literal_error": ("invalid_choice", '"{input}" is not a valid choice.'),
+    "enum": ("invalid_choice", '"{input}" is not a valid choice.'),
+    "datetime_type": ("invalid", f"Datetime has wrong format. Use one of these formats instead: {DATETIME_FORMATS}."),
+    "datetime_parsing": (
+        "invalid",
+        f"Datetime has wrong format. Use one of these formats instead: {DATETIME_FORMATS}.",
+    ),
+    "datetime_from_date_parsing": (
+        "invalid",
+        f"Datetime has wrong format. Use one of these formats instead: {DATETIME_FORMATS}.",
+    ),
+    "model_type": ("invalid", "Invalid data. Expected a dictionary, but got {input_type}."),
+    "model_attributes_type": ("invalid", "Invalid data. Expected a dictionary, but got {input_type}."),
+    "dict_type": ("not_a_dict", 'Expected a dictionary of items but got type "{input_type}".'),
+    "list_type": ("not_a_list", 'Expected a list of items but got type "{input_type}".'),
+    "too_long": ("max_length", "Ensure this field has no more than {max_length} elements."),
+    "too_short": ("min_length", "Ensure this field has at least {min_length} elements."),
+}
+# A sentence of its own: a validator's ValueError/AssertionError, a ``refusal``.
+_OWN_SENTENCE = frozenset({"value_error", "assertion_error", "invalid_request"})
+
+
+def _drf_sentence(error: Any) -> ErrorDetail:
+    kind = error["type"]
+    value = error.get("input")
+    if kind in _OWN_SENTENCE:
+        return ErrorDetail(_own_sentence(error), code="invalid")
+    if value is None and kind != "missing":
+        # DRF refuses a null before looking at the type: every field not allow_null.
+        return ErrorDetail("This field may not be null.", code="null")
+    ctx = error.get("ctx", {})
+    if kind == "string_too_short" and ctx.get("min_length") == 1:
+        return ErrorDetail("This field may not be blank.", code="blank")  # "" or, trimmed, spaces only
+    code, sentence = DRF_SENTENCES.get(kind, ("invalid", str(error["msg"])))
+    return ErrorDetail(sentence.format(**ctx, input=value, input_type=type(value).__name__), code=code)
+
+
+def drf_errors(exc: ValidationError) -> dict[str, Any]:
+    """pydantic's errors as a DRF serializer's ``errors``: field → ``[sentence]``, a nested
+    object's fields in a dict under its field, a list's items under their index (as
+    DRF's ``ListField``); an error of the whole body (not an object; a model validator)
+    under ``non_field_errors``. A field keeps its first error, as DRF's fields do."""
+    tree: dict[str, Any] = {}  # the body's fields by name; deeper, a list's items by index
+    for error in exc.errors(include_url=False):
+        path: list[str | int] = [*error["loc"]]
+        if not path or error["type"] in ("model_type", "model_attributes_type"):
+            path.append("non_field_errors")
+        node: dict[Any, Any] = tree
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):  # the field already failed as a whole
+                break
+            node = child
+        else:
+            node.setdefault(path[-1], [_drf_sentence(error)])
+    return tree
+
+
+def parse_request(model: type[Model], data: Any, *, context: dict[str, Any] | None = None) -> Model:
+    """Validate a DRF view's ``request.data`` against ``model``; DRF's ``ValidationError``
+    with ``drf_errors`` (each sentence DRF's fields answered, ``DRF_SENTENCES``) when it
+    does not fit, which ``core.api.exception_handler`` answers as 400 ``VALIDATION_ERROR``
+    ``{"message": "<field>: <sentence>", "details": {<field>: [<sentence>]}}``
+    (docs/architecture.md#errors)."""
+    try:
+        return model.model_validate(data, context=context)
+    except ValidationError as exc:
+        raise exceptions.ValidationError(drf_errors(exc)) from None

@@ -2,6 +2,8 @@
 of the DRF views, project-wide:
 
 - the user API token's security scheme (``BearerTokenScheme``);
+- the pydantic body models of the DRF views (``extend_schema(request=Model,
+  responses={200: Model})``; ``PydanticBody``, docs/architecture.md#bodies);
 - the plain and async views' operations, each declared beside its view from the pydantic
   models it validates with (``core.openapi.documented``; hook
   ``core.openapi.add_documented_routes``);
@@ -16,10 +18,11 @@ from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension, OpenApiSerializerExtension
 from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
-from drf_spectacular.plumbing import get_class
+from drf_spectacular.plumbing import ResolvedComponent, get_class
+from pydantic import BaseModel
 from rest_framework import serializers
 
-from core.openapi import served_routes
+from core.openapi import REF, served_routes
 
 # The RFC 3339 date-times DRF's DateTimeField reads (django.utils.dateparse): an upper-case
 # T and Z, a year from 0001, seconds up to 59 (no leap second).
@@ -161,6 +164,44 @@ class RequestRules(OpenApiSerializerExtension):
         for name, extra in rules.get("properties", {}).items():
             schema["properties"][name] = {**schema["properties"][name], **extra}
         schema.update({key: value for key, value in rules.items() if key != "properties"})
+        return schema
+
+
+class PydanticBody(OpenApiSerializerExtension):
+    """A pydantic model named as a DRF view's body (``extend_schema(request=Model,
+    responses={200: Model})``), described as the plain views' models are
+    (``core.openapi``): a request by ``model_json_schema(mode="validation")``, an answer by
+    ``mode="serialization"``, each a component named after the model (a request's
+    ``<Model>Request`` when the two modes differ), its ``$defs`` hoisted beside it.
+    ``ValueError`` when two different schemas would take one component name (they would
+    otherwise replace one another silently). Takes over from drf-spectacular's own
+    ``contrib.pydantic`` extension, which describes a request in serialization mode."""
+
+    target_class = "pydantic.BaseModel"
+    match_subclasses = True
+    priority = 1
+
+    def _mode(self, direction: str) -> Any:
+        return "validation" if direction == "request" else "serialization"
+
+    def get_name(self, auto_schema: Any, direction: str) -> str:
+        model: type[BaseModel] = self.target
+        name = model.__name__
+        if direction == "request" and model.model_json_schema(mode="validation") != model.model_json_schema(
+            mode="serialization"
+        ):
+            name += "Request"
+        return name
+
+    def map_serializer(self, auto_schema: Any, direction: str) -> dict[str, Any]:
+        model: type[BaseModel] = self.target
+        schema = model.model_json_schema(mode=self._mode(direction), ref_template=REF)
+        registry = auto_schema.registry
+        for name, definition in schema.pop("$defs", {}).items():
+            component = ResolvedComponent(name=name, type=ResolvedComponent.SCHEMA, object=name, schema=definition)
+            if component.key in registry._components and registry[component].schema != definition:
+                raise ValueError(f"two different OpenAPI components named {name!r}")
+            registry.register_on_missing(component)
         return schema
 
 

@@ -1,0 +1,95 @@
+"""A DRF view's pydantic body models in the OpenAPI document (``dispatch.schema.PydanticBody``;
+docs/architecture.md#bodies): a request in pydantic's validation mode, an answer in its
+serialization mode, nested models as components of their own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.urls import path
+from drf_spectacular.generators import SchemaGenerator
+from drf_spectacular.utils import extend_schema
+from pydantic import BaseModel, Field, computed_field
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from core.openapi import REF
+
+
+class Part(BaseModel):
+    label: str = Field(max_length=10)
+
+
+class Body(BaseModel):
+    name: str = Field(pattern=r"^\S+$")
+    count: int = 1  # a request may leave it out
+    part: Part | None = None
+
+
+class Answer(BaseModel):
+    name: str
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def shout(self) -> str:
+        return self.name.upper()
+
+
+class Sample(APIView):
+    @extend_schema(request=Body, responses={200: Answer})
+    def post(self, request: Request) -> Response:
+        return Response({})
+
+    @extend_schema(request=Answer, responses={200: Answer})
+    def put(self, request: Request) -> Response:
+        return Response({})
+
+
+class Echo(APIView):
+    @extend_schema(request=Part, responses={200: Part})
+    def put(self, request: Request) -> Response:
+        return Response({})
+
+
+@pytest.fixture
+def document() -> dict[str, Any]:
+    generator = SchemaGenerator(patterns=[path("sample", Sample.as_view()), path("echo", Echo.as_view())])
+    built: dict[str, Any] = generator.get_schema(request=None, public=True)
+    return built
+
+
+def test_a_request_body_is_the_models_validation_schema(document: dict[str, Any]) -> None:
+    operation = document["paths"]["/sample"]["post"]
+    ref = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    assert ref == REF.format(model="Body")
+    component = document["components"]["schemas"]["Body"]
+    assert component["required"] == ["name"]
+    assert component["properties"]["name"]["pattern"] == r"^\S+$"
+    assert component["properties"]["part"]["anyOf"][0] == {"$ref": REF.format(model="Part")}
+    assert document["components"]["schemas"]["Part"]["properties"]["label"]["maxLength"] == 10
+
+
+def test_an_answer_is_the_models_serialization_schema(document: dict[str, Any]) -> None:
+    operation = document["paths"]["/sample"]["post"]
+    ref = operation["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+    assert ref == REF.format(model="Answer")
+    component = document["components"]["schemas"]["Answer"]
+    assert set(component["required"]) == {"name", "shout"}
+
+
+def test_a_model_whose_two_modes_differ_is_two_components(document: dict[str, Any]) -> None:
+    operation = document["paths"]["/sample"]["put"]
+    ref = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    assert ref == REF.format(model="AnswerRequest")
+    assert document["components"]["schemas"]["AnswerRequest"]["required"] == ["name"]  # no shout to send
+    answer = operation["responses"]["200"]["content"]["application/json"]["schema"]
+    assert answer == {"$ref": REF.format(model="Answer")}
+
+
+def test_a_model_alike_both_ways_is_one_component(document: dict[str, Any]) -> None:
+    operation = document["paths"]["/echo"]["put"]
+    assert operation["requestBody"]["content"]["application/json"]["schema"] == {"$ref": REF.format(model="Part")}
+    assert operation["responses"]["200"]["content"]["application/json"]["schema"] == {"$ref": REF.format(model="Part")}
+    assert not any("$defs" in component for component in document["components"]["schemas"].values())
