@@ -31,7 +31,7 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 
-import deploy.cluster
+import deploy.nginx
 from deploy.cluster import Nginx, body_cap, free_port
 from tests.cluster import MARKS, Cluster, cluster
 from tests.infra import LiveSession, wait_until
@@ -166,10 +166,10 @@ def buffering_nginx(topo: Cluster, tmp_path_factory: pytest.TempPathFactory) -> 
     """A second nginx before the same processes with nginx's default ``proxy_buffering on``."""
     workdir = tmp_path_factory.mktemp("buffering-nginx")
     template = workdir / "nginx.conf.in"
-    text = deploy.cluster.TEMPLATE.read_text()
+    text = deploy.nginx.TEMPLATE.read_text()
     assert "proxy_buffering off;" in text
     template.write_text(text.replace("proxy_buffering off;", "proxy_buffering on;"))
-    with mock.patch.object(deploy.cluster, "TEMPLATE", template):
+    with mock.patch.object(deploy.nginx, "TEMPLATE", template):  # nginx_conf reads it there
         nginx = Nginx.start(
             workdir / "prefix",
             port=free_port(),
