@@ -18,10 +18,22 @@ today, both kept byte for byte:
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, TypeVar
+from datetime import UTC, datetime
+from typing import Annotated, Any, ClassVar, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
-from pydantic_core import PydanticCustomError
+from django.utils.dateparse import parse_datetime
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    GetJsonSchemaHandler,
+    PlainValidator,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import PydanticCustomError, core_schema
 from rest_framework import exceptions
 from rest_framework.exceptions import ErrorDetail
 
@@ -140,6 +152,7 @@ DRF_SENTENCES: dict[str, tuple[str, str]] = {
     "model_attributes_type": ("invalid", "Invalid data. Expected a dictionary, but got {input_type}."),
     "dict_type": ("not_a_dict", 'Expected a dictionary of items but got type "{input_type}".'),
     "list_type": ("not_a_list", 'Expected a list of items but got type "{input_type}".'),
+    "null_characters_not_allowed": ("null_characters_not_allowed", "Null characters are not allowed."),
     "too_long": ("max_length", "Ensure this field has no more than {max_length} elements."),
     "too_short": ("min_length", "Ensure this field has at least {min_length} elements."),
 }
@@ -150,14 +163,17 @@ _OWN_SENTENCE = frozenset({"value_error", "assertion_error", "invalid_request"})
 def _drf_sentence(error: Any) -> ErrorDetail:
     kind = error["type"]
     value = error.get("input")
+    if value is None and kind != "missing":
+        # DRF refuses a null before the type or any validator looks at it (a field that
+        # takes null has None in its type: no error).
+        return ErrorDetail("This field may not be null.", code="null")
     if kind in _OWN_SENTENCE:
         return ErrorDetail(_own_sentence(error), code="invalid")
-    if value is None and kind != "missing":
-        # DRF refuses a null before looking at the type: every field not allow_null.
-        return ErrorDetail("This field may not be null.", code="null")
     ctx = error.get("ctx", {})
     if kind == "string_too_short" and ctx.get("min_length") == 1:
         return ErrorDetail("This field may not be blank.", code="blank")  # "" or, trimmed, spaces only
+    if kind == "too_long" and isinstance(value, str):  # a length on a validated string
+        kind = "string_too_long"
     code, sentence = DRF_SENTENCES.get(kind, ("invalid", str(error["msg"])))
     return ErrorDetail(sentence.format(**ctx, input=value, input_type=type(value).__name__), code=code)
 
@@ -170,7 +186,8 @@ def drf_errors(exc: ValidationError) -> dict[str, Any]:
     tree: dict[str, Any] = {}  # the body's fields by name; deeper, a list's items by index
     for error in exc.errors(include_url=False):
         path: list[str | int] = [*error["loc"]]
-        if not path or error["type"] in ("model_type", "model_attributes_type"):
+        if not path or (error["type"] in ("model_type", "model_attributes_type") and error["input"] is not None):
+            # DRF's serializer, not one of its fields, refused a body that is no object
             path.append("non_field_errors")
         node: dict[Any, Any] = tree
         for part in path[:-1]:
@@ -193,3 +210,76 @@ def parse_request(model: type[Model], data: Any, *, context: dict[str, Any] | No
         return model.model_validate(data, context=context)
     except ValidationError as exc:
         raise exceptions.ValidationError(drf_errors(exc)) from None
+
+
+# --- DRF's field types, as pydantic types ------------------------------------------------
+
+# The RFC 3339 date-times DRF's DateTimeField reads (django.utils.dateparse): an upper-case
+# T and Z, a year from 0001, seconds up to 59 (no leap second).
+DATE_TIME_PATTERN = (
+    r"^([1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])-[0-9]{2}-[0-9]{2}"
+    r"T[0-9]{2}:[0-9]{2}:[0-5][0-9](\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})$"
+)
+NO_NUL = r"^[^\x00]*$"
+NOT_BLANK = r"^[^\x00]*[^\s\x00][^\x00]*$"  # and, trimmed, not empty
+
+
+class RequestSchema:
+    """Annotation metadata: keywords a body's JSON Schema adds in validation mode only (a
+    request's rules; an answer may well carry ``""``)."""
+
+    def __init__(self, **keywords: Any) -> None:
+        self.keywords = keywords
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        described = handler(schema)
+        if handler.mode == "validation":
+            described = {**handler.resolve_ref_schema(described), **self.keywords}
+        return described
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:  # DRF's ProhibitNullCharactersValidator
+        raise PydanticCustomError("null_characters_not_allowed", "Null characters are not allowed.")
+    return value
+
+
+# DRF's CharField as a request field reads it: a JSON string only (a number or boolean is
+# "Not a valid string."; add ``Field(coerce_numbers_to_str=True)`` for DRF's plain
+# CharField, which took numbers as text), no NUL, trimmed unless ``Raw``, "" (or spaces)
+# refused unless ``Blank``. A length is ``Field(max_length=N)`` on the field.
+Text = Annotated[
+    str,
+    StringConstraints(strip_whitespace=True, min_length=1),
+    AfterValidator(_no_nul),
+    RequestSchema(pattern=NOT_BLANK),
+]
+BlankText = Annotated[
+    str, StringConstraints(strip_whitespace=True), AfterValidator(_no_nul), RequestSchema(pattern=NO_NUL)
+]
+RawText = Annotated[str, StringConstraints(min_length=1), AfterValidator(_no_nul), RequestSchema(pattern=NO_NUL)]
+RawBlankText = Annotated[str, AfterValidator(_no_nul), RequestSchema(pattern=NO_NUL)]
+
+
+def _drf_datetime(value: Any) -> datetime:
+    parsed = value if isinstance(value, datetime) else None
+    if parsed is None and isinstance(value, str):
+        try:
+            parsed = parse_datetime(value)
+        except ValueError:
+            parsed = None
+    if parsed is None:
+        raise ValueError(DRF_SENTENCES["datetime_parsing"][1])
+    # USE_TZ: DRF read a date-time without an offset as the current time zone's (UTC).
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+# DRF's DateTimeField as a request field reads it: RFC 3339 text (Django's
+# ``parse_datetime``, not a number), one without an offset in UTC.
+DateTime = Annotated[
+    datetime,
+    PlainValidator(_drf_datetime, json_schema_input_type=datetime),
+    RequestSchema(pattern=DATE_TIME_PATTERN),
+]

@@ -23,13 +23,7 @@ from pydantic import BaseModel
 from rest_framework import serializers
 
 from core.openapi import REF, served_routes
-
-# The RFC 3339 date-times DRF's DateTimeField reads (django.utils.dateparse): an upper-case
-# T and Z, a year from 0001, seconds up to 59 (no leap second).
-DATE_TIME_PATTERN = (
-    r"^([1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])-[0-9]{2}-[0-9]{2}"
-    r"T[0-9]{2}:[0-9]{2}:[0-5][0-9](\.[0-9]+)?(Z|[+-][0-9]{2}:[0-9]{2})$"
-)
+from core.validation import DATE_TIME_PATTERN
 
 
 class AutoSchema(SpectacularAutoSchema):
@@ -171,31 +165,39 @@ class PydanticBody(OpenApiSerializerExtension):
     """A pydantic model named as a DRF view's body (``extend_schema(request=Model,
     responses={200: Model})``), described as the plain views' models are
     (``core.openapi``): a request by ``model_json_schema(mode="validation")``, an answer by
-    ``mode="serialization"``, each a component named after the model (a request's
-    ``<Model>Request`` when the two modes differ), its ``$defs`` hoisted beside it.
-    ``ValueError`` when two different schemas would take one component name (they would
-    otherwise replace one another silently). Takes over from drf-spectacular's own
-    ``contrib.pydantic`` extension, which describes a request in serialization mode."""
+    ``mode="serialization"``, each model (nested ones too) a component named after it; a
+    request's is ``<Model>Request`` where its two modes differ (a request's text says what
+    it refuses, an answer's does not). ``ValueError`` when two different schemas would
+    take one component name (they would otherwise replace one another silently). Takes
+    over from drf-spectacular's own ``contrib.pydantic``, which describes a request in
+    serialization mode."""
 
     target_class = "pydantic.BaseModel"
     match_subclasses = True
     priority = 1
 
-    def _mode(self, direction: str) -> Any:
-        return "validation" if direction == "request" else "serialization"
+    def _schemas(self, direction: str) -> tuple[str, dict[str, Any]]:
+        """The component name and schema of the model in ``direction``, its ``$defs``
+        renamed where a request's differs from the answer's."""
+        model: type[BaseModel] = self.target
+        answer = model.model_json_schema(mode="serialization", ref_template=REF)
+        if direction != "request":
+            return model.__name__, answer
+        request = model.model_json_schema(mode="validation", ref_template=REF)
+        answers = answer.get("$defs", {})
+        renamed = {
+            name: f"{name}Request" for name, found in request.get("$defs", {}).items() if answers.get(name) != found
+        }
+        request = _renamed(request, {REF.format(model=old): REF.format(model=new) for old, new in renamed.items()})
+        request["$defs"] = {renamed.get(name, name): found for name, found in request.get("$defs", {}).items()}
+        same = {k: v for k, v in answer.items() if k != "$defs"} == {k: v for k, v in request.items() if k != "$defs"}
+        return model.__name__ if same and not renamed else f"{model.__name__}Request", request
 
     def get_name(self, auto_schema: Any, direction: str) -> str:
-        model: type[BaseModel] = self.target
-        name = model.__name__
-        if direction == "request" and model.model_json_schema(mode="validation") != model.model_json_schema(
-            mode="serialization"
-        ):
-            name += "Request"
-        return name
+        return self._schemas(direction)[0]
 
     def map_serializer(self, auto_schema: Any, direction: str) -> dict[str, Any]:
-        model: type[BaseModel] = self.target
-        schema = model.model_json_schema(mode=self._mode(direction), ref_template=REF)
+        schema = self._schemas(direction)[1]
         registry = auto_schema.registry
         for name, definition in schema.pop("$defs", {}).items():
             component = ResolvedComponent(name=name, type=ResolvedComponent.SCHEMA, object=name, schema=definition)
@@ -203,6 +205,17 @@ class PydanticBody(OpenApiSerializerExtension):
                 raise ValueError(f"two different OpenAPI components named {name!r}")
             registry.register_on_missing(component)
         return schema
+
+
+def _renamed(schema: Any, refs: dict[str, str]) -> Any:
+    """``schema`` with each ``$ref`` in ``refs`` replaced by its new target."""
+    if isinstance(schema, dict):
+        return {
+            key: refs.get(value, value) if key == "$ref" else _renamed(value, refs) for key, value in schema.items()
+        }
+    if isinstance(schema, list):
+        return [_renamed(item, refs) for item in schema]
+    return schema
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):

@@ -16,10 +16,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from core.openapi import REF
+from core.validation import DATE_TIME_PATTERN, NOT_BLANK, DateTime, Text
 
 
 class Part(BaseModel):
-    label: str = Field(max_length=10)
+    label: Text = Field(max_length=10)
 
 
 class Body(BaseModel):
@@ -29,7 +30,8 @@ class Body(BaseModel):
 
 
 class Answer(BaseModel):
-    name: str
+    name: Text
+    when: DateTime
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -47,9 +49,21 @@ class Sample(APIView):
         return Response({})
 
 
+class Carrier(BaseModel):
+    part: Part
+
+
+class Echoed(BaseModel):
+    label: str
+
+
 class Echo(APIView):
-    @extend_schema(request=Part, responses={200: Part})
+    @extend_schema(request=Echoed, responses={200: Echoed})
     def put(self, request: Request) -> Response:
+        return Response({})
+
+    @extend_schema(responses={200: Carrier})
+    def get(self, request: Request) -> Response:
         return Response({})
 
 
@@ -63,12 +77,19 @@ def document() -> dict[str, Any]:
 def test_a_request_body_is_the_models_validation_schema(document: dict[str, Any]) -> None:
     operation = document["paths"]["/sample"]["post"]
     ref = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"]
-    assert ref == REF.format(model="Body")
-    component = document["components"]["schemas"]["Body"]
+    assert ref == REF.format(model="BodyRequest")  # its Part's text says what it refuses
+    component = document["components"]["schemas"]["BodyRequest"]
     assert component["required"] == ["name"]
     assert component["properties"]["name"]["pattern"] == r"^\S+$"
-    assert component["properties"]["part"]["anyOf"][0] == {"$ref": REF.format(model="Part")}
-    assert document["components"]["schemas"]["Part"]["properties"]["label"]["maxLength"] == 10
+    assert component["properties"]["part"]["anyOf"][0] == {"$ref": REF.format(model="PartRequest")}
+    part = document["components"]["schemas"]["PartRequest"]["properties"]["label"]
+    assert part["maxLength"] == 10 and part["pattern"] == NOT_BLANK
+
+
+def test_a_nested_model_in_an_answer_and_a_request_is_two_components(document: dict[str, Any]) -> None:
+    answered = document["components"]["schemas"]["Carrier"]["properties"]["part"]
+    assert answered == {"$ref": REF.format(model="Part")}
+    assert "pattern" not in document["components"]["schemas"]["Part"]["properties"]["label"]
 
 
 def test_an_answer_is_the_models_serialization_schema(document: dict[str, Any]) -> None:
@@ -76,20 +97,33 @@ def test_an_answer_is_the_models_serialization_schema(document: dict[str, Any]) 
     ref = operation["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
     assert ref == REF.format(model="Answer")
     component = document["components"]["schemas"]["Answer"]
-    assert set(component["required"]) == {"name", "shout"}
+    assert set(component["required"]) == {"name", "when", "shout"}
 
 
 def test_a_model_whose_two_modes_differ_is_two_components(document: dict[str, Any]) -> None:
     operation = document["paths"]["/sample"]["put"]
     ref = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"]
     assert ref == REF.format(model="AnswerRequest")
-    assert document["components"]["schemas"]["AnswerRequest"]["required"] == ["name"]  # no shout to send
+    request = document["components"]["schemas"]["AnswerRequest"]
+    assert request["required"] == ["name", "when"]  # no shout to send
+    # What a request's text and date-time refuse is said for requests only.
+    assert request["properties"]["name"]["pattern"] == NOT_BLANK
+    assert request["properties"]["when"] == {
+        "type": "string",
+        "format": "date-time",
+        "pattern": DATE_TIME_PATTERN,
+        "title": "When",
+    }
+    assert "pattern" not in document["components"]["schemas"]["Answer"]["properties"]["name"]
+    assert "pattern" not in document["components"]["schemas"]["Answer"]["properties"]["when"]
     answer = operation["responses"]["200"]["content"]["application/json"]["schema"]
     assert answer == {"$ref": REF.format(model="Answer")}
 
 
 def test_a_model_alike_both_ways_is_one_component(document: dict[str, Any]) -> None:
     operation = document["paths"]["/echo"]["put"]
-    assert operation["requestBody"]["content"]["application/json"]["schema"] == {"$ref": REF.format(model="Part")}
-    assert operation["responses"]["200"]["content"]["application/json"]["schema"] == {"$ref": REF.format(model="Part")}
+    assert operation["requestBody"]["content"]["application/json"]["schema"] == {"$ref": REF.format(model="Echoed")}
+    assert operation["responses"]["200"]["content"]["application/json"]["schema"] == {
+        "$ref": REF.format(model="Echoed")
+    }
     assert not any("$defs" in component for component in document["components"]["schemas"].values())
