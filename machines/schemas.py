@@ -7,25 +7,75 @@ views document (``core.openapi.documented``), with the JSON schemas they publish
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
-from typing import Annotated, Any, Literal
+from collections.abc import Iterable
+from typing import Annotated, Any, Literal, get_type_hints
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     RootModel,
+    ValidationError,
     ValidationInfo,
     WithJsonSchema,
+    create_model,
     field_validator,
     model_validator,
 )
 
 from core.validation import WireModel
 from machines.protocol import CALLER_OPERATIONS, DEFAULT_LIMITS
-from machines.shim.protocol import (
-    MACHINE_ID_PATTERN,
-)
+from machines.shim.protocol import MACHINE_ID_PATTERN, PAYLOADS
+
+# pydantic's Field arguments a payload field's metadata may carry (machines.shim.protocol).
+_FIELD_ARGUMENTS = ("description", "ge", "gt", "le", "min_length")
+
+
+def payload_model(shared: type[Any], *, exclude: Iterable[str] = ()) -> type[BaseModel]:
+    """The pydantic model of an operation payload defined once in ``machines.shim.protocol``
+    (a standard-library dataclass, since the shim installs without pydantic): the same
+    fields, types, defaults, bounds and descriptions (not its docstring, written for
+    developers: a schema's ``description`` reaches models and clients); strict (``"3"`` is not an integer,
+    ``1`` not a boolean, as the shim's ``payload_of`` reads them); unknown fields ignored.
+    ``exclude`` leaves fields out (a tool's schema omits what the platform sets).
+    Validate ``without_nulls(payload)``: a ``null`` field reads as absent, as in the shim.
+    """
+    hints = get_type_hints(shared)
+    definitions: dict[str, Any] = {}
+    for field in dataclasses.fields(shared):
+        if field.name in exclude:
+            continue
+        arguments = {name: field.metadata[name] for name in _FIELD_ARGUMENTS if name in field.metadata}
+        if field.default is not dataclasses.MISSING:
+            arguments["default"] = field.default
+        definitions[field.name] = (hints[field.name], Field(**arguments))
+    model: type[BaseModel] = create_model(
+        shared.__name__,
+        __config__=ConfigDict(strict=True, extra="ignore"),
+        __module__=__name__,
+        **definitions,
+    )
+    return model
+
+
+PAYLOAD_MODELS: dict[str, type[BaseModel]] = {str(op): payload_model(shared) for op, shared in PAYLOADS.items()}
+"""Operation → the pydantic model of its payload (``payload_model``)."""
+
+
+def without_nulls(payload: dict[str, Any]) -> dict[str, Any]:
+    """``payload`` without its ``null`` fields: a payload's ``null`` means absent (the shim's rule)."""
+    return {name: value for name, value in payload.items() if value is not None}
+
+
+def payload_error(exc: ValidationError) -> str:
+    """The first error of a payload as one sentence: ``payload.<field>: <reason>``."""
+    error = exc.errors(include_url=False)[0]
+    where = ".".join(str(part) for part in ("payload", *error["loc"]))
+    reason = "this field is required" if error["type"] == "missing" else error["msg"]
+    return f"{where}: {reason}"
+
 
 REQUEST_ID_SCHEMA = {
     "anyOf": [{"type": "string", "format": "uuid"}, {"type": "null"}],
@@ -98,8 +148,11 @@ class SessionOpBody(WireModel):
     target_machines?, stream?, request_id?}`` (docs/live-operations.md).
 
     ``op`` must be a string (``"op is required (e.g. FILE_READ, EXECUTE_COMMAND)"``); the
-    operation's name, its ``payload`` (default ``{}``) and the ``target_machine`` are
-    checked by ``machines.services.operations.machine_op`` with the protocol's error codes.
+    operation's name and the ``target_machine`` are checked by
+    ``machines.services.operations.machine_op`` with the protocol's error codes; the
+    ``payload`` (default ``{}``) of a known operation, here against its model
+    (``PAYLOAD_MODELS``: ``"payload.offset: Input should be a valid integer"``), so a bad
+    one is refused once, before any machine is asked.
     ``target_machines`` (``target_machines_of``) and ``target_machine`` are exclusive;
     ``stream`` (a boolean, default false) is for ``EXECUTE_COMMAND`` only; ``request_id``
     is a UUID (``request_id_of``, canonical form).
@@ -172,6 +225,12 @@ class SessionOpBody(WireModel):
             raise ValueError("target_machine and target_machines are exclusive: give one of them")
         if self.stream and self.op != "EXECUTE_COMMAND":
             raise ValueError(f"stream: true is for EXECUTE_COMMAND only (op is {self.op[:40]!r})")
+        model = PAYLOAD_MODELS.get(self.op)
+        if model is not None and isinstance(self.payload, dict):  # not a dict: machine_op says so
+            try:
+                model.model_validate(without_nulls(self.payload))
+            except ValidationError as exc:
+                raise ValueError(payload_error(exc)) from None
         return self
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -32,11 +33,17 @@ from core.errors import InvalidRequest
 from core.tools import TOOL_CALL, OutputReport, ProgressReport, Tool, ToolHandler
 from core.validation import parse_plain
 from machines import selectors
-from machines.schemas import PIPE_END_SCHEMA, SessionPipeBody
+from machines.schemas import PIPE_END_SCHEMA, SessionPipeBody, payload_model
 from machines.services import live, router
 from machines.services.copy import copy_between_machines
 from machines.services.live import Output
 from machines.services.operations import machine_op
+from machines.shim.protocol import (
+    PATH_DESCRIPTION,
+    PAYLOADS,
+    LiveFields,
+    MessageType,
+)
 
 PROGRESS_PER_SECOND = 4  # at most this many progress reports a second (plus the final one)
 PROGRESS_LINE_MAX = 200  # characters of the latest output line a progress report carries
@@ -65,16 +72,37 @@ FAN_OUT_NOTE = (
     "is one failed entry."
 )
 _SESSION = {"type": "string", "description": "The machine session to act in (default: your own)."}
-_PATH = {"type": "string", "description": "Absolute path, or relative to the machine's first allowed root."}
+_PATH = {"type": "string", "description": PATH_DESCRIPTION}
+# The 2.1 fields of EXECUTE_COMMAND are the platform's to set (a stream, a pipe): not a tool's.
+_PLATFORM_FIELDS = tuple(field.name for field in dataclasses.fields(LiveFields))
 
 
-def _schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+def _schema(op: str) -> dict[str, Any]:
+    """The input schema of ``op``'s tool: its payload model's (``machines.shim.protocol``
+    via ``machines.schemas.payload_model``), without the platform's fields, plus where to
+    run it. Unknown arguments are refused (a typo is not silently ignored)."""
+    payload = payload_model(PAYLOADS[op], exclude=_PLATFORM_FIELDS).model_json_schema()
+    properties = {name: _tool_property(schema) for name, schema in payload["properties"].items()}
     return {
         "type": "object",
         "properties": {**properties, "target_machine": _TARGET, "target_machines": _TARGETS, "session_id": _SESSION},
-        "required": required,
+        "required": payload.get("required", []),
         "additionalProperties": False,
     }
+
+
+def _tool_property(schema: dict[str, Any]) -> dict[str, Any]:
+    """A payload property's schema as a tool states it: without pydantic's ``title`` (the
+    name again: words a model reads for nothing), and an optional field (``anyOf [X,
+    null]``, default ``null``) as ``X``: a tool call leaves it out rather than sending null."""
+    schema = {key: value for key, value in schema.items() if key != "title"}
+    branches = schema.get("anyOf")
+    if schema.get("default", ...) is None and isinstance(branches, list) and {"type": "null"} in branches:
+        others = [branch for branch in branches if branch != {"type": "null"}]
+        if len(others) == 1:
+            rest = {key: value for key, value in schema.items() if key not in ("anyOf", "default")}
+            schema = {**others[0], **rest}
+    return schema
 
 
 # name → (operation, summary, parameters)
@@ -85,72 +113,37 @@ OPERATION_TOOLS: dict[str, tuple[str, str, dict[str, Any]]] = {
         "Returns stdout, stderr, exit_code, timed_out, duration_seconds, output_truncated. While it runs, "
         "progress notifications (when your client asks for them) carry the bytes of output so far and the "
         "latest output line; cancelling the call stops the command.",
-        _schema(
-            {
-                "argv": {"type": "array", "items": {"type": "string"}, "minItems": 1},
-                "command": {"type": "string"},
-                "cwd": {"type": "string"},
-                "timeout_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": 600},
-                "env": {"type": "object", "additionalProperties": {"type": "string"}},
-            },
-            [],
-        ),
+        _schema(MessageType.EXECUTE_COMMAND),
     ),
     "local_pc_file_read": (
         "FILE_READ",
         "Read a file (utf-8 or base64; page through large files with offset and length in bytes).",
-        _schema(
-            {
-                "path": _PATH,
-                "encoding": {"enum": ["utf-8", "base64"], "default": "utf-8"},
-                "offset": {"type": "integer", "minimum": 0},
-                "length": {"type": "integer", "minimum": 1},
-            },
-            ["path"],
-        ),
+        _schema(MessageType.FILE_READ),
     ),
     "local_pc_file_write": (
         "FILE_WRITE",
         "Write (or append to) a file.",
-        _schema(
-            {
-                "path": _PATH,
-                "content": {"type": "string"},
-                "encoding": {"enum": ["utf-8", "base64"], "default": "utf-8"},
-                "create_parents": {"type": "boolean"},
-                "append": {"type": "boolean"},
-            },
-            ["path", "content"],
-        ),
+        _schema(MessageType.FILE_WRITE),
     ),
     "local_pc_file_list": (
         "FILE_LIST",
         "List a directory (optionally recursive, filtered by a glob).",
-        _schema(
-            {
-                "path": _PATH,
-                "glob": {"type": "string"},
-                "recursive": {"type": "boolean"},
-                "include_hidden": {"type": "boolean"},
-                "max_entries": {"type": "integer", "minimum": 1, "maximum": 10000},
-            },
-            ["path"],
-        ),
+        _schema(MessageType.FILE_LIST),
     ),
     "local_pc_file_stat": (
         "FILE_STAT",
         "Describe a path: exists, is_file, is_dir, size, mtime, mode; sha256 with hash: true.",
-        _schema({"path": _PATH, "hash": {"type": "boolean"}}, ["path"]),
+        _schema(MessageType.FILE_STAT),
     ),
     "local_pc_file_delete": (
         "FILE_DELETE",
         "Delete a file or (with recursive) a directory.",
-        _schema({"path": _PATH, "recursive": {"type": "boolean"}, "missing_ok": {"type": "boolean"}}, ["path"]),
+        _schema(MessageType.FILE_DELETE),
     ),
     "local_pc_file_move": (
         "FILE_MOVE",
         "Move or rename a path on one machine.",
-        _schema({"src": _PATH, "dst": _PATH, "overwrite": {"type": "boolean"}}, ["src", "dst"]),
+        _schema(MessageType.FILE_MOVE),
     ),
 }
 

@@ -26,23 +26,27 @@ from . import files
 from .files import cancellable, os_error
 from .guardian import GUARDIAN
 from .jail import PathJail
-from .live import PIPE_CHUNK, STDIN_MODES, CommandOptions, FrameSender, LiveCommand, kill_group
+from .live import PIPE_CHUNK, CommandOptions, FrameSender, LiveCommand, kill_group
 from .protocol import (
     OPERATIONS,
+    PAYLOADS,
     PROTOCOL_VERSION,
     Capability,
     ErrorCode,
+    ExecuteCommand,
+    FileDelete,
+    FileList,
+    FileMove,
+    FileRead,
+    FileStat,
+    FileWrite,
     Limits,
+    LiveFields,
     MessageType,
     ShimError,
+    payload_of,
     supports_live_operations,
 )
-
-ENCODINGS = ("utf-8", "base64")
-"""``encoding`` values of FILE_READ and FILE_WRITE."""
-
-MAX_LIST_ENTRIES = 100_000
-"""The largest ``max_entries`` FILE_LIST accepts."""
 
 DEFAULT_LIST_ENTRIES = 1000
 """FILE_LIST's ``max_entries`` when the request names none."""
@@ -117,7 +121,9 @@ class Operations:
         self.capabilities = frozenset(capabilities)
         self.identity = identity
         self.shell = shell or os.environ.get("SHELL") or "/bin/sh"
-        self._handlers: Mapping[str, Callable[[Mapping[str, Any]], Awaitable[dict[str, Any]]]] = {
+        # Each handler takes its operation's payload model (``PAYLOADS``), or the raw
+        # payload for the two operations that carry none.
+        self._handlers: Mapping[str, Callable[[Any], Awaitable[dict[str, Any]]]] = {
             MessageType.MACHINE_LIST_REQUEST: self.machine_list,
             MessageType.FILE_READ: self.file_read,
             MessageType.FILE_WRITE: self.file_write,
@@ -150,15 +156,18 @@ class Operations:
 
         ``live`` is the command's :class:`LiveCommand` when ``op`` is ``EXECUTE_COMMAND``
         and the caller wants to cancel it or feed it (see :meth:`live_command`).
-        Raises ``ShimError`` with a protocol error code for every refusal and failure.
+        The payload is checked once, here, against the operation's model
+        (``protocol.payload_of``). Raises ``ShimError`` with a protocol error code for every
+        refusal and failure.
         """
         self.check_allowed(op)
         response_type = OPERATIONS[op][0]
         if op == MessageType.EXECUTE_COMMAND:
-            return response_type, await self.execute_command(payload, live=live)
-        return response_type, await self._handlers[op](payload)
+            return response_type, await self.execute_command(payload_of(ExecuteCommand, payload), live=live)
+        model = PAYLOADS.get(op)
+        return response_type, await self._handlers[op](payload if model is None else payload_of(model, payload))
 
-    def live_command(self, payload: Mapping[str, Any], send: FrameSender | None = None) -> LiveCommand:
+    def live_command(self, payload: Mapping[str, Any] | LiveFields, send: FrameSender | None = None) -> LiveCommand:
         """The :class:`LiveCommand` of an ``EXECUTE_COMMAND`` with this ``payload``, for
         ``CANCEL``/``FLOW``/``COMMAND_INPUT`` to reach it while it runs.
 
@@ -168,12 +177,9 @@ class Operations:
         ``protocol_version``, ``required_version``, ``fields``). ``send`` sends its
         ``COMMAND_OUTPUT`` and stdin ``FLOW`` frames.
         """
-        stdin = _choice(payload, "stdin", STDIN_MODES, default="null")
+        fields = payload if isinstance(payload, LiveFields) else payload_of(LiveFields, payload)
         options = CommandOptions(
-            stream=_flag(payload, "stream"),
-            binary=_flag(payload, "binary"),
-            stdin_stream=stdin == "stream",
-            pipe=_flag(payload, "pipe"),
+            stream=fields.stream, binary=fields.binary, stdin_stream=fields.stdin == "stream", pipe=fields.pipe
         )
         asked = options.live_fields
         if asked and not supports_live_operations(self.protocol_version):
@@ -209,7 +215,7 @@ class Operations:
             "hardware_devices": list(identity.hardware_devices),
         }
 
-    async def file_read(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+    async def file_read(self, request: FileRead) -> dict[str, Any]:
         """FILE_READ ``{path, encoding, offset?, length?}`` → FILE_CONTENTS ``{content,
         encoding, size_bytes (the whole file), offset, truncated}``.
 
@@ -221,15 +227,12 @@ class Operations:
         UTF-8 fail ``ENCODING_ERROR``. Also ``IS_A_DIRECTORY``, ``PATH_NOT_FOUND``,
         ``INVALID_REQUEST`` (not a regular file, bad fields).
         """
-        encoding = _choice(payload, "encoding", ENCODINGS, default="utf-8")
-        offset = _integer(payload, "offset", minimum=0)
-        length = _integer(payload, "length", minimum=0)
-        jailed = self.jail.check(payload.get("path"))
+        jailed = self.jail.check(request.path)
         return await asyncio.to_thread(
-            files.read_file, jailed, encoding, offset, length, self.limits.max_file_size_bytes
+            files.read_file, jailed, request.encoding, request.offset, request.length, self.limits.max_file_size_bytes
         )
 
-    async def file_write(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+    async def file_write(self, request: FileWrite) -> dict[str, Any]:
         """FILE_WRITE ``{path, content, encoding, create_parents?, append?}`` → ACK
         ``{size_bytes_written}``.
 
@@ -237,13 +240,8 @@ class Operations:
         ``INVALID_REQUEST`` (bad base64, bad fields), ``PATH_NOT_FOUND`` (no parent
         directory and no ``create_parents``), ``IS_A_DIRECTORY``, ``PERMISSION_DENIED``.
         """
-        encoding = _choice(payload, "encoding", ENCODINGS, default="utf-8")
-        content = payload.get("content")
-        if not isinstance(content, str):
-            raise ShimError(ErrorCode.INVALID_REQUEST, "'content' must be a string")
-        create_parents = _flag(payload, "create_parents")
-        append = _flag(payload, "append")
-        if encoding == "base64":
+        content = request.content
+        if request.encoding == "base64":
             try:
                 data = base64.b64decode(content, validate=True)
             except (binascii.Error, ValueError):
@@ -257,10 +255,10 @@ class Operations:
                 f"{len(data)} bytes exceed the {limit}-byte limit; write in appended chunks",
                 {"size_bytes": len(data), "max_file_size_bytes": limit},
             )
-        jailed = self.jail.check_write(payload.get("path"))
-        return await asyncio.to_thread(files.write_file, jailed, data, create_parents, append)
+        jailed = self.jail.check_write(request.path)
+        return await asyncio.to_thread(files.write_file, jailed, data, request.create_parents, request.append)
 
-    async def file_stat(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+    async def file_stat(self, request: FileStat) -> dict[str, Any]:
         """FILE_STAT ``{path, hash?}`` → FILE_STAT_RESPONSE ``{exists, is_file, is_dir,
         is_symlink, size_bytes, mtime, mode, sha256?}``.
 
@@ -269,11 +267,10 @@ class Operations:
         int (0o644 → 420). ``sha256`` (hex; null for a non-file) only when ``hash: true``,
         computed streaming.
         """
-        want_hash = _flag(payload, "hash")
-        jailed = self.jail.check(payload.get("path"))
-        return await cancellable(files.stat_path, jailed, want_hash)
+        jailed = self.jail.check(request.path)
+        return await cancellable(files.stat_path, jailed, request.hash)
 
-    async def file_list(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+    async def file_list(self, request: FileList) -> dict[str, Any]:
         """FILE_LIST ``{path, glob?, recursive?, include_hidden?, max_entries? (1000)}`` →
         FILE_LIST_RESPONSE ``{entries: [{name, path, is_dir, size_bytes, mtime}], truncated}``.
 
@@ -285,23 +282,17 @@ class Operations:
         when more than ``max_entries`` (1…100000) matched. Errors: ``PATH_NOT_FOUND``,
         ``INVALID_REQUEST`` (not a directory, bad fields), ``PERMISSION_DENIED``.
         """
-        pattern = payload.get("glob")
-        if pattern is not None and (not isinstance(pattern, str) or not pattern):
-            raise ShimError(ErrorCode.INVALID_REQUEST, "'glob' must be a non-empty string")
-        recursive = _flag(payload, "recursive")
-        include_hidden = _flag(payload, "include_hidden")
-        max_entries = _integer(payload, "max_entries", minimum=1, maximum=MAX_LIST_ENTRIES)
-        jailed = self.jail.check(payload.get("path"))
+        jailed = self.jail.check(request.path)
         listing = files.Listing(
             jail=self.jail,
-            pattern=pattern,
-            recursive=recursive,
-            include_hidden=include_hidden,
-            max_entries=max_entries or DEFAULT_LIST_ENTRIES,
+            pattern=request.glob,
+            recursive=request.recursive,
+            include_hidden=request.include_hidden,
+            max_entries=request.max_entries or DEFAULT_LIST_ENTRIES,
         )
         return await cancellable(listing.run, jailed)
 
-    async def file_delete(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+    async def file_delete(self, request: FileDelete) -> dict[str, Any]:
         """FILE_DELETE ``{path, recursive?, missing_ok?}`` → ACK ``{}``.
 
         A symlink is removed, never its target. Errors: ``PATH_NOT_FOUND`` (unless
@@ -309,13 +300,11 @@ class Operations:
         ``recursive``), ``PERMISSION_DENIED``. An allowed root itself cannot be deleted
         (its parent is outside the roots: ``PATH_OUTSIDE_ALLOWED_ROOT``).
         """
-        recursive = _flag(payload, "recursive")
-        missing_ok = _flag(payload, "missing_ok")
-        jailed = self.jail.check_write(payload.get("path"))
-        await asyncio.to_thread(files.delete_path, jailed, recursive, missing_ok)
+        jailed = self.jail.check_write(request.path)
+        await asyncio.to_thread(files.delete_path, jailed, request.recursive, request.missing_ok)
         return {}
 
-    async def file_move(self, payload: Mapping[str, Any]) -> dict[str, Any]:
+    async def file_move(self, request: FileMove) -> dict[str, Any]:
         """FILE_MOVE ``{src, dst, overwrite?}`` → ACK ``{}``.
 
         Both ends follow the write rules of the jail. ``dst`` is the new path (not a
@@ -324,13 +313,12 @@ class Operations:
         ``IS_A_DIRECTORY`` / ``PATH_NOT_EMPTY`` (what ``rename`` refuses with
         ``overwrite``), ``INVALID_REQUEST`` (a directory into itself), ``PERMISSION_DENIED``.
         """
-        overwrite = _flag(payload, "overwrite")
-        source = self.jail.check_write(payload.get("src"), "src")
-        destination = self.jail.check_write(payload.get("dst"), "dst")
-        await asyncio.to_thread(files.move_path, source, destination, overwrite)
+        source = self.jail.check_write(request.src, "src")
+        destination = self.jail.check_write(request.dst, "dst")
+        await asyncio.to_thread(files.move_path, source, destination, request.overwrite)
         return {}
 
-    async def execute_command(self, payload: Mapping[str, Any], live: LiveCommand | None = None) -> dict[str, Any]:
+    async def execute_command(self, request: ExecuteCommand, live: LiveCommand | None = None) -> dict[str, Any]:
         """EXECUTE_COMMAND ``{argv | command, cwd?, timeout_seconds?, env?, stream?, binary?,
         stdin?, pipe?}`` → COMMAND_RESULT ``{stdout, stderr, exit_code, timed_out,
         duration_seconds, output_truncated, cancelled}`` (``cancelled`` and the streaming fields: 2.1).
@@ -356,12 +344,12 @@ class Operations:
         ``PATH_OUTSIDE_ALLOWED_ROOT`` (cwd), ``CANCELLED`` (cancelled before its process
         started: nothing ran).
         """
-        args = self._command_args(payload)
-        timeout = self._command_timeout(payload)
-        environment = safe_environment(self.shell) | _environment(payload.get("env"))
+        args = self._command_args(request)
+        timeout = self._command_timeout(request)
+        environment = safe_environment(self.shell) | _environment(request.env)
         if live is None:
-            live = self.live_command(payload)
-        cwd = self.jail.check(payload.get("cwd") or self.jail.roots[0], "cwd")
+            live = self.live_command(request)
+        cwd = self.jail.check(request.cwd or self.jail.roots[0], "cwd")
         await asyncio.to_thread(files.require_directory, cwd)
         if live.cancelled:
             raise ShimError(ErrorCode.CANCELLED, "the command was cancelled before it started; nothing ran")
@@ -403,32 +391,28 @@ class Operations:
         finally:
             GUARDIAN.forget(process.pid)
 
-    def _command_args(self, payload: Mapping[str, Any]) -> list[str]:
-        argv, command = payload.get("argv"), payload.get("command")
-        if (argv is None) == (command is None):
-            raise ShimError(ErrorCode.INVALID_REQUEST, "give exactly one of 'argv' and 'command'")
-        if argv is not None:
-            if (
-                not isinstance(argv, list)
-                or not argv
-                or not all(isinstance(part, str) and "\x00" not in part for part in argv)
-                or not argv[0]
-            ):
+    def _command_args(self, request: ExecuteCommand) -> list[str]:
+        # payload_of checked the types; what a schema cannot say is checked here.
+        argv, command = request.argv, request.command
+        if argv is not None and command is None:
+            if not all("\x00" not in part for part in argv) or not argv[0]:
                 raise ShimError(
                     ErrorCode.INVALID_REQUEST,
                     "'argv' must be a non-empty list of strings without NUL bytes",
                 )
             return list(argv)
-        if not isinstance(command, str) or not command.strip() or "\x00" in command:
+        if command is None or argv is not None:
+            raise ShimError(ErrorCode.INVALID_REQUEST, "give exactly one of 'argv' and 'command'")
+        if not command.strip() or "\x00" in command:
             raise ShimError(ErrorCode.INVALID_REQUEST, "'command' must be a non-empty string without NUL bytes")
         return [self.shell, "-c", command]
 
-    def _command_timeout(self, payload: Mapping[str, Any]) -> float:
-        timeout = payload.get("timeout_seconds")
+    def _command_timeout(self, request: ExecuteCommand) -> float:
+        timeout = request.timeout_seconds
         if timeout is None:
             return float(self.limits.command_timeout_seconds)
-        ceiling = self.limits.max_command_timeout_seconds
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= ceiling:
+        ceiling = self.limits.max_command_timeout_seconds  # this shim's, maybe below the model's
+        if not timeout <= ceiling:
             raise ShimError(
                 ErrorCode.INVALID_REQUEST,
                 f"'timeout_seconds' must be a number above 0 and at most {ceiling}",
@@ -458,44 +442,11 @@ def safe_environment(shell: str) -> dict[str, str]:
 # -- payload fields -------------------------------------------------------------------------
 
 
-def _flag(payload: Mapping[str, Any], name: str) -> bool:
-    value = payload.get(name)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise ShimError(ErrorCode.INVALID_REQUEST, f"'{name}' must be true or false")
-    return value
-
-
-def _integer(payload: Mapping[str, Any], name: str, *, minimum: int, maximum: int | None = None) -> int | None:
-    value = payload.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum and value > maximum):
-        bounds = f"at least {minimum}" + (f" and at most {maximum}" if maximum else "")
-        raise ShimError(ErrorCode.INVALID_REQUEST, f"'{name}' must be an integer {bounds}")
-    return value
-
-
-def _choice(payload: Mapping[str, Any], name: str, choices: tuple[str, ...], *, default: str) -> str:
-    value = payload.get(name, default)
-    if value is None:
-        return default
-    if value not in choices:
-        raise ShimError(ErrorCode.INVALID_REQUEST, f"'{name}' must be one of {', '.join(choices)}")
-    return str(value)
-
-
-def _environment(env: object) -> dict[str, str]:
+def _environment(env: dict[str, str] | None) -> dict[str, str]:
     if env is None:
         return {}
-    if not isinstance(env, dict) or not all(
-        isinstance(key, str)
-        and key
-        and "=" not in key
-        and "\x00" not in key
-        and isinstance(value, str)
-        and "\x00" not in value
+    if not all(
+        isinstance(key, str) and key and "=" not in key and "\x00" not in key and "\x00" not in value
         for key, value in env.items()
     ):
         raise ShimError(

@@ -1,0 +1,181 @@
+"""The machine-operation payloads, defined once in ``machines.shim.protocol`` (``PAYLOADS``:
+standard-library dataclasses, since the shim installs without pydantic) and read three
+ways: by the shim (``payload_of``), by the platform's pydantic models
+(``machines.schemas.PAYLOAD_MODELS``, which ``POST …/ops`` validates with) and as the
+tools' input schemas (``machines.tools``). docs/shim-protocol.md#operations."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+from django.test import AsyncClient
+from jsonschema import Draft202012Validator
+from pydantic import ValidationError
+
+from machines import tools as machine_tools
+from machines.schemas import PAYLOAD_MODELS, without_nulls
+from machines.shim.protocol import MAX_LIST_ENTRIES, PAYLOADS, LiveFields, ShimError, payload_of
+
+# Each operation's payloads, good and bad: every reader must agree on each.
+SAMPLES: dict[str, list[dict[str, Any]]] = {
+    "FILE_READ": [
+        {"path": "a.txt"},
+        {"path": "a.txt", "encoding": "base64", "offset": 0, "length": 10},
+        {"path": "a.txt", "encoding": None, "offset": None},
+        {"path": ""},
+        {"path": 3},
+        {},
+        {"path": "a.txt", "encoding": "latin-1"},
+        {"path": "a.txt", "offset": -1},
+        {"path": "a.txt", "offset": "3"},
+        {"path": "a.txt", "length": True},
+        {"path": "a.txt", "length": 2.5},
+    ],
+    "FILE_WRITE": [
+        {"path": "a", "content": ""},
+        {"path": "a", "content": "x", "create_parents": True, "append": False},
+        {"path": "a"},
+        {"path": "a", "content": 5},
+        {"path": "a", "content": "x", "append": 1},
+        {"path": "a", "content": "x", "create_parents": "yes"},
+    ],
+    "FILE_STAT": [
+        {"path": "/x"},
+        {"path": "/x", "hash": True},
+        {"path": "/x", "hash": None},
+        {"path": "/x", "hash": "true"},
+        {"path": ["/x"]},
+    ],
+    "FILE_LIST": [
+        {"path": ".", "glob": "*.py", "recursive": True, "max_entries": MAX_LIST_ENTRIES},
+        {"path": ".", "max_entries": 1},
+        {"path": ".", "max_entries": 0},
+        {"path": ".", "max_entries": MAX_LIST_ENTRIES + 1},
+        {"path": ".", "glob": ""},
+        {"path": ".", "include_hidden": 0},
+    ],
+    "FILE_DELETE": [
+        {"path": "d", "recursive": True, "missing_ok": True},
+        {"path": "d", "missing_ok": "no"},
+    ],
+    "FILE_MOVE": [
+        {"src": "a", "dst": "b", "overwrite": True},
+        {"src": "a"},
+        {"src": "a", "dst": 1},
+    ],
+    "EXECUTE_COMMAND": [
+        {"argv": ["ls", "-l"]},
+        {"command": "ls | wc -l", "cwd": "sub", "timeout_seconds": 1, "env": {"A": "b"}},
+        {"argv": ["cat"], "stream": True, "stdin": "stream", "binary": False, "pipe": True},
+        {"argv": ["ls"], "timeout_seconds": 600.0},
+        {"argv": []},
+        {"argv": ["ls", 1]},
+        {"argv": "ls"},
+        {"command": ""},
+        {"argv": ["ls"], "timeout_seconds": 0},
+        {"argv": ["ls"], "timeout_seconds": 601},
+        {"argv": ["ls"], "timeout_seconds": True},
+        {"argv": ["ls"], "env": {"A": 1}},
+        {"argv": ["ls"], "env": ["A=b"]},
+        {"argv": ["ls"], "stdin": "file"},
+        {"argv": ["ls"], "stream": "yes"},
+    ],
+}
+
+
+def shim_accepts(op: str, payload: dict[str, Any]) -> bool:
+    try:
+        payload_of(PAYLOADS[op], payload)
+    except ShimError as error:
+        assert error.code == "INVALID_REQUEST"
+        return False
+    return True
+
+
+def platform_accepts(op: str, payload: dict[str, Any]) -> bool:
+    try:
+        PAYLOAD_MODELS[op].model_validate(without_nulls(payload))
+    except ValidationError:
+        return False
+    return True
+
+
+def schema_accepts(op: str, payload: dict[str, Any]) -> bool:
+    schema = PAYLOAD_MODELS[op].model_json_schema()
+    return Draft202012Validator(schema).is_valid(without_nulls(payload))
+
+
+def test_every_operation_a_caller_may_request_has_its_samples() -> None:
+    assert set(SAMPLES) == set(PAYLOADS) == set(PAYLOAD_MODELS)
+
+
+@pytest.mark.parametrize(("op", "payload"), [(op, payload) for op, payloads in SAMPLES.items() for payload in payloads])
+def test_the_shim_the_platform_and_the_schema_accept_and_refuse_the_same_payloads(
+    op: str, payload: dict[str, Any]
+) -> None:
+    shim = shim_accepts(op, payload)
+    assert platform_accepts(op, payload) == shim, (op, payload, shim)
+    assert schema_accepts(op, payload) == shim, (op, payload, shim)
+
+
+def test_the_shim_reads_a_payload_as_its_model_with_the_defaults() -> None:
+    request = payload_of(PAYLOADS["FILE_LIST"], {"path": ".", "recursive": None, "unknown": 1})
+    assert dataclasses.asdict(request) == {
+        "path": ".",
+        "glob": None,
+        "recursive": False,
+        "include_hidden": False,
+        "max_entries": None,
+    }
+    with pytest.raises(ShimError, match="'max_entries' must be an integer at least 1 and at most 100000"):
+        payload_of(PAYLOADS["FILE_LIST"], {"path": ".", "max_entries": 0})
+    with pytest.raises(ShimError, match="'path' is required"):
+        payload_of(PAYLOADS["FILE_STAT"], {})
+
+
+def test_each_operation_tool_takes_its_payload_models_fields_but_the_platforms() -> None:
+    live = {field.name for field in dataclasses.fields(LiveFields)}
+    for op, _summary, parameters in machine_tools.OPERATION_TOOLS.values():
+        model = PAYLOAD_MODELS[op].model_json_schema()
+        own = set(parameters["properties"]) - {"target_machine", "target_machines", "session_id"}
+        assert own == set(model["properties"]) - live, op
+        assert parameters["required"] == model.get("required", []), op
+        assert parameters["additionalProperties"] is False
+    file_list = machine_tools.OPERATION_TOOLS["local_pc_file_list"][2]["properties"]
+    assert file_list["max_entries"] == {"maximum": MAX_LIST_ENTRIES, "minimum": 1, "type": "integer"}
+    command = machine_tools.OPERATION_TOOLS["local_pc_execute_command"][2]["properties"]
+    assert command["timeout_seconds"]["maximum"] == 600 and command["timeout_seconds"]["exclusiveMinimum"] == 0
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_route_refuses_a_bad_payload_before_any_machine_is_asked(
+    shims: Any, owner: Any, owner_token: str
+) -> None:
+    shim = await shims.connect(owner, machine_id="m1")
+    client = AsyncClient()
+
+    async def post(payload: dict[str, Any]) -> Any:
+        return await client.post(
+            "/api/v1/sessions/s1/ops",
+            json.dumps({"op": "FILE_READ", "payload": payload}),
+            content_type="application/json",
+            headers={"authorization": f"Bearer {owner_token}"},
+        )
+
+    for payload, message in [
+        ({"path": "/home/alice/a.txt", "offset": "3"}, "payload.offset: Input should be a valid integer"),
+        ({"offset": 3}, "payload.path: this field is required"),
+        ({"path": "/home/alice/a.txt", "encoding": "latin-1"}, "payload.encoding: Input should be 'utf-8' or"),
+    ]:
+        response = await post(payload)
+        assert response.status_code == 400, response.content
+        error = response.json()["error"]
+        assert error["code"] == "INVALID_REQUEST" and error["message"].startswith(message), error
+    assert shim.ops("FILE_READ") == []
+    shim.files["/home/alice/a.txt"] = b"hi"
+    response = await post({"path": "/home/alice/a.txt", "offset": None, "unknown": 1})  # null: absent
+    assert response.status_code == 200, response.content
+    assert shim.ops("FILE_READ")[-1]["payload"] == {"path": "/home/alice/a.txt", "offset": None, "unknown": 1}
