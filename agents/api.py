@@ -7,10 +7,11 @@ Another user's agent or run is 404 on every route. Errors use the one error shap
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from asgiref.sync import async_to_sync
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -18,23 +19,28 @@ from rest_framework.response import Response
 from agents import keys as agent_keys
 from agents import launching, lifecycle, messages, selectors, services
 from agents.models import Agent
+from agents.protocol import AgentPromptBody
 from agents.serializers import (
-    AgentEventSerializer,
-    AgentMessageSerializer,
-    AgentSerializer,
-    RunSerializer,
+    AgentData,
+    AgentEventData,
+    AgentMessageData,
+    RunData,
     agent_data,
+    event_data,
     run_data,
 )
 from agents.tokens import agent_scope_forbid, agent_scope_manage, calling_agent
 from core.api import DispatchAPIView
 from core.authentication import authenticated_user
 from core.errors import InvalidRequest, NotFound
+from core.validation import BlankText, RawBlankText, RawText, WireModel, parse_request
 from peers.remote_launch import launch_at_location, location_resolve
 
 
 class StrictCharField(serializers.CharField):
-    """A CharField that refuses numbers and booleans instead of turning them into text."""
+    """A CharField that refuses numbers and booleans instead of turning them into text.
+    Left for ``attention.api``'s serializers until they are pydantic models; this module's
+    bodies use ``core.validation.Text`` and its kin."""
 
     def to_internal_value(self, data: Any) -> str:
         if not isinstance(data, str):
@@ -43,9 +49,8 @@ class StrictCharField(serializers.CharField):
 
 
 class StrictBooleanField(serializers.BooleanField):
-    """A BooleanField that takes JSON ``true``/``false`` only (DRF's also turns ``"yes"``,
-    ``"on"``, ``1`` and friends into booleans: a flag as strong as ``full_access`` must be
-    meant)."""
+    """A BooleanField that takes JSON ``true``/``false`` only. Left for ``attention.api``'s
+    serializers until they are pydantic models; this module's bodies use ``StrictBool``."""
 
     def to_internal_value(self, data: Any) -> bool:
         if not isinstance(data, bool):
@@ -53,37 +58,59 @@ class StrictBooleanField(serializers.BooleanField):
         return data
 
 
-class AgentLaunchSerializer(serializers.Serializer):
-    type = StrictCharField(
-        max_length=40,
-        required=False,
-        allow_blank=True,
+NEXT_PAGE = "the cursor of the next page (its before), null on the last page"
+
+
+class AgentLaunchBody(WireModel):
+    """``POST /api/v1/agents``: ``{name, type?, prompt?, cwd?, location?, child?,
+    full_access?, trust_folder?}``. Text fields take JSON strings only, flags JSON
+    ``true``/``false`` only (not ``"yes"`` or ``1``: a flag as strong as ``full_access``
+    must be meant); ``type`` and ``location`` are trimmed. The service checks the rest
+    (the type's availability, ``name`` at most 100 characters, ``cwd``)."""
+
+    # agents.api.AgentListView.post: trust_folder is for a launch here, not with a location.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "not": {
+                "properties": {"trust_folder": {"const": True}, "location": {"type": "string", "pattern": r"\S"}},
+                "required": ["trust_folder", "location"],
+            }
+        }
+    )
+
+    type: BlankText = Field(
         default="",
-        help_text="an agent type (GET /api/v1/agent-types); absent: the default type here (expert with a model "
+        max_length=40,
+        description="an agent type (GET /api/v1/agent-types); absent: the default type here (expert with a model "
         "endpoint, else the first installed LLM CLI; with neither it is required), or with location the "
         "linked instance's",
     )
-    name = StrictCharField(max_length=1000, trim_whitespace=False)
-    prompt = StrictCharField(required=False, allow_blank=True, default="", trim_whitespace=False)
-    cwd = StrictCharField(
-        max_length=4096,
-        trim_whitespace=False,
-        required=False,
-        allow_blank=True,
+    name: RawText = Field(max_length=1000)
+    prompt: RawBlankText = ""
+    cwd: RawBlankText = Field(
         default="",
-        help_text="absolute directory (a leading ~ is expanded); default: the launching agent's cwd, else "
+        max_length=4096,
+        description="absolute directory (a leading ~ is expanded); default: the launching agent's cwd, else "
         "DISPATCH_DEFAULT_CWD; required with location",
     )
-    location = StrictCharField(required=False, allow_null=True, allow_blank=True, default=None)
-    child = StrictBooleanField(required=False, default=False)
-    full_access = StrictBooleanField(required=False, default=False)
-    trust_folder = StrictBooleanField(
-        required=False,
-        default=False,
-        help_text="claude and codex types launch only in a trusted folder (else 400 FOLDER_NOT_TRUSTED): true "
-        "trusts cwd for your CLI agents from now on and launches (a person's decision: refused with an agent's "
-        'token, 403). Not with location (trust the folder on that instance). docs/agents.md "Folder trust"',
+    location: BlankText | None = Field(
+        default=None, description="a linked instance (its label or id): launch there, its shadow here"
     )
+    child: StrictBool = False
+    full_access: StrictBool = False
+    trust_folder: StrictBool = Field(
+        default=False,
+        description="claude and codex types launch only in a trusted folder (else 400 FOLDER_NOT_TRUSTED): true "
+        "trusts cwd for your CLI agents from now on and launches (a person's decision: refused with an agent's "
+        "token, 403). Not with location (trust the folder on that instance). docs/agents.md#folder-trust",
+    )
+
+
+class AgentList(BaseModel):
+    """A page of agents, newest first."""
+
+    agents: list[AgentData]
+    next: str | None = Field(description=NEXT_PAGE)
 
 
 MESSAGE_ID = re.compile(r"[0-9]{1,19}")
@@ -116,11 +143,7 @@ class AgentListView(DispatchAPIView):
             OpenApiParameter("type", str, pattern=r"^[A-Za-z0-9_-]{1,64}$"),  # selectors.is_valid_id
             OpenApiParameter("before", str, description="the `next` cursor of the previous page"),
         ],
-        responses={
-            200: inline_serializer(
-                "AgentList", {"agents": AgentSerializer(many=True), "next": serializers.CharField(allow_null=True)}
-            )
-        },
+        responses={200: AgentList},
     )
     def get(self, request: Request) -> Response:
         page = selectors.agents_for(
@@ -129,9 +152,10 @@ class AgentListView(DispatchAPIView):
             type=_query(request, "type"),
             before=_query(request, "before"),
         )
-        return Response({"agents": AgentSerializer(page.items, many=True).data, "next": page.next})
+        listed = AgentList(agents=[AgentData.from_row(agent) for agent in page.items], next=page.next)
+        return Response(listed.model_dump(mode="json"))
 
-    @extend_schema(request=AgentLaunchSerializer, responses={201: AgentSerializer})
+    @extend_schema(request=AgentLaunchBody, responses={201: AgentData})
     def post(self, request: Request) -> Response:
         """Launch any configured type (``lifecycle.agent_launch_any``; an unavailable type is
         refused with the list of available ones); without ``type``, the default type
@@ -140,43 +164,50 @@ class AgentListView(DispatchAPIView):
         the parent. A claude/codex launch in a folder nobody trusted is 400
         ``FOLDER_NOT_TRUSTED`` unless a person sends ``trust_folder: true`` (docs/agents.md
         "Folder trust")."""
-        incoming = AgentLaunchSerializer(data=request.data)
-        incoming.is_valid(raise_exception=True)
-        body = incoming.validated_data
+        body = parse_request(AgentLaunchBody, request.data)
         launcher = calling_agent(request)
-        if body["child"] and launcher is None:
+        if body.child and launcher is None:
             raise InvalidRequest("child: only an agent (calling with its own token) can launch a child agent")
-        if body["location"]:  # on a linked instance: a shadow here (docs/peers.md#using-a-link)
-            if body["trust_folder"]:
+        if body.location:  # on a linked instance: a shadow here (docs/peers.md#using-a-link)
+            if body.trust_folder:
                 raise InvalidRequest(
                     "trust_folder applies to a launch here: a folder on a linked instance is trusted by a person "
                     "there (a launch there with trust_folder, or its DISPATCH_TRUSTED_ROOTS)"
                 )
             user = authenticated_user(request)
-            location_resolve(user=user, location=body["location"])  # a bad one is 400 before any wait
+            location_resolve(user=user, location=body.location)  # a bad one is 400 before any wait
             shadow = async_to_sync(launch_at_location)(
-                user=user, caller_agent=launcher, location=body["location"], fields=body
+                user=user, caller_agent=launcher, location=body.location, fields=body.model_dump()
             )
             return Response(agent_data(shadow), status=status.HTTP_201_CREATED)
         agent = lifecycle.agent_launch_any(
             owner=authenticated_user(request),
-            type=launching.launch_type_resolve(body["type"]),
-            name=body["name"],
-            prompt=body["prompt"],
-            cwd=body["cwd"] or None,
+            type=launching.launch_type_resolve(body.type),
+            name=body.name,
+            prompt=body.prompt,
+            cwd=body.cwd or None,
             launched_by=launcher,
-            child=body["child"],
-            full_access=body["full_access"],
-            trust_folder=body["trust_folder"],
+            child=body.child,
+            full_access=body.full_access,
+            trust_folder=body.trust_folder,
         )
         return Response(agent_data(agent), status=status.HTTP_201_CREATED)
 
 
-class AgentTypeSerializer(serializers.Serializer):
-    type = serializers.CharField()
-    kind = serializers.ChoiceField(choices=["expert", "llm", "shell"])
-    available = serializers.BooleanField(help_text="whether an agent of this type works here now")
-    reason = serializers.CharField(help_text='why it is not available ("" when it is)')
+class AgentTypeData(BaseModel):
+    """One agent type (docs/agents.md#agent-types)."""
+
+    type: str
+    kind: Literal["expert", "llm", "shell"]
+    available: bool = Field(description="whether an agent of this type works here now")
+    reason: str = Field(description='why it is not available ("" when it is)')
+
+
+class AgentTypeList(BaseModel):
+    """Every agent type and the default one."""
+
+    types: list[AgentTypeData]
+    default: str | None = Field(description="the type a launch without one gets; null: type is required")
 
 
 class AgentTypesView(DispatchAPIView):
@@ -187,32 +218,25 @@ class AgentTypesView(DispatchAPIView):
 
     @extend_schema(
         operation_id="v1_agent_types_list",
-        responses={
-            200: inline_serializer(
-                "AgentTypeList",
-                {
-                    "types": AgentTypeSerializer(many=True),
-                    "default": serializers.CharField(
-                        allow_null=True, help_text="the type a launch without one gets; null: type is required"
-                    ),
-                },
-            )
-        },
+        responses={200: AgentTypeList},
     )
     def get(self, request: Request) -> Response:
         authenticated_user(request)
-        return Response({"types": launching.agent_types_data(), "default": launching.default_launch_type()})
+        listed = AgentTypeList.model_validate(
+            {"types": launching.agent_types_data(), "default": launching.default_launch_type()}
+        )
+        return Response(listed.model_dump(mode="json"))
 
 
 class AgentDetailView(DispatchAPIView):
     """``GET /api/v1/agents/{id}`` (every field) and ``DELETE`` (archive; idempotent)."""
 
-    @extend_schema(responses={200: AgentSerializer})
+    @extend_schema(responses={200: AgentData})
     def get(self, request: Request, agent_id: str) -> Response:
         agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
         return Response(agent_data(agent))
 
-    @extend_schema(responses={200: AgentSerializer})
+    @extend_schema(responses={200: AgentData})
     def delete(self, request: Request, agent_id: str) -> Response:
         agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
         agent_scope_manage(calling_agent(request), agent)
@@ -223,7 +247,7 @@ class AgentStopView(DispatchAPIView):
     """``POST /api/v1/agents/{id}/stop``: a CLI agent goes ``stopping`` (the supervisor
     finishes), an expert agent ``stopped`` with its runs cancelled; 409 when not running."""
 
-    @extend_schema(request=None, responses={200: AgentSerializer})
+    @extend_schema(request=None, responses={200: AgentData})
     def post(self, request: Request, agent_id: str) -> Response:
         agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
         agent_scope_manage(calling_agent(request), agent)
@@ -233,17 +257,19 @@ class AgentStopView(DispatchAPIView):
 class AgentStartView(DispatchAPIView):
     """``POST /api/v1/agents/{id}/start``: start a stopped or failed agent again (409 otherwise)."""
 
-    @extend_schema(request=None, responses={200: AgentSerializer})
+    @extend_schema(request=None, responses={200: AgentData})
     def post(self, request: Request, agent_id: str) -> Response:
         agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
         agent_scope_manage(calling_agent(request), agent)
         return Response(agent_data(lifecycle.agent_start_any(agent=agent)))
 
 
-class AgentPromptSerializer(serializers.Serializer):
-    instruction = StrictCharField(trim_whitespace=False)
-    input = serializers.JSONField(required=False, allow_null=True, default=None)
-    options = serializers.DictField(required=False, allow_null=True, default=None)
+class PromptAccepted(BaseModel):
+    """A prompt taken: the run an expert agent got, or the message a CLI agent got (the
+    other field absent)."""
+
+    run_id: str | None = Field(default=None, description="expert agents")
+    message_id: int | None = Field(default=None, description="CLI agents")
 
 
 class AgentPromptView(DispatchAPIView):
@@ -251,38 +277,40 @@ class AgentPromptView(DispatchAPIView):
     expert agent, 202 ``{message_id}`` for a CLI agent (its prompt is a message)."""
 
     @extend_schema(
-        request=AgentPromptSerializer,
-        responses={
-            202: inline_serializer(
-                "PromptAccepted",
-                {
-                    "run_id": serializers.CharField(required=False, help_text="expert agents"),
-                    "message_id": serializers.IntegerField(required=False, help_text="CLI agents"),
-                },
-            )
-        },
+        request=AgentPromptBody,
+        responses={202: PromptAccepted},
     )
     def post(self, request: Request, agent_id: str) -> Response:
         user = authenticated_user(request)
         selectors.agent_get_for(user=user, agent_id=agent_id)  # 404 before judging the body
-        incoming = AgentPromptSerializer(data=request.data)
-        incoming.is_valid(raise_exception=True)
-        body = incoming.validated_data
+        body = parse_request(AgentPromptBody, request.data)
         accepted = lifecycle.agent_prompt_any(
             user=user,
             agent_id=agent_id,
-            instruction=body["instruction"],
-            input=body["input"],
-            options=body["options"],
+            instruction=body.instruction,
+            input=body.input,
+            options=body.options,
             sender_agent=calling_agent(request),
         )
         if accepted.message_id is not None:
-            return Response({"message_id": accepted.message_id}, status=status.HTTP_202_ACCEPTED)
-        return Response({"run_id": accepted.run_id}, status=status.HTTP_202_ACCEPTED)
+            answer = PromptAccepted(message_id=accepted.message_id)
+        else:
+            answer = PromptAccepted(run_id=accepted.run_id)
+        return Response(answer.model_dump(mode="json", exclude_unset=True), status=status.HTTP_202_ACCEPTED)
 
 
-class MessageSendSerializer(serializers.Serializer):
-    content = StrictCharField(trim_whitespace=False, max_length=messages.MAX_MESSAGE_LENGTH)
+class MessageSendBody(WireModel):
+    """``POST /api/v1/agents/{id}/messages``: ``{content}``, the text as it is typed or
+    prompted (not trimmed)."""
+
+    content: RawText = Field(max_length=messages.MAX_MESSAGE_LENGTH)
+
+
+class AgentMessageList(BaseModel):
+    """A page of an agent's messages, newest first."""
+
+    messages: list[AgentMessageData]
+    next: str | None = Field(description=NEXT_PAGE)
 
 
 class AgentMessagesView(DispatchAPIView):
@@ -292,12 +320,7 @@ class AgentMessagesView(DispatchAPIView):
     @extend_schema(
         operation_id="v1_agents_messages_list",
         parameters=[_limit(selectors.MESSAGES_MAX_LIMIT), OpenApiParameter("before", str)],
-        responses={
-            200: inline_serializer(
-                "AgentMessageList",
-                {"messages": AgentMessageSerializer(many=True), "next": serializers.CharField(allow_null=True)},
-            )
-        },
+        responses={200: AgentMessageList},
     )
     def get(self, request: Request, agent_id: str) -> Response:
         agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
@@ -307,12 +330,13 @@ class AgentMessagesView(DispatchAPIView):
             maximum=selectors.MESSAGES_MAX_LIMIT,
         )
         page = selectors.messages_page(agent=agent, limit=limit, before=_query(request, "before"))
-        return Response({"messages": AgentMessageSerializer(page.items, many=True).data, "next": page.next})
+        listed = AgentMessageList(messages=[AgentMessageData.from_row(row) for row in page.items], next=page.next)
+        return Response(listed.model_dump(mode="json"))
 
     @extend_schema(
         operation_id="v1_agents_messages_create",
-        request=MessageSendSerializer,
-        responses={201: AgentMessageSerializer},
+        request=MessageSendBody,
+        responses={201: AgentMessageData},
     )
     def post(self, request: Request, agent_id: str) -> Response:
         """A CLI agent's message is ``queued`` until the supervisor pastes it; an expert
@@ -321,10 +345,9 @@ class AgentMessagesView(DispatchAPIView):
         answers; docs/peers.md#the-outbox)."""
         user = authenticated_user(request)
         agent = selectors.agent_get_for(user=user, agent_id=agent_id)
-        incoming = MessageSendSerializer(data=request.data)
-        incoming.is_valid(raise_exception=True)
+        body = parse_request(MessageSendBody, request.data)
         message = lifecycle.agent_message_send(
-            user=user, recipient=agent, content=incoming.validated_data["content"], sender_agent=calling_agent(request)
+            user=user, recipient=agent, content=body.content, sender_agent=calling_agent(request)
         )
         return Response(messages.message_data(message), status=status.HTTP_201_CREATED)
 
@@ -332,12 +355,19 @@ class AgentMessagesView(DispatchAPIView):
 class MessageDetailView(DispatchAPIView):
     """``GET /api/v1/messages/{id}``: one of the caller's messages (404 for anyone else's)."""
 
-    @extend_schema(operation_id="v1_messages_retrieve", responses={200: AgentMessageSerializer})
+    @extend_schema(operation_id="v1_messages_retrieve", responses={200: AgentMessageData})
     def get(self, request: Request, message_id: str) -> Response:
         if MESSAGE_ID.fullmatch(message_id) is None:  # "abc", "-1", " 1", "1e3": names no message
             raise NotFound("no such message")
         message = messages.message_get(user=authenticated_user(request), message_id=message_id)
         return Response(messages.message_data(message))
+
+
+class AgentEventList(BaseModel):
+    """A page of an agent's events, newest first."""
+
+    events: list[AgentEventData]
+    next: str | None = Field(description=NEXT_PAGE)
 
 
 class AgentEventsView(DispatchAPIView):
@@ -346,12 +376,7 @@ class AgentEventsView(DispatchAPIView):
     @extend_schema(
         operation_id="v1_agents_events_list",
         parameters=[_limit(selectors.EVENTS_MAX_LIMIT), OpenApiParameter("before", str)],
-        responses={
-            200: inline_serializer(
-                "AgentEventList",
-                {"events": AgentEventSerializer(many=True), "next": serializers.CharField(allow_null=True)},
-            )
-        },
+        responses={200: AgentEventList},
     )
     def get(self, request: Request, agent_id: str) -> Response:
         agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
@@ -361,7 +386,15 @@ class AgentEventsView(DispatchAPIView):
             maximum=selectors.EVENTS_MAX_LIMIT,
         )
         page = selectors.events_page(agent=agent, limit=limit, before=_query(request, "before"))
-        return Response({"events": AgentEventSerializer(page.items, many=True).data, "next": page.next})
+        listed = AgentEventList(events=[AgentEventData.from_row(event) for event in page.items], next=page.next)
+        return Response(listed.model_dump(mode="json"))
+
+
+class RunList(BaseModel):
+    """A page of an agent's runs, newest first."""
+
+    runs: list[RunData]
+    next: str | None = Field(description=NEXT_PAGE)
 
 
 class AgentRunsView(DispatchAPIView):
@@ -370,23 +403,27 @@ class AgentRunsView(DispatchAPIView):
     @extend_schema(
         operation_id="v1_agents_runs_list",
         parameters=[OpenApiParameter("before", str)],
-        responses={
-            200: inline_serializer(
-                "RunList", {"runs": RunSerializer(many=True), "next": serializers.CharField(allow_null=True)}
-            )
-        },
+        responses={200: RunList},
     )
     def get(self, request: Request, agent_id: str) -> Response:
         agent = selectors.agent_get_for(user=authenticated_user(request), agent_id=agent_id)
         page = selectors.runs_page(agent=agent, before=_query(request, "before"))
-        return Response({"runs": RunSerializer(page.items, many=True).data, "next": page.next})
+        listed = RunList(runs=[RunData.from_row(run) for run in page.items], next=page.next)
+        return Response(listed.model_dump(mode="json"))
 
 
-class AgentKeysSerializer(serializers.Serializer):
-    keys = serializers.ListField(
-        child=serializers.JSONField(),
-        help_text='key names among Up, Down, Enter, Esc, Tab, y, n, C-c (docs/agents.md "Keys")',
-    )
+if TYPE_CHECKING:
+    KeyName = str
+else:
+    KeyName = Literal[tuple(agent_keys.KEYS_ALLOWED)]
+
+
+class AgentKeysBody(BaseModel):
+    """``POST /api/v1/agents/{id}/keys``: ``{"keys": [name, …]}``. Documents the body only:
+    ``keys.keys_validate`` checks it, its refusal naming the allowed keys
+    (docs/agents.md#keys)."""
+
+    keys: list[KeyName] = Field(min_length=1, max_length=agent_keys.KEYS_MAX, description="key names, in order")
 
 
 class AgentKeysView(DispatchAPIView):
@@ -396,20 +433,20 @@ class AgentKeysView(DispatchAPIView):
     shadow or expert agent; 403 with an agent token (a person's action); 409 when the agent
     is not running here or its pane is dead."""
 
-    @extend_schema(request=AgentKeysSerializer, responses={200: AgentEventSerializer})
+    @extend_schema(request=AgentKeysBody, responses={200: AgentEventData})
     def post(self, request: Request, agent_id: str) -> Response:
         user = authenticated_user(request)
         agent = selectors.agent_get_for(user=user, agent_id=agent_id)
         agent_scope_forbid(calling_agent(request), "press keys in a pane")
         keys = request.data.get("keys") if isinstance(request.data, dict) else None
         event = agent_keys.agent_keys_send(user=user, agent=agent, keys=keys)
-        return Response(AgentEventSerializer(event).data)
+        return Response(event_data(event))
 
 
 class RunDetailView(DispatchAPIView):
     """``GET /api/v1/runs/{id}``."""
 
-    @extend_schema(responses={200: RunSerializer})
+    @extend_schema(responses={200: RunData})
     def get(self, request: Request, run_id: str) -> Response:
         return Response(run_data(selectors.run_get_for(user=authenticated_user(request), run_id=run_id)))
 
@@ -417,7 +454,7 @@ class RunDetailView(DispatchAPIView):
 class RunCancelView(DispatchAPIView):
     """``POST /api/v1/runs/{id}/cancel``: cancel a queued or running run (409 if finished)."""
 
-    @extend_schema(request=None, responses={200: RunSerializer})
+    @extend_schema(request=None, responses={200: RunData})
     def post(self, request: Request, run_id: str) -> Response:
         user = authenticated_user(request)
         agent_scope_manage(calling_agent(request), selectors.run_get_for(user=user, run_id=run_id).agent)

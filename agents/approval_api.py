@@ -15,65 +15,79 @@ a person's: an agent token may read them but not make or delete one (403).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Literal
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
-from rest_framework import serializers, status
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from pydantic import BaseModel, ConfigDict, Field
+from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from agents import approval_selectors, approvals, selectors
 from agents.models import Agent, Approval, ApprovalRule
-from agents.serializers import ApprovalRuleSerializer, ApprovalSerializer, approval_data
+from agents.serializers import ApprovalData, ApprovalRuleData, approval_data, rule_data
 from agents.tokens import agent_scope_forbid, calling_agent
 from core.api import DispatchAPIView
 from core.authentication import authenticated_user
+from core.validation import BlankText, RawBlankText, Text, WireModel, parse_request
 
 LIST_DEFAULT = 100
 LIST_MAX = 500
 
-
-class StrictChoiceField(serializers.ChoiceField):
-    """A ChoiceField taking JSON strings only."""
-
-    def to_internal_value(self, data: Any) -> Any:
-        if not isinstance(data, str):
-            self.fail("invalid_choice", input=str(data)[:40])
-        return super().to_internal_value(data)
+if TYPE_CHECKING:
+    Answer = str
+    RuleAction = str
+else:
+    Answer = Literal[tuple(str(answer) for answer in approvals.ANSWERS)]
+    RuleAction = Literal[tuple(ApprovalRule.Action.values)]
 
 
-class StrictTextField(serializers.CharField):
-    """A CharField that refuses numbers and booleans instead of turning them into text."""
+class AnswerApprovalBody(WireModel):
+    """``POST /api/v1/approvals/{id}/answer``: ``{decision, message?}``; a ``message`` goes
+    with ``deny`` only (``approvals.approval_answer`` refuses it with an allow)."""
 
-    def to_internal_value(self, data: Any) -> str:
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return str(super().to_internal_value(data))
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"properties": {"decision": {"not": {"const": "deny"}}}},
+            "then": {"properties": {"message": {"pattern": r"^\s*$"}}},
+        }
+    )
 
-
-class ApprovalAnswerSerializer(serializers.Serializer):
-    decision = StrictChoiceField(choices=list(approvals.ANSWERS))
-    message = StrictTextField(
-        required=False,
-        allow_blank=True,
-        default="",
-        max_length=approvals.MAX_MESSAGE,
-        help_text="deny only: what the model is told",
+    decision: Answer
+    message: BlankText = Field(
+        default="", max_length=approvals.MAX_MESSAGE, description="deny only: what the model is told"
     )
 
 
-class ApprovalRuleCreateSerializer(serializers.Serializer):
-    tool = StrictTextField(max_length=approvals.MAX_TOOL_NAME, help_text="a tool's exact name (Bash, Read) or *")
-    pattern = StrictTextField(
-        required=False,
-        allow_blank=True,
+class ApprovalRuleCreateBody(WireModel):
+    """``POST /api/v1/approval-rules``: ``{tool, pattern?, action, agent_id?}`` (policy
+    order: docs/agents.md#approvals)."""
+
+    # approvals.approval_rule_create: a tool's name has no spaces or control characters.
+    tool: Text = Field(
+        max_length=approvals.MAX_TOOL_NAME,
+        description="a tool's exact name (Bash, Read) or *",
+        json_schema_extra={"pattern": r"^[^\s\x00-\x1f\x7f]+$"},
+    )
+    pattern: RawBlankText = Field(
         default="",
         max_length=approvals.MAX_PATTERN,
-        trim_whitespace=False,
-        help_text="an fnmatch glob on the request's summary (the command, file, URL); empty: any",
+        description="an fnmatch glob on the request's summary (the command, file, URL); empty: any",
     )
-    action = StrictChoiceField(choices=ApprovalRule.Action.values)
-    agent_id = StrictTextField(required=False, allow_null=True, default=None, help_text="null: every agent of yours")
+    action: RuleAction
+    agent_id: Text | None = Field(default=None, description="null: every agent of yours")
+
+
+class ApprovalList(BaseModel):
+    """The caller's agents' approvals, newest first."""
+
+    approvals: list[ApprovalData]
+
+
+class ApprovalRuleList(BaseModel):
+    """Approval rules, in policy order."""
+
+    rules: list[ApprovalRuleData]
 
 
 def _agent_filter(request: Request) -> Agent | None:
@@ -97,7 +111,7 @@ class ApprovalListView(DispatchAPIView):
                 description=f"1-{LIST_MAX}, default {LIST_DEFAULT}",
             ),
         ],
-        responses={200: inline_serializer("ApprovalList", {"approvals": ApprovalSerializer(many=True)})},
+        responses={200: ApprovalList},
     )
     def get(self, request: Request) -> Response:
         user = authenticated_user(request)
@@ -111,13 +125,14 @@ class ApprovalListView(DispatchAPIView):
             agent=agent,
             exclude_agent=calling_agent(request),
         )
-        return Response({"approvals": ApprovalSerializer(rows[:limit], many=True).data})
+        listed = ApprovalList(approvals=[ApprovalData.from_row(row) for row in rows[:limit]])
+        return Response(listed.model_dump(mode="json"))
 
 
 class ApprovalDetailView(DispatchAPIView):
     """``GET /api/v1/approvals/{id}``: 404 for an unknown id or another user's."""
 
-    @extend_schema(responses={200: ApprovalSerializer})
+    @extend_schema(responses={200: ApprovalData})
     def get(self, request: Request, approval_id: str) -> Response:
         user = authenticated_user(request)
         if selectors.is_valid_id(approval_id):
@@ -131,16 +146,15 @@ class ApprovalAnswerView(DispatchAPIView):
     with an allow), 404 unknown or another user's, 403 an agent answering its own approval,
     409 ``APPROVAL_ANSWERED`` naming who answered first (an expired one included)."""
 
-    @extend_schema(request=ApprovalAnswerSerializer, responses={200: ApprovalSerializer})
+    @extend_schema(request=AnswerApprovalBody, responses={200: ApprovalData})
     def post(self, request: Request, approval_id: str) -> Response:
         user = authenticated_user(request)
-        incoming = ApprovalAnswerSerializer(data=request.data)
-        incoming.is_valid(raise_exception=True)
+        body = parse_request(AnswerApprovalBody, request.data)
         caller = calling_agent(request)
         answered = approvals.approval_answer(
             approval_id=approval_id,
-            decision=incoming.validated_data["decision"],
-            message=incoming.validated_data["message"],
+            decision=body.decision,
+            message=body.message,
             user=user if caller is None else None,
             by_agent=caller,
         )
@@ -155,24 +169,23 @@ class ApprovalRuleListView(DispatchAPIView):
     @extend_schema(
         operation_id="v1_approval_rules_list",
         parameters=[OpenApiParameter("agent_id", str, description="the rules that apply to this agent")],
-        responses={200: inline_serializer("ApprovalRuleList", {"rules": ApprovalRuleSerializer(many=True)})},
+        responses={200: ApprovalRuleList},
     )
     def get(self, request: Request) -> Response:
         rules = approval_selectors.approval_rules_for(user=authenticated_user(request), agent=_agent_filter(request))
-        return Response({"rules": ApprovalRuleSerializer(rules, many=True).data})
+        listed = ApprovalRuleList(rules=[ApprovalRuleData.from_row(rule) for rule in rules])
+        return Response(listed.model_dump(mode="json"))
 
-    @extend_schema(request=ApprovalRuleCreateSerializer, responses={201: ApprovalRuleSerializer})
+    @extend_schema(request=ApprovalRuleCreateBody, responses={201: ApprovalRuleData})
     def post(self, request: Request) -> Response:
         user = authenticated_user(request)
         agent_scope_forbid(calling_agent(request), "make approval rules")
-        incoming = ApprovalRuleCreateSerializer(data=request.data)
-        incoming.is_valid(raise_exception=True)
-        body = incoming.validated_data
-        agent = selectors.agent_get_for(user=user, agent_id=body["agent_id"]) if body["agent_id"] else None
+        body = parse_request(ApprovalRuleCreateBody, request.data)
+        agent = selectors.agent_get_for(user=user, agent_id=body.agent_id) if body.agent_id else None
         rule = approvals.approval_rule_create(
-            user=user, tool=body["tool"], pattern=body["pattern"], action=body["action"], agent=agent
+            user=user, tool=body.tool, pattern=body.pattern, action=body.action, agent=agent
         )
-        return Response(ApprovalRuleSerializer(rule).data, status=status.HTTP_201_CREATED)
+        return Response(rule_data(rule), status=status.HTTP_201_CREATED)
 
 
 class ApprovalRuleDetailView(DispatchAPIView):

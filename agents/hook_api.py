@@ -11,11 +11,12 @@ its state or confirm its messages.
 from __future__ import annotations
 
 import json
-from typing import Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema, inline_serializer
-from rest_framework import serializers
+from drf_spectacular.utils import extend_schema
+from pydantic import BaseModel, Field, JsonValue, PlainSerializer, WithJsonSchema, field_validator
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -25,23 +26,45 @@ from agents.tokens import calling_agent
 from core.api import DispatchAPIView
 from core.authentication import authenticated_user
 from core.errors import DispatchError
+from core.validation import WireModel, parse_request
+
+if TYPE_CHECKING:
+    HookEvent = str
+    ApprovalStatus = str
+else:
+    HookEvent = Literal[cli_hooks.HOOK_EVENTS]
+    ApprovalStatus = Literal[tuple(Approval.Status.values)]
 
 
-class HookPayloadField(serializers.JSONField):
-    """A hook's stdin JSON: an object (at most ``cli_hooks.MAX_PAYLOAD_BYTES`` of UTF-8
-    JSON) or null."""
+class HookReportBody(WireModel):
+    """``POST /api/v1/agents/{id}/hooks``: ``{"event", "payload"}``, one hook event of the
+    agent's CLI and its stdin JSON: an object (at most ``cli_hooks.MAX_PAYLOAD_BYTES`` of
+    UTF-8 JSON, no NUL anywhere) or null."""
 
-    def to_internal_value(self, data: Any) -> Any:
-        if data is None:
+    event: HookEvent
+    payload: dict[str, JsonValue] | None = Field(
+        description=f"the hook's stdin JSON: an object of at most {cli_hooks.MAX_PAYLOAD_BYTES} bytes, or null"
+    )
+
+    @field_validator("payload", mode="before")
+    @classmethod
+    def _an_object_or_null(cls, value: Any) -> Any:
+        # The route's own sentence for anything else, rather than a dictionary's.
+        if value is not None and not isinstance(value, dict):
+            raise ValueError("must be a JSON object or null")
+        return value
+
+    @field_validator("payload")
+    @classmethod
+    def _storable(cls, value: dict[str, JsonValue] | None) -> dict[str, JsonValue] | None:
+        if value is None:
             return None
-        if not isinstance(data, dict):
-            raise serializers.ValidationError("must be a JSON object or null")
-        if _holds_nul(data):  # PostgreSQL stores no NUL, in text or in jsonb
-            raise serializers.ValidationError("must not hold a NUL character")
-        size = len(json.dumps(data, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+        if _holds_nul(value):  # PostgreSQL stores no NUL, in text or in jsonb
+            raise ValueError("must not hold a NUL character")
+        size = len(json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass"))
         if size > cli_hooks.MAX_PAYLOAD_BYTES:
-            raise serializers.ValidationError(f"must be at most {cli_hooks.MAX_PAYLOAD_BYTES} bytes of JSON")
-        return data
+            raise ValueError(f"must be at most {cli_hooks.MAX_PAYLOAD_BYTES} bytes of JSON")
+        return value
 
 
 def _holds_nul(value: Any) -> bool:
@@ -54,35 +77,50 @@ def _holds_nul(value: Any) -> bool:
     return False
 
 
-class HookReportSerializer(serializers.Serializer):
-    event = serializers.ChoiceField(choices=cli_hooks.HOOK_EVENTS)
-    payload = HookPayloadField(allow_null=True)
+# The hook client has always read an expiry as Python's isoformat wrote it ("+00:00").
+IsoTimestamp = Annotated[
+    datetime,
+    PlainSerializer(datetime.isoformat, return_type=str),
+    WithJsonSchema({"type": "string", "format": "date-time"}),
+]
 
 
-class HookApprovalSerializer(serializers.Serializer):
-    id = serializers.CharField()
-    status = serializers.ChoiceField(choices=Approval.Status.values)
-    decision = serializers.CharField(allow_blank=True)
-    expires_at = serializers.DateTimeField()
-    wait_seconds = serializers.FloatField(help_text="seconds left until the approval expires (0 once answered)")
-    poll_seconds = serializers.FloatField(help_text="seconds the hook client waits between its reads")
+class HookApprovalData(BaseModel):
+    """An approval as the hook client reads it (docs/agents.md#approvals)."""
+
+    id: str
+    status: ApprovalStatus
+    decision: str
+    expires_at: IsoTimestamp
+    wait_seconds: float = Field(description="seconds left until the approval expires (0 once answered)")
+    poll_seconds: float = Field(description="seconds the hook client waits between its reads")
+
+    @classmethod
+    def from_row(cls, approval: Approval) -> HookApprovalData:
+        left = 0.0
+        if approval.status == Approval.Status.PENDING:
+            left = max(0.0, (approval.expires_at - timezone.now()).total_seconds())
+        return cls(
+            id=approval.pk,
+            status=approval.status,
+            decision=approval.decision,
+            expires_at=approval.expires_at,
+            wait_seconds=round(left, 3),
+            poll_seconds=cli_hooks.APPROVAL_POLL_SECONDS,
+        )
 
 
-def _approval_body(approval: Approval | None) -> dict[str, Any] | None:
-    """The approval as the hook client reads it (``HookApprovalSerializer``), or ``None``."""
-    if approval is None:
-        return None
-    left = 0.0
-    if approval.status == Approval.Status.PENDING:
-        left = max(0.0, (approval.expires_at - timezone.now()).total_seconds())
-    return {
-        "id": approval.pk,
-        "status": approval.status,
-        "decision": approval.decision,
-        "expires_at": approval.expires_at.isoformat(),
-        "wait_seconds": round(left, 3),
-        "poll_seconds": cli_hooks.APPROVAL_POLL_SECONDS,
-    }
+class HookAnswerData(BaseModel):
+    """What a hook report or an approval read answers: ``output``, the JSON object the CLI
+    prints on the hook's stdout (null: nothing), and the approval a ``PermissionRequest``
+    made (absent otherwise)."""
+
+    output: dict[str, JsonValue] | None
+    approval: HookApprovalData | None = None
+
+    def data(self) -> dict[str, Any]:
+        """The JSON-safe dict, without ``approval`` when none was given."""
+        return self.model_dump(mode="json", exclude_unset=True)
 
 
 def _own_agent(request: Request, agent_id: str) -> Agent:
@@ -100,18 +138,9 @@ def _own_agent(request: Request, agent_id: str) -> Agent:
     return agent
 
 
-HookAnswerSerializer = inline_serializer(
-    "HookAnswer",
-    {
-        "output": serializers.JSONField(allow_null=True),
-        "approval": HookApprovalSerializer(allow_null=True, required=False),
-    },
-)
-
-
 class AgentHookView(DispatchAPIView):
     """``POST /api/v1/agents/{id}/hooks`` ``{"event", "payload"}`` → 200 ``{"output": null | {...}}``,
-    plus ``"approval"`` (``HookApprovalSerializer``) for a ``PermissionRequest``: when it is
+    plus ``"approval"`` (``HookApprovalData``) for a ``PermissionRequest``: when it is
     ``pending`` the hook client reads ``GET .../hooks/approvals/{id}`` every
     ``poll_seconds`` until its output comes (docs/agents.md "Approvals").
 
@@ -122,20 +151,18 @@ class AgentHookView(DispatchAPIView):
     """
 
     @extend_schema(
-        request=HookReportSerializer,
-        responses={200: HookAnswerSerializer},
+        request=HookReportBody,
+        responses={200: HookAnswerData},
     )
     def post(self, request: Request, agent_id: str) -> Response:
         agent = _own_agent(request, agent_id)
-        incoming = HookReportSerializer(data=request.data)
-        incoming.is_valid(raise_exception=True)
-        answer = cli_hooks.hook_event_record(
-            agent=agent, event=incoming.validated_data["event"], payload=incoming.validated_data["payload"]
+        body = parse_request(HookReportBody, request.data)
+        answer = cli_hooks.hook_event_record(agent=agent, event=body.event, payload=body.payload)
+        if answer.approval is None:
+            return Response(HookAnswerData(output=answer.output).data())
+        return Response(
+            HookAnswerData(output=answer.output, approval=HookApprovalData.from_row(answer.approval)).data()
         )
-        body: dict[str, Any] = {"output": answer.output}
-        if answer.approval is not None:
-            body["approval"] = _approval_body(answer.approval)
-        return Response(body)
 
 
 class AgentHookApprovalView(DispatchAPIView):
@@ -148,10 +175,13 @@ class AgentHookApprovalView(DispatchAPIView):
     the request (docs/agents.md "Approvals").
     """
 
-    @extend_schema(responses={200: HookAnswerSerializer})
+    @extend_schema(responses={200: HookAnswerData})
     def get(self, request: Request, agent_id: str, approval_id: str) -> Response:
         agent = _own_agent(request, agent_id)
         if selectors.is_valid_id(approval_id):
             approvals.approvals_expire_due(approval_id=approval_id)
         approval = approval_selectors.approval_of_agent(agent=agent, approval_id=approval_id)
-        return Response({"output": cli_hooks.approval_output(approval), "approval": _approval_body(approval)})
+        answer = HookAnswerData(
+            output=cli_hooks.approval_output(approval), approval=HookApprovalData.from_row(approval)
+        )
+        return Response(answer.data())

@@ -1,6 +1,9 @@
 """Typed wire messages of the agents app (docs/ws-protocol.md#send-agent-prompt).
 
-- ``SendAgentPromptBody``: the body of the ``/ws`` action ``send-agent-prompt``;
+- ``AgentPromptBody``: a prompt ``{instruction, input?, options?}``, the body of
+  ``POST /api/v1/agents/{id}/prompt`` and what it documents;
+- ``SendAgentPromptBody``: the body of the ``/ws`` action ``send-agent-prompt``
+  (``agentId`` and a prompt's fields, checked after the agent);
 - ``UserEventMessage``: the channel-layer message ``agents.services.publish_on_commit``
   sends to a user's live-events group, which every ws session and event stream of the
   user receives;
@@ -15,29 +18,50 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, JsonValue, SkipValidation, ValidationError
 
 from core.errors import InvalidRequest
 from core.protocol import ChannelMessage
+from core.validation import RawText, WireModel
 
 FINISHED_RUN_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 NOT_AN_OBJECT = "body must be a JSON object with agentId and instruction"
 
 
-class SendAgentPromptBody(BaseModel):
-    """``send-agent-prompt`` body: ``{agentId, instruction, input?, options?}``.
+class AgentPromptBody(WireModel):
+    """A prompt: ``{instruction, input?, options?}`` (docs/agents.md#prompts-and-runs), the
+    body of ``POST /api/v1/agents/{id}/prompt`` (validated with
+    ``core.validation.parse_request``: 400 ``VALIDATION_ERROR`` naming the field) and,
+    with ``agentId``, of the ``/ws`` action ``send-agent-prompt``
+    (``SendAgentPromptBody``). ``options`` (``remotes``, ``tools``, …) are checked by
+    ``agents.prompting.prompt_options_check``; ``input`` must be null for a CLI agent."""
 
-    Only the shape is checked here (an object); the fields are passed as sent to
-    ``agents.prompting.agent_prompt_any``, which checks them in the order the wire pins:
-    the agent first (``no agent 'x'``), then the instruction, options and input.
+    instruction: RawText = Field(description="what the agent is asked (a CLI agent gets it typed)")
+    input: JsonValue = Field(default=None, description="any JSON value the run gets beside the instruction")
+    options: dict[str, JsonValue] | None = Field(
+        default=None,
+        description='{"remotes": [name | {"name", "prefix"}], "tools": [native tool name], …}; '
+        '"instruction" and "input" are reserved',
+    )
+
+
+class SendAgentPromptBody(WireModel):
+    """``send-agent-prompt`` body: ``{agentId}`` and an ``AgentPromptBody``'s fields
+    (docs/ws-protocol.md#send-agent-prompt).
+
+    Only the shape is checked here (an object); the fields are passed on as sent to
+    ``agents.lifecycle.agent_prompt_any``, which checks them in the order the wire pins:
+    the agent first (``no agent 'x'``, whatever else is wrong), then the instruction,
+    options and input, each refusal a sentence of its own (``instruction must be a
+    non-empty string``).
     """
 
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
-
-    agent_id: Any = Field(default=None, alias="agentId")
-    instruction: Any = None
-    input: Any = None
-    options: Any = None
+    # JSON values as the frame carried them (core.wire read it), not copied: the service
+    # judges them, after the agent.
+    agent_id: SkipValidation[JsonValue] = Field(default=None, alias="agentId")
+    instruction: SkipValidation[JsonValue] = None
+    input: SkipValidation[JsonValue] = None
+    options: SkipValidation[JsonValue] = None
 
     @classmethod
     def parse(cls, body: Any) -> SendAgentPromptBody:
