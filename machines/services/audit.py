@@ -20,6 +20,7 @@ from core.errors import TemporarilyUnavailable
 from machines.audit_note import audit_note
 from machines.models import AuditRecord, Machine, PathRecency
 from machines.services import router
+from machines.services.inflight import inflight_delete
 from machines.services.relay import Failed, LiveCommand, Result
 from machines.shim.redaction import redact, redact_argv
 
@@ -206,6 +207,28 @@ def path_recency_record(*, user: User, session_id: str, machine_id: str, op: str
             )
     except IntegrityError:  # another process inserted it meanwhile: ours is the later operation
         row.update(machine_id=machine_id, updated_at=now)
+
+
+def operation_recorded(
+    *,
+    row_id: int | None,
+    audit_id: int,
+    user: User,
+    session_id: str,
+    machine_id: str,
+    op: str,
+    payload: dict[str, Any],
+    result: dict[str, Any],
+) -> None:
+    """An answered operation's writes in one transaction: its in-flight row deleted (``row_id``,
+    if it has one), the path's recency (``path_recency_record``) and its audit record's
+    ``result`` (``audit_record_finish``). Raises what the database raises (``DatabaseError``);
+    then none of them is written."""
+    with transaction.atomic():
+        if row_id is not None:
+            inflight_delete(row_id=row_id)
+        path_recency_record(user=user, session_id=session_id, machine_id=machine_id, op=op, payload=payload)
+        audit_record_finish(record_id=audit_id, user=user, machine_id=machine_id, result=result)
 
 
 def streamed_command_audited(

@@ -54,7 +54,7 @@ from machines.protocol import MachineReplyMessage
 from machines.services import router
 from machines.services.admission import OPERATIONS_IN_FLIGHT, payload_size
 from machines.services.arguments import check_operation, check_plain_payload, check_request_id, check_target_machines
-from machines.services.audit import after_reply, audit_record_begin, audit_unwritable, path_recency_record
+from machines.services.audit import after_reply, audit_record_begin, audit_unwritable, operation_recorded
 from machines.services.errors import MachineError, fan_out_error
 from machines.services.inflight import command_summary, current_call_key, inflight_create, inflight_delete
 from machines.services.output import OutputSink, execute_streamed
@@ -188,6 +188,7 @@ class _RoutedOp:
     audit_id: int | None = None
     audit_refused: bool = False
     row_id: int | None = None  # its own in-flight row, once written
+    recorded: bool = False  # answered: finish writes its recency and audit result in one step
     result: dict[str, Any] = field(default_factory=lambda: {"ok": False})
     started: float = field(default_factory=time.monotonic)
 
@@ -310,8 +311,8 @@ class _RoutedOp:
         )
 
     async def record(self, reply: MachineReplyMessage) -> dict[str, Any]:
-        """The response of ``reply`` (its ``ERROR`` raised), what the audit record adds, and
-        the path's recency."""
+        """The response of ``reply`` (its ``ERROR`` raised) and what the audit record adds;
+        ``finish`` writes them, with the path's recency."""
         assert self.candidate is not None
         chosen = self.candidate
         if reply.response_type == "ERROR":
@@ -324,26 +325,54 @@ class _RoutedOp:
             self.result["exit_code"] = reply.payload.get("exit_code")
             if "cancelled" in reply.payload:
                 self.result["cancelled"] = bool(reply.payload.get("cancelled"))
-        if router.operation_path(self.op, self.payload) is not None:
-            # Recency is a routing input: it must be visible to the very next operation
-            # (a write and the following read of one file go to one machine: docs/shim-protocol.md#routing),
-            # so unlike the audit record it is written before the reply is returned.
-            await database_sync_to_async(path_recency_record)(
-                user=self.user,
-                session_id=self.session_id,
-                machine_id=chosen.machine_id,
-                op=self.op,
-                payload=self.payload,
-            )
+        self.recorded = True
         return response
 
     async def finish(self, failure: BaseException | None) -> None:
         """However it ended: the in-flight row deleted, the metric observed (``failure``:
-        what ended it) and the audit result written in the background."""
+        what ended it) and the audit result written.
+
+        An answered operation's writes — the path's recency, the audit result, the in-flight
+        row — are one call to the database thread and one transaction, awaited: recency is a
+        routing input that must be visible to the very next operation, in any process (a
+        write and the following read of one file go to one machine:
+        docs/shim-protocol.md#routing). Written in the background instead, the audit result
+        of one operation would queue on the database thread ahead of the next operation's
+        audit record anyway, one commit more. If those writes fail, the operation fails with
+        the database's error, as it would have for its audit record, and its audit result is
+        written in the background once more. Any other ending writes the audit result in the
+        background, after the in-flight row is deleted."""
+        self.result["duration_ms"] = round((time.monotonic() - self.started) * 1000)
+        if failure is None and self.recorded and self.audit_id is not None:
+            assert self.candidate is not None
+            row_id, self.row_id = self.row_id, None
+            try:
+                await database_sync_to_async(operation_recorded)(
+                    row_id=row_id,
+                    audit_id=self.audit_id,
+                    user=self.user,
+                    session_id=self.session_id,
+                    machine_id=self.candidate.machine_id,
+                    op=self.op,
+                    payload=self.payload,
+                    result=self.result,
+                )
+            except BaseException as exc:
+                self.row_id = row_id
+                await self.finish_unrecorded(exc)
+                raise
+            metrics.machine_operation_observed(
+                operation=self.op, ok=True, failure=None, seconds=time.monotonic() - self.started
+            )
+            return
+        await self.finish_unrecorded(failure)
+
+    async def finish_unrecorded(self, failure: BaseException | None) -> None:
+        """``finish`` of an operation whose writes were not made in one step: the in-flight
+        row deleted, the metric observed, the audit result written in the background."""
         if self.row_id is not None:
             row_id, self.row_id = self.row_id, None
             await database_sync_to_async(inflight_delete)(row_id=row_id)
-        self.result["duration_ms"] = round((time.monotonic() - self.started) * 1000)
         metrics.machine_operation_observed(
             operation=self.op, ok=self.result["ok"], failure=failure, seconds=time.monotonic() - self.started
         )
