@@ -32,8 +32,7 @@ from django.contrib.auth.decorators import login_not_required
 from django.contrib.auth.models import User
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.http import require_http_methods, require_POST
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
-from rest_framework import serializers
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -49,10 +48,14 @@ from machines.protocol import SESSION_ID_PATTERN
 from machines.schemas import (
     DefaultMachineAnswer,
     DefaultMachineBody,
+    MachineData,
+    MachineList,
     OperationsInFlightAnswer,
     SessionCancelAnswer,
     SessionCopyAnswer,
     SessionCopyBody,
+    SessionMachineData,
+    SessionMachines,
     SessionOpBody,
     SessionOpResult,
     SessionPipeAnswer,
@@ -78,64 +81,29 @@ SESSION_PATH = {"session_id": SESSION_ID_SCHEMA}
 OPERATION_PATH = {**SESSION_PATH, "request_id": {"type": "string", "format": "uuid"}}
 
 
-class MachineSerializer(serializers.Serializer):
-    machine_id = serializers.CharField()
-    display_name = serializers.CharField(source="name")
-    hostname = serializers.CharField()
-    platform = serializers.CharField()
-    arch = serializers.CharField()
-    capabilities = serializers.JSONField()
-    granted_capabilities = serializers.JSONField()
-    allowed_roots = serializers.JSONField()
-    status = serializers.SerializerMethodField()
-    is_default = serializers.SerializerMethodField()
-    last_active_at = serializers.DateTimeField()
-    created_at = serializers.DateTimeField()
-
-    def get_status(self, machine: Any) -> dict[str, str]:
-        return {"connection": machine.connection_status, "health": machine.health, "reason": machine.status_reason}
-
-    def get_is_default(self, machine: Any) -> bool:
-        return bool(machine.machine_id == self.context.get("default_machine_id"))
-
-
 class MachineListView(DispatchAPIView):
     """``GET /api/v1/machines`` → ``{"machines": [...]}``: the caller's machines with status."""
 
-    @extend_schema(responses={200: inline_serializer("MachineList", {"machines": MachineSerializer(many=True)})})
+    @extend_schema(responses={200: MachineList})
     def get(self, request: Request) -> Response:
         user = authenticated_user(request)
-        context = {"default_machine_id": router.default_machine_id(user=user)}
-        machines = selectors.machines_for(user=user)
-        return Response({"machines": MachineSerializer(machines, many=True, context=context).data})
+        default_machine_id = router.default_machine_id(user=user)
+        machines = [
+            MachineData.from_row(machine, default_machine_id=default_machine_id)
+            for machine in selectors.machines_for(user=user)
+        ]
+        return Response(MachineList(machines=machines).model_dump(mode="json"))
 
 
 class MachineDetailView(DispatchAPIView):
     """``DELETE /api/v1/machines/{machine_id}``: revoke a machine (its sockets close 4401)."""
 
-    @extend_schema(responses={200: MachineSerializer})
+    @extend_schema(responses={200: MachineData})
     def delete(self, request: Request, machine_id: str) -> Response:
         agent_scope_forbid(calling_agent(request), "revoke machines")
         machine = connections.machine_revoke(user=authenticated_user(request), machine_id=machine_id)
-        return Response(MachineSerializer(machine, context={}).data)
-
-
-class SessionMachineSerializer(serializers.Serializer):
-    """One machine attached to a session, as ``GET /api/v1/sessions/{session_id}/machines``
-    answers it: what its shim reports (``MACHINE_LIST_RESPONSE``) plus its name, status,
-    whether it is the default and ``last_active_at`` (ISO 8601, like every REST machine
-    route; the ``list_machines`` tool says ``last_active_ts``, epoch seconds; docs/shim-protocol.md#machine-status)."""
-
-    machine_id = serializers.CharField()
-    display_name = serializers.CharField()
-    hostname = serializers.CharField(required=False)
-    platform = serializers.CharField(required=False)
-    arch = serializers.CharField(required=False)
-    capabilities = serializers.JSONField(required=False)
-    hardware_devices = serializers.JSONField(required=False)
-    status = serializers.JSONField()
-    is_default = serializers.BooleanField()
-    last_active_at = serializers.DateTimeField(allow_null=True)
+        # is_default: false, as before (a revoked machine is no one's default any more).
+        return Response(MachineData.from_row(machine).model_dump(mode="json"))
 
 
 class SessionMachinesView(DispatchAPIView):
@@ -144,12 +112,14 @@ class SessionMachinesView(DispatchAPIView):
 
     @extend_schema(
         parameters=[OpenApiParameter("session_id", str, OpenApiParameter.PATH, pattern=SESSION_ID_PATTERN)],
-        responses={200: inline_serializer("SessionMachines", {"machines": SessionMachineSerializer(many=True)})},
+        responses={200: SessionMachines},
     )
     def get(self, request: Request, session_id: str) -> Response:
         agent_scope_session(calling_agent(request), session_id)
-        machines = selectors.attached_machines(user=authenticated_user(request), session_id=session_id)
-        return Response({"machines": SessionMachineSerializer(machines, many=True).data})
+        entries = selectors.attached_machines(user=authenticated_user(request), session_id=session_id)
+        machines = [SessionMachineData.from_entry(entry) for entry in entries]
+        # exclude_unset: what a shim did not report is left out, not null.
+        return Response(SessionMachines(machines=machines).model_dump(mode="json", exclude_unset=True))
 
 
 @documented(
