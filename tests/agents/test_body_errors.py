@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 import pytest
+from jsonschema import Draft202012Validator
 from pydantic import BaseModel
 from rest_framework import exceptions, serializers
 
@@ -219,3 +220,25 @@ def test_a_non_string_decision_is_quoted_whole() -> None:
     status, data = parsed_or_refused(AnswerApprovalBody, {"decision": ["x" * 50]})  # type: ignore[misc]
     assert status == 400
     assert data["error"]["details"] == {"decision": [f'"{["x" * 50]}" is not a valid choice.']}
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "valid"),
+    [
+        (AgentLaunchBody, {"name": "a", "trust_folder": True}, True),
+        (AgentLaunchBody, {"name": "a", "location": "lab"}, True),
+        (AgentLaunchBody, {"name": "a", "location": "lab", "trust_folder": True}, False),
+        (AnswerApprovalBody, {"decision": "deny", "message": "no"}, True),
+        (AnswerApprovalBody, {"decision": "allow_once", "message": " "}, True),
+        (AnswerApprovalBody, {"decision": "allow_once", "message": "why"}, False),
+        (ApprovalRuleCreateBody, {"tool": "Bash", "action": "allow"}, True),
+        (ApprovalRuleCreateBody, {"tool": "my tool", "action": "allow"}, False),
+        (ApprovalRuleCreateBody, {"tool": "Bash\x7f", "action": "allow"}, False),
+    ],
+)
+def test_a_request_schema_states_what_the_service_refuses(model: type[BaseModel], body: Any, valid: bool) -> None:
+    # The rules the services add to the fields' types (a launch's trust_folder is for a
+    # launch here, a message goes with deny only, a tool's name is one word) are in the
+    # model's own schema, so the OpenAPI document states them.
+    schema = model.model_json_schema(mode="validation")
+    assert Draft202012Validator(schema).is_valid(body) is valid
