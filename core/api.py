@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth.decorators import login_not_required
-from drf_spectacular.utils import extend_schema, inline_serializer
-from rest_framework import exceptions, serializers, status
+from drf_spectacular.utils import extend_schema
+from pydantic import BaseModel, Field
+from rest_framework import exceptions, status
 from rest_framework.permissions import AllowAny, BasePermission, IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -18,6 +19,7 @@ from core.authentication import authenticated_user, by_user_credential
 from core.errors import DispatchError
 from core.http import unavailable_error
 from core.models import ApiToken
+from core.validation import BlankText, DateTime, RawText, Text, UtcDateTime, WireModel, parse_request
 
 _DRF_CODES = {
     exceptions.ValidationError: "VALIDATION_ERROR",
@@ -70,17 +72,50 @@ class DispatchAPIView(APIView):
         return login_not_required(super().as_view(**initkwargs))
 
 
-class TokenSerializer(serializers.ModelSerializer):
-    class Meta:
-        model = ApiToken
-        fields = ["id", "name", "prefix", "created_at", "last_used_at", "expires_at", "revoked_at"]
+class Token(BaseModel):
+    """An API token as the API shows it: its 8-character ``prefix``, never the secret;
+    date-times in UTC (``…Z``), ``null`` when not set."""
+
+    id: int
+    name: str = Field(max_length=100)
+    prefix: str = Field(max_length=8)
+    created_at: UtcDateTime
+    last_used_at: UtcDateTime | None
+    expires_at: UtcDateTime | None
+    revoked_at: UtcDateTime | None
+
+    @classmethod
+    def of(cls, token: ApiToken) -> Token:
+        return cls.model_validate(token, from_attributes=True)
 
 
-class TokenRequestSerializer(serializers.Serializer):
-    username = serializers.CharField(max_length=150)
-    password = serializers.CharField(max_length=4096, trim_whitespace=False)
-    name = serializers.CharField(max_length=100, required=False, allow_blank=True, default="")
-    expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+class Secret(BaseModel):
+    token: str = Field(description="the token itself, shown this once")
+
+
+# pydantic lists the fields of the last base first: token, then Token's, as DRF answered.
+class IssuedToken(Token, Secret):
+    """A new token: ``token``, the secret, shown this once, then the token's fields."""
+
+    @classmethod
+    def issued(cls, raw: str, token: ApiToken) -> dict[str, Any]:
+        """The JSON answer."""
+        shown = Token.of(token)
+        return cls(token=raw, **dict(shown)).model_dump(mode="json")
+
+
+class TokenList(BaseModel):
+    tokens: list[Token]
+
+
+class TokenCredentials(WireModel):
+    """A username and password (not trimmed), and the new token's name and expiry."""
+
+    # A username or password sent as a number is read as its text, as DRF's CharField did.
+    username: Text = Field(max_length=150, coerce_numbers_to_str=True)
+    password: RawText = Field(max_length=4096, coerce_numbers_to_str=True)
+    name: BlankText = Field(default="", max_length=100, coerce_numbers_to_str=True)
+    expires_at: DateTime | None = Field(default=None, description="when the token stops working; null: never")
 
 
 def client_address(request: Request) -> str:
@@ -99,24 +134,14 @@ class TokenObtainView(DispatchAPIView):
     permission_classes = [AllowAny]
     rate_limited = True  # its own throttle: the schema lists a 429 (core.openapi)
 
-    @extend_schema(
-        request=TokenRequestSerializer,
-        responses={
-            201: inline_serializer("IssuedToken", {"token": serializers.CharField(), "id": serializers.IntegerField()})
-        },
-    )
+    @extend_schema(request=TokenCredentials, responses={201: IssuedToken})
     def post(self, request: Request) -> Response:
-        incoming = TokenRequestSerializer(data=request.data)
-        incoming.is_valid(raise_exception=True)
+        incoming = parse_request(TokenCredentials, request.data)
         user = services.password_authenticate(
-            username=incoming.validated_data["username"],
-            password=incoming.validated_data["password"],
-            client_address=client_address(request),
+            username=incoming.username, password=incoming.password, client_address=client_address(request)
         )
-        issued = services.api_token_create(
-            user=user, name=incoming.validated_data["name"], expires_at=incoming.validated_data["expires_at"]
-        )
-        return Response({"token": issued.raw, **TokenSerializer(issued.token).data}, status=status.HTTP_201_CREATED)
+        issued = services.api_token_create(user=user, name=incoming.name, expires_at=incoming.expires_at)
+        return Response(IssuedToken.issued(issued.raw, issued.token), status=status.HTTP_201_CREATED)
 
 
 class NotAnAgent(BasePermission):
@@ -135,10 +160,10 @@ class TokenListView(DispatchAPIView):
 
     permission_classes = [IsAuthenticated, NotAnAgent]
 
-    @extend_schema(responses={200: inline_serializer("TokenList", {"tokens": TokenSerializer(many=True)})})
+    @extend_schema(responses={200: TokenList})
     def get(self, request: Request) -> Response:
         tokens = selectors.api_tokens_for(user=authenticated_user(request))
-        return Response({"tokens": TokenSerializer(tokens, many=True).data})
+        return Response(TokenList(tokens=[Token.of(token) for token in tokens]).model_dump(mode="json"))
 
 
 class TokenRevokeView(DispatchAPIView):
@@ -147,7 +172,7 @@ class TokenRevokeView(DispatchAPIView):
 
     permission_classes = [IsAuthenticated, NotAnAgent]
 
-    @extend_schema(responses={200: TokenSerializer})
+    @extend_schema(responses={200: Token})
     def delete(self, request: Request, token_id: int) -> Response:
         token = services.api_token_revoke(user=authenticated_user(request), token_id=token_id)
-        return Response(TokenSerializer(token).data)
+        return Response(Token.of(token).model_dump(mode="json"))

@@ -26,6 +26,7 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    GetCoreSchemaHandler,
     GetJsonSchemaHandler,
     PlainValidator,
     StringConstraints,
@@ -40,6 +41,7 @@ from rest_framework.exceptions import ErrorDetail
 from core.errors import InvalidRequest
 
 Model = TypeVar("Model", bound=BaseModel)
+T = TypeVar("T")
 
 
 class WireModel(BaseModel):
@@ -163,6 +165,8 @@ _OWN_SENTENCE = frozenset({"value_error", "assertion_error", "invalid_request"})
 def _drf_sentence(error: Any) -> ErrorDetail:
     kind = error["type"]
     value = error.get("input")
+    if value is None and not error["loc"]:  # the body itself is null
+        return ErrorDetail("No data provided", code="null")
     if value is None and kind != "missing":
         # DRF refuses a null before the type or any validator looks at it (a field that
         # takes null has None in its type: no error).
@@ -283,3 +287,39 @@ DateTime = Annotated[
     PlainValidator(_drf_datetime, json_schema_input_type=datetime),
     RequestSchema(pattern=DATE_TIME_PATTERN),
 ]
+
+
+def _utc(value: datetime) -> datetime:
+    # DRF's DateTimeField wrote a date-time in the current time zone (UTC): "…Z".
+    return value.astimezone(UTC) if value.tzinfo is not None else value.replace(tzinfo=UTC)
+
+
+# A date-time an answer carries, as DRF's DateTimeField wrote it: in UTC, ``…Z``, with its
+# microseconds (``model_dump(mode="json")``).
+UtcDateTime = Annotated[datetime, AfterValidator(_utc)]
+
+
+class _NullRefused:
+    """Annotation metadata for ``X | None`` defaulting to ``None``: a ``null`` sent is
+    refused (as DRF's ``required=False`` fields did), and the JSON Schema says ``X``."""
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        def refuse_null(value: Any, validate: core_schema.ValidatorFunctionWrapHandler) -> Any:
+            if value is None:  # only when sent: a default is not validated
+                raise PydanticCustomError("null", "This field may not be null.")
+            return validate(value)
+
+        return core_schema.no_info_wrap_validator_function(refuse_null, handler(source))
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        described = handler(schema)
+        branches = [branch for branch in described.get("anyOf", ()) if branch != {"type": "null"}]
+        if len(branches) == 1:
+            described = {**{k: v for k, v in described.items() if k != "anyOf"}, **branches[0]}
+        return described
+
+
+# A body field that may be left out (``None``, with ``= None``) but not sent as ``null``.
+Omittable = Annotated[T | None, _NullRefused()]

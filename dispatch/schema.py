@@ -13,12 +13,13 @@ of the DRF views, project-wide:
 
 from __future__ import annotations
 
-import zoneinfo
+import enum
+import typing
 from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension, OpenApiSerializerExtension
 from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
-from drf_spectacular.plumbing import ResolvedComponent, get_class
+from drf_spectacular.plumbing import ResolvedComponent
 from pydantic import BaseModel
 from rest_framework import serializers
 
@@ -81,86 +82,6 @@ class AutoSchema(SpectacularAutoSchema):
         return super()._get_request_body(direction)
 
 
-# What a DRF request serializer (or the service its view calls) refuses beyond its fields'
-# types, said in its request schema: serializer → extra keywords of each property
-# ("properties") and of the whole object. Each names the rule it states.
-_HOUR_MINUTE = {"pattern": "^([01][0-9]|2[0-3]):[0-5][0-9]$"}  # TimeField(input_formats=["%H:%M"])
-REQUEST_RULES: dict[str, dict[str, Any]] = {
-    # agents.api.AgentListView.post: trust_folder is for a launch here, not with a location.
-    "agents.api.AgentLaunchSerializer": {
-        "not": {
-            "properties": {"trust_folder": {"const": True}, "location": {"type": "string", "pattern": r"\S"}},
-            "required": ["trust_folder", "location"],
-        },
-    },
-    # agents.approvals.approval_answer: a message goes with deny only.
-    "agents.approval_api.ApprovalAnswerSerializer": {
-        "if": {"properties": {"decision": {"not": {"const": "deny"}}}},
-        "then": {"properties": {"message": {"pattern": r"^\s*$"}}},
-    },
-    # agents.approvals.approval_rule_create: a tool's name has no spaces or control characters.
-    "agents.approval_api.ApprovalRuleCreateSerializer": {
-        "properties": {"tool": {"pattern": r"^[^\s\x00-\x1f\x7f]+$"}},
-    },
-    # attention.services.push_endpoint_check: an https URL on a host name (its last label
-    # starts with a letter: no IP address); RFC 8291 keys (a 65-byte uncompressed P-256
-    # point, a 16-byte secret) in base64url.
-    "attention.api.PushSubscriptionSerializer": {
-        "properties": {
-            "endpoint": {
-                "pattern": r"^[Hh][Tt][Tt][Pp][Ss]://([A-Za-z0-9-]+\.)*[A-Za-z][A-Za-z0-9-]*\.?(:[0-9]{1,5})?([/?#].*)?$"
-            }
-        },
-    },
-    "attention.api.PushEndpointSerializer": {"properties": {"endpoint": {"minLength": 1}}},
-    "attention.api.PushKeysSerializer": {
-        "properties": {"p256dh": {"pattern": "^B[A-Za-z0-9_-]{86}$"}, "auth": {"pattern": "^[A-Za-z0-9_-]{22}$"}},
-    },
-    # attention.services._client_id: 8-64 letters, digits or '-', not dashes only.
-    "attention.api.ViewingSerializer": {
-        "properties": {"client_id": {"pattern": "^[A-Za-z0-9-]*[A-Za-z0-9][A-Za-z0-9-]*$", "minLength": 8}},
-    },
-    # attention.services.notification_settings_update: both times or neither, an IANA zone.
-    "attention.api.QuietHoursSerializer": {
-        "properties": {
-            "start": _HOUR_MINUTE,
-            "end": _HOUR_MINUTE,
-            "timezone": {"enum": sorted(zoneinfo.available_timezones())},
-        },
-        "if": {"properties": {"start": {"type": "null"}}},
-        "then": {"properties": {"end": {"type": "null"}}},
-        "else": {"properties": {"end": {"type": "string"}}},
-    },
-    "attention.api.SettingsUpdateSerializer": {"properties": {"apprise_urls": {"maxItems": 20}}},
-}
-
-
-def _dotted(serializer: Any) -> str:
-    cls = get_class(serializer)
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-class RequestRules(OpenApiSerializerExtension):
-    """Adds ``REQUEST_RULES`` to the schemas of the serializers it names (a component a
-    request and a response share has them too: what the server answers keeps its own
-    rules)."""
-
-    target_class = "rest_framework.serializers.Serializer"
-    match_subclasses = True
-
-    @classmethod
-    def _matches(cls, target: Any) -> bool:
-        return _dotted(target) in REQUEST_RULES
-
-    def map_serializer(self, auto_schema: Any, direction: str) -> dict[str, Any]:
-        schema: dict[str, Any] = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
-        rules = REQUEST_RULES[_dotted(self.target)]
-        for name, extra in rules.get("properties", {}).items():
-            schema["properties"][name] = {**schema["properties"][name], **extra}
-        schema.update({key: value for key, value in rules.items() if key != "properties"})
-        return schema
-
-
 class PydanticBody(OpenApiSerializerExtension):
     """A pydantic model named as a DRF view's body (``extend_schema(request=Model,
     responses={200: Model})``), described as the plain views' models are
@@ -199,12 +120,32 @@ class PydanticBody(OpenApiSerializerExtension):
     def map_serializer(self, auto_schema: Any, direction: str) -> dict[str, Any]:
         schema = self._schemas(direction)[1]
         registry = auto_schema.registry
+        classes = _nested_classes(self.target)
         for name, definition in schema.pop("$defs", {}).items():
-            component = ResolvedComponent(name=name, type=ResolvedComponent.SCHEMA, object=name, schema=definition)
+            # The class itself (as for a top-level component): drf-spectacular warns when one
+            # name stands for two identities.
+            identity = classes.get(name.removesuffix("Request") if name not in classes else name, name)
+            component = ResolvedComponent(name=name, type=ResolvedComponent.SCHEMA, object=identity, schema=definition)
             if component.key in registry._components and registry[component].schema != definition:
                 raise ValueError(f"two different OpenAPI components named {name!r}")
             registry.register_on_missing(component)
         return schema
+
+
+def _nested_classes(model: type[BaseModel]) -> dict[str, type]:
+    """The models and enums ``model``'s fields name, at any depth, by class name (the names
+    of pydantic's ``$defs``)."""
+    found: dict[str, type] = {}
+    pending: list[Any] = [field.annotation for field in model.model_fields.values()]
+    while pending:
+        kind = pending.pop()
+        if isinstance(kind, type) and issubclass(kind, (BaseModel, enum.Enum)):
+            if kind.__name__ not in found:
+                found[kind.__name__] = kind
+                if issubclass(kind, BaseModel):
+                    pending += [field.annotation for field in kind.model_fields.values()]
+        pending += typing.get_args(kind)
+    return found
 
 
 def _renamed(schema: Any, refs: dict[str, str]) -> Any:

@@ -7,8 +7,8 @@ from typing import Any
 from django.contrib.auth.models import User
 from django.http import HttpRequest
 from django.views.decorators.http import require_POST
-from drf_spectacular.utils import extend_schema, inline_serializer
-from rest_framework import serializers
+from drf_spectacular.utils import extend_schema
+from pydantic import BaseModel, Field
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -16,30 +16,41 @@ from core.api import DispatchAPIView
 from core.authentication import authenticated_user
 from core.http import json_api, json_object
 from core.openapi import Operation, documented
+from core.validation import UtcDateTime
 from remotes.calls import call_from_body
 from remotes.protocol import RemoteCallAnswer, RemoteCallBody
 from remotes.selectors import remotes_for
 
 
-class FunctionSpecSerializer(serializers.Serializer):
-    name = serializers.CharField()
-    description = serializers.CharField()
-    parameters = serializers.JSONField()
+class RemoteFunction(BaseModel):
+    """One function a remote serves, as it declared it (``remotes.protocol.FunctionSpec``)."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any] = Field(description="a JSON Schema object: the function's arguments")
 
 
-class RemoteSerializer(serializers.Serializer):
-    remotename = serializers.CharField(source="name")
-    functions = FunctionSpecSerializer(source="tools", many=True)
-    ws_session = serializers.CharField(source="ws_session_id")
-    connected_at = serializers.DateTimeField()
+class Remote(BaseModel):
+    """A connected remote, read from its row (``remotes.models.Remote``)."""
+
+    remotename: str = Field(validation_alias="name")
+    functions: list[RemoteFunction] = Field(validation_alias="tools")
+    ws_session: str = Field(validation_alias="ws_session_id", description="the /ws session serving it")
+    connected_at: UtcDateTime
+
+
+class RemoteList(BaseModel):
+    remotes: list[Remote]
 
 
 class RemoteListView(DispatchAPIView):
     """``GET /api/v1/remotes`` → ``{"remotes": [...]}``: the caller's connected remotes."""
 
-    @extend_schema(responses={200: inline_serializer("RemoteList", {"remotes": RemoteSerializer(many=True)})})
+    @extend_schema(responses={200: RemoteList})
     def get(self, request: Request) -> Response:
-        return Response({"remotes": RemoteSerializer(remotes_for(user=authenticated_user(request)), many=True).data})
+        remotes = remotes_for(user=authenticated_user(request))
+        shown = [Remote.model_validate(remote, from_attributes=True) for remote in remotes]
+        return Response(RemoteList(remotes=shown).model_dump(mode="json"))
 
 
 @documented(

@@ -153,3 +153,54 @@ def test_the_schema_and_swagger_ui_need_a_login_or_a_token(client, owner_token):
     assert client.get("/api/docs/").status_code == 302  # a browser without a session: to the login page
     assert client.get("/api/docs/", HTTP_AUTHORIZATION="Bearer nope").status_code == 401
     assert client.get("/api/schema/", HTTP_AUTHORIZATION=f"Bearer {owner_token}").status_code == 200
+
+
+def test_an_issued_token_answers_its_fields_in_order_with_times_in_utc(owner):
+    # The answer's JSON, byte for byte as DRF's serializer wrote it: the secret first, an
+    # expiry sent with an offset (or none) in UTC with its microseconds, "Z".
+    response = obtain(Client(), name=" pad ", expires_at="2031-01-02T03:04:05.123456+02:00")
+    assert response.status_code == 201
+    token = ApiToken.objects.get()
+    created = token.created_at.isoformat().replace("+00:00", "Z")
+    assert response.content.decode() == (
+        f'{{"token":"{response.json()["token"]}","id":{token.pk},"name":"pad","prefix":"{token.prefix}",'
+        f'"created_at":"{created}","last_used_at":null,"expires_at":"2031-01-02T01:04:05.123456Z","revoked_at":null}}'
+    )
+    naive = obtain(Client(), expires_at="2031-01-02T03:04:05")
+    assert naive.json()["expires_at"] == "2031-01-02T03:04:05Z"
+
+
+@pytest.mark.parametrize(
+    ("body", "details"),
+    [
+        ({"username": None, "password": "x"}, {"username": ["This field may not be null."]}),
+        ({"username": ["alice"], "password": "x"}, {"username": ["Not a valid string."]}),
+        ({"username": "a\x00", "password": "x"}, {"username": ["Null characters are not allowed."]}),
+        (
+            {"username": "alice", "password": "x" * 4097},
+            {"password": ["Ensure this field has no more than 4096 characters."]},
+        ),
+        ({"username": "alice", "password": "x", "name": None}, {"name": ["This field may not be null."]}),
+        (
+            {"username": "alice", "password": "x", "expires_at": 5},
+            {
+                "expires_at": [
+                    "Datetime has wrong format. Use one of these formats instead: "
+                    "YYYY-MM-DDThh:mm[:ss[.uuuuuu]][+HH:MM|-HH:MM|Z]."
+                ]
+            },
+        ),
+    ],
+)
+def test_a_refused_body_names_the_field_and_its_reason(owner, body, details):
+    response = Client().post(TOKEN_URL, body, content_type="application/json")
+    assert response.status_code == 400
+    field, [sentence] = next(iter(details.items()))
+    assert response.json() == {
+        "error": {"code": "VALIDATION_ERROR", "message": f"{field}: {sentence}", "details": details}
+    }
+
+
+def test_a_password_sent_as_a_number_is_read_as_its_text(owner):
+    response = obtain(Client(), password=12345)
+    assert response.status_code == 401  # checked, as the text "12345"
