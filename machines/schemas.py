@@ -26,7 +26,7 @@ from pydantic import (
     model_validator,
 )
 
-from core.validation import UtcDateTime, WireModel
+from core.validation import UtcDateTime, WireModel, drf_errors
 from machines.protocol import CALLER_OPERATIONS, DEFAULT_LIMITS
 from machines.shim.protocol import MACHINE_ID_PATTERN, PAYLOADS
 
@@ -74,11 +74,15 @@ def without_nulls(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def payload_error(exc: ValidationError) -> str:
-    """The first error of a payload as one sentence: ``payload.<field>: <reason>``."""
-    error = exc.errors(include_url=False)[0]
-    where = ".".join(str(part) for part in ("payload", *error["loc"]))
-    reason = "this field is required" if error["type"] == "missing" else error["msg"]
-    return f"{where}: {reason}"
+    """A payload's first error as ``payload.<field path>: <sentence>``, the sentence from
+    the table every body's errors read (``core.validation.drf_errors``):
+    ``payload.offset: A valid integer is required.``, ``payload.env.A: Not a valid string.``"""
+    path, node = ["payload"], drf_errors(exc)
+    while isinstance(node, dict):
+        key = next(iter(node))
+        path.append(str(key))
+        node = node[key]
+    return f"{'.'.join(path)}: {node[0]}"
 
 
 REQUEST_ID_SCHEMA = {
@@ -155,7 +159,7 @@ class SessionOpBody(WireModel):
     operation's name and the ``target_machine`` are checked by
     ``machines.services.operations.machine_op`` with the protocol's error codes; the
     ``payload`` (default ``{}``) of a known operation, here against its model
-    (``PAYLOAD_MODELS``: ``"payload.offset: Input should be a valid integer"``), so a bad
+    (``PAYLOAD_MODELS``: ``"payload.offset: A valid integer is required."``), so a bad
     one is refused once, before any machine is asked.
     ``target_machines`` (``target_machines_of``) and ``target_machine`` are exclusive;
     ``stream`` (a boolean, default false) is for ``EXECUTE_COMMAND`` only; ``request_id``

@@ -166,14 +166,15 @@ async def test_the_route_refuses_a_bad_payload_before_any_machine_is_asked(
         )
 
     for payload, message in [
-        ({"path": "/home/alice/a.txt", "offset": "3"}, "payload.offset: Input should be a valid integer"),
-        ({"offset": 3}, "payload.path: this field is required"),
-        ({"path": "/home/alice/a.txt", "encoding": "latin-1"}, "payload.encoding: Input should be 'utf-8' or"),
+        ({"path": "/home/alice/a.txt", "offset": "3"}, "payload.offset: A valid integer is required."),
+        ({"offset": 3}, "payload.path: This field is required."),
+        ({"path": "/home/alice/a.txt", "encoding": "latin-1"}, 'payload.encoding: "latin-1" is not a valid choice.'),
+        ({"path": "/a", "length": -1}, "payload.length: Ensure this value is greater than or equal to 0."),
     ]:
         response = await post(payload)
         assert response.status_code == 400, response.content
         error = response.json()["error"]
-        assert error["code"] == "INVALID_REQUEST" and error["message"].startswith(message), error
+        assert error["code"] == "INVALID_REQUEST" and error["message"] == message, error
     assert shim.ops("FILE_READ") == []
     shim.files["/home/alice/a.txt"] = b"hi"
     response = await post({"path": "/home/alice/a.txt", "offset": None, "unknown": 1})  # null: absent
