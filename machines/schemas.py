@@ -28,7 +28,7 @@ from pydantic import (
 
 from core.validation import UtcDateTime, WireModel, drf_errors
 from machines.protocol import CALLER_OPERATIONS, DEFAULT_LIMITS
-from machines.shim.protocol import MACHINE_ID_PATTERN, PAYLOADS
+from machines.shim.protocol import MACHINE_ID_PATTERN, PATH_DESCRIPTION, PAYLOADS
 
 if TYPE_CHECKING:
     from machines import models
@@ -436,11 +436,11 @@ class SessionCopyBody(WireModel):
                     raise ValueError(f"copy takes source_machine and destination_machine, not {name}")
         return value
 
-    source_machine: str = Field(min_length=1)
-    source_path: str = Field(min_length=1)
-    destination_machine: str = Field(min_length=1)
-    destination_path: str = Field(min_length=1)
-    overwrite: bool = False
+    source_machine: str = Field(min_length=1, description="the machine to copy from, named as target_machine")
+    source_path: str = Field(min_length=1, description=PATH_DESCRIPTION)
+    destination_machine: str = Field(min_length=1, description="the machine to copy to, named as target_machine")
+    destination_path: str = Field(min_length=1, description=PATH_DESCRIPTION)
+    overwrite: bool = Field(default=False, description="replace a file already at destination_path")
     stream: Annotated[
         Any,
         WithJsonSchema(

@@ -33,13 +33,12 @@ from core.errors import InvalidRequest
 from core.tools import TOOL_CALL, OutputReport, ProgressReport, Tool, ToolHandler
 from core.validation import parse_plain
 from machines import selectors
-from machines.schemas import PIPE_END_SCHEMA, SessionPipeBody, payload_model
+from machines.schemas import PIPE_END_SCHEMA, SessionCopyBody, SessionPipeBody, payload_model
 from machines.services import live, router
 from machines.services.copy import copy_between_machines
 from machines.services.live import Output
 from machines.services.operations import machine_op
 from machines.shim.protocol import (
-    PATH_DESCRIPTION,
     PAYLOADS,
     LiveFields,
     MessageType,
@@ -72,7 +71,6 @@ FAN_OUT_NOTE = (
     "is one failed entry."
 )
 _SESSION = {"type": "string", "description": "The machine session to act in (default: your own)."}
-_PATH = {"type": "string", "description": PATH_DESCRIPTION}
 # The 2.1 fields of EXECUTE_COMMAND are the platform's to set (a stream, a pipe): not a tool's.
 _PLATFORM_FIELDS = tuple(field.name for field in dataclasses.fields(LiveFields))
 
@@ -147,19 +145,25 @@ OPERATION_TOOLS: dict[str, tuple[str, str, dict[str, Any]]] = {
     ),
 }
 
-COPY_PARAMETERS = {
-    "type": "object",
-    "properties": {
-        "source_machine": {"type": "string"},
-        "source_path": _PATH,
-        "destination_machine": {"type": "string"},
-        "destination_path": _PATH,
-        "overwrite": {"type": "boolean", "default": False},
-        "session_id": _SESSION,
-    },
-    "required": ["source_machine", "source_path", "destination_machine", "destination_path"],
-    "additionalProperties": False,
-}
+
+def _copy_parameters() -> dict[str, Any]:
+    """``local_pc_file_copy``'s input schema: ``SessionCopyBody``'s fields but the REST
+    route's own (``stream``, ``request_id``: a tool call reports progress and is cancelled
+    by its edge), plus the session."""
+    body = SessionCopyBody.model_json_schema()
+    properties = {
+        name: _tool_property(schema) for name, schema in body["properties"].items() if name not in COPY_REST_ONLY
+    }
+    return {
+        "type": "object",
+        "properties": {**properties, "session_id": _SESSION},
+        "required": body["required"],
+        "additionalProperties": False,
+    }
+
+
+COPY_REST_ONLY = ("stream", "request_id")
+COPY_PARAMETERS = _copy_parameters()
 PIPE_PARAMETERS = {
     "type": "object",
     "properties": {

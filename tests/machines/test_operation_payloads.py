@@ -16,8 +16,8 @@ from jsonschema import Draft202012Validator
 from pydantic import ValidationError
 
 from machines import tools as machine_tools
-from machines.schemas import PAYLOAD_MODELS, without_nulls
-from machines.shim.protocol import MAX_LIST_ENTRIES, PAYLOADS, LiveFields, ShimError, payload_of
+from machines.schemas import PAYLOAD_MODELS, SessionCopyBody, without_nulls
+from machines.shim.protocol import MAX_LIST_ENTRIES, PATH_DESCRIPTION, PAYLOADS, LiveFields, ShimError, payload_of
 
 # Each operation's payloads, good and bad: every reader must agree on each.
 SAMPLES: dict[str, list[dict[str, Any]]] = {
@@ -180,3 +180,11 @@ async def test_the_route_refuses_a_bad_payload_before_any_machine_is_asked(
     response = await post({"path": "/home/alice/a.txt", "offset": None, "unknown": 1})  # null: absent
     assert response.status_code == 200, response.content
     assert shim.ops("FILE_READ")[-1]["payload"] == {"path": "/home/alice/a.txt", "offset": None, "unknown": 1}
+
+
+def test_the_copy_tool_takes_the_copy_bodys_fields_but_the_rest_routes_own() -> None:
+    body = SessionCopyBody.model_json_schema()
+    parameters = machine_tools.COPY_PARAMETERS
+    assert set(parameters["properties"]) == set(body["properties"]) - {"stream", "request_id"} | {"session_id"}
+    assert parameters["required"] == body["required"]
+    assert parameters["properties"]["source_path"]["description"] == PATH_DESCRIPTION
