@@ -17,7 +17,6 @@ per browser tab carries every live part of a page.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -44,17 +43,13 @@ from core.presence import HOSTNAME
 from core.protocol import CredentialEndedMessage
 from core.realtime import Subscription
 from core.revocation import StreamCredential, stream_closed, stream_opened
+from dispatch.sse import KEEP_ALIVE, sse_event, sse_json
 
 logger = logging.getLogger(__name__)
 
 KEEPALIVE_SECONDS = 20.0
 PANE_INTERVAL_SECONDS = 1.0
 PANE_LINES = 200
-
-
-def sse_frame(*, frame_id: int, event: str, data: Any) -> str:
-    """One server-sent event: ``id``, ``event`` and a single-line JSON ``data`` field."""
-    return f"id: {frame_id}\nevent: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 
 def _snapshot(user: User) -> dict[str, Any]:
@@ -100,7 +95,7 @@ async def _frames(
     last_text: str | None = None
     try:
         snapshot = await database_sync_to_async(_snapshot)(user)
-        yield sse_frame(frame_id=frame_id, event="snapshot", data=snapshot)
+        yield sse_event(id=frame_id, event="snapshot", data=sse_json(snapshot))
         while True:
             # Keep-alives and pane captures never cancel the layer's receive (core.realtime).
             now = loop.time()
@@ -113,7 +108,7 @@ async def _frames(
             if isinstance(message, UserEventMessage):
                 frame_id += 1
                 last_sent = loop.time()
-                yield sse_frame(frame_id=frame_id, event=message.event, data=message.data)
+                yield sse_event(id=frame_id, event=message.event, data=sse_json(message.data))
                 continue
             if pane is not None and loop.time() >= next_capture:
                 text = await _pane_text(pane)
@@ -122,11 +117,11 @@ async def _frames(
                     last_text = text
                     frame_id += 1
                     last_sent = loop.time()
-                    yield sse_frame(frame_id=frame_id, event="pane", data={"agent_id": pane.pk, "text": text})
+                    yield sse_event(id=frame_id, event="pane", data=sse_json({"agent_id": pane.pk, "text": text}))
                     continue
             if loop.time() >= last_sent + KEEPALIVE_SECONDS:
                 last_sent = loop.time()
-                yield ": keep-alive\n\n"
+                yield KEEP_ALIVE
     finally:
         stream_closed(channel)
         await live.close()

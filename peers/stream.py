@@ -37,11 +37,11 @@ from django.views.decorators.csrf import csrf_exempt
 from agents.models import Agent
 from agents.protocol import UserEventMessage
 from agents.services import user_events_group
-from agents.stream import sse_frame
 from core.openapi import Operation, documented
 from core.protocol import CredentialEndedMessage
 from core.realtime import Subscription
 from core.revocation import StreamCredential, stream_closed, stream_opened
+from dispatch.sse import KEEP_ALIVE, sse_event, sse_json
 from peers.auth import (
     PEER_SECURITY,
     PeerAuthError,
@@ -162,7 +162,7 @@ async def peer_frames(peer: Peer, live: Subscription) -> AsyncIterator[str]:
             logger.exception("snapshot for peer %s failed; closing its stream", peer.pk)
             return
         frame_id = 0
-        yield sse_frame(frame_id=frame_id, event="snapshot", data=snapshot)
+        yield sse_event(id=frame_id, event="snapshot", data=sse_json(snapshot))
         last_sent = loop.time()
         allow_events, owner_id = peer.allow_events, peer.owner_id
         checked = loop.time()
@@ -188,12 +188,12 @@ async def peer_frames(peer: Peer, live: Subscription) -> AsyncIterator[str]:
                     continue
                 frame_id += 1
                 last_sent = loop.time()
-                yield sse_frame(frame_id=frame_id, event="agent.upsert", data=scoped)
+                yield sse_event(id=frame_id, event="agent.upsert", data=sse_json(scoped))
                 continue
             if not await database_sync_to_async(_link_is_live)(peer.pk):
                 return
             last_sent = loop.time()
-            yield ": keep-alive\n\n"
+            yield KEEP_ALIVE
     finally:
         stream_closed(channel)
         await live.close()

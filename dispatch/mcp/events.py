@@ -20,7 +20,6 @@ past ``STREAMS_PER_USER`` open streams (authentication happened before, in ``app
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 
 from starlette.datastructures import Headers
@@ -31,17 +30,17 @@ from core.errors import DispatchError
 from dispatch.mcp.relay import user_feed
 from dispatch.mcp.server import Caller
 from dispatch.mcp.streams import OpenStream, stream_close, stream_open
+from dispatch.sse import KEEP_ALIVE, sse_event, sse_json
 
 logger = logging.getLogger(__name__)
 
 KEEPALIVE_SECONDS = 15.0
 RETRY_MILLISECONDS = 1000
-LIST_CHANGED = (
-    "event: message\ndata: "
-    + json.dumps({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"}, separators=(",", ":"))
-    + "\n\n"
+LIST_CHANGED = sse_event(
+    event="message", data=sse_json({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
 ).encode()
-KEEPALIVE = b": keep-alive\n\n"
+KEEPALIVE = KEEP_ALIVE.encode()
+RETRY = sse_event(retry=RETRY_MILLISECONDS).encode()
 HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
@@ -105,7 +104,7 @@ async def _stream(stream: OpenStream, receive: Receive, send: Send) -> None:
                 await send(
                     {
                         "type": "http.response.body",
-                        "body": f"retry: {RETRY_MILLISECONDS}\n\n".encode() + LIST_CHANGED,
+                        "body": RETRY + LIST_CHANGED,
                         "more_body": True,
                     }
                 )
