@@ -216,3 +216,73 @@ def test_the_service_worker_is_served_at_the_root_scope_and_the_manifest_makes_t
     html = client.get("/").content.decode()
     assert '<link rel="manifest" href="/manifest.webmanifest">' in html
     assert "js/attention.js" in html
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "fields"),
+    [
+        ("put", SETTINGS, {"events": None}, {"events": ["This field may not be null."]}),
+        ("put", SETTINGS, {"events": {"approval": "yes"}}, {"events": {"approval": ["Must be a valid boolean."]}}),
+        (
+            "put",
+            SETTINGS,
+            {"events": "x"},
+            {"events": {"non_field_errors": ["Invalid data. Expected a dictionary, but got str."]}},
+        ),
+        (
+            "put",
+            SETTINGS,
+            {"quiet_hours": {"start": "22:00:00", "end": 7}},
+            {
+                "quiet_hours": {
+                    "start": ["Time has wrong format. Use one of these formats instead: hh:mm."],
+                    "end": ["Time has wrong format. Use one of these formats instead: hh:mm."],
+                }
+            },
+        ),
+        ("put", SETTINGS, {"quiet_hours": {"start": "22:00"}}, {"quiet_hours": {"end": ["This field is required."]}}),
+        (
+            "put",
+            SETTINGS,
+            {"apprise_urls": ["ok", 5, "  "]},
+            {"apprise_urls": {"1": ["Not a valid string."], "2": ["This field may not be blank."]}},
+        ),
+        ("put", SETTINGS, [], {"non_field_errors": ["Invalid data. Expected a dictionary, but got list."]}),
+        (
+            "post",
+            SUBSCRIPTIONS,
+            {"endpoint": ""},
+            {"endpoint": ["This field may not be blank."], "keys": ["This field is required."]},
+        ),
+        (
+            "post",
+            SUBSCRIPTIONS,
+            {"endpoint": "https://push.example.net/x", "keys": {"p256dh": "x" * 201}},
+            {
+                "keys": {
+                    "p256dh": ["Ensure this field has no more than 200 characters."],
+                    "auth": ["This field is required."],
+                }
+            },
+        ),
+        ("delete", SUBSCRIPTIONS, {"endpoint": 3}, {"endpoint": ["Not a valid string."]}),
+        ("post", "/api/v1/notifications/viewing", {"client_id": None}, {"client_id": ["This field may not be null."]}),
+        (
+            "post",
+            "/api/v1/notifications/viewing",
+            {"client_id": "abcdefgh", "agent_id": 5},
+            {"agent_id": ["Not a valid string."]},
+        ),
+    ],
+)
+def test_a_refused_body_answers_each_fields_reason_under_details_fields(
+    api: Api, method: str, path: str, body: Any, fields: dict[str, Any]
+) -> None:
+    # As sent: Api.send would turn the empty list into {}.
+    response = api.client.generic(
+        method.upper(), path, json.dumps(body), content_type="application/json", headers=api.headers
+    )
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": {"code": "INVALID_REQUEST", "message": "invalid notification settings", "details": {"fields": fields}}
+    }
