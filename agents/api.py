@@ -7,12 +7,12 @@ Another user's agent or run is 404 on every route. Errors use the one error shap
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from asgiref.sync import async_to_sync
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
-from rest_framework import serializers, status
+from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -35,28 +35,6 @@ from core.authentication import authenticated_user
 from core.errors import InvalidRequest, NotFound
 from core.validation import BlankText, RawBlankText, RawText, WireModel, parse_request
 from peers.remote_launch import launch_at_location, location_resolve
-
-
-class StrictCharField(serializers.CharField):
-    """A CharField that refuses numbers and booleans instead of turning them into text.
-    Left for ``attention.api``'s serializers until they are pydantic models; this module's
-    bodies use ``core.validation.Text`` and its kin."""
-
-    def to_internal_value(self, data: Any) -> str:
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return str(super().to_internal_value(data))
-
-
-class StrictBooleanField(serializers.BooleanField):
-    """A BooleanField that takes JSON ``true``/``false`` only. Left for ``attention.api``'s
-    serializers until they are pydantic models; this module's bodies use ``StrictBool``."""
-
-    def to_internal_value(self, data: Any) -> bool:
-        if not isinstance(data, bool):
-            self.fail("invalid", input=data)
-        return data
-
 
 NEXT_PAGE = "the cursor of the next page (its before), null on the last page"
 
