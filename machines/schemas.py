@@ -28,7 +28,7 @@ from pydantic import (
 
 from core.validation import UtcDateTime, WireModel, drf_errors
 from machines.protocol import CALLER_OPERATIONS, DEFAULT_LIMITS
-from machines.shim.protocol import MACHINE_ID_PATTERN, PATH_DESCRIPTION, PAYLOADS
+from machines.shim.protocol import MACHINE_ID_PATTERN, PATH_DESCRIPTION, PAYLOADS, LiveFields
 
 if TYPE_CHECKING:
     from machines import models
@@ -65,7 +65,27 @@ def payload_model(shared: type[Any], *, exclude: Iterable[str] = ()) -> type[Bas
 
 
 PAYLOAD_MODELS: dict[str, type[BaseModel]] = {str(op): payload_model(shared) for op, shared in PAYLOADS.items()}
-"""Operation → the pydantic model of its payload (``payload_model``)."""
+"""Operation → the pydantic model of its payload (``payload_model``), as the shim reads it."""
+
+PLATFORM_FIELDS = tuple(field.name for field in dataclasses.fields(LiveFields))
+"""The payload fields the platform sets (a stream, a pipe: docs/live-operations.md), never a
+caller (``machines.services.arguments.check_plain_payload`` refuses them set)."""
+
+CALLER_PAYLOAD_MODELS: dict[str, type[BaseModel]] = {
+    str(op): payload_model(shared, exclude=PLATFORM_FIELDS) for op, shared in PAYLOADS.items()
+}
+"""Operation → its payload as a caller gives it (``PAYLOAD_MODELS`` without the
+``PLATFORM_FIELDS``): what ``POST …/ops`` validates and documents, and the tools take."""
+
+
+def _payload_rules() -> list[JsonValue]:
+    """``SessionOpBody``'s schema rules: with ``op`` X, ``payload`` is X's caller payload."""
+    rules: list[JsonValue] = []
+    for op, model in CALLER_PAYLOAD_MODELS.items():
+        payload: JsonValue = {key: value for key, value in model.model_json_schema().items() if key != "title"}
+        when: JsonValue = {"properties": {"op": {"const": op}}, "required": ["op"]}
+        rules.append({"if": when, "then": {"properties": {"payload": payload}}})
+    return rules
 
 
 def without_nulls(payload: dict[str, Any]) -> dict[str, Any]:
@@ -159,7 +179,7 @@ class SessionOpBody(WireModel):
     operation's name and the ``target_machine`` are checked by
     ``machines.services.operations.machine_op`` with the protocol's error codes; the
     ``payload`` (default ``{}``) of a known operation, here against its model
-    (``PAYLOAD_MODELS``: ``"payload.offset: A valid integer is required."``), so a bad
+    (``CALLER_PAYLOAD_MODELS``: ``"payload.offset: A valid integer is required."``), so a bad
     one is refused once, before any machine is asked.
     ``target_machines`` (``target_machines_of``) and ``target_machine`` are exclusive;
     ``stream`` (a boolean, default false) is for ``EXECUTE_COMMAND`` only; ``request_id``
@@ -167,9 +187,11 @@ class SessionOpBody(WireModel):
     """
 
     # What machines.services.operations refuses of a body its fields allow: stream: true
-    # other than for EXECUTE_COMMAND, target_machine beside target_machines.
+    # other than for EXECUTE_COMMAND, target_machine beside target_machines; and each
+    # operation's payload (its model, which _combinations validates it with).
     model_config = ConfigDict(
         json_schema_extra={
+            "allOf": _payload_rules(),
             "if": {"properties": {"stream": {"const": True}}, "required": ["stream"]},
             "then": {"properties": {"op": {"const": "EXECUTE_COMMAND"}}},
             "not": {
@@ -233,7 +255,7 @@ class SessionOpBody(WireModel):
             raise ValueError("target_machine and target_machines are exclusive: give one of them")
         if self.stream and self.op != "EXECUTE_COMMAND":
             raise ValueError(f"stream: true is for EXECUTE_COMMAND only (op is {self.op[:40]!r})")
-        model = PAYLOAD_MODELS.get(self.op)
+        model = CALLER_PAYLOAD_MODELS.get(self.op)
         if model is not None and isinstance(self.payload, dict):  # not a dict: machine_op says so
             try:
                 model.model_validate(without_nulls(self.payload))

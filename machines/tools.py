@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import dataclasses
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -33,16 +32,12 @@ from core.errors import InvalidRequest
 from core.tools import TOOL_CALL, OutputReport, ProgressReport, Tool, ToolHandler
 from core.validation import parse_plain
 from machines import selectors
-from machines.schemas import PIPE_END_SCHEMA, SessionCopyBody, SessionPipeBody, payload_model
+from machines.schemas import CALLER_PAYLOAD_MODELS, PIPE_END_SCHEMA, SessionCopyBody, SessionPipeBody
 from machines.services import live, router
 from machines.services.copy import copy_between_machines
 from machines.services.live import Output
 from machines.services.operations import machine_op
-from machines.shim.protocol import (
-    PAYLOADS,
-    LiveFields,
-    MessageType,
-)
+from machines.shim.protocol import MessageType
 
 PROGRESS_PER_SECOND = 4  # at most this many progress reports a second (plus the final one)
 PROGRESS_LINE_MAX = 200  # characters of the latest output line a progress report carries
@@ -71,15 +66,13 @@ FAN_OUT_NOTE = (
     "is one failed entry."
 )
 _SESSION = {"type": "string", "description": "The machine session to act in (default: your own)."}
-# The 2.1 fields of EXECUTE_COMMAND are the platform's to set (a stream, a pipe): not a tool's.
-_PLATFORM_FIELDS = tuple(field.name for field in dataclasses.fields(LiveFields))
 
 
 def _schema(op: str) -> dict[str, Any]:
-    """The input schema of ``op``'s tool: its payload model's (``machines.shim.protocol``
-    via ``machines.schemas.payload_model``), without the platform's fields, plus where to
-    run it. Unknown arguments are refused (a typo is not silently ignored)."""
-    payload = payload_model(PAYLOADS[op], exclude=_PLATFORM_FIELDS).model_json_schema()
+    """The input schema of ``op``'s tool: its caller payload model's
+    (``machines.schemas.CALLER_PAYLOAD_MODELS``, from ``machines.shim.protocol``), plus where
+    to run it. Unknown arguments are refused (a typo is not silently ignored)."""
+    payload = CALLER_PAYLOAD_MODELS[op].model_json_schema()
     properties = {name: _tool_property(schema) for name, schema in payload["properties"].items()}
     return {
         "type": "object",

@@ -16,7 +16,7 @@ from jsonschema import Draft202012Validator
 from pydantic import ValidationError
 
 from machines import tools as machine_tools
-from machines.schemas import PAYLOAD_MODELS, SessionCopyBody, without_nulls
+from machines.schemas import CALLER_PAYLOAD_MODELS, PAYLOAD_MODELS, SessionCopyBody, SessionOpBody, without_nulls
 from machines.shim.protocol import MAX_LIST_ENTRIES, PATH_DESCRIPTION, PAYLOADS, LiveFields, ShimError, payload_of
 
 # Each operation's payloads, good and bad: every reader must agree on each.
@@ -141,7 +141,7 @@ def test_each_operation_tool_takes_its_payload_models_fields_but_the_platforms()
     for op, _summary, parameters in machine_tools.OPERATION_TOOLS.values():
         model = PAYLOAD_MODELS[op].model_json_schema()
         own = set(parameters["properties"]) - {"target_machine", "target_machines", "session_id"}
-        assert own == set(model["properties"]) - live, op
+        assert own == set(model["properties"]) - live == set(CALLER_PAYLOAD_MODELS[op].model_fields), op
         assert parameters["required"] == model.get("required", []), op
         assert parameters["additionalProperties"] is False
     file_list = machine_tools.OPERATION_TOOLS["local_pc_file_list"][2]["properties"]
@@ -188,3 +188,25 @@ def test_the_copy_tool_takes_the_copy_bodys_fields_but_the_rest_routes_own() -> 
     assert set(parameters["properties"]) == set(body["properties"]) - {"stream", "request_id"} | {"session_id"}
     assert parameters["required"] == body["required"]
     assert parameters["properties"]["source_path"]["description"] == PATH_DESCRIPTION
+
+
+def test_the_ops_body_schema_says_each_operations_payload_as_the_route_checks_it() -> None:
+    validator = Draft202012Validator(SessionOpBody.model_json_schema())
+    for body, valid in [
+        ({"op": "FILE_READ", "payload": {"path": "a.txt", "offset": 2}}, True),
+        ({"op": "FILE_READ", "payload": {}}, False),
+        ({"op": "FILE_LIST", "payload": {"path": ".", "max_entries": MAX_LIST_ENTRIES + 1}}, False),
+        ({"op": "EXECUTE_COMMAND", "payload": {"argv": ["ls"], "timeout_seconds": 5}}, True),
+        ({"op": "EXECUTE_COMMAND", "payload": {"argv": "ls"}}, False),
+    ]:
+        assert validator.is_valid(body) == valid, body
+        try:
+            SessionOpBody.model_validate(body)
+        except ValidationError:
+            accepted = False
+        else:
+            accepted = True
+        assert accepted == valid, body
+    # The platform's own fields are not a caller's: not in the schema (machine_op refuses them set).
+    command = CALLER_PAYLOAD_MODELS["EXECUTE_COMMAND"].model_json_schema()["properties"]
+    assert not set(command) & {field.name for field in dataclasses.fields(LiveFields)}
