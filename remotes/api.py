@@ -8,7 +8,7 @@ from django.contrib.auth.models import User
 from django.http import HttpRequest
 from django.views.decorators.http import require_POST
 from drf_spectacular.utils import extend_schema
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, JsonValue
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -27,7 +27,7 @@ class RemoteFunction(BaseModel):
 
     name: str
     description: str
-    parameters: dict[str, Any] = Field(description="a JSON Schema object: the function's arguments")
+    parameters: dict[str, JsonValue] = Field(description="a JSON Schema object: the function's arguments")
 
 
 class Remote(BaseModel):
