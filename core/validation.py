@@ -117,8 +117,10 @@ def parse_plain(model: type[Model], body: Any, *, context: dict[str, Any] | None
 
 # --- DRF views: a pydantic body, DRF's error answer ------------------------------------
 
-# DRF's DateTimeField and TimeField(input_formats=["%H:%M"]) name the formats they read.
-DATETIME_FORMATS = "YYYY-MM-DDThh:mm[:ss[.uuuuuu]][+HH:MM|-HH:MM|Z]"
+# DRF's DateTimeField named the formats it reads when it refused a value.
+DATETIME_WRONG = (
+    "Datetime has wrong format. Use one of these formats instead: YYYY-MM-DDThh:mm[:ss[.uuuuuu]][+HH:MM|-HH:MM|Z]."
+)
 
 # pydantic error type → (DRF error code, the sentence DRF's field answered for it). A
 # sentence is formatted with the error's ``ctx`` and ``input`` (its text) and
@@ -141,15 +143,9 @@ DRF_SENTENCES: dict[str, tuple[str, str]] = {
     "bool_parsing": ("invalid", "Must be a valid boolean."),
     "literal_error": ("invalid_choice", '"{input}" is not a valid choice.'),
     "enum": ("invalid_choice", '"{input}" is not a valid choice.'),
-    "datetime_type": ("invalid", f"Datetime has wrong format. Use one of these formats instead: {DATETIME_FORMATS}."),
-    "datetime_parsing": (
-        "invalid",
-        f"Datetime has wrong format. Use one of these formats instead: {DATETIME_FORMATS}.",
-    ),
-    "datetime_from_date_parsing": (
-        "invalid",
-        f"Datetime has wrong format. Use one of these formats instead: {DATETIME_FORMATS}.",
-    ),
+    "datetime_type": ("invalid", DATETIME_WRONG),
+    "datetime_parsing": ("invalid", DATETIME_WRONG),
+    "datetime_from_date_parsing": ("invalid", DATETIME_WRONG),
     "model_type": ("invalid", "Invalid data. Expected a dictionary, but got {input_type}."),
     "model_attributes_type": ("invalid", "Invalid data. Expected a dictionary, but got {input_type}."),
     "dict_type": ("not_a_dict", 'Expected a dictionary of items but got type "{input_type}".'),
@@ -275,7 +271,7 @@ def _drf_datetime(value: Any) -> datetime:
         except ValueError:
             parsed = None
     if parsed is None:
-        raise ValueError(DRF_SENTENCES["datetime_parsing"][1])
+        raise ValueError(DATETIME_WRONG)
     # USE_TZ: DRF read a date-time without an offset as the current time zone's (UTC).
     return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
 
