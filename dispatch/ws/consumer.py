@@ -11,9 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, cast
 
 from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
@@ -34,7 +33,35 @@ from core.ratelimit import TokenBucket
 from core.realtime import layer_send
 from core.services import AuthenticationFailed, password_authenticate
 from core.wire import encode
-from dispatch.ws.protocol import UNLIMITED_ACTIONS, parse_action
+from dispatch.ws.frames import (
+    AgentEventFrame,
+    AnyReply,
+    AuthOk,
+    CallResultReply,
+    EncodedFrame,
+    ErrorReply,
+    Frame,
+    Nonce,
+    PongReply,
+    PromptMessageReply,
+    PromptRunReply,
+    RemoteConnectedReply,
+    RemoteDisconnectedEvent,
+    RemoteDisconnectedReply,
+    RemoteListReply,
+    RunFinishedFrame,
+    reply,
+)
+from dispatch.ws.protocol import (
+    Action,
+    NoBody,
+    any_body,
+    remote_call_body,
+    remote_call_result_body,
+    remote_connect_body,
+    remote_name_body,
+    send_agent_prompt_body,
+)
 from remotes import services
 from remotes.inflight import session_calls_refusal
 from remotes.protocol import (
@@ -156,7 +183,7 @@ class SessionConsumer(DispatchConsumer):
             await self._first_frame(text_data)
             return
         if bytes_data is not None:
-            await self._send({"error": "binary frames are not supported; send JSON text"})
+            await self._send(ErrorReply(error="binary frames are not supported; send JSON text"))
             return
         try:
             message = wire.loads(text_data or "")
@@ -175,41 +202,41 @@ class SessionConsumer(DispatchConsumer):
             await self._limited_error("nonce must be a string or a number")
             return
         action = message.get("action")
-        # An action may be any JSON value here; a list or object is unhashable.
-        unlimited = isinstance(action, str) and action in UNLIMITED_ACTIONS
-        if not unlimited and not self.bucket.take():
-            await self._reply(nonce, error="rate limited")
+        # An action may be any JSON value here; a list or object is unhashable. An unknown
+        # action counts against the limit like any limited one.
+        entry = self.ACTIONS.get(action) if isinstance(action, str) else None
+        if (entry is None or entry.limited) and not self.bucket.take():
+            await self._reply(ErrorReply(error="rate limited"), nonce)
             return
         if not isinstance(action, str) or not action:
-            await self._reply(nonce, error="missing 'action' (a non-empty string)")
+            await self._reply(ErrorReply(error="missing 'action' (a non-empty string)"), nonce)
             return
-        handler = self.HANDLERS.get(action)
-        if handler is None:
-            await self._reply(nonce, error=f"unknown action '{action[:100]}'")
+        if entry is None:
+            await self._reply(ErrorReply(error=f"unknown action '{action[:100]}'"), nonce)
             return
         body = message.get("body", {})
         if body is None:
             body = {}
         try:
-            # Each action's body is its model (dispatch.ws.protocol), validated here.
-            await handler(self, parse_action(action, message, body), nonce)
+            # The body becomes the action's model here, then its handler acts on it.
+            await entry.handler(self, entry.parse(message, body), nonce)
         except DispatchError as exc:
-            await self._reply(nonce, error=exc.message)
+            await self._reply(ErrorReply(error=exc.message), nonce)
         except Exception:
             logger.exception("action %s failed", action)
-            await self._reply(nonce, error="internal error")
+            await self._reply(ErrorReply(error="internal error"), nonce)
 
-    async def _limited_error(self, error: str, nonce: Any = None) -> None:
+    async def _limited_error(self, error: str, nonce: Nonce | None = None) -> None:
         if not self.bucket.take():
             error = "rate limited"
-        await self._reply(nonce, error=error)
+        await self._reply(ErrorReply(error=error), nonce)
 
     # --- actions (docs/ws-protocol.md#actions) ----------------------------------------
 
-    async def do_ping(self, parsed: Any, nonce: Any) -> None:
-        await self._reply(nonce, pong=True)
+    async def do_ping(self, parsed: NoBody, nonce: Nonce | None) -> None:
+        await self._reply(PongReply(pong=True), nonce)
 
-    async def do_remote_connect(self, parsed: RemoteConnectBody, nonce: Any) -> None:
+    async def do_remote_connect(self, parsed: RemoteConnectBody, nonce: Nonce | None) -> None:
         assert self.user is not None and self.ws_session_id is not None
         remote = await services.remote_connect_probing(
             user=self.user,
@@ -219,9 +246,9 @@ class SessionConsumer(DispatchConsumer):
             tools=parsed.tools,
         )
         self.served[remote.pk] = ServedRemote(name=remote.name)
-        await self._reply(nonce, message="remote connected", remotename=remote.name)
+        await self._reply(RemoteConnectedReply(message="remote connected", remotename=remote.name), nonce)
 
-    async def do_remote_disconnect(self, parsed: RemoteNameBody, nonce: Any) -> None:
+    async def do_remote_disconnect(self, parsed: RemoteNameBody, nonce: Nonce | None) -> None:
         # A remote this session serves itself: no remote-disconnected event back to it.
         own = {remote_id for remote_id, served in self.served.items() if served.name == parsed.remotename}
         self.own_disconnects |= own
@@ -230,23 +257,23 @@ class SessionConsumer(DispatchConsumer):
         except BaseException:
             self.own_disconnects -= own
             raise
-        await self._reply(nonce, message="remote disconnected", remotename=parsed.remotename)
+        await self._reply(RemoteDisconnectedReply(message="remote disconnected", remotename=parsed.remotename), nonce)
 
-    async def do_remote_list(self, parsed: Any, nonce: Any) -> None:
+    async def do_remote_list(self, parsed: NoBody, nonce: Nonce | None) -> None:
         remotes = await database_sync_to_async(remote_list_for)(user=self.user)
-        await self._reply(nonce, remotes=remotes)
+        await self._reply(RemoteListReply(remotes=remotes), nonce)
 
-    async def do_remote_call(self, parsed: RemoteCallBody, nonce: Any) -> None:
+    async def do_remote_call(self, parsed: RemoteCallBody, nonce: Nonce | None) -> None:
         if not self.send_pressure.has_room():
             # This client has not read the replies it was already sent: its next result
             # would wait in this process's memory too (docs/operating.md "Bounds").
-            await self._reply(nonce, error=CALLER_NOT_READING)
+            await self._reply(ErrorReply(error=CALLER_NOT_READING), nonce)
             return
         # Counted here too, before the arguments are checked: a call waiting for its route
         # already holds them (remotes.inflight counts the rest, with their bytes).
         refusal = session_calls_refusal(len(self.calls))
         if refusal is not None:
-            await self._reply(nonce, error=refusal)
+            await self._reply(ErrorReply(error=refusal), nonce)
             return
         # The wait runs as its own task: a consumer handles one message at a time, and a
         # session may call a remote it serves itself.
@@ -254,7 +281,7 @@ class SessionConsumer(DispatchConsumer):
         self.calls.add(task)
         task.add_done_callback(self.calls.discard)
 
-    async def _call(self, parsed: RemoteCallBody, nonce: Any) -> None:
+    async def _call(self, parsed: RemoteCallBody, nonce: Nonce | None) -> None:
         assert self.user is not None
         try:
             result = await services.remote_call(
@@ -266,18 +293,18 @@ class SessionConsumer(DispatchConsumer):
                 caller_session=self.ws_session_id,
             )
         except services.RemoteError as exc:
-            await self._reply(nonce, error=exc.message)
+            await self._reply(ErrorReply(error=exc.message), nonce)
         except asyncio.CancelledError:
             if not self.closing:
-                await self._reply(nonce, error="server shutting down")
+                await self._reply(ErrorReply(error="server shutting down"), nonce)
             raise
         except Exception:
             logger.exception("remote call %s.%s failed", parsed.remotename, parsed.function)
-            await self._reply(nonce, error="internal error")
+            await self._reply(ErrorReply(error="internal error"), nonce)
         else:
-            await self._reply(nonce, result=result)
+            await self._reply(CallResultReply(result=result), nonce)
 
-    async def do_remote_call_result(self, parsed: RemoteCallResult, nonce: Any) -> None:
+    async def do_remote_call_result(self, parsed: RemoteCallResult, nonce: Nonce | None) -> None:
         request_id = parsed.request_id
         pending = self.pending.pop(request_id, None) if request_id is not None else None
         if pending is None:
@@ -288,7 +315,7 @@ class SessionConsumer(DispatchConsumer):
             return
         await self._answer(pending.reply_channel, parsed.reply())
 
-    async def do_send_agent_prompt(self, parsed: SendAgentPromptBody, nonce: Any) -> None:
+    async def do_send_agent_prompt(self, parsed: SendAgentPromptBody, nonce: Nonce | None) -> None:
         """``send-agent-prompt`` (docs/ws-protocol.md#send-agent-prompt): a run for an
         expert agent (progress arrives as events), a message for a CLI agent; the reply
         names the run or the message."""
@@ -299,22 +326,27 @@ class SessionConsumer(DispatchConsumer):
             input=parsed.input,
             options=parsed.options,
         )
+        prompt_reply: AnyReply
         if accepted.message_id is not None:
-            await self._reply(
-                nonce, message="prompt accepted", agentId=accepted.agent_id, messageId=accepted.message_id
+            prompt_reply = PromptMessageReply(
+                message="prompt accepted", agentId=accepted.agent_id, messageId=accepted.message_id
             )
         else:
-            await self._reply(nonce, message="prompt accepted", agentId=accepted.agent_id, runId=accepted.run_id)
+            prompt_reply = PromptRunReply(message="prompt accepted", agentId=accepted.agent_id, runId=accepted.run_id)
+        await self._reply(prompt_reply, nonce)
 
-    # Action → its handler, which gets the body as its model (dispatch.ws.protocol.ACTIONS).
-    HANDLERS: dict[str, Callable[[SessionConsumer, Any, Any], Awaitable[None]]] = {
-        "ping": do_ping,
-        "remote-connect": do_remote_connect,
-        "remote-disconnect": do_remote_disconnect,
-        "remote-list": do_remote_list,
-        "remote-call": do_remote_call,
-        "remote-call-result": do_remote_call_result,
-        "send-agent-prompt": do_send_agent_prompt,
+    # The action table (docs/ws-protocol.md#actions): action → its body's model, how the
+    # frame becomes it, the handler above that gets it, and whether it is rate limited.
+    # ``ping`` and ``remote-call-result`` never are: a busy remote must be able to answer as
+    # fast as it is called (docs/ws-protocol.md#limits).
+    ACTIONS: ClassVar[dict[str, Action[Any]]] = {
+        "ping": Action(NoBody, any_body, do_ping, limited=False),
+        "remote-connect": Action(RemoteConnectBody, remote_connect_body, do_remote_connect),
+        "remote-disconnect": Action(RemoteNameBody, remote_name_body, do_remote_disconnect),
+        "remote-list": Action(NoBody, any_body, do_remote_list),
+        "remote-call": Action(RemoteCallBody, remote_call_body, do_remote_call),
+        "remote-call-result": Action(RemoteCallResult, remote_call_result_body, do_remote_call_result, limited=False),
+        "send-agent-prompt": Action(SendAgentPromptBody, send_agent_prompt_body, do_send_agent_prompt),
     }
 
     # --- channel-layer messages ------------------------------------------------------
@@ -336,8 +368,8 @@ class SessionConsumer(DispatchConsumer):
             await self._refuse_busy(call)
             return
         request_id = new_request_id(served.name)
-        frame = remote_call_event(
-            request_id=request_id, remotename=call.remotename, function=call.function, args=call.args
+        frame = EncodedFrame(
+            remote_call_event(request_id=request_id, remotename=call.remotename, function=call.function, args=call.args)
         )
         size = _utf8_length(frame)
         if size > settings.WS_MAX_MESSAGE_BYTES:
@@ -354,7 +386,7 @@ class SessionConsumer(DispatchConsumer):
             reply_channel=call.reply_channel,
             expires_at=now + float(call.timeout or settings.REMOTE_CALL_TIMEOUT) + PENDING_GRACE,
         )
-        await self.send(text_data=frame)
+        await self._send(frame)
 
     async def _refuse_busy(self, call: RemoteCallMessage) -> None:
         """The client has not read what it was already sent (``core.backpressure``): the
@@ -368,10 +400,13 @@ class SessionConsumer(DispatchConsumer):
         """``user.event`` (``UserEventMessage``): the user's live events; agent progress
         becomes event frames (docs/ws-protocol.md#agent-event)."""
         data = message.data
+        # The agents app builds these frames as plain dicts (it may not import this edge);
+        # their shapes are AgentEventFrame's and RunFinishedFrame's.
+        frame: AgentEventFrame | RunFinishedFrame | None
         if message.event == "agent.event":
-            frame: dict[str, Any] | None = agent_event_frame(data)
+            frame = cast(AgentEventFrame, agent_event_frame(data))
         elif message.event == "run.updated":
-            frame = run_finished_frame(data)
+            frame = cast(RunFinishedFrame | None, run_finished_frame(data))
         else:
             frame = None
         if frame is None or self.closing:
@@ -406,7 +441,9 @@ class SessionConsumer(DispatchConsumer):
         elif not self.closing:
             # Another session (maybe in another process) disconnected it; tell the client.
             reason = gone.reason or "disconnected by another session of the user"
-            await self._send({"action": "remote-disconnected", "remotename": served.name, "reason": reason})
+            await self._send(
+                RemoteDisconnectedEvent(action="remote-disconnected", remotename=served.name, reason=reason)
+            )
 
     @receives(ServerShutdownMessage)
     async def server_shutdown(self, message: ServerShutdownMessage) -> None:
@@ -428,7 +465,7 @@ class SessionConsumer(DispatchConsumer):
         except ValueError:
             message = None
         if not isinstance(message, dict) or not ("token" in message or "username" in message):
-            await self._send({"error": "not authenticated"})
+            await self._send(ErrorReply(error="not authenticated"))
             await self._close(CLOSE_UNAUTHENTICATED)
             return
         api_token_id: int | None = None
@@ -452,7 +489,7 @@ class SessionConsumer(DispatchConsumer):
         if not await self._authenticated(user, method, api_token_id=api_token_id):
             return
         # The auth reply carries no ``action`` (docs/ws-protocol.md).
-        await self._send({"ok": True, "user": user.get_username()})
+        await self._send(AuthOk(ok=True, user=user.get_username()))
 
     async def _authenticated(
         self, user: User, method: str, *, api_token_id: int | None = None, session_key: str = ""
@@ -485,13 +522,13 @@ class SessionConsumer(DispatchConsumer):
         return True
 
     async def _refuse(self, error: str, code: int = CLOSE_UNAUTHENTICATED) -> None:
-        await self._send({"error": error})
+        await self._send(ErrorReply(error=error))
         await self._close(code)
 
     async def _expire_auth(self) -> None:
         await asyncio.sleep(settings.WS_AUTH_TIMEOUT)
         if self.user is None and not self.closing:
-            await self._send({"error": "authentication timed out"})
+            await self._send(ErrorReply(error="authentication timed out"))
             await self._close(CLOSE_AUTH_TIMEOUT)
 
     async def _close(self, code: int) -> None:
@@ -510,7 +547,7 @@ class SessionConsumer(DispatchConsumer):
             return False
         error = f"remote '{pending.remotename}' returned a result Dispatch cannot carry: {reason}"
         await self._answer(pending.reply_channel, RemoteCallReply(error=error))
-        await self._send({"error": f"invalid JSON: {reason}"})
+        await self._send(ErrorReply(error=f"invalid JSON: {reason}"))
         return True
 
     async def _fail_pending(self, request_id: str) -> None:
@@ -535,13 +572,14 @@ class SessionConsumer(DispatchConsumer):
             error = f"the remote's answer could not be relayed: {exc}"
             await layer_send(reply_channel, RemoteCallReply(error=error))
 
-    async def _reply(self, nonce: Any, **fields: Any) -> None:
-        if nonce is not None:
-            fields["nonce"] = nonce
-        await self._send(fields)
+    async def _reply(self, frame: AnyReply, nonce: Nonce | None) -> None:
+        """Send ``frame`` as the reply to a request that carried ``nonce`` (``frames.reply``)."""
+        await self._send(reply(frame, nonce))
 
-    async def _send(self, message: dict[str, Any]) -> None:
-        await self.send(text_data=encode(message))
+    async def _send(self, frame: Frame | EncodedFrame) -> None:
+        """Send one frame (``dispatch.ws.frames``): every frame this session sends goes
+        through here, as compact JSON (``core.wire.encode``) unless it was encoded already."""
+        await self.send(text_data=frame if isinstance(frame, str) else encode(frame))
 
     def _origin_allowed(self) -> bool:
         """Cookie-authenticated browsers only: ``Origin`` is the site's own, scheme, host

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 from agents.protocol import SendAgentPromptBody, UserEventMessage, run_finished_frame
 from core.errors import InvalidRequest
 from dispatch.ws.consumer import SessionConsumer
-from dispatch.ws.protocol import ACTIONS, NoBody, parse_action
+from dispatch.ws.protocol import NoBody
 from remotes.protocol import (
     RemoteCallBody,
     RemoteCallMessage,
@@ -35,12 +35,27 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
 }
 
 
+ACTIONS = SessionConsumer.ACTIONS
+
+
+def parse_action(action: str, message: dict[str, Any], body: Any) -> BaseModel:
+    return ACTIONS[action].parse(message, body)
+
+
 def test_every_action_the_consumer_handles_has_a_body_model() -> None:
-    assert set(ACTIONS) == set(SessionConsumer.HANDLERS) == set(VALID_BODIES)
-    for action, (model, _parse) in ACTIONS.items():
+    assert set(ACTIONS) == set(VALID_BODIES)
+    for action, entry in ACTIONS.items():
         parsed = parse_action(action, {"action": action, "body": VALID_BODIES[action]}, VALID_BODIES[action])
-        assert isinstance(parsed, model), action
-        assert issubclass(model, BaseModel)
+        assert isinstance(parsed, entry.body), action
+        assert issubclass(entry.body, BaseModel)
+
+
+def test_one_table_names_each_actions_model_handler_and_limit() -> None:
+    # One row per action: its handler is the consumer's method for it (docs/ws-protocol.md#actions),
+    # and only ping and remote-call-result escape the rate limit (docs/ws-protocol.md#limits).
+    for action, entry in ACTIONS.items():
+        assert entry.handler is getattr(SessionConsumer, "do_" + action.replace("-", "_")), action
+    assert {action for action, entry in ACTIONS.items() if not entry.limited} == {"ping", "remote-call-result"}
 
 
 @pytest.mark.parametrize("body", [{}, [], "x", 5, {"anything": [1, 2]}])
@@ -77,6 +92,7 @@ def test_a_remote_call_result_is_read_at_the_top_level_first_then_under_body() -
 
 def test_a_remote_call_result_never_refuses_and_relays_errors_as_text() -> None:
     assert RemoteCallResult.model_validate({"requestId": 7}).request_id is None  # matches no call
+
     def relayed(result: dict[str, Any]) -> dict[str, Any]:
         """What the waiting caller's channel gets for a ``remote-call-result``."""
         return RemoteCallResult.model_validate({"requestId": "w#0", **result}).reply().for_layer()
