@@ -27,6 +27,7 @@ from agents.serializers import (
     RunData,
     agent_data,
     event_data,
+    message_data,
     run_data,
 )
 from agents.tokens import agent_scope_forbid, agent_scope_manage, calling_agent
@@ -327,7 +328,7 @@ class AgentMessagesView(DispatchAPIView):
         message = lifecycle.agent_message_send(
             user=user, recipient=agent, content=body.content, sender_agent=calling_agent(request)
         )
-        return Response(messages.message_data(message), status=status.HTTP_201_CREATED)
+        return Response(message_data(message), status=status.HTTP_201_CREATED)
 
 
 class MessageDetailView(DispatchAPIView):
@@ -338,7 +339,7 @@ class MessageDetailView(DispatchAPIView):
         if MESSAGE_ID.fullmatch(message_id) is None:  # "abc", "-1", " 1", "1e3": names no message
             raise NotFound("no such message")
         message = messages.message_get(user=authenticated_user(request), message_id=message_id)
-        return Response(messages.message_data(message))
+        return Response(message_data(message))
 
 
 class AgentEventList(BaseModel):

@@ -60,6 +60,7 @@ EVENT_TEXT_MAX = 2_000  # characters of a tool result or argument kept in an eve
 CANCEL_POLL = 1.0  # seconds between two checks of the run's status while its tools run
 _SECRET_KEY = re.compile(r"token|secret|password|passwd|api[_-]?key|authorization|credential", re.IGNORECASE)
 
+
 def as_openai(tool: Tool) -> dict[str, Any]:
     """The Chat Completions ``tools`` entry of ``tool``."""
     return {

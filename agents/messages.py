@@ -27,7 +27,7 @@ from agents import services
 from agents.models import Agent, AgentEvent, AgentMessage
 from agents.protocol import CliDoorbellMessage, UserEventMessage
 from agents.selectors import is_shadow
-from agents.serializers import AgentMessageSerializer, agent_data, event_data
+from agents.serializers import agent_data, event_data, message_data
 from core.errors import DispatchError, InvalidRequest, NotFound
 from core.realtime import ring, ring_on_commit
 
@@ -41,11 +41,6 @@ MAX_MESSAGE_LENGTH = 200_000
 CLI_ACCEPTING = frozenset({Agent.Status.CREATING, Agent.Status.RUNNING})
 
 Status = AgentMessage.Status
-
-
-def message_data(message: AgentMessage) -> dict[str, Any]:
-    """The message as a JSON-safe dict (REST and live frames share it)."""
-    return dict(AgentMessageSerializer(message).data)
 
 
 def _publish(message: AgentMessage, event: str) -> None:

@@ -18,7 +18,6 @@ from typing import Annotated, Any
 from django.core.exceptions import ObjectDoesNotExist
 from django.utils import timezone
 from pydantic import AfterValidator, BaseModel, Field, JsonValue
-from rest_framework import serializers
 
 from agents.models import Agent, AgentEvent, AgentMessage, Approval, ApprovalRule, Run
 
@@ -190,23 +189,6 @@ class AgentMessageData(BaseModel):
             pasted_at=message.pasted_at,
             delivered_at=message.delivered_at,
         )
-
-
-class AgentMessageSerializer(serializers.ModelSerializer):
-    """The DRF ``ModelSerializer`` the message shape came from, kept for
-    ``agents.messages.message_data`` and the test that compares both renderings; it
-    renders through ``AgentMessageData``."""
-
-    sender_agent_id = serializers.CharField(allow_null=True, read_only=True)
-    sender_user = serializers.CharField(source="sender_user.get_username", allow_null=True, read_only=True)
-    recipient_agent_id = serializers.CharField(read_only=True)
-
-    class Meta:
-        model = AgentMessage
-        fields = list(AgentMessageData.model_fields)
-
-    def to_representation(self, instance: AgentMessage) -> dict[str, Any]:
-        return message_data(instance)
 
 
 class ApprovalRuleData(BaseModel):

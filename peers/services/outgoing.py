@@ -13,10 +13,11 @@ from django.db import transaction
 from django.db.models import Subquery
 
 from agents import services as agent_services
-from agents.messages import MAX_MESSAGE_LENGTH, message_data
+from agents.messages import MAX_MESSAGE_LENGTH
 from agents.models import Agent, AgentMessage
 from agents.protocol import UserEventMessage
 from agents.selectors import AGENT_ID
+from agents.serializers import message_data
 from core.errors import InvalidRequest, NotFound
 from core.models import InstanceIdentity
 from core.realtime import ring_on_commit
