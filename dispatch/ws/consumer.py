@@ -302,7 +302,10 @@ class SessionConsumer(DispatchConsumer):
             logger.exception("remote call %s.%s failed", parsed.remotename, parsed.function)
             await self._reply(ErrorReply(error="internal error"), nonce)
         else:
-            await self._reply(CallResultReply(result=result), nonce)
+            # A dict display, not ``CallResultReply(result=…)``: calling the TypedDict costs
+            # ~0.4 µs more, on every call (the display is cheaper than the old ``**fields``).
+            answer: CallResultReply = {"result": result}
+            await self._reply(answer, nonce)
 
     async def do_remote_call_result(self, parsed: RemoteCallResult, nonce: Nonce | None) -> None:
         request_id = parsed.request_id
