@@ -41,10 +41,6 @@ SERIAL = {
     "tests/integration/test_memory_ws.py": "memory bounds: a serve's VmRSS under floods of /ws frames",
     "tests/integration/test_body_budget.py": "memory bounds: a serve's VmRSS under 30 posts of 16 MB",
     "tests/integration/test_frozen_dependencies.py": "frozen Redis/PostgreSQL with answers due within 3 s",
-    # xdist runs a test only when every worker collected the same test ids.
-    "tests/agents/test_events.py::test_it_refuses_a_bad_cursor": (
-        "one id is a cursor of timezone.now() made at import, different in each worker"
-    ),
 }
 
 # Markers by folder: ``bench`` (tests/bench: the benchmarks and their summary), ``real_cli``

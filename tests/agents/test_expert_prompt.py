@@ -310,7 +310,7 @@ def test_post_prompt_refuses_a_stopped_agent(api, expert):
 # --- generated bodies: bad input at any entry point is an error reply, never a crash -----------
 
 # No lone surrogates: the envelope refuses those before any action sees them
-# (tests/remotes/test_ws_properties.py).
+# (tests/dispatch/ws/test_ws_properties.py).
 texts = st.text(max_size=12)
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | texts,

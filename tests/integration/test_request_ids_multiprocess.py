@@ -2,7 +2,7 @@
 (docs/ws-protocol.md#request-ids): a client that reconnects to the other process and sends
 there the late answer of a call made through the first one must not answer a newer call.
 
-The same case on one process and across a restart is in tests/remotes/test_request_ids.py.
+The same case on one process and across a restart is in tests/dispatch/ws/test_request_ids.py.
 """
 
 from __future__ import annotations
