@@ -78,14 +78,18 @@ CALLER_PAYLOAD_MODELS: dict[str, type[BaseModel]] = {
 ``PLATFORM_FIELDS``): what ``POST …/ops`` validates and documents, and the tools take."""
 
 
-def _payload_rules() -> list[JsonValue]:
-    """``SessionOpBody``'s schema rules: with ``op`` X, ``payload`` is X's caller payload."""
-    rules: list[JsonValue] = []
+def _payload_alternatives() -> list[JsonValue]:
+    """``SessionOpBody``'s ``oneOf``: one alternative per operation, its ``op`` and its caller
+    payload. (Not an ``if``/``then`` per operation: seven of those multiply into more
+    alternatives than a schema-driven generator such as schemathesis resolves.)"""
+    alternatives: list[JsonValue] = []
     for op, model in CALLER_PAYLOAD_MODELS.items():
         payload: JsonValue = {key: value for key, value in model.model_json_schema().items() if key != "title"}
-        when: JsonValue = {"properties": {"op": {"const": op}}, "required": ["op"]}
-        rules.append({"if": when, "then": {"properties": {"payload": payload}}})
-    return rules
+        alternative: dict[str, JsonValue] = {"properties": {"op": {"const": op}, "payload": payload}}
+        if model.model_json_schema().get("required"):  # an absent payload is {}: it lacks them
+            alternative["required"] = ["payload"]
+        alternatives.append(alternative)
+    return alternatives
 
 
 def without_nulls(payload: dict[str, Any]) -> dict[str, Any]:
@@ -191,7 +195,7 @@ class SessionOpBody(WireModel):
     # operation's payload (its model, which _combinations validates it with).
     model_config = ConfigDict(
         json_schema_extra={
-            "allOf": _payload_rules(),
+            "oneOf": _payload_alternatives(),
             "if": {"properties": {"stream": {"const": True}}, "required": ["stream"]},
             "then": {"properties": {"op": {"const": "EXECUTE_COMMAND"}}},
             "not": {

@@ -195,6 +195,8 @@ def test_the_ops_body_schema_says_each_operations_payload_as_the_route_checks_it
     for body, valid in [
         ({"op": "FILE_READ", "payload": {"path": "a.txt", "offset": 2}}, True),
         ({"op": "FILE_READ", "payload": {}}, False),
+        ({"op": "FILE_READ"}, False),  # payload {}: no path
+        ({"op": "EXECUTE_COMMAND"}, True),  # (the shim then wants argv or command)
         ({"op": "FILE_LIST", "payload": {"path": ".", "max_entries": MAX_LIST_ENTRIES + 1}}, False),
         ({"op": "EXECUTE_COMMAND", "payload": {"argv": ["ls"], "timeout_seconds": 5}}, True),
         ({"op": "EXECUTE_COMMAND", "payload": {"argv": "ls"}}, False),
