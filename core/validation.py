@@ -7,10 +7,10 @@ today, both kept byte for byte:
 
 - ``describe_validation_error``: ``missing field 'x'`` / ``invalid <path>: <reason>``
   (``/ws`` actions, ``HELLO``, ``parse_body``);
-- ``first_error_message``: the validator's own sentence, as is (the peer API and the
-  machine operation routes, whose models raise the exact text the route answered before
-  it had a model, such as ``name must be a non-empty string``); a validator that must
-  also answer ``details`` raises ``refusal(message, details)``;
+- ``parse_plain`` (the peer API, pairing and the machine operation routes): one sentence
+  per pydantic error type (``PLAIN_SENTENCES``, such as ``name must be a non-empty
+  string``) naming the field by its wire path, or a validator's own sentence as is; a
+  validator that must also answer ``details`` raises ``refusal(message, details)``;
 - ``parse_request`` (the DRF views): DRF's ``ValidationError`` with the sentences DRF's
   serializer fields answered (``DRF_SENTENCES``), nested under their fields
   (docs/architecture.md#bodies).
@@ -18,6 +18,7 @@ today, both kept byte for byte:
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, TypeVar
 
@@ -29,6 +30,7 @@ from pydantic import (
     GetCoreSchemaHandler,
     GetJsonSchemaHandler,
     PlainValidator,
+    StrictStr,
     StringConstraints,
     ValidationError,
     model_validator,
@@ -105,14 +107,93 @@ def parse_body(model: type[Model], body: Any, *, context: dict[str, Any] | None 
         raise InvalidRequest(describe_validation_error(exc)) from None
 
 
+# --- plain views: a pydantic body, one sentence per error type -----------------------------
+
+# pydantic error type → the sentence a plain view (the peer API, pairing, the machine
+# operation routes) answers for it, formatted with ``field`` (the field's wire name and
+# path, ``launched_by.name``, ``messages[0].idempotency_key``) and the error's ``ctx``. One
+# style for every plain view's body (docs/architecture.md#bodies): a typed field refuses
+# with these, a validator of a real rule raises its own sentence (a ``ValueError``, a
+# ``refusal``), answered as is.
+PLAIN_SENTENCES: dict[str, str] = {
+    "missing": "{field} is required",
+    "string_type": "{field} must be a string",
+    "string_too_short": "{field} must be at least {min_length} characters",
+    "string_too_long": "{field} must be at most {max_length} characters",
+    "string_pattern_mismatch": "{field} must match {pattern}",
+    "bool_type": "{field} must be true or false",
+    "bool_parsing": "{field} must be true or false",
+    "int_type": "{field} must be an integer",
+    "int_parsing": "{field} must be an integer",
+    "int_from_float": "{field} must be an integer",
+    "float_type": "{field} must be a number",
+    "float_parsing": "{field} must be a number",
+    "finite_number": "{field} must be a finite number",
+    "greater_than": "{field} must be greater than {gt}",
+    "greater_than_equal": "{field} must be at least {ge}",
+    "less_than": "{field} must be less than {lt}",
+    "less_than_equal": "{field} must be at most {le}",
+    "literal_error": "{field} must be one of: {expected}",
+    "enum": "{field} must be one of: {expected}",
+    "dict_type": "{field} must be an object",
+    "model_type": "{field} must be an object",
+    "model_attributes_type": "{field} must be an object",
+    "list_type": "{field} must be a list",
+    "too_short": "{field} must have at least {min_length} items",
+    "too_long": "{field} must have at most {max_length} items",
+    "extra_forbidden": "unknown field {field}",
+    "null_characters_not_allowed": "{field} must not contain NUL characters",
+}
+# Overrides of ``PLAIN_SENTENCES`` for one value of the error's ``ctx`` (a string of at
+# least one character: "non-empty", as "" and a blank ``NonBlank`` are refused).
+_PLAIN_SPECIAL: dict[tuple[str, str, Any], str] = {
+    ("string_too_short", "min_length", 1): "{field} must be a non-empty string",
+}
+_QUOTED = re.compile(r"'((?:[^'\\]|\\.)*)'")
+
+
+def _field_path(loc: tuple[str | int, ...]) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path or "body"
+
+
+def _choices(expected: str) -> str:
+    # pydantic says a Literal's values as "'a', 'b' or 'c'"; the sentence lists "a, b, c".
+    names = _QUOTED.findall(expected)
+    return ", ".join(names) if names else expected
+
+
+def plain_sentence(error: Any) -> str:
+    """One pydantic error (an item of ``ValidationError.errors()``) as a plain view's
+    sentence: a validator's own sentence as is, else ``PLAIN_SENTENCES``'s template for
+    its type (pydantic's message for a type the table lacks)."""
+    kind = error["type"]
+    if kind in _OWN_SENTENCE:
+        return _own_sentence(error)
+    ctx = dict(error.get("ctx", {}))
+    for (special_kind, key, value), template in _PLAIN_SPECIAL.items():
+        if kind == special_kind and ctx.get(key) == value:
+            break
+    else:
+        template = PLAIN_SENTENCES.get(kind, "")
+    if not template:
+        return f"{_field_path(error['loc'])}: {error['msg']}"
+    if "expected" in ctx:
+        ctx["expected"] = _choices(str(ctx["expected"]))
+    return template.format(**ctx, field=_field_path(error["loc"]))
+
+
 def parse_plain(model: type[Model], body: Any, *, context: dict[str, Any] | None = None) -> Model:
-    """Validate a body against ``model``; ``InvalidRequest`` (400) with the validator's
-    own sentence (``first_error_message``) when it does not fit, and the ``details`` of a
-    ``refusal``."""
+    """Validate a body against ``model``; ``InvalidRequest`` (400) with the first error's
+    ``plain_sentence`` (a validator's own sentence, else ``PLAIN_SENTENCES``'s) when it
+    does not fit, and the ``details`` of a ``refusal``."""
     try:
         return model.model_validate(body, context=context)
     except ValidationError as exc:
-        raise InvalidRequest(first_error_message(exc), _first(exc).get("ctx", {}).get("details")) from None
+        error = _first(exc)
+        raise InvalidRequest(plain_sentence(error), error.get("ctx", {}).get("details")) from None
 
 
 # --- DRF views: a pydantic body, DRF's error answer ------------------------------------
@@ -261,6 +342,17 @@ BlankText = Annotated[
 ]
 RawText = Annotated[str, StringConstraints(min_length=1), AfterValidator(_no_nul), RequestSchema(pattern=NO_NUL)]
 RawBlankText = Annotated[str, AfterValidator(_no_nul), RequestSchema(pattern=NO_NUL)]
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():  # refused as "" is, by min_length 1: "must be a non-empty string"
+        raise PydanticCustomError("string_too_short", "String should have at least 1 character", {"min_length": 1})
+    return value
+
+
+# A plain view's required text: a JSON string only, not blank (spaces alone are refused),
+# kept as sent (neither trimmed nor checked for NUL). A length is ``Field(max_length=N)``.
+NonBlank = Annotated[StrictStr, AfterValidator(_not_blank), RequestSchema(minLength=1, pattern=r"\S")]
 
 
 def _drf_datetime(value: Any) -> datetime:
