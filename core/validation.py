@@ -173,11 +173,8 @@ def plain_sentence(error: Any) -> str:
     if kind in _OWN_SENTENCE:
         return _own_sentence(error)
     ctx = dict(error.get("ctx", {}))
-    for (special_kind, key, value), template in _PLAIN_SPECIAL.items():
-        if kind == special_kind and ctx.get(key) == value:
-            break
-    else:
-        template = PLAIN_SENTENCES.get(kind, "")
+    special = next((t for (k, key, value), t in _PLAIN_SPECIAL.items() if k == kind and ctx.get(key) == value), "")
+    template = special or PLAIN_SENTENCES.get(kind, "")
     if not template:
         return f"{_field_path(error['loc'])}: {error['msg']}"
     if "expected" in ctx:
