@@ -159,9 +159,41 @@ def served_routes(urlconf: str | None = None) -> Iterator[ServedRoute]:
     yield from walk(get_resolver(urlconf).url_patterns, "/", {})
 
 
+def model_component(model: type[BaseModel], mode: JsonSchemaMode) -> tuple[str, dict[str, Any]]:
+    """The component name and schema (its ``$defs`` inside, refs through ``REF``) of ``model``
+    as a request body (``mode="validation"``) or an answer (``"serialization"``). A
+    request's component is ``<Model>Request`` where its schema differs from the answer's
+    (a request's says what it refuses, an answer's does not), and so is each nested model's,
+    so one name never stands for two schemas. Plain views (``Components``) and DRF views
+    (``dispatch.schema.PydanticBody``) name their models by this one rule."""
+    answer = model.model_json_schema(mode="serialization", ref_template=REF)
+    if mode == "serialization":
+        return model.__name__, answer
+    request = model.model_json_schema(mode="validation", ref_template=REF)
+    answers = answer.get("$defs", {})
+    renamed = {name: f"{name}Request" for name, found in request.get("$defs", {}).items() if answers.get(name) != found}
+    request = _renamed(request, {REF.format(model=old): REF.format(model=new) for old, new in renamed.items()})
+    request["$defs"] = {renamed.get(name, name): found for name, found in request.get("$defs", {}).items()}
+    same = {k: v for k, v in answer.items() if k != "$defs"} == {k: v for k, v in request.items() if k != "$defs"}
+    if not request["$defs"]:
+        del request["$defs"]
+    return (model.__name__ if same and not renamed else f"{model.__name__}Request"), request
+
+
+def _renamed(schema: Any, refs: dict[str, str]) -> Any:
+    """``schema`` with each ``$ref`` in ``refs`` replaced by its new target."""
+    if isinstance(schema, dict):
+        return {
+            key: refs.get(value, value) if key == "$ref" else _renamed(value, refs) for key, value in schema.items()
+        }
+    if isinstance(schema, list):
+        return [_renamed(item, refs) for item in schema]
+    return schema
+
+
 class Components:
     """The ``components/schemas`` the operations' models add: each model's
-    ``model_json_schema`` (``validation`` for bodies, ``serialization`` for answers), its
+    ``model_component`` (``validation`` for bodies, ``serialization`` for answers), its
     ``$defs`` hoisted beside it (refs already point there through ``ref_template``)."""
 
     def __init__(self, existing: dict[str, Any]) -> None:
@@ -178,15 +210,15 @@ class Components:
     ) -> dict[str, Any]:
         """A schema for ``model``: a ``$ref`` to its component, or (``without`` fields) the
         schema itself with those properties left out."""
-        schema = model.model_json_schema(mode=mode, ref_template=REF)
-        for name, definition in schema.pop("$defs", {}).items():
-            self.add(name, definition)
+        name, schema = model_component(model, mode)
+        for nested, definition in schema.pop("$defs", {}).items():
+            self.add(nested, definition)
         if without:
             schema["properties"] = {k: v for k, v in schema["properties"].items() if k not in without}
             schema["required"] = [name for name in schema.get("required", []) if name not in without]
             return schema
-        self.add(model.__name__, schema)
-        return {"$ref": REF.format(model=model.__name__)}
+        self.add(name, schema)
+        return {"$ref": REF.format(model=name)}
 
 
 def operation_schema(route: ServedRoute, operation: Operation, components: Components) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from drf_spectacular.plumbing import ResolvedComponent
 from pydantic import BaseModel
 from rest_framework import serializers
 
-from core.openapi import REF, served_routes
+from core.openapi import model_component, served_routes
 from core.validation import DATE_TIME_PATTERN
 
 
@@ -98,21 +98,7 @@ class PydanticBody(OpenApiSerializerExtension):
     priority = 1
 
     def _schemas(self, direction: str) -> tuple[str, dict[str, Any]]:
-        """The component name and schema of the model in ``direction``, its ``$defs``
-        renamed where a request's differs from the answer's."""
-        model: type[BaseModel] = self.target
-        answer = model.model_json_schema(mode="serialization", ref_template=REF)
-        if direction != "request":
-            return model.__name__, answer
-        request = model.model_json_schema(mode="validation", ref_template=REF)
-        answers = answer.get("$defs", {})
-        renamed = {
-            name: f"{name}Request" for name, found in request.get("$defs", {}).items() if answers.get(name) != found
-        }
-        request = _renamed(request, {REF.format(model=old): REF.format(model=new) for old, new in renamed.items()})
-        request["$defs"] = {renamed.get(name, name): found for name, found in request.get("$defs", {}).items()}
-        same = {k: v for k, v in answer.items() if k != "$defs"} == {k: v for k, v in request.items() if k != "$defs"}
-        return model.__name__ if same and not renamed else f"{model.__name__}Request", request
+        return model_component(self.target, "validation" if direction == "request" else "serialization")
 
     def get_name(self, auto_schema: Any, direction: str) -> str:
         return self._schemas(direction)[0]
@@ -146,17 +132,6 @@ def _nested_classes(model: type[BaseModel]) -> dict[str, type]:
                     pending += [field.annotation for field in kind.model_fields.values()]
         pending += typing.get_args(kind)
     return found
-
-
-def _renamed(schema: Any, refs: dict[str, str]) -> Any:
-    """``schema`` with each ``$ref`` in ``refs`` replaced by its new target."""
-    if isinstance(schema, dict):
-        return {
-            key: refs.get(value, value) if key == "$ref" else _renamed(value, refs) for key, value in schema.items()
-        }
-    if isinstance(schema, list):
-        return [_renamed(item, refs) for item in schema]
-    return schema
 
 
 class BearerTokenScheme(OpenApiAuthenticationExtension):

@@ -400,6 +400,10 @@ SPECTACULAR_SETTINGS = {
     # The API's bodies are JSON: a form has no booleans, numbers or null for the strict
     # fields to read (DRF still parses one; it is not what the schema promises).
     "PARSER_WHITELIST": ["core.http.WireJSONParser"],
+    # An approval's status appears in two answers (an approval, a hook's approval): one
+    # enum, named, instead of drf-spectacular's hashed name for the collision. The values of
+    # agents.models.Approval.Status (a pydantic enum is matched by its values alone).
+    "ENUM_NAME_OVERRIDES": {"ApprovalStatusEnum": ["pending", "allowed", "denied", "expired"]},
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "core.openapi.add_documented_routes",

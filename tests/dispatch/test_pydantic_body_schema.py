@@ -127,3 +127,17 @@ def test_a_model_alike_both_ways_is_one_component(document: dict[str, Any]) -> N
         "$ref": REF.format(model="Echoed")
     }
     assert not any("$defs" in component for component in document["components"]["schemas"].values())
+
+
+def test_plain_views_name_their_models_by_the_same_rule() -> None:
+    """``core.openapi.Components`` (the plain views) names a model as ``PydanticBody`` does:
+    a nested model whose request schema differs from its answer's is two components, not
+    one name for two schemas (which raised ``ValueError``)."""
+    from core.openapi import Components, model_component
+
+    components = Components({})
+    assert components.schema_of(Carrier, "validation") == {"$ref": REF.format(model="CarrierRequest")}
+    assert components.schema_of(Carrier, "serialization") == {"$ref": REF.format(model="Carrier")}
+    assert {"Part", "PartRequest", "Carrier", "CarrierRequest"} <= set(components.schemas)
+    assert components.schemas["PartRequest"] != components.schemas["Part"]
+    assert model_component(Echoed, "validation")[0] == model_component(Echoed, "serialization")[0] == "Echoed"
