@@ -14,13 +14,13 @@ from typing import Any
 from channels.sessions import InstanceSessionWrapper
 
 from core.backpressure import (
-    SWEEP_INTERVAL,
     ReadThrottle,
     SendPressure,
     release_channel_buffer,
     transport_protocol,
     unsent_bytes,
 )
+from tests.infra import eventually
 
 
 class FakeProtocol:
@@ -84,7 +84,8 @@ def test_over_the_hard_mark_counts_from_the_first_check_and_resets_below_it(monk
     assert pressure.over_hard_since is None
 
 
-async def test_a_closed_consumers_buffered_messages_are_dropped_now_and_after_the_expiry():
+async def test_a_closed_consumers_buffered_messages_are_dropped_now_and_after_the_expiry(monkeypatch):
+    monkeypatch.setattr("core.backpressure.SWEEP_INTERVAL", 0.02)  # read by the sweeper before each pass
     buffers: dict[str, asyncio.Queue[dict[str, Any]]] = {"specific.a!b": asyncio.Queue()}
     for index in range(3):
         buffers["specific.a!b"].put_nowait({"type": "remote.call", "index": index})
@@ -93,9 +94,8 @@ async def test_a_closed_consumers_buffered_messages_are_dropped_now_and_after_th
     assert buffers["specific.a!b"].empty()  # emptied, the entry left to its receiver
     # A message that was still in Redis arrives after the close: the next sweep drops it...
     buffers["specific.a!b"].put_nowait({"type": "remote.call", "index": 3})
-    await asyncio.sleep(SWEEP_INTERVAL + 0.2)
     # ...and the entry goes once the layer's expiry has passed.
-    assert "specific.a!b" not in buffers
+    await eventually(lambda: "specific.a!b" not in buffers, timeout=5, interval=0.01, what="the sweeper's last pass")
 
 
 def test_a_layer_without_buffers_is_left_alone():
