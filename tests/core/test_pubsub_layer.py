@@ -20,6 +20,7 @@ from channels.exceptions import ChannelFull
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from core import pubsub_layer
 from core.pubsub_layer import PubSubChannelLayer
 from tests.infra import base_env, eventually, free_port, redis_answers, start_redis_server, unavailable
 
@@ -167,16 +168,32 @@ async def test_a_group_send_reaches_every_member_in_both_processes_once(
 
 
 async def test_a_receive_cancelled_after_its_wake_up_loses_no_message(
-    two_processes: tuple[PubSubChannelLayer, PubSubChannelLayer],
+    two_processes: tuple[PubSubChannelLayer, PubSubChannelLayer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     a, b = two_processes
     channel = await b.new_channel()
     first = asyncio.ensure_future(b.receive(channel))
     second = asyncio.ensure_future(b.receive(channel))
-    await asyncio.sleep(0.05)
-    first.cancel()
+    await eventually(
+        lambda: channel in b.receive_buffer and len(b.receive_buffer[channel].waiters) == 2,
+        timeout=5,
+        interval=0.005,
+        what="both receives waiting",
+    )
+    first_waiter = b.receive_buffer[channel].waiters[0]
+    wake = pubsub_layer._wake
+
+    def wake_then_cancel(waiter: asyncio.Future[None]) -> None:
+        # The message woke the first receive and it is cancelled before it runs: the
+        # wake-up is all the second receive gets.
+        wake(waiter)
+        if waiter is first_waiter:
+            first.cancel()
+
+    monkeypatch.setattr(pubsub_layer, "_wake", wake_then_cancel)
     await a.send(channel, {"type": "only"})
     assert await asyncio.wait_for(second, 5) == {"type": "only"}
+    assert first.cancelled()
 
 
 async def test_messages_nobody_receives_are_swept_after_their_expiry(prefix: str) -> None:
