@@ -21,6 +21,7 @@ from core.presence import current_process_id
 from core.services import server_process_heartbeat, server_process_reap, server_process_register
 from remotes import services
 from remotes.models import Remote, WsSession
+from tests.infra import eventually
 
 GHOST = "proc_ghost0000000000"
 WEATHER = "weather-service"
@@ -111,6 +112,29 @@ async def expect_disconnected(call: Any) -> float:
     return time.monotonic() - started
 
 
+class CallProbe:
+    """Where a pending remote call stands: ``waiting`` is set once it waits for its reply
+    (``request_reply`` entered, the call sent); ``checks`` lists the liveness verdicts
+    (``remotes.services._serving_state``) so far."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.waiting = asyncio.Event()
+        self.checks: list[str] = []
+        request_reply, serving_state = services.request_reply, services._serving_state
+
+        async def waiting_for_reply(*args: Any, **kwargs: Any) -> Any:
+            self.waiting.set()
+            return await request_reply(*args, **kwargs)
+
+        async def checked(route: Any) -> str:
+            state = await serving_state(route)
+            self.checks.append(state)
+            return state
+
+        monkeypatch.setattr(services, "request_reply", waiting_for_reply)
+        monkeypatch.setattr(services, "_serving_state", checked)
+
+
 def call(user: Any) -> Any:
     # A timeout far beyond the liveness checks: only they can end the call early.
     return services.remote_call(
@@ -127,11 +151,12 @@ async def test_a_call_to_a_remote_of_a_stale_process_fails_within_two_liveness_i
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_a_pending_call_fails_when_its_remotes_process_row_is_deleted(owner, weather_tools):
+async def test_a_pending_call_fails_when_its_remotes_process_row_is_deleted(owner, weather_tools, monkeypatch):
+    probe = CallProbe(monkeypatch)
     process = await database_sync_to_async(ghost_process)(age=0)
     await database_sync_to_async(ghost_remote)(user=owner, process=process, tools=weather_tools)
     pending = asyncio.ensure_future(call(owner))
-    await asyncio.sleep(0.1)
+    await asyncio.wait_for(probe.waiting.wait(), 10)
     assert not pending.done()  # the process is alive: the call waits
     await database_sync_to_async(ServerProcess.objects.filter(pk=GHOST).delete)()
     elapsed = await expect_disconnected(pending)
@@ -140,11 +165,15 @@ async def test_a_pending_call_fails_when_its_remotes_process_row_is_deleted(owne
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_a_pending_call_fails_when_its_remotes_process_stops_heartbeating_and_is_reaped(owner, weather_tools):
+async def test_a_pending_call_fails_when_its_remotes_process_stops_heartbeating_and_is_reaped(
+    owner, weather_tools, monkeypatch
+):
+    probe = CallProbe(monkeypatch)
     process = await database_sync_to_async(ghost_process)(age=0)
     await database_sync_to_async(ghost_remote)(user=owner, process=process, tools=weather_tools)
     pending = asyncio.ensure_future(call(owner))
-    await asyncio.sleep(settings.REMOTE_LIVENESS_INTERVAL * 1.5)
+    await eventually(lambda: probe.checks, timeout=10, interval=0.01, what="a first liveness check")
+    assert probe.checks == ["served"]
     assert not pending.done()  # a liveness check has passed
     stale = timezone.now() - timedelta(seconds=settings.PROCESS_TTL + 1)
     await database_sync_to_async(ServerProcess.objects.filter(pk=GHOST).update)(heartbeat_at=stale)
