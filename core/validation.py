@@ -50,15 +50,20 @@ class WireModel(BaseModel):
     """A request body as a route receives it: unknown fields ignored, fields readable by
     name or alias. The fields named (by wire name) in ``absent_as_null`` are validated as
     ``null`` when absent, so that their own validator answers for a missing field with the
-    route's sentence (and the schema still lists them as required)."""
+    route's sentence (and the schema still lists them as required). The fields named in
+    ``null_as_absent`` take their default when sent as ``null`` (a wire that says "none"
+    with null), so that their type need not admit ``None``."""
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
     absent_as_null: ClassVar[tuple[str, ...]] = ()
+    null_as_absent: ClassVar[tuple[str, ...]] = ()
 
     @model_validator(mode="before")
     @classmethod
     def _absent_as_null(cls, value: Any) -> Any:
+        if isinstance(value, dict) and cls.null_as_absent:
+            value = {k: v for k, v in value.items() if v is not None or k not in cls.null_as_absent}
         if isinstance(value, dict) and cls.absent_as_null:
             return {**dict.fromkeys(cls.absent_as_null), **value}
         return value
@@ -341,6 +346,19 @@ RawText = Annotated[str, StringConstraints(min_length=1), AfterValidator(_no_nul
 RawBlankText = Annotated[str, AfterValidator(_no_nul), RequestSchema(pattern=NO_NUL)]
 
 
+class _Described:
+    """Annotation metadata: keywords a field's JSON Schema adds in both modes (a rule the
+    value keeps once validated, so an answer holds it too)."""
+
+    def __init__(self, **keywords: Any) -> None:
+        self.keywords = keywords
+
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        return {**handler.resolve_ref_schema(handler(schema)), **self.keywords}
+
+
 def _not_blank(value: str) -> str:
     if not value.strip():  # refused as "" is, by min_length 1: "must be a non-empty string"
         raise PydanticCustomError("string_too_short", "String should have at least 1 character", {"min_length": 1})
@@ -349,7 +367,7 @@ def _not_blank(value: str) -> str:
 
 # A plain view's required text: a JSON string only, not blank (spaces alone are refused),
 # kept as sent (neither trimmed nor checked for NUL). A length is ``Field(max_length=N)``.
-NonBlank = Annotated[StrictStr, AfterValidator(_not_blank), RequestSchema(minLength=1, pattern=r"\S")]
+NonBlank = Annotated[StrictStr, AfterValidator(_not_blank), _Described(minLength=1, pattern=r"\S")]
 
 
 def _drf_datetime(value: Any) -> datetime:

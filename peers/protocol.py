@@ -38,6 +38,8 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
+    StrictStr,
     ValidationInfo,
     WithJsonSchema,
     field_validator,
@@ -46,7 +48,7 @@ from pydantic import (
 from agents.messages import MAX_MESSAGE_LENGTH, message_content
 from core.errors import InvalidRequest
 from core.protocol import ChannelMessage
-from core.validation import WireModel
+from core.validation import NonBlank, WireModel
 
 NAME_MAX = 100  # characters of an agent name and of a sender's name
 AGENT_ID_MAX = 64
@@ -54,21 +56,11 @@ CAPABILITY_FIELDS = ("allow_launch", "allow_message", "allow_full_access", "allo
 PEER_INSTANCE_ID = "peer_instance_id"  # the validation context key: the calling peer's instance id
 
 
-def _text(value: Any, what: str, *, max_length: int, required: bool = True) -> str:
-    if value is None and not required:
-        return ""
-    if not isinstance(value, str) or (required and not value.strip()):
+def _text(value: Any, what: str, *, max_length: int) -> str:
+    if not isinstance(value, str) or not value.strip():
         raise ValueError(f"{what} must be a non-empty string")
     if len(value) > max_length:
         raise ValueError(f"{what} must be at most {max_length} characters")
-    return value
-
-
-def _flag(value: Any, what: str) -> bool:
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise ValueError(f"{what} must be true or false")
     return value
 
 
@@ -117,20 +109,23 @@ class LaunchBody(WireModel):
     """``POST /api/v1/peers/launch``: ``{name, prompt, type?, cwd, full_access?, child?,
     launched_by}`` (docs/peers.md#launch). Validate with the context ``{"peer_instance_id": …}``.
 
-    Checked in this order, as the route answers: ``name`` (1–100 characters), ``prompt``
-    (text, at most 200,000 characters; null means none), ``type`` (a string; empty or
-    absent: the default launch type), ``full_access`` / ``child`` (booleans),
-    ``launched_by`` (``SenderAddress.check``). ``cwd`` is typed only: the service resolves
-    it against ``DISPATCH_REPO_ROOTS`` after the ``allow_full_access`` check.
+    Checked in this order, as the route answers (``core.validation.PLAIN_SENTENCES``):
+    ``name`` (1–100 characters, not blank), ``prompt`` (text, at most 200,000 characters;
+    null means none), ``type`` (a string; empty, null or absent: the default launch type),
+    ``full_access`` / ``child`` (booleans; null: false), ``launched_by``
+    (``SenderAddress.check``). ``cwd`` is typed for the schema only: the service resolves
+    it against ``DISPATCH_REPO_ROOTS`` after the ``allow_full_access`` check, and answers
+    a malformed one with the roots in ``details``.
     """
 
-    absent_as_null = ("name", "launched_by", "cwd")
+    absent_as_null = ("launched_by", "cwd")
+    null_as_absent = ("prompt", "full_access", "child")
 
-    name: str = Field(min_length=1, max_length=NAME_MAX)
-    prompt: str = Field(default="", max_length=MAX_MESSAGE_LENGTH)
-    type: str | None = Field(default=None, description="an agent type; absent: what a local launch would pick")
-    full_access: bool = False
-    child: bool = Field(default=False, description="accepted; the parent is the launcher, on the peer")
+    name: NonBlank = Field(max_length=NAME_MAX)
+    prompt: StrictStr = Field(default="", max_length=MAX_MESSAGE_LENGTH)
+    type: StrictStr | None = Field(default=None, description="an agent type; absent: what a local launch would pick")
+    full_access: StrictBool = False
+    child: StrictBool = Field(default=False, description="accepted; the parent is the launcher, on the peer")
     launched_by: SenderAddress
     cwd: Annotated[
         Any,
@@ -142,29 +137,10 @@ class LaunchBody(WireModel):
         ),
     ]
 
-    @field_validator("name", mode="before")
+    @field_validator("type")
     @classmethod
-    def _name(cls, value: Any) -> str:
-        return _text(value, "name", max_length=NAME_MAX)
-
-    @field_validator("prompt", mode="before")
-    @classmethod
-    def _prompt(cls, value: Any) -> str:
-        return _text(value, "prompt", max_length=MAX_MESSAGE_LENGTH, required=False)
-
-    @field_validator("type", mode="before")
-    @classmethod
-    def _type(cls, value: Any) -> str | None:
-        if not value:
-            return None
-        if not isinstance(value, str):
-            raise ValueError("type must be a string")
-        return value
-
-    @field_validator("full_access", "child", mode="before")
-    @classmethod
-    def _flags(cls, value: Any, info: ValidationInfo) -> bool:
-        return _flag(value, str(info.field_name))
+    def _type(cls, value: str | None) -> str | None:
+        return value or None  # "": the default type, as absent
 
     @field_validator("launched_by", mode="before")
     @classmethod
@@ -175,30 +151,26 @@ class LaunchBody(WireModel):
 class MessageBody(WireModel):
     """``POST /api/v1/peers/messages``: ``{to_agent_id, content, from}`` (docs/peers.md#messages),
     checked in the order ``to_agent_id`` (an agent id, 1–64 characters), ``from``
-    (``SenderAddress.check``), ``content`` (``agents.messages.message_content``: 1–200,000
-    characters, storable). Validate with the context ``{"peer_instance_id": …}``."""
+    (``SenderAddress.check``), ``content`` (1–200,000 characters, not blank, made storable
+    by ``agents.messages.message_content``), each refused with
+    ``core.validation.PLAIN_SENTENCES``'s sentence or its check's own. Validate with the
+    context ``{"peer_instance_id": …}``."""
 
-    absent_as_null = ("to_agent_id", "from", "content")
+    absent_as_null = ("from",)
 
-    to_agent_id: str = Field(min_length=1, max_length=AGENT_ID_MAX)
+    to_agent_id: StrictStr = Field(min_length=1, max_length=AGENT_ID_MAX)
     sender: SenderAddress = Field(alias="from")
-    content: str = Field(min_length=1, max_length=MAX_MESSAGE_LENGTH)
-
-    @field_validator("to_agent_id", mode="before")
-    @classmethod
-    def _to_agent_id(cls, value: Any) -> str:
-        if not isinstance(value, str) or not 0 < len(value) <= AGENT_ID_MAX:
-            raise ValueError("to_agent_id must be an agent id")
-        return value
+    content: NonBlank = Field(max_length=MAX_MESSAGE_LENGTH)
 
     @field_validator("sender", mode="before")
     @classmethod
     def _sender(cls, value: Any, info: ValidationInfo) -> SenderAddress:
         return SenderAddress.check(value, what="from", peer_instance_id=_peer_instance_id(info))
 
-    @field_validator("content", mode="before")
+    @field_validator("content")
     @classmethod
-    def _content(cls, value: Any) -> str:
+    def _content(cls, value: str) -> str:
+        # storable: no NUL, no lone surrogate (its own sentence)
         try:
             return message_content(value)
         except InvalidRequest as exc:
@@ -383,25 +355,12 @@ class ApprovalAnswerBody(WireModel):
     person on the peer who answered, ``{instance_id, agent_id: null, name}`` (as a
     launch's ``launched_by``). Validate with the context ``{"peer_instance_id": …}``."""
 
-    absent_as_null = ("decision", "answered_by")
+    absent_as_null = ("answered_by",)
+    null_as_absent = ("message",)
 
     decision: Literal["allow_once", "allow_always", "deny"]
-    message: str = Field(default="", max_length=APPROVAL_MESSAGE_MAX)
+    message: StrictStr = Field(default="", max_length=APPROVAL_MESSAGE_MAX)
     answered_by: SenderAddress
-
-    @field_validator("decision", mode="before")
-    @classmethod
-    def _decision(cls, value: Any) -> str:
-        if value not in APPROVAL_DECISIONS:
-            raise ValueError(f"decision must be one of: {', '.join(APPROVAL_DECISIONS)}")
-        return str(value)
-
-    @field_validator("message", mode="before")
-    @classmethod
-    def _message(cls, value: Any) -> str:
-        if value is None:
-            return ""
-        return _text(value, "message", max_length=APPROVAL_MESSAGE_MAX, required=False)
 
     @field_validator("answered_by", mode="before")
     @classmethod

@@ -22,7 +22,7 @@ from core.errors import InvalidRequest
 from core.validation import parse_plain
 from peers.models import PeerReceipt, new_idempotency_key
 from peers.pairing_protocol import ClaimBody, LinkBody, OfferBody, PeerUpdateBody
-from peers.protocol import PEER_INSTANCE_ID, LaunchBody, MessageBody
+from peers.protocol import PEER_INSTANCE_ID, ApprovalAnswerBody, LaunchBody, MessageBody
 from tests.peers.conftest import FakePeer
 from tests.peers.signing import peer_post
 
@@ -35,21 +35,23 @@ PERSON = {"instance_id": INSTANCE, "agent_id": None, "name": "Ann"}
 LAUNCH = {"name": "worker", "prompt": "go", "cwd": "/srv/repo", "launched_by": PERSON}
 MESSAGE = {"to_agent_id": "agt_0123456789ab", "content": "hello", "from": PERSON}
 
+ABSENT = object()  # a field left out of a body
 NOT_AN_ADDRESS = "must be an object {instance_id, agent_id, name}"
 NOT_THE_PEER = f"must be the calling peer's instance id ({INSTANCE})"
 NOT_AN_AGENT_ID = "must be an agent id (at most 64 characters, no colon) or null"
 
 # (body, the sentence the route answers with 400)
 BAD_LAUNCHES: list[tuple[dict[str, Any], str]] = [
-    ({k: v for k, v in LAUNCH.items() if k != "name"}, "name must be a non-empty string"),
+    ({k: v for k, v in LAUNCH.items() if k != "name"}, "name is required"),
     ({**LAUNCH, "name": "  "}, "name must be a non-empty string"),
-    ({**LAUNCH, "name": 7}, "name must be a non-empty string"),
+    ({**LAUNCH, "name": 7}, "name must be a string"),
     ({**LAUNCH, "name": "n" * 101}, "name must be at most 100 characters"),
-    ({**LAUNCH, "prompt": 5}, "prompt must be a non-empty string"),
+    ({**LAUNCH, "prompt": 5}, "prompt must be a string"),
     ({**LAUNCH, "prompt": "p" * (MAX_MESSAGE_LENGTH + 1)}, f"prompt must be at most {MAX_MESSAGE_LENGTH} characters"),
     ({**LAUNCH, "type": ["expert"]}, "type must be a string"),
     ({**LAUNCH, "full_access": "yes"}, "full_access must be true or false"),
     ({**LAUNCH, "child": 1}, "child must be true or false"),
+    ({**LAUNCH, "type": 0}, "type must be a string"),
     ({k: v for k, v in LAUNCH.items() if k != "launched_by"}, f"launched_by {NOT_AN_ADDRESS}"),
     ({**LAUNCH, "launched_by": "Ann"}, f"launched_by {NOT_AN_ADDRESS}"),
     (
@@ -60,24 +62,25 @@ BAD_LAUNCHES: list[tuple[dict[str, Any], str]] = [
     ({**LAUNCH, "launched_by": {**PERSON, "agent_id": ""}}, f"launched_by.agent_id {NOT_AN_AGENT_ID}"),
     ({**LAUNCH, "launched_by": {**PERSON, "name": ""}}, "launched_by.name must be a non-empty string"),
     # Two faults: the first one in the route's order is named.
-    ({**LAUNCH, "name": None, "full_access": "x"}, "name must be a non-empty string"),
+    ({**LAUNCH, "name": None, "full_access": "x"}, "name must be a string"),
     ({**LAUNCH, "child": "x", "launched_by": None}, "child must be true or false"),
 ]
 
 BAD_MESSAGES: list[tuple[dict[str, Any], str]] = [
-    ({k: v for k, v in MESSAGE.items() if k != "to_agent_id"}, "to_agent_id must be an agent id"),
-    ({**MESSAGE, "to_agent_id": "a" * 65}, "to_agent_id must be an agent id"),
+    ({k: v for k, v in MESSAGE.items() if k != "to_agent_id"}, "to_agent_id is required"),
+    ({**MESSAGE, "to_agent_id": "a" * 65}, "to_agent_id must be at most 64 characters"),
     ({**MESSAGE, "from": None}, f"from {NOT_AN_ADDRESS}"),
     ({**MESSAGE, "from": {**PERSON, "instance_id": "inst_ffffffffffff"}}, f"from.instance_id {NOT_THE_PEER}"),
     ({**MESSAGE, "from": {**PERSON, "agent_id": 5}}, f"from.agent_id {NOT_AN_AGENT_ID}"),
-    ({k: v for k, v in MESSAGE.items() if k != "content"}, "content must be a non-empty string"),
+    ({k: v for k, v in MESSAGE.items() if k != "content"}, "content is required"),
     ({**MESSAGE, "content": "   "}, "content must be a non-empty string"),
+    ({**MESSAGE, "content": 5}, "content must be a string"),
     (
         {**MESSAGE, "content": "c" * (MAX_MESSAGE_LENGTH + 1)},
         f"content must be at most {MAX_MESSAGE_LENGTH} characters",
     ),
     ({**MESSAGE, "content": "nul \x00 inside"}, "content holds a NUL character or a lone surrogate"),
-    ({**MESSAGE, "to_agent_id": 3, "content": None}, "to_agent_id must be an agent id"),
+    ({**MESSAGE, "to_agent_id": 3, "content": None}, "to_agent_id must be a string"),
 ]
 
 
@@ -199,3 +202,27 @@ def test_the_claim_this_instance_sends_is_a_claim_body() -> None:
     assert ClaimBody.model_validate(claim).capabilities == claim["capabilities"]
     with pytest.raises(ValidationError):
         ClaimBody.model_validate({**claim, "instance_id": "inst_X"})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "sentence"),
+    [
+        ({"decision": "yes"}, "decision must be one of: allow_once, allow_always, deny"),
+        ({"decision": None}, "decision must be one of: allow_once, allow_always, deny"),
+        ({"decision": ABSENT}, "decision is required"),
+        ({"message": 5}, "message must be a string"),
+        ({"message": "m" * 2001}, "message must be at most 2000 characters"),
+        ({"answered_by": ABSENT}, f"answered_by {NOT_AN_ADDRESS}"),
+    ],
+)
+def test_a_bad_approval_answer_is_refused_with_its_sentence(overrides: dict[str, Any], sentence: str) -> None:
+    body = {k: v for k, v in {"decision": "deny", "answered_by": PERSON, **overrides}.items() if v is not ABSENT}
+    assert _verdict(lambda: parse_plain(ApprovalAnswerBody, body, context={PEER_INSTANCE_ID: INSTANCE})) == sentence
+
+
+def test_an_approval_answer_without_a_message_has_an_empty_one() -> None:
+    for body in (
+        {"decision": "deny", "answered_by": PERSON},
+        {"decision": "deny", "answered_by": PERSON, "message": None},
+    ):
+        assert parse_plain(ApprovalAnswerBody, body, context={PEER_INSTANCE_ID: INSTANCE}).message == ""
