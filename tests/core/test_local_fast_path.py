@@ -166,7 +166,11 @@ async def test_a_serving_consumer_that_ends_unregisters_its_inbox_and_a_call_wai
             while len(inbox) < 1:  # the call waits in the inbox, unread
                 await asyncio.sleep(0.01)
         await server.communicator.send_input({"type": "websocket.disconnect", "code": 1000})
-        await asyncio.sleep(0.05)  # the socket's reader waits behind the hold
+        async with asyncio.timeout(5):
+            # Taken by the socket's reader, which now waits behind the hold: the disconnect
+            # is handled before the call the inbox's reader would take next.
+            while not server.communicator.input_queue.empty():
+                await asyncio.sleep(0.005)
         hold.release()
         await server.communicator.wait(5)
 

@@ -16,6 +16,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from core.protocol import ChannelMessage
 from core.realtime import LoopHealth, Subscription, ring
+from tests.infra import eventually
 from tests.outage import LayerOutage
 
 GROUP = "tests.doorbell"
@@ -241,7 +242,8 @@ async def test_messages_not_taken_are_kept_up_to_the_channel_capacity() -> None:
     async with Subscription(GROUP, receives=[Ring], health=LoopHealth("test doorbell"), layer=layer) as bell:
         for n in range(5):
             layer.ring({"type": "test.ring", "n": n})
-        await asyncio.sleep(0.05)  # the loop is busy; the receiver takes all five meanwhile
+        # The receiver takes all five while this task is away: the sixth receive has begun.
+        await eventually(lambda: layer.receives == 6, timeout=5, interval=0.005, what="five messages taken")
         taken = []
         while (message := await bell.wait(0.05)) is not None:
             taken.append(message.n)
