@@ -245,7 +245,8 @@ def fake_llm(tmp_path: Path, settings) -> Path:
         "#!/bin/sh\n"
         f'out="{record}/$DISPATCH_AGENT_ID"\n'
         'printf "%s\\n" "$@" > "$out.argv"\n'
-        'env > "$out.env"\n'
+        # Written whole, then renamed: once the .env file exists both records are complete.
+        'env > "$out.env.part" && mv "$out.env.part" "$out.env"\n'
         "echo fake-llm ready\n"
         "exec cat\n"
     )
@@ -267,8 +268,7 @@ def fake_llm(tmp_path: Path, settings) -> Path:
 
 def _records(record: Path, agent: Agent) -> tuple[list[str], dict[str, str]]:
     argv_file, env_file = record / f"{agent.pk}.argv", record / f"{agent.pk}.env"
-    wait_for(lambda: env_file.exists() and env_file.stat().st_size > 0, "the fake CLI's records")
-    time.sleep(0.1)
+    wait_for(env_file.exists, "the fake CLI's records")
     env = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line)
     return argv_file.read_text().splitlines(), env
 
@@ -355,8 +355,7 @@ def test_output_while_reported_idle_or_done_is_corrected_to_working(owner, runne
 
     services.agent_event_record(agent=agent, type="idle", message="waiting (reported)")
     runner.paste(name, "echo more")
-    wait_for(lambda: "more" in runner.capture(name), "more output")
-    time.sleep(0.1)
+    wait_for(lambda: runner.capture(name).count("more") >= 2, "the command and its output")
     supervisor.supervise_once(runner=runner)
     assert watcher_events(agent) == ["working", "working"]
 

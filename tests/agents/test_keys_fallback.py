@@ -9,6 +9,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from django.test import Client
@@ -40,8 +41,9 @@ def cat_agent(owner, private_tmux: TmuxRunner, workdir: str) -> Agent:
     name = cli.session_name(agent)
     wait_for(lambda: private_tmux.capture(name).strip(), "the shell to start")
     private_tmux.paste(name, "exec cat -vT", enter=True, bracketed=False)
-    wait_for(lambda: "exec cat -vT" in private_tmux.capture(name), "cat to start")
-    time.sleep(0.3)  # exec'd: from now on the pane's reader is cat
+    # The shell replaces itself with cat (same pid): from then on the pane's reader is cat.
+    pid = private_tmux.pane_state(name).pid
+    wait_for(lambda: Path(f"/proc/{pid}/comm").read_text().strip() == "cat", "the pane's process to be cat")
     return agent
 
 
