@@ -147,6 +147,7 @@ PLAIN_SENTENCES: dict[str, str] = {
     "too_short": "{field} must have at least {min_length} items",
     "too_long": "{field} must have at most {max_length} items",
     "extra_forbidden": "unknown field {field}",
+    "null": "{field} must not be null",  # an ``Omittable`` field sent as null
     "null_characters_not_allowed": "{field} must not contain NUL characters",
 }
 # Overrides of ``PLAIN_SENTENCES`` for one value of the error's ``ctx`` (a string of at

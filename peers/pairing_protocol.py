@@ -25,20 +25,20 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
+    StrictStr,
     ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
 )
 
-from core.validation import WireModel, refusal
+from core.validation import Omittable, WireModel, refusal
 from peers.keys import PEER_PROTOCOL_VERSION, features_parse, public_key_from
 from peers.protocol import CAPABILITY_FIELDS, NAME_MAX
 
 OUR_INSTANCE_ID = "our_instance_id"  # the validation context key of a claim or its answer: this instance's id
 INSTANCE_ID_PATTERN = re.compile(r"inst_[0-9a-f]{12}")
-
-_FLAG = WithJsonSchema({"type": "boolean"})
 
 
 def _no_default(schema: dict[str, Any]) -> None:
@@ -49,64 +49,59 @@ def _no_default(schema: dict[str, Any]) -> None:
 # --- pairing and the staff routes (docs/peers.md#pairing, docs/peers.md#permissions) -----------
 
 
-class CapabilityFlags(WireModel):
-    """The four ``allow_*`` flags (docs/peers.md#permissions), each optional. Their values are checked by
-    ``peers.pairing_exchange`` (``"<flag> must be true or false"``), after the routes' own checks."""
+# A flag the body may leave out (absent: the offer's default, or unchanged), not send as null.
+_Flag = Annotated[Omittable[StrictBool], Field(json_schema_extra=_no_default)]
 
-    allow_launch: Annotated[Any, _FLAG] = Field(default=None, json_schema_extra=_no_default)
-    allow_message: Annotated[Any, _FLAG] = Field(default=None, json_schema_extra=_no_default)
-    allow_full_access: Annotated[Any, _FLAG] = Field(default=None, json_schema_extra=_no_default)
-    allow_events: Annotated[Any, _FLAG] = Field(default=None, json_schema_extra=_no_default)
+
+class CapabilityFlags(WireModel):
+    """The four ``allow_*`` flags (docs/peers.md#permissions), each optional, each a boolean
+    (``core.validation.PLAIN_SENTENCES``: ``allow_launch must be true or false``), judged
+    with the body, before the route's own checks (``as_user``, the label)."""
+
+    allow_launch: _Flag = None
+    allow_message: _Flag = None
+    allow_full_access: _Flag = None
+    allow_events: _Flag = None
 
     def flags(self) -> dict[str, Any]:
-        """The flags the body names, as sent (``peers.pairing_exchange`` checks their values)."""
+        """The flags the body names, ``{allow_*: bool}``."""
         return {name: getattr(self, name) for name in CAPABILITY_FIELDS if name in self.model_fields_set}
-
-
-def _as_user(value: Any) -> str | None:
-    if value is None or value == "":
-        return None
-    if not isinstance(value, str):
-        raise ValueError("as_user must be a username")
-    return value
 
 
 class OfferBody(CapabilityFlags):
     """``POST /api/v1/peers/offers``: ``{allow_*?, as_user?}``; ``as_user``
     is a username (empty or null: the caller)."""
 
-    as_user: str | None = None
+    as_user: StrictStr | None = None
 
-    @field_validator("as_user", mode="before")
+    @field_validator("as_user")
     @classmethod
-    def _username(cls, value: Any) -> str | None:
-        return _as_user(value)
+    def _caller(cls, value: str | None) -> str | None:
+        return value or None  # "": the caller, as absent
 
 
 class LinkBody(CapabilityFlags):
     """``POST /api/v1/peers/link``: ``{url, code, label?, allow_*?, as_user?}``. ``url`` and
-    ``code`` are taken as text (absent: empty, which the link refuses); an empty ``label``
-    is none; the label's rules and the flags are ``peers.pairing_exchange``'s."""
+    ``code`` are text (absent or null: empty, which the link refuses); an empty ``label``
+    is none; the label's rules are ``peers.services.links.label_validate``'s (which answers
+    a label that is not text with ``details.label``, so its type is checked there)."""
 
-    url: str = ""
-    code: str = ""
+    null_as_absent = ("url", "code")
+
+    url: StrictStr = ""
+    code: StrictStr = ""
     label: Annotated[Any, WithJsonSchema({"type": "string"})] = Field(default=None, json_schema_extra=_no_default)
-    as_user: str | None = None
+    as_user: StrictStr | None = None
 
-    @field_validator("url", "code", mode="before")
-    @classmethod
-    def _text(cls, value: Any) -> str:
-        return str(value or "")
-
-    @field_validator("label", mode="before")
+    @field_validator("label")
     @classmethod
     def _label(cls, value: Any) -> Any:
         return None if value == "" else value
 
-    @field_validator("as_user", mode="before")
+    @field_validator("as_user")
     @classmethod
-    def _username(cls, value: Any) -> str | None:
-        return _as_user(value)
+    def _caller(cls, value: str | None) -> str | None:
+        return value or None
 
 
 class PeerUpdateBody(CapabilityFlags):
@@ -220,8 +215,7 @@ class ClaimBody(WireModel):
     )
     features: Annotated[list[str], BeforeValidator(features_parse)] = Field(
         default_factory=list,
-        description='what the claimant can do beyond the protocol version (e.g. "messages.batch"); '
-        "absent: nothing",
+        description='what the claimant can do beyond the protocol version (e.g. "messages.batch"); absent: nothing',
     )
 
     @field_validator("protocol_version", mode="before")

@@ -170,21 +170,36 @@ def test_a_good_launch_and_message_pass_the_models() -> None:
 
 
 def test_the_staff_bodies_refuse_what_the_routes_refused() -> None:
-    assert _verdict(lambda: parse_plain(OfferBody, {"as_user": 5})) == "as_user must be a username"
+    assert _verdict(lambda: parse_plain(OfferBody, {"as_user": 5})) == "as_user must be a string"
     assert parse_plain(OfferBody, {"as_user": "", "allow_launch": False}).flags() == {"allow_launch": False}
-    link = parse_plain(LinkBody, {"url": None, "code": 12345678, "label": "", "allow_events": "x"})
+    link = parse_plain(LinkBody, {"url": None, "code": "BCDF-GHJK", "label": "", "allow_events": True})
     assert (link.url, link.code, link.label, link.as_user, link.flags()) == (
         "",
-        "12345678",
+        "BCDF-GHJK",
         None,
         None,
-        {"allow_events": "x"},
+        {"allow_events": True},
     )
     assert _verdict(lambda: parse_plain(PeerUpdateBody, {"label": "x", "owner": 1, "id": 2})) == (
         "unknown field id, owner; you can change label and allow_launch, allow_message, allow_full_access, allow_events"
     )
     update = parse_plain(PeerUpdateBody, {"label": None})
     assert "label" in update.model_fields_set and update.flags() == {}
+
+
+@pytest.mark.parametrize(
+    ("model", "body", "sentence"),
+    [
+        (LinkBody, {"code": 12345678}, "code must be a string"),
+        (LinkBody, {"url": ["http://x"]}, "url must be a string"),
+        (LinkBody, {"allow_events": "x"}, "allow_events must be true or false"),
+        (OfferBody, {"allow_launch": 1}, "allow_launch must be true or false"),
+        (OfferBody, {"allow_launch": None}, "allow_launch must not be null"),
+        (PeerUpdateBody, {"label": "x", "allow_message": "yes"}, "allow_message must be true or false"),
+    ],
+)
+def test_the_staff_bodies_type_their_fields(model: Any, body: dict[str, Any], sentence: str) -> None:
+    assert _verdict(lambda: parse_plain(model, body)) == sentence
 
 
 def test_the_claim_this_instance_sends_is_a_claim_body() -> None:
