@@ -228,10 +228,24 @@ async def test_a_run_that_is_not_cancelled_never_cancels_by_key(llm, agent, owne
         keys.append(call_key)
         return 0
 
+    checks = [0]
+    run_status = expert._run_status
+
+    def counted_status(run_id: str) -> str:
+        checks[0] += 1
+        return run_status(run_id)
+
+    checked_while_running: list[int] = []
+
     async def command(arguments: dict[str, Any]) -> Any:
-        await asyncio.sleep(0.3)  # several status checks
+        started_at = checks[0]
+        async with asyncio.timeout(5):
+            while checks[0] < started_at + 3:  # the run's status is checked several times meanwhile
+                await asyncio.sleep(0.01)
+        checked_while_running.append(checks[0] - started_at)
         return {"exit_code": 0}
 
+    monkeypatch.setattr(expert, "_run_status", counted_status)
     monkeypatch.setattr(expert, "cancel_calls", cancel_calls)
     serve_tool(monkeypatch, command)
     llm.script = [tool_calls((COMMAND, {"command": "true"})), answer("done")]
@@ -240,4 +254,5 @@ async def test_a_run_that_is_not_cancelled_never_cancels_by_key(llm, agent, owne
     finished = await asyncio.wait_for(executor.run_next(), 10)
 
     assert finished is not None and finished.status == "succeeded"
+    assert checked_while_running and checked_while_running[0] >= 3
     assert keys == []
