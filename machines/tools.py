@@ -32,7 +32,7 @@ from core.errors import InvalidRequest
 from core.tools import TOOL_CALL, OutputReport, ProgressReport, Tool, ToolHandler
 from core.validation import parse_plain
 from machines import selectors
-from machines.schemas import CALLER_PAYLOAD_MODELS, PIPE_END_SCHEMA, SessionCopyBody, SessionPipeBody
+from machines.schemas import CALLER_PAYLOAD_MODELS, SessionCopyBody, SessionPipeBody
 from machines.services import live, router
 from machines.services.copy import copy_between_machines
 from machines.services.live import Output
@@ -157,17 +157,31 @@ def _copy_parameters() -> dict[str, Any]:
 
 COPY_REST_ONLY = ("stream", "request_id")
 COPY_PARAMETERS = _copy_parameters()
-PIPE_PARAMETERS = {
-    "type": "object",
-    "properties": {
-        "source": {**PIPE_END_SCHEMA, "description": "{machine, argv | command, cwd?}: its stdout is piped"},
-        "destination": {**PIPE_END_SCHEMA, "description": "{machine, argv | command, cwd?}: reads the pipe on stdin"},
-        "timeout_seconds": {"type": "number", "exclusiveMinimum": 0, "description": "bounds the whole pipe"},
-        "session_id": _SESSION,
-    },
-    "required": ["source", "destination"],
-    "additionalProperties": False,
+PIPE_DESCRIPTIONS = {
+    "source": "{machine, argv | command, cwd?}: its stdout is piped",
+    "destination": "{machine, argv | command, cwd?}: reads the pipe on stdin",
+    "timeout_seconds": "bounds the whole pipe",
 }
+
+
+def _pipe_parameters() -> dict[str, Any]:
+    """``local_pc_pipe``'s input schema: ``SessionPipeBody``'s fields but ``request_id`` (a
+    tool call is cancelled by its edge), each with what it is for a model, plus the session."""
+    body = SessionPipeBody.model_json_schema()
+    properties = {
+        name: {**_tool_property(schema), "description": PIPE_DESCRIPTIONS[name]}
+        for name, schema in body["properties"].items()
+        if name != "request_id"
+    }
+    return {
+        "type": "object",
+        "properties": {**properties, "session_id": _SESSION},
+        "required": body["required"],
+        "additionalProperties": False,
+    }
+
+
+PIPE_PARAMETERS = _pipe_parameters()
 PIPE_SUMMARY = (
     "Pipe the stdout of a command on one machine into the stdin of a command on another, through the platform "
     "(constant memory; both machines need shell). Each end is {machine, argv | command, cwd?}. Returns "

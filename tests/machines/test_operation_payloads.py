@@ -16,7 +16,14 @@ from jsonschema import Draft202012Validator
 from pydantic import ValidationError
 
 from machines import tools as machine_tools
-from machines.schemas import CALLER_PAYLOAD_MODELS, PAYLOAD_MODELS, SessionCopyBody, SessionOpBody, without_nulls
+from machines.schemas import (
+    CALLER_PAYLOAD_MODELS,
+    PAYLOAD_MODELS,
+    SessionCopyBody,
+    SessionOpBody,
+    SessionPipeBody,
+    without_nulls,
+)
 from machines.shim.protocol import MAX_LIST_ENTRIES, PATH_DESCRIPTION, PAYLOADS, LiveFields, ShimError, payload_of
 
 # Each operation's payloads, good and bad: every reader must agree on each.
@@ -212,3 +219,13 @@ def test_the_ops_body_schema_says_each_operations_payload_as_the_route_checks_it
     # The platform's own fields are not a caller's: not in the schema (machine_op refuses them set).
     command = CALLER_PAYLOAD_MODELS["EXECUTE_COMMAND"].model_json_schema()["properties"]
     assert not set(command) & {field.name for field in dataclasses.fields(LiveFields)}
+
+
+def test_the_pipe_tool_takes_the_pipe_bodys_fields_but_request_id() -> None:
+    body = SessionPipeBody.model_json_schema()
+    parameters = machine_tools.PIPE_PARAMETERS
+    assert set(parameters["properties"]) == set(body["properties"]) - {"request_id"} | {"session_id"}
+    assert parameters["required"] == body["required"] == ["source", "destination"]
+    source = {key: value for key, value in parameters["properties"]["source"].items() if key != "description"}
+    assert source == {key: value for key, value in body["properties"]["source"].items() if key != "title"}
+    assert parameters["properties"]["timeout_seconds"]["maximum"] == 600  # the route's ceiling, said to the tool
