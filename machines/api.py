@@ -309,7 +309,9 @@ async def session_op(request: HttpRequest, user: User, session_id: str) -> Any:
     it cancels the command. Errors carry their code (docs/shim-protocol.md#errors; ``MACHINE_NOT_ATTACHED`` 404,
     ``PATH_OUTSIDE_ALLOWED_ROOT`` 400, ``OPERATION_EXISTS`` 409 for a ``request_id`` in
     flight, ``UNSUPPORTED_OPERATION`` 409 for streaming on a protocol 2.0 shim,
-    ``INVALID_REQUEST`` 400 for ``target_machine`` with ``target_machines``, …).
+    ``INVALID_REQUEST`` 400 for ``target_machine`` with ``target_machines`` or a payload its
+    operation's model refuses (``"payload.<field>: <sentence>"``, before any machine is
+    asked: ``machines.schemas.CALLER_PAYLOAD_MODELS``), …).
     """
     agent_scope_session(calling_agent(request), session_id)
     body = parse_plain(SessionOpBody, json_object(request))

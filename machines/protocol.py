@@ -16,7 +16,9 @@ server), and imported from there. This module adds only what the server needs on
   receives from ``machines.services`` (``MachineOpMessage``, ``MachineRevokedMessage``,
   ``MachineTakeoverMessage``), and the ``MachineReplyMessage`` it answers an operation with.
 
-The bodies of the machines app's REST routes are ``machines.schemas``.
+The operations' payloads are defined there too (``machines.shim.protocol.PAYLOADS``, one
+standard-library dataclass per operation); ``machines.schemas`` derives the platform's
+pydantic models from them, beside the bodies of the machines app's REST routes.
 """
 
 from __future__ import annotations
