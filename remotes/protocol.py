@@ -28,11 +28,11 @@ from typing import Any, Literal
 
 from jsonschema import Draft202012Validator, SchemaError
 from jsonschema.validators import validator_for
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictStr, field_validator
 
 from core.errors import InvalidRequest
 from core.protocol import ChannelMessage, ChannelRequest
-from core.validation import parse_body
+from core.validation import WireModel, parse_body
 from core.wire import encode
 from remotes.schemas import non_local_refs
 
@@ -73,10 +73,11 @@ def check_remotename(value: str) -> str:
     return value
 
 
-class FunctionSpec(BaseModel):
-    """One function of a remote: ``{name, description, parameters}``."""
+class FunctionSpec(WireModel):
+    """One function of a remote: ``{name, description, parameters}``; a null ``description``
+    or ``parameters`` is absent (``""``, an object schema without properties)."""
 
-    model_config = ConfigDict(extra="ignore")
+    null_as_absent = ("description", "parameters")
 
     name: StrictStr
     description: StrictStr = ""
@@ -89,18 +90,9 @@ class FunctionSpec(BaseModel):
             raise ValueError(f"must be {FUNCTION_NAME_RULE}")
         return value
 
-    @field_validator("description", mode="before")
+    @field_validator("parameters")
     @classmethod
-    def _description(cls, value: Any) -> Any:
-        return "" if value is None else value
-
-    @field_validator("parameters", mode="before")
-    @classmethod
-    def _parameters(cls, value: Any) -> Any:
-        if value is None:
-            return dict(EMPTY_PARAMETERS)
-        if not isinstance(value, dict):
-            raise ValueError("must be a JSON Schema object")
+    def _parameters(cls, value: dict[str, Any]) -> dict[str, Any]:
         try:
             validator_for(value, default=Draft202012Validator).check_schema(value)
         except SchemaError as exc:
@@ -162,35 +154,22 @@ class RemoteNameBody(BaseModel):
     remotename: StrictStr
 
 
-class RemoteCallBody(BaseModel):
-    """``remote-call`` body: ``{remotename, function, args, timeout?}`` (timeout in seconds, ≤ 300)."""
+class RemoteCallBody(WireModel):
+    """``remote-call`` body: ``{remotename, function, args, timeout?}`` (timeout in seconds, ≤ 300;
+    a null ``args`` is none, ``{}``)."""
 
-    model_config = ConfigDict(extra="ignore")
+    null_as_absent = ("args",)
 
     remotename: StrictStr
     function: StrictStr
+    # dict[str, Any], not JsonValue: a body decoded from JSON holds JSON values only, and
+    # walking them again would cost each call its size.
     args: dict[str, Any] = Field(default_factory=dict, description="the function's arguments, per its parameters")
-    timeout: float | None = Field(
+    timeout: StrictFloat | None = Field(
         default=None,
         description=f"seconds to wait, above 0 and at most {MAX_CALL_TIMEOUT:g} (default: the server's)",
         json_schema_extra={"exclusiveMinimum": 0, "maximum": MAX_CALL_TIMEOUT},
     )
-
-    @field_validator("args", mode="before")
-    @classmethod
-    def _args(cls, value: Any) -> Any:
-        if value is None:
-            return {}
-        if not isinstance(value, dict):
-            raise ValueError("must be an object")
-        return value
-
-    @field_validator("timeout", mode="before")
-    @classmethod
-    def _timeout_type(cls, value: Any) -> Any:
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise ValueError("must be a number of seconds")
-        return value
 
     @field_validator("timeout")
     @classmethod

@@ -103,7 +103,11 @@ FUNCTION_RULE = "must be 1-64 characters from letters, digits, '_' and '-'"
             [{"name": "f", "parameters": {"properties": {}}}],
             'invalid tools[0].parameters: the schema\'s "type" must be "object"',
         ),
-        ("ok", [{"name": "f", "parameters": "object"}], "invalid tools[0].parameters: must be a JSON Schema object"),
+        (
+            "ok",
+            [{"name": "f", "parameters": "object"}],
+            "invalid tools[0].parameters: Input should be a valid dictionary",
+        ),
         ("ok", "get_forecast", "invalid tools"),
     ],
     ids=[
@@ -356,10 +360,20 @@ async def test_it_refuses_arguments_that_fail_the_schema_without_calling_the_rem
     [
         ({"remotename": WEATHER}, "missing field 'function'"),
         ({"function": "get_forecast"}, "missing field 'remotename'"),
-        ({"remotename": WEATHER, "function": "get_forecast", "args": [1]}, "invalid args: must be an object"),
+        (
+            {"remotename": WEATHER, "function": "get_forecast", "args": [1]},
+            "invalid args: Input should be a valid dictionary",
+        ),
         ({"remotename": WEATHER, "function": "get_forecast", "args": {"city": "x"}, "timeout": 0}, "invalid timeout"),
         ({"remotename": WEATHER, "function": "get_forecast", "args": {"city": "x"}, "timeout": 301}, "invalid timeout"),
-        ({"remotename": WEATHER, "function": "get_forecast", "args": {"city": "x"}, "timeout": "1"}, "invalid timeout"),
+        (
+            {"remotename": WEATHER, "function": "get_forecast", "args": {"city": "x"}, "timeout": "1"},
+            "invalid timeout: Input should be a valid number",
+        ),
+        (
+            {"remotename": WEATHER, "function": "get_forecast", "args": {"city": "x"}, "timeout": True},
+            "invalid timeout: Input should be a valid number",
+        ),
         ("get_forecast", "invalid body"),
     ],
     ids=[
@@ -369,6 +383,7 @@ async def test_it_refuses_arguments_that_fail_the_schema_without_calling_the_rem
         "timeout-zero",
         "timeout-over-300",
         "timeout-string",
+        "timeout-boolean",
         "body-string",
     ],
 )
