@@ -21,12 +21,14 @@ import re
 from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
     StrictStr,
+    StringConstraints,
     ValidationInfo,
     WithJsonSchema,
     field_validator,
@@ -124,43 +126,26 @@ class PeerUpdateBody(CapabilityFlags):
         return value
 
 
-def _claim_text(value: Any, what: str, *, max_length: int, required: bool = True) -> str:
-    if not isinstance(value, str) or len(value) > max_length or (required and not value.strip()):
-        raise ValueError(f"{what} must be text of 1 to {max_length} characters")
-    return value.strip()
-
-
-def _claimant_instance_id(value: Any, info: ValidationInfo) -> str:
-    instance_id = _claim_text(value, "instance_id", max_length=17)
-    if not INSTANCE_ID_PATTERN.fullmatch(instance_id):
+def _claimant_instance_id(value: str, info: ValidationInfo) -> str:
+    if not INSTANCE_ID_PATTERN.fullmatch(value):
         raise ValueError("instance_id must be 'inst_' and 12 lowercase hex digits")
-    if instance_id == (info.context or {}).get(OUR_INSTANCE_ID):
+    if value == (info.context or {}).get(OUR_INSTANCE_ID):
         raise ValueError("an instance cannot be linked to itself")
-    return instance_id
+    return value
 
 
-def _claimant_url(value: Any) -> str:
-    url = _claim_text(value, "url", max_length=2048)
-    if not url.startswith(("http://", "https://")):
+def _claimant_url(value: str) -> str:
+    if not value.startswith(("http://", "https://")):
         raise ValueError("url must start with http:// or https://")
-    return url.rstrip("/")
+    return value.rstrip("/")
 
 
-def _claimant_public_key(value: Any) -> str:
-    public_key = _claim_text(value, "public_key", max_length=64)
+def _claimant_public_key(value: str) -> str:
     try:
-        public_key_from(public_key)
+        public_key_from(value)
     except ValueError:
         raise ValueError("public_key must be a raw Ed25519 public key in base64url") from None
-    return public_key
-
-
-def _claimant_name(value: Any) -> str:
-    return _claim_text(value, "name", max_length=NAME_MAX, required=False)
-
-
-def _claimant_token(value: Any) -> str:
-    return _claim_text(value, "token_for_you", max_length=200)
+    return value
 
 
 def _granted(value: Any) -> dict[str, bool] | None:
@@ -172,12 +157,24 @@ def _granted(value: Any) -> dict[str, bool] | None:
 
 
 # The fields a claim and its answer share: who the other instance is (docs/peers.md#claim).
-# Each is stripped; validate with the context {OUR_INSTANCE_ID: this instance's id}.
-ClaimantInstanceId = Annotated[str, BeforeValidator(_claimant_instance_id)]
-ClaimantName = Annotated[str, BeforeValidator(_claimant_name)]
-ClaimantUrl = Annotated[str, BeforeValidator(_claimant_url)]
-ClaimantPublicKey = Annotated[str, BeforeValidator(_claimant_public_key)]
-ClaimantToken = Annotated[str, BeforeValidator(_claimant_token)]
+# Each is a string, stripped, of bounded length (core.validation.PLAIN_SENTENCES answers
+# for those), then its own rule; validate with the context {OUR_INSTANCE_ID: this
+# instance's id}.
+ClaimantInstanceId = Annotated[
+    StrictStr,
+    StringConstraints(strip_whitespace=True, min_length=1, max_length=17),
+    AfterValidator(_claimant_instance_id),
+]
+ClaimantName = Annotated[StrictStr, StringConstraints(strip_whitespace=True, max_length=NAME_MAX)]
+ClaimantUrl = Annotated[
+    StrictStr, StringConstraints(strip_whitespace=True, min_length=1, max_length=2048), AfterValidator(_claimant_url)
+]
+ClaimantPublicKey = Annotated[
+    StrictStr,
+    StringConstraints(strip_whitespace=True, min_length=1, max_length=64),
+    AfterValidator(_claimant_public_key),
+]
+ClaimantToken = Annotated[StrictStr, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
 
 
 class ClaimBody(WireModel):
@@ -191,7 +188,7 @@ class ClaimBody(WireModel):
     Validate with the context ``{"our_instance_id": …}``.
     """
 
-    absent_as_null = ("code", "protocol_version", "instance_id", "url", "public_key", "token_for_you")
+    absent_as_null = ("code", "protocol_version")
 
     code: Annotated[
         Any, WithJsonSchema({"type": "string", "description": "the pairing code shown on this instance, XXXX-XXXX"})
@@ -199,11 +196,11 @@ class ClaimBody(WireModel):
     protocol_version: int = Field(
         description="PEER_PROTOCOL_VERSION, 2", json_schema_extra={"const": PEER_PROTOCOL_VERSION}
     )
-    instance_id: ClaimantInstanceId = Field(pattern=r"^inst_[0-9a-f]{12}$")
+    instance_id: ClaimantInstanceId = Field(json_schema_extra={"pattern": r"^inst_[0-9a-f]{12}$"})
     name: ClaimantName = Field(default="", max_length=NAME_MAX)
     # The schemas say what the validators refuse of the value as sent (stripped, the url
     # without its trailing slashes, the key decoded to 32 bytes).
-    url: ClaimantUrl = Field(max_length=2048, pattern=r"^https?://", json_schema_extra={"pattern": r"^https?://[^/\s]"})
+    url: ClaimantUrl = Field(max_length=2048, json_schema_extra={"pattern": r"^https?://[^/\s]"})
     public_key: ClaimantPublicKey = Field(
         max_length=64,
         description="raw Ed25519 public key, base64url",
@@ -237,7 +234,7 @@ class ClaimAnswer(WireModel):
     as a claim's (context ``{"our_instance_id": …}``); an absent ``name`` is empty, absent
     ``capabilities`` none."""
 
-    absent_as_null = ("instance_id", "url", "public_key", "token_for_you", "capabilities")
+    absent_as_null = ("capabilities",)
 
     protocol_version: int
     instance_id: ClaimantInstanceId

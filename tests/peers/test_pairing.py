@@ -185,17 +185,17 @@ ABSENT = object()
 BAD_CLAIMS: list[tuple[dict[str, Any], str]] = [  # (fields changed, or ABSENT; the 400's message)
     ({"protocol_version": ABSENT}, "protocol_version must be an integer (this instance speaks 2)"),
     ({"protocol_version": 1, "instance_id": "x"}, "peer speaks protocol 1, this instance speaks 2"),
-    ({"instance_id": ABSENT}, "instance_id must be text of 1 to 17 characters"),
+    ({"instance_id": ABSENT}, "instance_id is required"),
     ({"instance_id": "inst_0123456789AB"}, "instance_id must be 'inst_' and 12 lowercase hex digits"),
-    ({"name": None}, "name must be text of 1 to 100 characters"),
-    ({"name": "n" * 101}, "name must be text of 1 to 100 characters"),
+    ({"name": None}, "name must be a string"),
+    ({"name": "n" * 101}, "name must be at most 100 characters"),
     ({"url": "ftp://example.org"}, "url must start with http:// or https://"),
-    ({"url": ABSENT}, "url must be text of 1 to 2048 characters"),
-    ({"url": None}, "url must be text of 1 to 2048 characters"),
+    ({"url": ABSENT}, "url is required"),
+    ({"url": None}, "url must be a string"),
     ({"public_key": "abc"}, "public_key must be a raw Ed25519 public key in base64url"),
-    ({"token_for_you": " "}, "token_for_you must be text of 1 to 200 characters"),
+    ({"token_for_you": " "}, "token_for_you must be a non-empty string"),
     # Two faults: the first one in the claim's order (docs/peers.md#claim) is named.
-    ({"name": 7, "url": 5, "token_for_you": ""}, "name must be text of 1 to 100 characters"),
+    ({"name": 7, "url": 5, "token_for_you": ""}, "name must be a string"),
 ]
 
 
@@ -350,7 +350,7 @@ def _claim_answer(**overrides: Any) -> dict[str, Any]:
         ({"protocol_version": 1}, "protocol 1"),
         ({"instance_id": "inst_nothex000000"}, "instance_id must be 'inst_' and 12 lowercase hex digits"),
         ({"public_key": "abc"}, "public_key must be a raw Ed25519 public key in base64url"),
-        ({"token_for_you": None}, "token_for_you must be text of 1 to 200 characters"),
+        ({"token_for_you": None}, "token_for_you must be a string"),
     ],
 )
 async def test_a_claim_answer_that_is_not_one_is_refused_and_nothing_is_linked(
