@@ -3,9 +3,10 @@
 One model per route body, used to validate the body and, named in its view's
 ``core.openapi.documented`` operation, to produce the route's OpenAPI entry
 (``model_json_schema(mode="validation")``); one model per answer, for the schema.
-A validator raises the very sentence the route answers (``core.validation.parse_plain``),
-in the order the route checks the fields, so a model only names the rules the wire
-already had:
+Fields are typed and checked in the order the route checks them; a wrong type or
+length is answered with ``core.validation.PLAIN_SENTENCES``'s sentence (``name must be
+a string``), a validator of a rule of its own raises its own sentence
+(``core.validation.parse_plain``):
 
 | route | body | validated by the model at |
 |---|---|---|
