@@ -45,7 +45,7 @@ async def main(request: dict[str, Any]) -> None:
     from core.errors import DispatchError
     from core.models import ServerProcess
     from core.services import server_process_ensure, server_process_heartbeat
-    from machines.services import live, operations
+    from machines.services import audit, live, operations
 
     await database_sync_to_async(server_process_ensure)(kind=ServerProcess.Kind.WORKER)
 
@@ -90,7 +90,11 @@ async def main(request: dict[str, Any]) -> None:
         emit("end", error={"code": exc.code, "message": exc.message})
     finally:
         beating.cancel()
-    await asyncio.sleep(0.3)  # audit records are written after the answer, in the background
+    # Audit records are written after the answer, in background tasks
+    # (machines.services.audit.in_background): exiting before they end would lose them.
+    async with asyncio.timeout(10):
+        while audit._background:
+            await asyncio.wait(set(audit._background))
 
 
 if __name__ == "__main__":
