@@ -26,6 +26,7 @@ from core.realtime import LoopHealth
 from dispatch import background
 from dispatch import metrics as metrics_view
 from remotes.models import WsSession
+from tests.infra import eventually
 from tests.scrape import parse, scrape, scrape_sync, value
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -185,17 +186,20 @@ async def test_a_failing_background_loop_is_counted_by_its_name(monkeypatch: pyt
         failed.set()
         raise RuntimeError("the reaper broke")
 
+    errors = "dispatch_background_loop_errors_total"
+
+    async def counted() -> bool:
+        return value(await scrape(), errors, loop="reaper") - value(before, errors, loop="reaper") >= 1
+
     monkeypatch.setattr(background, "reap_once", reap_fails)
     reaper = asyncio.ensure_future(background.reaper_loop())
     try:
         await asyncio.wait_for(failed.wait(), 5)
-        await asyncio.sleep(0.05)
+        # Counted once the failure is back on the loop, a moment after reap_once raised.
+        await eventually(counted, timeout=5, interval=0.01, what="the reaper's failure counted")
     finally:
         reaper.cancel()
         await asyncio.gather(reaper, return_exceptions=True)
-    after = await scrape()
-    errors = "dispatch_background_loop_errors_total"
-    assert value(after, errors, loop="reaper") - value(before, errors, loop="reaper") >= 1
 
 
 def test_a_loop_named_with_an_id_is_counted_under_its_fixed_metric_name(db: None) -> None:
