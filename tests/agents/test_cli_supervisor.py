@@ -16,6 +16,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.db.models import F
 from django.utils import timezone
 
 from agents import cli, messages, services, supervisor, tokens
@@ -326,6 +327,12 @@ def services_instance_id() -> str:
 # --- the activity watcher --------------------------------------------------------------------
 
 
+def quiet_for(agent: Agent, *, seconds: float) -> None:
+    """Move the agent's last pane change ``seconds`` back: the watcher reads its clock from
+    the row (``Agent.pane_changed_at``), so this stands for that much silence."""
+    Agent.objects.filter(pk=agent.pk).update(pane_changed_at=F("pane_changed_at") - timedelta(seconds=seconds))
+
+
 def watcher_events(agent: Agent) -> list[str]:
     return list(
         AgentEvent.objects.filter(agent=agent, metadata__source=supervisor.WATCHER)
@@ -361,7 +368,7 @@ def test_output_while_reported_idle_or_done_is_corrected_to_working(owner, runne
 
 
 def test_silence_while_working_is_corrected_to_idle(owner, runner, workdir, settings):
-    settings.AGENT_IDLE_AFTER = 0.5
+    settings.AGENT_IDLE_AFTER = 5.0
     agent = launch(owner, runner, workdir)
     wait_for(lambda: runner.capture(cli.session_name(agent)).strip(), "the shell prompt")
     supervisor.supervise_once(runner=runner)
@@ -369,7 +376,7 @@ def test_silence_while_working_is_corrected_to_idle(owner, runner, workdir, sett
 
     supervisor.supervise_once(runner=runner)
     assert watcher_events(agent) == []  # not silent long enough yet
-    time.sleep(0.6)
+    quiet_for(agent, seconds=6)
     supervisor.supervise_once(runner=runner)
     assert watcher_events(agent) == ["idle"]
     supervisor.supervise_once(runner=runner)
@@ -378,7 +385,7 @@ def test_silence_while_working_is_corrected_to_idle(owner, runner, workdir, sett
 
 
 def test_the_watcher_state_is_in_the_row_so_another_holder_continues(owner, runner, workdir, settings):
-    settings.AGENT_IDLE_AFTER = 0.5
+    settings.AGENT_IDLE_AFTER = 5.0
     agent = launch(owner, runner, workdir)
     wait_for(lambda: runner.capture(cli.session_name(agent)).strip(), "the shell prompt")
     assert supervisor.supervise_once(runner=runner, holder="proc_first").held
@@ -386,7 +393,7 @@ def test_the_watcher_state_is_in_the_row_so_another_holder_continues(owner, runn
     agent.refresh_from_db()
     assert agent.pane_hash and agent.pane_changed_at is not None
     SupervisorLease.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
-    time.sleep(0.6)
+    quiet_for(agent, seconds=6)
 
     assert supervisor.supervise_once(runner=runner, holder="proc_second").held
     assert watcher_events(agent) == ["idle"]
@@ -470,18 +477,19 @@ def test_stop_returns_stopping_and_the_supervisor_kills_after_the_grace(
 
 def test_stopping_for_longer_than_the_hard_limit_is_killed(owner, runner, workdir, settings, shell_surviving_its_stop):
     settings.AGENT_STOP_GRACE = 1000.0
-    settings.AGENT_STOP_TIMEOUT = 0.5
+    settings.AGENT_STOP_TIMEOUT = 5.0
     agent = launch(owner, runner, workdir)
     name = cli.session_name(agent)
     cli.agent_stop(agent=agent, runner=runner)
     supervisor.supervise_once(runner=runner)
     assert status_of(agent) == "stopping" and runner.exists(name)
 
-    time.sleep(0.6)
+    # The stop was asked 6 s ago: the row's clock, not a sleep past the limit.
+    Agent.objects.filter(pk=agent.pk).update(stop_requested_at=F("stop_requested_at") - timedelta(seconds=6))
     supervisor.supervise_once(runner=runner)
     assert status_of(agent) == "stopped"
     assert not runner.exists(name)
-    assert "stopping for over 0.5 s" in Agent.objects.get(pk=agent.pk).latest_event_message
+    assert "stopping for over 5 s" in Agent.objects.get(pk=agent.pk).latest_event_message
 
 
 def test_a_pane_that_exits_non_zero_while_stopping_ends_stopped(owner, runner, workdir, settings):
