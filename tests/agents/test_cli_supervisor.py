@@ -76,7 +76,9 @@ def test_a_message_a_dead_supervisor_pasted_is_marked_delivered_not_pasted_again
     wait_for(lambda: "once-42" in cli.pane_text(agent=agent, runner=runner), "the paste's output")
 
     supervise_until(runner, lambda: delivered(message), "the message marked delivered")
-    time.sleep(1.0)  # a second paste would have printed by now
+    # A fence: a second paste by those passes went in before it, so it prints before it.
+    runner.paste(cli.session_name(agent), "echo fence-$((1+1))")
+    wait_for(lambda: "fence-2" in cli.pane_text(agent=agent, runner=runner), "the fence's output")
     assert cli.pane_text(agent=agent, runner=runner).count("once-42") == 1
     event = AgentEvent.objects.filter(agent=agent, message="message delivered").latest("created_at")
     assert event.metadata.get("recovered") is True
