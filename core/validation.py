@@ -103,6 +103,14 @@ def refusal(message: str, details: dict[str, Any]) -> PydanticCustomError:
     return PydanticCustomError("invalid_request", "{message}", {"message": message, "details": details})
 
 
+def rule(sentence: str) -> PydanticCustomError:
+    """What a validator of a nested model's field raises to refuse it with ``sentence``
+    said after the field's wire path: ``parse_plain`` answers ``<path> <sentence>``
+    (``launched_by.agent_id must be an agent id …``), the model being used under several
+    names."""
+    return PydanticCustomError("plain_rule", "{rule}", {"rule": sentence})
+
+
 def parse_body(model: type[Model], body: Any, *, context: dict[str, Any] | None = None) -> Model:
     """Validate a body against ``model``; ``InvalidRequest`` (400) with
     ``describe_validation_error``'s text when it does not fit."""
@@ -179,6 +187,8 @@ def plain_sentence(error: Any) -> str:
     if kind in _OWN_SENTENCE:
         return _own_sentence(error)
     ctx = dict(error.get("ctx", {}))
+    if kind == "plain_rule":
+        return f"{_field_path(error['loc'])} {ctx['rule']}"
     special = next((t for (k, key, value), t in _PLAIN_SPECIAL.items() if k == kind and ctx.get(key) == value), "")
     template = special or PLAIN_SENTENCES.get(kind, "")
     if not template:

@@ -49,7 +49,7 @@ from pydantic import (
 from agents.messages import MAX_MESSAGE_LENGTH, message_content
 from core.errors import InvalidRequest
 from core.protocol import ChannelMessage
-from core.validation import NonBlank, WireModel
+from core.validation import NonBlank, WireModel, rule
 
 NAME_MAX = 100  # characters of an agent name and of a sender's name
 AGENT_ID_MAX = 64
@@ -57,41 +57,36 @@ CAPABILITY_FIELDS = ("allow_launch", "allow_message", "allow_full_access", "allo
 PEER_INSTANCE_ID = "peer_instance_id"  # the validation context key: the calling peer's instance id
 
 
-def _text(value: Any, what: str, *, max_length: int) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"{what} must be a non-empty string")
-    if len(value) > max_length:
-        raise ValueError(f"{what} must be at most {max_length} characters")
-    return value
-
-
 class SenderAddress(BaseModel):
     """Who acts on the peer: ``{instance_id, agent_id | null, name}`` (``agent_id``
-    null for a person there)."""
+    null for a person there). Validate with the context ``{"peer_instance_id": …}``: the
+    address must be the calling peer's own (never another's: permissions are never passed
+    on); a refusal names the field it sits in (``launched_by.instance_id must be …``)."""
 
     model_config = ConfigDict(extra="ignore")
 
-    instance_id: str = Field(description="the calling peer's own instance id")
-    agent_id: str | None = Field(max_length=AGENT_ID_MAX, description="an agent id there (no colon), or null")
-    name: str = Field(min_length=1, max_length=NAME_MAX)
+    instance_id: StrictStr = Field(description="the calling peer's own instance id")
+    agent_id: StrictStr | None = Field(
+        default=None,  # absent: null, as the address check before this model took it
+        json_schema_extra={"maxLength": AGENT_ID_MAX},
+        description="an agent id there (no colon), or null",
+    )
+    name: NonBlank = Field(max_length=NAME_MAX)
 
+    @field_validator("instance_id")
     @classmethod
-    def check(cls, value: Any, *, what: str, peer_instance_id: str | None) -> SenderAddress:
-        """``value`` as an address of the peer ``peer_instance_id``; ``ValueError`` naming
-        ``what`` (``launched_by`` / ``from``) and the first wrong part: an object, the
-        peer's own instance id (never another's: permissions are never passed on), an
-        agent id of at most 64 characters without a colon or null, a name of 1–100."""
-        if not isinstance(value, dict):
-            raise ValueError(f"{what} must be an object {{instance_id, agent_id, name}}")
-        if value.get("instance_id") != peer_instance_id:
-            raise ValueError(f"{what}.instance_id must be the calling peer's instance id ({peer_instance_id})")
-        agent_id = value.get("agent_id")
-        if agent_id is not None and (
-            not isinstance(agent_id, str) or not 0 < len(agent_id) <= AGENT_ID_MAX or ":" in agent_id
-        ):
-            raise ValueError(f"{what}.agent_id must be an agent id (at most 64 characters, no colon) or null")
-        name = _text(value.get("name"), f"{what}.name", max_length=NAME_MAX)
-        return cls.model_construct(instance_id=peer_instance_id, agent_id=agent_id, name=name)
+    def _the_callers(cls, value: str, info: ValidationInfo) -> str:
+        peer_instance_id = _peer_instance_id(info)
+        if value != peer_instance_id:
+            raise rule(f"must be the calling peer's instance id ({peer_instance_id})")
+        return value
+
+    @field_validator("agent_id")
+    @classmethod
+    def _agent_id(cls, value: str | None) -> str | None:
+        if value is not None and (not 0 < len(value) <= AGENT_ID_MAX or ":" in value):
+            raise rule(f"must be an agent id (at most {AGENT_ID_MAX} characters, no colon) or null")
+        return value
 
     def wire(self) -> dict[str, Any]:
         """``{instance_id, agent_id, name}`` as stored and sent."""
@@ -114,12 +109,12 @@ class LaunchBody(WireModel):
     ``name`` (1–100 characters, not blank), ``prompt`` (text, at most 200,000 characters;
     null means none), ``type`` (a string; empty, null or absent: the default launch type),
     ``full_access`` / ``child`` (booleans; null: false), ``launched_by``
-    (``SenderAddress.check``). ``cwd`` is typed for the schema only: the service resolves
+    (``SenderAddress``). ``cwd`` is typed for the schema only: the service resolves
     it against ``DISPATCH_REPO_ROOTS`` after the ``allow_full_access`` check, and answers
     a malformed one with the roots in ``details``.
     """
 
-    absent_as_null = ("launched_by", "cwd")
+    absent_as_null = ("cwd",)
     null_as_absent = ("prompt", "full_access", "child")
 
     name: NonBlank = Field(max_length=NAME_MAX)
@@ -143,30 +138,18 @@ class LaunchBody(WireModel):
     def _type(cls, value: str | None) -> str | None:
         return value or None  # "": the default type, as absent
 
-    @field_validator("launched_by", mode="before")
-    @classmethod
-    def _launched_by(cls, value: Any, info: ValidationInfo) -> SenderAddress:
-        return SenderAddress.check(value, what="launched_by", peer_instance_id=_peer_instance_id(info))
-
 
 class MessageBody(WireModel):
     """``POST /api/v1/peers/messages``: ``{to_agent_id, content, from}`` (docs/peers.md#messages),
     checked in the order ``to_agent_id`` (an agent id, 1–64 characters), ``from``
-    (``SenderAddress.check``), ``content`` (1–200,000 characters, not blank, made storable
+    (``SenderAddress``), ``content`` (1–200,000 characters, not blank, made storable
     by ``agents.messages.message_content``), each refused with
     ``core.validation.PLAIN_SENTENCES``'s sentence or its check's own. Validate with the
     context ``{"peer_instance_id": …}``."""
 
-    absent_as_null = ("from",)
-
     to_agent_id: StrictStr = Field(min_length=1, max_length=AGENT_ID_MAX)
     sender: SenderAddress = Field(alias="from")
     content: NonBlank = Field(max_length=MAX_MESSAGE_LENGTH)
-
-    @field_validator("sender", mode="before")
-    @classmethod
-    def _sender(cls, value: Any, info: ValidationInfo) -> SenderAddress:
-        return SenderAddress.check(value, what="from", peer_instance_id=_peer_instance_id(info))
 
     @field_validator("content")
     @classmethod
@@ -356,17 +339,11 @@ class ApprovalAnswerBody(WireModel):
     person on the peer who answered, ``{instance_id, agent_id: null, name}`` (as a
     launch's ``launched_by``). Validate with the context ``{"peer_instance_id": …}``."""
 
-    absent_as_null = ("answered_by",)
     null_as_absent = ("message",)
 
     decision: Literal["allow_once", "allow_always", "deny"]
     message: StrictStr = Field(default="", max_length=APPROVAL_MESSAGE_MAX)
     answered_by: SenderAddress
-
-    @field_validator("answered_by", mode="before")
-    @classmethod
-    def _answered_by(cls, value: Any, info: ValidationInfo) -> SenderAddress:
-        return SenderAddress.check(value, what="answered_by", peer_instance_id=_peer_instance_id(info))
 
 
 class PeerApprovalAnswer(BaseModel):

@@ -36,7 +36,7 @@ LAUNCH = {"name": "worker", "prompt": "go", "cwd": "/srv/repo", "launched_by": P
 MESSAGE = {"to_agent_id": "agt_0123456789ab", "content": "hello", "from": PERSON}
 
 ABSENT = object()  # a field left out of a body
-NOT_AN_ADDRESS = "must be an object {instance_id, agent_id, name}"
+NOT_AN_ADDRESS = "must be an object"
 NOT_THE_PEER = f"must be the calling peer's instance id ({INSTANCE})"
 NOT_AN_AGENT_ID = "must be an agent id (at most 64 characters, no colon) or null"
 
@@ -52,8 +52,9 @@ BAD_LAUNCHES: list[tuple[dict[str, Any], str]] = [
     ({**LAUNCH, "full_access": "yes"}, "full_access must be true or false"),
     ({**LAUNCH, "child": 1}, "child must be true or false"),
     ({**LAUNCH, "type": 0}, "type must be a string"),
-    ({k: v for k, v in LAUNCH.items() if k != "launched_by"}, f"launched_by {NOT_AN_ADDRESS}"),
+    ({k: v for k, v in LAUNCH.items() if k != "launched_by"}, "launched_by is required"),
     ({**LAUNCH, "launched_by": "Ann"}, f"launched_by {NOT_AN_ADDRESS}"),
+    ({**LAUNCH, "launched_by": {**PERSON, "instance_id": 5}}, "launched_by.instance_id must be a string"),
     (
         {**LAUNCH, "launched_by": {**PERSON, "instance_id": "inst_ffffffffffff"}},
         f"launched_by.instance_id {NOT_THE_PEER}",
@@ -71,7 +72,7 @@ BAD_MESSAGES: list[tuple[dict[str, Any], str]] = [
     ({**MESSAGE, "to_agent_id": "a" * 65}, "to_agent_id must be at most 64 characters"),
     ({**MESSAGE, "from": None}, f"from {NOT_AN_ADDRESS}"),
     ({**MESSAGE, "from": {**PERSON, "instance_id": "inst_ffffffffffff"}}, f"from.instance_id {NOT_THE_PEER}"),
-    ({**MESSAGE, "from": {**PERSON, "agent_id": 5}}, f"from.agent_id {NOT_AN_AGENT_ID}"),
+    ({**MESSAGE, "from": {**PERSON, "agent_id": 5}}, "from.agent_id must be a string"),
     ({k: v for k, v in MESSAGE.items() if k != "content"}, "content is required"),
     ({**MESSAGE, "content": "   "}, "content must be a non-empty string"),
     ({**MESSAGE, "content": 5}, "content must be a string"),
@@ -227,7 +228,8 @@ def test_the_claim_this_instance_sends_is_a_claim_body() -> None:
         ({"decision": ABSENT}, "decision is required"),
         ({"message": 5}, "message must be a string"),
         ({"message": "m" * 2001}, "message must be at most 2000 characters"),
-        ({"answered_by": ABSENT}, f"answered_by {NOT_AN_ADDRESS}"),
+        ({"answered_by": ABSENT}, "answered_by is required"),
+        ({"answered_by": {**PERSON, "name": 5}}, "answered_by.name must be a string"),
     ],
 )
 def test_a_bad_approval_answer_is_refused_with_its_sentence(overrides: dict[str, Any], sentence: str) -> None:
