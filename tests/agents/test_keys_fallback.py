@@ -89,8 +89,10 @@ def test_the_api_refuses_anything_but_the_allowed_key_names_and_sends_nothing(
     assert response.status_code == 400
     error = error_of(response)
     assert "Up, Down, Enter, Esc, Tab, y, n, C-c" in error["message"]
-    time.sleep(0.2)
-    assert pane(private_tmux, cat_agent) == before
+    # A fence: keys the refused request sent would reach cat first and show before it.
+    private_tmux.paste(cli.session_name(cat_agent), "fence-1", enter=True, bracketed=False)
+    wait_for(lambda: pane(private_tmux, cat_agent).count("fence-1") == 2, "the fence, echoed and printed by cat")
+    assert pane(private_tmux, cat_agent).rstrip() == f"{before.rstrip()}\nfence-1\nfence-1"
     assert not AgentEvent.objects.filter(agent=cat_agent, message__startswith="keys sent").exists()
 
 
