@@ -1,6 +1,6 @@
 """What an operation leaves behind: its ``AuditRecord`` (written before it is sent, its result
-filled in after, off the hot path: docs/shim-protocol.md#audit), the machine's last activity
-and health, and the path recency routing reads (docs/shim-protocol.md#routing)."""
+filled in with the path's recency once answered: docs/shim-protocol.md#audit), the machine's
+last activity and health, and the path recency routing reads (docs/shim-protocol.md#routing)."""
 
 from __future__ import annotations
 
