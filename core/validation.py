@@ -162,6 +162,7 @@ PLAIN_SENTENCES: dict[str, str] = {
 # least one character: "non-empty", as "" and a blank ``NonBlank`` are refused).
 _PLAIN_SPECIAL: dict[tuple[str, str, Any], str] = {
     ("string_too_short", "min_length", 1): "{field} must be a non-empty string",
+    ("too_short", "min_length", 1): "{field} must not be empty",
 }
 _QUOTED = re.compile(r"'((?:[^'\\]|\\.)*)'")
 

@@ -36,6 +36,7 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -165,12 +166,8 @@ BATCH_MAX_MESSAGES = 500  # messages one POST /api/v1/peers/messages/batch may c
 _IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,100}")  # as the Idempotency-Key header (peers.services.receipts)
 
 
-def _batch_entries(value: Any) -> list[dict[str, Any]]:
-    if not isinstance(value, list) or not 0 < len(value) <= BATCH_MAX_MESSAGES:
-        raise ValueError(f"messages must be a list of 1 to {BATCH_MAX_MESSAGES} messages")
+def _batch_keys(value: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for index, entry in enumerate(value):
-        if not isinstance(entry, dict):
-            raise ValueError(f"messages[{index}] must be an object {{idempotency_key, to_agent_id, content, from}}")
         key = entry.get("idempotency_key")
         if not isinstance(key, str) or not _IDEMPOTENCY_KEY.fullmatch(key):
             raise ValueError(
@@ -213,14 +210,12 @@ class MessageBatchBody(WireModel):
     with a well-formed key): each message's own body is judged after its receipt, as the
     single route does, so a bad one is refused alone (400 in its receipt)."""
 
-    absent_as_null = ("messages",)
-
-    messages: Annotated[list[dict[str, Any]], WithJsonSchema(_BATCH_MESSAGES_SCHEMA)]
-
-    @field_validator("messages", mode="before")
-    @classmethod
-    def _messages(cls, value: Any) -> list[dict[str, Any]]:
-        return _batch_entries(value)
+    messages: Annotated[
+        list[dict[str, Any]],
+        Field(min_length=1, max_length=BATCH_MAX_MESSAGES),
+        AfterValidator(_batch_keys),
+        WithJsonSchema(_BATCH_MESSAGES_SCHEMA),
+    ]
 
 
 class BatchReceipt(BaseModel):

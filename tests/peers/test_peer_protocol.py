@@ -22,7 +22,7 @@ from core.errors import InvalidRequest
 from core.validation import parse_plain
 from peers.models import PeerReceipt, new_idempotency_key
 from peers.pairing_protocol import ClaimBody, LinkBody, OfferBody, PeerUpdateBody
-from peers.protocol import PEER_INSTANCE_ID, ApprovalAnswerBody, LaunchBody, MessageBody
+from peers.protocol import PEER_INSTANCE_ID, ApprovalAnswerBody, LaunchBody, MessageBatchBody, MessageBody
 from tests.peers.conftest import FakePeer
 from tests.peers.signing import peer_post
 
@@ -243,3 +243,21 @@ def test_an_approval_answer_without_a_message_has_an_empty_one() -> None:
         {"decision": "deny", "answered_by": PERSON, "message": None},
     ):
         assert parse_plain(ApprovalAnswerBody, body, context={PEER_INSTANCE_ID: INSTANCE}).message == ""
+
+
+@pytest.mark.parametrize(
+    ("body", "sentence"),
+    [
+        ({}, "messages is required"),
+        ({"messages": []}, "messages must not be empty"),
+        ({"messages": "no"}, "messages must be a list"),
+        ({"messages": [{"idempotency_key": "k"}] * 501}, "messages must have at most 500 items"),
+        ({"messages": [{"idempotency_key": "k"}, 1]}, "messages[1] must be an object"),
+        (
+            {"messages": [{"idempotency_key": "has space"}]},
+            "messages[0].idempotency_key must be 1 to 100 printable ASCII characters without spaces",
+        ),
+    ],
+)
+def test_a_bad_batch_envelope_is_refused_with_its_sentence(body: dict[str, Any], sentence: str) -> None:
+    assert _verdict(lambda: parse_plain(MessageBatchBody, body)) == sentence
