@@ -9,7 +9,7 @@ import pytest
 from pydantic import BaseModel, Field, StrictBool, field_validator
 
 from core.errors import InvalidRequest
-from core.validation import NonBlank, parse_plain, refusal
+from core.validation import NonBlank, parse_plain, refusal, rule
 
 
 class Inner(BaseModel):
@@ -79,3 +79,34 @@ def test_non_blank_is_kept_as_sent():
         "pattern": r"\S",
         "title": "Name",
     }
+
+
+class Address(BaseModel):
+    host: str
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        if ":" in value:
+            raise rule("must be a host name without a port")
+        return value
+
+
+class Route(BaseModel):
+    source: Address
+    target: Address
+    hops: list[int] = Field(default=[1], min_length=1)
+
+
+@pytest.mark.parametrize(
+    ("body", "sentence"),
+    [
+        ({"source": {"host": "a:1"}, "target": {"host": "b"}}, "source.host must be a host name without a port"),
+        ({"source": {"host": "a"}, "target": {"host": "b:2"}}, "target.host must be a host name without a port"),
+        ({"source": {"host": "a"}, "target": {"host": "b"}, "hops": []}, "hops must not be empty"),
+    ],
+)
+def test_a_rule_is_said_after_the_path_of_its_field(body, sentence):
+    with pytest.raises(InvalidRequest) as caught:
+        parse_plain(Route, body)
+    assert caught.value.message == sentence
