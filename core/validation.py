@@ -234,6 +234,9 @@ DRF_SENTENCES: dict[str, tuple[str, str]] = {
     "float_parsing": ("invalid", "A valid number is required."),
     "greater_than_equal": ("min_value", "Ensure this value is greater than or equal to {ge}."),
     "less_than_equal": ("max_value", "Ensure this value is less than or equal to {le}."),
+    # DRF's fields have inclusive bounds only; an exclusive one is worded as theirs are.
+    "greater_than": ("min_value", "Ensure this value is greater than {gt}."),
+    "less_than": ("max_value", "Ensure this value is less than {lt}."),
     "bool_type": ("invalid", "Must be a valid boolean."),
     "bool_parsing": ("invalid", "Must be a valid boolean."),
     "literal_error": ("invalid_choice", '"{input}" is not a valid choice.'),

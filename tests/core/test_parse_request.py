@@ -150,3 +150,19 @@ def test_a_valid_body_reads_as_drfs_serializer_read_it(body: Any) -> None:
     }
     if "keys" in body:
         assert parsed["keys"] == dict(serializer.validated_data["keys"])
+
+
+class Bounded(BaseModel):
+    seconds: int = Field(gt=0, lt=600)
+
+
+@pytest.mark.parametrize(
+    ("value", "sentence"),
+    [(0, "Ensure this value is greater than 0."), (600, "Ensure this value is less than 600.")],
+)
+def test_an_exclusive_bound_is_worded_as_drfs_inclusive_ones(value: int, sentence: str) -> None:
+    """DRF's fields have no exclusive bound; the table words one as theirs, not in
+    pydantic's own "Input should be greater than 0"."""
+    with pytest.raises(exceptions.ValidationError) as refused:
+        parse_request(Bounded, {"seconds": value})
+    assert refused.value.detail == {"seconds": [sentence]}
