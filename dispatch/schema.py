@@ -21,42 +21,14 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension, OpenApiSe
 from drf_spectacular.openapi import AutoSchema as SpectacularAutoSchema
 from drf_spectacular.plumbing import ResolvedComponent
 from pydantic import BaseModel
-from rest_framework import serializers
 
 from core.openapi import model_component, served_routes
-from core.validation import DATE_TIME_PATTERN
 
 
 class AutoSchema(SpectacularAutoSchema):
-    """drf-spectacular's ``AutoSchema`` (``DEFAULT_SCHEMA_CLASS``), saying what a request's
-    text fields refuse: a ``CharField`` refuses NUL, and without ``allow_blank`` ``""`` and,
-    when it trims whitespace (DRF's default), a value of spaces only: a ``pattern`` and
-    ``minLength: 1``. drf-spectacular leaves these out when request and response share a
-    component; a response may well carry ``""``, so only the request direction gets them.
-    A request's date-time says which RFC 3339 spellings DRF reads (``DATE_TIME_PATTERN``);
-    a DELETE with a declared body has it; a nullable ``JSONField`` is any value (``{}``)."""
-
-    def _get_serializer_field_meta(self, field: Any, direction: str) -> dict[str, Any]:
-        meta: dict[str, Any] = super()._get_serializer_field_meta(field, direction)
-        if isinstance(field, serializers.JSONField):
-            # Any JSON value, null included: OpenAPI 3.1's oneOf [{}, {type: null}] for a
-            # nullable one would match a null twice, and oneOf wants exactly one.
-            meta.pop("nullable", None)
-        if (
-            direction == "request"
-            and isinstance(field, serializers.CharField)
-            and not isinstance(field, serializers.RegexField)  # its own pattern says more
-            and not field.read_only
-        ):
-            # DRF's ProhibitNullCharactersValidator: no NUL anywhere.
-            meta["pattern"] = r"^[^\x00]*$"
-            if not field.allow_blank:
-                meta["minLength"] = max(1, meta.get("minLength", 1))
-                if field.trim_whitespace:
-                    meta["pattern"] = r"^[^\x00]*[^\s\x00][^\x00]*$"
-        if direction == "request" and isinstance(field, serializers.DateTimeField) and not field.read_only:
-            meta["pattern"] = DATE_TIME_PATTERN
-        return meta
+    """drf-spectacular's ``AutoSchema`` (``DEFAULT_SCHEMA_CLASS``): a DELETE with a declared
+    body has it documented. The bodies themselves are pydantic models (``PydanticBody``,
+    docs/architecture.md#bodies), which say what they refuse."""
 
     def _declared_request(self) -> Any:
         """The request serializer ``extend_schema(request=...)`` names, else ``None`` (not
