@@ -126,7 +126,7 @@ class SupervisorLeaseAdmin(ReadOnlyAdmin):
 
 @admin.register(Approval)
 class ApprovalAdmin(ReadOnlyAdmin):
-    """Every permission request and its answer (docs/agents.md "Approvals"): a record, never
+    """Every permission request and its answer (docs/agents.md#approvals): a record, never
     edited or deleted here; the actions answer through ``agents.approvals``."""
 
     list_display = ["id", "agent", "tool_name", "short_summary", "status", "decision", "answered_by", "asked_at"]
@@ -163,7 +163,7 @@ class ApprovalAdmin(ReadOnlyAdmin):
 
 @admin.register(ApprovalRule)
 class ApprovalRuleAdmin(ReadOnlyAdmin):
-    """Policy rules (docs/agents.md "Approvals"); made by their owners (REST, pages, "Always
+    """Policy rules (docs/agents.md#approvals); made by their owners (REST, pages, "Always
     allow this rule"), deleted here through ``approvals.approval_rule_delete``."""
 
     list_display = ["id", "owner", "agent", "tool", "pattern", "action", "created_at", "created_by_approval"]

@@ -407,7 +407,7 @@ class AgentKeysBody(BaseModel):
 
 class AgentKeysView(DispatchAPIView):
     """``POST /api/v1/agents/{id}/keys`` ``{"keys": ["Down", "Enter"]}``: the owner presses
-    keys in a CLI agent's pane (``keys.agent_keys_send``; docs/agents.md "Keys"). 200 with
+    keys in a CLI agent's pane (``keys.agent_keys_send``; docs/agents.md#keys). 200 with
     the timeline event recorded; 400 naming the allowed keys for any other key, or for a
     shadow or expert agent; 403 with an agent token (a person's action); 409 when the agent
     is not running here or its pane is dead."""

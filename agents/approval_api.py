@@ -1,4 +1,4 @@
-"""REST routes of approvals and approval rules (docs/agents.md "Approvals"), scoped to the
+"""REST routes of approvals and approval rules (docs/agents.md#approvals), scoped to the
 caller: another user's approval or rule is 404, the same as an unknown id.
 
 - ``GET /api/v1/approvals?status=pending&agent_id=`` — the caller's agents' approvals;
@@ -164,7 +164,7 @@ class ApprovalAnswerView(DispatchAPIView):
 class ApprovalRuleListView(DispatchAPIView):
     """``GET /api/v1/approval-rules?agent_id=`` → ``{"rules": [...]}`` (with ``agent_id``:
     those that apply to it, its own and the user-wide ones) and ``POST`` a rule → 201.
-    Policy order: docs/agents.md "Approvals"."""
+    Policy order: docs/agents.md#approvals."""
 
     @extend_schema(
         operation_id="v1_approval_rules_list",

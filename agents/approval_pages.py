@@ -1,4 +1,4 @@
-"""The approval pages (docs/agents.md "Approvals on the pages"): ``/approvals/`` and
+"""The approval pages (docs/agents.md#approvals-on-the-pages): ``/approvals/`` and
 ``/approvals/<id>/``, the answer form every approval box posts to, and the policy rules.
 
 An approval box shows the tool, the exact input (escaped, monospace, wrapping), the CLI's

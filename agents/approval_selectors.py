@@ -1,4 +1,4 @@
-"""Reads of approvals and their policy rules (docs/agents.md "Approvals"): always for a caller,
+"""Reads of approvals and their policy rules (docs/agents.md#approvals): always for a caller,
 never a bare ``.get``; the writes and the policy are ``agents.approvals``'.
 
 The machine audit's question — which approval allowed the call an agent makes now — is
@@ -97,7 +97,7 @@ def approval_for_tool_call(*, agent: Agent, tool_name: str, arguments: Any) -> A
     ``tool_name`` with ``arguments``, or ``None``: ``agent``'s most recently answered
     approval, when it allowed exactly this call — the tool the CLI named
     ``mcp__<server>__<tool_name>`` (Claude Code's MCP names), the same input — within
-    ``AUDIT_WINDOW`` seconds. The machine audit names it (docs/agents.md "Approvals")."""
+    ``AUDIT_WINDOW`` seconds. The machine audit names it (docs/agents.md#approvals)."""
     latest = (
         Approval.objects.filter(agent=agent, answered_at__isnull=False)
         .only("id", "tool_name", "tool_input", "decision", "answered_at")

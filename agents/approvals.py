@@ -1,5 +1,5 @@
 """Approvals: an agent's permission requests, their answers and the policy rules applied
-first (docs/agents.md "Approvals").
+first (docs/agents.md#approvals).
 
 A CLI's ``PermissionRequest`` hook (``agents.cli_hooks``) calls ``approval_request``,
 which records an ``Approval`` and applies the policy rules: a rule that allows or denies
@@ -165,7 +165,7 @@ def policy_rule_for(*, agent: Agent, tool_name: str, summary: str) -> ApprovalRu
     """The rule that decides a request of ``agent`` for ``tool_name`` with ``summary``, or
     ``None`` (no rule matches: a person is asked). The agent's own rules first, then its
     owner's rules for every agent; within a level deny beats ask beats allow, the oldest
-    first among equals (module docstring; docs/agents.md "Approvals"). A ``Bash`` allow rule
+    first among equals (module docstring; docs/agents.md#approvals). A ``Bash`` allow rule
     with a pattern never allows a command chained past it (``_chained_past``)."""
     rules = ApprovalRule.objects.filter(owner_id=agent.owner_id, tool__in=[tool_name, "*"]).filter(
         Q(agent=agent) | Q(agent__isnull=True)

@@ -24,7 +24,7 @@ A type that reports through hooks (``AgentType.hooks``: Claude Code, codex) laun
 in a folder a person trusted (``agents.trust``), and each of its sessions is prepared
 first (``agents.cli_prepare``: the CLI's config written so it starts with no dialog, its
 hooks wired); a launch that cannot be prepared is refused before the agent exists
-(docs/agents.md "Folder trust", "What Dispatch writes").
+(docs/agents.md#folder-trust, "What Dispatch writes").
 
 Every function is synchronous (tmux subprocesses, the ORM): call it from a sync view or a
 worker thread, never on the event loop.
@@ -69,7 +69,7 @@ STOP_STEP_PAUSE = 0.5
 def default_runner() -> TmuxRunner:
     """The runner for Dispatch's own tmux server: ``tmux -L <DISPATCH_TMUX_SOCKET>``, or
     ``tmux -L dispatch`` (``agents.tmux.DEFAULT_SOCKET``) when that is empty — never the
-    user's default server (docs/agents.md "The private tmux server").
+    user's default server (docs/agents.md#the-private-tmux-server).
 
     Tests monkeypatch ``runner_factory`` to a private socket.
     """
@@ -320,7 +320,7 @@ def agent_stop(*, agent: Agent, runner: TmuxRunner | None = None) -> Agent:
     keys (``AgentType.stop``, e.g. C-c twice for Claude Code; ``session_stop_keys``),
     marks the agent ``stopped`` once the pane dies, and kills the session only if it still
     lives ``DISPATCH_AGENT_STOP_GRACE`` s after the request; ``stopping`` never outlasts
-    ``DISPATCH_AGENT_STOP_TIMEOUT`` s (docs/agents.md "How stop works"). Nothing here
+    ``DISPATCH_AGENT_STOP_TIMEOUT`` s (docs/agents.md#how-stop-works). Nothing here
     waits on tmux: the keys and their pauses are the supervisor's, in its own thread. A
     ``creating`` agent goes straight to ``stopped``. Raises ``DispatchError("CONFLICT")``
     for any other status, ``InvalidRequest`` for an expert agent.

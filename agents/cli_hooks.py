@@ -1,5 +1,5 @@
 """The CLIs' own hooks as the source of truth for a CLI agent's readiness, delivery and
-state (docs/agents.md "Hooks").
+state (docs/agents.md#hooks).
 
 Claude Code and codex run a command at each of their hook events with the event's JSON on
 stdin; Dispatch gives them ``hook_command(event)``, which runs ``agents/hook_client.py``
@@ -12,7 +12,7 @@ stdin; Dispatch gives them ``hook_command(event)``, which runs ``agents/hook_cli
 - ``PreToolUse``: ``working`` "tool: <name>"; ``PermissionRequest``: an ``Approval``
   (``agents.approvals.approval_request``): answered at once by a policy rule, else
   ``blocked`` (shown as "waiting for approval") while the hook client waits for the answer
-  (``approval_output``; docs/agents.md "Approvals"); ``PostToolUse`` after ``blocked``
+  (``approval_output``; docs/agents.md#approvals); ``PostToolUse`` after ``blocked``
   (answered in the terminal): ``working`` again;
 - ``Notification``: ``permission_prompt`` → ``blocked``, ``idle_prompt`` → ``idle``;
 - ``Stop``: ``done``; ``SessionEnd``: a ``system`` event (the supervisor still judges the
@@ -43,7 +43,7 @@ from agents.models import Agent, AgentEvent, AgentMessage, Approval
 from agents.tmux import pasteable
 from core.errors import InvalidRequest
 
-# Every event name either CLI reports (FINDINGS of tests/agents/real_cli; docs/agents.md "Hooks").
+# Every event name either CLI reports (FINDINGS of tests/agents/real_cli; docs/agents.md#hooks).
 HOOK_EVENTS = (
     "SessionStart",
     "UserPromptSubmit",
@@ -119,7 +119,7 @@ def _prompt_form(text: str) -> str:
     """Text as compared between a pasted message and a submitted prompt: every run of
     whitespace as one space, none at the ends. The CLIs change whitespace on the way: Claude
     Code turns a tab into four spaces and keeps its ``> `` prefix, codex trims the
-    ends (docs/agents.md "Hooks")."""
+    ends (docs/agents.md#hooks)."""
     return " ".join(text.split())
 
 
@@ -184,15 +184,15 @@ def _denial(approval: Approval) -> str:
 
 @transaction.atomic
 def hook_event_record(*, agent: Agent, event: str, payload: Mapping[str, Any] | None) -> HookAnswer:
-    """Apply one hook report of ``agent``'s CLI (docs/agents.md "Hooks") and return the
+    """Apply one hook report of ``agent``'s CLI (docs/agents.md#hooks) and return the
     ``HookAnswer``: the ``output`` for the CLI (a JSON object it reads on the hook's
     stdout) or ``None``, and for ``PermissionRequest`` the ``Approval`` recorded — its
     output is there at once when a policy rule answered it, else the hook client waits for
-    it (``approval_output``; docs/agents.md "Approvals").
+    it (``approval_output``; docs/agents.md#approvals).
 
     ``event``: one of ``HOOK_EVENTS``; ``payload``: the event's stdin JSON object as the
     CLI wrote it (``None`` when the client could not read one), shapes as in
-    docs/agents.md "Hooks". Fields the CLIs do not send are taken as absent. Raises
+    docs/agents.md#hooks. Fields the CLIs do not send are taken as absent. Raises
     ``InvalidRequest`` for an unknown event or a payload that is not an object; nothing
     changes then. Every other event answers ``None``.
     """

@@ -57,7 +57,7 @@ from agents.types import AgentType
 from core.errors import InvalidRequest
 from core.presence import HOSTNAME
 
-# The events each CLI reports (docs/agents.md "Hooks"); the tool events take a matcher in
+# The events each CLI reports (docs/agents.md#hooks); the tool events take a matcher in
 # Claude Code ("*": every tool). codex has no Notification event.
 CLAUDE_EVENTS = ("SessionStart", "UserPromptSubmit", "Notification", "Stop", "SessionEnd")
 CLAUDE_TOOL_EVENTS = ("PreToolUse", "PostToolUse", "PermissionRequest")
@@ -72,7 +72,7 @@ CODEX_EVENTS = (
 )
 # Seconds the CLI lets a PermissionRequest hook run beyond the approval's own timeout: the
 # hook client waits for the answer up to that timeout, then for the expiry Dispatch records;
-# the CLI must not kill it first (docs/agents.md "Approvals"). Both CLIs take ``timeout`` in
+# the CLI must not kill it first (docs/agents.md#approvals). Both CLIs take ``timeout`` in
 # seconds on a command hook.
 APPROVAL_HOOK_MARGIN = 60
 # Claude Code approves a custom API key by its last 20 characters.
@@ -224,7 +224,7 @@ def _corrupt(path: Path, why: str) -> InvalidRequest:
 
 def claude_config_merge(*, path: Path, cwd: str | None, api_key: str | None) -> bool:
     """Merge into Claude Code's ``.claude.json`` at ``path`` what a start with no dialog
-    needs (docs/agents.md "What Dispatch writes"): ``hasCompletedOnboarding`` and
+    needs (docs/agents.md#what-dispatch-writes): ``hasCompletedOnboarding`` and
     ``hasSeenAutoDefaultNotice`` true; ``projects[cwd].hasTrustDialogAccepted`` true when
     ``cwd`` (a trusted folder) is given; the last 20 characters of ``api_key`` appended to
     ``customApiKeyResponses.approved`` when given. Every other key is kept. Returns whether

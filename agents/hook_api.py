@@ -1,6 +1,6 @@
-"""``POST /api/v1/agents/{id}/hooks``: a CLI agent's hook reports (docs/agents.md "Hooks"),
+"""``POST /api/v1/agents/{id}/hooks``: a CLI agent's hook reports (docs/agents.md#hooks),
 and ``GET /api/v1/agents/{id}/hooks/approvals/{approval_id}``: the answer its
-``PermissionRequest`` hook waits for (docs/agents.md "Approvals").
+``PermissionRequest`` hook waits for (docs/agents.md#approvals).
 
 Called by ``agents/hook_client.py``, which a CLI runs at each hook event. Only the
 agent's OWN token (``DISPATCH_MCP_TOKEN``) may report for it: another agent's token and a
@@ -142,7 +142,7 @@ class AgentHookView(DispatchAPIView):
     """``POST /api/v1/agents/{id}/hooks`` ``{"event", "payload"}`` → 200 ``{"output": null | {...}}``,
     plus ``"approval"`` (``HookApprovalData``) for a ``PermissionRequest``: when it is
     ``pending`` the hook client reads ``GET .../hooks/approvals/{id}`` every
-    ``poll_seconds`` until its output comes (docs/agents.md "Approvals").
+    ``poll_seconds`` until its output comes (docs/agents.md#approvals).
 
     401 without a valid token, 403 for a token that is not this agent's own (another
     agent's, a user's), 404 for an unknown agent, 400 for a bad body (an event not in
@@ -172,7 +172,7 @@ class AgentHookApprovalView(DispatchAPIView):
     approval whose time is up is expired first (its default applies). The agent's own
     token only (as the hooks route: 401, 403); 404 for an approval not of this agent.
     Each read is one short query: the client waits between reads, the server never holds
-    the request (docs/agents.md "Approvals").
+    the request (docs/agents.md#approvals).
     """
 
     @extend_schema(responses={200: HookAnswerData})

@@ -1,4 +1,4 @@
-"""The hook command Claude Code and codex run for each hook event (docs/agents.md "Hooks").
+"""The hook command Claude Code and codex run for each hook event (docs/agents.md#hooks).
 
 Usage: ``<python> hook_client.py <event>`` with the event's JSON on stdin, run by the CLI
 through a shell with the CLI's environment. It posts
@@ -8,7 +8,7 @@ through a shell with the CLI's environment. It posts
 null, prints it as JSON on stdout for the CLI to read.
 
 A ``PermissionRequest`` answered ``"approval": {"status": "pending", ...}`` waits for its
-answer (docs/agents.md "Approvals"): the client reads
+answer (docs/agents.md#approvals): the client reads
 ``GET .../hooks/approvals/{id}`` every ``poll_seconds`` until the ``output`` comes — a
 person's, a supervising agent's, or the default Dispatch records when the approval
 expires — and prints it. It gives up (printing nothing, so the CLI shows its own dialog)

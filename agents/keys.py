@@ -1,4 +1,4 @@
-"""The keys fallback: the owner presses a few keys in a CLI agent's pane (docs/agents.md "Keys").
+"""The keys fallback: the owner presses a few keys in a CLI agent's pane (docs/agents.md#keys).
 
 A dialog no hook reports (a CLI's own menu, a question it asks before its hooks run)
 leaves a person with nothing to answer it from but ``tmux attach``. From the agent page

@@ -243,10 +243,10 @@ def message_mark_pasted(*, message: AgentMessage) -> bool:
 
     It stays ``queued``: for a CLI with hooks ``delivered`` waits for its
     ``UserPromptSubmit`` hook to carry the text (``agents.cli_hooks``), and the supervisor
-    fails it when that does not come in time (docs/agents.md "Hooks"); for other types the
+    fails it when that does not come in time (docs/agents.md#hooks); for other types the
     supervisor marks it ``delivered`` right after the paste, and a successor finding the
-    mark without ``delivered`` checks the pane (docs/agents.md "How a message reaches the
-    pane"). A conditional UPDATE: False (nothing changed)
+    mark without ``delivered`` checks the pane (docs/agents.md#how-a-message-reaches-the-pane).
+    A conditional UPDATE: False (nothing changed)
     if it was no longer queued or already pasted. Announced as ``message.updated``.
     """
     now = timezone.now()

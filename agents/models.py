@@ -73,7 +73,7 @@ class Agent(models.Model):
     stop_interrupted = models.BooleanField(default=False)
     # When the CLI's own SessionStart hook reported the current session ready (None until
     # then, and again at each start): messages are pasted only into a ready CLI
-    # (docs/agents.md "Hooks").
+    # (docs/agents.md#hooks).
     ready_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -198,7 +198,7 @@ class AgentMessage(models.Model):
     delivered_at = models.DateTimeField(null=True, blank=True)
     # When the text was pasted into a CLI's pane. For a CLI with hooks, pasted is not yet
     # delivered: ``delivered`` waits for the CLI's UserPromptSubmit hook to carry the text
-    # (docs/agents.md "Hooks").
+    # (docs/agents.md#hooks).
     pasted_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -250,7 +250,7 @@ class SupervisorLease(models.Model):
 
 
 class TrustedFolder(models.Model):
-    """A folder a person trusted for CLI agents (docs/agents.md "Folder trust").
+    """A folder a person trusted for CLI agents (docs/agents.md#folder-trust).
 
     Claude Code and codex ask before working in a folder they have not seen; Dispatch
     answers that question for them only for folders listed here (or under an admin's
@@ -272,12 +272,12 @@ class TrustedFolder(models.Model):
 
 
 def new_approval_id() -> str:
-    """``apr_`` + 12 lowercase hex, like the other agents ids (docs/agents.md "Approvals")."""
+    """``apr_`` + 12 lowercase hex, like the other agents ids (docs/agents.md#approvals)."""
     return "apr_" + secrets.token_hex(6)
 
 
 class Approval(models.Model):
-    """One permission request of an agent's CLI and its answer (docs/agents.md "Approvals").
+    """One permission request of an agent's CLI and its answer (docs/agents.md#approvals).
 
     Created by the CLI's ``PermissionRequest`` hook (``agents.approvals.approval_request``),
     answered once — by a policy rule, a person, a supervising agent, a linked instance, or
@@ -348,7 +348,7 @@ class Approval(models.Model):
 
 class ApprovalRule(models.Model):
     """A policy rule applied to an agent's permission request before a person is asked
-    (docs/agents.md "Approvals").
+    (docs/agents.md#approvals).
 
     ``agent`` null: every agent of ``owner``. ``tool``: the tool's exact name as the CLI
     names it (``Bash``, ``Read``, ``mcp__dispatch__list_agents``) or ``*``. ``pattern``: an

@@ -282,7 +282,7 @@ def agent_event_record(
     the peer's time). A mirrored event already recorded for ``(agent, created_at, type)``
     adds nothing and returns ``None``. The agent's ``latest_event_*`` follow the newest
     event by ``created_at`` (an older replayed event does not overwrite them), unless
-    ``latest`` is False: a side note (one MCP call the agent made, docs/agents.md "Hooks")
+    ``latest`` is False: a side note (one MCP call the agent made, docs/agents.md#hooks)
     is on the timeline without hiding what the agent last reported.
     """
     if type not in AgentEvent.Type.values:

@@ -60,7 +60,7 @@ WATCHER = "activity_watcher"
 # confirms it before it is failed. The CLIs fire that hook within a second or two of the
 # Enter even on a loaded 2-core machine (one Python start and one local HTTP call); a paste
 # that nothing confirms in 20 s landed in a dialog or a composer that did not submit, and
-# the sender should hear it while the pane still shows why (docs/agents.md "Hooks").
+# the sender should hear it while the pane still shows why (docs/agents.md#hooks).
 DELIVERY_CONFIRM = 20.0
 NOT_TAKEN = (
     f"the CLI did not take the message (no UserPromptSubmit within {DELIVERY_CONFIRM:g} s; "
@@ -78,7 +78,7 @@ NEVER_READY = (
 # What a CLI with hooks last reported while nothing may be pasted: a turn running (the
 # message waits for ``done``/``idle``), a permission prompt on screen (a paste would answer it).
 BUSY_STATES = frozenset({AgentEvent.Type.WORKING, AgentEvent.Type.BLOCKED})
-# codex fires SessionStart only at the first prompt (docs/agents.md "Hooks"), so until then
+# codex fires SessionStart only at the first prompt (docs/agents.md#hooks), so until then
 # its input line on the pane says it is ready: a line starting with "›" that is not a
 # numbered choice ("› 1. Trust and continue", "› 1. Review hooks" are dialogs).
 CODEX_INPUT = re.compile(r"^\s*›(?!\s*\d+\.)", re.MULTILINE)
@@ -321,7 +321,7 @@ def _last_lines(runner: TmuxRunner, name: str) -> str:
 def _supervise_stopping(*, agent: Agent, runner: TmuxRunner) -> None:
     """Send the stop keys once, then — if the pane still lives — kill after the grace
     period (or the hard limit) and mark ``stopped``. A pane that dies of the keys is seen
-    dead by a later pass and ends ``stopped`` without a kill (docs/agents.md "How stop works")."""
+    dead by a later pass and ends ``stopped`` without a kill (docs/agents.md#how-stop-works)."""
     since = agent.stop_requested_at or agent.updated_at
     elapsed = (timezone.now() - since).total_seconds()
     grace, limit = settings.AGENT_STOP_GRACE, settings.AGENT_STOP_TIMEOUT
@@ -409,7 +409,7 @@ def _deliver(*, agent: Agent, runner: TmuxRunner) -> bool:
 
     For a type with hooks (``hook_family``) only when ``_hooked_wait`` allows it, and the
     message is then only ``pasted`` (``pasted_at``): ``delivered`` is the CLI's
-    ``UserPromptSubmit`` hook's to say (``agents.cli_hooks``; docs/agents.md "Hooks").
+    ``UserPromptSubmit`` hook's to say (``agents.cli_hooks``; docs/agents.md#hooks).
     Other types keep the pane's rule: pasted is delivered.
 
     The text is neutralised for the agent's type first (``AgentType.neutralise``: a

@@ -21,9 +21,9 @@ Rules kept here (docs/agents.md#agent-types):
   ``remain-on-exit`` pane crashes tmux 3.3a, and with it every session on that server.
   Every write (paste, Enter, a stop's keys) runs inside one ``if-shell -F`` that the tmux
   server evaluates right before the write, in the same command queue
-  (``_write_if_alive``; docs/agents.md "How a message reaches the pane");
+  (``_write_if_alive``; docs/agents.md#how-a-message-reaches-the-pane);
 - Dispatch's tmux server is its own (``tmux -L dispatch`` unless another socket name is
-  given), never the user's default server (docs/agents.md "The private tmux server").
+  given), never the user's default server (docs/agents.md#the-private-tmux-server).
 
 Two tmux parsing rules that user text must be protected from (tmux 3.3, verified):
 
@@ -64,7 +64,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 INSTANCE_OPTION = "@dispatch_instance"
 # The socket name (``tmux -L``) of Dispatch's own tmux server when none is configured
-# (docs/agents.md "The private tmux server"): one fixed name a person can type to attach;
+# (docs/agents.md#the-private-tmux-server): one fixed name a person can type to attach;
 # instances sharing it stay apart by ``INSTANCE_OPTION``.
 DEFAULT_SOCKET = "dispatch"
 # A tmux key name a stop sequence may send (``C-c``, ``Enter``, ``Escape``, ``F1``): no
@@ -191,7 +191,7 @@ class TmuxRunner:
 
     ``socket_name``: the ``tmux -L`` socket name of the server; ``None`` or ``""`` for
     Dispatch's own, ``DEFAULT_SOCKET`` — never the user's default tmux server
-    (docs/agents.md "The private tmux server"). Every method is synchronous
+    (docs/agents.md#the-private-tmux-server). Every method is synchronous
     (it runs ``tmux`` subprocesses) and raises ``TmuxError`` — ``TmuxSessionNotFound``
     when the session is missing — with tmux's message.
     """

@@ -210,7 +210,7 @@ def launch(user: User, caller: Agent | None, arguments: dict[str, Any], type: st
         )
     except trust.FolderNotTrusted as refused:
         # The tool has no trust_folder: a model must not trust a folder, so the refusal
-        # says who can (docs/agents.md "Folder trust").
+        # says who can (docs/agents.md#folder-trust).
         spec = settings.AGENT_TYPES.get(type)
         family = spec.hooks if spec is not None and spec.hooks else type
         raise trust.refusal(family=family, path=refused.details["path"], type=type, person=False) from None

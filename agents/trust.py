@@ -112,7 +112,7 @@ def refusal(*, family: str, path: str, type: str, person: bool) -> FolderNotTrus
 def launch_trust_check(
     *, owner: User, family: str | None, path: str, type: str, trust_folder: bool, person: bool
 ) -> bool:
-    """Check a launch's folder before anything is written (docs/agents.md "Folder trust").
+    """Check a launch's folder before anything is written (docs/agents.md#folder-trust).
 
     ``family`` is the type's ``AgentType.hooks`` (``None``: no trust needed, returns
     False). ``trust_folder`` asks to trust ``path``; only a ``person`` may (an agent or a

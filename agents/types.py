@@ -20,11 +20,11 @@ Two more keys say how Dispatch talks to the CLI (docs/agents.md):
   text is the command);
 - ``hooks``: ``"claude"``, ``"codex"`` or ``null`` — which CLI family the type runs, so
   Dispatch prepares it before launch (its config files, a trusted folder) and wires its
-  hooks, through which it reports its state (docs/agents.md "What Dispatch writes");
+  hooks, through which it reports its state (docs/agents.md#what-dispatch-writes);
   default ``"claude"`` for a type named ``claude``, ``"codex"`` for ``codex``, else none;
 - ``approval_timeout`` (seconds, a whole number from 1 to 86400) and ``approval_default``
   (``"deny"`` or ``"allow_once"``): how long the CLI's permission request waits for an
-  answer and what it gets when nobody answers (docs/agents.md "Approvals"); default
+  answer and what it gets when nobody answers (docs/agents.md#approvals); default
   ``DISPATCH_APPROVAL_TIMEOUT`` / ``DISPATCH_APPROVAL_DEFAULT``.
 
 This module imports nothing from Django so that settings can validate the variable at
@@ -60,7 +60,7 @@ DEFAULT_STOP: tuple[StopStep, ...] = (("key", "C-c"),)
 DEFAULT_NEUTRALISE_PREFIX = " "
 # The CLI families whose hooks Dispatch wires and whose config it prepares (agents.cli_prepare).
 HOOK_FAMILIES = ("claude", "codex")
-# What an unanswered permission request may default to (docs/agents.md "Approvals").
+# What an unanswered permission request may default to (docs/agents.md#approvals).
 APPROVAL_DEFAULTS = ("deny", "allow_once")
 MAX_APPROVAL_TIMEOUT = 86400
 
@@ -84,7 +84,7 @@ class AgentType:
     approval_default: str | None = None  # "deny" | "allow_once"; None: DISPATCH_APPROVAL_DEFAULT
 
     def neutralise(self, text: str) -> str:
-        """``text`` as it is pasted into this type's CLI (docs/agents.md "Messages are text").
+        """``text`` as it is pasted into this type's CLI (docs/agents.md#messages-are-text).
 
         ``text`` is the message as it will be pasted, control characters already removed
         (``agents.tmux.pasteable``): an ESC before the ``/`` would otherwise hide it here

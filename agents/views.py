@@ -130,7 +130,7 @@ def agents_page(request: HttpRequest) -> HttpResponse:
     (``launching.default_launch_type``) chosen — none, and a "choose a type" prompt, when
     there is no default. A "trust this folder" checkbox names the working directory a
     claude/codex launch will trust (after a ``FOLDER_NOT_TRUSTED`` refusal, the exact
-    folder refused; docs/agents.md "Folder trust")."""
+    folder refused; docs/agents.md#folder-trust)."""
     user = authenticated_user(request)
     form: dict[str, Any] = {
         "type": launching.default_launch_type() or "",
@@ -230,8 +230,8 @@ def is_contact_restored(event: AgentEvent) -> bool:
 
 
 def _approvals_context(*, user: User, agent: Agent, is_shadow: bool) -> dict[str, object]:
-    """The agent page's approval box and past decisions (docs/agents.md "Approvals on the
-    pages"); a shadow's approvals live on its instance (the Approvals page lists them)."""
+    """The agent page's approval box and past decisions (docs/agents.md#approvals-on-the-pages);
+    a shadow's approvals live on its instance (the Approvals page lists them)."""
     if is_shadow:
         return {"pending_approvals": [], "approval_decisions": []}
     pending, answered = approval_pages.agent_approval_cards(user=user, agent=agent)
@@ -339,7 +339,7 @@ def agent_message_form(request: HttpRequest, agent_id: str) -> HttpResponse:
 @require_POST
 def agent_keys_form(request: HttpRequest, agent_id: str) -> HttpResponse:
     """Press one key (``keys`` in the form, e.g. ``Down``) in a CLI agent's pane from its
-    page (``keys.agent_keys_send``; docs/agents.md "Keys"); back to the page, with the
+    page (``keys.agent_keys_send``; docs/agents.md#keys); back to the page, with the
     refusal shown when there is one. Another user's agent is 404."""
     try:
         user = authenticated_user(request)

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 
 class NotificationSettings(models.Model):
-    """One user's choices (docs/notifications.md "Settings").
+    """One user's choices (docs/notifications.md#settings).
 
     ``on_*``: which events notify. Quiet hours run from ``quiet_start`` to ``quiet_end``
     (wall-clock times in ``quiet_timezone``, an IANA name; ``quiet_start > quiet_end``
@@ -108,7 +108,7 @@ def new_notification_id() -> str:
 
 
 class Notification(models.Model):
-    """One event for one user (docs/notifications.md "Events").
+    """One event for one user (docs/notifications.md#events).
 
     ``status``: ``pending`` while deliveries are open, ``sent`` when at least one target
     got it, ``failed`` when every target failed for good, ``suppressed`` when nothing was

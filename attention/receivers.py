@@ -1,5 +1,5 @@
 """What turns an agent's life into notifications: receivers of ``agents.signals``
-(connected in ``AttentionConfig.ready``; docs/notifications.md "Events").
+(connected in ``AttentionConfig.ready``; docs/notifications.md#events).
 
 - an approval waiting: ``approval_requested`` with a ``pending`` approval (one a policy
   answered at once notifies no one);

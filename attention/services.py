@@ -167,7 +167,7 @@ def push_endpoint_check(endpoint: Any) -> str:
     ``DISPATCH_NOTIFY_PUSH_LOOPBACK_HTTP`` a push service on this machine (``http://`` or
     ``https://`` on ``localhost``/``127.0.0.1``/``::1``) is taken too, for tests and local
     trials. Raises ``InvalidRequest``. A host name that resolves to an internal address
-    is not looked up here (docs/notifications.md "Web Push")."""
+    is not looked up here (docs/notifications.md#web-push)."""
     if not isinstance(endpoint, str) or len(endpoint) > 2048 or "\x00" in endpoint:
         raise InvalidRequest("endpoint must be the push service's URL")
     try:

@@ -75,7 +75,7 @@ def api_token_credential(raw_token: str) -> ApiToken:
     empties the cache (``core.revocation``).
 
     Raises ``core.services.AuthenticationFailed`` for an unknown, revoked or expired token
-    or an inactive user (sync: database reads; docs/ws-protocol.md "Authentication")."""
+    or an inactive user (sync: database reads; docs/ws-protocol.md#authentication)."""
     token = api_token_cached(raw_token)
     if token is not None:
         return token

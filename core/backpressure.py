@@ -3,7 +3,7 @@
 A peer that stops reading does not stop the server from writing: every frame sent to it
 waits in the process's memory (daphne's Twisted transport, then autobahn's queue) until the
 peer reads or the socket dies. Dispatch therefore reads that unsent backlog before it hands
-a socket more work, against three marks (docs/operating.md "Bounds"):
+a socket more work, against three marks (docs/operating.md#bounds):
 
 - **high-water mark** (``DISPATCH_WS_HIGH_WATER``, bytes): above it, nothing new is given to
   the socket — a remote call to it fails at once as busy, a machine operation as

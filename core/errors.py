@@ -168,7 +168,7 @@ def unavailable_error(exc: BaseException) -> TemporarilyUnavailable | None:
     it missed: "the channel layer (Redis) did not answer within 2s; retry in a moment");
     ``details.service`` is ``"channel_layer"`` or ``"database"``. Every edge maps errors
     through here, so the outage is also noted in ``core.outage.tracker`` (one WARNING per
-    outage, docs/operating.md "Health"). The edges answer it 503 with ``Retry-After``.
+    outage, docs/operating.md#health). The edges answer it 503 with ``Retry-After``.
     """
     if isinstance(exc, TemporarilyUnavailable):
         return exc

@@ -1,4 +1,4 @@
-"""What ``/healthz`` checks, each within a deadline (docs/operating.md "Health").
+"""What ``/healthz`` checks, each within a deadline (docs/operating.md#health).
 
 ``/healthz`` is what load balancers poll, so it must answer in time whatever is frozen:
 the database check and the channel-layer round trip run at once, each given

@@ -1,4 +1,4 @@
-"""Which dependency of this process is down, said once per outage (docs/operating.md "Health").
+"""Which dependency of this process is down, said once per outage (docs/operating.md#health).
 
 A frozen or dead Redis or database makes every request that needs it fail, each with a
 503 ``TEMPORARILY_UNAVAILABLE`` (``core.errors.unavailable_error``). Logging each of them

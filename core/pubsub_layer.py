@@ -2,7 +2,7 @@
 
 channels-redis' list layer pushes each message onto a Redis list, keeps a sorted set for
 expiry and has every receiving process poll (BZPOPMIN) its own lists: a remote call
-across two processes took 16 Redis round trips (docs/operating.md "Channel layer").
+across two processes took 16 Redis round trips (docs/operating.md#channel-layer).
 Here each process SUBSCRIBEs once to its own Redis channel, ``<prefix>.<random>``; the
 channels it makes (:meth:`PubSubChannelLayer.new_channel`) are named
 ``<process channel>!<local id>``, so a ``send`` is one PUBLISH to the owning process and

@@ -174,7 +174,7 @@ def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
 async def healthz(request: HttpRequest) -> JsonResponse:
     """``/healthz``: 200 when the database is reachable and writable and the channel layer
     carries a probe, else 503 naming what failed (``core.health.Health.as_dict``); within
-    3 s whatever is frozen (docs/operating.md "Health")."""
+    3 s whatever is frozen (docs/operating.md#health)."""
     health = await health_check()
     return JsonResponse(health.as_dict(), status=200 if health.healthy else 503)
 

@@ -39,8 +39,8 @@ FAIL_TIMEOUT = 10
 # forget a failure after BACKUP_FAIL_TIMEOUT, so they still skip a refusing process.
 BACKUP_FAIL_TIMEOUT = 1
 
-# What nginx is sized for (docs/deploy.md "Sizing nginx"): the sockets one process is
-# documented to hold (docs/operating.md "Limits": 5,000 shims and 5,000 /ws sessions), two
+# What nginx is sized for (docs/deploy.md#sizing-nginx): the sockets one process is
+# documented to hold (docs/operating.md#limits: 5,000 shims and 5,000 /ws sessions), two
 # nginx connections per proxied socket (the client's and the upstream one), and room for
 # idle or half-open clients on top. Each worker can carry the whole load alone.
 SOCKETS_PER_PROCESS = 10_000

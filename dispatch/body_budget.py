@@ -1,4 +1,4 @@
-"""A per-process budget of request-body bytes being read (docs/operating.md "Bounds").
+"""A per-process budget of request-body bytes being read (docs/operating.md#bounds).
 
 daphne reads each HTTP request's whole body before the application runs — into a
 temporary file, then into the application's queue in 8 KiB chunks, from where Django or

@@ -1,4 +1,4 @@
-"""How client errors reach the server log (docs/operating.md "Logs").
+"""How client errors reach the server log (docs/operating.md#logs).
 
 Django logs every 4xx answer on ``django.request`` at WARNING ("Bad Request: …", "Not
 Found: …") and a refused ``Host`` header on ``django.security.DisallowedHost`` at ERROR

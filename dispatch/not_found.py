@@ -1,4 +1,4 @@
-"""The 404 answer for paths OAuth and MCP clients probe (docs/mcp.md "Connecting a client").
+"""The 404 answer for paths OAuth and MCP clients probe (docs/mcp.md#connecting-a-client).
 
 An MCP client such as ``mcp-remote`` looks for OAuth metadata under ``/.well-known/``
 (RFC 8414, RFC 9728) and tries Dynamic Client Registration at ``/register`` (RFC 7591)

@@ -1,5 +1,5 @@
 """The user's pending approvals on linked instances, fetched and answered through the
-peer API (docs/peers.md "Approvals"): the other side of ``GET /api/v1/peers/approvals``
+peer API (docs/peers.md#approvals): the other side of ``GET /api/v1/peers/approvals``
 and ``POST /api/v1/peers/approvals/{id}/answer``.
 
 Every call is async and bounded (``LINKED_APPROVALS_TIMEOUT`` for a listing,

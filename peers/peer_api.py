@@ -8,7 +8,7 @@
 | ``GET /api/v1/peers/repos`` | — | 200 ``{"roots": [...]}`` |
 | ``POST /api/v1/peers/agents/{agent_id}/stop`` / ``archive`` | ``allow_launch`` | 200 ``{agent_id, name, status}`` |
 | ``POST /api/v1/peers/unlink`` | — | 200 ``{"unlinked": true}`` |
-| ``GET /api/v1/peers/approvals`` | ``allow_message`` | 200 ``{"approvals": [...]}`` (docs/peers.md "Approvals") |
+| ``GET /api/v1/peers/approvals`` | ``allow_message`` | 200 ``{"approvals": [...]}`` (docs/peers.md#approvals) |
 | ``POST /api/v1/peers/approvals/{id}/answer`` | ``allow_message`` | 200 the answered approval ``{id, status, …}`` |
 
 Every answer, errors included, carries this instance's ``Dispatch-Peer-Features`` header
@@ -273,7 +273,7 @@ def unlink(request: HttpRequest, peer: Peer) -> Answer:
 )
 @peer_route(method="GET", capability="allow_message")
 def approvals(request: HttpRequest, peer: Peer) -> Answer:
-    """``GET /api/v1/peers/approvals`` (docs/peers.md "Approvals"): 200 ``{"approvals":
+    """``GET /api/v1/peers/approvals`` (docs/peers.md#approvals): 200 ``{"approvals":
     [{id, agent_id, agent_name, tool_name, tool_summary, tool_input, suggestions, status,
     asked_at, expires_at}, …]}`` — the pending approvals of the link user's local agents,
     oldest first (``approval_services.peer_approvals_pending``). 403 without ``allow_message``."""
@@ -288,7 +288,7 @@ def approvals(request: HttpRequest, peer: Peer) -> Answer:
 @peer_route(method="POST", capability="allow_message")
 def approval_answer(request: HttpRequest, peer: Peer, approval_id: str) -> Answer:
     """``POST /api/v1/peers/approvals/{id}/answer`` ``{decision, message?, answered_by}``
-    (docs/peers.md "Approvals"): ``approval_services.peer_approval_answer``, once per
+    (docs/peers.md#approvals): ``approval_services.peer_approval_answer``, once per
     ``Idempotency-Key`` (a repeated key gets the first answer).
 
     200 ``{id, agent_id, status, decision, answered_by, answered_at}``; 400 for a bad

@@ -298,7 +298,7 @@ class MirrorResnapshotMessage(ChannelMessage):
     peer_id: int
 
 
-# --- approvals over the link (docs/peers.md "Approvals") --------------------------------------
+# --- approvals over the link (docs/peers.md#approvals) --------------------------------------
 
 APPROVAL_DECISIONS = ("allow_once", "allow_always", "deny")
 APPROVAL_MESSAGE_MAX = 2000  # characters of a deny message the CLI shows the model (agents.approvals.MAX_MESSAGE)

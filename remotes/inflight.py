@@ -4,7 +4,7 @@ A call's arguments stay in the caller's process until the remote answers or the 
 out (up to 300 s). Without a bound, one session could make hundreds of 1 MB calls to a
 remote that never answers and hold hundreds of MB. So every call is admitted here first,
 counted by the caller's session (a ``/ws`` session), by its user and by the whole process,
-in calls and in bytes (docs/operating.md "Bounds"):
+in calls and in bytes (docs/operating.md#bounds):
 
 - ``DISPATCH_REMOTE_CALLS_PER_SESSION`` / ``DISPATCH_REMOTE_CALL_BYTES_PER_SESSION``
   (64, 64 MiB);

@@ -49,6 +49,8 @@ SPEC = re.compile(r"shared[/]spec\b")
 OUTSIDE_CITATION = re.compile(r"spec[/]|shared[/]spec|\xa7|(?-i:CONVENTION[S])|\bissues? #?\d+", re.IGNORECASE)
 RFC_SECTION = re.compile(r"RFC ?\d+,? ?(section |\xa7 ?)[\d.]+", re.IGNORECASE)
 DOCS_CITATION = re.compile(r"docs/([\w.-]+\.md)(?:#([\w-]+))?")
+# A heading cited by its title in quotes: the anchor form is checked, this one was not.
+QUOTED_CITATION = re.compile(r'docs/[\w.-]+\.md \"')
 NOT_SCANNED = ("node_modules/", ".venv/", "var/")
 
 
@@ -201,7 +203,8 @@ def outside_citations(names: list[str], root: Path = ROOT) -> list[str]:
 
 def broken_docs_citations(names: list[str], root: Path = ROOT) -> list[str]:
     """``file:line: docs/<file>.md#anchor`` of every citation in ``names`` whose document or
-    heading does not exist (anchors slugged as GitHub does)."""
+    heading does not exist (anchors slugged as GitHub does), and of every heading cited by
+    its title in quotes instead of its anchor."""
     found: list[str] = []
     headings: dict[str, set[str]] = {}
     for name in names:
@@ -213,6 +216,8 @@ def broken_docs_citations(names: list[str], root: Path = ROOT) -> list[str]:
                     found.append(f"{name}:{number}: docs/{document}: no such document")
                 elif anchor and anchor not in headings.setdefault(document, anchors(target)):
                     found.append(f"{name}:{number}: docs/{document}#{anchor}: no such heading")
+            if QUOTED_CITATION.search(line):
+                found.append(f"{name}:{number}: a heading cited by its title: cite docs/<file>.md#<anchor>")
     return found
 
 
@@ -312,7 +317,8 @@ def test_the_citation_checker_finds_outside_and_broken_citations(tmp_path: Path)
         f"# Kept for {issue}, item 3.\n"
         f"# See {rules}.md.\n"
         f"# Closes 4401 ({docs}guide.md#close-codes), bearer per RFC 6750 {sign}3.1.\n"
-        f"# Wrong: {docs}guide.md#nope and {docs}gone.md.\n",
+        f"# Wrong: {docs}guide.md#nope and {docs}gone.md.\n"
+        f'# By title: {docs}guide.md "Close codes".\n',
         encoding="utf-8",
     )
     good = tmp_path / "good.py"
@@ -325,5 +331,6 @@ def test_the_citation_checker_finds_outside_and_broken_citations(tmp_path: Path)
     assert broken_docs_citations(names, tmp_path) == [
         f"bad.py:6: {docs}guide.md#nope: no such heading",
         f"bad.py:6: {docs}gone.md: no such document",
+        "bad.py:7: a heading cited by its title: cite docs/<file>.md#<anchor>",
     ]
     assert outside_citations(["good.py"], tmp_path) == broken_docs_citations(["good.py"], tmp_path) == []

@@ -1,4 +1,4 @@
-"""Template helpers of the approval pages (docs/agents.md "Approvals on the pages").
+"""Template helpers of the approval pages (docs/agents.md#approvals-on-the-pages).
 
 ``{% pending_approvals_count user %}``: the nav link's count; ``{{ approval.suggestions|suggested_rules }}``:
 the CLI's suggested permission rules as short readable lines.

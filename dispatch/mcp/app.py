@@ -263,7 +263,7 @@ async def mcp_app(scope: Scope, receive: Receive, send: Send) -> None:
         await event_stream(scope, receive, send, caller=caller, raw_token=raw_token)
         return
     if scope["method"] == "DELETE" and session_id is not None:
-        # Nothing is kept per session, so there is nothing to free (docs/mcp.md "Sessions").
+        # Nothing is kept per session, so there is nothing to free (docs/mcp.md#sessions).
         await Response(status_code=204)(scope, receive, send)
         return
     if scope["method"] != "POST":

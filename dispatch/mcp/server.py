@@ -179,7 +179,7 @@ async def call_tool(ctx: ServerRequestContext[Any, Any], params: types.CallToolR
     """``tools/call``: find the tool among the caller's tools now and run it.
 
     Each call is one INFO line (``call_noted``) and, for an agent's token, one ``system``
-    event on that agent's timeline (docs/agents.md "Hooks"). Raises
+    event on that agent's timeline (docs/agents.md#hooks). Raises
     ``MCPError(-32602)`` for a tool the caller does not have.
     """
     arguments = params.arguments or {}
@@ -239,7 +239,7 @@ def call_noted(*, caller: Caller, tool: str, outcome: str, started_at: datetime,
     """Note one ``tools/call``: an INFO line ``MCP tool <name> by agent <id>: <outcome> in
     <ms> ms`` (``by user <id>`` for a user's token) and, for an agent, a ``system`` event
     "MCP tool <name>" with ``metadata {tool, ok, ms}``, dated when the call began and not
-    made the agent's latest event (docs/agents.md "Hooks"). ``outcome``: ``ok``, ``error <CODE>``,
+    made the agent's latest event (docs/agents.md#hooks). ``outcome``: ``ok``, ``error <CODE>``,
     ``unknown tool`` or ``cancelled``. The arguments are never logged: they may hold
     anything the model wrote.
 

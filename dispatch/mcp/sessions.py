@@ -1,4 +1,4 @@
-"""Signed MCP session ids: the ``Mcp-Session-Id`` header (docs/mcp.md "Sessions").
+"""Signed MCP session ids: the ``Mcp-Session-Id`` header (docs/mcp.md#sessions).
 
 MCP's Streamable HTTP transport (protocol 2025-03-26 and later) lets a server give each
 client a session on ``initialize``; the client then sends it with every request, and

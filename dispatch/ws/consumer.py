@@ -266,7 +266,7 @@ class SessionConsumer(DispatchConsumer):
     async def do_remote_call(self, parsed: RemoteCallBody, nonce: Nonce | None) -> None:
         if not self.send_pressure.has_room():
             # This client has not read the replies it was already sent: its next result
-            # would wait in this process's memory too (docs/operating.md "Bounds").
+            # would wait in this process's memory too (docs/operating.md#bounds).
             await self._reply(ErrorReply(error=CALLER_NOT_READING), nonce)
             return
         # Counted here too, before the arguments are checked: a call waiting for its route
@@ -394,7 +394,7 @@ class SessionConsumer(DispatchConsumer):
     async def _refuse_busy(self, call: RemoteCallMessage) -> None:
         """The client has not read what it was already sent (``core.backpressure``): the
         call is refused at once as ``REMOTE_BUSY`` rather than parked in this process's
-        memory (docs/operating.md "Bounds")."""
+        memory (docs/operating.md#bounds)."""
         busy = RemoteCallReply(error=f"remote '{call.remotename}' is busy", code="REMOTE_BUSY")
         await self._answer(call.reply_channel, busy)
 

@@ -1,6 +1,6 @@
-"""Approvals a linked peer may see and answer here (docs/peers.md "Approvals").
+"""Approvals a linked peer may see and answer here (docs/peers.md#approvals).
 
-A link acts as its user here (``peer.owner``, docs/peers.md "Permissions"): the peer sees the pending
+A link acts as its user here (``peer.owner``, docs/peers.md#permissions): the peer sees the pending
 approvals of that user's **local** agents — the agents it mirrors as shadows — and may
 answer them. Both need the link's ``allow_message`` capability (what lets the peer write
 to those agents at all; an answer is the same reach as a message); the routes check it

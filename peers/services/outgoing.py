@@ -97,7 +97,7 @@ def peer_message_send(
         raise InvalidRequest(f"'{to_agent_id}' is not an agent id (agt_ and 12 hex digits)")
     # The usual case in one query, read inside the transaction so that an unlink committed
     # first is seen (an unlink makes the link's queued rows dead in its own transaction; a
-    # row written after it would stay queued: docs/peers.md "Unlinking"): the shadow's id by
+    # row written after it would stay queued: docs/peers.md#unlinking): the shadow's id by
     # its id there, whether its link is ``user``'s and live, and this instance's id for the
     # ``from`` address. Only those columns: the caller holds the rows already.
     found = (

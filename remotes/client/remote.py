@@ -131,7 +131,7 @@ class Remote:
         name another session still holds.
 
         Ends the program as ``dispatch-remote serve`` does (the refusals of
-        docs/ws-protocol.md "``remote-connect``"):
+        docs/ws-protocol.md#remote-connect):
         without a token or with a malformed URL, when the name is still held by another
         session after ``retry_window``, when the token is refused or when another session
         disconnects the remote, it exits (``SystemExit``, status 1) with one line

@@ -1,4 +1,4 @@
-// Dispatch's service worker (docs/notifications.md "Web Push"), served at /sw.js so its
+// Dispatch's service worker (docs/notifications.md#web-push), served at /sw.js so its
 // scope is the whole site. It shows each push (a JSON {id, kind, title, body, url,
 // agent_id}) as a notification and opens its URL when the notification is clicked.
 // Answering an approval still needs a login: the link opens the page, nothing more.

@@ -121,7 +121,7 @@ def _agent_status(agent: Agent) -> str:
 
 
 def _approval_of(agent: Agent) -> Approval:
-    """The agent's pending approval (one is made at the first call; docs/agents.md "Approvals")."""
+    """The agent's pending approval (one is made at the first call; docs/agents.md#approvals)."""
     found = Approval.objects.filter(agent=agent, status="pending").first()
     return found or approval_request(agent=agent, tool_name="Bash", tool_input={"command": "ls"})
 
@@ -339,7 +339,7 @@ REST: list[Row] = [
     ),
     Row("events", "GET", lambda w: "events", ALLOWED, 200),  # the SSE stream
     # --- approvals: a supervising agent answers other agents' requests, never its own; rules are a
-    # person's (docs/agents.md "Approvals") ----------------------------------------------------
+    # person's (docs/agents.md#approvals) ----------------------------------------------------
     Row("approvals", "GET", lambda w: "approvals", ALLOWED, 200),
     Row("approvals/<str:approval_id>", "GET", lambda w: f"approvals/{_approval_of(w.sibling).pk}", ALLOWED, 200),
     Row(

@@ -31,7 +31,7 @@ USER_TOOLS = [
     "dispatch_launch_agent",
     "dispatch_send_message",
     "message_status",
-    "list_approvals",  # docs/agents.md "Approvals"
+    "list_approvals",  # docs/agents.md#approvals
     "answer_approval",
 ]
 

@@ -1,5 +1,5 @@
 """Approvals: the record, the policy applied first, the one answer that wins, the timeout
-(docs/agents.md "Approvals")."""
+(docs/agents.md#approvals)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Approvals over the hooks route, REST and MCP (docs/agents.md "Approvals"): the hook's
+"""Approvals over the hooks route, REST and MCP (docs/agents.md#approvals): the hook's
 answer and the output the CLI reads, who may read and answer, and the error shapes."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Approvals under attack (docs/agents.md "Approvals", "Approvals on the pages", "Keys"):
+"""Approvals under attack (docs/agents.md#approvals, "Approvals on the pages", "Keys"):
 forged suggestions, hostile inputs on every page that shows an approval, CSRF on every
 page POST, another user's ids over REST, pages and MCP. The real-socket cases (two
 ``serve`` processes racing, forged hook calls, 2^70 through the Redis layer) are in

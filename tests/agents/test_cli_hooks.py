@@ -1,4 +1,4 @@
-"""A CLI agent's hooks (agents/cli_hooks.py, agents/hook_api.py; docs/agents.md "Hooks"):
+"""A CLI agent's hooks (agents/cli_hooks.py, agents/hook_api.py; docs/agents.md#hooks):
 who may report, what a bad report changes (nothing), and what each event does to the
 agent's readiness, messages and state. The payloads are the ones FINDINGS.md
 (tests/agents/real_cli) recorded from Claude Code 2.1.328 and codex 0.171.0."""
@@ -257,7 +257,7 @@ def test_a_permission_request_is_blocked_waiting_for_approval_and_post_tool_use_
         "permission_suggestions": suggestions,
     }
     answer = agent_api.post(url(claude_agent), {"event": "PermissionRequest", "payload": payload}).json()
-    # Pending: no output yet, the hook client waits for the approval (docs/agents.md "Approvals").
+    # Pending: no output yet, the hook client waits for the approval (docs/agents.md#approvals).
     assert answer["output"] is None and answer["approval"]["status"] == "pending"
     assert latest(claude_agent) == ("blocked", "approval requested: Bash `echo perm > p.txt`")
     event = AgentEvent.objects.filter(agent=claude_agent).latest("pk")

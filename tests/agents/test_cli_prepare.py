@@ -1,5 +1,5 @@
 """What Dispatch writes before a Claude Code or codex session (agents/cli_prepare.py,
-docs/agents.md "What Dispatch writes"): the merge keeps the user's keys, a corrupt file is
+docs/agents.md#what-dispatch-writes): the merge keeps the user's keys, a corrupt file is
 refused and left as it was, concurrent launches all land, codex's TOML keeps its comments,
 a codex with no way to reach a model is refused, and every launch gets its hooks.
 

@@ -1,5 +1,5 @@
-"""Folder trust for Claude Code and codex agents (agents/trust.py, docs/agents.md "Folder
-trust"): a launch in a folder nobody trusted is refused with nothing written; a person
+"""Folder trust for Claude Code and codex agents (agents/trust.py, docs/agents.md#folder-trust):
+a launch in a folder nobody trusted is refused with nothing written; a person
 (a user's token or session) trusts it with ``trust_folder``; agents, the MCP launch tool
 and linked instances launch only in folders already trusted; DISPATCH_TRUSTED_ROOTS.
 

@@ -1,4 +1,4 @@
-"""The hook command (agents/hook_client.py; docs/agents.md "Hooks") run as the CLIs run it —
+"""The hook command (agents/hook_client.py; docs/agents.md#hooks) run as the CLIs run it —
 a subprocess with the event's JSON on stdin and the agent's environment — against a real
 ``manage.py serve``: it reports the event with the agent's token, prints Dispatch's
 ``output`` for the CLI, and always exits 0 (silent without Dispatch's variables, one line

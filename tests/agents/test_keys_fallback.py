@@ -1,4 +1,4 @@
-"""The keys fallback (agents/keys.py, docs/agents.md "Keys"), against a real tmux pane.
+"""The keys fallback (agents/keys.py, docs/agents.md#keys), against a real tmux pane.
 
 A shell agent runs ``cat -vT`` in a private tmux server (``private_tmux``): a key pressed
 from the page or the API shows in the pane as ``cat -vT`` prints it (Down is ``^[[B``).

@@ -1,5 +1,5 @@
 """core.backpressure: reading a websocket's unsent backlog off daphne's objects, the marks,
-and the channel-layer queue of a closed consumer (docs/operating.md "Bounds").
+and the channel-layer queue of a closed consumer (docs/operating.md#bounds).
 
 That the backlog is the real one under a real ``serve`` is shown in
 tests/integration/test_memory_ws.py."""

@@ -1,5 +1,5 @@
 """Request/reply between two ends of one process skips the channel layer
-(docs/operating.md "Channel layer"): the request goes straight into the serving consumer's
+(docs/operating.md#channel-layer): the request goes straight into the serving consumer's
 inbox in memory and the reply straight back, while every bound of the layer still holds
 (a full inbox is "busy", a consumer that ends keeps nothing) and no message is shared
 between sender and receiver.

@@ -1,6 +1,6 @@
 """An outage of Redis or the database is logged once per process, not once per request, and
 the answers during it are 503 with ``Retry-After`` naming the dependency
-(docs/operating.md "Health")."""
+(docs/operating.md#health)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The PUBLISH/SUBSCRIBE channel layer (core.pubsub_layer; docs/operating.md "Channel layer").
+"""The PUBLISH/SUBSCRIBE channel layer (core.pubsub_layer; docs/operating.md#channel-layer).
 
 Two layer instances stand for two processes. They run against the machine's Redis
 (database 1, a unique prefix); the restart test starts and kills its own ``redis-server``

@@ -1,5 +1,5 @@
-"""What OAuth and MCP clients get for the paths they probe (docs/mcp.md "Connecting a
-client"): ``/.well-known/…`` and ``/register`` answer a JSON 404 in the API's error shape
+"""What OAuth and MCP clients get for the paths they probe (docs/mcp.md#connecting-a-client):
+``/.well-known/…`` and ``/register`` answer a JSON 404 in the API's error shape
 unless a browser asks for a page, and a refused ``Host`` header is one log line."""
 
 from __future__ import annotations

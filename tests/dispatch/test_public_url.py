@@ -1,4 +1,4 @@
-"""The public URL (docs/deployment.md "Public URL", docs/operating.md "Settings"): a
+"""The public URL (docs/deployment.md#public-url, docs/operating.md#settings): a
 wildcard one is refused by ``serve`` and by ``make run``, and the URL a running ``serve``
 recorded is read back only while that process lives."""
 

@@ -1,4 +1,4 @@
-"""A ``serve`` process's budget of request bodies being read (docs/operating.md "Bounds").
+"""A ``serve`` process's budget of request bodies being read (docs/operating.md#bounds).
 
 30 concurrent unauthenticated 16 MB posts — half to the REST API, half to ``/mcp`` — held
 300-450 MB of a ``serve`` process at once, kept after the burst. With

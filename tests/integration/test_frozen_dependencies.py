@@ -1,4 +1,4 @@
-"""A frozen or stopped dependency under a real ``serve`` process (docs/operating.md "Health").
+"""A frozen or stopped dependency under a real ``serve`` process (docs/operating.md#health).
 
 Redis frozen with SIGSTOP (not killed: it still accepts connections and never answers)
 used to stall ``/healthz`` and every request that touched Redis for the connections' 30 s

@@ -1,5 +1,5 @@
-"""Bounded memory on /ws/shim/ against a real ``manage.py serve`` (docs/operating.md "Bounds",
-docs/shim-protocol.md "Back-pressure", docs/live-operations.md "Back-pressure").
+"""Bounded memory on /ws/shim/ against a real ``manage.py serve`` (docs/operating.md#bounds,
+docs/shim-protocol.md#back-pressure, docs/live-operations.md#back-pressure).
 
 Three attacks, each run twice; the server's resident memory (``VmRSS`` of its process) is
 read before, after the first round and after the second:

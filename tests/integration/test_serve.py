@@ -201,7 +201,7 @@ async def test_it_closes_4408_when_no_credentials_arrive_in_time(live: Live) -> 
 
 
 # DISPATCH_REMOTE_CALLS_PER_SESSION's default: a session may have this many calls in flight
-# (docs/operating.md "Bounds"); all of them are sent before the first reply is read.
+# (docs/operating.md#bounds); all of them are sent before the first reply is read.
 CALLS_PER_SESSION = 64
 
 

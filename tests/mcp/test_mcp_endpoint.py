@@ -47,7 +47,7 @@ AGENT_TOOLS = {
     "dispatch_launch_agent",
     "dispatch_send_message",
     "message_status",
-    "list_approvals",  # docs/agents.md "Approvals"
+    "list_approvals",  # docs/agents.md#approvals
     "answer_approval",
 }
 FORECAST_TOOL = "remote__weather-service__get_forecast"

@@ -1,4 +1,4 @@
-"""``/mcp`` while the database cannot be reached (docs/operating.md "Health"): looking the
+"""``/mcp`` while the database cannot be reached (docs/operating.md#health): looking the
 token up fails, and the answer is 503 ``TEMPORARILY_UNAVAILABLE`` naming the database, with
 ``Retry-After``, never a 500."""
 

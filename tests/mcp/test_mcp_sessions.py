@@ -1,4 +1,4 @@
-"""Signed ``Mcp-Session-Id`` values and the call keys they scope (docs/mcp.md "Sessions"):
+"""Signed ``Mcp-Session-Id`` values and the call keys they scope (docs/mcp.md#sessions):
 no server, no database — what any process can check on its own."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The approval pages (agents/approval_pages.py, docs/agents.md "Approvals on the pages"):
+"""The approval pages (agents/approval_pages.py, docs/agents.md#approvals-on-the-pages):
 the box on the agent page, ``/approvals/``, ``/approvals/<id>/``, the answer form, the
 policy rules, and the hostile cases (another user's id, no CSRF token, a replayed answer).
 """

@@ -1,4 +1,4 @@
-"""A linked instance that sends hostile approvals (docs/peers.md "Approvals"): the Approvals
+"""A linked instance that sends hostile approvals (docs/peers.md#approvals): the Approvals
 page's part for linked instances shows it as one line and still lists every other link,
 and an answer never sends an id that is not an approval's to the peer.
 

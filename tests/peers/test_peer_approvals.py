@@ -1,4 +1,4 @@
-"""Approvals over a link (docs/peers.md "Approvals"): the peer API that lists and answers
+"""Approvals over a link (docs/peers.md#approvals): the peer API that lists and answers
 the link user's pending approvals (peers/peer_api.py, gated by ``allow_message``), and the
 Approvals page asking every linked instance through it (peers/linked_approvals.py).
 

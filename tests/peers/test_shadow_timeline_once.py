@@ -1,4 +1,4 @@
-"""Each message appears once in a shadow agent's timeline (docs/peers.md "Shadow agents").
+"""Each message appears once in a shadow agent's timeline (docs/peers.md#shadow-agents).
 
 A message this instance sends to a shadow gets this instance's own "message delivered"
 note when the peer's receipt arrives; the peer writes its own when it hands the message to

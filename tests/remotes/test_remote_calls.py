@@ -286,7 +286,7 @@ async def test_a_serving_session_whose_channel_is_full_fails_the_call_as_busy(
         await connect_weather(server, weather_tools)
         serving_channel = await database_sync_to_async(lambda: Remote.objects.get(name=WEATHER).channel_name)()
         # Both sessions live in this process: the call goes into the serving consumer's
-        # same-process inbox, not onto the layer (docs/operating.md "Channel layer").
+        # same-process inbox, not onto the layer (docs/operating.md#channel-layer).
         real_put = realtime.LocalChannel.put
 
         def put(inbox: realtime.LocalChannel, message: dict[str, Any]) -> None:

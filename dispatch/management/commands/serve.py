@@ -275,7 +275,7 @@ def wildcard_public_url_error(public_url: str) -> str | None:
     return (
         f"the public URL is {public_url}, a wildcard address: agents, shims, peers and browsers cannot reach "
         f"this server there. Set DISPATCH_PUBLIC_URL to the address they use, e.g. "
-        f'DISPATCH_PUBLIC_URL={example} (environment or .env; docs/deployment.md "Public URL")'
+        f"DISPATCH_PUBLIC_URL={example} (environment or .env; docs/deployment.md#public-url)"
     )
 
 
@@ -297,7 +297,7 @@ def unnamed_wildcard_host_error(host: str, port: int, public_url_source: str) ->
     return (
         f"--host {host} listens on every interface, but DISPATCH_PUBLIC_URL is not set: agents, shims, peers and "
         f"browsers on other computers need the address they reach this one at. Set it, e.g. "
-        f'DISPATCH_PUBLIC_URL=http://laptop.lan:{port} (environment or .env; docs/deployment.md "Public URL")'
+        f"DISPATCH_PUBLIC_URL=http://laptop.lan:{port} (environment or .env; docs/deployment.md#public-url)"
     )
 
 

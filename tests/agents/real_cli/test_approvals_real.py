@@ -1,5 +1,5 @@
 """Approvals with the REAL Claude Code and codex (tests/clients) launched by a real
-``manage.py serve`` against the fake model (docs/agents.md "Approvals"): a ``Bash`` request
+``manage.py serve`` against the fake model (docs/agents.md#approvals): a ``Bash`` request
 in manual mode becomes an approval listed over REST while the agent shows ``waiting for
 approval``; approving it runs the command and the timeline names who approved; a deny's
 message is what the model receives; a policy allowing ``Read`` answers without asking; a

@@ -1,5 +1,5 @@
 """Dispatch runs the REAL Claude Code (tests/clients) on a real ``manage.py serve`` against
-the fake model, and the CLI's hooks are the source of truth (docs/agents.md "Hooks"): the
+the fake model, and the CLI's hooks are the source of truth (docs/agents.md#hooks): the
 statuses follow the hook events (``working`` on the prompt, ``working`` "tool: Bash",
 ``done`` at the end), a message is ``delivered`` only once ``UserPromptSubmit`` carried
 it, a message sent while the model works waits for the turn to end, multi-line, ``!`` and
@@ -204,7 +204,7 @@ def test_a_permission_prompt_is_blocked_and_no_message_is_pasted_over_it(
     fake_model.queue(call("Bash", {"command": "echo perm > p.txt", "description": "write p"}))
     agent = launch(claude, "claude-ask", run, "write p marker-c1")
 
-    # The PermissionRequest hook waits for the approval (docs/agents.md "Approvals").
+    # The PermissionRequest hook waits for the approval (docs/agents.md#approvals).
     blocked = agent.wait_event("blocked", "approval requested: Bash `echo perm > p.txt`")
     assert blocked["metadata"]["tool_input"]["command"] == "echo perm > p.txt"
     assert agent.row()["latest_event_type"] == "blocked"

@@ -1,6 +1,6 @@
 """Dispatch runs the REAL codex (tests/clients) on a real ``manage.py serve`` against the
 fake model (a custom provider in the agent's CODEX_HOME), and the CLI's hooks are the
-source of truth (docs/agents.md "Hooks"): codex's first message is pasted once its input
+source of truth (docs/agents.md#hooks): codex's first message is pasted once its input
 line shows (its SessionStart waits for that first prompt), the statuses follow the hook
 events, a message is ``delivered`` only once ``UserPromptSubmit`` carried it, a message
 sent while the model works waits for the turn to end, multi-line, ``!`` and ``/``

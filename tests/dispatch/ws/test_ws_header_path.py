@@ -1,6 +1,6 @@
 """Which middleware a ``/ws`` upgrade goes through (``dispatch.routing.by_credential``):
 one carrying an ``Authorization: Bearer`` header skips Channels' cookie, session and user
-lookups, since the header wins over any cookie (docs/ws-protocol.md "Authentication");
+lookups, since the header wins over any cookie (docs/ws-protocol.md#authentication);
 every other upgrade still goes through them, so cookie logins (origin-checked) and
 first-frame logins work as before."""
 
