@@ -13,11 +13,15 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Annotated, Any, Literal, get_type_hints
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     JsonValue,
     RootModel,
+    StrictBool,
+    StrictFloat,
+    StrictStr,
     ValidationError,
     ValidationInfo,
     WithJsonSchema,
@@ -26,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from core.validation import UtcDateTime, WireModel, drf_errors
+from core.validation import NonBlank, UtcDateTime, WireModel, drf_errors, rule
 from machines.protocol import CALLER_OPERATIONS, DEFAULT_LIMITS
 from machines.shim.protocol import MACHINE_ID_PATTERN, PATH_DESCRIPTION, PAYLOADS, LiveFields
 
@@ -138,6 +142,11 @@ def request_id_of(value: Any) -> str | None:
         ) from None
 
 
+RequestId = Annotated[StrictStr | None, AfterValidator(request_id_of), WithJsonSchema(REQUEST_ID_SCHEMA)]
+"""A body's ``request_id``: a string (``"request_id must be a string"``) that is a UUID
+(``request_id_of``'s sentence), kept in canonical form, or ``None``."""
+
+
 def target_machines_of(value: Any) -> list[str] | Literal["*"] | None:
     """``target_machines`` as given (docs/live-operations.md#fan-out-to-many-machines): a non-empty list of distinct
     machine names (each what a ``target_machine`` may be), ``"*"`` (every attached machine
@@ -179,15 +188,16 @@ class SessionOpBody(WireModel):
     """``POST /api/v1/sessions/{session_id}/ops``: ``{op, payload?, target_machine?,
     target_machines?, stream?, request_id?}`` (docs/live-operations.md).
 
-    ``op`` must be a string (``"op is required (e.g. FILE_READ, EXECUTE_COMMAND)"``); the
-    operation's name and the ``target_machine`` are checked by
-    ``machines.services.operations.machine_op`` with the protocol's error codes; the
-    ``payload`` (default ``{}``) of a known operation, here against its model
-    (``CALLER_PAYLOAD_MODELS``: ``"payload.offset: A valid integer is required."``), so a bad
-    one is refused once, before any machine is asked.
-    ``target_machines`` (``target_machines_of``) and ``target_machine`` are exclusive;
-    ``stream`` (a boolean, default false) is for ``EXECUTE_COMMAND`` only; ``request_id``
-    is a UUID (``request_id_of``, canonical form).
+    Typed fields refuse with ``core.validation.PLAIN_SENTENCES``'s sentences (``"op is
+    required"``, ``"payload must be an object"``, ``"target_machine must be a string"``,
+    ``"stream must be true or false"``; docs/architecture.md#bodies). ``op`` is a string
+    whose name, like the ``target_machine``, ``machines.services.operations.machine_op``
+    checks with the protocol's error codes; the ``payload`` (an object, default ``{}``) of a
+    known operation is checked here against its model (``CALLER_PAYLOAD_MODELS``:
+    ``"payload.offset: A valid integer is required."``), so a bad one is refused once,
+    before any machine is asked. ``target_machines`` (``target_machines_of``) and
+    ``target_machine`` are exclusive; ``stream`` (default false) is for ``EXECUTE_COMMAND``
+    only; ``request_id`` is a UUID (``RequestId``, canonical form).
     """
 
     # What machines.services.operations refuses of a body its fields allow: stream: true
@@ -204,20 +214,19 @@ class SessionOpBody(WireModel):
             },
         }
     )
-    absent_as_null = ("op",)
-
-    op: Annotated[str, WithJsonSchema({"type": "string", "enum": sorted(CALLER_OPERATIONS)})] = Field(
+    op: Annotated[StrictStr, WithJsonSchema({"type": "string", "enum": sorted(CALLER_OPERATIONS)})] = Field(
         description="a machine operation"
     )
-    payload: Annotated[Any, WithJsonSchema({"type": "object", "description": "the operation's payload"})] = Field(
-        default_factory=dict
+    payload: Annotated[dict[str, Any], WithJsonSchema({"type": "object", "description": "the operation's payload"})] = (
+        Field(default_factory=dict)
     )
     target_machine: Annotated[
-        Any, WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "null"}], "description": "a machine_id"})
+        StrictStr | None,
+        WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "null"}], "description": "a machine_id"}),
     ] = None
     target_machines: Annotated[Any, WithJsonSchema(TARGET_MACHINES_SCHEMA)] = None
     stream: Annotated[
-        Any,
+        StrictBool,
         WithJsonSchema(
             {
                 "type": "boolean",
@@ -227,31 +236,12 @@ class SessionOpBody(WireModel):
             }
         ),
     ] = False
-    request_id: Annotated[Any, WithJsonSchema(REQUEST_ID_SCHEMA)] = None
-
-    @field_validator("op", mode="before")
-    @classmethod
-    def _op(cls, value: Any) -> str:
-        if not isinstance(value, str):
-            raise ValueError("op is required (e.g. FILE_READ, EXECUTE_COMMAND)")
-        return value
+    request_id: RequestId = None
 
     @field_validator("target_machines", mode="before")
     @classmethod
     def _target_machines(cls, value: Any) -> Any:
         return target_machines_of(value)
-
-    @field_validator("stream", mode="before")
-    @classmethod
-    def _stream(cls, value: Any) -> bool:
-        if not isinstance(value, bool):
-            raise ValueError("stream must be a boolean")
-        return value
-
-    @field_validator("request_id", mode="before")
-    @classmethod
-    def _request_id(cls, value: Any) -> str | None:
-        return request_id_of(value)
 
     @model_validator(mode="after")
     def _combinations(self) -> SessionOpBody:
@@ -260,7 +250,7 @@ class SessionOpBody(WireModel):
         if self.stream and self.op != "EXECUTE_COMMAND":
             raise ValueError(f"stream: true is for EXECUTE_COMMAND only (op is {self.op[:40]!r})")
         model = CALLER_PAYLOAD_MODELS.get(self.op)
-        if model is not None and isinstance(self.payload, dict):  # not a dict: machine_op says so
+        if model is not None:
             try:
                 model.model_validate(without_nulls(self.payload))
             except ValidationError as exc:
@@ -375,11 +365,21 @@ PIPE_END_SCHEMA = {
 }
 
 
+def _timeout_range(value: float | None) -> float | None:
+    # One sentence for either bound (and NaN, which compares false), as before the field
+    # was typed; the type's refusal is PLAIN_SENTENCES's "timeout_seconds must be a number".
+    if value is not None and not 0 < value < 10**7:
+        raise rule("must be a number of seconds greater than 0")
+    return value
+
+
 class SessionPipeBody(WireModel):
     """``POST /api/v1/sessions/{session_id}/pipe``: ``{source, destination, timeout_seconds?,
     request_id?}`` (docs/live-operations.md#cross-machine-pipes): each end ``{machine, argv | command,
     cwd?, env?}`` (exactly one of argv and command); the source's stdout goes into the
-    destination's stdin. ``timeout_seconds`` bounds the pipe (a number > 0)."""
+    destination's stdin. ``timeout_seconds`` bounds the pipe (seconds, a number > 0 and
+    < 10⁷: ``"timeout_seconds must be greater than 0"``, PLAIN_SENTENCES's); ``request_id``
+    is a UUID (``RequestId``). The ends keep ``_pipe_end``'s own sentences."""
 
     model_config = ConfigDict(json_schema_extra={"additionalProperties": False})  # as _known_fields
     absent_as_null = ("source", "destination")
@@ -397,7 +397,8 @@ class SessionPipeBody(WireModel):
     source: Annotated[Any, WithJsonSchema(PIPE_END_SCHEMA)]
     destination: Annotated[Any, WithJsonSchema(PIPE_END_SCHEMA)]
     timeout_seconds: Annotated[
-        Any,
+        StrictFloat | None,
+        AfterValidator(_timeout_range),
         WithJsonSchema(
             {
                 "anyOf": [
@@ -409,26 +410,12 @@ class SessionPipeBody(WireModel):
             }
         ),
     ] = None
-    request_id: Annotated[Any, WithJsonSchema(REQUEST_ID_SCHEMA)] = None
+    request_id: RequestId = None
 
     @field_validator("source", "destination", mode="before")
     @classmethod
     def _end(cls, value: Any, info: ValidationInfo) -> dict[str, Any]:
         return _pipe_end(value, str(info.field_name))
-
-    @field_validator("timeout_seconds", mode="before")
-    @classmethod
-    def _timeout(cls, value: Any) -> float | None:
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 10**7:
-            raise ValueError("timeout_seconds must be a number of seconds greater than 0")
-        return float(value)
-
-    @field_validator("request_id", mode="before")
-    @classmethod
-    def _request_id(cls, value: Any) -> str | None:
-        return request_id_of(value)
 
 
 class SessionPipeAnswer(BaseModel):
@@ -447,11 +434,11 @@ class SessionPipeAnswer(BaseModel):
 class SessionCopyBody(WireModel):
     """``POST /api/v1/sessions/{session_id}/copy``: ``{source_machine, source_path,
     destination_machine, destination_path, overwrite?, stream?, request_id?}``
-    (docs/shim-protocol.md#cross-machine-copy); each of the four a non-empty string (``"<field> is
-    required (a string)"``, in this order), then ``overwrite`` and ``stream`` booleans
-    (default false), ``request_id`` a UUID."""
-
-    absent_as_null = ("source_machine", "source_path", "destination_machine", "destination_path")
+    (docs/shim-protocol.md#cross-machine-copy); each of the four a non-empty string, then
+    ``overwrite`` and ``stream`` booleans (default false), ``request_id`` a UUID
+    (``RequestId``). Typed fields refuse, in this order, with PLAIN_SENTENCES's sentences
+    (``"source_path is required"``, ``"source_path must be a non-empty string"``,
+    ``"overwrite must be true or false"``; docs/architecture.md#bodies)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -462,13 +449,13 @@ class SessionCopyBody(WireModel):
                     raise ValueError(f"copy takes source_machine and destination_machine, not {name}")
         return value
 
-    source_machine: str = Field(min_length=1, description="the machine to copy from, named as target_machine")
-    source_path: str = Field(min_length=1, description=PATH_DESCRIPTION)
-    destination_machine: str = Field(min_length=1, description="the machine to copy to, named as target_machine")
-    destination_path: str = Field(min_length=1, description=PATH_DESCRIPTION)
-    overwrite: bool = Field(default=False, description="replace a file already at destination_path")
+    source_machine: StrictStr = Field(min_length=1, description="the machine to copy from, named as target_machine")
+    source_path: StrictStr = Field(min_length=1, description=PATH_DESCRIPTION)
+    destination_machine: StrictStr = Field(min_length=1, description="the machine to copy to, named as target_machine")
+    destination_path: StrictStr = Field(min_length=1, description=PATH_DESCRIPTION)
+    overwrite: StrictBool = Field(default=False, description="replace a file already at destination_path")
     stream: Annotated[
-        Any,
+        StrictBool,
         WithJsonSchema(
             {
                 "type": "boolean",
@@ -478,33 +465,7 @@ class SessionCopyBody(WireModel):
             }
         ),
     ] = False
-    request_id: Annotated[Any, WithJsonSchema(REQUEST_ID_SCHEMA)] = None
-
-    @field_validator("stream", mode="before")
-    @classmethod
-    def _stream(cls, value: Any) -> bool:
-        if not isinstance(value, bool):
-            raise ValueError("stream must be a boolean")
-        return value
-
-    @field_validator("request_id", mode="before")
-    @classmethod
-    def _request_id(cls, value: Any) -> str | None:
-        return request_id_of(value)
-
-    @field_validator("source_machine", "source_path", "destination_machine", "destination_path", mode="before")
-    @classmethod
-    def _required_text(cls, value: Any, info: ValidationInfo) -> str:
-        if not isinstance(value, str) or not value:
-            raise ValueError(f"{info.field_name} is required (a string)")
-        return value
-
-    @field_validator("overwrite", mode="before")
-    @classmethod
-    def _overwrite(cls, value: Any) -> bool:
-        if not isinstance(value, bool):
-            raise ValueError("overwrite must be a boolean")
-        return value
+    request_id: RequestId = None
 
 
 class SessionCopyAnswer(BaseModel):
@@ -514,15 +475,26 @@ class SessionCopyAnswer(BaseModel):
     sha256: str
 
 
+def _machine_name_length(value: str | None) -> str | None:
+    # A rule of its own, not Field(max_length): on NonBlank | None pydantic would apply it
+    # outside the string ("must have at most 255 items").
+    if value is not None and len(value) > MACHINE_NAME_MAX:
+        raise rule(f"must be at most {MACHINE_NAME_MAX} characters")
+    return value
+
+
 class DefaultMachineBody(WireModel):
     """``PUT /api/v1/machines/default``: ``{machine_id}``, the machine to route to by default
     (docs/shim-protocol.md#routing, step 3) — anything a ``target_machine`` may be (a ``machine_id``, a host or display
     name, a unique prefix of either), resolved among the caller's machines by
-    ``machines.services.router.default_machine_set`` — or ``null`` to clear it. Required:
-    ``"machine_id is required (…)"``; anything else: ``"machine_id must be a non-empty string or null"``."""
+    ``machines.services.router.default_machine_set`` — or ``null`` to clear it. Refused
+    with PLAIN_SENTENCES's sentences (docs/architecture.md#bodies): ``"machine_id is
+    required"``, ``"machine_id must be a string"``, ``"machine_id must be a non-empty
+    string"`` (blank too), ``"machine_id must be at most 255 characters"``."""
 
     machine_id: Annotated[
-        Any,
+        NonBlank | None,
+        AfterValidator(_machine_name_length),
         WithJsonSchema(
             {
                 "anyOf": [{"type": "string", "minLength": 1, "maxLength": MACHINE_NAME_MAX}, {"type": "null"}],
@@ -531,24 +503,6 @@ class DefaultMachineBody(WireModel):
             }
         ),
     ]
-
-    @model_validator(mode="before")
-    @classmethod
-    def _required(cls, value: Any) -> Any:
-        if isinstance(value, dict) and "machine_id" not in value:
-            raise ValueError(
-                "machine_id is required (a machine id, host name, display name or unique prefix; null to clear)"
-            )
-        return value
-
-    @field_validator("machine_id", mode="before")
-    @classmethod
-    def _machine(cls, value: Any) -> str | None:
-        if value is not None and (not isinstance(value, str) or not value.strip()):
-            raise ValueError("machine_id must be a non-empty string or null")
-        if value is not None and len(value) > MACHINE_NAME_MAX:
-            raise ValueError(f"machine_id must be at most {MACHINE_NAME_MAX} characters")
-        return value
 
 
 class DefaultMachineAnswer(BaseModel):

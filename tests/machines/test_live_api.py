@@ -229,9 +229,13 @@ async def test_a_silent_stream_sends_keep_alive_comments(api, monkeypatch):
             "target_machine and target_machines are exclusive: give one of them",
         ),
         ({"op": "FILE_STAT", "payload": {"path": "/x"}, "stream": True}, "stream: true is for EXECUTE_COMMAND only"),
-        ({"op": "EXECUTE_COMMAND", "stream": "yes"}, "stream must be a boolean"),
+        ({"op": "EXECUTE_COMMAND", "stream": "yes"}, "stream must be true or false"),
         ({"op": "EXECUTE_COMMAND", "request_id": "42"}, "request_id must be a UUID"),
-        ({"op": "EXECUTE_COMMAND", "request_id": 42}, "request_id must be a UUID string"),
+        ({"op": "EXECUTE_COMMAND", "request_id": 42}, "request_id must be a string"),
+        ({"op": 3}, "op must be a string"),
+        ({"payload": {}}, "op is required"),
+        ({"op": "FILE_STAT", "payload": [], "target_machine": "a"}, "payload must be an object"),
+        ({"op": "FILE_STAT", "payload": {"path": "/x"}, "target_machine": 3}, "target_machine must be a string"),
         ({"op": "EXECUTE_COMMAND", "target_machines": []}, "target_machines must be a non-empty list"),
         ({"op": "EXECUTE_COMMAND", "target_machines": "all"}, "target_machines must be a non-empty list"),
         ({"op": "EXECUTE_COMMAND", "target_machines": ["a", ""]}, "target_machines entries must be non-empty"),
@@ -354,7 +358,10 @@ async def test_pipe_validates_both_ends_and_answers_the_services_result(api, mon
         ({**body, "destination": {"machine": "", "argv": ["x"]}}, "destination.machine is required"),
         ({**body, "destination": {"machine": "b", "argv": ["x"], "stdin": "x"}}, "destination has unknown fields"),
         ({**body, "destination": {"machine": "b", "argv": ["x"], "env": {"A": 1}}}, "destination.env must be"),
-        ({**body, "timeout_seconds": 0}, "timeout_seconds must be a number"),
+        ({**body, "timeout_seconds": 0}, "timeout_seconds must be a number of seconds greater than 0"),
+        ({**body, "timeout_seconds": 10**8}, "timeout_seconds must be a number of seconds greater than 0"),
+        ({**body, "timeout_seconds": True}, "timeout_seconds must be a number"),
+        ({**body, "request_id": 42}, "request_id must be a string"),
     ]:
         refused = await api.post("/api/v1/sessions/s1/pipe", bad)
         assert refused.status_code == 400, bad
@@ -438,6 +445,31 @@ async def test_a_streamed_copy_refused_before_it_starts_is_a_json_error(api):
     assert streamed.status_code == plain.status_code
     assert streamed["Content-Type"].startswith("application/json")
     assert streamed.json() == plain.json()
+
+
+COPY = {"source_machine": "a", "source_path": "/x", "destination_machine": "b", "destination_path": "/y"}
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({}, "source_machine is required"),  # the fields in order: the first one named
+        ({**COPY, "source_path": 3}, "source_path must be a string"),
+        ({**COPY, "destination_machine": None}, "destination_machine must be a string"),
+        ({**COPY, "destination_path": ""}, "destination_path must be a non-empty string"),
+        ({**COPY, "overwrite": "yes"}, "overwrite must be true or false"),
+        ({**COPY, "stream": 1}, "stream must be true or false"),
+        ({**COPY, "request_id": 42}, "request_id must be a string"),
+    ],
+)
+async def test_a_bad_copy_body_is_refused_naming_its_field(api, monkeypatch, body, message):
+    async def never(**kwargs: Any) -> dict[str, Any]:
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(machines_api, "copy_between_machines", never)
+    refused = await api.post("/api/v1/sessions/s1/copy", body)
+    assert refused.status_code == 400
+    assert refused.json()["error"] == {"code": "INVALID_REQUEST", "message": message, "details": {}}
 
 
 async def test_copy_refuses_target_machines_and_pipe_refuses_unknown_top_level_fields(api, monkeypatch):

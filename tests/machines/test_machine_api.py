@@ -151,9 +151,10 @@ async def test_put_default_sets_and_clears_the_default(shims, owner, member, api
     assert unknown.status_code == 404
     assert error_of(unknown)["code"] == "MACHINE_NOT_ATTACHED"
     for body, message in (
-        ({"machine_id": 3}, "machine_id must be a non-empty string or null"),
-        ({"machine_id": ""}, "machine_id must be a non-empty string or null"),
-        ({}, "machine_id is required (a machine id, host name, display name or unique prefix; null to clear)"),
+        ({"machine_id": 3}, "machine_id must be a string"),
+        ({"machine_id": ""}, "machine_id must be a non-empty string"),
+        ({"machine_id": "  "}, "machine_id must be a non-empty string"),
+        ({}, "machine_id is required"),
         ({"machine_id": "é" * 256}, "machine_id must be at most 255 characters"),  # not echoed back
     ):
         refused = await api.put("/api/v1/machines/default", body)
