@@ -17,30 +17,30 @@ from typing import Any, ClassVar, cast
 from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
 from django.conf import settings
-from django.contrib.auth.models import User
-from django.db import IntegrityError
 
 from agents.lifecycle import agent_prompt_any
 from agents.protocol import SendAgentPromptBody, UserEventMessage, agent_event_frame, run_finished_frame
-from agents.services import user_events_group
 from core import wire
-from core.authentication import api_token_cached, api_token_credential, websocket_origin_allowed
-from core.consumers import DispatchConsumer, receives
-from core.errors import DispatchError, RateLimited
-from core.models import ApiToken
+from core.consumers import receives
+from core.errors import DispatchError
 from core.protocol import ServerShutdownMessage
 from core.ratelimit import TokenBucket
 from core.realtime import layer_send
-from core.services import AuthenticationFailed, password_authenticate
-from core.wire import encode
+from core.services import AuthenticationFailed
+from dispatch.ws.auth import (
+    AUTH_FAILED,
+    CLOSE_ORIGIN_REFUSED,
+    CLOSE_SERVICE_RESTART,
+    CLOSE_TOO_BIG,
+    AuthenticatingConsumer,
+    api_token_of,
+)
 from dispatch.ws.frames import (
     AgentEventFrame,
     AnyReply,
-    AuthOk,
     CallResultReply,
     EncodedFrame,
     ErrorReply,
-    Frame,
     Nonce,
     PongReply,
     PromptMessageReply,
@@ -56,11 +56,15 @@ from dispatch.ws.protocol import (
     Action,
     NoBody,
     any_body,
+    json_type,
+    readable_nonce,
     remote_call_body,
     remote_call_result_body,
     remote_connect_body,
     remote_name_body,
     send_agent_prompt_body,
+    utf8_length,
+    utf8_over,
 )
 from remotes import services
 from remotes.inflight import session_calls_refusal
@@ -81,13 +85,6 @@ from remotes.selectors import remote_list_for
 
 logger = logging.getLogger(__name__)
 
-CLOSE_UNAUTHENTICATED = 4401
-CLOSE_AUTH_TIMEOUT = 4408
-CLOSE_ORIGIN_REFUSED = 4403
-CLOSE_TOO_BIG = 1009
-CLOSE_SERVICE_RESTART = 1012
-
-AUTH_FAILED = "authentication failed"
 CALLER_NOT_READING = "remote call refused: this session has not read the replies it was already sent"
 PENDING_GRACE = 5.0  # seconds a pending call is kept past its caller's timeout
 
@@ -109,18 +106,15 @@ class PendingCall:
     expires_at: float
 
 
-class SessionConsumer(DispatchConsumer):
+class SessionConsumer(AuthenticatingConsumer):
     """One ws session: the four ways to authenticate, the action envelope, remotes."""
-
-    user: User | None
-    ws_session_id: str | None
 
     async def connect(self) -> None:
         # Accept first: custom close codes need an accepted socket (docs/ws-protocol.md#authentication).
         await self.accept()
         self.user = None
         self.ws_session_id = None
-        self.events_group: str | None = None
+        self.events_group = None
         self.served: dict[int, ServedRemote] = {}
         self.own_disconnects: set[int] = set()  # remote ids this session is disconnecting itself
         self.pending: dict[str, PendingCall] = {}
@@ -132,7 +126,7 @@ class SessionConsumer(DispatchConsumer):
         header_token = self.bearer_token()
         if header_token is not None:
             try:
-                token = await _api_token(header_token)
+                token = await api_token_of(header_token)
             except AuthenticationFailed:
                 await self._refuse(AUTH_FAILED)
                 return
@@ -176,7 +170,7 @@ class SessionConsumer(DispatchConsumer):
             # have no one to answer: sending would fail on the closed socket.
             return
         limit = settings.WS_MAX_MESSAGE_BYTES
-        if len(bytes_data) > limit if bytes_data is not None else _utf8_over(text_data or "", limit):
+        if len(bytes_data) > limit if bytes_data is not None else utf8_over(text_data or "", limit):
             await self.close(code=CLOSE_TOO_BIG)
             return
         if self.user is None:
@@ -192,10 +186,10 @@ class SessionConsumer(DispatchConsumer):
             if await self._fail_refused_result(refused, str(exc)):
                 return
             # The error carries the nonce when one can be read (docs/ws-protocol.md#frames).
-            await self._limited_error(f"invalid JSON: {exc}", nonce=_readable_nonce(refused))
+            await self._limited_error(f"invalid JSON: {exc}", nonce=readable_nonce(refused))
             return
         if not isinstance(message, dict):
-            await self._limited_error(f"a message must be a JSON object, got {_json_type(message)}")
+            await self._limited_error(f"a message must be a JSON object, got {json_type(message)}")
             return
         nonce = message.get("nonce")
         if nonce is not None and (isinstance(nonce, bool) or not isinstance(nonce, (str, int, float))):
@@ -374,7 +368,7 @@ class SessionConsumer(DispatchConsumer):
         frame = EncodedFrame(
             remote_call_event(request_id=request_id, remotename=call.remotename, function=call.function, args=call.args)
         )
-        size = _utf8_length(frame)
+        size = utf8_length(frame)
         if size > settings.WS_MAX_MESSAGE_BYTES:
             await self._answer(call.reply_channel, RemoteCallReply(error="arguments too large"))
             return
@@ -461,83 +455,6 @@ class SessionConsumer(DispatchConsumer):
 
     # --- helpers ------------------------------------------------------------------------
 
-    async def _first_frame(self, text_data: str | None) -> None:
-        """Authenticate from the first frame: ``{"token"}`` or ``{"username", "password"}``."""
-        try:
-            message = wire.loads(text_data) if text_data is not None else None
-        except ValueError:
-            message = None
-        if not isinstance(message, dict) or not ("token" in message or "username" in message):
-            await self._send(ErrorReply(error="not authenticated"))
-            await self._close(CLOSE_UNAUTHENTICATED)
-            return
-        api_token_id: int | None = None
-        try:
-            if "token" in message:
-                if not isinstance(message["token"], str):
-                    raise AuthenticationFailed()
-                token = await _api_token(message["token"])
-                user, method, api_token_id = token.user, "token", token.pk
-            else:
-                username, password = message.get("username"), message.get("password")
-                if not isinstance(username, str) or not isinstance(password, str):
-                    raise AuthenticationFailed()
-                user = await database_sync_to_async(password_authenticate)(
-                    username=username, password=password, client_address=self._client_address()
-                )
-                method = "password"
-        except (AuthenticationFailed, RateLimited) as exc:
-            await self._refuse(exc.message)
-            return
-        if not await self._authenticated(user, method, api_token_id=api_token_id):
-            return
-        # The auth reply carries no ``action`` (docs/ws-protocol.md).
-        await self._send(AuthOk(ok=True, user=user.get_username()))
-
-    async def _authenticated(
-        self, user: User, method: str, *, api_token_id: int | None = None, session_key: str = ""
-    ) -> bool:
-        """Record the session on its credential; ``False`` (the socket refused, closed 4401)
-        when that credential's rows were deleted since it was looked up (within the bearer
-        cache's second): the session's foreign keys fail."""
-        if self.auth_deadline is not None:
-            self.auth_deadline.cancel()
-            self.auth_deadline = None
-        # The credential goes on the row: ending it closes this socket (core.revocation).
-        try:
-            session = await database_sync_to_async(services.ws_session_open)(
-                user=user,
-                channel_name=self.channel_name,
-                auth_method=method,
-                client_address=self._client_address(),
-                api_token_id=api_token_id,
-                session_key=session_key,
-            )
-        except IntegrityError:
-            logger.info("ws session refused: its user or token was deleted meanwhile")
-            await self._refuse(AUTH_FAILED)
-            return False
-        self.user = user
-        self.ws_session_id = session.pk
-        # Agent progress reaches every ws session of the user (docs/ws-protocol.md#agent-event).
-        self.events_group = user_events_group(user.pk)
-        await self.channel_layer.group_add(self.events_group, self.channel_name)
-        return True
-
-    async def _refuse(self, error: str, code: int = CLOSE_UNAUTHENTICATED) -> None:
-        await self._send(ErrorReply(error=error))
-        await self._close(code)
-
-    async def _expire_auth(self) -> None:
-        await asyncio.sleep(settings.WS_AUTH_TIMEOUT)
-        if self.user is None and not self.closing:
-            await self._send(ErrorReply(error="authentication timed out"))
-            await self._close(CLOSE_AUTH_TIMEOUT)
-
-    async def _close(self, code: int) -> None:
-        self.closing = True
-        await self.close(code=code)
-
     async def _fail_refused_result(self, refused: dict[str, Any] | None, reason: str) -> bool:
         """A ``remote-call-result`` the strict parse refused (NaN, 1e400, an integer outside
         64 bits, a lone surrogate, nesting over the limit): when its ``requestId`` can still
@@ -578,60 +495,3 @@ class SessionConsumer(DispatchConsumer):
     async def _reply(self, frame: AnyReply, nonce: Nonce | None) -> None:
         """Send ``frame`` as the reply to a request that carried ``nonce`` (``frames.reply``)."""
         await self._send(reply(frame, nonce))
-
-    async def _send(self, frame: Frame | EncodedFrame) -> None:
-        """Send one frame (``dispatch.ws.frames``): every frame this session sends goes
-        through here, as compact JSON (``core.wire.encode``) unless it was encoded already."""
-        await self.send(text_data=frame if isinstance(frame, str) else encode(frame))
-
-    def _origin_allowed(self) -> bool:
-        """Cookie-authenticated browsers only: ``Origin`` is the site's own, scheme, host
-        and port, as Django's CSRF check decides it (docs/ws-protocol.md#authentication;
-        ``websocket_origin_allowed``)."""
-        return websocket_origin_allowed(self.scope)
-
-    def _client_address(self) -> str:
-        client = self.scope.get("client")
-        return str(client[0]) if client else ""
-
-
-def _readable_nonce(refused: dict[str, Any] | None) -> str | int | float | None:
-    """The ``nonce`` of a frame the strict parse refused (``wire.lenient_object``), when it
-    can be echoed (a string, or a number the channel layer and strict parsers accept)."""
-    nonce = wire.lenient_field(refused, "nonce", nested=False)
-    if isinstance(nonce, bool) or not isinstance(nonce, str | int | float):
-        return None
-    return nonce if wire.problem(nonce) is None else None
-
-
-async def _api_token(raw_token: str) -> ApiToken:
-    """The user API token ``raw_token`` stands for: from the process's bearer cache on the
-    event loop when it is there (``core.authentication.api_token_cached``), else looked up
-    on the database thread (``api_token_credential``, which fills the cache). Raises
-    ``AuthenticationFailed``."""
-    cached = api_token_cached(raw_token)
-    if cached is not None:
-        return cached
-    token: ApiToken = await database_sync_to_async(api_token_credential)(raw_token)
-    return token
-
-
-def _utf8_over(text: str, limit: int) -> bool:
-    """Whether ``text`` is over ``limit`` bytes in UTF-8, encoding it only when its length
-    cannot tell: a character is 1 to 4 bytes, so ``len(text)`` over the limit is over, and
-    ``4 * len(text)`` within it is within."""
-    characters = len(text)
-    if characters > limit:
-        return True
-    if 4 * characters <= limit:
-        return False
-    return len(text.encode()) > limit
-
-
-def _utf8_length(text: str) -> int:
-    """Length of ``text`` in UTF-8 bytes (its length in characters once that is over the limit)."""
-    return len(text) if len(text) > settings.WS_MAX_MESSAGE_BYTES else len(text.encode())
-
-
-def _json_type(value: Any) -> str:
-    return {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")

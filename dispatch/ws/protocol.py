@@ -7,7 +7,9 @@ order the wire pins (JSON, object, nonce, rate limit, action); then the action's
 app's (``remotes.protocol``) for the remote actions, the agents app's (``agents.protocol``)
 for ``send-agent-prompt`` — raising ``InvalidRequest`` whose message is the error reply, and
 names the handler that gets the model. The table is the consumer's class attribute, next to
-the handlers it names, so an action is keyed in one place.
+the handlers it names, so an action is keyed in one place. Below: the checks on a frame's
+text before it is parsed (its size in UTF-8) and on what a refused frame still lets the
+consumer echo (its ``nonce``).
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from django.conf import settings
 from pydantic import BaseModel, RootModel
 
 from agents.protocol import SendAgentPromptBody
+from core import wire
 from core.validation import parse_body
 from dispatch.ws.frames import Nonce
 from remotes.protocol import RemoteCallBody, RemoteCallResult, RemoteConnectBody, RemoteNameBody
@@ -72,3 +76,33 @@ def remote_call_result_body(message: dict[str, Any], body: Any) -> RemoteCallRes
 
 def send_agent_prompt_body(message: dict[str, Any], body: Any) -> SendAgentPromptBody:
     return SendAgentPromptBody.parse(body)
+
+
+def readable_nonce(refused: dict[str, Any] | None) -> str | int | float | None:
+    """The ``nonce`` of a frame the strict parse refused (``wire.lenient_object``), when it
+    can be echoed (a string, or a number the channel layer and strict parsers accept)."""
+    nonce = wire.lenient_field(refused, "nonce", nested=False)
+    if isinstance(nonce, bool) or not isinstance(nonce, str | int | float):
+        return None
+    return nonce if wire.problem(nonce) is None else None
+
+
+def utf8_over(text: str, limit: int) -> bool:
+    """Whether ``text`` is over ``limit`` bytes in UTF-8, encoding it only when its length
+    cannot tell: a character is 1 to 4 bytes, so ``len(text)`` over the limit is over, and
+    ``4 * len(text)`` within it is within."""
+    characters = len(text)
+    if characters > limit:
+        return True
+    if 4 * characters <= limit:
+        return False
+    return len(text.encode()) > limit
+
+
+def utf8_length(text: str) -> int:
+    """Length of ``text`` in UTF-8 bytes (its length in characters once that is over the limit)."""
+    return len(text) if len(text) > settings.WS_MAX_MESSAGE_BYTES else len(text.encode())
+
+
+def json_type(value: Any) -> str:
+    return {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
