@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import json
 import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -43,19 +42,17 @@ from core.errors import DispatchError, InvalidRequest, unavailable_error
 from core.http import error_response, json_api, json_object
 from core.openapi import Operation, documented
 from core.validation import parse_plain
+from dispatch.sse import KEEP_ALIVE, sse_event, sse_json
 from machines import selectors
+from machines.list_schemas import MachineData, MachineList, SessionMachineData, SessionMachines
 from machines.protocol import SESSION_ID_PATTERN
 from machines.schemas import (
     DefaultMachineAnswer,
     DefaultMachineBody,
-    MachineData,
-    MachineList,
     OperationsInFlightAnswer,
     SessionCancelAnswer,
     SessionCopyAnswer,
     SessionCopyBody,
-    SessionMachineData,
-    SessionMachines,
     SessionOpBody,
     SessionOpResult,
     SessionPipeAnswer,
@@ -185,10 +182,10 @@ def _given(**arguments: Any) -> dict[str, Any]:
     return {name: value for name, value in arguments.items() if value is not None}
 
 
-def sse_event(event: str, data: Any) -> str:
-    """One server-sent event: ``event: <event>`` and a single-line JSON ``data`` field (ASCII
-    escapes, so a lone surrogate from a shim cannot break the body)."""
-    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+def json_event(event: str, data: Any) -> str:
+    """One server-sent event named ``event`` with ``data`` as one line of JSON
+    (``dispatch.sse``: ASCII escapes, so a lone surrogate from a shim cannot break the body)."""
+    return sse_event(event=event, data=sse_json(data))
 
 
 def _event_stream(frames: AsyncIterator[str]) -> StreamingHttpResponse:
@@ -271,21 +268,21 @@ async def _operation_frames(
     def frame(event: live.LiveEvent) -> str:
         if isinstance(event, live.Result | live.Failed):
             outcomes.append(_outcome(event))
-        return sse_event(EVENT_NAMES.get(type(event), "event"), event.as_json())
+        return json_event(EVENT_NAMES.get(type(event), "event"), event.as_json())
 
     request_id = getattr(first, "request_id", None)
     try:
         if first is not None:
             yield frame(first)
         async for event in _next_or_keepalive(events):
-            yield ": keep-alive\n\n" if event is None else frame(event)
+            yield KEEP_ALIVE if event is None else frame(event)
     except Exception as exc:
         failure = exc if isinstance(exc, DispatchError) else _unexpected(exc)
         data = {"request_id": request_id, "machine_id": None, "name": None, "code": failure.code}
-        yield sse_event("error", {**data, "message": failure.message, "details": failure.details})
+        yield json_event("error", {**data, "message": failure.message, "details": failure.details})
         return
     if fan_out:
-        yield sse_event("done", {"results": outcomes})
+        yield json_event("done", {"results": outcomes})
 
 
 OPS_EVENTS = (
@@ -535,13 +532,13 @@ async def _copy_frames(copy_arguments: dict[str, Any], request_id: str) -> Async
                 async with asyncio.timeout(KEEPALIVE_SECONDS):
                     await changed.wait()
             except TimeoutError:
-                yield ": keep-alive\n\n"
+                yield KEEP_ALIVE
                 continue
             changed.clear()
             if latest is not None:
                 bytes_done, bytes_total = latest
                 latest = None
-                yield sse_event(
+                yield json_event(
                     "progress", {"request_id": request_id, "bytes_done": bytes_done, "bytes_total": bytes_total}
                 )
             if copying.done():
@@ -551,9 +548,9 @@ async def _copy_frames(copy_arguments: dict[str, Any], request_id: str) -> Async
         except Exception as exc:
             failure = exc if isinstance(exc, DispatchError) else _unexpected(exc)
             data = {"request_id": request_id, "code": failure.code, "message": failure.message}
-            yield sse_event("error", {**data, "details": failure.details})
+            yield json_event("error", {**data, "details": failure.details})
             return
-        yield sse_event("result", {"request_id": request_id, **answer})
+        yield json_event("result", {"request_id": request_id, **answer})
     finally:
         if not copying.done():
             copying.cancel()

@@ -1,6 +1,6 @@
 """The shim's device-login endpoints (docs/shim-protocol.md, device login: RFC 8628):
 unauthenticated and rate-limited per client address; errors are RFC 6749 §5.2 answers, and
-every answer carries ``Cache-Control: no-store``. Their bodies are ``machines.schemas``
+every answer carries ``Cache-Control: no-store``. Their bodies are ``machines.device_schemas``
 models; the flow itself is ``machines.services.device``."""
 
 from __future__ import annotations
@@ -18,7 +18,13 @@ from limits import parse
 from core.errors import InvalidRequest
 from core.openapi import OPEN, Operation, documented
 from core.services import rate_limiter
-from machines.schemas import DeviceCodeAnswer, DeviceCodeBody, DeviceFlowErrorAnswer, DeviceTokenAnswer, DeviceTokenBody
+from machines.device_schemas import (
+    DeviceCodeAnswer,
+    DeviceCodeBody,
+    DeviceFlowErrorAnswer,
+    DeviceTokenAnswer,
+    DeviceTokenBody,
+)
 from machines.services import device
 
 DEVICE_ENDPOINT_RATE = "30 per 60 seconds"  # per client address, each device endpoint

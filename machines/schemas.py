@@ -1,5 +1,6 @@
-"""The bodies of the machines app's async REST routes (device login, operations, copy,
-pipe, the default machine) and their answers: models that validate a body and that the
+"""The bodies of the machines app's async REST routes (operations, copy, pipe, the default
+machine) and their answers (device login's: ``machines.device_schemas``; the machine
+lists': ``machines.list_schemas``): models that validate a body and that the
 views document (``core.openapi.documented``), with the JSON schemas they publish
 (docs/shim-protocol.md, docs/live-operations.md). The wire protocol itself is
 ``machines.protocol``.
@@ -30,12 +31,12 @@ from pydantic import (
     model_validator,
 )
 
-from core.validation import NonBlank, UtcDateTime, WireModel, drf_errors, rule
+from core.validation import NonBlank, WireModel, drf_errors, rule
 from machines.protocol import CALLER_OPERATIONS, DEFAULT_LIMITS
-from machines.shim.protocol import MACHINE_ID_PATTERN, PATH_DESCRIPTION, PAYLOADS, LiveFields
+from machines.shim.protocol import PATH_DESCRIPTION, PAYLOADS, LiveFields
 
 if TYPE_CHECKING:
-    from machines import models
+    pass
 
 # pydantic's Field arguments a payload field's metadata may carry (machines.shim.protocol).
 _FIELD_ARGUMENTS = ("description", "ge", "gt", "le", "min_length")
@@ -509,179 +510,3 @@ class DefaultMachineAnswer(BaseModel):
     """The default machine now: ``{machine_id}`` (the resolved id, or ``null`` when cleared)."""
 
     machine_id: str | None
-
-
-DEVICE_GRANT_TYPE = "urn:ietf:params:oauth:grant-type:device_code"  # RFC 8628 §3.4
-
-
-def _device_text(limit: int) -> WithJsonSchema:
-    # machines.services.device strips a value, then wants it non-empty and at most `limit`
-    # characters: the schema says the same of the value as sent.
-    return WithJsonSchema({"type": "string", "minLength": 1, "maxLength": limit, "pattern": r"\S"})
-
-
-class DeviceCodeBody(WireModel):
-    """``POST /api/v1/machines/device/code``: ``{machine_id, hostname, platform, arch}``
-    (docs/shim-protocol.md#getting-a-token, RFC 8628 §3.1; ``client_id``/``grant_type``
-    accepted and ignored). The values are checked by ``machines.services.device`` with
-    RFC 6749 §5.2 errors (a missing one too: absent reads as ``null``, refused there)."""
-
-    absent_as_null = ("machine_id", "hostname", "platform", "arch")
-
-    machine_id: Annotated[Any, WithJsonSchema({"type": "string", "pattern": MACHINE_ID_PATTERN})]
-    hostname: Annotated[Any, _device_text(255)]
-    platform: Annotated[Any, _device_text(32)]
-    arch: Annotated[Any, _device_text(32)]
-
-
-class DeviceTokenBody(WireModel):
-    """``POST /api/v1/machines/device/token``: ``{grant_type, device_code}``
-    (docs/shim-protocol.md#getting-a-token, RFC 8628 §3.4), checked by
-    ``machines.services.device`` (a missing ``grant_type`` is ``invalid_request``, another
-    one ``unsupported_grant_type``: absent reads as ``null``)."""
-
-    absent_as_null = ("grant_type", "device_code")
-
-    grant_type: Annotated[Any, WithJsonSchema({"type": "string", "const": DEVICE_GRANT_TYPE})]
-    device_code: Annotated[Any, WithJsonSchema({"type": "string", "minLength": 1, "maxLength": 200})]
-
-
-class DeviceCodeAnswer(BaseModel):
-    """The answer to ``POST /api/v1/machines/device/code`` (RFC 8628 §3.2): the codes, shown
-    once; ``expires_in`` and ``interval`` in seconds."""
-
-    device_code: str
-    user_code: str = Field(description="XXXX-XXXX, typed on the verification page")
-    verification_uri: str
-    verification_uri_complete: str
-    expires_in: int
-    interval: int
-
-
-class DeviceTokenAnswer(BaseModel):
-    """The answer to an approved ``POST /api/v1/machines/device/token`` (RFC 8628 §3.5,
-    RFC 6749 §5.1): the machine token, once."""
-
-    access_token: str
-    token_type: Literal["Bearer"]
-    machine_id: str
-
-
-class DeviceFlowErrorAnswer(BaseModel):
-    """An error of the device endpoints in RFC 6749 §5.2's shape (RFC 8628 §3.5 adds
-    ``authorization_pending``, ``slow_down``, ``access_denied``, ``expired_token``), not
-    the API's ``{error: {code, message, details}}``."""
-
-    error: Literal[
-        "invalid_request",
-        "unsupported_grant_type",
-        "invalid_grant",
-        "authorization_pending",
-        "slow_down",
-        "access_denied",
-        "expired_token",
-    ]
-    error_description: str
-
-
-# --- the machines as REST lists them (docs/shim-protocol.md#machine-status)
-
-
-class MachineStatus(BaseModel):
-    """A machine's two-axis status: ``connection`` (``connected`` | ``disconnected`` | …),
-    ``health`` and the ``reason`` shown beside them (``machines.selectors.machine_status``)."""
-
-    connection: str
-    health: str
-    reason: str
-
-
-class MachineData(BaseModel):
-    """One of the caller's machines (``GET /api/v1/machines``, ``DELETE …/{machine_id}``):
-    ``display_name`` is its name (the display name it was given, else its host name);
-    ``capabilities`` what its shim advertised, ``granted_capabilities`` what it may use;
-    ``last_active_at`` its last routed operation (ISO 8601 in UTC, ``…Z``; ``null`` before
-    any), ``created_at`` its first login."""
-
-    machine_id: str
-    display_name: str
-    hostname: str
-    platform: str
-    arch: str
-    capabilities: list[str]
-    granted_capabilities: list[str]
-    allowed_roots: list[str]
-    status: MachineStatus
-    is_default: bool
-    last_active_at: UtcDateTime | None
-    created_at: UtcDateTime
-
-    @classmethod
-    def from_row(cls, machine: models.Machine, *, default_machine_id: str | None = None) -> MachineData:
-        """The answer for a ``machines.models.Machine`` row; ``is_default`` when its id is
-        ``default_machine_id`` (``machines.services.router.default_machine_id``)."""
-        return cls(
-            machine_id=machine.machine_id,
-            display_name=machine.name,
-            hostname=machine.hostname,
-            platform=machine.platform,
-            arch=machine.arch,
-            capabilities=machine.capabilities,
-            granted_capabilities=machine.granted_capabilities,
-            allowed_roots=machine.allowed_roots,
-            status=MachineStatus(
-                connection=machine.connection_status, health=machine.health, reason=machine.status_reason
-            ),
-            is_default=machine.machine_id == default_machine_id,
-            last_active_at=machine.last_active_at,
-            created_at=machine.created_at,
-        )
-
-
-class MachineList(BaseModel):
-    """``GET /api/v1/machines``: ``{"machines": [machine, …]}``."""
-
-    machines: list[MachineData]
-
-
-def _text(value: Any) -> Any:
-    # A snapshot is what a shim sent in MACHINE_LIST_RESPONSE, stored as it came: its text
-    # fields are written as text whatever they hold (a shim's 5 as "5"), so one odd shim
-    # cannot break the session's list.
-    return value if value is None or isinstance(value, str) else str(value)
-
-
-class SessionMachineData(BaseModel):
-    """One machine attached to a session, as ``GET /api/v1/sessions/{session_id}/machines``
-    answers it (``machines.selectors.attached_machines``): what its shim reports
-    (``MACHINE_LIST_RESPONSE``: ``hostname``, ``platform``, ``arch``, ``capabilities``,
-    ``hardware_devices``, each left out when the shim did not say it) plus its name
-    (``display_name``), ``status``, whether it is the default and ``last_active_at`` (ISO
-    8601 in UTC, like every REST machine route; the ``list_machines`` tool says
-    ``last_active_ts``, epoch seconds). Dump with ``exclude_unset=True``."""
-
-    machine_id: str
-    display_name: str
-    hostname: str | None = None
-    platform: str | None = None
-    arch: str | None = None
-    capabilities: JsonValue = Field(default=None, description="as the shim reported them (a list of names)")
-    hardware_devices: JsonValue = Field(default=None, description="as the shim reported them")
-    status: MachineStatus
-    is_default: bool
-    last_active_at: UtcDateTime | None
-
-    @classmethod
-    def from_entry(cls, entry: dict[str, Any]) -> SessionMachineData:
-        """The answer for one entry of ``attached_machines`` (its other keys left out)."""
-        given = {name: entry[name] for name in cls.model_fields if name in entry}
-        for name in ("machine_id", "display_name", "hostname", "platform", "arch"):
-            if name in given:
-                given[name] = _text(given[name])
-        return cls(**given)
-
-
-class SessionMachines(BaseModel):
-    """``GET /api/v1/sessions/{session_id}/machines``: ``{"machines": [machine, …]}``, by name."""
-
-    machines: list[SessionMachineData]

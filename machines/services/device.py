@@ -22,8 +22,8 @@ from limits import parse
 from core.errors import DispatchError, InvalidRequest, RateLimited
 from core.revocation import credentials_ended_on_commit
 from core.services import generate_token, rate_limiter
+from machines.device_schemas import DEVICE_GRANT_TYPE
 from machines.models import DeviceAuthorization, MachineToken
-from machines.schemas import DEVICE_GRANT_TYPE
 from machines.services.connections import machine_revoke
 
 USER_CODE_ALPHABET = "BCDFGHJKLMNPQRSTVWXZ"

@@ -1,6 +1,6 @@
 """The machine answers of the DRF routes (``GET /api/v1/machines``, ``DELETE …/{machine_id}``,
 ``GET /api/v1/sessions/{session_id}/machines``) are pydantic models
-(``machines.schemas.MachineData``, ``SessionMachineData``) that write the bytes the DRF
+(``machines.list_schemas.MachineData``, ``SessionMachineData``) that write the bytes the DRF
 serializers they replaced wrote: the serializers are kept here as the oracle."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from rest_framework import serializers
 from rest_framework.renderers import JSONRenderer
 
+from machines.list_schemas import MachineData, SessionMachineData, SessionMachines
 from machines.models import Machine
-from machines.schemas import MachineData, SessionMachineData, SessionMachines
 from machines.selectors import machine_status
 
 pytestmark = pytest.mark.django_db
