@@ -179,9 +179,15 @@ def _activity_stamped(*, user: User, machine_id: str, result: dict[str, Any]) ->
                 health=Case(When(overloaded, then=Value(Machine.Health.OK)), default=F("health")),
                 status_reason=Case(When(overloaded, then=Value("connected")), default=F("status_reason")),
             )
-            if len(_last_active_written) >= _LAST_ACTIVE_MAX:
-                _last_active_written.clear()
-            _last_active_written[key] = now
+
+            def remember() -> None:
+                if len(_last_active_written) >= _LAST_ACTIVE_MAX:
+                    _last_active_written.clear()
+                _last_active_written[key] = now
+
+            # Remembered once committed: in a transaction that rolls back (operation_recorded)
+            # the stamp was not made, and the audit written again must make it.
+            transaction.on_commit(remember)
     elif machine_id and result.get("error_code") == "SHIM_OVERLOADED":
         # The health axis of the status: shown until the machine completes an operation again.
         Machine.objects.filter(user=user, machine_id=machine_id).update(

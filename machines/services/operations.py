@@ -38,7 +38,7 @@ one row; ``""`` for an operation of its own.
 from __future__ import annotations
 
 import asyncio
-import sys
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -54,12 +54,20 @@ from machines.protocol import MachineReplyMessage
 from machines.services import router
 from machines.services.admission import OPERATIONS_IN_FLIGHT, payload_size
 from machines.services.arguments import check_operation, check_plain_payload, check_request_id, check_target_machines
-from machines.services.audit import after_reply, audit_record_begin, audit_unwritable, operation_recorded
+from machines.services.audit import (
+    after_reply,
+    audit_record_begin,
+    audit_unwritable,
+    operation_recorded,
+    path_recency_record,
+)
 from machines.services.errors import MachineError, fan_out_error
 from machines.services.inflight import command_summary, current_call_key, inflight_create, inflight_delete
 from machines.services.output import OutputSink, execute_streamed
 from machines.services.router import Candidate, FanOutTarget
 from machines.services.transport import cancel_quietly, operation_timeout, send_to_machine
+
+logger = logging.getLogger(__name__)
 
 
 async def machine_op(
@@ -198,6 +206,9 @@ class _RoutedOp:
         """Route (``candidate``, else with ``target_machine``) → audit → register → send →
         record; the in-flight row, metric and audit result are settled however it ends."""
         self.target_machine = target_machine
+        # What ended it, caught here: sys.exc_info() in a coroutine also sees an exception
+        # its caller is handling (a copy's clean-up runs this inside its except).
+        failure: BaseException | None = None
         try:
             chosen = await self.route(candidate)
             await self.audit_begin(chosen)
@@ -206,10 +217,14 @@ class _RoutedOp:
             await self.register("")
             return await self.record(await self.send(chosen))
         except MachineError as exc:
+            failure = exc
             self.result = {**self.result, "ok": False, "error_code": exc.code}
             raise
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
-            await self.finish(sys.exc_info()[1])
+            await self.finish(failure)
 
     async def route(self, candidate: Candidate | None) -> Candidate:
         """``candidate``, else the route cache's choice, else the database's."""
@@ -338,10 +353,10 @@ class _RoutedOp:
         write and the following read of one file go to one machine:
         docs/shim-protocol.md#routing). Written in the background instead, the audit result
         of one operation would queue on the database thread ahead of the next operation's
-        audit record anyway, one commit more. If those writes fail, the operation fails with
-        the database's error, as it would have for its audit record, and its audit result is
-        written in the background once more. Any other ending writes the audit result in the
-        background, after the in-flight row is deleted."""
+        audit record anyway, one commit more. If that transaction fails, the operation has
+        still run: its recency is written alone (its failure is the operation's, as before)
+        and its audit result in the background. Any other ending writes the audit result in
+        the background and deletes the in-flight row."""
         self.result["duration_ms"] = round((time.monotonic() - self.started) * 1000)
         if failure is None and self.recorded and self.audit_id is not None:
             assert self.candidate is not None
@@ -359,8 +374,20 @@ class _RoutedOp:
                 )
             except BaseException as exc:
                 self.row_id = row_id
-                await self.finish_unrecorded(exc)
-                raise
+                if isinstance(exc, asyncio.CancelledError):
+                    await self.finish_unrecorded(exc)
+                    raise
+                await self.finish_unrecorded(None)
+                logger.warning("an answered %s's audit result could not be written with its recency: %r", self.op, exc)
+                if router.operation_path(self.op, self.payload) is not None:
+                    await database_sync_to_async(path_recency_record)(
+                        user=self.user,
+                        session_id=self.session_id,
+                        machine_id=self.candidate.machine_id,
+                        op=self.op,
+                        payload=self.payload,
+                    )
+                return
             metrics.machine_operation_observed(
                 operation=self.op, ok=True, failure=None, seconds=time.monotonic() - self.started
             )
@@ -368,11 +395,11 @@ class _RoutedOp:
         await self.finish_unrecorded(failure)
 
     async def finish_unrecorded(self, failure: BaseException | None) -> None:
-        """``finish`` of an operation whose writes were not made in one step: the in-flight
-        row deleted, the metric observed, the audit result written in the background."""
-        if self.row_id is not None:
-            row_id, self.row_id = self.row_id, None
-            await database_sync_to_async(inflight_delete)(row_id=row_id)
+        """``finish`` of an operation whose writes were not made in one step: the metric
+        observed and the audit result written in the background before anything is awaited
+        (a caller cancelled again at the next await loses neither), then the in-flight row
+        deleted, shielded (a cancel does not drop the delete; it is gone before an answer
+        returns, so the same request id may be used again at once)."""
         metrics.machine_operation_observed(
             operation=self.op, ok=self.result["ok"], failure=failure, seconds=time.monotonic() - self.started
         )
@@ -389,3 +416,6 @@ class _RoutedOp:
                 caller=self.caller,
                 operation_id=self.operation_id,
             )
+        if self.row_id is not None:
+            row_id, self.row_id = self.row_id, None
+            await asyncio.shield(database_sync_to_async(inflight_delete)(row_id=row_id))

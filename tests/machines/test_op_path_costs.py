@@ -208,16 +208,18 @@ async def test_an_answered_operation_writes_its_recency_and_audit_result_in_one_
     ).machine_id == "m1"
 
 
-async def test_when_the_recorded_writes_fail_none_is_kept_and_the_operation_fails(
+async def test_when_the_recorded_writes_fail_the_answer_still_returns_with_its_recency(
     shims: Any, owner: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The machine ran the operation: a failed transaction of its audit result does not
+    turn it into an error (a client could run a command twice); its recency is written
+    alone and its audit result in the background."""
     from django.db import DatabaseError
 
     from machines.services import audit
 
     shim = await shims.connect(owner, machine_id="m1")
     shim.files[PATH] = b"x"
-
     finish = audit.audit_record_finish
     calls: list[int] = []
 
@@ -228,12 +230,28 @@ async def test_when_the_recorded_writes_fail_none_is_kept_and_the_operation_fail
         finish(**record)
 
     monkeypatch.setattr(audit, "audit_record_finish", broken_once)
-    with pytest.raises(DatabaseError):
-        await machine_op(user=owner, session_id="s1", op="FILE_STAT", payload={"path": PATH}, caller="test")
+    answer = await machine_op(user=owner, session_id="s1", op="FILE_STAT", payload={"path": PATH}, caller="test")
+    assert answer["machine_id"] == "m1"
     await settle()
     assert len(calls) == 2
-    # The recency written in that transaction was rolled back with it; the audit result
-    # was written again in the background.
-    assert not await database_sync_to_async(PathRecency.objects.filter(path=PATH).exists)()
+    recency = await database_sync_to_async(PathRecency.objects.get)(user=owner, session_id="s1", path=PATH)
+    assert recency.machine_id == "m1"
     record = await database_sync_to_async(AuditRecord.objects.filter(op="FILE_STAT").latest)("pk")
     assert record.result["ok"] is True and record.result.get("pending") is not True
+
+
+async def test_an_operation_run_while_its_caller_handles_an_exception_is_recorded_in_one_step(
+    shims: Any, owner: Any
+) -> None:
+    """What ended an operation is what it raised, not an exception its caller is handling
+    (a copy's clean-up runs inside an except): such an operation still writes its recency."""
+    shim = await shims.connect(owner, machine_id="m1")
+    shim.files[PATH] = b"x"
+    try:
+        raise RuntimeError("the caller's own trouble")
+    except RuntimeError:
+        with database_thread_calls() as calls:
+            await machine_op(user=owner, session_id="s1", op="FILE_STAT", payload={"path": PATH}, caller="test")
+    assert "operation_recorded" in calls, calls
+    recency = await database_sync_to_async(PathRecency.objects.get)(user=owner, session_id="s1", path=PATH)
+    assert recency.machine_id == "m1"
