@@ -37,6 +37,17 @@ def _one_of(choices: list[str], description: str | None = None) -> Any:
     return Field(json_schema_extra={"enum": list(choices)}, description=description)
 
 
+def _related(row: Any, field: str) -> Any:
+    """``row``'s related object ``field``, ``None`` when unset or deleted meanwhile (as DRF's
+    attribute lookup gave)."""
+    if getattr(row, f"{field}_id") is None:
+        return None
+    try:
+        return getattr(row, field)
+    except ObjectDoesNotExist:
+        return None
+
+
 def _username(row: Any, field: str) -> str | None:
     """The username of ``row``'s user ``field``, ``None`` when unset or deleted meanwhile
     (as DRF's attribute lookup gave)."""
@@ -242,8 +253,8 @@ class ApprovalData(BaseModel):
     @classmethod
     def from_row(cls, approval: Approval) -> ApprovalData:
         """``approval`` with its agent, answering user, rule and linked instance."""
-        rule = approval.answered_by_rule
-        peer = approval.answered_by_peer
+        rule = _related(approval, "answered_by_rule")
+        peer = _related(approval, "answered_by_peer")
         return cls(
             id=approval.pk,
             agent_id=str(approval.agent_id),

@@ -355,7 +355,7 @@ class NotificationListView(DispatchAPIView):
     def get(self, request: Request) -> Response:
         user = authenticated_user(request)
         raw = request.query_params.get("limit", "20")
-        if not raw.isdigit() or not 1 <= int(raw) <= 100:
+        if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 100:  # '²'.isdigit() too
             raise InvalidRequest("limit must be a number from 1 to 100")
         results = [
             NotificationShown(

@@ -217,6 +217,8 @@ DATETIME_WRONG = (
     "Datetime has wrong format. Use one of these formats instead: YYYY-MM-DDThh:mm[:ss[.uuuuuu]][+HH:MM|-HH:MM|Z]."
 )
 
+DATETIME_OUT_OF_RANGE = "Datetime value out of range."
+
 # pydantic error type → (DRF error code, the sentence DRF's field answered for it). A
 # sentence is formatted with the error's ``ctx`` and ``input`` (its text) and
 # ``input_type`` (its Python type's name). One table for every DRF view's body
@@ -273,7 +275,9 @@ def _drf_sentence(error: Any) -> ErrorDetail:
     if kind == "too_long" and isinstance(value, str):  # a length on a validated string
         kind = "string_too_long"
     code, sentence = DRF_SENTENCES.get(kind, ("invalid", str(error["msg"])))
-    return ErrorDetail(sentence.format(**ctx, input=value, input_type=type(value).__name__), code=code)
+    # A refused value is echoed at most 40 characters long, as DRF's choice fields cut it.
+    shown = value if isinstance(value, str) and len(value) <= 40 else str(value)[:40]
+    return ErrorDetail(sentence.format(**ctx, input=shown, input_type=type(value).__name__), code=code)
 
 
 def drf_errors(exc: ValidationError) -> dict[str, Any]:
@@ -395,7 +399,12 @@ def _drf_datetime(value: Any) -> datetime:
     if parsed is None:
         raise ValueError(DATETIME_WRONG)
     # USE_TZ: DRF read a date-time without an offset as the current time zone's (UTC).
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+    parsed = parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+    try:  # a moment UTC cannot hold (9999-12-31T23:59-01:00 is in year 10000)
+        parsed.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(DATETIME_OUT_OF_RANGE) from None
+    return parsed
 
 
 # DRF's DateTimeField as a request field reads it: RFC 3339 text (Django's

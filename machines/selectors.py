@@ -306,6 +306,9 @@ def attached_machines(*, user: User, session_id: str) -> list[dict[str, Any]]:
         snapshots.append(
             {
                 **snapshot,
+                # The row's id, whatever the shim's snapshot held (an odd shim must not
+                # break the session's list).
+                "machine_id": machine.machine_id,
                 "display_name": machine.name,
                 "last_active_at": machine.last_active_at,
                 "status": machine_status(machine),

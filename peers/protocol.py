@@ -148,6 +148,9 @@ class MessageBody(WireModel):
     ``core.validation.PLAIN_SENTENCES``'s sentence or its check's own. Validate with the
     context ``{"peer_instance_id": …}``."""
 
+    # The wire names it ``from`` only: the Python name (``sender``) is not another spelling.
+    model_config = ConfigDict(populate_by_name=False)
+
     to_agent_id: StrictStr = Field(min_length=1, max_length=AGENT_ID_MAX)
     sender: SenderAddress = Field(alias="from")
     content: NonBlank = Field(max_length=MAX_MESSAGE_LENGTH)

@@ -93,6 +93,8 @@ class FunctionSpec(WireModel):
     @field_validator("parameters")
     @classmethod
     def _parameters(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if "$schema" in value and not isinstance(value["$schema"], str):
+            raise ValueError('"$schema" must be a string')  # validator_for raises TypeError
         try:
             validator_for(value, default=Draft202012Validator).check_schema(value)
         except SchemaError as exc:

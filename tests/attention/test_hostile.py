@@ -177,3 +177,11 @@ def test_a_push_service_that_redirects_is_not_followed(receiver: Any) -> None:
         server.shutdown()
         server.server_close()
     assert receiver.requests == []
+
+
+@pytest.mark.parametrize("limit", ["²", "0", "101", "x", "-1"])
+def test_a_notification_list_limit_that_is_not_1_to_100_is_a_400(api: Api, limit: str) -> None:
+    """'²'.isdigit() is true, and int('²') raised: a 500."""
+    response = api.get(f"/api/v1/notifications?limit={limit}")
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["message"] == "limit must be a number from 1 to 100"

@@ -166,3 +166,25 @@ def test_an_exclusive_bound_is_worded_as_drfs_inclusive_ones(value: int, sentenc
     with pytest.raises(exceptions.ValidationError) as refused:
         parse_request(Bounded, {"seconds": value})
     assert refused.value.detail == {"seconds": [sentence]}
+
+
+class Expiring(BaseModel):
+    expires_at: DateTime | None = None
+
+
+@pytest.mark.parametrize("moment", ["9999-12-31T23:59:59-23:59", "0001-01-01T00:00:00+01:00"])
+def test_a_date_time_utc_cannot_hold_is_refused_as_drf_refused_it(moment: str) -> None:
+    """Accepted, it failed later with OverflowError (a 500) when saved or written back."""
+    with pytest.raises(exceptions.ValidationError) as refused:
+        parse_request(Expiring, {"expires_at": moment})
+    assert refused.value.detail == {"expires_at": ["Datetime value out of range."]}
+
+
+def test_a_refused_value_is_echoed_at_most_40_characters_long() -> None:
+    class Choice(BaseModel):
+        decision: Literal["allow", "deny"]
+
+    with pytest.raises(exceptions.ValidationError) as refused:
+        parse_request(Choice, {"decision": ["x" * 100_000]})
+    (sentence,) = refused.value.detail["decision"]
+    assert len(sentence) < 80 and sentence.startswith("\"['xxxx")

@@ -85,6 +85,20 @@ async def test_the_machine_routes_need_a_token(owner):
     assert (await Api("wrong").post("/api/v1/sessions/s1/ops", {"op": "FILE_STAT"})).status_code == 401
 
 
+async def test_a_snapshot_without_its_machine_id_does_not_break_the_session_list(shims, owner, api):
+    """The list names each machine by its row: a shim's MACHINE_LIST_RESPONSE with a null
+    machine_id (stored as it came) made the answer fail validation (a 500)."""
+    await shims.connect(owner, machine_id="m1", hostname="laptop", sessions=["s1"])
+    await shims.connect(owner, machine_id="m2", hostname="server", sessions=["s1"])
+    await snapshots_stored(owner, 2)
+    await database_sync_to_async(
+        lambda: Machine.objects.filter(user=owner, machine_id="m1").update(snapshot={"machine_id": None})
+    )()
+    response = await api.get("/api/v1/sessions/s1/machines")
+    assert response.status_code == 200, response.content
+    assert sorted(m["machine_id"] for m in response.json()["machines"]) == ["m1", "m2"]
+
+
 async def test_session_machines_are_the_attached_snapshots(shims, owner, api):
     await shims.connect(owner, machine_id="m1", hostname="laptop", sessions=["s1"])
     await shims.connect(owner, machine_id="m2", hostname="server", display_name="Build", sessions=["*"])

@@ -170,6 +170,13 @@ def test_a_good_launch_and_message_pass_the_models() -> None:
     assert (message.to_agent_id, message.sender.name, message.content) == ("agt_0123456789ab", "Ann", "hello")
 
 
+def test_a_message_names_its_sender_from_only() -> None:
+    """``from`` is the wire's one name for the sender; the model's Python name is not another."""
+    context = {PEER_INSTANCE_ID: INSTANCE}
+    renamed = {"to_agent_id": MESSAGE["to_agent_id"], "sender": MESSAGE["from"], "content": "hello"}
+    assert _verdict(lambda: parse_plain(MessageBody, renamed, context=context)) == "from is required"
+
+
 def test_the_staff_bodies_refuse_what_the_routes_refused() -> None:
     assert _verdict(lambda: parse_plain(OfferBody, {"as_user": 5})) == "as_user must be a string"
     assert parse_plain(OfferBody, {"as_user": "", "allow_launch": False}).flags() == {"allow_launch": False}

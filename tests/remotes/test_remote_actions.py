@@ -93,6 +93,12 @@ FUNCTION_RULE = "must be 1-64 characters from letters, digits, '_' and '-'"
         ("ok", [{"name": "twice"}, {"name": "twice"}], "invalid tools: duplicate function name 'twice'"),
         ("ok", [{"name": f"f{i}"} for i in range(129)], "invalid tools: a remote has 0 to 128 functions, got 129"),
         ("ok", [{"name": "f", "parameters": {"type": 5}}], "invalid tools[0].parameters: not a valid JSON Schema"),
+        # jsonschema's validator_for raised TypeError for a $schema that is not text: an internal error.
+        (
+            "ok",
+            [{"name": "f", "parameters": {"$schema": [], "type": "object"}}],
+            'invalid tools[0].parameters: "$schema" must be a string',
+        ),
         (
             "ok",
             [{"name": "f", "parameters": {"type": "string"}}],
@@ -126,6 +132,7 @@ FUNCTION_RULE = "must be 1-64 characters from letters, digits, '_' and '-'"
         "duplicate",
         "129-functions",
         "schema-invalid",
+        "schema-dialect-not-text",
         "schema-not-object-type",
         "schema-without-type",
         "schema-not-dict",
