@@ -5,11 +5,9 @@ live.py in one of its modes (the relay, B12's fleet).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -20,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from common import encode, free_port, stop_process, wait_for_port
-from live_common import DEFAULT_LIMITS, LIVE_VERSION, MAX_MESSAGE, REPO, SCRIPT, SESSION
+from live_common import DEFAULT_LIMITS, LIVE_VERSION, REPO, SCRIPT, SESSION
 from machines_common import envelope
 from machines_relay import MachineRelay, RelayError, ShimLink
+from machines_relay import run_relay as serve_relay
 
 # --- the baseline: a bare websockets relay that also relays streamed frames --------------
 
@@ -108,15 +107,8 @@ class LiveRelay(MachineRelay):
 
 
 async def run_relay(port: int) -> None:
-    from websockets.asyncio.server import serve
-
-    relay = LiveRelay()
-    stop = asyncio.get_running_loop().create_future()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(signum, stop.set_result, None)
-    async with serve(relay.handle, "127.0.0.1", port, compression=None, max_size=MAX_MESSAGE):
-        print(f"listening on {port}", flush=True)
-        await stop
+    """The streaming relay on ``port`` (``machines_relay.run_relay`` with a ``LiveRelay``)."""
+    await serve_relay(port, LiveRelay())
 
 
 @contextlib.contextmanager

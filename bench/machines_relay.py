@@ -186,10 +186,12 @@ class MachineRelay:
         return {"size_bytes": source_final["size_bytes"], "sha256": source_final["sha256"]}
 
 
-async def run_relay(port: int) -> None:
+async def run_relay(port: int, relay: MachineRelay | None = None) -> None:
+    """Serve ``relay`` (a ``MachineRelay``; the live bench passes its own subclass) on
+    ``port`` until SIGTERM or SIGINT."""
     from websockets.asyncio.server import serve
 
-    relay = MachineRelay()
+    relay = relay or MachineRelay()
     stop = asyncio.get_running_loop().create_future()
     for signum in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(signum, stop.set_result, None)
