@@ -33,17 +33,17 @@ from pydantic import (
 
 from core.validation import NonBlank, WireModel, drf_errors, rule
 from machines.protocol import CALLER_OPERATIONS, DEFAULT_LIMITS
-from machines.shim.protocol import PATH_DESCRIPTION, PAYLOADS, LiveFields
+from machines.shim.payloads import PATH_DESCRIPTION, PAYLOADS, LiveFields
 
 if TYPE_CHECKING:
     pass
 
-# pydantic's Field arguments a payload field's metadata may carry (machines.shim.protocol).
+# pydantic's Field arguments a payload field's metadata may carry (machines.shim.payloads).
 _FIELD_ARGUMENTS = ("description", "ge", "gt", "le", "min_length")
 
 
 def payload_model(shared: type[Any], *, exclude: Iterable[str] = ()) -> type[BaseModel]:
-    """The pydantic model of an operation payload defined once in ``machines.shim.protocol``
+    """The pydantic model of an operation payload defined once in ``machines.shim.payloads``
     (a standard-library dataclass, since the shim installs without pydantic): the same
     fields, types, defaults, bounds and descriptions (not its docstring, written for
     developers: a schema's ``description`` reaches models and clients); strict (``"3"`` is not an integer,

@@ -27,12 +27,8 @@ from .files import cancellable, os_error
 from .guardian import GUARDIAN
 from .jail import PathJail
 from .live import PIPE_CHUNK, CommandOptions, FrameSender, LiveCommand, kill_group
-from .protocol import (
-    OPERATIONS,
+from .payloads import (
     PAYLOADS,
-    PROTOCOL_VERSION,
-    Capability,
-    ErrorCode,
     ExecuteCommand,
     FileDelete,
     FileList,
@@ -40,11 +36,17 @@ from .protocol import (
     FileRead,
     FileStat,
     FileWrite,
-    Limits,
     LiveFields,
+    payload_of,
+)
+from .protocol import (
+    OPERATIONS,
+    PROTOCOL_VERSION,
+    Capability,
+    ErrorCode,
+    Limits,
     MessageType,
     ShimError,
-    payload_of,
     supports_live_operations,
 )
 
@@ -157,7 +159,7 @@ class Operations:
         ``live`` is the command's :class:`LiveCommand` when ``op`` is ``EXECUTE_COMMAND``
         and the caller wants to cancel it or feed it (see :meth:`live_command`).
         The payload is checked once, here, against the operation's model
-        (``protocol.payload_of``). Raises ``ShimError`` with a protocol error code for every
+        (``payloads.payload_of``). Raises ``ShimError`` with a protocol error code for every
         refusal and failure.
         """
         self.check_allowed(op)

@@ -24,7 +24,8 @@ from machines.schemas import (
     SessionPipeBody,
     without_nulls,
 )
-from machines.shim.protocol import MAX_LIST_ENTRIES, PATH_DESCRIPTION, PAYLOADS, LiveFields, ShimError, payload_of
+from machines.shim.payloads import MAX_LIST_ENTRIES, PATH_DESCRIPTION, PAYLOADS, LiveFields, payload_of
+from machines.shim.protocol import ShimError
 
 # Each operation's payloads, good and bad: every reader must agree on each.
 SAMPLES: dict[str, list[dict[str, Any]]] = {
