@@ -89,7 +89,14 @@ def _payload_alternatives() -> list[JsonValue]:
     alternatives than a schema-driven generator such as schemathesis resolves.)"""
     alternatives: list[JsonValue] = []
     for op, model in CALLER_PAYLOAD_MODELS.items():
-        payload: JsonValue = {key: value for key, value in model.model_json_schema().items() if key != "title"}
+        payload: dict[str, Any] = {key: value for key, value in model.model_json_schema().items() if key != "title"}
+        required = set(payload.get("required", []))
+        # The route reads an optional field sent as null as absent (``without_nulls``), as
+        # the shim does: the schema accepts that null too.
+        payload["properties"] = {
+            name: (field if name in required else {"anyOf": [field, {"type": "null"}]})
+            for name, field in payload.get("properties", {}).items()
+        }
         alternative: dict[str, JsonValue] = {"properties": {"op": {"const": op}, "payload": payload}}
         if model.model_json_schema().get("required"):  # an absent payload is {}: it lacks them
             alternative["required"] = ["payload"]

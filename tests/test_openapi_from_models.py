@@ -122,6 +122,14 @@ def test_a_body_fields_rules_reach_the_schema(schema: dict[str, Any]) -> None:
     assert RemoteCallBody.__name__ not in components  # inlined without its path field
 
 
+def test_an_operation_payloads_optional_field_may_be_null_as_the_route_reads_it(schema: dict[str, Any]) -> None:
+    """``POST …/ops`` reads an optional payload field sent as null as absent (and the shim
+    does): the documented body accepts it, and still refuses a null required one."""
+    validator = Draft202012Validator({"$ref": "#/components/schemas/SessionOpBody", "components": schema["components"]})
+    assert validator.is_valid({"op": "FILE_READ", "payload": {"path": "/a", "encoding": None, "offset": None}})
+    assert not validator.is_valid({"op": "FILE_READ", "payload": {"path": None}})
+
+
 def test_every_ref_resolves_and_no_defs_are_left_inside(schema: dict[str, Any]) -> None:
     components = schema["components"]["schemas"]
     for ref in _refs(schema):
