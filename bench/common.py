@@ -448,7 +448,7 @@ def bench_row(
     ``baseline`` (text with units; the baseline names itself, e.g. "0.36 (bare relay)"),
     ``ratio`` (text), ``cpu`` (text "Dispatch / baseline" server CPU ms per operation),
     ``cpu_ms_per_op`` ({"dispatch", "baseline"}: numbers or None), ``goal`` (the row's
-    target, bench/README.md "Goals", or "—"), ``pass`` (True, False, or None for information rows and rows not
+    target, bench/README.md#goals, or "—"), ``pass`` (True, False, or None for information rows and rows not
     measured) and ``numbers`` (the figures behind the text, each key naming its unit).
     ``extra`` keys (``skipped``, ``why``…) are kept as given.
     """

@@ -39,7 +39,7 @@ prints ``SKIP`` with the reason — never a number it did not measure.
 This file starts the servers and the shims, runs the phases and writes the report, and is
 the entry point of the child processes they start (``relay``, ``shims``); the phases are
 live_b10.py, live_b11.py and live_b12.py, the relay live_relay.py, the rows live_table.py,
-what they share live_common.py (bench/README.md, "Live operations").
+what they share live_common.py (bench/README.md#live-operations-livepy-b10-b11-b12).
 
 Prints a table and writes bench/results/live.json. Bounded (aborts itself after
 HARD_LIMIT seconds) and stops every process it started.

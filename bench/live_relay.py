@@ -1,4 +1,4 @@
-"""The baseline of bench/live.py's B10: bench/machines.py's bare relay, extended to relay
+"""The baseline of bench/live.py's B10: machines_relay.py's ``MachineRelay``, extended to relay
 streamed frames (``live.py relay --port P`` runs it alone), and ``child``, which runs
 live.py in one of its modes (the relay, B12's fleet).
 """
@@ -27,7 +27,7 @@ from machines_relay import run_relay as serve_relay
 
 
 class LiveRelay(MachineRelay):
-    """bench/machines.py's relay, speaking 2.1 to the shims: a caller's ``EXECUTE_COMMAND``
+    """machines_relay.py's ``MachineRelay``, speaking 2.1 to the shims: a caller's ``EXECUTE_COMMAND``
     with ``stream: true`` gets every frame the shim sends under that id (``COMMAND_OUTPUT``…,
     then ``COMMAND_RESULT`` or ``ERROR``), each parsed and re-serialised; a caller's
     ``CANCEL {request_id}`` goes to the shim running it with a fresh id (its ``ACK`` is
@@ -113,7 +113,7 @@ async def run_relay(port: int) -> None:
 
 @contextlib.contextmanager
 def child(args: list[str], name: str, ready: str, timeout: float = 60) -> Iterator[subprocess.Popen[bytes]]:
-    """Run this file in another mode; yields once it printed ``ready``; always stopped."""
+    """Run bench/live.py in another mode; yields once it printed ``ready``; always stopped."""
     log = tempfile.NamedTemporaryFile(prefix=f"bench-live-{name}-", suffix=".log", delete=False, mode="w+")
     proc = subprocess.Popen([sys.executable, str(SCRIPT), *args], stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
     try:

@@ -37,7 +37,7 @@ includes HTTP (the ``(B4')`` row shows Dispatch's bare HTTP round trip on the sa
 This file starts the servers, runs the phases and writes the report, and is the entry point
 of the child processes they start (``relay``, ``tool-driver``, ``b6-clients``); the phases
 are machines_b4.py, machines_b5.py and machines_b6.py, the rows and details
-machines_table.py, what they share machines_common.py (bench/README.md, "Machines").
+machines_table.py, what they share machines_common.py (bench/README.md#machines-machinespy-b4-b5-b6).
 
 Prints a table and writes bench/results/machines.json. Bounded (aborts itself after
 HARD_LIMIT seconds) and stops every process it started.

@@ -203,7 +203,7 @@ async def run_relay(port: int, relay: MachineRelay | None = None) -> None:
 
 @contextlib.contextmanager
 def relay_server() -> Iterator[tuple[str, int]]:
-    """Run the relay (this file, ``relay`` mode) on a free port; yields (base URL, pid)."""
+    """Run the relay (bench/machines.py's ``relay`` mode) on a free port; yields (base URL, pid)."""
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="bench-machine-relay-", suffix=".log", delete=False)
     proc = subprocess.Popen(

@@ -94,7 +94,7 @@ B6_GOAL = (
 
 
 def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """The B4–B6 rows (common.bench_row), goals from bench/README.md "Goals"."""
+    """The B4–B6 rows (common.bench_row), goals from bench/README.md#goals."""
     b5, b6 = report["b5"], report["b6"]
     if "failed" in b6:
         return [

@@ -162,7 +162,7 @@ def main(argv: list[str]) -> int:
             drain_wait=60,
         )
         if options.quick
-        else Sizes(  # cut to fit a full `make bench` in 15 minutes (bench/README.md "How long")
+        else Sizes(  # cut to fit a full `make bench` in 15 minutes (bench/README.md#how-long)
             warmup_changes=20,
             changes=200,
             baseline_messages=500,

@@ -57,7 +57,7 @@ class Sizes:
 
 
 def run_child(env: dict[str, str], mode: str, *args: str, timeout: float = 600) -> Any:
-    """Run this script in ``mode`` with ``env``; returns the JSON it wrote."""
+    """Run bench/peers.py in ``mode`` with ``env``; returns the JSON it wrote."""
     out = Path(env["DISPATCH_DATA_DIR"]) / f"bench-{mode}-{uuid.uuid4().hex[:6]}.json"
     done = subprocess.run(
         [sys.executable, str(SCRIPT), mode, "--out", str(out), *args],

@@ -66,7 +66,7 @@ from tests.infra import instance  # noqa: E402
 RESULTS = BENCH / "results" / "remote_calls.json"
 HARD_LIMIT = 240  # seconds: the whole run is aborted (and cleaned up) past this
 
-# Goals: bench/README.md "Goals" (where the floor each must stay above is printed too).
+# Goals: bench/README.md#goals (where the floor each must stay above is printed too).
 B1_MAX_RATIO = 2.0
 B2_MAX_RATIO = 4.0
 B3_MAX_CPU_RATIO = 3.0  # server CPU per call / the bare relay's, none lost

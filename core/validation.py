@@ -2,8 +2,8 @@
 
 Every body model of Dispatch (``/ws`` actions, ``/ws/shim/`` ``HELLO``, the async REST
 routes, the peer API) is a pydantic model, most of them ``WireModel``s; its edge
-validates the body and answers the first error as text. Two styles exist on the wire
-today, both kept byte for byte:
+validates the body and answers the first error as text. Three styles exist on the wire
+today, each kept byte for byte:
 
 - ``describe_validation_error``: ``missing field 'x'`` / ``invalid <path>: <reason>``
   (``/ws`` actions, ``HELLO``, ``parse_body``);

@@ -16,7 +16,7 @@ server), and imported from there. This module adds only what the server needs on
   receives from ``machines.services`` (``MachineOpMessage``, ``MachineRevokedMessage``,
   ``MachineTakeoverMessage``), and the ``MachineReplyMessage`` it answers an operation with.
 
-The operations' payloads are defined there too (``machines.shim.payloads.PAYLOADS``, one
+The operations' payloads are defined beside it, in ``machines.shim.payloads`` (``PAYLOADS``, one
 standard-library dataclass per operation); ``machines.schemas`` derives the platform's
 pydantic models from them, beside the bodies of the machines app's REST routes.
 """

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Annotated, Any, Literal, get_type_hints
+from typing import Annotated, Any, Literal, get_type_hints
 
 from pydantic import (
     AfterValidator,
@@ -34,9 +34,6 @@ from pydantic import (
 from core.validation import NonBlank, WireModel, drf_errors, rule
 from machines.protocol import CALLER_OPERATIONS, DEFAULT_LIMITS
 from machines.shim.payloads import PATH_DESCRIPTION, PAYLOADS, LiveFields
-
-if TYPE_CHECKING:
-    pass
 
 # pydantic's Field arguments a payload field's metadata may carry (machines.shim.payloads).
 _FIELD_ARGUMENTS = ("description", "ge", "gt", "le", "min_length")

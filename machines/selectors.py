@@ -46,8 +46,8 @@ class MachineShown:
 
 @dataclass(frozen=True)
 class RecentOperation:
-    """One row of the Machines page's "Recent operations" (docs/live-operations.md, "The
-    Machines page"): an operation of its own, or a whole copy or pipe.
+    """One row of the Machines page's "Recent operations" (docs/live-operations.md#the-machines-page):
+    an operation of its own, or a whole copy or pipe.
 
     ``kind`` is ``"op"``, ``"copy"`` or ``"pipe"``; ``op`` the operation's name (``COPY``,
     ``PIPE`` for the two others); ``machines`` one machine, or a copy's or pipe's source then

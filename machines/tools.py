@@ -70,7 +70,7 @@ _SESSION = {"type": "string", "description": "The machine session to act in (def
 
 def _schema(op: str) -> dict[str, Any]:
     """The input schema of ``op``'s tool: its caller payload model's
-    (``machines.schemas.CALLER_PAYLOAD_MODELS``, from ``machines.shim.protocol``), plus where
+    (``machines.schemas.CALLER_PAYLOAD_MODELS``, from ``machines.shim.payloads``), plus where
     to run it. Unknown arguments are refused (a typo is not silently ignored)."""
     payload = CALLER_PAYLOAD_MODELS[op].model_json_schema()
     properties = {name: _tool_property(schema) for name, schema in payload["properties"].items()}

@@ -1,4 +1,4 @@
-"""The Redis channel layer's connection pool waits instead of failing (dispatch/channel_layer.py).
+"""The Redis channel layer's connection pool waits instead of failing (core/channel_layer.py).
 
 redis-py 8's plain pool raises ``MaxConnectionsError`` past 100 connections: a process
 with hundreds of sends in flight lost some. These run against a real Redis.

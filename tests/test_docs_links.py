@@ -50,7 +50,7 @@ OUTSIDE_CITATION = re.compile(r"spec[/]|shared[/]spec|\xa7|(?-i:CONVENTION[S])|\
 RFC_SECTION = re.compile(r"RFC ?\d+,? ?(section |\xa7 ?)[\d.]+", re.IGNORECASE)
 DOCS_CITATION = re.compile(r"docs/([\w.-]+\.md)(?:#([\w-]+))?")
 # A heading cited by its title in quotes: the anchor form is checked, this one was not.
-QUOTED_CITATION = re.compile(r'docs/[\w.-]+\.md \"')
+QUOTED_CITATION = re.compile(r'(?:docs/[\w.-]+|bench/README)\.md,? \"')
 NOT_SCANNED = ("node_modules/", ".venv/", "var/")
 
 
@@ -318,7 +318,8 @@ def test_the_citation_checker_finds_outside_and_broken_citations(tmp_path: Path)
         f"# See {rules}.md.\n"
         f"# Closes 4401 ({docs}guide.md#close-codes), bearer per RFC 6750 {sign}3.1.\n"
         f"# Wrong: {docs}guide.md#nope and {docs}gone.md.\n"
-        f'# By title: {docs}guide.md "Close codes".\n',
+        f'# By title: {docs}guide.md "Close codes".\n'
+        f'# And: ({docs}guide.md, "Close codes").\n',
         encoding="utf-8",
     )
     good = tmp_path / "good.py"
@@ -332,5 +333,6 @@ def test_the_citation_checker_finds_outside_and_broken_citations(tmp_path: Path)
         f"bad.py:6: {docs}guide.md#nope: no such heading",
         f"bad.py:6: {docs}gone.md: no such document",
         "bad.py:7: a heading cited by its title: cite docs/<file>.md#<anchor>",
+        "bad.py:8: a heading cited by its title: cite docs/<file>.md#<anchor>",
     ]
     assert outside_citations(["good.py"], tmp_path) == broken_docs_citations(["good.py"], tmp_path) == []

@@ -4,7 +4,7 @@ Three kinds go out: the answer to the first-frame login (``AuthOk``, or an ``Err
 before the socket closes), a reply to a request (its result's fields at the top level, then
 the request's ``nonce`` when it had one: ``reply``), and an event (an ``action`` and never a
 ``nonce``: docs/ws-protocol.md#events). The consumer sends all of them through one method,
-``SessionConsumer._send``.
+``AuthenticatingConsumer._send`` (``dispatch.ws.auth``).
 
 They are ``TypedDict``\\ s, not pydantic models: a frame is built on every remote call
 (twice: the event to the serving session, the reply to the caller), and a model built even

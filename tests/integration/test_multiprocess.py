@@ -354,7 +354,7 @@ async def test_the_client_library_re_registers_on_the_other_process_after_a_cras
 
 async def test_hundreds_of_calls_across_processes_through_tiny_redis_pools_all_complete() -> None:
     # redis-py 8's plain pool raised "Too many connections" past its cap and the call was
-    # lost; Dispatch's pool waits for a free connection (dispatch/channel_layer.py). Both
+    # lost; Dispatch's pool waits for a free connection (core/channel_layer.py). Both
     # processes get 3 connections for 240 calls in flight across Redis.
     with instance(postgres=True, redis=True) as inst:
         a = inst.serve(wait=False, DISPATCH_REDIS_MAX_CONNECTIONS=3)

@@ -1,4 +1,4 @@
-"""The machine-operation payloads, defined once in ``machines.shim.protocol`` (``PAYLOADS``:
+"""The machine-operation payloads, defined once in ``machines.shim.payloads`` (``PAYLOADS``:
 standard-library dataclasses, since the shim installs without pydantic) and read three
 ways: by the shim (``payload_of``), by the platform's pydantic models
 (``machines.schemas.PAYLOAD_MODELS``, which ``POST …/ops`` validates with) and as the

@@ -1,4 +1,4 @@
-"""The Machines page's "Recent operations" (docs/live-operations.md, "The Machines page"):
+"""The Machines page's "Recent operations" (docs/live-operations.md#the-machines-page):
 a copy is one row, not one per chunk; a pipe is one row naming both machines; a cancelled
 command says so. Real copies, pipes and cancels run through the services against the fake
 shims of ``tests/machines/conftest.py``; the page is rendered by its view."""
