@@ -275,7 +275,8 @@ def _drf_sentence(error: Any) -> ErrorDetail:
     if kind == "too_long" and isinstance(value, str):  # a length on a validated string
         kind = "string_too_long"
     code, sentence = DRF_SENTENCES.get(kind, ("invalid", str(error["msg"])))
-    # A refused value is echoed at most 40 characters long, as DRF's choice fields cut it.
+    # A refused value is echoed at most 40 characters long: an error never returns a
+    # client's large value to it (the serializers cut a non-string choice the same way).
     shown = value if isinstance(value, str) and len(value) <= 40 else str(value)[:40]
     return ErrorDetail(sentence.format(**ctx, input=shown, input_type=type(value).__name__), code=code)
 

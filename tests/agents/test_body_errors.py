@@ -214,12 +214,14 @@ def test_a_body_is_read_or_refused_as_its_drf_serializer_did(
     assert got.model_dump() == dict(serializer.validated_data)
 
 
-def test_a_non_string_decision_is_quoted_whole() -> None:
-    # DRF's StrictChoiceField cut a non-string choice to 40 characters; the one table
-    # of sentences quotes the value as sent.
+def test_a_refused_value_is_echoed_at_most_40_characters_long() -> None:
+    # An error must not echo a client's megabyte back at it: a refused value is quoted
+    # cut to 40 characters, a short one whole.
     status, data = parsed_or_refused(AnswerApprovalBody, {"decision": ["x" * 50]})  # type: ignore[misc]
     assert status == 400
-    assert data["error"]["details"] == {"decision": [f'"{["x" * 50]}" is not a valid choice.']}
+    assert data["error"]["details"] == {"decision": [f'"{str(["x" * 50])[:40]}" is not a valid choice.']}
+    status, data = parsed_or_refused(AnswerApprovalBody, {"decision": "maybe"})  # type: ignore[misc]
+    assert data["error"]["details"] == {"decision": ['"maybe" is not a valid choice.']}
 
 
 @pytest.mark.parametrize(
