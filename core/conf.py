@@ -8,10 +8,15 @@ Nothing falls back silently.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import ipaddress
+import json
 import os
+import secrets
 from pathlib import Path
 
+from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -115,3 +120,65 @@ def env_secret(name: str) -> str | None:
             raise ImproperlyConfigured(f"{name}_FILE: {path} is empty")
         return content
     return None
+
+
+def recorded_public_url(record: Path) -> str:
+    """The ``url`` of ``record`` (``{"url", "pid"}``, written by ``serve``) while the
+    process ``pid`` runs on this host; ``""`` when the file is missing, unreadable or its
+    process is gone (a ``serve`` that was killed leaves it behind) or is this one (a
+    restarted container's ``serve`` may get the dead one's pid)."""
+    try:
+        data = json.loads(record.read_text())
+        url, pid = data["url"], data["pid"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return ""
+    if not isinstance(url, str) or not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return ""
+    if pid == os.getpid():
+        return ""
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        pass  # alive, owned by another user
+    except OSError:
+        return ""
+    return url
+
+
+def secret_key(given: str | None, data_dir: Path) -> tuple[str, bool]:
+    """``given`` (``SECRET_KEY``), else the key in ``data_dir/secret_key`` (made on first
+    use, mode 0600), and whether it came from that file. Raises ``ImproperlyConfigured``
+    when the file is empty."""
+    if given:
+        return given, False
+    key_file = data_dir / "secret_key"
+    if not key_file.exists():
+        # O_EXCL: two processes starting at once must not write two different keys.
+        try:
+            fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "w") as handle:
+                handle.write(secrets.token_urlsafe(50))
+    key = key_file.read_text().strip()
+    if not key:
+        raise ImproperlyConfigured(f"{key_file} is empty; delete it or set SECRET_KEY")
+    return key, True
+
+
+def encryption_keys(keys: list[str], secret_key: str) -> list[str]:
+    """``keys`` (``DISPATCH_ENCRYPTION_KEYS``: Fernet keys, newest first), else one key
+    derived from ``secret_key``. Raises ``ImproperlyConfigured`` naming a key that is not
+    a Fernet key."""
+    if not keys:
+        digest = hashlib.sha256(b"dispatch-encryption:" + secret_key.encode()).digest()
+        return [base64.urlsafe_b64encode(digest).decode()]
+    for index, key in enumerate(keys):
+        try:
+            Fernet(key)
+        except (ValueError, TypeError):
+            raise ImproperlyConfigured(
+                f"DISPATCH_ENCRYPTION_KEYS: key #{index + 1} is not a valid Fernet key"
+            ) from None
+    return keys

@@ -7,24 +7,31 @@ Every variable is listed in ``.env.example`` and in the README. Helpers in
 
 from __future__ import annotations
 
-import base64
 import hashlib
-import json
 import os
 import re
-import secrets
 import tempfile
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import dj_database_url
-from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
 from dotenv import load_dotenv
 
 from agents.types import parse_agent_types
-from core.conf import env_bool, env_float, env_int, env_list, env_networks, env_secret, env_str
+from core.conf import (
+    encryption_keys,
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_networks,
+    env_secret,
+    env_str,
+    recorded_public_url,
+    secret_key,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 load_dotenv(BASE_DIR / ".env", override=False)
@@ -40,33 +47,10 @@ DIST_DIR = _dist_dir if _dist_dir.is_absolute() else BASE_DIR / _dist_dir
 DEBUG = env_bool("DEBUG", False)
 
 DEFAULT_PUBLIC_URL = "http://127.0.0.1:8000"
-# Where a running ``serve`` records the public URL it serves under (docs/operating.md
-# "Settings"): a command run in another terminal (``peer_offer``, ``issue_token``) prints the
+# Where a running ``serve`` records the public URL it serves under
+# (docs/operating.md#settings): a command run in another terminal (``peer_offer``, ``issue_token``) prints the
 # address that server hands out, even when only ``make run PORT=…`` chose it.
 PUBLIC_URL_RECORD = DATA_DIR / "public_url.json"
-
-
-def recorded_public_url(record: Path) -> str:
-    """The ``url`` of ``record`` (``{"url", "pid"}``, written by ``serve``) while the
-    process ``pid`` runs on this host; ``""`` when the file is missing, unreadable or its
-    process is gone (a ``serve`` that was killed leaves it behind) or is this one (a
-    restarted container's ``serve`` may get the dead one's pid)."""
-    try:
-        data = json.loads(record.read_text())
-        url, pid = data["url"], data["pid"]
-    except (OSError, ValueError, TypeError, KeyError):
-        return ""
-    if not isinstance(url, str) or not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        return ""
-    if pid == os.getpid():
-        return ""
-    try:
-        os.kill(pid, 0)
-    except PermissionError:
-        pass  # alive, owned by another user
-    except OSError:
-        return ""
-    return url
 
 
 # DISPATCH_PUBLIC_URL (environment or .env), else the URL a running serve recorded, else the default.
@@ -85,47 +69,11 @@ if _public.scheme not in ("http", "https") or not _public.hostname:
     )
 
 
-def _secret_key() -> tuple[str, bool]:
-    """The secret key and whether it came from the local key file."""
-    given = env_secret("SECRET_KEY")
-    if given:
-        return given, False
-    key_file = DATA_DIR / "secret_key"
-    if not key_file.exists():
-        # O_EXCL: two processes starting at once must not write two different keys.
-        try:
-            fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            pass
-        else:
-            with os.fdopen(fd, "w") as handle:
-                handle.write(secrets.token_urlsafe(50))
-    key = key_file.read_text().strip()
-    if not key:
-        raise ImproperlyConfigured(f"{key_file} is empty; delete it or set SECRET_KEY")
-    return key, True
-
-
-SECRET_KEY, SECRET_KEY_FROM_LOCAL_FILE = _secret_key()
-
-
-def _encryption_keys() -> list[str]:
-    keys = env_list("DISPATCH_ENCRYPTION_KEYS", [])
-    if not keys:
-        digest = hashlib.sha256(b"dispatch-encryption:" + SECRET_KEY.encode()).digest()
-        return [base64.urlsafe_b64encode(digest).decode()]
-    for index, key in enumerate(keys):
-        try:
-            Fernet(key)
-        except (ValueError, TypeError):
-            raise ImproperlyConfigured(
-                f"DISPATCH_ENCRYPTION_KEYS: key #{index + 1} is not a valid Fernet key"
-            ) from None
-    return keys
+SECRET_KEY, SECRET_KEY_FROM_LOCAL_FILE = secret_key(env_secret("SECRET_KEY"), DATA_DIR)
 
 
 # MultiFernet keys for secrets at rest, newest first.
-ENCRYPTION_KEYS = _encryption_keys()
+ENCRYPTION_KEYS = encryption_keys(env_list("DISPATCH_ENCRYPTION_KEYS", []), SECRET_KEY)
 
 _local_hosts = ["localhost", "127.0.0.1", "[::1]"]
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", [*_local_hosts, _public.hostname])

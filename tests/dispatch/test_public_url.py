@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from core.conf import recorded_public_url
 from dispatch.management.commands.serve import (
     forget_public_url,
     record_public_url,
@@ -20,7 +21,6 @@ from dispatch.management.commands.serve import (
     unnamed_wildcard_host_error,
     wildcard_public_url_error,
 )
-from dispatch.settings import recorded_public_url
 from tests.infra import PYTHON, REPO, base_env, free_port, manage
 
 
