@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
 from agents.models import Agent, AgentMessage, Run
 from agents.services import agent_create
@@ -27,6 +28,24 @@ def test_the_list_shows_only_the_users_agents(browser, owner, member, tmp_path):
     assert "mine" in page and "theirs" not in page
     fragment = browser.get("/agents/fragment").content.decode()
     assert "mine" in fragment and "<html" not in fragment
+
+
+def test_the_list_escapes_every_value_of_a_row(browser, owner, tmp_path):
+    # The list's rows are written in Python for speed (agents.views.AgentRow.html), not
+    # by the template's autoescape: a name, event or parent id must still come out as text.
+    parent = agent_create(owner=owner, type="expert", name="p&<i>", cwd=str(tmp_path))
+    child = agent_create(owner=owner, type="expert", name='<script>alert("x")</script>', cwd=str(tmp_path))
+    Agent.objects.filter(pk=child.pk).update(
+        parent=parent, latest_event_type="blocked",
+        latest_event_message="<img src=x onerror=1>" + "y" * 100,
+        latest_event_at=timezone.now(),
+    )
+    for path in ("/", "/agents/fragment"):
+        page = browser.get(path).content.decode()
+        assert "<script>alert" not in page and "<img" not in page and "p&<i>" not in page
+        assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;" in page and "p&amp;&lt;i&gt;" in page
+        assert "waiting for approval</span> &lt;img src=x onerror=1&gt;" in page
+        assert f'<a href="/agents/{child.pk}/">' in page and f"child of {parent.pk}" in page
 
 
 def test_the_launch_form_creates_an_expert_agent_with_its_first_prompt(browser, owner, tmp_path):
