@@ -12,7 +12,15 @@
     as ``manage.py serve``), relaying between two connections over the in-memory channel
     layer: the framework's cost, with nothing of Dispatch in it.
 
-Both print ``listening on P`` once ready and stop on SIGTERM.
+``python bench/baseline.py redis-relay --port P --redis URL [--prefix K]``
+    The bare relay split over processes: started twice on one Redis, a call from a
+    caller on one process to a remote served by the other goes through Redis as one
+    PUBLISH each way (the serving process's channel, found in a Redis hash when the
+    remote connects), JSON in and out, nothing else. The floor of any relay that
+    crosses processes through Redis pub/sub: B2's cross-process cost with nothing of
+    Dispatch or Channels in it.
+
+All print ``listening on P`` once ready and stop on SIGTERM.
 """
 
 from __future__ import annotations
@@ -107,6 +115,120 @@ async def run_relay(port: int) -> None:
     async with serve(relay.handle, "127.0.0.1", port, compression=None, max_size=16 * 1024 * 1024):
         print(f"listening on {port}", flush=True)
         await stop
+
+
+# --- the bare relay over two processes and Redis ----------------------------------------
+
+
+class RedisRelay:
+    """One process of the two-process relay: its own websockets, its Redis channel."""
+
+    def __init__(self, redis: Any, prefix: str, port: int) -> None:
+        self.redis = redis
+        self.registry = f"{prefix}:remotes"  # Redis hash: remotename -> its process's channel
+        self.channel = f"{prefix}:{port}"
+        self.remotes: dict[str, Any] = {}  # remotename -> serving connection of this process
+        self.counters: dict[str, int] = {}
+        self.where: dict[str, str] = {}  # remotename -> channel of its process (looked up once)
+        self.waiting: dict[str, tuple[Any, Any]] = {}  # call id -> (caller connection, nonce)
+        self.pending: dict[str, tuple[str, str]] = {}  # requestId -> (caller's channel, call id)
+        self.calls = 0
+
+    async def handle(self, ws: Any) -> None:
+        served: list[str] = []
+        try:
+            async for frame in ws:
+                message = json.loads(frame)
+                action = message.get("action")
+                nonce = message.get("nonce")
+                body = message.get("body") or {}
+                if action == "remote-call":
+                    name = body["remotename"]
+                    channel = self.where.get(name)
+                    if channel is None:
+                        found = await self.redis.hget(self.registry, name)
+                        if found is None:
+                            await ws.send(encode({"error": f"no connected remote named '{name}'", "nonce": nonce}))
+                            continue
+                        channel = self.where[name] = found.decode()
+                    self.calls += 1
+                    call_id = f"{self.channel}#{self.calls}"
+                    self.waiting[call_id] = (ws, nonce)
+                    call = {"call": call_id, "reply_to": self.channel, "remotename": name}
+                    call.update(function=body["function"], args=body.get("args") or {})
+                    await self.redis.publish(channel, encode(call))
+                elif action == "remote-call-result":
+                    route = self.pending.pop(message.get("requestId"), None)
+                    if route is None:
+                        continue
+                    reply_to, call_id = route
+                    reply = {"reply": call_id, "result": message.get("result"), "error": message.get("error")}
+                    await self.redis.publish(reply_to, encode(reply))
+                elif action == "remote-connect":
+                    name = body["remotename"]
+                    self.remotes[name] = ws
+                    self.counters[name] = 0
+                    served.append(name)
+                    await self.redis.hset(self.registry, name, self.channel)
+                    await ws.send(encode({"message": "remote connected", "remotename": name, "nonce": nonce}))
+                else:
+                    await ws.send(encode({"error": f"unknown action '{action}'", "nonce": nonce}))
+        finally:
+            for name in served:
+                self.remotes.pop(name, None)
+
+    async def read(self, pubsub: Any) -> None:
+        async for item in pubsub.listen():
+            if item.get("type") != "message":
+                continue
+            message = json.loads(item["data"])
+            if "call" in message:  # to a remote of this process
+                name = message["remotename"]
+                target = self.remotes.get(name)
+                if target is None:
+                    continue
+                number = self.counters[name]
+                self.counters[name] = number + 1
+                request_id = f"{name}#{number}"
+                self.pending[request_id] = (message["reply_to"], message["call"])
+                await target.send(
+                    encode(
+                        {
+                            "action": "remote-call",
+                            "requestId": request_id,
+                            "remotename": name,
+                            "function": message["function"],
+                            "args": message["args"],
+                        }
+                    )
+                )
+            else:  # a reply to a caller of this process
+                waiting = self.waiting.pop(message["reply"], None)
+                if waiting is None:
+                    continue
+                caller, nonce = waiting
+                if message.get("error") is not None:
+                    await caller.send(encode({"error": message["error"], "nonce": nonce}))
+                else:
+                    await caller.send(encode({"result": message["result"], "nonce": nonce}))
+
+
+async def run_redis_relay(port: int, redis_url: str, prefix: str) -> None:
+    import redis.asyncio as aioredis
+    from websockets.asyncio.server import serve
+
+    redis = aioredis.Redis.from_url(redis_url)
+    relay = RedisRelay(redis, prefix, port)
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(relay.channel)
+    reader = asyncio.create_task(relay.read(pubsub))
+    stop = asyncio.get_running_loop().create_future()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(signum, stop.set_result, None)
+    async with serve(relay.handle, "127.0.0.1", port, compression=None, max_size=16 * 1024 * 1024):
+        print(f"listening on {port}", flush=True)
+        await stop
+    reader.cancel()
 
 
 # --- Channels relay under daphne ---------------------------------------------------------
@@ -243,11 +365,17 @@ def run_channels(port: int) -> None:
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("kind", choices=["relay", "channels"])
+    parser.add_argument("kind", choices=["relay", "channels", "redis-relay"])
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--redis", default="", help="redis-relay: the Redis URL both processes share")
+    parser.add_argument("--prefix", default="bench-relay", help="redis-relay: the key and channel prefix both share")
     options = parser.parse_args(argv)
     if options.kind == "relay":
         asyncio.run(run_relay(options.port))
+    elif options.kind == "redis-relay":
+        if not options.redis:
+            parser.error("redis-relay needs --redis URL")
+        asyncio.run(run_redis_relay(options.port, options.redis, options.prefix))
     else:
         run_channels(options.port)
 

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,12 +119,12 @@ class Target:
 
 
 @contextlib.contextmanager
-def baseline_server(kind: str) -> Iterator[tuple[str, int]]:
-    """Run bench/baseline.py ``kind`` on a free port; yields (ws url, pid)."""
+def baseline_server(kind: str, *options: str) -> Iterator[tuple[str, int]]:
+    """Run bench/baseline.py ``kind`` (with ``options``) on a free port; yields (ws url, pid)."""
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix=f"bench-{kind}-", suffix=".log", delete=False)
     proc = subprocess.Popen(
-        [sys.executable, str(BENCH / "baseline.py"), kind, "--port", str(port)],
+        [sys.executable, str(BENCH / "baseline.py"), kind, "--port", str(port), *options],
         stdout=log,
         stderr=subprocess.STDOUT,
         cwd=REPO,
@@ -312,8 +313,16 @@ def run_b2(sizes: Sizes, relay: Target, report: dict[str, Any]) -> None:
         pids = {"server_a": first.proc.pid, "server_b": second.proc.pid}
         across = Target("across", first.ws_url, second.ws_url, token, pids)
         same = Target("same_process", first.ws_url, first.ws_url, token, pids, remotename="bench-a")
-        asyncio.run(latency_phase([relay, across, same], sizes))
-        for target in (relay, across, same):
+        redis_options = ("--redis", inst.env["REDIS_URL"], "--prefix", f"bench-relay-{uuid.uuid4().hex[:8]}")
+        with (
+            baseline_server("redis-relay", *redis_options) as (url_a, pid_a),
+            baseline_server("redis-relay", *redis_options) as (url_b, pid_b),
+        ):
+            # The floor of any relay crossing processes through Redis: the bare relay's work
+            # plus one PUBLISH each way (bench/baseline.py).
+            redis_relay = Target("redis_relay", url_a, url_b, None, {"relay_a": pid_a, "relay_b": pid_b})
+            asyncio.run(latency_phase([relay, across, same, redis_relay], sizes))
+        for target in (relay, across, same, redis_relay):
             report["b2"][target.name] = {**latency_summary(target.samples), "cpu_ms_per_call": target.cpu_per_call.ms}
             report["cpu"][f"b2.{target.name}"] = target.cpu
 
@@ -387,6 +396,18 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                 cpu=(_cpu(b2["same_process"]), _cpu(b2["relay"])),
             )
         )
+        if b2.get("redis_relay"):
+            floor = b2["redis_relay"]["p50_ms"]
+            out.append(
+                bench_row(
+                    "(B2'')",
+                    "info: the bare relay across 2 processes, one Redis PUBLISH each way (ms; B2 against it)",
+                    dispatch=_lat(b2["redis_relay"]),
+                    baseline=f"{_lat(b2['relay'])} (bare relay)",
+                    ratio=f"{floor / relay2_p50:.1f}x (B2 {b2['across']['p50_ms'] / floor:.1f}x this)",
+                    cpu=(_cpu(b2["redis_relay"]), _cpu(b2["relay"])),
+                )
+            )
     else:
         out.append(bench_row("B2", "not measured (see notes)", dispatch="—", goal=f"p50 <= {B2_MAX_RATIO:g}x bare"))
     dispatch3, channels3, relay3 = b3["dispatch"], b3["channels"], b3["relay"]
