@@ -14,11 +14,13 @@
   (``agent-event``, ``run-finished``; never a nonce).
 """
 
-from __future__ import annotations
-
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired
 
 from pydantic import Field, JsonValue, SkipValidation, ValidationError
+
+# typing_extensions' TypedDict and no ``from __future__ import annotations`` in this module:
+# on Python 3.11 only then does a frame type know which keys are NotRequired.
+from typing_extensions import TypedDict
 
 from core.errors import InvalidRequest
 from core.protocol import ChannelMessage
@@ -64,7 +66,7 @@ class SendAgentPromptBody(WireModel):
     options: SkipValidation[JsonValue] = None
 
     @classmethod
-    def parse(cls, body: Any) -> SendAgentPromptBody:
+    def parse(cls, body: Any) -> "SendAgentPromptBody":
         """Validate a ``send-agent-prompt`` body; ``InvalidRequest`` ("body must be a JSON
         object with agentId and instruction") when it is not an object."""
         try:
@@ -92,7 +94,30 @@ class CliDoorbellMessage(ChannelMessage):
     type: Literal["cli.doorbell"] = "cli.doorbell"
 
 
-def agent_event_frame(data: dict[str, Any]) -> dict[str, Any]:
+class AgentEventFrame(TypedDict):
+    """The ``/ws`` event ``{"action": "agent-event", "agentId", "runId", "event": {type,
+    message, metadata, created_at}}`` (docs/ws-protocol.md#agent-event)."""
+
+    action: Literal["agent-event"]
+    agentId: Any
+    runId: Any
+    event: dict[str, Any]
+
+
+class RunFinishedFrame(TypedDict):
+    """The ``/ws`` event ``{"action": "run-finished", "agentId", "runId", "status",
+    "output" | "error"}``: ``output`` when ``status`` is ``succeeded``, ``error`` otherwise
+    (docs/ws-protocol.md#run-finished)."""
+
+    action: Literal["run-finished"]
+    agentId: Any
+    runId: Any
+    status: str
+    output: NotRequired[Any]
+    error: NotRequired[Any]
+
+
+def agent_event_frame(data: dict[str, Any]) -> AgentEventFrame:
     """The ``/ws`` event for an ``agent.event``: ``{"action": "agent-event", "agentId",
     "runId", "event": {type, message, metadata, created_at}}``
     (docs/ws-protocol.md#agent-event)."""
@@ -104,15 +129,19 @@ def agent_event_frame(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run_finished_frame(data: dict[str, Any]) -> dict[str, Any] | None:
+def run_finished_frame(data: dict[str, Any]) -> RunFinishedFrame | None:
     """The ``/ws`` event for a ``run.updated`` whose run finished: ``{"action":
     "run-finished", "agentId", "runId", "status", "output" | "error"}`` (docs/ws-protocol.md#run-finished); ``None``
     while the run is not finished."""
     status = data.get("status")
     if status not in FINISHED_RUN_STATUSES:
         return None
-    frame: dict[str, Any] = {"action": "run-finished", "agentId": data.get("agent_id"), "runId": data.get("id")}
-    frame["status"] = status
+    frame: RunFinishedFrame = {
+        "action": "run-finished",
+        "agentId": data.get("agent_id"),
+        "runId": data.get("id"),
+        "status": status,
+    }
     if status == "succeeded":
         frame["output"] = data.get("output", "")
     else:

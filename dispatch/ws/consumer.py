@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 from channels.db import database_sync_to_async
 from channels.exceptions import ChannelFull
@@ -397,13 +397,11 @@ class SessionConsumer(AuthenticatingConsumer):
         """``user.event`` (``UserEventMessage``): the user's live events; agent progress
         becomes event frames (docs/ws-protocol.md#agent-event)."""
         data = message.data
-        # The agents app builds these frames as plain dicts (it may not import this edge);
-        # their shapes are AgentEventFrame's and RunFinishedFrame's.
         frame: AgentEventFrame | RunFinishedFrame | None
         if message.event == "agent.event":
-            frame = cast(AgentEventFrame, agent_event_frame(data))
+            frame = agent_event_frame(data)
         elif message.event == "run.updated":
-            frame = cast(RunFinishedFrame | None, run_finished_frame(data))
+            frame = run_finished_frame(data)
         else:
             frame = None
         if frame is None or self.closing:

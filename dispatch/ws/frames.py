@@ -24,6 +24,8 @@ from typing import Any, Literal, NewType, NotRequired, TypeVar
 # tests check the frames the session sends against these types with it).
 from typing_extensions import TypedDict
 
+from agents.protocol import AgentEventFrame, RunFinishedFrame
+
 Nonce = str | int | float
 """A request's ``nonce`` as the consumer accepted it (never a boolean)."""
 
@@ -136,29 +138,6 @@ class RemoteDisconnectedEvent(TypedDict):
     action: Literal["remote-disconnected"]
     remotename: str
     reason: str
-
-
-class AgentEventFrame(TypedDict):
-    """``{"action": "agent-event", "agentId", "runId", "event": {type, message, metadata,
-    created_at}}`` (built by ``agents.protocol.agent_event_frame``)."""
-
-    action: Literal["agent-event"]
-    agentId: Any
-    runId: Any
-    event: dict[str, Any]
-
-
-class RunFinishedFrame(TypedDict):
-    """``{"action": "run-finished", "agentId", "runId", "status", "output" | "error"}``
-    (built by ``agents.protocol.run_finished_frame``): ``output`` when ``status`` is
-    ``succeeded``, ``error`` otherwise."""
-
-    action: Literal["run-finished"]
-    agentId: Any
-    runId: Any
-    status: str
-    output: NotRequired[Any]
-    error: NotRequired[Any]
 
 
 class RemoteCallEvent(TypedDict):
