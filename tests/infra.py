@@ -9,6 +9,8 @@ skipped with the reason, except under ``CI=true``, where it fails.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import itertools
 import json
 import os
@@ -57,8 +59,9 @@ def postgres_admin_url() -> str:
 
 
 @contextmanager
-def postgres_database(prefix: str = "dispatch_it_") -> Iterator[str]:
-    """A fresh, empty PostgreSQL database for one test; yields its URL and drops it after.
+def postgres_database(prefix: str = "dispatch_it_", *, template: str = "") -> Iterator[str]:
+    """A fresh PostgreSQL database for one test, empty or a copy of the database
+    ``template``; yields its URL and drops it after.
 
     Its name is ``prefix`` plus 12 random hex digits (``prefix`` tells whose leftovers a
     database is; lowercase letters, digits and ``_`` only).
@@ -67,9 +70,18 @@ def postgres_database(prefix: str = "dispatch_it_") -> Iterator[str]:
 
     admin_url = postgres_admin_url()
     name = f"{prefix}{uuid.uuid4().hex[:12]}"
+    from_template = f' TEMPLATE "{template}"' if template else ""
     try:
         with psycopg.connect(admin_url, autocommit=True, connect_timeout=3) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
+            for attempt in range(50):
+                try:
+                    conn.execute(f'CREATE DATABASE "{name}"{from_template}')
+                    break
+                except psycopg.errors.ObjectInUse:
+                    # The template's last user (the migrating process) may take a moment to go.
+                    if attempt == 49:
+                        raise
+                    time.sleep(0.1)
     except psycopg.OperationalError as exc:
         unavailable(f"PostgreSQL not reachable at {admin_url}: {exc}")
     url = admin_url.rsplit("/", 1)[0] + "/" + name
@@ -531,9 +543,60 @@ class Instance:
 _SETUP = (
     "from django.core.management import call_command; "
     "call_command('migrate', verbosity=0); "
+    "from core.services import instance_identity_get; instance_identity_get(); "
     "call_command('ensure_admin'); "
     "call_command('issue_token', 'admin', name='tests')"
 )
+
+# A migrated database to copy, made once per test process (SQLite: a file; PostgreSQL: a
+# template database): migrating from nothing costs each instance seconds of CPU, over
+# hundreds of instances a suite. The template holds no instance identity (migration 0001
+# makes one; _SETUP makes each copy its own), and _SETUP still migrates, so a copy made
+# before a new migration only costs that migration.
+_TEMPLATE_SETUP = (
+    "from django.core.management import call_command; "
+    "call_command('migrate', verbosity=0); "
+    "from core.models import InstanceIdentity; InstanceIdentity.objects.all().delete()"
+)
+_templates: dict[str, str] = {}
+_templates_lock = threading.Lock()
+
+
+def _migrated_template(*, postgres: bool) -> str:
+    """The SQLite file or PostgreSQL database (on ``postgres_admin_url()``'s server) to
+    copy a new instance's database from; made on first use."""
+    kind = "postgres" if postgres else "sqlite"
+    with _templates_lock:
+        if kind in _templates:
+            return _templates[kind]
+        folder = tempfile.mkdtemp(prefix="dispatch-it-template-")
+        atexit.register(shutil.rmtree, folder, True)
+        env = base_env(DISPATCH_DATA_DIR=folder, SECRET_KEY=uuid.uuid4().hex * 2)
+        if postgres:
+            import psycopg
+
+            admin_url = postgres_admin_url()
+            name = f"dispatch_it_template_{uuid.uuid4().hex[:12]}"
+            try:
+                with psycopg.connect(admin_url, autocommit=True, connect_timeout=3) as conn:
+                    conn.execute(f'CREATE DATABASE "{name}"')
+            except psycopg.OperationalError as exc:
+                unavailable(f"PostgreSQL not reachable at {admin_url}: {exc}")
+            atexit.register(_drop_database, admin_url, name)
+            env["DATABASE_URL"] = admin_url.rsplit("/", 1)[0] + "/" + name
+            manage(env, "shell", "-c", _TEMPLATE_SETUP)
+            _templates[kind] = name
+        else:
+            manage(env, "shell", "-c", _TEMPLATE_SETUP)
+            _templates[kind] = str(Path(folder) / "dispatch.sqlite3")
+        return _templates[kind]
+
+
+def _drop_database(admin_url: str, name: str) -> None:
+    import psycopg
+
+    with contextlib.suppress(psycopg.Error), psycopg.connect(admin_url, autocommit=True, connect_timeout=3) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @contextmanager
@@ -551,11 +614,15 @@ def instance(
         **{k: str(v) for k, v in env.items()},
     }
     with (
-        _maybe(postgres_database(database_prefix) if postgres else None) as database_url,
+        _maybe(
+            postgres_database(database_prefix, template=_migrated_template(postgres=True)) if postgres else None
+        ) as database_url,
         _maybe(redis_url() if redis else None) as redis_base,
     ):
         if database_url:
             overrides["DATABASE_URL"] = database_url
+        elif "DATABASE_URL" not in env:
+            shutil.copyfile(_migrated_template(postgres=False), Path(data_dir) / "dispatch.sqlite3")
         if redis_base:
             overrides["REDIS_URL"] = redis_base
             overrides["DISPATCH_REDIS_PREFIX"] = f"dispatch-it-{uuid.uuid4().hex[:8]}"
