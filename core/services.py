@@ -146,13 +146,17 @@ def rate_limiter() -> MovingWindowRateLimiter:
     """The process's moving-window limiter on the shared storage (Redis when configured).
 
     Used for counts that must hold across processes: password failures, wrong device
-    codes. Keys start with ``DISPATCH_REDIS_PREFIX`` so instances sharing a Redis differ.
+    codes. Keys start with ``DISPATCH_REDIS_PREFIX`` (``<prefix>:limits:…``) so instances
+    sharing a Redis differ, and a reset clears this instance's counts only.
     """
     url = settings.RATELIMIT_STORAGE_URL
     if url.startswith(("redis://", "rediss://")):
         from core.channel_layer import sync_redis_pool
 
-        return MovingWindowRateLimiter(storage_from_string(url, connection_pool=sync_redis_pool(url)))
+        storage = storage_from_string(
+            url, connection_pool=sync_redis_pool(url), key_prefix=f"{settings.REDIS_PREFIX}:limits"
+        )
+        return MovingWindowRateLimiter(storage)
     return MovingWindowRateLimiter(storage_from_string(url))
 
 
@@ -186,7 +190,8 @@ def password_authenticate(*, username: str, password: str, client_address: str |
 
 
 def password_throttle_reset() -> None:
-    """Forget every recorded failure in the shared limiter (tests and operators)."""
+    """Forget every failure this instance recorded in the shared limiter (tests and
+    operators); other instances on the same Redis keep theirs."""
     rate_limiter().storage.reset()
 
 
