@@ -156,6 +156,9 @@ def base_env(**overrides: str) -> dict[str, str]:
             "DISPATCH_REMOTE_LIVENESS_INTERVAL": "0.5",
             "DISPATCH_REMOTE_CALL_TIMEOUT": "10",
             "DISPATCH_LOG_LEVEL": "WARNING",
+            # xdist workers' servers share one PostgreSQL (100 connections by default): a
+            # smaller pool each than production's 20 (a test that measures the pool sets its own).
+            "DISPATCH_DB_POOL_MAX": "8",
         }
     )
     env.update(overrides)
