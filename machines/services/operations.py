@@ -58,6 +58,7 @@ from machines.services.audit import (
     after_reply,
     audit_record_begin,
     audit_unwritable,
+    in_background,
     operation_recorded,
     path_recency_record,
 )
@@ -99,8 +100,9 @@ async def machine_op(
     ``MACHINE_UNREACHABLE`` is routed again from the database and sent once more. An
     ``AuditRecord`` is written before the operation is sent (the audit is the record that it
     ran): when it cannot be written (a full disk, a read-only database) the operation is not
-    sent and ``TemporarilyUnavailable`` (503) says why; its result is filled in after the
-    reply, off the hot path. ``caller`` names who asked (agent id, ``mcp``, ``api``).
+    sent and ``TemporarilyUnavailable`` (503) says why. Its result is written with the path's
+    recency in one transaction before the answer returns (``OperationCall.finish``); for a
+    streamed command, a cancel or a failed transaction, in the background. ``caller`` names who asked (agent id, ``mcp``, ``api``).
     ``target_machines``, ``request_id``, ``on_output`` and ``operation_id``: see the module.
     """
     check_operation(op, payload, session_id, target_machine)
@@ -155,8 +157,8 @@ async def _fan_out(
         entries = (_fan_out_entry(target, on_output, request_id=request_id, **operation) for target in targets)
         return {"results": list(await asyncio.gather(*entries))}
     finally:
-        if row_id is not None:
-            await database_sync_to_async(inflight_delete)(row_id=row_id)
+        if row_id is not None:  # shielded: a second cancel would drop the queued delete
+            await asyncio.shield(database_sync_to_async(inflight_delete)(row_id=row_id))
 
 
 async def _fan_out_entry(target: FanOutTarget, on_output: OutputSink | None, **operation: Any) -> dict[str, Any]:
@@ -372,27 +374,44 @@ class _RoutedOp:
                     payload=self.payload,
                     result=self.result,
                 )
-            except BaseException as exc:
+            except asyncio.CancelledError:
+                # The caller went away while the writes were queued or running: a queued
+                # call is dropped, so they are written again in the background (each write
+                # is idempotent), and the in-flight row deleted.
                 self.row_id = row_id
-                if isinstance(exc, asyncio.CancelledError):
-                    await self.finish_unrecorded(exc)
-                    raise
-                await self.finish_unrecorded(None)
+                await self._recorded_fallback()
+                raise
+            except DatabaseError as exc:
+                self.row_id = row_id
                 logger.warning("an answered %s's audit result could not be written with its recency: %r", self.op, exc)
-                if router.operation_path(self.op, self.payload) is not None:
-                    await database_sync_to_async(path_recency_record)(
-                        user=self.user,
-                        session_id=self.session_id,
-                        machine_id=self.candidate.machine_id,
-                        op=self.op,
-                        payload=self.payload,
-                    )
+                await self._recorded_fallback(wait_for_recency=True)
                 return
             metrics.machine_operation_observed(
                 operation=self.op, ok=True, failure=None, seconds=time.monotonic() - self.started
             )
             return
         await self.finish_unrecorded(failure)
+
+    async def _recorded_fallback(self, *, wait_for_recency: bool = False) -> None:
+        """An answered operation whose one-step writes did not happen: the audit result in
+        the background and the in-flight row deleted (``finish_unrecorded``), and the path's
+        recency written alone — awaited (``wait_for_recency``: a database failure is the
+        operation's, as before the one-step writes) or in the background (a cancel)."""
+        assert self.candidate is not None
+        await self.finish_unrecorded(None)
+        if router.operation_path(self.op, self.payload) is None:
+            return
+        recency = database_sync_to_async(path_recency_record)(
+            user=self.user,
+            session_id=self.session_id,
+            machine_id=self.candidate.machine_id,
+            op=self.op,
+            payload=self.payload,
+        )
+        if wait_for_recency:
+            await recency
+        else:
+            in_background(recency)
 
     async def finish_unrecorded(self, failure: BaseException | None) -> None:
         """``finish`` of an operation whose writes were not made in one step: the metric

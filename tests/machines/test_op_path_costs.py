@@ -4,7 +4,9 @@ the one-statement path recency."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -21,7 +23,7 @@ from machines.models import AuditRecord, Machine, PathRecency
 from machines.services import router
 from machines.services.audit import audit_record_create, path_recency_record
 from machines.services.operations import machine_op
-from tests.machines.conftest import settle
+from tests.machines.conftest import settle, until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -255,3 +257,41 @@ async def test_an_operation_run_while_its_caller_handles_an_exception_is_recorde
     assert "operation_recorded" in calls, calls
     recency = await database_sync_to_async(PathRecency.objects.get)(user=owner, session_id="s1", path=PATH)
     assert recency.machine_id == "m1"
+
+
+async def test_a_caller_gone_before_the_recorded_writes_still_leaves_the_recency_and_audit_result(
+    shims: Any, owner: Any
+) -> None:
+    """A caller cancelled (an MCP cancel, a client gone) once the machine has answered,
+    while the writes wait for the one database thread: a queued call is dropped with its
+    caller, so the recency and the audit result are written in the background instead."""
+    from asgiref.sync import SyncToAsync
+
+    shim = await shims.connect(owner, machine_id="m1")
+    shim.files[PATH] = b"x"
+    busy, release = threading.Event(), threading.Event()
+    answer = shim.handler
+
+    async def answer_with_the_database_thread_busy(request: dict[str, Any]) -> dict[str, Any] | None:
+        if request["type"] == "FILE_STAT":
+            blockers.append(asyncio.ensure_future(database_sync_to_async(lambda: busy.set() or release.wait(10))()))
+            await until(busy.is_set, what="the database thread busy")
+        return await answer(request)
+
+    blockers: list[asyncio.Future[Any]] = []
+    shim.handler = answer_with_the_database_thread_busy
+    call = asyncio.ensure_future(
+        machine_op(user=owner, session_id="s1", op="FILE_STAT", payload={"path": PATH}, caller="test")
+    )
+    queue = SyncToAsync.single_thread_executor._work_queue  # type: ignore[attr-defined]
+    await until(lambda: queue.qsize() > 0, what="the recorded writes queued behind the busy thread")
+    call.cancel()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await asyncio.gather(*blockers)
+    await settle()
+    recency = await database_sync_to_async(PathRecency.objects.get)(user=owner, session_id="s1", path=PATH)
+    assert recency.machine_id == "m1"
+    record = await database_sync_to_async(AuditRecord.objects.filter(op="FILE_STAT").latest)("pk")
+    assert record.result["ok"] is True and record.result.get("pending") is not True
