@@ -102,8 +102,9 @@ async def machine_op(
     ran): when it cannot be written (a full disk, a read-only database) the operation is not
     sent and ``TemporarilyUnavailable`` (503) says why. Its result is written with the path's
     recency in one transaction before the answer returns (``OperationCall.finish``); for a
-    streamed command, a cancel or a failed transaction, in the background. ``caller`` names who asked (agent id, ``mcp``, ``api``).
-    ``target_machines``, ``request_id``, ``on_output`` and ``operation_id``: see the module.
+    streamed command, a cancel or a failed transaction, in the background. ``caller`` names
+    who asked (agent id, ``mcp``, ``api``). ``target_machines``, ``request_id``,
+    ``on_output`` and ``operation_id``: see the module.
     """
     check_operation(op, payload, session_id, target_machine)
     check_plain_payload(op, payload)
@@ -386,6 +387,10 @@ class _RoutedOp:
                 logger.warning("an answered %s's audit result could not be written with its recency: %r", self.op, exc)
                 await self._recorded_fallback(wait_for_recency=True)
                 return
+            except Exception as exc:  # a bug, not the database: the caller sees it, no row is left
+                self.row_id = row_id
+                await self.finish_unrecorded(exc)
+                raise
             metrics.machine_operation_observed(
                 operation=self.op, ok=True, failure=None, seconds=time.monotonic() - self.started
             )
