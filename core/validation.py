@@ -77,13 +77,11 @@ def describe_validation_error(exc: ValidationError) -> str:
     """The first pydantic error as ``invalid <field path>: <reason>`` (``missing field
     '<path>'`` for an absent required field); a path reads ``tools[0].name``."""
     error = _first(exc)
-    path = ""
-    for part in error["loc"]:
-        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    path = _field_path(error["loc"])
     reason = str(error.get("ctx", {}).get("error") or error["msg"])
     if error["type"] == "missing":
         return f"missing field '{path}'"
-    return f"invalid {path or 'body'}: {reason}"
+    return f"invalid {path}: {reason}"
 
 
 def first_error_message(exc: ValidationError) -> str:
@@ -274,7 +272,9 @@ def _drf_sentence(error: Any) -> ErrorDetail:
         return ErrorDetail("This field may not be blank.", code="blank")  # "" or, trimmed, spaces only
     if kind == "too_long" and isinstance(value, str):  # a length on a validated string
         kind = "string_too_long"
-    code, sentence = DRF_SENTENCES.get(kind, ("invalid", str(error["msg"])))
+    if kind not in DRF_SENTENCES:  # pydantic's own sentence, as is: it may hold braces
+        return ErrorDetail(str(error["msg"]), code="invalid")
+    code, sentence = DRF_SENTENCES[kind]
     # A refused value is echoed at most 40 characters long: an error never returns a
     # client's large value to it (the serializers cut a non-string choice the same way).
     shown = value if isinstance(value, str) and len(value) <= 40 else str(value)[:40]

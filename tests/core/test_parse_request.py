@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from typing import Annotated, Any, Literal
+from uuid import UUID
 
 import pytest
 from pydantic import BaseModel, Field, field_validator
@@ -188,3 +189,13 @@ def test_a_refused_value_is_echoed_at_most_40_characters_long() -> None:
         parse_request(Choice, {"decision": ["x" * 100_000]})
     (sentence,) = refused.value.detail["decision"]
     assert len(sentence) < 80 and sentence.startswith("\"['xxxx")
+
+
+def test_a_refusal_without_a_drf_sentence_keeps_pydantics_own_even_with_braces() -> None:
+    # pydantic's message is no template: "found `{` at 0" must not be formatted (a 500).
+    class Identified(BaseModel):
+        x: UUID
+
+    with pytest.raises(exceptions.ValidationError) as refused:
+        parse_request(Identified, {"x": "{not-a-uuid"})
+    assert refused.value.detail["x"] == ["Input should be a valid UUID, invalid character: found `{` at 0"]
