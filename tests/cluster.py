@@ -217,7 +217,7 @@ def cluster(
     servers: int = 3,
     tls: bool = False,
     worker: bool = True,
-    pool_max: int = 10,
+    pool_max: int = 8,
     trust_in_this_process: bool = True,
     **env: Any,
 ) -> Iterator[Cluster]:

@@ -59,6 +59,23 @@ def postgres_admin_url() -> str:
 
 
 @contextmanager
+def postgres_admin(admin_url: str) -> Iterator[Any]:
+    """An autocommit connection to ``admin_url``; a server that cannot be reached makes
+    the test ``unavailable`` (skipped, or failed under CI), but any other refusal — too
+    many clients, a failed statement — is an error of the test."""
+    import psycopg
+
+    try:
+        conn = psycopg.connect(admin_url, autocommit=True, connect_timeout=3)
+    except psycopg.OperationalError as exc:
+        if exc.sqlstate is not None:  # the server answered and refused
+            raise
+        unavailable(f"PostgreSQL not reachable at {admin_url}: {exc}")
+    with conn:
+        yield conn
+
+
+@contextmanager
 def postgres_database(prefix: str = "dispatch_it_", *, template: str = "") -> Iterator[str]:
     """A fresh PostgreSQL database for one test, empty or a copy of the database
     ``template``; yields its URL and drops it after.
@@ -71,19 +88,16 @@ def postgres_database(prefix: str = "dispatch_it_", *, template: str = "") -> It
     admin_url = postgres_admin_url()
     name = f"{prefix}{uuid.uuid4().hex[:12]}"
     from_template = f' TEMPLATE "{template}"' if template else ""
-    try:
-        with psycopg.connect(admin_url, autocommit=True, connect_timeout=3) as conn:
-            for attempt in range(50):
-                try:
-                    conn.execute(f'CREATE DATABASE "{name}"{from_template}')
-                    break
-                except psycopg.errors.ObjectInUse:
-                    # The template's last user (the migrating process) may take a moment to go.
-                    if attempt == 49:
-                        raise
-                    time.sleep(0.1)
-    except psycopg.OperationalError as exc:
-        unavailable(f"PostgreSQL not reachable at {admin_url}: {exc}")
+    with postgres_admin(admin_url) as conn:
+        for attempt in range(50):
+            try:
+                conn.execute(f'CREATE DATABASE "{name}"{from_template}')
+                break
+            except psycopg.errors.ObjectInUse:
+                # The template's last user (the migrating process) may take a moment to go.
+                if attempt == 49:
+                    raise
+                time.sleep(0.1)
     url = admin_url.rsplit("/", 1)[0] + "/" + name
     try:
         yield url
@@ -156,11 +170,13 @@ def base_env(**overrides: str) -> dict[str, str]:
             "DISPATCH_REMOTE_LIVENESS_INTERVAL": "0.5",
             "DISPATCH_REMOTE_CALL_TIMEOUT": "10",
             "DISPATCH_LOG_LEVEL": "WARNING",
-            # xdist workers' servers share one PostgreSQL (100 connections by default): a
-            # smaller pool each than production's 20 (a test that measures the pool sets its own).
-            "DISPATCH_DB_POOL_MAX": "8",
         }
     )
+    if "PYTEST_CURRENT_TEST" in os.environ:
+        # In a test, not a benchmark: xdist workers' servers share one PostgreSQL (100
+        # connections by default), so each gets a smaller pool than production's 20 (a
+        # test that measures the pool sets its own).
+        env["DISPATCH_DB_POOL_MAX"] = "8"
     env.update(overrides)
     return env
 
@@ -576,15 +592,10 @@ def _migrated_template(*, postgres: bool) -> str:
         atexit.register(shutil.rmtree, folder, True)
         env = base_env(DISPATCH_DATA_DIR=folder, SECRET_KEY=uuid.uuid4().hex * 2)
         if postgres:
-            import psycopg
-
             admin_url = postgres_admin_url()
             name = f"dispatch_it_template_{uuid.uuid4().hex[:12]}"
-            try:
-                with psycopg.connect(admin_url, autocommit=True, connect_timeout=3) as conn:
-                    conn.execute(f'CREATE DATABASE "{name}"')
-            except psycopg.OperationalError as exc:
-                unavailable(f"PostgreSQL not reachable at {admin_url}: {exc}")
+            with postgres_admin(admin_url) as conn:
+                conn.execute(f'CREATE DATABASE "{name}"')
             atexit.register(_drop_database, admin_url, name)
             env["DATABASE_URL"] = admin_url.rsplit("/", 1)[0] + "/" + name
             manage(env, "shell", "-c", _TEMPLATE_SETUP)
@@ -625,7 +636,9 @@ def instance(
         if database_url:
             overrides["DATABASE_URL"] = database_url
         elif "DATABASE_URL" not in env:
-            shutil.copyfile(_migrated_template(postgres=False), Path(data_dir) / "dispatch.sqlite3")
+            database = Path(overrides["DISPATCH_DATA_DIR"]) / "dispatch.sqlite3"
+            if not database.exists():
+                shutil.copyfile(_migrated_template(postgres=False), database)
         if redis_base:
             overrides["REDIS_URL"] = redis_base
             overrides["DISPATCH_REDIS_PREFIX"] = f"dispatch-it-{uuid.uuid4().hex[:8]}"

@@ -147,7 +147,8 @@ async def test_a_call_to_a_remote_of_a_stale_process_fails_within_two_liveness_i
     process = await database_sync_to_async(ghost_process)(age=settings.PROCESS_TTL + 1)
     await database_sync_to_async(ghost_remote)(user=owner, process=process, tools=weather_tools)
     elapsed = await expect_disconnected(call(owner))
-    assert elapsed < 2 * settings.REMOTE_LIVENESS_INTERVAL + 1.0  # the call timeout is 60 s
+    # Ended by the liveness check, not the 60 s call timeout; wide for a loaded machine.
+    assert elapsed < 2 * settings.REMOTE_LIVENESS_INTERVAL + 8.0
 
 
 @pytest.mark.django_db(transaction=True)
@@ -160,7 +161,8 @@ async def test_a_pending_call_fails_when_its_remotes_process_row_is_deleted(owne
     assert not pending.done()  # the process is alive: the call waits
     await database_sync_to_async(ServerProcess.objects.filter(pk=GHOST).delete)()
     elapsed = await expect_disconnected(pending)
-    assert elapsed < 2 * settings.REMOTE_LIVENESS_INTERVAL + 1.0  # the call timeout is 60 s
+    # Ended by the liveness check, not the 60 s call timeout; wide for a loaded machine.
+    assert elapsed < 2 * settings.REMOTE_LIVENESS_INTERVAL + 8.0
     assert await database_sync_to_async(Remote.objects.count)() == 0
 
 
@@ -179,7 +181,8 @@ async def test_a_pending_call_fails_when_its_remotes_process_stops_heartbeating_
     await database_sync_to_async(ServerProcess.objects.filter(pk=GHOST).update)(heartbeat_at=stale)
     assert await database_sync_to_async(server_process_reap)() == [GHOST]
     elapsed = await expect_disconnected(pending)
-    assert elapsed < 2 * settings.REMOTE_LIVENESS_INTERVAL + 1.0  # the call timeout is 60 s
+    # Ended by the liveness check, not the 60 s call timeout; wide for a loaded machine.
+    assert elapsed < 2 * settings.REMOTE_LIVENESS_INTERVAL + 8.0
 
 
 async def test_the_cli_supervisor_stands_down_without_tmux(monkeypatch, caplog):
