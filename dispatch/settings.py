@@ -228,6 +228,12 @@ _db_identity = DATABASE_URL or str(_default_db["NAME"])
 # or Redis (the Redis prefix and the cookie names below).
 _db_hash = hashlib.sha256(_db_identity.encode()).hexdigest()[:10]
 REDIS_PREFIX = env_str("DISPATCH_REDIS_PREFIX", "dispatch-" + _db_hash)
+# No glob characters: a reset of this instance's rate-limit counts deletes the keys matching
+# "<prefix>:limits:*" (core.services.rate_limiter), which must not match another instance's.
+if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,100}", REDIS_PREFIX):
+    raise ImproperlyConfigured(
+        f"DISPATCH_REDIS_PREFIX must be 1-100 of A-Z, a-z, 0-9, '_', '.', ':' or '-', got {REDIS_PREFIX!r}"
+    )
 CHANNEL_CAPACITY = env_int("DISPATCH_CHANNEL_CAPACITY", 10_000, minimum=10_000)
 # Redis connections per process (and event loop) for the channel layer and the router's
 # cache; a caller that finds them all busy waits up to REDIS_POOL_TIMEOUT seconds.

@@ -90,6 +90,25 @@ def test_a_prefix_that_cannot_be_a_cookie_name_stops_the_process(tmp_path: Path,
     assert "ImproperlyConfigured: DISPATCH_COOKIE_PREFIX must be" in done.stderr
 
 
+@pytest.mark.parametrize("prefix", ["a*", "lab[1]", "what?", "two words", "x" * 101])
+def test_a_redis_prefix_with_glob_characters_stops_the_process(tmp_path: Path, prefix: str) -> None:
+    # A reset of this instance's rate-limit counts deletes "<prefix>:limits:*": a glob in
+    # the prefix would match another instance's keys.
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-c", PRINT_NAMES],
+        env=base_env(DISPATCH_DATA_DIR=str(data_dir), SECRET_KEY="k" * 50, DISPATCH_REDIS_PREFIX=prefix),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert "ImproperlyConfigured: DISPATCH_REDIS_PREFIX must be" in done.stderr
+
+
 # --- the names in use -------------------------------------------------------------------------
 
 
