@@ -1,9 +1,12 @@
-"""Strict readers for settings taken from the environment.
+"""Strict readers for settings taken from the environment, and the settings derived from
+files or other settings.
 
-Every Dispatch setting is read once, in ``dispatch/settings.py``, through these helpers
-(docs/operating.md#settings). A value that cannot be parsed raises
-``ImproperlyConfigured`` naming the variable; an unset variable yields the default.
-Nothing falls back silently.
+Every Dispatch setting is read once, in ``dispatch/settings.py``, through the ``env_*``
+helpers (docs/operating.md#settings). A value that cannot be parsed raises
+``ImproperlyConfigured`` naming the variable; an unset variable yields the default. The
+others say their fallbacks: ``recorded_public_url`` (the URL a running ``serve`` recorded,
+"" when there is none), ``secret_key`` (made once into the data dir) and
+``encryption_keys`` (derived from the secret key when none are given).
 """
 
 from __future__ import annotations

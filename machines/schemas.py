@@ -383,7 +383,8 @@ class SessionPipeBody(WireModel):
     request_id?}`` (docs/live-operations.md#cross-machine-pipes): each end ``{machine, argv | command,
     cwd?, env?}`` (exactly one of argv and command); the source's stdout goes into the
     destination's stdin. ``timeout_seconds`` bounds the pipe (seconds, a number > 0 and
-    < 10⁷: ``"timeout_seconds must be greater than 0"``, PLAIN_SENTENCES's); ``request_id``
+    < 10⁷: ``"timeout_seconds must be a number of seconds greater than 0"``, its ``rule``);
+    ``request_id``
     is a UUID (``RequestId``). The ends keep ``_pipe_end``'s own sentences."""
 
     model_config = ConfigDict(json_schema_extra={"additionalProperties": False})  # as _known_fields

@@ -358,9 +358,10 @@ async def _route(user_id: int, remotename: str, *, fresh: bool = False) -> tuple
 
     One database lookup per key at a time: a caller that misses while another's lookup of
     the same key is under way on the same event loop shares its answer (or its error).
-    ``fresh`` skips the cache and makes its own lookup. A lookup that ``forget_route``
-    overtook is not cached.
-    Raises what the database raises."""
+    ``fresh`` skips the cache and makes its own lookup, which is cached even if
+    ``forget_route`` ran meanwhile (a shared lookup that ``forget_route`` overtook is not):
+    a route stale that way lasts at most ``ROUTE_CACHE_SECONDS`` and is harmless (see
+    ``_ROUTES``). Raises what the database raises."""
     key = (user_id, remotename)
     now = time.monotonic()
     cached = None if fresh else _ROUTES.get(key)
