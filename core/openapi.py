@@ -163,21 +163,43 @@ def model_component(model: type[BaseModel], mode: JsonSchemaMode) -> tuple[str, 
     """The component name and schema (its ``$defs`` inside, refs through ``REF``) of ``model``
     as a request body (``mode="validation"``) or an answer (``"serialization"``). A
     request's component is ``<Model>Request`` where its schema differs from the answer's
-    (a request's says what it refuses, an answer's does not), and so is each nested model's,
-    so one name never stands for two schemas. Plain views (``Components``) and DRF views
+    (a request's says what it refuses, an answer's does not), and so is each nested model's
+    whose schemas differ or that refers, directly or through others, to a renamed one, so
+    one name never stands for two schemas. Plain views (``Components``) and DRF views
     (``dispatch.schema.PydanticBody``) name their models by this one rule."""
     answer = model.model_json_schema(mode="serialization", ref_template=REF)
     if mode == "serialization":
         return model.__name__, answer
     request = model.model_json_schema(mode="validation", ref_template=REF)
     answers = answer.get("$defs", {})
-    renamed = {name: f"{name}Request" for name, found in request.get("$defs", {}).items() if answers.get(name) != found}
+    defs: dict[str, Any] = request.get("$defs", {})
+    differing = {name for name, found in defs.items() if answers.get(name) != found}
+    # A def alike in both modes that refers to a renamed one is a request variant too: its
+    # request schema points at the renamed def, its answer's at the original, so keeping its
+    # name would make one name stand for two schemas. Renamed until nothing more changes.
+    refers = {name: {ref.removeprefix(REF.format(model="")) for ref in _refs(found)} for name, found in defs.items()}
+    while grown := {name for name in defs.keys() - differing if refers[name] & differing}:
+        differing |= grown
+    renamed = {name: f"{name}Request" for name in defs if name in differing}
     request = _renamed(request, {REF.format(model=old): REF.format(model=new) for old, new in renamed.items()})
     request["$defs"] = {renamed.get(name, name): found for name, found in request.get("$defs", {}).items()}
     same = {k: v for k, v in answer.items() if k != "$defs"} == {k: v for k, v in request.items() if k != "$defs"}
     if not request["$defs"]:
         del request["$defs"]
     return (model.__name__ if same and not renamed else f"{model.__name__}Request"), request
+
+
+def _refs(schema: Any) -> Iterator[str]:
+    """Every ``$ref`` target within ``schema``."""
+    if isinstance(schema, dict):
+        for key, value in schema.items():
+            if key == "$ref" and isinstance(value, str):
+                yield value
+            else:
+                yield from _refs(value)
+    elif isinstance(schema, list):
+        for item in schema:
+            yield from _refs(item)
 
 
 def _renamed(schema: Any, refs: dict[str, str]) -> Any:

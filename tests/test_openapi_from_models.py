@@ -10,8 +10,11 @@ from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode
 
-from core.openapi import REF, documented_routes, served_routes, wire_values_constrained
+from core.openapi import REF, Components, documented_routes, served_routes, wire_values_constrained
+from core.validation import Text
 from machines.schemas import SessionOpBody
 from peers.protocol import LaunchBody
 from remotes.protocol import RemoteCallBody
@@ -201,3 +204,41 @@ def test_the_schema_builds_valid_and_without_a_warning(tmp_path: Path) -> None:
     from django.core.management import call_command
 
     call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(tmp_path / "schema.yaml"))
+
+
+class _Leaf(BaseModel):
+    name: Text  # trimmed and not blank on input: its request schema says so, its answer's does not
+
+
+class _Mid(BaseModel):
+    leaf: _Leaf  # alike in both modes itself, but refers to a model that is not
+
+
+class _Outer(BaseModel):
+    mid: _Mid
+
+
+class _Envelope(BaseModel):
+    outer: _Outer
+
+
+@pytest.mark.parametrize("request_first", [True, False])
+def test_a_model_referring_to_a_request_variant_is_one_too(request_first: bool) -> None:
+    """A nested model whose own two schemas are alike but that refers (through another) to
+    one whose are not is a request variant as well: the request's ``_Mid`` points at
+    ``_LeafRequest`` and the answer's at ``_Leaf``, so both named ``_Mid`` would be one name
+    for two schemas (``Components.add`` raised ``ValueError``)."""
+    components = Components({})
+    calls: list[tuple[type[BaseModel], JsonSchemaMode]] = [(_Outer, "validation"), (_Envelope, "serialization")]
+    refs = {mode: components.schema_of(model, mode) for model, mode in (calls if request_first else calls[::-1])}
+    assert refs["validation"] == {"$ref": REF.format(model="_OuterRequest")}
+    assert refs["serialization"] == {"$ref": REF.format(model="_Envelope")}
+    schemas = components.schemas
+    assert schemas["_OuterRequest"]["properties"]["mid"] == {"$ref": REF.format(model="_MidRequest")}
+    assert schemas["_MidRequest"]["properties"]["leaf"] == {"$ref": REF.format(model="_LeafRequest")}
+    assert schemas["_Outer"]["properties"]["mid"] == {"$ref": REF.format(model="_Mid")}
+    assert schemas["_Mid"]["properties"]["leaf"] == {"$ref": REF.format(model="_Leaf")}
+    document = {"components": {"schemas": schemas}}
+    blank = {"mid": {"leaf": {"name": " "}}}
+    assert not Draft202012Validator({"$ref": refs["validation"]["$ref"], **document}).is_valid(blank)
+    assert Draft202012Validator({"$ref": REF.format(model="_Outer"), **document}).is_valid(blank)
