@@ -141,8 +141,8 @@ class AgentListView(DispatchAPIView):
         (``launching.launch_type_resolve``: 400 listing the available types when there is
         none). With an agent token the caller is ``launched_by`` and, with ``child: true``,
         the parent. A claude/codex launch in a folder nobody trusted is 400
-        ``FOLDER_NOT_TRUSTED`` unless a person sends ``trust_folder: true`` (docs/agents.md
-        "Folder trust")."""
+        ``FOLDER_NOT_TRUSTED`` unless a person sends ``trust_folder: true``
+        (docs/agents.md#folder-trust)."""
         body = parse_request(AgentLaunchBody, request.data)
         launcher = calling_agent(request)
         if body.child and launcher is None:

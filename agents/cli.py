@@ -24,7 +24,7 @@ A type that reports through hooks (``AgentType.hooks``: Claude Code, codex) laun
 in a folder a person trusted (``agents.trust``), and each of its sessions is prepared
 first (``agents.cli_prepare``: the CLI's config written so it starts with no dialog, its
 hooks wired); a launch that cannot be prepared is refused before the agent exists
-(docs/agents.md#folder-trust, "What Dispatch writes").
+(docs/agents.md#folder-trust, docs/agents.md#what-dispatch-writes).
 
 Every function is synchronous (tmux subprocesses, the ORM): call it from a sync view or a
 worker thread, never on the event loop.

@@ -1,5 +1,5 @@
-"""Preparing Claude Code and codex so that a launch starts with no dialog (docs/agents.md
-"What Dispatch writes").
+"""Preparing Claude Code and codex so that a launch starts with no dialog
+(docs/agents.md#what-dispatch-writes).
 
 Both CLIs stop at their first start in a folder with questions only a person at the
 terminal could answer (onboarding, "use this API key?", "trust this folder?", a login

@@ -67,8 +67,8 @@ def agent_launch_any(
     ``launched_by_peer`` (``{instance_id, agent_id | null, name}``) marks an agent a peer
     launched (docs/peers.md#using-a-link): a ``shell`` agent then gets ``DISPATCH_LAUNCH_CONTEXT``.
     A Claude Code or codex type launches only in a trusted folder (``FOLDER_NOT_TRUSTED``
-    otherwise); ``trust_folder`` trusts it first, for a person only (docs/agents.md
-    "Folder trust"; ``cli.agent_launch``); types that need no trust ignore it.
+    otherwise); ``trust_folder`` trusts it first, for a person only
+    (docs/agents.md#folder-trust; ``cli.agent_launch``); types that need no trust ignore it.
     """
     types = launchable_types()
     if type not in types:

@@ -7,8 +7,8 @@
 - ``dispatch_launch_agent(name, prompt, type?, cwd?, location?, child, full_access)``;
 - ``dispatch_send_message(target, message)`` and ``message_status(message_id)``;
 - ``list_approvals(status?, agent_id?)`` and ``answer_approval(approval_id, decision,
-  message?)`` — the permission requests of the caller's agents (docs/agents.md
-  "Approvals"): an agent caller sees and answers those of the other agents of its owner
+  message?)`` — the permission requests of the caller's agents
+  (docs/agents.md#approvals): an agent caller sees and answers those of the other agents of its owner
   (the agents it may message), never its own, and its answer is recorded as its own;
 - ``dispatch_event(type, message)`` — only for an agent caller (an agent token), and only
   when ``event_tool`` is true: the expert agent's own steps are recorded by its loop, so it
@@ -406,7 +406,7 @@ def with_approval_note(tool: Tool, agent: Agent) -> Tool:
     """``tool`` (a machine tool called by ``agent``) whose audit records name the approval
     that allowed the call, when there is one (``approval_selectors.approval_for_tool_call``): set as
     ``machines.audit_note.AUDIT_NOTE`` ``{"approval_id"}`` around the call (docs/agents.md#approvals,
-    "Audit")."""
+    its paragraph on the audit)."""
     handler = tool.handler
 
     async def noted(arguments: dict[str, Any]) -> Any:

@@ -1,5 +1,5 @@
-"""Folder trust: which working folders Claude Code and codex are told to trust (docs/agents.md
-"Folder trust").
+"""Folder trust: which working folders Claude Code and codex are told to trust
+(docs/agents.md#folder-trust).
 
 Both CLIs ask before working in a folder they have not seen. Dispatch answers that question
 for them (``agents.cli_prepare`` writes the answer into their config), so the answer must be

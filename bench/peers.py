@@ -44,8 +44,8 @@ messages to them.
 
 This file pairs the instances, runs the phases and writes the report, and is the entry
 point of the child modes they start (peers_children.py); the phases are peers_b7.py and
-peers_b8.py, the rows peers_table.py, what they share peers_common.py (bench/README.md,
-"Peers").
+peers_b8.py, the rows peers_table.py, what they share peers_common.py
+(bench/README.md#peers-peerspy-b7-b8).
 
 Prints a table and writes bench/results/peers.json. Bounded (aborts itself after
 HARD_LIMIT seconds) and stops every process it started.

@@ -112,8 +112,8 @@ class ReadThrottle:
 class SendPressure:
     """The marks of one websocket connection and the time it crossed the hard one.
 
-    ``high_water`` and ``hard_limit`` are bytes, ``grace`` seconds (docs/operating.md
-    "Bounds"). ``backlog()`` is the connection's unsent bytes now.
+    ``high_water`` and ``hard_limit`` are bytes, ``grace`` seconds
+    (docs/operating.md#bounds). ``backlog()`` is the connection's unsent bytes now.
     """
 
     def __init__(self, backlog: Callable[[], int], *, high_water: int, hard_limit: int, grace: float) -> None:

@@ -25,8 +25,8 @@ Guarantees, as with the list layer:
   PUBLISH to this process's own channel), not straight into the inbox: ``/healthz``'s
   probe then measures Redis, and a frozen or stopped Redis is noticed by the next send,
   as with the list layer. (A request/reply between two consumers of one process does not
-  reach this layer at all: ``core.realtime`` hands it over in memory, docs/operating.md
-  "Channel layer".)
+  reach this layer at all: ``core.realtime`` hands it over in memory,
+  docs/operating.md#channel-layer.)
 * Groups are Redis sorted sets as in channels-redis (members expire after
   ``group_expiry``); ``group_send`` reads the members and publishes once per owning
   process (two round trips, whatever the group's size).

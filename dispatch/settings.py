@@ -403,8 +403,8 @@ WS_HARD_GRACE = env_float("DISPATCH_WS_HARD_GRACE", 10.0)  # seconds
 # Frames a client may have sent that its consumer has not taken yet; past it the socket is
 # not read until half of them are (core.backpressure.ReadThrottle).
 WS_INBOUND_FRAMES = env_int("DISPATCH_WS_INBOUND_FRAMES", 16, minimum=2)
-# Remote calls in flight, counted where they were made (remotes.inflight; docs/operating.md
-# "Bounds"): a call over a cap is refused at once. "Per user" counts within one process.
+# Remote calls in flight, counted where they were made (remotes.inflight;
+# docs/operating.md#bounds): a call over a cap is refused at once. "Per user" counts within one process.
 REMOTE_CALLS_PER_SESSION = env_int("DISPATCH_REMOTE_CALLS_PER_SESSION", 64, minimum=1)
 REMOTE_CALL_BYTES_PER_SESSION = env_int("DISPATCH_REMOTE_CALL_BYTES_PER_SESSION", 64 * 1024 * 1024, minimum=1024)
 REMOTE_CALLS_PER_USER = env_int("DISPATCH_REMOTE_CALLS_PER_USER", 256, minimum=1)

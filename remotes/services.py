@@ -497,8 +497,8 @@ async def remote_call(
 
     The call counts as in flight (``remotes.inflight``) for ``caller_session`` (the
     caller's ``/ws`` session id; ``None`` for callers without one), its user and this
-    process until it ends; one that would pass a cap is refused at once (docs/operating.md
-    "Bounds").
+    process until it ends; one that would pass a cap is refused at once
+    (docs/operating.md#bounds).
 
     Returns the JSON value the remote answered (``None`` when it sent no ``result``).
     Raises ``RemoteError`` for every failure (docs/ws-protocol.md#remote-call): not

@@ -49,8 +49,15 @@ SPEC = re.compile(r"shared[/]spec\b")
 OUTSIDE_CITATION = re.compile(r"spec[/]|shared[/]spec|\xa7|(?-i:CONVENTION[S])|\bissues? #?\d+", re.IGNORECASE)
 RFC_SECTION = re.compile(r"RFC ?\d+,? ?(section |\xa7 ?)[\d.]+", re.IGNORECASE)
 DOCS_CITATION = re.compile(r"docs/([\w.-]+\.md)(?:#([\w-]+))?")
-# A heading cited by its title in quotes: the anchor form is checked, this one was not.
-QUOTED_CITATION = re.compile(r'(?:docs/[\w.-]+|bench/README)\.md,? \"')
+# A heading cited by its title in quotes, after the document, a comma or an anchor (a second
+# heading): the anchor form is checked, this one is not. Matched against a line joined with the
+# start of the next one, so that a citation wrapped between the file and the title is seen too.
+QUOTED_CITATION = re.compile(r"(?:docs/[\w.-]+|bench/README)\.md(?:#[\w-]+)?(?:,\s*|\s+)[\"\u201c]")
+# A comment's marker at the start of a line (``#``, ``//``, ``/*``, ``*``), with the indentation
+# around it.
+COMMENT_START = re.compile(r"^\s*(?:#+|//+|/?\*+)\s*")
+# Code followed by a comment on the same line: the next line is code, not the comment's words.
+TRAILING_COMMENT = re.compile(r"\S\s+(?:#|//)\s")
 NOT_SCANNED = ("node_modules/", ".venv/", "var/")
 
 
@@ -216,8 +223,34 @@ def broken_docs_citations(names: list[str], root: Path = ROOT) -> list[str]:
                     found.append(f"{name}:{number}: docs/{document}: no such document")
                 elif anchor and anchor not in headings.setdefault(document, anchors(target)):
                     found.append(f"{name}:{number}: docs/{document}#{anchor}: no such heading")
-            if QUOTED_CITATION.search(line):
-                found.append(f"{name}:{number}: a heading cited by its title: cite docs/<file>.md#<anchor>")
+        for number in quoted_citations(text):
+            found.append(f"{name}:{number}: a heading cited by its title: cite docs/<file>.md#<anchor>")
+    return found
+
+
+def continuation(line: str, following: str) -> str:
+    """``following`` as the rest of ``line``'s sentence: its comment marker and indentation
+    dropped, or nothing when it cannot go on with it (a comment line followed by code, code
+    with a trailing comment followed by more code)."""
+    if COMMENT_START.match(line) and not COMMENT_START.match(following):
+        return ""
+    if not COMMENT_START.match(line) and TRAILING_COMMENT.search(line):
+        return ""
+    return COMMENT_START.sub("", following, count=1).lstrip()
+
+
+def quoted_citations(text: str) -> list[int]:
+    """Numbers of the lines of ``text`` where a citation of a heading by its quoted title
+    starts, including one whose title is on the next line (comment markers and indentation
+    of that line skipped)."""
+    lines = text.splitlines()
+    found: list[int] = []
+    for index, line in enumerate(lines):
+        following = lines[index + 1] if index + 1 < len(lines) else ""
+        joined = f"{line} {continuation(line, following)}"
+        # A match starting on the next line is that line's, found when it is joined in turn.
+        if any(match.start() <= len(line) for match in QUOTED_CITATION.finditer(joined)):
+            found.append(index + 1)
     return found
 
 
@@ -310,6 +343,7 @@ def test_the_citation_checker_finds_outside_and_broken_citations(tmp_path: Path)
     (tmp_path / "docs" / "guide.md").write_text("# Guide\n\n## Close codes\n", encoding="utf-8")
     # Spelled in pieces so that this file does not cite them itself.
     sign, spec, issue, rules, docs = "\xa7", "spec" + "/", "issue" + " 12", "CONVEN" + "TIONS", "docs" + "/"
+    bench = "bench" + "/README"
     bad = tmp_path / "bad.py"
     bad.write_text(
         f"# The limit ({spec}agents.md).\n"
@@ -319,12 +353,25 @@ def test_the_citation_checker_finds_outside_and_broken_citations(tmp_path: Path)
         f"# Closes 4401 ({docs}guide.md#close-codes), bearer per RFC 6750 {sign}3.1.\n"
         f"# Wrong: {docs}guide.md#nope and {docs}gone.md.\n"
         f'# By title: {docs}guide.md "Close codes".\n'
-        f'# And: ({docs}guide.md, "Close codes").\n',
+        f'# And: ({docs}guide.md, "Close codes").\n'
+        f"# Wrapped: the close code ({docs}guide.md\n"
+        f'#   "Close codes").\n'
+        f'# A second heading by title: ({docs}guide.md#close-codes, "Guide").\n'
+        f'# The benchmarks ({bench}.md, "Goals").\n'
+        f'def f():\n    """In a docstring ({docs}guide.md#close-codes,\n    "Guide")."""\n'
+        f"// In C: {docs}guide.md\n"
+        f'// "Close codes".\n'
+        f"/* In a block: {docs}guide.md\n"
+        f" * \u201cClose codes\u201d. */\n",
         encoding="utf-8",
     )
     good = tmp_path / "good.py"
     good.write_text(
-        f"# The rule: {docs}guide.md#close-codes; RFC 6750 section 3.1; issued 3 tokens.\n", encoding="utf-8"
+        f"# The rule: {docs}guide.md#close-codes; RFC 6750 section 3.1; issued 3 tokens.\n"
+        f'NAMES = [\n    "close",  # {docs}guide.md#close-codes\n    "open",\n]\n'
+        f"# The end of a comment ({docs}guide.md#guide)\n"
+        f'print("a string, not the comment\'s title")\n',
+        encoding="utf-8",
     )
     (tmp_path / "image.png").write_bytes(b"\x89PNG\0" + spec.encode())
     names = ["bad.py", "good.py", "image.png"]
@@ -334,5 +381,11 @@ def test_the_citation_checker_finds_outside_and_broken_citations(tmp_path: Path)
         f"bad.py:6: {docs}gone.md: no such document",
         "bad.py:7: a heading cited by its title: cite docs/<file>.md#<anchor>",
         "bad.py:8: a heading cited by its title: cite docs/<file>.md#<anchor>",
+        "bad.py:9: a heading cited by its title: cite docs/<file>.md#<anchor>",
+        "bad.py:11: a heading cited by its title: cite docs/<file>.md#<anchor>",
+        "bad.py:12: a heading cited by its title: cite docs/<file>.md#<anchor>",
+        "bad.py:14: a heading cited by its title: cite docs/<file>.md#<anchor>",
+        "bad.py:16: a heading cited by its title: cite docs/<file>.md#<anchor>",
+        "bad.py:18: a heading cited by its title: cite docs/<file>.md#<anchor>",
     ]
     assert outside_citations(["good.py"], tmp_path) == broken_docs_citations(["good.py"], tmp_path) == []

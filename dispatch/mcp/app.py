@@ -6,8 +6,8 @@ authenticated (401 otherwise, in the REST error shape, with ``WWW-Authenticate: 
 ``Bearer error="invalid_token"`` for a bad token, RFC 6750 §3.1; an agent token makes that
 agent the caller, ``agents.tokens``); an ``MCP-Protocol-Version`` header naming a version
 the SDK does not speak refused (400); an ``Mcp-Session-Id`` header verified
-(``dispatch.mcp.sessions``: 404 unless it was issued for this token; docs/mcp.md
-"Sessions"); then the SDK's ``StreamableHTTPSessionManager`` answers POSTs, **stateless**
+(``dispatch.mcp.sessions``: 404 unless it was issued for this token;
+docs/mcp.md#sessions); then the SDK's ``StreamableHTTPSessionManager`` answers POSTs, **stateless**
 (any server process can answer any request; ``initialize`` gets a signed session id added
 to its answer); ``GET`` is the 2025-11-25 event stream, answered by
 ``dispatch.mcp.events`` (the SDK serves none when stateless); ``DELETE`` of a session is

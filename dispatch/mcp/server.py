@@ -99,8 +99,8 @@ def call_key(raw_token: str, request_id: str | int, session_id: str | None = Non
     ":" + json.dumps(request_id)`` — the JSON-RPC id as JSON, so ``1`` and ``"1"`` differ
     as they do on the wire — or, within an MCP session (``session_id``, a verified
     ``Mcp-Session-Id``), ``"mcp:" + sha256(token)[:32] + ":s" + session_tag + ":" +
-    json.dumps(request_id)``: request ids are unique only within a session (docs/mcp.md
-    "Sessions"). ``notifications/cancelled`` names the call by the same triple."""
+    json.dumps(request_id)``: request ids are unique only within a session
+    (docs/mcp.md#sessions). ``notifications/cancelled`` names the call by the same triple."""
     digest = hashlib.sha256(raw_token.encode("utf-8", "surrogatepass")).hexdigest()[:32]
     scope = f"{digest}:s{session_tag(session_id)}" if session_id else digest
     return f"mcp:{scope}:{json.dumps(request_id)}"

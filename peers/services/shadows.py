@@ -167,8 +167,8 @@ def _folded_into_local_delivery(shadow: Agent, event_type: str, message: str, cr
     """Whether the peer's mirrored "message delivered" note (``created_at``, the peer's
     clock) belongs to a message this instance sent, whose own "message delivered" note the
     shadow already has: then that note records it (``metadata.delivered_on_peer_at``, ISO
-    8601) and no second timeline entry is added for the same message (docs/peers.md
-    "Shadow agents": each message appears once).
+    8601) and no second timeline entry is added for the same message
+    (docs/peers.md#shadow-agents: each message appears once).
 
     Messages reach the peer's agent in the order they were sent (one outbox, drained in
     order), so the oldest local note not yet matched is the one; a note the peer reports

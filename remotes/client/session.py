@@ -35,8 +35,8 @@ CLOSE_TIMEOUT = 2.0
 ``KEEPALIVE_TIMEOUT``, and ``CLOSE_TIMEOUT`` seconds for the closing handshake: a server
 that stops answering (a frozen process behind nginx, whose TCP connection stays up) ends
 the session 7-12 s after it stopped, within about ``DISPATCH_PROCESS_TTL``, so that
-``Remote.serve`` reconnects through the load balancer to a live process (docs/ws-protocol.md
-"Limits"). The server answers pings by itself; nothing changes on the wire."""
+``Remote.serve`` reconnects through the load balancer to a live process
+(docs/ws-protocol.md#limits). The server answers pings by itself; nothing changes on the wire."""
 
 REFUSED_CLOSE_CODES = {4401: "authentication failed", 4408: "authentication timed out"}
 """Close codes by which the server refuses the session (docs/ws-protocol.md#close-codes); reconnecting cannot help."""

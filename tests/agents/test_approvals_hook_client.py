@@ -1,5 +1,5 @@
-"""The hook client's wait for an approval (agents/hook_client.py; docs/agents.md
-"Approvals"), against a scripted local HTTP server: it reads the approval until its output
+"""The hook client's wait for an approval (agents/hook_client.py;
+docs/agents.md#approvals), against a scripted local HTTP server: it reads the approval until its output
 comes and prints it, runs as the CLI runs it (a subprocess, standard library only), and
 gives up printing nothing — the CLI's own dialog then asks — when Dispatch refuses the
 token, forgets the approval, or stays silent past the approval's wait."""

@@ -1,4 +1,5 @@
-"""Approvals under attack (docs/agents.md#approvals, "Approvals on the pages", "Keys"):
+"""Approvals under attack (docs/agents.md#approvals, docs/agents.md#approvals-on-the-pages,
+docs/agents.md#keys):
 forged suggestions, hostile inputs on every page that shows an approval, CSRF on every
 page POST, another user's ids over REST, pages and MCP. The real-socket cases (two
 ``serve`` processes racing, forged hook calls, 2^70 through the Redis layer) are in

@@ -1,4 +1,4 @@
-"""A real ``manage.py serve`` as ``make run`` starts it (docs/operating.md#settings, "Logs"):
+"""A real ``manage.py serve`` as ``make run`` starts it (docs/operating.md#settings, docs/operating.md#logs):
 
 - the commands run in a second terminal (``peer_offer``) print the public URL that server
   hands out, not the default, and stop doing so once it has exited;

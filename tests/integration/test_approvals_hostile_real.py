@@ -1,4 +1,4 @@
-"""Approvals attacked over real sockets (docs/agents.md#hooks, "Approvals"): two
+"""Approvals attacked over real sockets (docs/agents.md#hooks, docs/agents.md#approvals): two
 ``manage.py serve`` processes on one PostgreSQL and Redis.
 
 - a forged hook call — no token, another agent's, the owner's own user token, another

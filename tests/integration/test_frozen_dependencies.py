@@ -116,8 +116,8 @@ def test_a_frozen_redis_costs_a_request_its_deadline_and_the_log_one_warning(tmp
                 assert error["details"] == {"service": "channel_layer"}
 
                 # A machine operation to a shim connected to this very process needs no Redis:
-                # the request and its reply skip the channel layer (docs/operating.md
-                # "Channel layer"), so it is answered, not held up or refused 503.
+                # the request and its reply skip the channel layer
+                # (docs/operating.md#channel-layer), so it is answered, not held up or refused 503.
                 took, answered = timed("POST", f"{server.url}/api/v1/sessions/s1/ops", headers=auth, json=op)
                 print(f"POST ops: {took:.2f}s {answered.status_code} {answered.text}")
                 assert took < DEADLINE

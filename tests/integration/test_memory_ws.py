@@ -1,5 +1,5 @@
-"""Memory of a real ``serve`` under peers that stop reading or never answer (docs/operating.md
-"Bounds").
+"""Memory of a real ``serve`` under peers that stop reading or never answer
+(docs/operating.md#bounds).
 
 Each test measures the process's resident memory (``VmRSS`` of /proc/<pid>/status) before
 and after rounds of 1 MB remote calls, prints the figures (``pytest -s``) and bounds the

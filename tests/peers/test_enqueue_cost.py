@@ -2,7 +2,7 @@
 ``POST /api/v1/agents/<shadow id>/messages``, through the real view and a bearer token, and
 what it still does for them — the message and its outbox row in one transaction, the
 ``from`` address with this instance's id, the ``message.created`` announcement, a link
-unlinked meanwhile refused (docs/peers.md#the-outbox, "Unlinking") — and the message as
+unlinked meanwhile refused (docs/peers.md#the-outbox, docs/peers.md#unlinking) — and the message as
 the API renders it, the same as ``ModelSerializer`` would.
 
 Counts, not times: a change that adds a statement to every enqueue fails here."""

@@ -1,5 +1,5 @@
-"""Caps on remote calls in flight, per session, per user and per process (docs/operating.md
-"Bounds"): a call over a cap is refused at once with the cap's setting named, nothing queued."""
+"""Caps on remote calls in flight, per session, per user and per process
+(docs/operating.md#bounds): a call over a cap is refused at once with the cap's setting named, nothing queued."""
 
 from __future__ import annotations
 

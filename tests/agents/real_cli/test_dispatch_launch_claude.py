@@ -1,6 +1,6 @@
 """Dispatch launches the REAL Claude Code (tests/clients) through ``POST /api/v1/agents`` on a
 real ``manage.py serve``, against the fake model, with a fresh HOME and a never-seen folder
-(docs/agents.md#folder-trust, "What Dispatch writes"): with ``trust_folder`` the CLI
+(docs/agents.md#folder-trust, docs/agents.md#what-dispatch-writes): with ``trust_folder`` the CLI
 starts with no dialog and the first prompt reaches the model; in a folder nobody trusted
 the launch is refused and nothing is written; a full-access launch as root works.
 """

@@ -1,7 +1,7 @@
 """Dispatch launches the REAL codex (tests/clients) through ``POST /api/v1/agents`` on a real
 ``manage.py serve``, against the fake model (a custom provider in a fresh CODEX_HOME's
-config.toml), in a never-seen folder (docs/agents.md#folder-trust, "What Dispatch
-writes"): with ``trust_folder`` the first prompt reaches the model and the user's
+config.toml), in a never-seen folder (docs/agents.md#folder-trust,
+docs/agents.md#what-dispatch-writes): with ``trust_folder`` the first prompt reaches the model and the user's
 config.toml keeps what it had; in a folder nobody trusted the launch is refused and
 config.toml is left as it was; a codex with no way to reach a model is refused.
 """

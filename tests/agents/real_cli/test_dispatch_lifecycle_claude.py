@@ -5,7 +5,7 @@ Dispatch's MCP and the results reach the model; a Claude that dies at start (an 
 flag in its type's argv) is ``error`` with its own words in ``last_error`` while a
 ``shell`` agent on the same serve keeps running and takes a message; a stop ends the
 running CLI through its stop keys within the grace period, not by a kill
-(docs/agents.md#a-cli-that-dies-at-start, "How stop works").
+(docs/agents.md#a-cli-that-dies-at-start, docs/agents.md#how-stop-works).
 """
 
 from __future__ import annotations
