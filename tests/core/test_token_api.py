@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.test import Client
 
 from core.models import ApiToken
@@ -14,7 +15,7 @@ TOKEN_URL = "/api/v1/auth/token"
 REMOTES_URL = "/api/v1/remotes"
 
 
-def obtain(client: Client, username: str = "alice", password: str = PASSWORD, **extra: object):
+def obtain(client: Client, username: str = "alice", password: object = PASSWORD, **extra: object):
     return client.post(
         TOKEN_URL, {"username": username, "password": password, **extra}, content_type="application/json"
     )
@@ -202,5 +203,18 @@ def test_a_refused_body_names_the_field_and_its_reason(owner, body, details):
 
 
 def test_a_password_sent_as_a_number_is_read_as_its_text(owner):
-    response = obtain(Client(), password=12345)
-    assert response.status_code == 401  # checked, as the text "12345"
+    # core.api.TokenCredentials coerces a JSON number to its text, as DRF's CharField did:
+    # the number 12345 is the password "12345", whether sent as a number or a string.
+    dave = get_user_model().objects.create_user("dave", password="12345")
+    for password in (12345, "12345"):
+        response = obtain(Client(), username="dave", password=password, name=f"sent as {type(password).__name__}")
+        assert response.status_code == 201, (password, response.content)
+        token = response.json()["token"]
+        listed = Client().get(REMOTES_URL, headers={"Authorization": f"Bearer {token}"})
+        assert listed.status_code == 200, password
+    assert sorted(ApiToken.objects.filter(user=dave).values_list("name", flat=True)) == ["sent as int", "sent as str"]
+    # Read as text, not as a number: 12345.0 is the text "12345.0", the wrong password.
+    wrong = obtain(Client(), username="dave", password=12345.0)
+    assert wrong.status_code == 401
+    assert_error_shape(wrong, "AUTHENTICATION_FAILED")
+    assert ApiToken.objects.filter(user=dave).count() == 2

@@ -27,69 +27,110 @@ from machines.schemas import (
 from machines.shim.payloads import MAX_LIST_ENTRIES, PATH_DESCRIPTION, PAYLOADS, LiveFields, payload_of
 from machines.shim.protocol import ShimError
 
-# Each operation's payloads, good and bad: every reader must agree on each.
-SAMPLES: dict[str, list[dict[str, Any]]] = {
+ACCEPTED, REFUSED = True, False
+
+# Each operation's payloads, good and bad, with the verdict machines/shim/payloads.py's
+# rules give (docs/shim-protocol.md#operations): the shim must give it, and every other
+# reader must agree with the shim. A rule lost from the shared dataclasses would leave the
+# three readers agreeing on a wrong verdict; the expected verdict catches that. Every
+# required field, minimum length and numeric bound has a refusal here (and each bound its
+# accepted edge).
+SAMPLES: dict[str, list[tuple[dict[str, Any], bool]]] = {
     "FILE_READ": [
-        {"path": "a.txt"},
-        {"path": "a.txt", "encoding": "base64", "offset": 0, "length": 10},
-        {"path": "a.txt", "encoding": None, "offset": None},
-        {"path": ""},
-        {"path": 3},
-        {},
-        {"path": "a.txt", "encoding": "latin-1"},
-        {"path": "a.txt", "offset": -1},
-        {"path": "a.txt", "offset": "3"},
-        {"path": "a.txt", "length": True},
-        {"path": "a.txt", "length": 2.5},
+        ({"path": "a.txt"}, ACCEPTED),
+        ({"path": "a.txt", "encoding": "base64", "offset": 0, "length": 10}, ACCEPTED),
+        ({"path": "a.txt", "encoding": None, "offset": None}, ACCEPTED),  # null: absent
+        ({"path": "a.txt", "length": 0}, ACCEPTED),  # length ge 0: its edge
+        ({"path": "a.txt", "encoding": "utf-8"}, ACCEPTED),
+        ({"path": ""}, REFUSED),  # path min_length 1
+        ({"path": 3}, REFUSED),
+        ({}, REFUSED),  # path is required
+        ({"path": None, "offset": 3}, REFUSED),  # null reads as absent: still required
+        ({"path": "a.txt", "encoding": "latin-1"}, REFUSED),
+        ({"path": "a.txt", "offset": -1}, REFUSED),  # offset ge 0
+        ({"path": "a.txt", "offset": "3"}, REFUSED),
+        ({"path": "a.txt", "length": -1}, REFUSED),  # length ge 0
+        ({"path": "a.txt", "length": True}, REFUSED),
+        ({"path": "a.txt", "length": 2.5}, REFUSED),
     ],
     "FILE_WRITE": [
-        {"path": "a", "content": ""},
-        {"path": "a", "content": "x", "create_parents": True, "append": False},
-        {"path": "a"},
-        {"path": "a", "content": 5},
-        {"path": "a", "content": "x", "append": 1},
-        {"path": "a", "content": "x", "create_parents": "yes"},
+        ({"path": "a", "content": ""}, ACCEPTED),  # content may be empty
+        ({"path": "a", "content": "x", "create_parents": True, "append": False}, ACCEPTED),
+        ({"path": "a", "content": "eA==", "encoding": "base64"}, ACCEPTED),
+        ({"path": "a"}, REFUSED),  # content is required
+        ({"content": "x"}, REFUSED),  # path is required
+        ({"path": "", "content": "x"}, REFUSED),  # path min_length 1
+        ({"path": "a", "content": 5}, REFUSED),
+        ({"path": "a", "content": "x", "encoding": "ascii"}, REFUSED),
+        ({"path": "a", "content": "x", "append": 1}, REFUSED),
+        ({"path": "a", "content": "x", "create_parents": "yes"}, REFUSED),
     ],
     "FILE_STAT": [
-        {"path": "/x"},
-        {"path": "/x", "hash": True},
-        {"path": "/x", "hash": None},
-        {"path": "/x", "hash": "true"},
-        {"path": ["/x"]},
+        ({"path": "/x"}, ACCEPTED),
+        ({"path": "/x", "hash": True}, ACCEPTED),
+        ({"path": "/x", "hash": None}, ACCEPTED),
+        ({}, REFUSED),  # path is required
+        ({"path": ""}, REFUSED),  # path min_length 1
+        ({"path": "/x", "hash": "true"}, REFUSED),
+        ({"path": ["/x"]}, REFUSED),
     ],
     "FILE_LIST": [
-        {"path": ".", "glob": "*.py", "recursive": True, "max_entries": MAX_LIST_ENTRIES},
-        {"path": ".", "max_entries": 1},
-        {"path": ".", "max_entries": 0},
-        {"path": ".", "max_entries": MAX_LIST_ENTRIES + 1},
-        {"path": ".", "glob": ""},
-        {"path": ".", "include_hidden": 0},
+        ({"path": ".", "glob": "*.py", "recursive": True, "max_entries": MAX_LIST_ENTRIES}, ACCEPTED),  # le: its edge
+        ({"path": ".", "max_entries": 1}, ACCEPTED),  # ge 1: its edge
+        ({"path": ".", "recursive": None, "include_hidden": True}, ACCEPTED),
+        ({}, REFUSED),  # path is required
+        ({"path": ""}, REFUSED),  # path min_length 1
+        ({"path": ".", "max_entries": 0}, REFUSED),  # max_entries ge 1
+        ({"path": ".", "max_entries": -1}, REFUSED),
+        ({"path": ".", "max_entries": MAX_LIST_ENTRIES + 1}, REFUSED),  # max_entries le MAX_LIST_ENTRIES
+        ({"path": ".", "glob": ""}, REFUSED),  # glob min_length 1
+        ({"path": ".", "include_hidden": 0}, REFUSED),
+        ({"path": ".", "recursive": "true"}, REFUSED),
     ],
     "FILE_DELETE": [
-        {"path": "d", "recursive": True, "missing_ok": True},
-        {"path": "d", "missing_ok": "no"},
+        ({"path": "d", "recursive": True, "missing_ok": True}, ACCEPTED),
+        ({"path": "d"}, ACCEPTED),
+        ({}, REFUSED),  # path is required
+        ({"path": ""}, REFUSED),  # path min_length 1
+        ({"path": "d", "missing_ok": "no"}, REFUSED),
+        ({"path": "d", "recursive": 1}, REFUSED),
     ],
     "FILE_MOVE": [
-        {"src": "a", "dst": "b", "overwrite": True},
-        {"src": "a"},
-        {"src": "a", "dst": 1},
+        ({"src": "a", "dst": "b", "overwrite": True}, ACCEPTED),
+        ({"src": "a", "dst": "b"}, ACCEPTED),
+        ({"src": "a"}, REFUSED),  # dst is required
+        ({"dst": "b"}, REFUSED),  # src is required
+        ({"src": "", "dst": "b"}, REFUSED),  # src min_length 1
+        ({"src": "a", "dst": ""}, REFUSED),  # dst min_length 1
+        ({"src": "a", "dst": 1}, REFUSED),
+        ({"src": "a", "dst": "b", "overwrite": "yes"}, REFUSED),
     ],
     "EXECUTE_COMMAND": [
-        {"argv": ["ls", "-l"]},
-        {"command": "ls | wc -l", "cwd": "sub", "timeout_seconds": 1, "env": {"A": "b"}},
-        {"argv": ["cat"], "stream": True, "stdin": "stream", "binary": False, "pipe": True},
-        {"argv": ["ls"], "timeout_seconds": 600.0},
-        {"argv": []},
-        {"argv": ["ls", 1]},
-        {"argv": "ls"},
-        {"command": ""},
-        {"argv": ["ls"], "timeout_seconds": 0},
-        {"argv": ["ls"], "timeout_seconds": 601},
-        {"argv": ["ls"], "timeout_seconds": True},
-        {"argv": ["ls"], "env": {"A": 1}},
-        {"argv": ["ls"], "env": ["A=b"]},
-        {"argv": ["ls"], "stdin": "file"},
-        {"argv": ["ls"], "stream": "yes"},
+        ({"argv": ["ls", "-l"]}, ACCEPTED),
+        ({"command": "ls | wc -l", "cwd": "sub", "timeout_seconds": 1, "env": {"A": "b"}}, ACCEPTED),
+        ({"argv": ["cat"], "stream": True, "stdin": "stream", "binary": False, "pipe": True}, ACCEPTED),
+        ({"argv": ["ls"], "timeout_seconds": 600.0}, ACCEPTED),  # le 600: its edge
+        ({"argv": ["ls"], "timeout_seconds": 0.001}, ACCEPTED),  # gt 0
+        ({"argv": ["ls"], "stdin": "null"}, ACCEPTED),
+        ({}, ACCEPTED),  # argv or command: Operations checks that, not the payload (the class's docstring)
+        ({"argv": []}, REFUSED),  # argv min_length 1
+        ({"argv": ["ls", 1]}, REFUSED),
+        ({"argv": "ls"}, REFUSED),
+        ({"command": ""}, REFUSED),  # command min_length 1
+        ({"command": ["ls"]}, REFUSED),
+        ({"argv": ["ls"], "timeout_seconds": 0}, REFUSED),  # timeout_seconds gt 0
+        ({"argv": ["ls"], "timeout_seconds": -1}, REFUSED),
+        ({"argv": ["ls"], "timeout_seconds": 601}, REFUSED),  # timeout_seconds le 600
+        ({"argv": ["ls"], "timeout_seconds": 600.5}, REFUSED),
+        ({"argv": ["ls"], "timeout_seconds": True}, REFUSED),
+        ({"argv": ["ls"], "timeout_seconds": "5"}, REFUSED),
+        ({"argv": ["ls"], "cwd": 1}, REFUSED),
+        ({"argv": ["ls"], "env": {"A": 1}}, REFUSED),
+        ({"argv": ["ls"], "env": ["A=b"]}, REFUSED),
+        ({"argv": ["ls"], "stdin": "file"}, REFUSED),
+        ({"argv": ["ls"], "stream": "yes"}, REFUSED),
+        ({"argv": ["ls"], "binary": 1}, REFUSED),
+        ({"argv": ["ls"], "pipe": "true"}, REFUSED),
     ],
 }
 
@@ -120,11 +161,15 @@ def test_every_operation_a_caller_may_request_has_its_samples() -> None:
     assert set(SAMPLES) == set(PAYLOADS) == set(PAYLOAD_MODELS)
 
 
-@pytest.mark.parametrize(("op", "payload"), [(op, payload) for op, payloads in SAMPLES.items() for payload in payloads])
+@pytest.mark.parametrize(
+    ("op", "payload", "expected"),
+    [(op, payload, expected) for op, samples in SAMPLES.items() for payload, expected in samples],
+)
 def test_the_shim_the_platform_and_the_schema_accept_and_refuse_the_same_payloads(
-    op: str, payload: dict[str, Any]
+    op: str, payload: dict[str, Any], expected: bool
 ) -> None:
     shim = shim_accepts(op, payload)
+    assert shim == expected, (op, payload, "accepted" if shim else "refused")
     assert platform_accepts(op, payload) == shim, (op, payload, shim)
     assert schema_accepts(op, payload) == shim, (op, payload, shim)
 
