@@ -1,18 +1,27 @@
-"""Shared pieces of the agents tests: agent factories, an API client, live-event capture."""
+"""Shared pieces of the agents tests: agent factories, an API client, live-event capture,
+CLI agents' tmux and messages, the world of the agent-token scope tables."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from channels.layers import get_channel_layer
 from django.test import Client
+from django.utils import timezone
 
-from agents import services
-from agents.models import Agent
+from agents import messages, services
+from agents.models import Agent, AgentMessage, Approval, ApprovalRule, Run
+from agents.tmux import TmuxRunner
+from agents.tokens import agent_token_mint
+from core.models import ApiToken
+from machines.models import Machine
+from peers.models import Peer
 
 
 @pytest.fixture
@@ -122,3 +131,89 @@ def live_events() -> Iterator[Callable[[Any], LiveEvents]]:
     yield open_for
     for events in opened:
         events.close()
+
+
+# --- CLI agents in tmux (test_cli_delivery.py, test_cli_supervisor.py) ----------------------
+
+
+@pytest.fixture
+def runner(private_tmux: TmuxRunner) -> TmuxRunner:
+    """The private tmux server ``cli`` uses in this test (``tests/conftest.py``)."""
+    return private_tmux
+
+
+def status_of(agent: Agent) -> str:
+    return Agent.objects.get(pk=agent.pk).status
+
+
+def send(agent: Agent, content: str) -> AgentMessage:
+    return messages.message_send(recipient=agent, content=content, sender_user=agent.owner)
+
+
+# --- the agent-token scope tables (test_agent_token_scope_rest.py, _mcp.py) ------------------
+
+ALLOWED = "allowed"  # the scope lets it through: the answer is the route's or tool's own (the row says which)
+FORBIDDEN = "forbidden"  # 403 PERMISSION_DENIED: the agent token may not do this
+
+# The pending approvals of ``sibling`` and ``me`` the world starts with (MCP rows name them
+# without a query: their arguments are built in async code).
+SIBLING_APPROVAL = "apr_00000000sib1"
+MY_APPROVAL = "apr_0000000000me"
+
+
+@dataclass
+class World:
+    owner: Any
+    me: Agent
+    child: Agent
+    sibling: Agent
+    theirs: Agent
+    api: Api
+    token: str
+    machine: Machine
+    user_token: ApiToken
+    peer: Peer
+    message: AgentMessage
+    child_run: Run
+    sibling_run: Run
+
+
+@pytest.fixture
+def world(owner: Any, outsider: Any, owner_token: str, make_agent: Any) -> World:
+    me = make_agent(owner, name="me")
+    force_status(me, Agent.Status.RUNNING)
+    child = make_agent(owner, name="child", launched_by=me)
+    sibling = make_agent(owner, name="sibling")
+    theirs = make_agent(outsider, name="theirs")
+    for agent in (child, sibling, theirs):
+        force_status(agent, Agent.Status.RUNNING)
+    machine = Machine.objects.create(user=owner, machine_id="laptop", hostname="laptop")
+    peer = Peer.objects.create(owner=owner, label="cloud", instance_id="inst_cloud", url="http://127.0.0.1:9")
+    message = AgentMessage.objects.create(recipient_agent=sibling, content="hello", sender_user=owner)
+    token = agent_token_mint(agent=me)
+    ApprovalRule.objects.create(owner=owner, tool="Read", action="allow")
+    # Pending: see _approval_of in test_agent_token_scope_rest.py.
+    for approval_id, agent in ((SIBLING_APPROVAL, sibling), (MY_APPROVAL, me)):
+        Approval.objects.create(
+            id=approval_id,
+            agent=agent,
+            tool_name="Bash",
+            tool_input={"command": "ls"},
+            tool_summary="ls",
+            expires_at=timezone.now() + timedelta(minutes=5),
+        )
+    return World(
+        owner=owner,
+        me=me,
+        child=child,
+        sibling=sibling,
+        theirs=theirs,
+        api=Api(token),
+        token=token,
+        machine=machine,
+        user_token=ApiToken.objects.get(user=owner),
+        peer=peer,
+        message=message,
+        child_run=Run.objects.create(agent=child, input={"instruction": "x", "input": None}),
+        sibling_run=Run.objects.create(agent=sibling, input={"instruction": "x", "input": None}),
+    )

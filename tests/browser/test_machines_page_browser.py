@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from machines.shim.protocol import SHIM_VERSION
-from tests.infra import Instance, MachineApi, Server, instance
+from tests.infra import Instance, Server, instance
+from tests.live_clients import MachineApi
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(120)]
 

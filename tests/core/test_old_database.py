@@ -9,33 +9,28 @@ content types. These tests build a database with the migrations as they were bef
 table with the historical models, migrate it forward the way ``manage.py migrate`` does
 (``post_migrate`` included) and read it back with today's models: every row, every relation,
 the content types' ids, staff permissions and the admin log survive; the six new migrations
-emit no DDL; they reverse and replay.
+reverse and replay. That they emit no DDL is test_old_database_schema.py.
 
 Each test works on a database of its own — a temporary SQLite file, or a fresh PostgreSQL
 database (``tests.infra.postgres_database``) for the ``postgres`` variant — registered as an
-extra connection alias for the test's duration; the test database other tests use is never
-migrated (the tests route every query to their own database and refuse ``default``).
+extra connection alias for the test's duration (the helpers of tests/core/conftest.py); the
+test database other tests use is never migrated (the tests route every query to their own
+database and refuse ``default``).
 """
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-import dj_database_url
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
 from django.contrib.contenttypes.models import ContentType
-from django.core.management.sql import emit_post_migrate_signal
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import connections
 from django.db.migrations.executor import MigrationExecutor
-from django.db.migrations.loader import MigrationLoader
-from django.test import override_settings
 
 from agents.models import Agent, AgentEvent, AgentMessage, AgentToken, Run, SupervisorLease
 from core.models import ApiToken, InstanceIdentity, ServerProcess
@@ -43,188 +38,28 @@ from dispatch.models import McpStream
 from machines.models import MachineConnection
 from peers.models import OutboxMessage, Peer
 from remotes.models import Remote, WsSession
-from tests.infra import postgres_database
+from tests.core.conftest import (
+    DISPATCH_APPS,
+    MOVED,
+    NEW_APPS,
+    NEW_MIGRATIONS,
+    OLD_LEAVES,
+    backends,
+    dump,
+    extra_database,
+    latest_nodes,
+    migrate,
+    moved_nodes,
+    old_nodes,
+    old_targets,
+    routed_to,
+)
 
-# The apps whose tables the old migrations made, and the apps the move created.
-DISPATCH_APPS = ("dispatch", "remotes", "machines", "peers")
-NEW_APPS = ("core", "agents")
-# Each Dispatch app's leaf migration before the move.
-OLD_LEAVES = {
-    "dispatch": "0006_mcp_stream",
-    "peers": "0001_initial",
-    "remotes": "0002_wssession_credential",
-    "machines": "0003_machineconnection_credential",
-}
-# The move: state only.
-NEW_MIGRATIONS = {
-    ("core", "0001_initial"),
-    ("agents", "0001_initial"),
-    ("remotes", "0003_foreign_keys_to_core"),
-    ("machines", "0004_foreign_keys_to_core"),
-    ("peers", "0002_foreign_key_to_agents"),
-    ("dispatch", "0007_models_moved_to_core_and_agents"),
-}
-# Moved model (content type ``model``) -> its new app label.
-MOVED = {
-    "instanceidentity": "core",
-    "serverprocess": "core",
-    "apitoken": "core",
-    "agent": "agents",
-    "run": "agents",
-    "agentevent": "agents",
-    "agentmessage": "agents",
-    "agenttoken": "agents",
-    "supervisorlease": "agents",
-}
-# Models the new apps gained after the move (content types of their own, never moved).
-ADDED_SINCE = {"trustedfolder", "approval", "approvalrule"}
+pytestmark = pytest.mark.usefixtures("_own_databases_only")
+
 CORE_MODELS = (InstanceIdentity, ServerProcess, ApiToken)
 AGENTS_MODELS = (Agent, Run, AgentEvent, AgentMessage, AgentToken, SupervisorLease)
 NOW = datetime.datetime(2026, 11, 30, 12, 0, tzinfo=datetime.UTC)
-
-
-@pytest.fixture(autouse=True)
-def _own_databases_only(django_db_blocker: Any) -> Iterator[None]:
-    """The tests use databases of their own, which pytest-django's test case would refuse
-    (it allows only the aliases it set up), so they run outside it, with database access
-    unblocked — and the default database refused instead: a query that strays there fails
-    the test rather than touching the test database (or, run alone, a real one)."""
-
-    def refuse(*args: Any, **kwargs: Any) -> None:
-        raise AssertionError("a query went to the default database, not the one under test")
-
-    default = connections[DEFAULT_DB_ALIAS]
-    default.ensure_connection = refuse  # type: ignore[method-assign]
-    try:
-        with django_db_blocker.unblock():
-            yield
-    finally:
-        del default.ensure_connection  # the class's (pytest-django's blocker) again
-
-
-backends = pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-
-
-# --- the databases ---------------------------------------------------------------------------
-
-
-@contextmanager
-def extra_database(backend: str, directory: Path, alias: str) -> Iterator[str]:
-    """A fresh, empty database reachable as ``connections[alias]`` while the block runs.
-
-    ``backend`` is ``"sqlite"`` (a file in ``directory``, with the transaction mode
-    settings.py gives every SQLite database) or ``"postgres"`` (a new database on the test
-    server, dropped after; skipped without one, failed under CI=true). Yields ``alias``; the
-    alias is gone again afterwards, so pytest-django's teardown never sees it.
-    """
-    with ExitStack() as stack:
-        if backend == "sqlite":
-            settings_dict: dict[str, Any] = {
-                "ENGINE": "django.db.backends.sqlite3",
-                "NAME": str(directory / f"{alias}.sqlite3"),
-                "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20},
-            }
-        else:
-            settings_dict = dict(dj_database_url.parse(stack.enter_context(postgres_database("dispatch_olddb_"))))
-        connections.settings[alias] = connections.configure_settings({DEFAULT_DB_ALIAS: {}, alias: settings_dict})[
-            alias
-        ]
-        try:
-            yield alias
-        finally:
-            for connection in connections.all(initialized_only=True):
-                if connection.alias == alias:
-                    connection.close()
-                    del connections[alias]
-            del connections.settings[alias]
-            ContentType.objects.clear_cache()
-
-
-class OnlyThere:
-    """A database router sending every query to one alias, so today's models (and Django's
-    auth and admin code that queries without ``using``) read the database under test."""
-
-    def __init__(self, alias: str) -> None:
-        self.alias = alias
-
-    def db_for_read(self, model: Any, **hints: Any) -> str:
-        return self.alias
-
-    def db_for_write(self, model: Any, **hints: Any) -> str:
-        return self.alias
-
-    def allow_relation(self, obj1: Any, obj2: Any, **hints: Any) -> bool:
-        return True
-
-
-@contextmanager
-def routed_to(alias: str) -> Iterator[None]:
-    """Route every query to ``alias`` while the block runs (content type cache emptied): the
-    database under test is what ``default`` is in a deployment."""
-    ContentType.objects.clear_cache()
-    with override_settings(DATABASE_ROUTERS=[OnlyThere(alias)]):
-        yield
-    ContentType.objects.clear_cache()
-
-
-# --- migrating -------------------------------------------------------------------------------
-
-
-def latest_nodes() -> list[tuple[str, str]]:
-    """Every app's leaf migration today."""
-    return sorted(MigrationLoader(None, ignore_no_migrations=True).graph.leaf_nodes())
-
-
-def moved_nodes() -> list[tuple[str, str]]:
-    """The leaf migrations right after the move: Django's apps as today, Dispatch's at the
-    move's own migrations (``NEW_MIGRATIONS``; later migrations, e.g. ``machines`` 0005, are
-    not the move's to test)."""
-    keep = [node for node in latest_nodes() if node[0] not in (*DISPATCH_APPS, *NEW_APPS)]
-    return [*keep, *sorted(NEW_MIGRATIONS)]
-
-
-def old_nodes() -> list[tuple[str, str]]:
-    """The leaf migrations before the move: Django's apps as today, Dispatch's as ``OLD_LEAVES``."""
-    keep = [node for node in latest_nodes() if node[0] not in (*DISPATCH_APPS, *NEW_APPS)]
-    return [*keep, *OLD_LEAVES.items()]
-
-
-def old_targets() -> list[tuple[str, str | None]]:
-    """Migration targets for the old state: the old leaves, ``core`` and ``agents`` unapplied."""
-    return [*old_nodes(), ("core", None), ("agents", None)]
-
-
-def migrate(alias: str, targets: list[Any]) -> list[tuple[Any, bool]]:
-    """Migrate ``alias`` to ``targets`` as ``manage.py migrate`` does: the plan, then
-    ``post_migrate`` with the resulting state (which creates content types and permissions).
-    Returns the plan that ran: ``(Migration, backwards)`` pairs.
-
-    Queries are routed to ``alias`` (``dispatch`` 0001's ``RunPython`` writes without
-    ``using``, to what is the one database in a deployment)."""
-    executor = MigrationExecutor(connections[alias])
-    plan = executor.migration_plan(targets)
-    if plan:
-        with routed_to(alias):
-            state = executor.migrate(targets, plan=plan)
-            state.clear_delayed_apps_cache()
-            emit_post_migrate_signal(0, False, alias, apps=state.apps, plan=plan)
-    return plan
-
-
-def dump(alias: str) -> dict[str, list[dict[str, Any]]]:
-    """Every table's rows (as column -> value, by primary key), ``django_migrations`` excepted."""
-    connection = connections[alias]
-    quote = connection.ops.quote_name
-    tables: dict[str, list[dict[str, Any]]] = {}
-    with connection.cursor() as cursor:
-        for table in connection.introspection.table_names(cursor):
-            if table == "django_migrations":
-                continue
-            pk = connection.introspection.get_primary_key_column(cursor, table)
-            cursor.execute(f"SELECT * FROM {quote(table)} ORDER BY {quote(pk)}")
-            columns = [column[0] for column in cursor.description]
-            tables[table] = [dict(zip(columns, row, strict=True)) for row in cursor.fetchall()]
-    return tables
 
 
 def relabelled(tables: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
@@ -546,64 +381,3 @@ def test_content_types_made_between_the_two_steps_give_way_to_the_old_ones(backe
         migrate(alias, moved_nodes())
         assert dump(alias) == relabelled(old)
         check_at_the_latest_migrations(alias, old)
-
-
-@backends
-def test_the_move_changes_no_table(backend: str, tmp_path: Path) -> None:
-    """``sqlmigrate`` of each new migration, both ways, is comments only."""
-    with extra_database(backend, tmp_path, "old") as alias:
-        migrate(alias, old_targets())
-        executor = MigrationExecutor(connections[alias])
-        forwards = executor.migration_plan(moved_nodes())
-        assert {(m.app_label, m.name) for m, _ in forwards} == NEW_MIGRATIONS
-        for step in forwards:
-            statements = executor.loader.collect_sql([step])
-            assert [s for s in statements if not s.lstrip().startswith("--")] == [], step
-
-        migrate(alias, moved_nodes())
-        executor = MigrationExecutor(connections[alias])
-        backwards = executor.migration_plan(old_targets())
-        assert {(m.app_label, m.name) for m, back in backwards if back} == NEW_MIGRATIONS
-        for step in backwards:
-            statements = executor.loader.collect_sql([step])
-            assert [s for s in statements if not s.lstrip().startswith("--")] == [], step
-
-
-def schema(alias: str) -> dict[str, Any]:
-    """Every table's columns and constraints as introspected, ``django_migrations`` excepted.
-
-    SQLite names foreign keys and unique indexes by their column's position (``fk_0``,
-    ``sqlite_autoindex_<table>_1``), which a state-only move may change; those compare by
-    what they constrain."""
-    connection = connections[alias]
-    positional = connection.vendor == "sqlite"
-    tables: dict[str, Any] = {}
-    with connection.cursor() as cursor:
-        for table in connection.introspection.table_names(cursor):
-            if table == "django_migrations":
-                continue
-            columns = {info.name: info for info in connection.introspection.get_table_description(cursor, table)}
-            constraints = []
-            for name, details in connection.introspection.get_constraints(cursor, table).items():
-                if positional and (details["foreign_key"] or name.startswith("sqlite_autoindex_")):
-                    name = ""
-                constraints.append((name, repr(sorted(details.items()))))
-            tables[table] = (columns, sorted(constraints))
-    return tables
-
-
-@backends
-def test_the_new_state_describes_the_tables_the_old_migrations_made(backend: str, tmp_path: Path) -> None:
-    """Tables created from today's migration state are the tables the old migrations made:
-    the state-only move claims nothing the database does not have."""
-    with extra_database(backend, tmp_path, "migrated") as migrated, extra_database(backend, tmp_path, "fresh") as fresh:
-        migrate(migrated, latest_nodes())
-        state_apps = MigrationExecutor(connections[fresh]).loader.project_state(latest_nodes()).apps
-        with connections[fresh].schema_editor() as editor:
-            for model in state_apps.get_models():
-                editor.create_model(model)
-        assert schema(fresh) == schema(migrated)
-        # A new installation has no content type left under the old label either.
-        content_types = dump(migrated)["django_content_type"]
-        assert {row["model"] for row in content_types if row["app_label"] == "dispatch"} == {"mcpstream"}
-        assert {row["model"] for row in content_types if row["app_label"] in NEW_APPS} == set(MOVED) | ADDED_SINCE

@@ -33,7 +33,8 @@ import pytest
 
 from remotes.client import Remote
 from tests.cluster import Cluster, cluster
-from tests.infra import LiveSession, ShimProcess, eventually
+from tests.infra import ShimProcess, eventually
+from tests.live_clients import LiveSession
 
 pytestmark = [
     pytest.mark.integration,

@@ -38,7 +38,8 @@ from websockets.exceptions import InvalidStatus
 from deploy.cluster import Nginx, body_cap, free_port
 from remotes.client import Remote
 from tests.cluster import MARKS, Cluster, IdleClients, IdlePlan, cluster
-from tests.infra import LiveSession, eventually
+from tests.infra import eventually
+from tests.live_clients import LiveSession
 
 pytestmark = [*(getattr(pytest.mark, mark) for mark in MARKS), pytest.mark.timeout(300)]
 

@@ -34,7 +34,8 @@ from websockets.asyncio.client import connect
 import deploy.nginx
 from deploy.cluster import Nginx, body_cap, free_port
 from tests.cluster import MARKS, Cluster, cluster
-from tests.infra import LiveSession, wait_until
+from tests.infra import wait_until
+from tests.live_clients import LiveSession
 
 pytestmark = [*(getattr(pytest.mark, mark) for mark in MARKS), pytest.mark.timeout(180)]
 

@@ -30,7 +30,8 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 from tests.cluster import Cluster, shared_cluster, trusting
-from tests.infra import LiveSession, eventually
+from tests.infra import eventually
+from tests.live_clients import LiveSession
 
 pytestmark = [
     pytest.mark.integration,

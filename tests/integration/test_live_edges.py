@@ -24,16 +24,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.infra import (
-    PYTHON,
-    Instance,
-    MachineApi,
-    Server,
-    ShimProcess,
-    api_error,
-    instance,
-    wait_until,
-)
+from tests.infra import PYTHON, Instance, Server, ShimProcess, instance, wait_until
+from tests.live_clients import MachineApi, api_error
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

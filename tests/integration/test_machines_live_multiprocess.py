@@ -27,18 +27,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.infra import (
-    PYTHON,
-    Instance,
-    MachineApi,
-    Process,
-    Server,
-    ShimProcess,
-    children_of,
-    instance,
-    wait_for_child,
-    wait_until,
-)
+from tests.infra import PYTHON, Instance, Process, Server, ShimProcess, instance, wait_until
+from tests.live_clients import MachineApi, children_of, wait_for_child
 
 pytestmark = [
     pytest.mark.integration,

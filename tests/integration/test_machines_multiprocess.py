@@ -20,18 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.infra import (
-    InFlight,
-    Instance,
-    MachineApi,
-    Server,
-    ShimProcess,
-    api_error,
-    instance,
-    kill_quietly,
-    wait_for_child,
-    wait_until,
-)
+from tests.infra import Instance, Server, ShimProcess, instance, wait_until
+from tests.live_clients import InFlight, MachineApi, api_error, kill_quietly, wait_for_child
 
 pytestmark = [
     pytest.mark.integration,

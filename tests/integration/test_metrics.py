@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from tests.infra import Instance, LiveSession, Server, instance
+from tests.infra import Instance, Server, instance
+from tests.live_clients import LiveSession
 from tests.scrape import Samples, parse, value
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]

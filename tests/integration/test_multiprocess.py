@@ -21,7 +21,8 @@ import pytest
 
 from examples.weather_service import get_forecast
 from remotes.client import Remote
-from tests.infra import Instance, LiveSession, Server, eventually, instance, wait_until
+from tests.infra import Instance, Server, eventually, instance, wait_until
+from tests.live_clients import LiveSession
 
 pytestmark = [
     pytest.mark.integration,

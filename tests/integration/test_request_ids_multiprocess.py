@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from tests.infra import LiveSession, instance
+from tests.infra import instance
+from tests.live_clients import LiveSession
 
 pytestmark = [
     pytest.mark.integration,

@@ -20,7 +20,8 @@ import httpx
 import pytest
 
 from examples.weather_service import get_forecast
-from tests.infra import PYTHON, Instance, LiveSession, Server, instance, wait_until
+from tests.infra import PYTHON, Instance, Server, instance, wait_until
+from tests.live_clients import LiveSession
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

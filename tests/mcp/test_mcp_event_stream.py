@@ -18,7 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.infra import Instance, LiveSession, Server, instance
+from tests.infra import Instance, Server, instance
+from tests.live_clients import LiveSession
 from tests.mcp.test_mcp_endpoint import mcp_client
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -20,7 +20,8 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from dispatch.mcp.server import uncarriable
-from tests.infra import Instance, LiveSession, Server, instance
+from tests.infra import Instance, Server, instance
+from tests.live_clients import LiveSession
 from tests.mcp.test_mcp_endpoint import answer_of, text_of
 
 pytestmark = [pytest.mark.integration, pytest.mark.redis, pytest.mark.timeout(120)]

@@ -22,8 +22,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.infra import REPO, Instance, MachineApi, Process, Server, ShimProcess, instance, wait_until
+from tests.infra import REPO, Instance, Process, Server, ShimProcess, instance, wait_until
 from tests.integration.test_machines_real import approve_device
+from tests.live_clients import MachineApi
 from tests.packaging.conftest import SHIM_VERSION, Dist, Venv, client_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

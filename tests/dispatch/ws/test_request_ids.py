@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from remotes.protocol import new_request_id
-from tests.infra import PYTHON, REPO, LiveSession, base_env, instance
+from tests.infra import PYTHON, REPO, base_env, instance
+from tests.live_clients import LiveSession
 
 DEMO = "remote-center/demo"
 SLOW = [

@@ -1,102 +1,37 @@
-"""The scope of an agent token (docs/agents.md#agent-tokens; the README's table
-"What an agent token may do").
+"""The scope of an agent token on the REST API (docs/agents.md#agent-tokens; the README's
+table "What an agent token may do").
 
-One table with a row for every route under ``/api/v1`` (and each of its methods) and
-one for every MCP tool an agent token is offered. A row says what the agent token gets
-and the test checks it, plus that a refused write changed nothing. The agent ``me``
-(alice's) calls; ``child`` is an agent ``me`` launched, ``sibling`` one it did not, and
-``theirs`` carol's. Both tables are checked against the routes and tools that exist, so
-a new route or tool without a row fails here.
+One table with a row for every route under ``/api/v1`` (and each of its methods): a row
+says what the agent token gets and the test checks it, plus that a refused write changed
+nothing. The agent ``me`` (alice's) calls; ``child`` is an agent ``me`` launched,
+``sibling`` one it did not, and ``theirs`` carol's (the ``world`` fixture of
+tests/agents/conftest.py). The table is checked against the routes that exist, so a new
+route without a row fails here. The MCP tools' table is test_agent_token_scope_mcp.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
 from django.test import AsyncClient
 from django.urls import URLPattern, URLResolver, get_resolver
-from django.utils import timezone
 
 from agents.approvals import approval_request
-from agents.models import Agent, AgentEvent, AgentMessage, Approval, ApprovalRule, Run
-from agents.tokens import agent_token_mint
-from core.errors import DispatchError
+from agents.models import Agent, AgentEvent, Approval, ApprovalRule, Run
 from core.models import ApiToken
-from dispatch.mcp.tools import tools_for
 from machines.models import DefaultMachine, Machine
 from peers.models import Peer
-from tests.agents.conftest import Api, error_of, force_status
+from tests.agents.conftest import ALLOWED, FORBIDDEN, Api, World, error_of
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ALLOWED = "allowed"  # the scope lets it through: the answer is the route's own (exact status below)
-FORBIDDEN = "forbidden"  # 403 PERMISSION_DENIED: the agent token may not do this
 PEER_ONLY = "peer only"  # a peer route: only a linked instance's signed request is accepted (401)
 OPEN = "open"  # needs no credential (pairing claim, device login, token from a password)
-
-
-@dataclass
-class World:
-    owner: Any
-    me: Agent
-    child: Agent
-    sibling: Agent
-    theirs: Agent
-    api: Api
-    token: str
-    machine: Machine
-    user_token: ApiToken
-    peer: Peer
-    message: AgentMessage
-    child_run: Run
-    sibling_run: Run
-
-
-@pytest.fixture
-def world(owner: Any, outsider: Any, owner_token: str, make_agent: Any) -> World:
-    me = make_agent(owner, name="me")
-    force_status(me, Agent.Status.RUNNING)
-    child = make_agent(owner, name="child", launched_by=me)
-    sibling = make_agent(owner, name="sibling")
-    theirs = make_agent(outsider, name="theirs")
-    for agent in (child, sibling, theirs):
-        force_status(agent, Agent.Status.RUNNING)
-    machine = Machine.objects.create(user=owner, machine_id="laptop", hostname="laptop")
-    peer = Peer.objects.create(owner=owner, label="cloud", instance_id="inst_cloud", url="http://127.0.0.1:9")
-    message = AgentMessage.objects.create(recipient_agent=sibling, content="hello", sender_user=owner)
-    token = agent_token_mint(agent=me)
-    ApprovalRule.objects.create(owner=owner, tool="Read", action="allow")
-    for approval_id, agent in ((SIBLING_APPROVAL, sibling), (MY_APPROVAL, me)):  # pending: see _approval_of
-        Approval.objects.create(
-            id=approval_id,
-            agent=agent,
-            tool_name="Bash",
-            tool_input={"command": "ls"},
-            tool_summary="ls",
-            expires_at=timezone.now() + timedelta(minutes=5),
-        )
-    return World(
-        owner=owner,
-        me=me,
-        child=child,
-        sibling=sibling,
-        theirs=theirs,
-        api=Api(token),
-        token=token,
-        machine=machine,
-        user_token=ApiToken.objects.get(user=owner),
-        peer=peer,
-        message=message,
-        child_run=Run.objects.create(agent=child, input={"instruction": "x", "input": None}),
-        sibling_run=Run.objects.create(agent=sibling, input={"instruction": "x", "input": None}),
-    )
 
 
 @dataclass(frozen=True)
@@ -124,12 +59,6 @@ def _approval_of(agent: Agent) -> Approval:
     """The agent's pending approval (one is made at the first call; docs/agents.md#approvals)."""
     found = Approval.objects.filter(agent=agent, status="pending").first()
     return found or approval_request(agent=agent, tool_name="Bash", tool_input={"command": "ls"})
-
-
-# The pending approvals of ``sibling`` and ``me`` the world starts with (MCP rows name them
-# without a query: their arguments are built in async code).
-SIBLING_APPROVAL = "apr_00000000sib1"
-MY_APPROVAL = "apr_0000000000me"
 
 
 def _approval_status(agent: Agent) -> str:
@@ -565,112 +494,3 @@ def test_a_refusal_names_the_rule(world: World) -> None:
     assert error_of(other)["message"] == (
         f"an agent token acts only in its own session ('{world.me.pk}'), not in 'default'"
     )
-
-
-# --- MCP: every tool an agent token is offered ---------------------------------------------------
-
-MACHINE_OP_TOOLS = {
-    "local_pc_file_read": {"path": "/tmp/x"},
-    "local_pc_file_write": {"path": "/tmp/x", "content": "x"},
-    "local_pc_file_list": {"path": "/tmp"},
-    "local_pc_file_stat": {"path": "/tmp"},
-    "local_pc_file_delete": {"path": "/tmp/x"},
-    "local_pc_file_move": {"src": "/tmp/x", "dst": "/tmp/y"},
-    "local_pc_execute_command": {"argv": ["true"]},
-    "local_pc_pipe": {"source": {"machine": "a", "argv": ["true"]}, "destination": {"machine": "b", "argv": ["cat"]}},
-    "local_pc_file_copy": {
-        "source_machine": "a",
-        "source_path": "/a",
-        "destination_machine": "b",
-        "destination_path": "/b",
-    },
-}
-
-
-@dataclass(frozen=True)
-class ToolRow:
-    tool: str
-    arguments: Callable[[World], dict[str, Any]]
-    outcome: str  # ALLOWED: no PERMISSION_DENIED (the tool's own answer or error); FORBIDDEN: refused
-    code: str | None = None  # allowed: the DispatchError code it ends with (None: a result); forbidden: the message
-
-
-def _tool_rows() -> list[ToolRow]:
-    rows = [
-        ToolRow("dispatch_event", lambda w: {"type": "working", "message": "on it"}, ALLOWED),
-        ToolRow("list_agents", lambda w: {}, ALLOWED),
-        ToolRow("get_agent_history", lambda w: {"agent_id": w.sibling.pk, "limit": 5}, ALLOWED),
-        ToolRow("dispatch_launch_agent", lambda w: {"name": "kid", "prompt": "go", "type": "expert"}, ALLOWED),
-        ToolRow(
-            "dispatch_launch_agent",
-            lambda w: {"name": "kid2", "prompt": "go", "type": "expert", "full_access": True},
-            FORBIDDEN,
-            "is not full-access, so it cannot launch a full-access agent",
-        ),
-        ToolRow("dispatch_send_message", lambda w: {"target": w.sibling.pk, "message": "hi"}, ALLOWED),
-        ToolRow("message_status", lambda w: {"message_id": w.message.pk}, ALLOWED),
-        ToolRow("list_approvals", lambda w: {}, ALLOWED),
-        ToolRow(
-            "answer_approval",
-            lambda w: {"approval_id": SIBLING_APPROVAL, "decision": "deny", "message": "not now"},
-            ALLOWED,
-        ),
-        ToolRow(
-            "answer_approval",
-            lambda w: {"approval_id": MY_APPROVAL, "decision": "allow_once"},
-            FORBIDDEN,
-            "cannot answer its own approval",
-        ),
-        ToolRow("list_machines", lambda w: {}, ALLOWED),
-        ToolRow("list_machines", lambda w: {"session_id": w.me.pk}, ALLOWED),
-        ToolRow("list_machines", lambda w: {"session_id": "default"}, FORBIDDEN),
-    ]
-    for name, arguments in MACHINE_OP_TOOLS.items():
-        rows.append(ToolRow(name, lambda w, a=arguments: dict(a), ALLOWED, "MACHINE_NOT_ATTACHED"))
-        rows.append(ToolRow(name, lambda w, a=arguments: {**a, "session_id": w.sibling.pk}, FORBIDDEN))
-    return rows
-
-
-TOOLS = _tool_rows()
-
-
-def test_the_tool_table_has_a_row_for_every_tool_an_agent_token_is_offered(world: World) -> None:
-    offered = async_to_sync(tools_for)(user=world.owner, caller_agent=world.me)
-    assert set(offered) == {row.tool for row in TOOLS}
-
-
-@pytest.mark.parametrize("row", TOOLS, ids=[f"{row.tool} {row.outcome} {i}" for i, row in enumerate(TOOLS)])
-def test_an_agent_token_gets_what_its_scope_says_from_every_mcp_tool(world: World, row: ToolRow, settings: Any) -> None:
-    settings.DEFAULT_CWD = "/tmp"
-
-    async def call() -> Any:
-        tools = await tools_for(user=world.owner, caller_agent=world.me)
-        return await asyncio.wait_for(tools[row.tool](row.arguments(world)), 10)
-
-    try:
-        value, code, message = async_to_sync(call)(), None, ""
-    except DispatchError as exc:
-        value, code, message = None, exc.code, exc.message
-    if row.outcome == FORBIDDEN:
-        assert code == "PERMISSION_DENIED" and (row.code or "acts only in its own session") in message, (code, message)
-    else:
-        assert code == row.code, (code, message, value)
-
-
-def test_a_remote_function_is_offered_to_an_agent_token_as_to_its_owner(world: World) -> None:
-    # Remote functions are the last kind of MCP tool: an agent token gets its owner's.
-    from remotes.protocol import FunctionSpec
-    from remotes.services import remote_connect, ws_session_open
-
-    session = ws_session_open(user=world.owner, channel_name="test.remote!x", auth_method="token")
-    remote_connect(
-        user=world.owner,
-        ws_session_id=session.pk,
-        channel_name="test.remote!x",
-        remotename="weather",
-        tools=[FunctionSpec(name="get_forecast")],
-    )
-    offered = async_to_sync(tools_for)(user=world.owner, caller_agent=world.me)
-    users = async_to_sync(tools_for)(user=world.owner)
-    remote_tools = set(offered) - {row.tool for row in TOOLS}
-    assert remote_tools == set(users) - set(MACHINE_OP_TOOLS) - {row.tool for row in TOOLS} != set()
