@@ -35,7 +35,8 @@ import httpx
 import pytest
 
 from deploy.cluster import Certificate, Nginx, body_cap, free_port, nginx_binary, self_signed_certificate, topology_env
-from tests.infra import PYTHON, REPO, Instance, Process, Server, ShimProcess, instance, unavailable, wait_until
+from tests.backends import unavailable
+from tests.infra import PYTHON, REPO, Instance, Process, Server, ShimProcess, instance, wait_until
 
 MARKS = ("integration", "multiprocess", "postgres", "redis")
 

@@ -1,9 +1,8 @@
-"""Real infrastructure for tests: PostgreSQL, Redis and `manage.py serve` subprocesses.
+"""Real infrastructure for tests: Dispatch instances (a data dir, a migrated database) and
+the ``manage.py serve``, worker and shim subprocesses started on them.
 
-Tests that need PostgreSQL or Redis find them (``DISPATCH_TEST_POSTGRES_URL``, default
-``postgres://postgres@127.0.0.1:5432/postgres``; ``DISPATCH_TEST_REDIS_URL``, default
-``redis://127.0.0.1:6379``) or start a throwaway ``redis-server``. Without them a test is
-skipped with the reason, except under ``CI=true``, where it fails.
+The PostgreSQL and Redis they use come from ``tests.backends`` (skipped without them,
+failed under ``CI=true``); the clients that talk to them are in ``tests.live_clients``.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,130 +25,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import httpx
-import pytest
+
+from tests.backends import free_port, postgres_admin, postgres_admin_url, postgres_database, redis_url
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
-ON_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-def unavailable(reason: str) -> NoReturn:
-    """Skip (locally) or fail (on CI) a test whose service is missing."""
-    if ON_CI:
-        pytest.fail(f"{reason} (CI=true: a missing service is a failure)")
-    pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def postgres_admin_url() -> str:
-    return os.environ.get("DISPATCH_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/postgres")
-
-
-@contextmanager
-def postgres_admin(admin_url: str) -> Iterator[Any]:
-    """An autocommit connection to ``admin_url``; a server that cannot be reached makes
-    the test ``unavailable`` (skipped, or failed under CI), but any other refusal — too
-    many clients, a failed statement — is an error of the test."""
-    import psycopg
-
-    try:
-        conn = psycopg.connect(admin_url, autocommit=True, connect_timeout=3)
-    except psycopg.OperationalError as exc:
-        if exc.sqlstate is not None:  # the server answered and refused
-            raise
-        unavailable(f"PostgreSQL not reachable at {admin_url}: {exc}")
-    with conn:
-        yield conn
-
-
-@contextmanager
-def postgres_database(prefix: str = "dispatch_it_", *, template: str = "") -> Iterator[str]:
-    """A fresh PostgreSQL database for one test, empty or a copy of the database
-    ``template``; yields its URL and drops it after.
-
-    Its name is ``prefix`` plus 12 random hex digits (``prefix`` tells whose leftovers a
-    database is; lowercase letters, digits and ``_`` only).
-    """
-    import psycopg
-
-    admin_url = postgres_admin_url()
-    name = f"{prefix}{uuid.uuid4().hex[:12]}"
-    from_template = f' TEMPLATE "{template}"' if template else ""
-    with postgres_admin(admin_url) as conn:
-        for attempt in range(50):
-            try:
-                conn.execute(f'CREATE DATABASE "{name}"{from_template}')
-                break
-            except psycopg.errors.ObjectInUse:
-                # The template's last user (the migrating process) may take a moment to go.
-                if attempt == 49:
-                    raise
-                time.sleep(0.1)
-    url = admin_url.rsplit("/", 1)[0] + "/" + name
-    try:
-        yield url
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def redis_answers(url: str) -> bool:
-    import redis
-
-    try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
-    except Exception:
-        return False
-
-
-def start_redis_server(port: int) -> subprocess.Popen[bytes]:
-    """Start a private ``redis-server`` on 127.0.0.1:``port`` (no persistence) and wait until
-    it answers; the caller stops it (``kill()`` for a crash). Skips (fails on CI) without
-    the binary or when it does not come up within 5 s."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        unavailable("no redis-server to start")
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    for _ in range(50):
-        if redis_answers(f"redis://127.0.0.1:{port}"):
-            return proc
-        time.sleep(0.1)
-    proc.kill()
-    proc.wait(5)
-    unavailable("redis-server did not start")
-
-
-@contextmanager
-def redis_url() -> Iterator[str]:
-    """A Redis URL with a private key prefix's worth of isolation (a random db-less prefix).
-
-    Uses the running Redis when it answers, else starts ``redis-server`` on a free port.
-    """
-    base = os.environ.get("DISPATCH_TEST_REDIS_URL", "redis://127.0.0.1:6379")
-    if redis_answers(base):
-        yield base
-        return
-    if shutil.which("redis-server") is None:
-        unavailable(f"Redis not reachable at {base} and no redis-server to start")
-    port = free_port()
-    proc = start_redis_server(port)
-    try:
-        yield f"redis://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(5)
 
 
 def base_env(**overrides: str) -> dict[str, str]:
@@ -168,6 +50,10 @@ def base_env(**overrides: str) -> dict[str, str]:
             "DISPATCH_LOG_LEVEL": "WARNING",
         }
     )
+    if "DISPATCH_CHANNEL_LAYER" in os.environ:
+        # A run on channels-redis' lists (DISPATCH_CHANNEL_LAYER=list) puts the servers it
+        # starts on them too, not only the test process.
+        env["DISPATCH_CHANNEL_LAYER"] = os.environ["DISPATCH_CHANNEL_LAYER"]
     if "PYTEST_CURRENT_TEST" in os.environ:
         # In a test, not a benchmark: xdist workers' servers share one PostgreSQL (100
         # connections by default), so each gets a smaller pool than production's 20 (a

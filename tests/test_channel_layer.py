@@ -13,7 +13,7 @@ import pytest
 from redis.asyncio import BlockingConnectionPool
 
 from core.channel_layer import RedisChannelLayer
-from tests.infra import redis_url
+from tests.backends import redis_url
 
 pytestmark = [pytest.mark.redis]
 

@@ -20,7 +20,8 @@ import httpx
 import pytest
 
 from agents import cli_hooks
-from tests.infra import Instance, Server, free_port, instance
+from tests.backends import free_port
+from tests.infra import Instance, Server, instance
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

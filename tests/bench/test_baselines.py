@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.infra import REPO, redis_url
+from tests.backends import redis_url
+from tests.infra import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.redis, pytest.mark.timeout(120)]
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.infra import REPO, unavailable
+from tests.backends import unavailable
+from tests.infra import REPO
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [

@@ -1,7 +1,7 @@
 """Shared pieces of the core tests: the migrations of an old database
 (test_old_database.py, test_old_database_schema.py), each test on a database of its own
 registered as an extra connection alias — a temporary SQLite file, or a fresh PostgreSQL
-database (``tests.infra.postgres_database``) for the ``postgres`` variant.
+database (``tests.backends.postgres_database``) for the ``postgres`` variant.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from django.db.migrations.executor import MigrationExecutor
 from django.db.migrations.loader import MigrationLoader
 from django.test import override_settings
 
-from tests.infra import postgres_database
+from tests.backends import postgres_database
 
 # The apps whose tables the old migrations made, and the apps the move created.
 DISPATCH_APPS = ("dispatch", "remotes", "machines", "peers")

@@ -12,7 +12,7 @@ the content types' ids, staff permissions and the admin log survive; the six new
 reverse and replay. That they emit no DDL is test_old_database_schema.py.
 
 Each test works on a database of its own — a temporary SQLite file, or a fresh PostgreSQL
-database (``tests.infra.postgres_database``) for the ``postgres`` variant — registered as an
+database (``tests.backends.postgres_database``) for the ``postgres`` variant — registered as an
 extra connection alias for the test's duration (the helpers of tests/core/conftest.py); the
 test database other tests use is never migrated (the tests route every query to their own
 database and refuse ``default``).

@@ -22,7 +22,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from core import pubsub_layer
 from core.pubsub_layer import PubSubChannelLayer
-from tests.infra import base_env, eventually, free_port, redis_answers, start_redis_server, unavailable
+from tests.backends import free_port, redis_answers, start_redis_server, unavailable
+from tests.infra import base_env, eventually
 
 pytestmark = [pytest.mark.redis]
 

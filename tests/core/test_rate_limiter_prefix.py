@@ -12,7 +12,7 @@ from django.test import override_settings
 from limits import parse
 
 from core.services import password_throttle_reset, rate_limiter
-from tests.infra import redis_url
+from tests.backends import redis_url
 
 pytestmark = pytest.mark.redis
 

@@ -23,7 +23,8 @@ from django.db import OperationalError
 from psycopg_pool import PoolTimeout
 from rest_framework.test import APIRequestFactory
 
-from tests.infra import PYTHON, REPO, base_env, instance, postgres_admin_url
+from tests.backends import postgres_admin_url
+from tests.infra import PYTHON, REPO, base_env, instance
 
 _PRINT_DB = (
     "import json, django; django.setup(); from django.conf import settings; "

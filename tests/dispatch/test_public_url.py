@@ -21,7 +21,8 @@ from dispatch.management.commands.serve import (
     unnamed_wildcard_host_error,
     wildcard_public_url_error,
 )
-from tests.infra import PYTHON, REPO, base_env, free_port, manage
+from tests.backends import free_port
+from tests.infra import PYTHON, REPO, base_env, manage
 
 
 @pytest.fixture

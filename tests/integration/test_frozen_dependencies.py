@@ -37,7 +37,8 @@ import httpx
 import psycopg
 import pytest
 
-from tests.infra import free_port, instance, start_redis_server, unavailable, wait_until
+from tests.backends import free_port, start_redis_server, unavailable
+from tests.infra import instance, wait_until
 
 HEALTHZ_BOUND = 3.5  # seconds: /healthz's documented 3 s, plus the test client's own overhead
 DEADLINE = 2.0  # DISPATCH_DEPENDENCY_TIMEOUT's default, the bound of a request that needs Redis

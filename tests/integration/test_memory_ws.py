@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
-from tests.infra import Instance, Server, free_port, instance, start_redis_server, wait_until
+from tests.backends import free_port, start_redis_server
+from tests.infra import Instance, Server, instance, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.redis, pytest.mark.timeout(600)]
 

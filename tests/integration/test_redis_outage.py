@@ -22,7 +22,8 @@ import pytest
 
 from examples.weather_service import get_forecast
 from remotes.client import Remote
-from tests.infra import eventually, free_port, instance, start_redis_server
+from tests.backends import free_port, start_redis_server
+from tests.infra import eventually, instance
 from tests.live_clients import LiveSession
 
 pytestmark = [

@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 from examples.weather_service import get_forecast
-from tests.infra import PYTHON, REPO, instance, unavailable
+from tests.backends import unavailable
+from tests.infra import PYTHON, REPO, instance
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

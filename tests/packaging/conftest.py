@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.infra import REPO, unavailable
+from tests.backends import unavailable
+from tests.infra import REPO
 
 SHIM_VERSION = re.search(
     r'^SHIM_VERSION = "([^"]+)"', (REPO / "machines" / "shim" / "protocol.py").read_text(), re.MULTILINE

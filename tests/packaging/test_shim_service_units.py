@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.infra import unavailable
+from tests.backends import unavailable
 from tests.packaging.conftest import Venv, client_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

@@ -23,7 +23,8 @@ import httpx
 import pytest
 from django.test import Client
 
-from tests.infra import PYTHON, REPO, Instance, Process, Server, free_port, instance
+from tests.backends import free_port
+from tests.infra import PYTHON, REPO, Instance, Process, Server, instance
 from tests.packaging.conftest import Dist, client_env
 from tests.packaging.conftest import dist as dist  # the session's `make dist` (a fixture)
 from tests.packaging.conftest import outside as outside  # a scratch folder outside the clone (a fixture)

@@ -17,7 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.infra import PYTHON, REPO, Instance, Process, Server, free_port, instance, wait_until
+from tests.backends import free_port
+from tests.infra import PYTHON, REPO, Instance, Process, Server, instance, wait_until
 
 pytestmark = pytest.mark.integration
 

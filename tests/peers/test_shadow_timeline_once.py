@@ -34,7 +34,8 @@ from peers.models import OutboxMessage
 from peers.services.outbox import outbox_mark_delivered_many
 from peers.services.outgoing import peer_message_send
 from peers.services.shadows import shadow_apply_frame, shadow_upsert, shadows_apply_snapshot
-from tests.infra import free_port, instance, wait_until
+from tests.backends import free_port
+from tests.infra import instance, wait_until
 from tests.integration.test_two_instances import Api, serve_at
 
 REMOTE_AGENT = "agt_0123456789ab"

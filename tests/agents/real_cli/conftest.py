@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 from tests.agents.fake_model import FakeModel
-from tests.infra import REPO, unavailable
+from tests.backends import unavailable
+from tests.infra import REPO
 
 CLIENTS = REPO / "tests" / "clients"
 BIN = CLIENTS / "node_modules" / ".bin"

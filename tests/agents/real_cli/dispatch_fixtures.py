@@ -24,7 +24,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.infra import PYTHON, REPO, Instance, Process, Server, ShimProcess, free_port, instance, wait_until
+from tests.backends import free_port
+from tests.infra import PYTHON, REPO, Instance, Process, Server, ShimProcess, instance, wait_until
 
 
 @dataclass

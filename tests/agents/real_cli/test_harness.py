@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests import infra
+from tests import backends
 from tests.agents import fake_model as fm
 from tests.agents.real_cli import conftest
 
@@ -100,9 +100,9 @@ def test_mcp_endpoint_answers_initialize_list_and_call() -> None:
 
 def test_missing_cli_skips_locally_and_fails_on_ci(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(conftest, "BIN", tmp_path)
-    monkeypatch.setattr(infra, "ON_CI", False)
+    monkeypatch.setattr(backends, "ON_CI", False)
     with pytest.raises(pytest.skip.Exception, match="not installed"):
         conftest.cli_or_skip("claude")
-    monkeypatch.setattr(infra, "ON_CI", True)
+    monkeypatch.setattr(backends, "ON_CI", True)
     with pytest.raises(pytest.fail.Exception, match="CI=true"):
         conftest.cli_or_skip("claude")
