@@ -37,6 +37,18 @@ def encode(message: dict[str, Any]) -> str:
     return json.dumps(message, separators=(",", ":"), ensure_ascii=False)
 
 
+def call_event(request_id: str, name: str, function: str, args: Any) -> str:
+    """The downstream ``remote-call`` event a serving client receives."""
+    return encode(
+        {"action": "remote-call", "requestId": request_id, "remotename": name, "function": function, "args": args}
+    )
+
+
+def call_reply(nonce: Any, result: Any, error: Any) -> str:
+    """The caller's reply: ``{"error"}`` when the remote answered one, else ``{"result"}``."""
+    return encode({"error": error, "nonce": nonce} if error is not None else {"result": result, "nonce": nonce})
+
+
 # --- bare websockets relay --------------------------------------------------------------
 
 
@@ -66,27 +78,13 @@ class Relay:
                     self.counters[name] = number + 1
                     request_id = f"{name}#{number}"
                     self.pending[request_id] = (ws, nonce)
-                    await target.send(
-                        encode(
-                            {
-                                "action": "remote-call",
-                                "requestId": request_id,
-                                "remotename": name,
-                                "function": body["function"],
-                                "args": body.get("args") or {},
-                            }
-                        )
-                    )
+                    await target.send(call_event(request_id, name, body["function"], body.get("args") or {}))
                 elif action == "remote-call-result":
                     waiting = self.pending.pop(message.get("requestId"), None)
                     if waiting is None:
                         continue
                     caller, caller_nonce = waiting
-                    if message.get("error") is not None:
-                        reply = {"error": message["error"], "nonce": caller_nonce}
-                    else:
-                        reply = {"result": message.get("result"), "nonce": caller_nonce}
-                    await caller.send(encode(reply))
+                    await caller.send(call_reply(caller_nonce, message.get("result"), message.get("error")))
                 elif action == "remote-connect":
                     name = body["remotename"]
                     if name in self.remotes:
@@ -191,26 +189,13 @@ class RedisRelay:
                 self.counters[name] = number + 1
                 request_id = f"{name}#{number}"
                 self.pending[request_id] = (message["reply_to"], message["call"])
-                await target.send(
-                    encode(
-                        {
-                            "action": "remote-call",
-                            "requestId": request_id,
-                            "remotename": name,
-                            "function": message["function"],
-                            "args": message["args"],
-                        }
-                    )
-                )
+                await target.send(call_event(request_id, name, message["function"], message["args"]))
             else:  # a reply to a caller of this process
                 waiting = self.waiting.pop(message["reply"], None)
                 if waiting is None:
                     continue
                 caller, nonce = waiting
-                if message.get("error") is not None:
-                    await caller.send(encode({"error": message["error"], "nonce": nonce}))
-                else:
-                    await caller.send(encode({"result": message["result"], "nonce": nonce}))
+                await caller.send(call_reply(nonce, message.get("result"), message.get("error")))
 
 
 async def run_redis_relay(port: int, redis_url: str, prefix: str) -> None:
@@ -318,23 +303,10 @@ def channels_application() -> Any:
             self.served[name] = number + 1
             request_id = f"{name}#{number}"
             self.pending[request_id] = (event["reply_channel"], event["nonce"])
-            await self.send(
-                encode(
-                    {
-                        "action": "remote-call",
-                        "requestId": request_id,
-                        "remotename": name,
-                        "function": event["function"],
-                        "args": event["args"],
-                    }
-                )
-            )
+            await self.send(call_event(request_id, name, event["function"], event["args"]))
 
         async def relay_reply(self, event: dict[str, Any]) -> None:
-            if event.get("error") is not None:
-                await self.send(encode({"error": event["error"], "nonce": event["nonce"]}))
-            else:
-                await self.send(encode({"result": event["result"], "nonce": event["nonce"]}))
+            await self.send(call_reply(event["nonce"], event.get("result"), event.get("error")))
 
     return ProtocolTypeRouter({"websocket": URLRouter([re_path(r"^ws/?$", RelayConsumer.as_asgi())])})
 

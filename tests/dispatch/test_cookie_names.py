@@ -73,13 +73,13 @@ def test_dispatch_cookie_prefix_sets_the_prefix(tmp_path: Path) -> None:
     assert (session, csrf) == ("lab2_sessionid", "lab2_csrftoken")
 
 
-@pytest.mark.parametrize("prefix", ["two words", "semi;colon", "é_", "x" * 65])
-def test_a_prefix_that_cannot_be_a_cookie_name_stops_the_process(tmp_path: Path, prefix: str) -> None:
+def refused_at_start(tmp_path: Path, **env: str) -> str:
+    """The stderr of a process whose settings ``env`` refuses (it must not start)."""
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     done = subprocess.run(
         [sys.executable, "-c", PRINT_NAMES],
-        env=base_env(DISPATCH_DATA_DIR=str(data_dir), SECRET_KEY="k" * 50, DISPATCH_COOKIE_PREFIX=prefix),
+        env=base_env(DISPATCH_DATA_DIR=str(data_dir), SECRET_KEY="k" * 50, **env),
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -87,26 +87,21 @@ def test_a_prefix_that_cannot_be_a_cookie_name_stops_the_process(tmp_path: Path,
         check=False,
     )
     assert done.returncode != 0
-    assert "ImproperlyConfigured: DISPATCH_COOKIE_PREFIX must be" in done.stderr
+    return done.stderr
+
+
+@pytest.mark.parametrize("prefix", ["two words", "semi;colon", "é_", "x" * 65])
+def test_a_prefix_that_cannot_be_a_cookie_name_stops_the_process(tmp_path: Path, prefix: str) -> None:
+    stderr = refused_at_start(tmp_path, DISPATCH_COOKIE_PREFIX=prefix)
+    assert "ImproperlyConfigured: DISPATCH_COOKIE_PREFIX must be" in stderr
 
 
 @pytest.mark.parametrize("prefix", ["a*", "lab[1]", "what?", "two words", "x" * 101])
 def test_a_redis_prefix_with_glob_characters_stops_the_process(tmp_path: Path, prefix: str) -> None:
     # A reset of this instance's rate-limit counts deletes "<prefix>:limits:*": a glob in
     # the prefix would match another instance's keys.
-    data_dir = tmp_path / "data"
-    data_dir.mkdir()
-    done = subprocess.run(
-        [sys.executable, "-c", PRINT_NAMES],
-        env=base_env(DISPATCH_DATA_DIR=str(data_dir), SECRET_KEY="k" * 50, DISPATCH_REDIS_PREFIX=prefix),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode != 0
-    assert "ImproperlyConfigured: DISPATCH_REDIS_PREFIX must be" in done.stderr
+    stderr = refused_at_start(tmp_path, DISPATCH_REDIS_PREFIX=prefix)
+    assert "ImproperlyConfigured: DISPATCH_REDIS_PREFIX must be" in stderr
 
 
 # --- the names in use -------------------------------------------------------------------------
