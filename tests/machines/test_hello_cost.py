@@ -84,7 +84,20 @@ async def refused(token: str) -> bool:
         texts.append(message.get("text", ""))
 
 
-async def test_a_new_machine_hello_takes_at_most_its_statements(owner: Any) -> None:
+async def test_a_new_machine_hello_takes_at_most_its_statements(owner: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from machines.services import connections
+
+    # The HELLO's work ends where it asks the user's machines for snapshots; what those
+    # requests and answers cost is theirs (and, left running, their timing on a loaded
+    # machine decided whether they fell inside the count).
+    asked: list[list[str]] = []
+    done = asyncio.Event()
+
+    async def snapshots_asked(*, user_id: int, connection_ids: list[str]) -> None:
+        asked.append(connection_ids)
+        done.set()
+
+    monkeypatch.setattr(connections, "request_snapshots", snapshots_asked)
     shims = Shims()
     try:
         await shims.connect(owner)  # the process row, the first user
@@ -92,7 +105,9 @@ async def test_a_new_machine_hello_takes_at_most_its_statements(owner: Any) -> N
         token = await shims.token(owner, "m-2")
         with every_query() as seen:
             await shims.connect(owner, token=token, machine_id="m-2")
+            await asyncio.wait_for(done.wait(), 10)
             await settle()
+        assert len(asked) == 1 and len(asked[0]) == 2  # both machines are asked
         assert len(seen) <= NEW_MACHINE_STATEMENTS, "\n".join(sql[:120] for sql in seen)
     finally:
         await shims.close_all()
