@@ -220,7 +220,10 @@ def test_settings_pick_the_pubsub_layer_for_redis_unless_told_list(tmp_path: Pat
         assert out.returncode == 0, out.stderr
         return out.stdout.strip().splitlines()[-1]
 
-    assert backend() == "core.pubsub_layer.PubSubChannelLayer"
+    # base_env passes on this run's DISPATCH_CHANNEL_LAYER: the default is seen without it.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("DISPATCH_CHANNEL_LAYER", raising=False)
+        assert backend() == "core.pubsub_layer.PubSubChannelLayer"
     assert backend(DISPATCH_CHANNEL_LAYER="list") == "core.channel_layer.RedisChannelLayer"
 
 
