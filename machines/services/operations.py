@@ -375,17 +375,17 @@ class _RoutedOp:
                     payload=self.payload,
                     result=self.result,
                 )
-            except asyncio.CancelledError:
+            except asyncio.CancelledError as cancelled:
                 # The caller went away while the writes were queued or running: a queued
                 # call is dropped, so they are written again in the background (each write
                 # is idempotent), and the in-flight row deleted.
                 self.row_id = row_id
-                await self._recorded_fallback()
+                await self._recorded_fallback(cancelled)
                 raise
             except DatabaseError as exc:
                 self.row_id = row_id
                 logger.warning("an answered %s's audit result could not be written with its recency: %r", self.op, exc)
-                await self._recorded_fallback(wait_for_recency=True)
+                await self._recorded_fallback(None, wait_for_recency=True)
                 return
             except Exception as exc:  # a bug, not the database: the caller sees it, no row is left
                 self.row_id = row_id
@@ -397,26 +397,30 @@ class _RoutedOp:
             return
         await self.finish_unrecorded(failure)
 
-    async def _recorded_fallback(self, *, wait_for_recency: bool = False) -> None:
+    async def _recorded_fallback(self, failure: BaseException | None, *, wait_for_recency: bool = False) -> None:
         """An answered operation whose one-step writes did not happen: the audit result in
         the background and the in-flight row deleted (``finish_unrecorded``), and the path's
-        recency written alone — awaited (``wait_for_recency``: a database failure is the
-        operation's, as before the one-step writes) or in the background (a cancel)."""
+        recency written alone — awaited after those (``wait_for_recency``: a database failure
+        is the operation's, as before the one-step writes) or, for a cancel, put in the
+        background before anything is awaited (a second cancel loses nothing)."""
         assert self.candidate is not None
-        await self.finish_unrecorded(None)
-        if router.operation_path(self.op, self.payload) is None:
-            return
-        recency = database_sync_to_async(path_recency_record)(
-            user=self.user,
-            session_id=self.session_id,
-            machine_id=self.candidate.machine_id,
-            op=self.op,
-            payload=self.payload,
-        )
-        if wait_for_recency:
-            await recency
-        else:
-            in_background(recency)
+        candidate = self.candidate
+        has_path = router.operation_path(self.op, self.payload) is not None
+
+        def recency() -> Any:
+            return database_sync_to_async(path_recency_record)(
+                user=self.user,
+                session_id=self.session_id,
+                machine_id=candidate.machine_id,
+                op=self.op,
+                payload=self.payload,
+            )
+
+        if has_path and not wait_for_recency:
+            in_background(recency())
+        await self.finish_unrecorded(failure)
+        if has_path and wait_for_recency:
+            await recency()
 
     async def finish_unrecorded(self, failure: BaseException | None) -> None:
         """``finish`` of an operation whose writes were not made in one step: the metric
