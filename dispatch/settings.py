@@ -110,6 +110,8 @@ INSTALLED_APPS = [
     "peers",
     "attention",
     "dispatch",
+    "oauth2_provider",  # django-oauth-toolkit: the authorization server of /mcp/oauth
+    "oauth",
 ]
 
 MIDDLEWARE = [
@@ -316,6 +318,72 @@ MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
 LOGIN_FAILURE_LIMIT = env_int("DISPATCH_LOGIN_FAILURE_LIMIT", 5, minimum=1)
 LOGIN_FAILURE_WINDOW = env_int("DISPATCH_LOGIN_FAILURE_WINDOW", 600, minimum=1)  # seconds
 RATELIMIT_STORAGE_URL = REDIS_URL or "memory://"
+
+# --- OAuth 2.1 for MCP clients (docs/mcp.md#oauth) ---------------------------------------
+# Dispatch is the authorization server of one protected resource, ``/mcp/oauth``; ``/mcp``
+# stays header-token only. django-oauth-toolkit does the protocol; every RFC 9700 gate is on:
+# S256 only, RFC 9207 ``iss`` in the redirect, tokens hashed at rest, refresh tokens rotated
+# with reuse detection (a reused one revokes its family), no implicit or password grant.
+MCP_OAUTH_PATH = "/mcp/oauth"
+MCP_OAUTH_RESOURCE = PUBLIC_URL + MCP_OAUTH_PATH  # RFC 9728 ``resource``: the public URL, byte for byte
+OAUTH_ACCESS_TOKEN_SECONDS = env_int("DISPATCH_OAUTH_ACCESS_TOKEN_SECONDS", 3600, minimum=60)
+OAUTH_REFRESH_TOKEN_SECONDS = env_int("DISPATCH_OAUTH_REFRESH_TOKEN_SECONDS", 30 * 86400, minimum=300)
+# Dynamic Client Registration (RFC 7591) is open: per-address rate and a cap on stored clients.
+OAUTH_DCR_RATE = env_str("DISPATCH_OAUTH_DCR_RATE", "20/hour")  # per client address (``limits`` syntax)
+OAUTH_DCR_MAX_CLIENTS = env_int("DISPATCH_OAUTH_DCR_MAX_CLIENTS", 1000, minimum=1)
+OAUTH_DCR_UNUSED_SECONDS = env_int("DISPATCH_OAUTH_DCR_UNUSED_SECONDS", 86400, minimum=60)
+# The library's own models (named, since Dispatch's rows point at its access tokens).
+OAUTH2_PROVIDER_APPLICATION_MODEL = "oauth2_provider.Application"
+OAUTH2_PROVIDER_ACCESS_TOKEN_MODEL = "oauth2_provider.AccessToken"
+OAUTH2_PROVIDER_REFRESH_TOKEN_MODEL = "oauth2_provider.RefreshToken"
+OAUTH2_PROVIDER_GRANT_MODEL = "oauth2_provider.Grant"
+OAUTH2_PROVIDER_ID_TOKEN_MODEL = "oauth2_provider.IDToken"
+OAUTH2_PROVIDER = {
+    "OIDC_ISS_ENDPOINT": PUBLIC_URL,  # the issuer, and the origin of every advertised endpoint
+    "OAUTH2_VALIDATOR_CLASS": "oauth.validators.DispatchOAuth2Validator",
+    "SCOPES": {
+        "mcp": "Every MCP tool",
+        "mcp:agents": "Agents: list, read history, launch, message, answer approvals",
+        "mcp:remotes": "Call the functions of your connected remotes",
+        "mcp:machines:read": "Machines: list them, read, list and describe files",
+        "mcp:machines:write": "Machines: write, copy and delete files",
+        "mcp:machines:shell": "Machines: run commands and pipes",
+    },
+    "DEFAULT_SCOPES": ["mcp"],
+    "PKCE_REQUIRED": True,
+    "ALLOW_LOCALHOST_LOOPBACK": True,  # RFC 8252 §7.3: http://localhost:<any port>/… as well as 127.0.0.1
+    "ALLOWED_REDIRECT_URI_SCHEMES": ["http", "https"],  # http only for loopback: oauth.registration
+    "AUTHORIZATION_CODE_EXPIRE_SECONDS": 60,
+    "ACCESS_TOKEN_EXPIRE_SECONDS": OAUTH_ACCESS_TOKEN_SECONDS,
+    "REFRESH_TOKEN_EXPIRE_SECONDS": OAUTH_REFRESH_TOKEN_SECONDS,
+    "ROTATE_REFRESH_TOKEN": True,
+    "REFRESH_TOKEN_REUSE_PROTECTION": True,
+    "REFRESH_TOKEN_GRACE_PERIOD_SECONDS": 0,
+    "REQUEST_APPROVAL_PROMPT": "force",  # the consent page every time: scopes are picked there
+    "OAUTH2_RESPONSE_TYPES_SUPPORTED": ["code"],
+    "OAUTH2_GRANT_TYPES_SUPPORTED": ["authorization_code", "refresh_token"],
+    "OAUTH2_TOKEN_ENDPOINT_AUTH_METHODS_SUPPORTED": ["none", "client_secret_post", "client_secret_basic"],
+    "COMPLIANT_BCP_RFC9700_IMPLICIT_GRANT": True,
+    "COMPLIANT_BCP_RFC9700_PASSWORD_GRANT": True,
+    "COMPLIANT_BCP_RFC9700_PKCE_METHOD": True,
+    "COMPLIANT_BCP_RFC9700_ACCESS_TOKEN_TRANSPORT": True,
+    "COMPLIANT_BCP_RFC9700_AUTHZ_RESPONSE_ISS": True,
+    "COMPLIANT_BCP_RFC9700_TOKEN_STORAGE": True,
+    "COMPLIANT_BCP_RFC9700_REFRESH_TOKEN": True,
+    "COMPLIANT_BCP_RFC9700_REDIRECT_URI_SCHEME": True,
+    "COMPLIANT_BCP_RFC9700_REDIRECT_URI_MATCHING": True,
+    "COMPLIANT_BCP_RFC9700_PKCE_REQUIRED": True,
+    "DCR_ENABLED": True,  # the admin switch is a row (oauth.models.OAuthPolicy), read per request
+    "DCR_REGISTRATION_PERMISSION_CLASSES": ("oauth.registration.OpenRegistration",),
+    "CIMD_ENABLED": True,  # likewise
+    "CIMD_REGISTRATION_PERMISSION_CLASSES": ("oauth.registration.MetadataDocumentRegistration",),
+    "CIMD_METADATA_FETCHER": "oauth.registration.MetadataDocumentFetcher",
+    "CIMD_FETCH_TIMEOUT_SECONDS": env_float("DISPATCH_OAUTH_CIMD_TIMEOUT", 5.0),
+    "CIMD_MAX_DOCUMENT_SIZE": 16 * 1024,
+    "OAUTH2_PROTECTED_RESOURCE_IDENTIFIER": MCP_OAUTH_RESOURCE,
+    "OAUTH2_PROTECTED_RESOURCE_AUTHORIZATION_SERVERS": [PUBLIC_URL],
+    "OAUTH2_PROTECTED_RESOURCE_NAME": "Dispatch MCP",
+}
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

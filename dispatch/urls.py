@@ -59,6 +59,7 @@ urlpatterns = [
     path("", include("machines.urls")),
     path("", include("peers.urls")),
     path("", include("attention.urls")),
+    path("", include("oauth.urls")),
 ]
 
 handler400 = "core.views.bad_request"

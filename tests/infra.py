@@ -224,9 +224,12 @@ class Server(Process):
         return cls.spawn_serve(env, *extra).wait_healthy()
 
     @classmethod
-    def spawn_serve(cls, env: dict[str, str], *extra: str) -> Server:
-        """Start ``manage.py serve`` on a free port without waiting (see ``wait_healthy``)."""
+    def spawn_serve(cls, env: dict[str, str], *extra: str, public: bool = False) -> Server:
+        """Start ``manage.py serve`` on a free port without waiting (see ``wait_healthy``);
+        ``public``: with ``DISPATCH_PUBLIC_URL`` set to that port's URL."""
         port = free_port()
+        if public:
+            env = {**env, "DISPATCH_PUBLIC_URL": f"http://127.0.0.1:{port}"}
         started = Process.spawn(
             env, [PYTHON, str(REPO / "manage.py"), "serve", "--port", str(port), *extra], name=f"serve-{port}"
         )
@@ -349,13 +352,14 @@ class Instance:
             f"get_user_model().objects.create_user({username!r}, password={password!r})",
         )
 
-    def serve(self, *extra: str, wait: bool = True, **env: Any) -> Server:
+    def serve(self, *extra: str, wait: bool = True, public: bool = False, **env: Any) -> Server:
         """Start ``manage.py serve`` (``extra`` arguments, ``env`` overrides).
 
         Waits until it is healthy unless ``wait=False`` (then call ``Server.wait_healthy``:
-        servers started together come up in parallel).
+        servers started together come up in parallel). ``public``: its ``DISPATCH_PUBLIC_URL``
+        is its own URL (what OAuth's issuer and resource are made of).
         """
-        server = Server.spawn_serve({**self.env, **{k: str(v) for k, v in env.items()}}, *extra)
+        server = Server.spawn_serve({**self.env, **{k: str(v) for k, v in env.items()}}, *extra, public=public)
         self.servers.append(server)
         return server.wait_healthy() if wait else server
 

@@ -1,4 +1,9 @@
-"""The ASGI application for ``/mcp`` (docs/mcp.md#transport).
+"""The ASGI application for ``/mcp`` and ``/mcp/oauth`` (docs/mcp.md#transport).
+
+Both serve the same MCP server; they differ in credentials. ``/mcp`` takes header tokens
+(API and agent tokens) and never advertises OAuth; ``/mcp/oauth`` takes OAuth access tokens
+issued for it (``authenticate_oauth``), whose scopes limit the tools, and answers 401 with
+the challenge that starts an MCP client's OAuth sign-in (docs/mcp.md#oauth).
 
 Each request: ``Host`` (and ``Origin``, when a browser sends one) checked against
 ``ALLOWED_HOSTS`` the way Django checks them; ``Authorization: Bearer <user API token or agent token>``
@@ -44,6 +49,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pydantic_core
+from channels.db import database_sync_to_async
 from django.conf import settings
 from django.http.request import split_domain_port, validate_host
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -72,6 +78,8 @@ from dispatch.mcp.server import (
 )
 from dispatch.mcp.sessions import SESSION_HEADER, session_issue, session_valid
 from machines.services.live import cancel_calls
+from oauth.resource import challenge as oauth_challenge
+from oauth.resource import oauth_bearer
 
 logger = logging.getLogger(__name__)
 
@@ -186,12 +194,44 @@ async def authenticate(headers: Headers) -> Caller:
     return Caller(user=user, agent=credential if isinstance(credential, Agent) else None)
 
 
-def _error_response(exc: DispatchError) -> Response:
+async def authenticate_oauth(headers: Headers) -> Caller:
+    """The caller of an OAuth access token on ``/mcp/oauth`` (docs/mcp.md#oauth):
+    ``Caller(user, scopes=…, oauth_token_id=…)``. API and agent tokens are refused here,
+    as OAuth tokens are on ``/mcp`` and the REST API: each resource takes its own tokens.
+
+    Raises ``DispatchError`` ``NOT_AUTHENTICATED`` (no bearer token) or
+    ``AUTHENTICATION_FAILED`` (``oauth.resource.oauth_bearer``).
+    """
+    raw = bearer_credentials(headers.get("authorization", ""))
+    if not raw:
+        raise DispatchError("NOT_AUTHENTICATED", NOT_AUTHENTICATED)
+    bearer = await database_sync_to_async(oauth_bearer)(raw)
+    return Caller(
+        user=bearer.user,
+        scopes=bearer.scopes,
+        oauth_token_id=bearer.token_id,
+        oauth_application_id=bearer.application_id,
+    )
+
+
+def oauth_identity(caller: Caller) -> str:
+    """What an OAuth caller's MCP sessions and call keys are bound to in place of the raw
+    token: its user and its application, the same across refreshes."""
+    return f"oauth:{caller.user.pk}:{caller.oauth_application_id}"
+
+
+def _error_response(exc: DispatchError, *, oauth: bool = False) -> Response:
     headers = None
-    if exc.http_status == 401:
+    if exc.http_status == 401 and oauth:
+        # RFC 9728 §5.1: the challenge names the resource's metadata, where the client
+        # finds its authorization server (docs/mcp.md#oauth).
+        sent = exc.code != "NOT_AUTHENTICATED"
+        challenge = oauth_challenge("invalid_token", exc.message) if sent else oauth_challenge()
+        headers = {"WWW-Authenticate": challenge}
+    elif exc.http_status == 401:
         # RFC 6750 §3.1: a bad token is "invalid_token"; a request that sent none gets the
-        # bare challenge. No resource_metadata: OAuth discovery would send clients configured
-        # with a header token off to an authorization server Dispatch does not run.
+        # bare challenge. No resource_metadata: clients configured with a header token drop it
+        # once they see OAuth discovery; /mcp/oauth is the OAuth resource.
         challenge = "Bearer" if exc.code == "NOT_AUTHENTICATED" else INVALID_TOKEN_CHALLENGE
         headers = {"WWW-Authenticate": challenge}
     elif exc.http_status == 503:  # as every 503 of the site (core.outage.RetryAfterMiddleware)
@@ -229,7 +269,8 @@ async def mcp_app(scope: Scope, receive: Receive, send: Send) -> None:
     """ASGI app for ``/mcp``: checks, authentication, then the SDK's session manager."""
     if scope["type"] != "http":
         return
-    if scope["path"] not in (MCP_PATH, MCP_PATH + "/"):
+    oauth = scope["path"] in (settings.MCP_OAUTH_PATH, settings.MCP_OAUTH_PATH + "/")
+    if not oauth and scope["path"] not in (MCP_PATH, MCP_PATH + "/"):
         await _error_response(DispatchError("NOT_FOUND", "not found"))(scope, receive, send)
         return
     headers = Headers(scope=scope)
@@ -238,9 +279,9 @@ async def mcp_app(scope: Scope, receive: Receive, send: Send) -> None:
         await refusal(scope, receive, send)
         return
     try:
-        caller = await authenticate(headers)
+        caller = await (authenticate_oauth(headers) if oauth else authenticate(headers))
     except DispatchError as exc:
-        await _error_response(exc)(scope, receive, send)
+        await _error_response(exc, oauth=oauth)(scope, receive, send)
         return
     except Exception as exc:  # the database down or frozen while looking the token up: 503
         mapped = unavailable_error(exc)
@@ -249,6 +290,10 @@ async def mcp_app(scope: Scope, receive: Receive, send: Send) -> None:
         await _error_response(mapped)(scope, receive, send)
         return
     raw_token = bearer_credentials(headers.get("authorization", "")) or ""
+    if caller.oauth_token_id is not None:
+        # Sessions and call keys outlive one access token: a refresh must neither end the
+        # client's session nor orphan the calls it may cancel (docs/mcp.md#oauth).
+        raw_token = oauth_identity(caller)
     body = await _request_body(receive) if scope["method"] == "POST" else b""
     message = _message(body)
     version = headers.get(PROTOCOL_VERSION_HEADER)
@@ -462,7 +507,7 @@ def refused_at_the_edge(body: bytes, *, protocol_version: str = "") -> tuple[int
 
 
 def with_mcp(django_app: Callable[..., Awaitable[None]]) -> ASGIApp:
-    """``django_app`` with ``/mcp`` and ``/mcp/…`` answered by ``mcp_app`` instead."""
+    """``django_app`` with ``/mcp`` and ``/mcp/…`` (``/mcp/oauth``) answered by ``mcp_app`` instead."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         path: Any = scope.get("path", "")

@@ -61,7 +61,7 @@ async def event_stream(scope: Scope, receive: Receive, send: Send, *, caller: Ca
         await JSONResponse(body.as_dict(), status_code=406)(scope, receive, send)
         return
     try:
-        stream = await stream_open(user=caller.user, raw_token=raw_token)
+        stream = await stream_open(user=caller.user, raw_token=raw_token, oauth_token_id=caller.oauth_token_id)
     except DispatchError as exc:
         headers = {"Retry-After": "5"} if exc.http_status == 429 else None
         await JSONResponse(exc.as_dict(), status_code=exc.http_status, headers=headers)(scope, receive, send)

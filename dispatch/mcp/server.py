@@ -62,6 +62,8 @@ from dispatch.mcp.relay import user_feed
 from dispatch.mcp.sessions import session_tag
 from dispatch.mcp.streams import stream_close, stream_open
 from dispatch.mcp.tools import tools_for
+from oauth.scopes import allows as scope_allows
+from oauth.scopes import tool_scope
 
 logger = logging.getLogger(__name__)
 
@@ -75,10 +77,16 @@ PROGRESS_SEND_SECONDS = 5.0  # a progress notification not written by then: the 
 @dataclass(frozen=True)
 class Caller:
     """Who is calling: ``user``, and ``agent`` when the bearer token is an agent token
-    (the agent is then the caller of the tools, docs/mcp.md#tools)."""
+    (the agent is then the caller of the tools, docs/mcp.md#tools). An OAuth access token
+    (``/mcp/oauth``, docs/mcp.md#oauth) carries its ``scopes``, which limit the tools it
+    lists and calls (``oauth.scopes``), its row id ``oauth_token_id`` and its application's
+    ``oauth_application_id``; a header token has none (``scopes`` ``None``: every tool)."""
 
     user: User
     agent: Agent | None = None
+    scopes: frozenset[str] | None = None
+    oauth_token_id: int | None = None
+    oauth_application_id: int | None = None
 
 
 def caller_of(ctx: ServerRequestContext[Any, Any]) -> Caller:
@@ -166,7 +174,7 @@ async def list_tools(
     """``tools/list``: the caller's tools now, descriptions computed for the caller's own
     machine session (the agent's id for an agent token, ``"default"`` for a user token)."""
     caller = caller_of(ctx)
-    tools = await tools_for(user=caller.user, caller_agent=caller.agent)
+    tools = await tools_for(user=caller.user, caller_agent=caller.agent, scopes=caller.scopes)
     return types.ListToolsResult(
         tools=[
             types.Tool(name=tool.name, description=tool.description, input_schema=tool.parameters)
@@ -202,6 +210,13 @@ async def call_tool(ctx: ServerRequestContext[Any, Any], params: types.CallToolR
             outcome = f"error {mapped.code}"
             return error_result(mapped.code, mapped.message)
         tool = tools.get(params.name)
+        if tool is not None and not scope_allows(caller.scopes, tool):
+            outcome = "error FORBIDDEN"
+            return error_result(
+                "FORBIDDEN",
+                f"the tool '{params.name}' needs the scope '{tool_scope(tool)}', which this connection was not "
+                f"granted (granted: {' '.join(sorted(caller.scopes or ())) or 'none'})",
+            )
         if tool is None:
             outcome = "unknown tool"
             raise MCPError(code=INVALID_PARAMS, message=f"Unknown tool: {params.name[:200]}")
@@ -324,7 +339,7 @@ async def subscriptions_listen(
     """
     caller = caller_of(ctx)
     try:
-        stream = await stream_open(user=caller.user, raw_token=token_of(ctx))
+        stream = await stream_open(user=caller.user, raw_token=token_of(ctx), oauth_token_id=caller.oauth_token_id)
     except DispatchError as exc:
         raise MCPError(code=INTERNAL_ERROR, message=f"{exc.code}: {exc.message}") from None
     try:

@@ -28,6 +28,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
+from oauth2_provider.models import get_access_token_model
 
 from agents.models import AgentToken
 from agents.tokens import ACTIVE_STATUSES
@@ -47,8 +48,10 @@ CHECK_INTERVAL = 2.0  # seconds between two checks of this process's open stream
 
 
 @transaction.atomic
-def mcp_stream_open(*, user: User, raw_token: str) -> int:
-    """Record a new open stream of ``user`` opened with ``raw_token``; returns the row id.
+def mcp_stream_open(*, user: User, raw_token: str, oauth_token_id: int | None = None) -> int:
+    """Record a new open stream of ``user`` opened with ``raw_token`` — or, on ``/mcp/oauth``,
+    with the OAuth access token of row ``oauth_token_id`` (its row is what a revocation
+    deletes, and the stream's row with it); returns the row id.
 
     The user's row is locked (PostgreSQL) while the streams are counted, so two processes
     cannot both take the last slot. Raises ``DispatchError`` ``RATE_LIMITED`` (429) when the
@@ -61,6 +64,12 @@ def mcp_stream_open(*, user: User, raw_token: str) -> int:
         raise DispatchError(
             "RATE_LIMITED", f"too many open MCP event streams: at most {STREAMS_PER_USER} per user; close one"
         )
+    if oauth_token_id is not None:
+        oauth_token = get_access_token_model().objects.filter(pk=oauth_token_id, user=user).first()
+        if oauth_token is None:
+            raise DispatchError("AUTHENTICATION_FAILED", "invalid, expired or revoked token")
+        stream = McpStream.objects.create(user=user, server_process_id=process_id, oauth_token=oauth_token)
+        return int(stream.pk)
     digest = token_digest(raw_token)
     api_token = ApiToken.objects.filter(digest=digest, user=user).first()
     agent_token = None if api_token else AgentToken.objects.filter(digest=digest, agent__owner=user).first()
@@ -79,8 +88,9 @@ def mcp_stream_close(*, stream_id: int) -> None:
 
 def mcp_streams_valid(*, stream_ids: Iterable[int]) -> set[int]:
     """Which of ``stream_ids`` may stay open: the row exists, its user is active and its
-    credential is an unrevoked, unexpired API token or an unrevoked token of an agent
-    that is up (``ACTIVE_STATUSES``). One query."""
+    credential is an unrevoked, unexpired API token, an unrevoked token of an agent
+    that is up (``ACTIVE_STATUSES``) or an unexpired OAuth access token (a revoked one is
+    deleted, and the stream's row with it). One query."""
     wanted = list(stream_ids)
     if not wanted:
         return set()
@@ -94,9 +104,10 @@ def mcp_streams_valid(*, stream_ids: Iterable[int]) -> set[int]:
         agent_token__revoked_at__isnull=True,
         agent_token__agent__status__in=list(ACTIVE_STATUSES),
     )
+    oauth_token_valid = Q(oauth_token__isnull=False, oauth_token__expires__gt=now)
     return set(
         McpStream.objects.filter(pk__in=wanted, user__is_active=True)
-        .filter(api_token_valid | agent_token_valid)
+        .filter(api_token_valid | agent_token_valid | oauth_token_valid)
         .values_list("pk", flat=True)
     )
 
@@ -123,10 +134,12 @@ _open: dict[int, OpenStream] = {}
 _watchdog: asyncio.Task[None] | None = None
 
 
-async def stream_open(*, user: User, raw_token: str) -> OpenStream:
+async def stream_open(*, user: User, raw_token: str, oauth_token_id: int | None = None) -> OpenStream:
     """Record a new stream (``mcp_stream_open``) and watch it; raises as ``mcp_stream_open``."""
     global _watchdog
-    stream_id = await database_sync_to_async(mcp_stream_open)(user=user, raw_token=raw_token)
+    stream_id = await database_sync_to_async(mcp_stream_open)(
+        user=user, raw_token=raw_token, oauth_token_id=oauth_token_id
+    )
     stream = _open[stream_id] = OpenStream(stream_id=stream_id, user_id=int(user.pk))
     if _watchdog is None or _watchdog.done() or _watchdog.get_loop() is not asyncio.get_running_loop():
         _watchdog = asyncio.get_running_loop().create_task(_watch())

@@ -24,6 +24,7 @@ from agents.models import Agent
 from agents.tools import tool_set
 from core.tools import Tool, ToolHandler, remote_tool_names
 from machines.tools import MACHINE_TOOL_NAMES
+from oauth.scopes import allows as scope_allows
 from remotes.selectors import remote_list_for
 from remotes.services import remote_call
 
@@ -61,7 +62,12 @@ async def remote_tools(*, user: User) -> list[Tool]:
 
 
 async def tools_for(
-    *, user: User, session_id: str | None = None, caller_agent: Agent | None = None, name: str | None = None
+    *,
+    user: User,
+    session_id: str | None = None,
+    caller_agent: Agent | None = None,
+    name: str | None = None,
+    scopes: frozenset[str] | None = None,
 ) -> dict[str, Tool]:
     """Every tool of an MCP caller, by name: machine tools, agent tools, then remote tools.
 
@@ -71,9 +77,14 @@ async def tools_for(
     or ``"default"`` for a user token. Names are unique: the first tool
     of a name wins, so native tools shadow remote functions of the same name. ``name``: the
     tool a ``tools/call`` runs; a machine tool's name builds the machine tools only (they
-    shadow the rest), without the agent tools' and the remotes' queries.
+    shadow the rest), without the agent tools' and the remotes' queries. ``scopes``: an
+    OAuth token's (docs/mcp.md#oauth-scopes), which keep only the tools they allow;
+    ``None`` (a header token) keeps every tool.
     """
     machines_only = name is not None and name in MACHINE_TOOL_NAMES
+    if scopes is not None:
+        everything = await tools_for(user=user, session_id=session_id, caller_agent=caller_agent, name=name)
+        return {tool_name: tool for tool_name, tool in everything.items() if scope_allows(scopes, tool)}
     return await tool_set(
         user=user,
         caller_agent=caller_agent,  # an agent acts only in its own session; a call naming another is refused

@@ -1,0 +1,28 @@
+"""OAuth routes (docs/mcp.md#oauth). Under the ``oauth2_provider`` namespace, which
+django-oauth-toolkit's metadata view reverses to advertise its endpoints."""
+
+from django.urls import path
+from oauth2_provider import views as dot
+
+from oauth import views
+from oauth.registration import RegistrationView
+
+app_name = "oauth2_provider"
+
+urlpatterns = [
+    path(".well-known/oauth-authorization-server", views.ServerMetadataView.as_view(), name="oauth-server-metadata"),
+    path(
+        ".well-known/oauth-protected-resource/mcp/oauth",
+        views.ResourceMetadataView.as_view(),
+        name="oauth-resource-metadata-path",
+    ),
+    path("oauth/authorize/", dot.AuthorizationView.as_view(), name="authorize"),
+    path("oauth/token/", dot.TokenView.as_view(), name="token"),
+    path("oauth/revoke/", dot.RevokeTokenView.as_view(), name="revoke-token"),
+    path("oauth/register/", RegistrationView.as_view(), name="dcr-register"),
+    path(
+        "oauth/register/<str:client_id>/",
+        dot.DynamicClientRegistrationManagementView.as_view(),
+        name="dcr-register-management",
+    ),
+]

@@ -1,0 +1,66 @@
+"""django-oauth-toolkit's validator, bound to Dispatch's one protected resource
+(docs/mcp.md#oauth).
+
+RFC 8707: a token is for the resource its client named. Dispatch has one OAuth resource,
+``/mcp/oauth`` at the public URL (``settings.MCP_OAUTH_RESOURCE``): a token request naming
+nothing gets that resource (so no token is ever unrestricted), and one naming anything
+else is refused ``invalid_target`` before a token exists. ``/mcp`` and the REST API never
+accept these tokens at all (they look up API and agent tokens only).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from oauth2_provider.oauth2_validators import OAuth2Validator
+from oauthlib.oauth2.rfc6749 import errors
+
+LOOPBACK_HOSTS = frozenset(["localhost", "127.0.0.1", "::1"])
+
+
+def redirect_uri_problem(uri: str) -> str | None:
+    """Why ``uri`` cannot be a redirect URI, or ``None``: it must be an absolute https URI,
+    or http on a loopback host (any port: RFC 8252 §7.3), with no fragment (RFC 6749 §3.1.2)."""
+    try:
+        parts = urlsplit(uri)
+        host = parts.hostname or ""
+    except ValueError:
+        return f"redirect URI {uri[:200]!r} is not a URI"
+    if parts.fragment:
+        return f"redirect URI {uri[:200]!r} has a fragment"
+    if parts.scheme == "https" and host:
+        return None
+    if parts.scheme == "http" and host in LOOPBACK_HOSTS:
+        return None
+    return f"redirect URI {uri[:200]!r} must be https, or http on a loopback address (127.0.0.1, [::1], localhost)"
+
+
+def resources() -> frozenset[str]:
+    """The resource identifiers this authorization server issues tokens for."""
+    return frozenset([settings.MCP_OAUTH_RESOURCE])
+
+
+class DispatchOAuth2Validator(OAuth2Validator):
+    """``OAuth2Validator`` whose tokens are always bound to a Dispatch resource."""
+
+    def _check_and_set_request_resource(self, request: Any) -> None:
+        super()._check_and_set_request_resource(request)
+        if not request.resource:
+            request.resource = [settings.MCP_OAUTH_RESOURCE]
+        unknown = [resource for resource in request.resource if resource not in resources()]
+        if unknown:
+            raise errors.CustomOAuth2Error(
+                error="invalid_target",
+                description=f"unknown resource {unknown[0][:200]!r}: this server issues tokens for "
+                f"{settings.MCP_OAUTH_RESOURCE} only",
+                request=request,
+            )
+
+    def validate_redirect_uri(self, client_id: str, redirect_uri: str, request: Any, *args: Any, **kwargs: Any) -> bool:
+        """The library's exact-match check (loopback: any port), and whatever registered the
+        client (an admin, DCR, a metadata document), only https or a loopback address."""
+        if redirect_uri_problem(redirect_uri) is not None:
+            return False
+        return bool(super().validate_redirect_uri(client_id, redirect_uri, request, *args, **kwargs))

@@ -1,0 +1,47 @@
+"""The discovery documents (docs/mcp.md#oauth): RFC 8414 authorization server metadata
+at ``/.well-known/oauth-authorization-server`` and RFC 9728 protected resource metadata for
+``/mcp/oauth`` at ``/.well-known/oauth-protected-resource/mcp/oauth``.
+
+Nothing at the root ``/.well-known/oauth-protected-resource``: that would describe the origin
+as a whole, and a client that finds OAuth there for ``/mcp`` drops the header token it was
+configured with (``/mcp`` takes header tokens only).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from oauth2_provider.views import OAuthProtectedResourceMetadataView, OAuthServerMetadataView
+
+from oauth.models import OAuthPolicy
+
+
+class ServerMetadataView(OAuthServerMetadataView):
+    """RFC 8414 metadata: django-oauth-toolkit's document, with the registration endpoint
+    and ``client_id_metadata_document_supported`` as the admin's switches say now."""
+
+    def get(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        response = super().get(request, *args, **kwargs)
+        data = json.loads(response.content)
+        policy = OAuthPolicy.current()
+        if not policy.dcr_enabled:
+            data.pop("registration_endpoint", None)
+        data["client_id_metadata_document_supported"] = bool(policy.cimd_enabled)
+        answer = JsonResponse(data)
+        answer["Access-Control-Allow-Origin"] = "*"
+        answer["Cache-Control"] = "no-store"  # the switches change without a deploy
+        return answer
+
+
+class ResourceMetadataView(OAuthProtectedResourceMetadataView):
+    """RFC 9728 metadata of ``/mcp/oauth``: ``resource`` is its public URL byte for byte
+    (``settings.MCP_OAUTH_RESOURCE``), the one authorization server this instance."""
+
+    def get_resource(self, request: HttpRequest) -> str:
+        return str(settings.MCP_OAUTH_RESOURCE)
+
+    def get_authorization_servers(self, request: HttpRequest) -> list[str]:
+        return [str(settings.PUBLIC_URL)]

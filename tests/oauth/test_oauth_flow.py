@@ -1,0 +1,62 @@
+"""The OAuth sign-in of ``/mcp/oauth`` over a real ``manage.py serve``, step by step
+(docs/mcp.md#oauth): discovery from the 401, registration, consent, code, token, MCP."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import pytest
+
+from tests.infra import Instance, Server, instance
+from tests.oauth.flow import INITIALIZE, MCP_HEADERS, Flow
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+TOOLS_LIST = {"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}}
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[tuple[Instance, Server]]:
+    with instance() as inst:
+        yield inst, inst.serve(public=True)
+
+
+def test_discovery_registration_consent_token_and_tools(served: tuple[Instance, Server]) -> None:
+    inst, server = served
+    unauthenticated = httpx.post(f"{server.url}/mcp/oauth", json=INITIALIZE, headers=MCP_HEADERS)
+    assert unauthenticated.status_code == 401
+    challenge = unauthenticated.headers["www-authenticate"]
+    metadata_url = f"{server.url}/.well-known/oauth-protected-resource/mcp/oauth"
+    assert f'resource_metadata="{metadata_url}"' in challenge and 'scope="mcp"' in challenge
+    resource = httpx.get(metadata_url).json()
+    assert resource["resource"] == f"{server.url}/mcp/oauth"
+    assert resource["authorization_servers"] == [server.url]
+
+    flow = Flow(server.url)
+    assert flow.metadata["issuer"] == server.url
+    assert flow.metadata["code_challenge_methods_supported"] == ["S256"]
+    assert flow.metadata["authorization_response_iss_parameter_supported"] is True
+    assert flow.register().status_code == 201
+    flow.login("admin", inst.admin_password)
+    from tests.oauth.flow import pkce_pair
+
+    verifier, pkce_challenge = pkce_pair()
+    page = flow.authorize_page(pkce_challenge)
+    assert page.status_code == 200, page.text[:300]
+    answer = flow.approve(page)
+    assert answer.status_code == 302
+    query = parse_qs(urlsplit(answer.headers["location"]).query)
+    assert query["iss"] == [server.url] and query["state"] == ["st"]
+    tokens = flow.exchange(query["code"][0], verifier)
+    assert tokens.status_code == 200, tokens.text
+    access = tokens.json()["access_token"]
+    assert flow.mcp(access, INITIALIZE).status_code == 200
+    listed = flow.mcp(access, TOOLS_LIST)
+    names = {tool["name"] for tool in listed.json()["result"]["tools"]}
+    assert "list_agents" in names and "local_pc_execute_command" in names
+    # The header endpoint and the REST API take no OAuth token, and /mcp/oauth no API token.
+    assert flow.mcp(access, INITIALIZE, path="/mcp").status_code == 401
+    assert httpx.get(f"{server.url}/api/v1/agents", headers={"Authorization": f"Bearer {access}"}).status_code == 401
+    assert flow.mcp(inst.admin_token, INITIALIZE).status_code == 401
