@@ -326,7 +326,11 @@ RATELIMIT_STORAGE_URL = REDIS_URL or "memory://"
 # with reuse detection (a reused one revokes its family), no implicit or password grant.
 MCP_OAUTH_PATH = "/mcp/oauth"
 MCP_OAUTH_RESOURCE = PUBLIC_URL + MCP_OAUTH_PATH  # RFC 9728 ``resource``: the public URL, byte for byte
-OAUTH_ACCESS_TOKEN_SECONDS = env_int("DISPATCH_OAUTH_ACCESS_TOKEN_SECONDS", 3600, minimum=60)
+# The issuer has a path, so its RFC 8414 metadata is at /.well-known/oauth-authorization-server/oauth
+# and nothing answers at the root one: Claude Code probes the root even for a server configured
+# with a header token, and once it finds an authorization server there it drops the header (/mcp).
+OAUTH_ISSUER = PUBLIC_URL + "/oauth"
+OAUTH_ACCESS_TOKEN_SECONDS = env_int("DISPATCH_OAUTH_ACCESS_TOKEN_SECONDS", 3600, minimum=1)
 OAUTH_REFRESH_TOKEN_SECONDS = env_int("DISPATCH_OAUTH_REFRESH_TOKEN_SECONDS", 30 * 86400, minimum=300)
 # Dynamic Client Registration (RFC 7591) is open: per-address rate and a cap on stored clients.
 OAUTH_DCR_RATE = env_str("DISPATCH_OAUTH_DCR_RATE", "20/hour")  # per client address (``limits`` syntax)
@@ -339,7 +343,7 @@ OAUTH2_PROVIDER_REFRESH_TOKEN_MODEL = "oauth2_provider.RefreshToken"
 OAUTH2_PROVIDER_GRANT_MODEL = "oauth2_provider.Grant"
 OAUTH2_PROVIDER_ID_TOKEN_MODEL = "oauth2_provider.IDToken"
 OAUTH2_PROVIDER = {
-    "OIDC_ISS_ENDPOINT": PUBLIC_URL,  # the issuer, and the origin of every advertised endpoint
+    "OIDC_ISS_ENDPOINT": OAUTH_ISSUER,  # the issuer (``iss``); its origin is every advertised endpoint's
     "OAUTH2_VALIDATOR_CLASS": "oauth.validators.DispatchOAuth2Validator",
     "SCOPES": {
         "mcp": "Every MCP tool",
@@ -381,7 +385,7 @@ OAUTH2_PROVIDER = {
     "CIMD_FETCH_TIMEOUT_SECONDS": env_float("DISPATCH_OAUTH_CIMD_TIMEOUT", 5.0),
     "CIMD_MAX_DOCUMENT_SIZE": 16 * 1024,
     "OAUTH2_PROTECTED_RESOURCE_IDENTIFIER": MCP_OAUTH_RESOURCE,
-    "OAUTH2_PROTECTED_RESOURCE_AUTHORIZATION_SERVERS": [PUBLIC_URL],
+    "OAUTH2_PROTECTED_RESOURCE_AUTHORIZATION_SERVERS": [OAUTH_ISSUER],
     "OAUTH2_PROTECTED_RESOURCE_NAME": "Dispatch MCP",
 }
 

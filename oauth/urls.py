@@ -10,7 +10,12 @@ from oauth.registration import RegistrationView
 app_name = "oauth2_provider"
 
 urlpatterns = [
-    path(".well-known/oauth-authorization-server", views.ServerMetadataView.as_view(), name="oauth-server-metadata"),
+    path(
+        ".well-known/oauth-authorization-server/oauth",
+        views.ServerMetadataView.as_view(),
+        name="oauth-server-metadata",
+    ),
+    path("oauth/.well-known/oauth-authorization-server", views.ServerMetadataView.as_view()),
     path(
         ".well-known/oauth-protected-resource/mcp/oauth",
         views.ResourceMetadataView.as_view(),

@@ -1,10 +1,13 @@
-"""The discovery documents (docs/mcp.md#oauth): RFC 8414 authorization server metadata
-at ``/.well-known/oauth-authorization-server`` and RFC 9728 protected resource metadata for
-``/mcp/oauth`` at ``/.well-known/oauth-protected-resource/mcp/oauth``.
+"""The discovery documents (docs/mcp.md#oauth): RFC 8414 authorization server metadata of
+the issuer ``<public URL>/oauth`` at ``/.well-known/oauth-authorization-server/oauth`` (RFC 8414
+§3.1, and at ``/oauth/.well-known/oauth-authorization-server``, where some clients look), and
+RFC 9728 protected resource metadata of ``/mcp/oauth`` at
+``/.well-known/oauth-protected-resource/mcp/oauth``.
 
-Nothing at the root ``/.well-known/oauth-protected-resource``: that would describe the origin
-as a whole, and a client that finds OAuth there for ``/mcp`` drops the header token it was
-configured with (``/mcp`` takes header tokens only).
+Nothing at the root ``/.well-known/oauth-authorization-server`` or
+``/.well-known/oauth-protected-resource``: they would describe the origin as a whole, and a
+client that finds OAuth there for ``/mcp`` drops the header token it was configured with
+(``/mcp`` takes header tokens only).
 """
 
 from __future__ import annotations
@@ -44,4 +47,4 @@ class ResourceMetadataView(OAuthProtectedResourceMetadataView):
         return str(settings.MCP_OAUTH_RESOURCE)
 
     def get_authorization_servers(self, request: HttpRequest) -> list[str]:
-        return [str(settings.PUBLIC_URL)]
+        return [str(settings.OAUTH_ISSUER)]

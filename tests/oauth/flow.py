@@ -55,7 +55,7 @@ class Flow:
 
     def __post_init__(self) -> None:
         self.browser = httpx.Client(base_url=self.base, follow_redirects=False, timeout=20)
-        self.metadata = httpx.get(f"{self.base}/.well-known/oauth-authorization-server", timeout=10).json()
+        self.metadata = httpx.get(f"{self.base}/.well-known/oauth-authorization-server/oauth", timeout=10).json()
 
     @property
     def resource(self) -> str:

@@ -32,10 +32,16 @@ def test_discovery_registration_consent_token_and_tools(served: tuple[Instance, 
     assert f'resource_metadata="{metadata_url}"' in challenge and 'scope="mcp"' in challenge
     resource = httpx.get(metadata_url).json()
     assert resource["resource"] == f"{server.url}/mcp/oauth"
-    assert resource["authorization_servers"] == [server.url]
+    issuer = f"{server.url}/oauth"
+    assert resource["authorization_servers"] == [issuer]
+    # Nothing at the root: a client configured with a header token for /mcp must find no OAuth.
+    assert httpx.get(f"{server.url}/.well-known/oauth-authorization-server").status_code == 404
+    assert httpx.get(f"{server.url}/.well-known/oauth-protected-resource").status_code == 404
+    assert httpx.get(f"{server.url}/.well-known/oauth-protected-resource/mcp").status_code == 404
+    assert httpx.get(f"{server.url}/oauth/.well-known/oauth-authorization-server").json()["issuer"] == issuer
 
     flow = Flow(server.url)
-    assert flow.metadata["issuer"] == server.url
+    assert flow.metadata["issuer"] == issuer
     assert flow.metadata["code_challenge_methods_supported"] == ["S256"]
     assert flow.metadata["authorization_response_iss_parameter_supported"] is True
     assert flow.register().status_code == 201
@@ -48,7 +54,7 @@ def test_discovery_registration_consent_token_and_tools(served: tuple[Instance, 
     answer = flow.approve(page)
     assert answer.status_code == 302
     query = parse_qs(urlsplit(answer.headers["location"]).query)
-    assert query["iss"] == [server.url] and query["state"] == ["st"]
+    assert query["iss"] == [issuer] and query["state"] == ["st"]
     tokens = flow.exchange(query["code"][0], verifier)
     assert tokens.status_code == 200, tokens.text
     access = tokens.json()["access_token"]
