@@ -342,6 +342,19 @@ OAUTH2_PROVIDER_ACCESS_TOKEN_MODEL = "oauth2_provider.AccessToken"
 OAUTH2_PROVIDER_REFRESH_TOKEN_MODEL = "oauth2_provider.RefreshToken"
 OAUTH2_PROVIDER_GRANT_MODEL = "oauth2_provider.Grant"
 OAUTH2_PROVIDER_ID_TOKEN_MODEL = "oauth2_provider.IDToken"
+# RFC 8252 §7.1 private-use schemes native MCP clients register redirect URIs with (Cursor's
+# DCR sends cursor://anysphere.cursor-mcp/oauth/callback beside an https and a loopback one),
+# plus any named in DISPATCH_OAUTH_REDIRECT_SCHEMES. The code they carry is bound by PKCE.
+OAUTH_PRIVATE_USE_SCHEMES = sorted(
+    {"cursor", "vscode", "vscode-insiders", "windsurf", "jetbrains"}
+    | {scheme.strip().lower() for scheme in env_str("DISPATCH_OAUTH_REDIRECT_SCHEMES", "").split(",") if scheme.strip()}
+)
+_web_schemes = {"http", "https", "javascript", "data", "file", "vbscript", "about", "blob", "ftp", "ws", "wss"}
+if _web_schemes & set(OAUTH_PRIVATE_USE_SCHEMES):
+    raise ImproperlyConfigured(
+        "DISPATCH_OAUTH_REDIRECT_SCHEMES names private-use schemes of native apps, not "
+        + ", ".join(sorted(_web_schemes & set(OAUTH_PRIVATE_USE_SCHEMES)))
+    )
 OAUTH2_PROVIDER = {
     "OIDC_ISS_ENDPOINT": OAUTH_ISSUER,  # the issuer (``iss``); its origin is every advertised endpoint's
     "OAUTH2_VALIDATOR_CLASS": "oauth.validators.DispatchOAuth2Validator",
@@ -356,7 +369,8 @@ OAUTH2_PROVIDER = {
     "DEFAULT_SCOPES": ["mcp"],
     "PKCE_REQUIRED": True,
     "ALLOW_LOCALHOST_LOOPBACK": True,  # RFC 8252 §7.3: http://localhost:<any port>/… as well as 127.0.0.1
-    "ALLOWED_REDIRECT_URI_SCHEMES": ["http", "https"],  # http only for loopback: oauth.registration
+    # http only for loopback, the others as oauth.validators.redirect_uri_problem says
+    "ALLOWED_REDIRECT_URI_SCHEMES": ["http", "https", *OAUTH_PRIVATE_USE_SCHEMES],
     "AUTHORIZATION_CODE_EXPIRE_SECONDS": 60,
     "ACCESS_TOKEN_EXPIRE_SECONDS": OAUTH_ACCESS_TOKEN_SECONDS,
     "REFRESH_TOKEN_EXPIRE_SECONDS": OAUTH_REFRESH_TOKEN_SECONDS,

@@ -21,20 +21,28 @@ LOOPBACK_HOSTS = frozenset(["localhost", "127.0.0.1", "::1"])
 
 
 def redirect_uri_problem(uri: str) -> str | None:
-    """Why ``uri`` cannot be a redirect URI, or ``None``: it must be an absolute https URI,
-    or http on a loopback host (any port: RFC 8252 §7.3), with no fragment (RFC 6749 §3.1.2)."""
+    """Why ``uri`` cannot be a redirect URI, or ``None`` (docs/mcp.md#oauth-clients): an
+    absolute https URI; http on a loopback host, any port (RFC 8252 §7.3); or a native app's
+    private-use scheme named in ``settings.OAUTH_PRIVATE_USE_SCHEMES`` (RFC 8252 §7.1, e.g.
+    Cursor's ``cursor://anysphere.cursor-mcp/oauth/callback``). Never a fragment (RFC 6749
+    §3.1.2), never ``javascript:``, ``data:`` or another web scheme."""
     try:
         parts = urlsplit(uri)
         host = parts.hostname or ""
     except ValueError:
         return f"redirect URI {uri[:200]!r} is not a URI"
-    if parts.fragment:
+    if parts.fragment or "#" in uri:
         return f"redirect URI {uri[:200]!r} has a fragment"
     if parts.scheme == "https" and host:
         return None
     if parts.scheme == "http" and host in LOOPBACK_HOSTS:
         return None
-    return f"redirect URI {uri[:200]!r} must be https, or http on a loopback address (127.0.0.1, [::1], localhost)"
+    if parts.scheme in settings.OAUTH_PRIVATE_USE_SCHEMES and (host or parts.path):
+        return None
+    return (
+        f"redirect URI {uri[:200]!r} must be https, http on a loopback address (127.0.0.1, [::1], localhost), "
+        f"or a native app's scheme ({', '.join(settings.OAUTH_PRIVATE_USE_SCHEMES)})"
+    )
 
 
 def resources() -> frozenset[str]:

@@ -66,3 +66,34 @@ def test_discovery_registration_consent_token_and_tools(served: tuple[Instance, 
     assert flow.mcp(access, INITIALIZE, path="/mcp").status_code == 401
     assert httpx.get(f"{server.url}/api/v1/agents", headers={"Authorization": f"Bearer {access}"}).status_code == 401
     assert flow.mcp(inst.admin_token, INITIALIZE).status_code == 401
+
+
+CURSOR_REDIRECTS = [
+    "cursor://anysphere.cursor-mcp/oauth/callback",
+    "https://www.cursor.com/agents/mcp/oauth/callback",
+    "http://localhost:8787/callback",
+]
+
+
+def test_cursors_registration_with_its_private_use_scheme_signs_in(served: tuple[Instance, Server]) -> None:
+    """Cursor registers three redirect URIs in one request — its private-use scheme (RFC 8252
+    §7.1), an https one and a loopback one — and is redirected to the first."""
+    inst, server = served
+    flow = Flow(server.url, redirect_uri=CURSOR_REDIRECTS[0])
+    registered = flow.register(redirect_uris=CURSOR_REDIRECTS, client_name="Cursor")
+    assert registered.status_code == 201, registered.text
+    assert registered.json()["redirect_uris"] == CURSOR_REDIRECTS
+    flow.login("admin", inst.admin_password)
+    tokens = flow.signed_in()
+    assert flow.mcp(tokens["access_token"], INITIALIZE).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "uri", ["javascript:alert(1)", "http://example.com/callback", "data:text/html,x", "https://a.example/cb#frag"]
+)
+def test_a_redirect_uri_of_the_web_that_is_not_https_is_refused_at_registration(
+    served: tuple[Instance, Server], uri: str
+) -> None:
+    flow = Flow(served[1].url)
+    refused = flow.register(redirect_uris=["http://127.0.0.1/cb", uri])
+    assert refused.status_code == 400 and refused.json()["error"] == "invalid_redirect_uri"
