@@ -24,8 +24,8 @@ def redirect_uri_problem(uri: str) -> str | None:
     """Why ``uri`` cannot be a redirect URI, or ``None`` (docs/mcp.md#oauth-clients): an
     absolute https URI; http on a loopback host, any port (RFC 8252 §7.3); or a native app's
     private-use scheme named in ``settings.OAUTH_PRIVATE_USE_SCHEMES`` (RFC 8252 §7.1, e.g.
-    Cursor's ``cursor://anysphere.cursor-mcp/oauth/callback``). Never a fragment (RFC 6749
-    §3.1.2), never ``javascript:``, ``data:`` or another web scheme."""
+    Cursor's ``cursor://anysphere.cursor-mcp/oauth/callback``). Never a fragment
+    (RFC 6749 §3.1.2), never ``javascript:``, ``data:`` or another web scheme."""
     try:
         parts = urlsplit(uri)
         host = parts.hostname or ""

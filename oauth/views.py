@@ -1,6 +1,6 @@
 """The discovery documents (docs/mcp.md#oauth): RFC 8414 authorization server metadata of
-the issuer ``<public URL>/oauth`` at ``/.well-known/oauth-authorization-server/oauth`` (RFC 8414
-§3.1, and at ``/oauth/.well-known/oauth-authorization-server``, where some clients look), and
+the issuer ``<public URL>/oauth`` at ``/.well-known/oauth-authorization-server/oauth``
+(RFC 8414 §3.1, and at ``/oauth/.well-known/oauth-authorization-server``, where some clients look), and
 RFC 9728 protected resource metadata of ``/mcp/oauth`` at
 ``/.well-known/oauth-protected-resource/mcp/oauth``.
 

@@ -76,8 +76,8 @@ CURSOR_REDIRECTS = [
 
 
 def test_cursors_registration_with_its_private_use_scheme_signs_in(served: tuple[Instance, Server]) -> None:
-    """Cursor registers three redirect URIs in one request — its private-use scheme (RFC 8252
-    §7.1), an https one and a loopback one — and is redirected to the first."""
+    """Cursor registers three redirect URIs in one request — its private-use scheme
+    (RFC 8252 §7.1), an https one and a loopback one — and is redirected to the first."""
     inst, server = served
     flow = Flow(server.url, redirect_uri=CURSOR_REDIRECTS[0])
     registered = flow.register(redirect_uris=CURSOR_REDIRECTS, client_name="Cursor")
