@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import time
 from typing import Any
 
@@ -24,11 +25,15 @@ from machines.services.inflight import inflight_delete
 from machines.services.relay import Failed, LiveCommand, Result
 from machines.shim.redaction import redact, redact_argv
 
+logger = logging.getLogger(__name__)
+
 _background: set[asyncio.Future[Any]] = set()
 
 
-def in_background(work: Any) -> None:
-    """Run ``work`` (a coroutine) as a task that outlives the caller.
+def in_background(work: Any) -> asyncio.Task[Any]:
+    """Run ``work`` (a coroutine) as a task that outlives the caller; returns the task (a
+    caller that needs the outcome awaits it through ``asyncio.shield``). Its failure is
+    logged here, so none goes unseen when nobody awaits it.
 
     The task starts from an empty context: one copied from an async view would send its
     ``database_sync_to_async`` calls to that request's thread executor, which is gone
@@ -36,7 +41,14 @@ def in_background(work: Any) -> None:
     """
     task = asyncio.get_running_loop().create_task(work, context=contextvars.Context())
     _background.add(task)
-    task.add_done_callback(_background.discard)
+    task.add_done_callback(_finished)
+    return task
+
+
+def _finished(task: asyncio.Task[Any]) -> None:
+    _background.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        logger.warning("background write failed: %r", task.exception())
 
 
 def after_reply(*, audit_id: int | None = None, **record: Any) -> None:

@@ -101,7 +101,7 @@ async def machine_op(
     ``AuditRecord`` is written before the operation is sent (the audit is the record that it
     ran): when it cannot be written (a full disk, a read-only database) the operation is not
     sent and ``TemporarilyUnavailable`` (503) says why. Its result is written with the path's
-    recency in one transaction before the answer returns (``OperationCall.finish``); for a
+    recency in one transaction before the answer returns (``_RoutedOp.finish``); for a
     streamed command, a cancel or a failed transaction, in the background. ``caller`` names
     who asked (agent id, ``mcp``, ``api``). ``target_machines``, ``request_id``,
     ``on_output`` and ``operation_id``: see the module.
@@ -156,7 +156,13 @@ async def _fan_out(
     operation = {"user": user, "session_id": session_id, "op": op, "payload": payload, "caller": caller}
     try:
         entries = (_fan_out_entry(target, on_output, request_id=request_id, **operation) for target in targets)
-        return {"results": list(await asyncio.gather(*entries))}
+        # Every entry ends before the row goes: one raising (a bug) must not leave its
+        # siblings running on their machines with no row to cancel them by.
+        results = await asyncio.gather(*entries, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return {"results": results}
     finally:
         if row_id is not None:  # shielded: a second cancel would drop the queued delete
             await asyncio.shield(database_sync_to_async(inflight_delete)(row_id=row_id))
@@ -174,7 +180,7 @@ async def _fan_out_entry(target: FanOutTarget, on_output: OutputSink | None, **o
         return {**entry, "ok": False, "error": fan_out_error(error)}
     try:
         result = await _RoutedOp(**operation).run(candidate=machine, on_output=on_output)
-    except MachineError as exc:
+    except DispatchError as exc:  # a machine's error, or the outage's 503 on this machine's writes
         return {**entry, "ok": False, "error": fan_out_error(exc)}
     return {**entry, "ok": True, "result": result}
 
@@ -416,11 +422,12 @@ class _RoutedOp:
                 payload=self.payload,
             )
 
-        if has_path and not wait_for_recency:
-            in_background(recency())
+        # Started before anything is awaited, so a cancel arriving later loses nothing; a
+        # caller that waits for it gets its database failure.
+        written = in_background(recency()) if has_path else None
         await self.finish_unrecorded(failure)
-        if has_path and wait_for_recency:
-            await recency()
+        if written is not None and wait_for_recency:
+            await asyncio.shield(written)
 
     async def finish_unrecorded(self, failure: BaseException | None) -> None:
         """``finish`` of an operation whose writes were not made in one step: the metric
