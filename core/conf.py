@@ -156,14 +156,19 @@ def secret_key(given: str | None, data_dir: Path) -> tuple[str, bool]:
         return given, False
     key_file = data_dir / "secret_key"
     if not key_file.exists():
-        # O_EXCL: two processes starting at once must not write two different keys.
+        # Written whole to a file of its own, then linked into place (which fails when the
+        # name exists): two processes starting at once keep one key, and neither reads a
+        # key file the other has created but not yet written.
+        partial = data_dir / f".secret_key.{os.getpid()}"
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(50))
         try:
-            fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            os.link(partial, key_file)
         except FileExistsError:
             pass
-        else:
-            with os.fdopen(fd, "w") as handle:
-                handle.write(secrets.token_urlsafe(50))
+        finally:
+            partial.unlink(missing_ok=True)
     key = key_file.read_text().strip()
     if not key:
         raise ImproperlyConfigured(f"{key_file} is empty; delete it or set SECRET_KEY")
