@@ -1,4 +1,5 @@
-"""Admin for machines, machine tokens, live connections (read-only) and the audit log."""
+"""Admin for machines, machine tokens, live connections (read-only), the audit log and the
+commands started behind a handle (read-only)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,14 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from core.admin import ReadOnlyAdmin
-from machines.models import AuditRecord, DeviceAuthorization, Machine, MachineConnection, MachineToken
+from machines.models import (
+    AuditRecord,
+    CommandRun,
+    DeviceAuthorization,
+    Machine,
+    MachineConnection,
+    MachineToken,
+)
 from machines.services import connections, device
 
 
@@ -66,3 +74,12 @@ class AuditRecordAdmin(ReadOnlyAdmin):
     @admin.display(boolean=True, description="ok")
     def ok(self, record: AuditRecord) -> bool:
         return bool(record.result.get("ok"))
+
+
+@admin.register(CommandRun)
+class CommandRunAdmin(ReadOnlyAdmin):
+    list_display = ["id", "user", "machine_name", "summary", "status", "exit_code", "started_at", "finished_at"]
+    list_filter = ["status"]
+    search_fields = ["id", "user__username", "machine_id", "request_id"]
+    # A command's output is the user's, as file contents are: the admin shows how much, not what.
+    exclude = ["stdout", "stderr"]

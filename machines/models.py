@@ -8,6 +8,8 @@ named by a ``session_id`` string that connections attach to (``sessions`` list o
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.conf import settings
 from django.db import models
 from django.db.models import Value
@@ -290,3 +292,72 @@ class OperationInFlight(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind} {self.request_id} ({self.summary[:60]})"
+
+
+class CommandRun(models.Model):
+    """One long command started through a handle (docs/live-operations.md#long-commands-handles):
+    ``local_pc_command_start`` writes it, the starting process's background task keeps it
+    current, and any process reads, waits on or cancels it by ``id`` (``cmd_`` + 32 hex).
+
+    ``stdout``/``stderr`` hold the first ``OUTPUT_KEPT_BYTES`` (1 MiB) of UTF-8 of each
+    stream (``stdout_bytes``/``stderr_bytes``: how many bytes are kept); past that,
+    output is dropped and ``output_truncated`` set. ``request_id`` is the live operation's
+    (its audit record and in-flight row); ``call_key`` (``"cmd:<id>"``) is the key its
+    ``OperationInFlight`` row carries, so ``machines.services.live.cancel_calls`` stops it
+    from any process. ``server_process`` is the process running the task: when it is reaped
+    the link is cleared, and a running row whose process is gone or silent reads ``lost``
+    (``CommandRun.lost``). Finished rows are deleted after ``COMMAND_RUN_RETENTION``.
+    """
+
+    OUTPUT_KEPT_BYTES = 1024 * 1024  # bytes of UTF-8 kept per stream
+
+    class Status(models.TextChoices):
+        RUNNING = "running"
+        FINISHED = "finished"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+        LOST = "lost"
+
+    id = models.CharField(primary_key=True, max_length=40)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    session_id = models.CharField(max_length=256)
+    machine_id = models.CharField(max_length=64)
+    machine_name = models.CharField(max_length=255)
+    request_id = models.UUIDField()
+    summary = models.CharField(max_length=500, blank=True)  # the redacted argv or command line
+    caller = models.CharField(max_length=200)
+    call_key = models.CharField(max_length=300)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.RUNNING)
+    stdout = models.TextField(blank=True, default="")
+    stderr = models.TextField(blank=True, default="")
+    stdout_bytes = models.PositiveBigIntegerField(default=0)
+    stderr_bytes = models.PositiveBigIntegerField(default=0)
+    output_truncated = models.BooleanField(default=False)
+    exit_code = models.IntegerField(null=True, blank=True)
+    timed_out = models.BooleanField(default=False)
+    duration_seconds = models.FloatField(null=True, blank=True)
+    error = models.JSONField(null=True, blank=True)  # {code, message} of a failed run
+    server_process = models.ForeignKey(
+        ServerProcess, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True, db_index=True)
+
+    class Meta:
+        ordering = ["-started_at"]
+        indexes = [models.Index(fields=["user", "-started_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.id} on {self.machine_name} ({self.status})"
+
+    def lost(self, *, alive_after: datetime, current_process_id: str) -> bool:
+        """Whether this run still reads ``running`` but nothing will ever finish it: its
+        process row is gone (reaped or stopped: the link was cleared), stopped, or its
+        heartbeat is older than ``alive_after`` (``DISPATCH_PROCESS_TTL`` ago). This
+        process is never lost to itself (it does not heartbeat its own tests' rows)."""
+        if self.status != self.Status.RUNNING:
+            return False
+        if self.server_process_id == current_process_id:
+            return False
+        process = self.server_process
+        return process is None or process.stopped_at is not None or process.heartbeat_at < alive_after

@@ -15,6 +15,12 @@ stdin on another. When the edge running the call listens for progress
 bytes of output so far with the latest complete output line (``OutputProgress``), and
 ``local_pc_file_copy`` and ``local_pc_pipe`` report bytes moved — at most
 ``PROGRESS_PER_SECOND`` reports a second, and always a final one.
+
+A command that may outlive a connector's ~60 s cut on a tool call runs behind a handle
+(``COMMAND_HANDLE_TOOL_NAMES``, docs/live-operations.md#long-commands-handles):
+``local_pc_command_start`` returns a ``command_id`` at once, ``local_pc_command_read`` and
+``local_pc_command_wait`` page its output and result, ``local_pc_command_cancel`` stops it;
+any server process answers each (``machines.services.command_runs``).
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from core.tools import TOOL_CALL, OutputReport, ProgressReport, Tool, ToolHandle
 from core.validation import parse_plain
 from machines import selectors
 from machines.schemas import CALLER_PAYLOAD_MODELS, SessionCopyBody, SessionPipeBody
-from machines.services import live, router
+from machines.services import command_runs, live, router
 from machines.services.copy import copy_between_machines
 from machines.services.live import Output
 from machines.services.operations import machine_op
@@ -192,7 +198,92 @@ PIPE_SUMMARY = (
 LIST_PARAMETERS = {"type": "object", "properties": {"session_id": _SESSION}, "additionalProperties": False}
 
 
-MACHINE_TOOL_NAMES = frozenset(["list_machines", *OPERATION_TOOLS, "local_pc_file_copy", "local_pc_pipe"])
+_COMMAND_ID = {
+    "type": "string",
+    "pattern": command_runs.COMMAND_ID_PATTERN.pattern,
+    "description": "The command_id local_pc_command_start returned.",
+}
+_OFFSET = {
+    "type": "object",
+    "properties": {"stdout": {"type": "integer", "minimum": 0}, "stderr": {"type": "integer", "minimum": 0}},
+    "additionalProperties": False,
+    "description": "Bytes of each stream already read: pass the previous answer's next_offset to get only "
+    "what is new (default: from the start).",
+}
+
+
+def _start_parameters() -> dict[str, Any]:
+    """``local_pc_command_start``'s input schema: ``local_pc_execute_command``'s, with
+    ``target_machines`` kept only to be refused with a clear message (a handle follows one
+    command on one machine)."""
+    schema = _schema(MessageType.EXECUTE_COMMAND)
+    targets = {
+        "description": "Not supported here: a handle follows one command on one machine "
+        "(use local_pc_execute_command to run on several)."
+    }
+    return {**schema, "properties": {**schema["properties"], "target_machines": targets}}
+
+
+COMMAND_HANDLE_TOOLS: dict[str, tuple[str, dict[str, Any]]] = {
+    "local_pc_command_start": (
+        "Start a command that may run longer than a minute and return at once with "
+        '{command_id, machine, machine_id, status: "running", started_at}; follow it with '
+        "local_pc_command_read, local_pc_command_wait and local_pc_command_cancel. Same arguments as "
+        "local_pc_execute_command (one machine). The output is kept up to 1 MiB per stream; the handle is "
+        "forgotten an hour after the command ends.",
+        _start_parameters(),
+    ),
+    "local_pc_command_read": (
+        "Read a started command: {command_id, status: running|finished|failed|cancelled|lost, stdout, stderr, "
+        "next_offset: {stdout, stderr}, stdout_bytes, stderr_bytes, output_truncated} and, once it ended, "
+        "exit_code, timed_out, duration_seconds (error when failed or lost). Pass next_offset back as offset "
+        "to read only the new output.",
+        {
+            "type": "object",
+            "properties": {"command_id": _COMMAND_ID, "offset": _OFFSET, "session_id": _SESSION},
+            "required": ["command_id"],
+            "additionalProperties": False,
+        },
+    ),
+    "local_pc_command_wait": (
+        "Wait until a started command ends or timeout_seconds pass (default "
+        f"{command_runs.WAIT_DEFAULT_SECONDS:g}, at most {command_runs.WAIT_MAX_SECONDS:g}), then answer as "
+        "local_pc_command_read (status still running when the wait ran out: wait again).",
+        {
+            "type": "object",
+            "properties": {
+                "command_id": _COMMAND_ID,
+                "timeout_seconds": {
+                    "type": "number",
+                    "exclusiveMinimum": 0,
+                    "maximum": command_runs.WAIT_MAX_SECONDS,
+                    "description": "Seconds to wait at most.",
+                },
+                "offset": _OFFSET,
+                "session_id": _SESSION,
+            },
+            "required": ["command_id"],
+            "additionalProperties": False,
+        },
+    ),
+    "local_pc_command_cancel": (
+        "Stop a started command (its process group is killed on the machine) and answer its state as "
+        "local_pc_command_read, with cancel_sent (whether it was still running).",
+        {
+            "type": "object",
+            "properties": {"command_id": _COMMAND_ID, "session_id": _SESSION},
+            "required": ["command_id"],
+            "additionalProperties": False,
+        },
+    ),
+}
+COMMAND_HANDLE_TOOL_NAMES = frozenset(COMMAND_HANDLE_TOOLS)
+"""The tools of a command behind a handle (docs/live-operations.md#long-commands-handles):
+they run commands, so a token needs the shell scope for them."""
+
+MACHINE_TOOL_NAMES = frozenset(
+    ["list_machines", *OPERATION_TOOLS, "local_pc_file_copy", "local_pc_pipe", *COMMAND_HANDLE_TOOL_NAMES]
+)
 """The names ``machine_tools`` gives (a call of one needs no other tool: they shadow the rest)."""
 
 
@@ -289,7 +380,63 @@ async def machine_tools(
         )
     )
     tools.append(Tool(name="local_pc_pipe", description=PIPE_SUMMARY + note, parameters=PIPE_PARAMETERS, handler=pipe))
+    handlers = _command_handle_handlers(user, session_of, caller)
+    for name, (summary, parameters) in COMMAND_HANDLE_TOOLS.items():
+        description = summary + note if name == "local_pc_command_start" else summary
+        tools.append(Tool(name=name, description=description, parameters=parameters, handler=handlers[name]))
     return tools
+
+
+def _command_handle_handlers(
+    user: User, session_of: Callable[[dict[str, Any]], str], caller: str
+) -> dict[str, ToolHandler]:
+    """The handlers of ``COMMAND_HANDLE_TOOLS``, each acting in the call's session (the
+    session guard may refuse it: an agent acts only in its own); read, wait and cancel
+    find the run among ``user``'s runs of that session, else ``NOT_FOUND``."""
+
+    async def start(arguments: dict[str, Any]) -> Any:
+        if arguments.get("target_machines") is not None:
+            raise InvalidRequest(
+                "local_pc_command_start runs one command on one machine: give target_machine, not target_machines "
+                "(local_pc_execute_command runs on several)"
+            )
+        payload = {k: v for k, v in arguments.items() if k not in ("target_machine", "target_machines", "session_id")}
+        return await command_runs.command_start(
+            user=user,
+            session_id=session_of(arguments),
+            payload=payload,
+            target_machine=arguments.get("target_machine"),
+            caller=caller,
+        )
+
+    async def read(arguments: dict[str, Any]) -> Any:
+        return await command_runs.command_read(
+            user=user,
+            session_id=session_of(arguments),
+            command_id=arguments.get("command_id"),
+            offset=arguments.get("offset"),
+        )
+
+    async def wait(arguments: dict[str, Any]) -> Any:
+        return await command_runs.command_wait(
+            user=user,
+            session_id=session_of(arguments),
+            command_id=arguments.get("command_id"),
+            timeout_seconds=arguments.get("timeout_seconds"),
+            offset=arguments.get("offset"),
+        )
+
+    async def cancel(arguments: dict[str, Any]) -> Any:
+        return await command_runs.command_cancel(
+            user=user, session_id=session_of(arguments), command_id=arguments.get("command_id")
+        )
+
+    return {
+        "local_pc_command_start": start,
+        "local_pc_command_read": read,
+        "local_pc_command_wait": wait,
+        "local_pc_command_cancel": cancel,
+    }
 
 
 class ProgressThrottle:

@@ -33,6 +33,7 @@ MACHINE_OP_TOOLS = {
     "local_pc_file_move": {"src": "/tmp/x", "dst": "/tmp/y"},
     "local_pc_execute_command": {"argv": ["true"]},
     "local_pc_pipe": {"source": {"machine": "a", "argv": ["true"]}, "destination": {"machine": "b", "argv": ["cat"]}},
+    "local_pc_command_start": {"argv": ["true"]},
     "local_pc_file_copy": {
         "source_machine": "a",
         "source_path": "/a",
@@ -80,6 +81,10 @@ def _tool_rows() -> list[ToolRow]:
         ToolRow("list_machines", lambda w: {"session_id": w.me.pk}, ALLOWED),
         ToolRow("list_machines", lambda w: {"session_id": "default"}, FORBIDDEN),
     ]
+    for name in ("local_pc_command_read", "local_pc_command_wait", "local_pc_command_cancel"):
+        arguments = {"command_id": "cmd_" + "0" * 32}
+        rows.append(ToolRow(name, lambda w, a=arguments: dict(a), ALLOWED, "NOT_FOUND"))
+        rows.append(ToolRow(name, lambda w, a=arguments: {**a, "session_id": w.sibling.pk}, FORBIDDEN))
     for name, arguments in MACHINE_OP_TOOLS.items():
         rows.append(ToolRow(name, lambda w, a=arguments: dict(a), ALLOWED, "MACHINE_NOT_ATTACHED"))
         rows.append(ToolRow(name, lambda w, a=arguments: {**a, "session_id": w.sibling.pk}, FORBIDDEN))

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from core.errors import InvalidRequest
-from machines.tools import ROUTING_NOTE, machine_tools
+from machines.tools import COMMAND_HANDLE_TOOL_NAMES, ROUTING_NOTE, machine_tools
 from tests.machines.conftest import settle, snapshots_stored
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -24,6 +24,7 @@ TOOL_NAMES = {
     "local_pc_file_move",
     "local_pc_file_copy",
     "local_pc_pipe",
+    "local_pc_command_start",  # the handle tools that name machines (read, wait and cancel take an id)
 }
 
 
@@ -33,7 +34,7 @@ async def tools_for(user: Any, session_id: str = "s1") -> dict[str, Any]:
 
 async def test_the_tool_set_is_list_machines_and_the_local_pc_tools(owner):
     tools = await tools_for(owner)
-    assert set(tools) == TOOL_NAMES
+    assert set(tools) == TOOL_NAMES | COMMAND_HANDLE_TOOL_NAMES
     for tool in tools.values():
         assert tool.parameters["type"] == "object"
     assert "target_machine" in tools["local_pc_file_read"].parameters["properties"]

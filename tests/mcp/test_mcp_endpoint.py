@@ -39,6 +39,10 @@ MACHINE_TOOLS = {
     "local_pc_file_move",
     "local_pc_file_copy",
     "local_pc_pipe",
+    "local_pc_command_start",
+    "local_pc_command_read",
+    "local_pc_command_wait",
+    "local_pc_command_cancel",
 }
 # The agent tools of a user token (dispatch_event is for agent tokens only).
 AGENT_TOOLS = {

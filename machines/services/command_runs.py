@@ -1,0 +1,554 @@
+"""Long commands behind a handle: start, read, wait, cancel (docs/live-operations.md#long-commands-handles).
+
+A tool call of an MCP connector is cut at about 60 s, so a command that may run longer is
+started with ``command_start`` and followed by its ``command_id``. The state is a
+``CommandRun`` row, never this process's memory: the start, each read, each wait and the
+cancel may land on different server processes behind a load balancer.
+
+The process that starts a command runs it in a background asyncio task that consumes
+``machines.services.live.operation_stream`` (the path of a streamed
+``local_pc_execute_command``, with its audit record and its ``OperationInFlight`` row) and
+writes the output into the row at most every ``FLUSH_INTERVAL`` seconds or every
+``FLUSH_BYTES``, then the result. The task runs under its own ``call_key``
+(``"cmd:<command_id>"``), so ``cancel_calls`` stops it from any process. A run whose
+process is gone reads ``lost``; finished rows go after ``COMMAND_RUN_RETENTION``
+(``command_runs_expired_delete``, also run on each start).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import logging
+import re
+import uuid
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, cast
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db.models import F, Q, Value
+from django.db.models.functions import Concat
+from django.utils import timezone
+from pydantic import ValidationError
+
+from core.errors import DispatchError, InvalidRequest, NotFound
+from core.presence import current_process_id
+from core.services import server_process_ensure
+from core.tools import TOOL_CALL, ToolCall
+from machines.models import CommandRun
+from machines.schemas import CALLER_PAYLOAD_MODELS, payload_error, without_nulls
+from machines.services import live
+from machines.services.inflight import command_summary
+from machines.services.live import Failed, LiveEvent, Output, Result, Started
+
+logger = logging.getLogger(__name__)
+
+COMMAND_ID_PATTERN = re.compile(r"^cmd_[0-9a-f]{32}$")
+OUTPUT_KEPT_BYTES = CommandRun.OUTPUT_KEPT_BYTES  # bytes of UTF-8 kept per stream (1 MiB)
+READ_PAGE_BYTES = 256 * 1024  # bytes of each stream one read returns at most
+FLUSH_INTERVAL = 0.5  # seconds: output reaches the row at least this often while it comes
+FLUSH_BYTES = 64 * 1024  # bytes of output that are written at once, without waiting for the interval
+WAIT_DEFAULT_SECONDS = 30.0
+WAIT_MAX_SECONDS = 50.0  # a wait stays under the ~60 s cut of MCP connectors
+POLL_INTERVAL = 0.3  # seconds between the short queries of a wait
+CANCEL_SETTLE_SECONDS = 5.0  # how long a cancel waits for the run to record its end
+COMMAND_RUN_RETENTION = timedelta(hours=1)  # finished rows are kept this long
+CALL_KEY_PREFIX = "cmd:"
+
+# Strong references to the running tasks (the event loop keeps only weak ones). Not a
+# registry: nothing reads it to answer a caller; the rows are the state.
+_TASKS: set[asyncio.Task[None]] = set()
+
+
+def new_command_id() -> str:
+    """A fresh command id: ``cmd_`` + 32 hex digits (a random UUID)."""
+    return f"cmd_{uuid.uuid4().hex}"
+
+
+def check_command_id(command_id: Any) -> str:
+    """``command_id`` as given, or ``InvalidRequest`` when it is not ``cmd_`` + 32 hex digits."""
+    if not isinstance(command_id, str) or not COMMAND_ID_PATTERN.match(command_id):
+        raise InvalidRequest("command_id must be the id local_pc_command_start returned ('cmd_' + 32 hex digits)")
+    return command_id
+
+
+def check_offset(offset: Any) -> tuple[int, int]:
+    """``offset`` (``None``, or ``{"stdout"?: int, "stderr"?: int}`` in bytes, as a read's
+    ``next_offset`` gives it) as ``(stdout, stderr)``; ``InvalidRequest`` for another shape,
+    a negative number or a non-integer."""
+    if offset is None:
+        return 0, 0
+    if not isinstance(offset, dict) or set(offset) - {"stdout", "stderr"}:
+        raise InvalidRequest('offset must be {"stdout": bytes, "stderr": bytes} (a read\'s next_offset)')
+    values = []
+    for stream in ("stdout", "stderr"):
+        value = offset.get(stream, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidRequest(f"offset.{stream} must be a whole number of bytes, 0 or more")
+        values.append(value)
+    return values[0], values[1]
+
+
+def check_wait_seconds(timeout_seconds: Any) -> float:
+    """A wait's ``timeout_seconds`` (default ``WAIT_DEFAULT_SECONDS``), or ``InvalidRequest``
+    outside (0, ``WAIT_MAX_SECONDS``]."""
+    if timeout_seconds is None:
+        return WAIT_DEFAULT_SECONDS
+    if isinstance(timeout_seconds, bool) or not isinstance(timeout_seconds, (int, float)):
+        raise InvalidRequest("timeout_seconds must be a number of seconds")
+    if not 0 < timeout_seconds <= WAIT_MAX_SECONDS:
+        raise InvalidRequest(
+            f"timeout_seconds must be more than 0 and at most {WAIT_MAX_SECONDS:g} (MCP connectors cut a call at 60 s)"
+        )
+    return float(timeout_seconds)
+
+
+# --- start ---------------------------------------------------------------------------------------
+
+
+def check_start_payload(payload: dict[str, Any]) -> None:
+    """Refuse (``InvalidRequest``) before anything is sent what would only fail on the
+    machine: a payload its model refuses (``"payload.<field>: <sentence>"``), not exactly
+    one of ``argv`` and ``command``, or ``binary: true`` (the row keeps text)."""
+    if payload.get("binary"):
+        raise InvalidRequest("a command started with a handle keeps its output as text: binary is not supported")
+    plain = without_nulls(payload)
+    try:
+        CALLER_PAYLOAD_MODELS["EXECUTE_COMMAND"].model_validate(plain)
+    except ValidationError as exc:
+        raise InvalidRequest(payload_error(exc)) from None
+    if ("argv" in plain) == ("command" in plain):
+        raise InvalidRequest("give exactly one of argv (a list of strings) and command (a string)")
+
+
+async def command_start(
+    *,
+    user: User,
+    session_id: str,
+    payload: dict[str, Any],
+    target_machine: str | None,
+    caller: str,
+) -> dict[str, Any]:
+    """Start ``EXECUTE_COMMAND`` ``payload`` (``{argv | command, cwd?, timeout_seconds?,
+    env?}``) on one machine and return once it is sent: ``{"command_id", "machine" (name),
+    "machine_id", "status": "running", "started_at" (ISO 8601)}``.
+
+    Raises ``check_start_payload``'s ``InvalidRequest`` (``binary: true`` among them: the
+    row keeps text), what ``live.operation_stream`` raises before its first event (routing's
+    ``MachineError``, ``UNSUPPORTED_OPERATION`` on a protocol 2.0 shim, ``RATE_LIMITED``),
+    and the ``Failed`` event's code when the command could not be sent
+    (``MACHINE_UNREACHABLE``, ``MACHINE_BUSY``).
+    """
+    check_start_payload(payload)
+    await database_sync_to_async(command_runs_expired_delete)()
+    command_id = new_command_id()
+    run = _Run(command_id=command_id, user=user, session_id=session_id, payload=payload, caller=caller)
+    ready: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(run.run(target_machine, ready), name=f"command run {command_id}")
+    _TASKS.add(task)
+    task.add_done_callback(_TASKS.discard)
+    # Shielded: a start call cut while sending leaves the task to finish what it began
+    # (the row or the error); the command is not tied to the call that started it.
+    return await asyncio.shield(ready)
+
+
+@dataclass
+class _Stream:
+    """One stream's output of a run: kept bytes so far, and text not yet in the row."""
+
+    kept: int = 0
+    pending: list[str] = field(default_factory=list)
+    pending_bytes: int = 0
+
+
+def _text_of(output: Output) -> str:
+    """An output frame as storable text: base64 decoded (invalid UTF-8 replaced), lone
+    surrogates replaced, NUL as U+FFFD (PostgreSQL text cannot hold it)."""
+    text = output.data
+    if output.encoding == "base64":
+        try:
+            text = base64.b64decode(output.data).decode("utf-8", "replace")
+        except (binascii.Error, ValueError):
+            text = ""
+    return text.encode("utf-8", "replace").decode("utf-8").replace("\x00", "\ufffd")
+
+
+class _Run:
+    """The background task of one started command (in the starting process only)."""
+
+    def __init__(self, *, command_id: str, user: User, session_id: str, payload: dict[str, Any], caller: str) -> None:
+        self.command_id = command_id
+        self.user = user
+        self.session_id = session_id
+        self.payload = payload
+        self.caller = caller
+        self.streams = {"stdout": _Stream(), "stderr": _Stream()}
+        self.truncated = False
+        self.row_written = False
+        self.lock = asyncio.Lock()
+
+    async def run(self, target_machine: str | None, ready: asyncio.Future[dict[str, Any]]) -> None:
+        # Its own call key (this task's copy of the context): cancel_calls finds its
+        # in-flight row by it, from any process; the start call's own key does not stop it.
+        TOOL_CALL.set(ToolCall(call_key=CALL_KEY_PREFIX + self.command_id))
+        stream = live.operation_stream(
+            user=self.user,
+            session_id=self.session_id,
+            op="EXECUTE_COMMAND",
+            payload=self.payload,
+            target_machine=target_machine,
+            caller=self.caller,
+        )
+        events = cast(AsyncGenerator[LiveEvent, None], stream)  # an async generator: closed below
+        ticker: asyncio.Task[None] | None = None
+        end: dict[str, Any] | None = None
+        try:
+            async for event in events:
+                if isinstance(event, Started):
+                    ready.set_result(await self.created(event))
+                    ticker = asyncio.create_task(self.tick())
+                elif isinstance(event, Output):
+                    await self.output(event)
+                elif isinstance(event, Result):
+                    end = self.result_fields(event)
+                elif isinstance(event, Failed):
+                    if not ready.done():
+                        ready.set_exception(DispatchError(event.code, event.message, event.details))
+                        return
+                    end = self.failure_fields(event.code, event.message)
+        except asyncio.CancelledError:
+            # This process is stopping: the stream's own cleanup cancelled the command.
+            end = self.failure_fields("SHUTTING_DOWN", "the server process running the command stopped")
+            end["status"] = CommandRun.Status.LOST
+            raise
+        except Exception as exc:
+            if not ready.done():
+                ready.set_exception(exc)
+                return
+            logger.exception("command run %s failed", self.command_id)
+            code = exc.code if isinstance(exc, DispatchError) else "INTERNAL_ERROR"
+            end = self.failure_fields(code, str(exc) or type(exc).__name__)
+        finally:
+            if not ready.done():
+                ready.set_exception(DispatchError("OUTPUT_LOST", "the command's stream ended before it started"))
+            await events.aclose()
+            if ticker is not None:
+                ticker.cancel()
+                await asyncio.gather(ticker, return_exceptions=True)
+            if self.row_written:
+                end = end or self.failure_fields("OUTPUT_LOST", "the command's stream ended without a result")
+                # Shielded: the final state is written even when this task is being cancelled.
+                await asyncio.shield(self.flush(end))
+
+    async def created(self, started: Started) -> dict[str, Any]:
+        """Write the row for the sent command; the start call's answer."""
+        row = await database_sync_to_async(_run_create)(
+            command_id=self.command_id,
+            user=self.user,
+            session_id=self.session_id,
+            machine_id=started.machine_id,
+            machine_name=started.name,
+            request_id=started.request_id,
+            summary=command_summary(self.payload),
+            caller=self.caller,
+        )
+        self.row_written = True
+        return {
+            "command_id": row.id,
+            "machine": row.machine_name,
+            "machine_id": row.machine_id,
+            "status": row.status,
+            "started_at": row.started_at.isoformat(),
+        }
+
+    async def output(self, event: Output) -> None:
+        """Keep a frame (up to ``OUTPUT_KEPT_BYTES`` per stream) and write it when enough waits."""
+        stream = self.streams["stderr" if event.stream == "stderr" else "stdout"]
+        text = _text_of(event)
+        raw = text.encode("utf-8")
+        room = OUTPUT_KEPT_BYTES - stream.kept
+        if len(raw) > room:
+            self.truncated = True
+            # Cut on a character boundary: what is kept stays valid UTF-8.
+            text = raw[: max(room, 0)].decode("utf-8", "ignore")
+            raw = text.encode("utf-8")
+        if raw:
+            stream.kept += len(raw)
+            stream.pending.append(text)
+            stream.pending_bytes += len(raw)
+        if sum(s.pending_bytes for s in self.streams.values()) >= FLUSH_BYTES:
+            await self.flush()
+
+    async def tick(self) -> None:
+        """Write pending output every ``FLUSH_INTERVAL`` seconds (a quiet command's last lines too)."""
+        while True:
+            await asyncio.sleep(FLUSH_INTERVAL)
+            try:
+                await self.flush()
+            except Exception:
+                logger.exception("could not write the output of command run %s", self.command_id)
+
+    async def flush(self, end: dict[str, Any] | None = None) -> None:
+        """Append the pending output to the row (with ``end``'s fields: the final write)."""
+        async with self.lock:
+            appended = {name: "".join(stream.pending) for name, stream in self.streams.items()}
+            sizes = {name: stream.pending_bytes for name, stream in self.streams.items()}
+            if not any(sizes.values()) and end is None and not self.truncated:
+                return
+            for stream in self.streams.values():
+                stream.pending, stream.pending_bytes = [], 0
+            await database_sync_to_async(_run_append)(
+                command_id=self.command_id, appended=appended, sizes=sizes, truncated=self.truncated, end=end
+            )
+
+    def result_fields(self, result: Result) -> dict[str, Any]:
+        """The final fields of a command that answered (``COMMAND_RESULT``)."""
+        payload = result.payload
+        cancelled = bool(payload.get("cancelled"))
+        exit_code = payload.get("exit_code")
+        duration = payload.get("duration_seconds")
+        return {
+            "status": CommandRun.Status.CANCELLED if cancelled else CommandRun.Status.FINISHED,
+            "exit_code": exit_code if isinstance(exit_code, int) and not isinstance(exit_code, bool) else None,
+            "timed_out": bool(payload.get("timed_out")),
+            "duration_seconds": float(duration) if isinstance(duration, (int, float)) else None,
+            "output_truncated": bool(payload.get("output_truncated") or payload.get("stream_truncated")),
+        }
+
+    def failure_fields(self, code: str, message: str) -> dict[str, Any]:
+        """The final fields of a command that failed (no result: the machine went away, …)."""
+        return {
+            "status": CommandRun.Status.FAILED,
+            "error": {"code": code, "message": message[:1000]},
+            "timed_out": code == "TIMEOUT",
+        }
+
+
+def _run_create(
+    *,
+    command_id: str,
+    user: User,
+    session_id: str,
+    machine_id: str,
+    machine_name: str,
+    request_id: str,
+    summary: str,
+    caller: str,
+) -> CommandRun:
+    return CommandRun.objects.create(
+        id=command_id,
+        user=user,
+        session_id=session_id,
+        machine_id=machine_id,
+        machine_name=machine_name,
+        request_id=request_id,
+        summary=summary[:500],
+        caller=caller[:200],
+        call_key=CALL_KEY_PREFIX + command_id,
+        server_process_id=server_process_ensure(),
+    )
+
+
+def _run_append(
+    *,
+    command_id: str,
+    appended: dict[str, str],
+    sizes: dict[str, int],
+    truncated: bool,
+    end: dict[str, Any] | None,
+) -> None:
+    """One write of a run's task: output appended in the database (the row's text is never
+    read back here), and with ``end`` the final status, stamped ``finished_at``. A row that
+    already ended (``lost``, seen by a reader) keeps its status but gets the output."""
+    changes: dict[str, Any] = {}
+    for stream in ("stdout", "stderr"):
+        if sizes[stream]:
+            changes[stream] = Concat(F(stream), Value(appended[stream]))
+            changes[f"{stream}_bytes"] = F(f"{stream}_bytes") + sizes[stream]
+    if truncated:
+        changes["output_truncated"] = True
+    rows = CommandRun.objects.filter(pk=command_id)
+    if changes:
+        rows.update(**changes)
+    if end is not None:
+        final = dict(end)
+        if final.pop("output_truncated", False) or truncated:
+            final["output_truncated"] = True
+        rows.filter(status=CommandRun.Status.RUNNING).update(**final, finished_at=timezone.now())
+
+
+# --- read, wait, cancel -----------------------------------------------------------------------
+
+
+def _run_for(*, user: User, command_id: str, session_id: str) -> CommandRun:
+    """``user``'s run ``command_id`` in ``session_id``, with its process; a run found lost is
+    recorded as such. Another user's run, or one of another session, is ``NotFound`` as an
+    unknown id is: the answer never says it exists."""
+    rows = CommandRun.objects.select_related("server_process")
+    run = rows.filter(user=user, session_id=session_id, pk=command_id).first()
+    if run is None:
+        raise NotFound(
+            f"no command {command_id} in session '{session_id}' (unknown, or ended over an hour ago and forgotten)"
+        )
+    alive_after = timezone.now() - timedelta(seconds=settings.PROCESS_TTL)
+    if run.lost(alive_after=alive_after, current_process_id=current_process_id()):
+        ended = timezone.now()
+        error = {"code": "SERVER_PROCESS_LOST", "message": "the server process running the command is gone"}
+        if CommandRun.objects.filter(pk=run.pk, status=CommandRun.Status.RUNNING).update(
+            status=CommandRun.Status.LOST, finished_at=ended, error=error
+        ):
+            run.status, run.finished_at, run.error = CommandRun.Status.LOST, ended, error
+        else:
+            run.refresh_from_db()
+    return run
+
+
+def _page(text: str, offset: int, stream: str) -> tuple[str, int]:
+    """The text of ``text``'s UTF-8 from byte ``offset`` on (at most ``READ_PAGE_BYTES``,
+    cut on character boundaries), and the offset after it."""
+    raw = text.encode("utf-8")
+    if offset > len(raw):
+        raise InvalidRequest(f"offset.{stream} is past the {len(raw)} bytes of {stream} kept so far")
+    start = offset
+    while start < len(raw) and raw[start] & 0xC0 == 0x80:  # inside a character: skip to the next
+        start += 1
+    end = min(len(raw), start + READ_PAGE_BYTES)
+    while end < len(raw) and raw[end] & 0xC0 == 0x80:
+        end -= 1
+    return raw[start:end].decode("utf-8"), end
+
+
+def _state(run: CommandRun, offset: tuple[int, int]) -> dict[str, Any]:
+    """What read and wait answer for ``run`` (see ``command_read``)."""
+    stdout, stdout_next = _page(run.stdout, offset[0], "stdout")
+    stderr, stderr_next = _page(run.stderr, offset[1], "stderr")
+    state: dict[str, Any] = {
+        "command_id": run.id,
+        "status": run.status,
+        "machine": run.machine_name,
+        "machine_id": run.machine_id,
+        "stdout": stdout,
+        "stderr": stderr,
+        "next_offset": {"stdout": stdout_next, "stderr": stderr_next},
+        "stdout_bytes": run.stdout_bytes,
+        "stderr_bytes": run.stderr_bytes,
+        "output_truncated": run.output_truncated,
+        "started_at": run.started_at.isoformat(),
+    }
+    if run.status != CommandRun.Status.RUNNING:
+        state["exit_code"] = run.exit_code
+        state["timed_out"] = run.timed_out
+        state["duration_seconds"] = run.duration_seconds
+        state["finished_at"] = run.finished_at.isoformat() if run.finished_at else None
+        if run.error:
+            state["error"] = run.error
+    return state
+
+
+def command_read_sync(
+    *, user: User, session_id: str, command_id: str, offset: tuple[int, int] = (0, 0)
+) -> dict[str, Any]:
+    """``command_read`` as one sync database read (for ``database_sync_to_async``)."""
+    return _state(_run_for(user=user, command_id=command_id, session_id=session_id), offset)
+
+
+async def command_read(*, user: User, session_id: str, command_id: Any, offset: Any = None) -> dict[str, Any]:
+    """The state of ``user``'s run ``command_id`` started in ``session_id``: ``{command_id, status: "running" |
+    "finished" | "failed" | "cancelled" | "lost", machine, machine_id, stdout, stderr
+    (text from ``offset``, at most ``READ_PAGE_BYTES`` each), next_offset: {stdout,
+    stderr} (bytes: pass it back as ``offset`` to read only what is new), stdout_bytes,
+    stderr_bytes (kept so far, at most 1 MiB each), output_truncated, started_at}``;
+    once ended also ``exit_code``, ``timed_out``, ``duration_seconds``, ``finished_at``
+    and, failed or lost, ``error: {code, message}``.
+
+    Raises ``InvalidRequest`` (a malformed ``command_id`` or ``offset``, an offset past the
+    output kept) and ``NotFound`` (unknown, another user's or another session's run, or one
+    forgotten ``COMMAND_RUN_RETENTION`` after it ended)."""
+    command_id = check_command_id(command_id)
+    offsets = check_offset(offset)
+    return await database_sync_to_async(command_read_sync)(
+        user=user, command_id=command_id, offset=offsets, session_id=session_id
+    )
+
+
+def _status_of(*, user: User, command_id: str, session_id: str) -> str:
+    return _run_for(user=user, command_id=command_id, session_id=session_id).status
+
+
+async def _until_ended(*, user: User, command_id: str, session_id: str, seconds: float) -> None:
+    """Return once the run is no longer ``running`` or after ``seconds``. The row is the
+    state (the starting process may be another), so it is polled with one short query
+    every ``POLL_INTERVAL`` seconds; nothing is held between polls."""
+    status_of = database_sync_to_async(_status_of)
+    try:
+        async with asyncio.timeout(seconds):
+            while True:
+                status = await status_of(user=user, command_id=command_id, session_id=session_id)
+                if status != CommandRun.Status.RUNNING:
+                    return
+                await asyncio.sleep(POLL_INTERVAL)
+    except TimeoutError:
+        return
+
+
+async def command_wait(
+    *,
+    user: User,
+    session_id: str,
+    command_id: Any,
+    timeout_seconds: Any = None,
+    offset: Any = None,
+) -> dict[str, Any]:
+    """Wait until ``user``'s run ``command_id`` ends or ``timeout_seconds`` (default 30, at
+    most ``WAIT_MAX_SECONDS``) pass, then answer as ``command_read`` (``status`` still
+    ``"running"`` when the wait ran out). Polls the row every ``POLL_INTERVAL`` seconds
+    with short queries: no database thread is held while waiting.
+
+    Raises ``InvalidRequest`` (a malformed ``command_id``, ``offset`` or
+    ``timeout_seconds``) and ``NotFound`` as ``command_read`` does."""
+    command_id = check_command_id(command_id)
+    offsets = check_offset(offset)
+    seconds = check_wait_seconds(timeout_seconds)
+    await _until_ended(user=user, command_id=command_id, session_id=session_id, seconds=seconds)
+    return await database_sync_to_async(command_read_sync)(
+        user=user, command_id=command_id, offset=offsets, session_id=session_id
+    )
+
+
+async def command_cancel(*, user: User, session_id: str, command_id: Any) -> dict[str, Any]:
+    """Stop ``user``'s run ``command_id`` from any process (``live.cancel_calls`` with the
+    run's ``call_key``: its ``OperationInFlight`` row names the shim to send ``CANCEL`` to),
+    wait up to ``CANCEL_SETTLE_SECONDS`` for the run to record its end, and answer as
+    ``command_read`` (from offset 0) with ``cancel_sent`` (whether a running command was
+    reached). A run already ended is answered as it is.
+
+    Raises ``InvalidRequest`` (a malformed ``command_id``) and ``NotFound`` as ``command_read`` does."""
+    command_id = check_command_id(command_id)
+    run = await database_sync_to_async(_run_for)(user=user, command_id=command_id, session_id=session_id)
+    sent = 0
+    if run.status == CommandRun.Status.RUNNING:
+        sent = await live.cancel_calls(user=user, call_key=run.call_key)
+        if sent:
+            await _until_ended(user=user, command_id=command_id, session_id=session_id, seconds=CANCEL_SETTLE_SECONDS)
+    state = await database_sync_to_async(command_read_sync)(user=user, command_id=command_id, session_id=session_id)
+    return {**state, "cancel_sent": bool(sent)}
+
+
+# --- retention ----------------------------------------------------------------------------------
+
+
+def command_runs_expired_delete() -> int:
+    """Delete the runs that ended over ``COMMAND_RUN_RETENTION`` ago, and the runs still
+    marked running whose process row is gone since as long (nobody read them ``lost``);
+    returns how many went. Sync (one query)."""
+    cutoff = timezone.now() - COMMAND_RUN_RETENTION
+    expired = Q(finished_at__lt=cutoff) | Q(
+        status=CommandRun.Status.RUNNING, server_process__isnull=True, started_at__lt=cutoff
+    )
+    deleted, _ = CommandRun.objects.filter(expired).delete()
+    return int(deleted)
