@@ -1,0 +1,557 @@
+"""Real OAuth clients against ``/mcp/oauth`` on a real ``manage.py serve``
+(docs/mcp.md#oauth): the official TypeScript MCP SDK's own ``auth()`` (registered by DCR,
+then by a Client ID Metadata Document), and mcp-remote, the stdio bridge desktop apps run,
+each signing in through Chromium (login, consent, Allow) and then using the tools.
+
+The server sits behind ``RecordingProxy`` at its public URL, so each test knows the
+requests every client made, in order (printed: ``pytest -s`` shows them). Without
+``node``, the test clients (``make tests/clients/node_modules/.installed``) or Chromium
+the tests are skipped locally and fail under ``CI=true``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import json
+import os
+import queue
+import shutil
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from tests.backends import free_port, unavailable
+from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
+from tests.infra import REPO, Instance, Server, instance, wait_until
+from tests.oauth.flow import INITIALIZE, MCP_HEADERS
+from tests.oauth.oauth_proxy import Exchange, RecordingProxy
+
+pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(180)]
+
+CLIENTS = REPO / "tests" / "clients"
+SCRIPT = CLIENTS / "mcp_oauth_client.mjs"
+MCP_REMOTE = CLIENTS / "node_modules" / ".bin" / "mcp-remote"
+INSTALL = "apt-get install nodejs npm && make tests/clients/node_modules/.installed"
+ALLOW = "#consent-allow, input[name=allow]"  # Dispatch's consent page, or django-oauth-toolkit's stock one
+
+
+def node_or_skip() -> str:
+    """The ``node`` binary, with the SDK and mcp-remote installed; else skip (fail on CI)."""
+    node = shutil.which("node")
+    if node is None:
+        unavailable(f"node is not installed; install it and the test clients with: {INSTALL}")
+    if not (SCRIPT.exists() and MCP_REMOTE.exists()):
+        unavailable(f"the test clients are not installed: {INSTALL}")
+    return node
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Debian's Chromium, headless, launched as tests/browser/conftest.py does."""
+    if not CHROMIUM.exists():
+        unavailable("browser tests need Chromium: apt-get install chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture(scope="module")
+def inst() -> Iterator[Instance]:
+    with instance() as created:
+        yield created
+
+
+@contextmanager
+def served(inst: Instance, **env: str) -> Iterator[tuple[Server, RecordingProxy]]:
+    """A server whose public URL (issuer, resource) is a recording proxy in front of it."""
+    proxy = RecordingProxy()
+    overrides: dict[str, Any] = {"DISPATCH_PUBLIC_URL": proxy.url, **env}
+    server = inst.serve(**overrides)
+    proxy.start(server.port)
+    try:
+        yield server, proxy
+    finally:
+        proxy.close()
+        server.stop()
+
+
+def report(name: str, exchanges: list[Exchange]) -> None:
+    """Print a client's requests in order (what docs/mcp.md#oauth describes as its flow)."""
+    print(f"\n{name}: {len(exchanges)} requests")
+    for number, exchange in enumerate(exchanges, 1):
+        print(f"  {number:2}. {exchange}")
+
+
+class NodeClient:
+    """``node mcp_oauth_client.mjs`` as a subprocess: its JSON lines arrive as printed,
+    commands go to its stdin."""
+
+    def __init__(self, node: str, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [node, str(SCRIPT), *args],
+            cwd=CLIENTS,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.seen: list[dict[str, Any]] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.strip():
+                self.lines.put(json.loads(line))
+
+    def until(self, step: str, timeout: float = 20) -> dict[str, Any]:
+        """The next line of ``step``; fails on a ``failed`` line or after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"node printed no {step!r} within {timeout:g}s; saw {self.seen}") from None
+            self.seen.append(line)
+            assert line["step"] != "failed", f"{line['message']}\nstderr: {self.stderr()}"
+            if line["step"] == step:
+                return line
+
+    def send(self, command: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+
+    def steps(self, step: str) -> list[dict[str, Any]]:
+        """Every line of ``step`` read so far (by ``until``)."""
+        return [line for line in self.seen if line["step"] == step]
+
+    def stderr(self) -> str:
+        if self.proc.poll() is None:
+            return "(still running)"
+        assert self.proc.stderr is not None
+        return self.proc.stderr.read()[-3000:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(5)
+
+
+def sign_in(browser: Any, authorization_url: str, password: str, callback: str) -> str:
+    """Open ``authorization_url`` in a fresh Chromium profile, log in on ``/login/`` as
+    ``admin``, press Allow on the consent page; returns the consent page's text once the
+    browser has landed on ``callback`` (the client's loopback redirect URI)."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(15_000)
+    try:
+        page = context.new_page()
+        page.goto(authorization_url)
+        page.wait_for_url("**/login/**")
+        page.fill("input[name=username]", "admin")
+        page.fill("input[name=password]", password)
+        page.click("#login-button")
+        page.wait_for_selector(ALLOW)
+        consent = str(page.inner_text("body"))
+        page.click(ALLOW)
+        page.wait_for_url(f"{callback}**")
+        return consent
+    finally:
+        context.close()
+
+
+def applications(inst: Instance) -> list[dict[str, str]]:
+    """The OAuth applications in the database: client_id, name, registration_source."""
+    listed = inst.manage(
+        "shell",
+        "-c",
+        "import json; from oauth2_provider.models import get_application_model; "
+        "print(json.dumps(list(get_application_model().objects.values('client_id', 'name', 'registration_source'))))",
+    )
+    return list(json.loads(listed.stdout.strip().splitlines()[-1]))
+
+
+def revoke(proxy: RecordingProxy, token: str, hint: str, client_id: str) -> None:
+    """RFC 7009 §2.1 revocation, as a client (or its user's tooling) sends it."""
+    data = {"token": token, "token_type_hint": hint, "client_id": client_id}
+    answer = httpx.post(f"{proxy.url}/oauth/revoke/", data=data, timeout=10)
+    assert answer.status_code == 200, answer.text
+
+
+def refresh(proxy: RecordingProxy, refresh_token: str, client_id: str) -> httpx.Response:
+    data = {"grant_type": "refresh_token", "refresh_token": refresh_token, "client_id": client_id}
+    return httpx.post(f"{proxy.url}/oauth/token/", data=data, timeout=10)
+
+
+def mcp_status(proxy: RecordingProxy, access_token: str) -> int:
+    """The status of an ``initialize`` to ``/mcp/oauth`` with ``access_token``."""
+    headers = {**MCP_HEADERS, "Authorization": f"Bearer {access_token}"}
+    return httpx.post(f"{proxy.url}/mcp/oauth", json=INITIALIZE, headers=headers, timeout=10).status_code
+
+
+def test_the_typescript_sdk_registers_signs_in_in_chromium_and_loses_its_session_to_revocation(
+    inst: Instance, browser: Any
+) -> None:
+    node = node_or_skip()
+    callback_port = free_port()
+    callback = f"http://127.0.0.1:{callback_port}/callback"
+    with served(inst) as (_server, proxy):
+        client = NodeClient(node, f"{proxy.url}/mcp/oauth", str(callback_port))
+        try:
+            registered = client.until("registered")
+            authorize = client.until("authorize")["url"]
+            assert authorize.startswith(f"{proxy.url}/oauth/authorize/?")
+            consent = sign_in(browser, authorize, inst.admin_password, callback)
+            assert "Dispatch suite (TypeScript SDK)" in consent
+            returned = client.until("callback")
+            assert returned["state_ok"] and returned["iss"] == returned["issuer"] == f"{proxy.url}/oauth"
+            first = client.until("tokens")
+            assert first["refresh_token"] and first["scope"] == "mcp"
+            assert client.until("connected")["protocolVersion"] == "2025-11-25"
+            client.until("stream_open")
+            names = client.until("tools")["names"]
+            assert "list_agents" in names and "local_pc_execute_command" in names
+            client.until("ready")
+            client.send("call list_agents")
+            assert client.until("called")["isError"] is False
+            client.until("ready")
+            signed_in = len(proxy.exchanges)
+            [application] = [app for app in applications(inst) if app["client_id"] == registered["client_id"]]
+            assert application["registration_source"] == "dcr"
+
+            # Revoking the access token (RFC 7009) ends the open event stream within the
+            # watchdog's ~2 s, and the session with it: django-oauth-toolkit refuses a refresh
+            # token whose access token is gone, so the SDK's reconnect gets a 401, its refresh
+            # is refused, it drops the tokens and asks for a new sign-in.
+            revoke(proxy, first["access_token"], "access_token", registered["client_id"])
+            revoked_at = time.monotonic()
+            assert client.until("stream_closed", timeout=5)["error"] is None
+            print(f"GET stream ended {time.monotonic() - revoked_at:.2f}s after the revocation")
+            assert client.until("invalidated", timeout=10)["scope"] == "tokens"
+            again = client.until("authorize", timeout=10)["url"]
+            assert again.startswith(f"{proxy.url}/oauth/authorize/?")
+            assert mcp_status(proxy, first["access_token"]) == 401
+            assert refresh(proxy, first["refresh_token"], registered["client_id"]).status_code == 400
+            client.send("call list_agents")
+            failed = client.until("call_failed", timeout=10)
+            assert failed["name"] == "UnauthorizedError", failed
+            assert len(client.steps("tokens")) == 1
+            report("TypeScript SDK (DCR): sign-in", proxy.exchanges[:signed_in])
+            report("TypeScript SDK (DCR): revocation", proxy.since(signed_in))
+        finally:
+            client.stop()
+
+
+def test_the_typescript_sdk_refreshes_an_expired_token_and_a_replayed_refresh_token_ends_its_session(
+    inst: Instance, browser: Any
+) -> None:
+    node = node_or_skip()
+    callback_port = free_port()
+    callback = f"http://127.0.0.1:{callback_port}/callback"
+    with served(inst, DISPATCH_OAUTH_ACCESS_TOKEN_SECONDS="3") as (_server, proxy):
+        client = NodeClient(node, f"{proxy.url}/mcp/oauth", str(callback_port))
+        try:
+            client_id = client.until("registered")["client_id"]
+            sign_in(browser, client.until("authorize")["url"], inst.admin_password, callback)
+            client.until("ready")
+            tokens = client.steps("tokens")
+            current = tokens[-1]
+            assert current["expires_in"] == 3
+            wait_until(
+                lambda: mcp_status(proxy, current["access_token"]) == 401,
+                timeout=10,
+                interval=0.25,
+                what="the access token to expire",
+            )
+            mark = len(proxy.exchanges)
+
+            client.send("call list_agents")
+            assert client.until("called", timeout=15)["isError"] is False
+            refreshed = client.steps("tokens")[-1]
+            assert refreshed["count"] > current["count"]
+            assert refreshed["access_token"] != current["access_token"]
+            assert refreshed["refresh_token"] != current["refresh_token"]
+            client.until("ready")
+            # The event stream opened with the expired token is ended by the server's
+            # watchdog; the SDK reopens it with the token it refreshed.
+            assert client.until("stream_closed", timeout=5)["error"] is None
+            reopened = client.until("stream_open", timeout=10)
+            assert reopened["status"] == 200
+            report("TypeScript SDK: sign-in (3 s tokens)", proxy.exchanges[:mark])
+            report("TypeScript SDK: refresh after expiry", proxy.since(mark))
+            print("node steps:", [(line["step"], line["ms"]) for line in client.seen])
+
+            # The refresh token it replaced is refused, and its replay (reuse detection,
+            # RFC 9700 §4.14.2) revokes the whole family: the SDK's new tokens die too.
+            replayed = refresh(proxy, current["refresh_token"], client_id)
+            assert replayed.status_code == 400 and replayed.json()["error"] == "invalid_grant", replayed.text
+            latest = client.steps("tokens")[-1]
+            assert refresh(proxy, latest["refresh_token"], client_id).status_code == 400
+            client.send("call list_agents")
+            failed = client.until("call_failed", timeout=15)
+            assert failed["name"] == "UnauthorizedError", failed
+            assert len(client.steps("authorize")) >= 2  # the SDK asks the user to sign in again
+        finally:
+            client.stop()
+
+
+def make_certificates(folder: Path) -> tuple[Path, Path, Path]:
+    """A throwaway CA and a server certificate for ``127.0.0.1`` and ``localhost`` signed
+    by it: ``(ca.pem, server.pem, server.key)``."""
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Dispatch test CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    ca_path, cert_path, key_path = folder / "ca.pem", folder / "server.pem", folder / "server.key"
+    ca_path.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return ca_path, cert_path, key_path
+
+
+@contextmanager
+def metadata_document(folder: Path, redirect_uri: str) -> Iterator[tuple[str, list[str]]]:
+    """A Client ID Metadata Document served over HTTPS on 127.0.0.1: ``(its URL, the paths
+    requested so far)``; the CA that signed the server's certificate is ``folder/ca.pem``."""
+    _ca, cert, key = make_certificates(folder)
+    requested: list[str] = []
+    document: dict[str, Any] = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            requested.append(self.path)
+            if self.path != "/oauth/client.json":
+                self.send_error(404)
+                return
+            body = json.dumps(document).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+    url = f"https://127.0.0.1:{httpd.server_address[1]}/oauth/client.json"
+    document.update(
+        {
+            "client_id": url,
+            "client_name": "Dispatch suite (metadata document)",
+            "redirect_uris": [redirect_uri],
+            "grant_types": ["authorization_code", "refresh_token"],
+            "response_types": ["code"],
+            "token_endpoint_auth_method": "none",
+        }
+    )
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        yield url, requested
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_the_typescript_sdk_signs_in_with_a_client_id_metadata_document(
+    inst: Instance, browser: Any, tmp_path: Path
+) -> None:
+    node = node_or_skip()
+    callback_port = free_port()
+    callback = f"http://127.0.0.1:{callback_port}/callback"
+    inst.manage(
+        "shell",
+        "-c",
+        "from oauth.models import OAuthPolicy; p = OAuthPolicy.current(); p.cimd_private_addresses = True; p.save()",
+    )
+    before = {app["client_id"] for app in applications(inst)}
+    with (
+        metadata_document(tmp_path, callback) as (document_url, fetched),
+        served(inst, SSL_CERT_FILE=str(tmp_path / "ca.pem")) as (_server, proxy),
+    ):
+        metadata = httpx.get(f"{proxy.url}/.well-known/oauth-authorization-server/oauth").json()
+        assert metadata["client_id_metadata_document_supported"] is True
+        client = NodeClient(node, f"{proxy.url}/mcp/oauth", str(callback_port), document_url)
+        try:
+            assert client.until("registered")["client_id"] == document_url
+            consent = sign_in(browser, client.until("authorize")["url"], inst.admin_password, callback)
+            assert "Dispatch suite (metadata document)" in consent
+            assert client.until("callback")["state_ok"]
+            assert client.until("tokens")["refresh_token"]
+            assert "list_agents" in client.until("tools")["names"]
+            client.until("ready")
+            client.send("call list_agents")
+            assert client.until("called")["isError"] is False
+        finally:
+            client.stop()
+        report("TypeScript SDK (CIMD)", proxy.exchanges)
+        print(f"  metadata document fetched by the server: {fetched}")
+    assert fetched and set(fetched) == {"/oauth/client.json"}
+    assert not any(exchange.path.startswith("/oauth/register") for exchange in proxy.exchanges)
+    added = [app for app in applications(inst) if app["client_id"] not in before]
+    assert [(app["client_id"], app["registration_source"]) for app in added] == [(document_url, "cimd")]
+
+
+def test_mcp_remote_signs_in_through_chromium_and_lists_the_tools(inst: Instance, browser: Any, tmp_path: Path) -> None:
+    node_or_skip()
+    callback_port = free_port()
+    callback = f"http://127.0.0.1:{callback_port}/oauth/callback"
+    env = {key: value for key, value in os.environ.items() if key not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    # mcp-remote opens the URL with xdg-open, which runs $BROWSER: `true` opens nothing,
+    # and the test's Chromium follows the URL mcp-remote logs instead.
+    env.update({"MCP_REMOTE_CONFIG_DIR": str(tmp_path / "mcp-auth"), "BROWSER": "true"})
+    before = {app["client_id"] for app in applications(inst)}
+    with served(inst) as (_server, proxy):
+        bridge = subprocess.Popen(
+            [str(MCP_REMOTE), f"{proxy.url}/mcp/oauth", str(callback_port), "--host", "127.0.0.1"],
+            cwd=CLIENTS,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        logged: list[str] = []
+        answers: queue.Queue[dict[str, Any]] = queue.Queue()
+
+        def read_stderr() -> None:
+            assert bridge.stderr is not None
+            logged.extend(iter(bridge.stderr.readline, ""))
+
+        def read_stdout() -> None:
+            assert bridge.stdout is not None
+            for line in bridge.stdout:
+                if line.strip():
+                    answers.put(json.loads(line))
+
+        def answer(message_id: int) -> dict[str, Any]:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    message = answers.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    raise AssertionError(
+                        f"no answer {message_id}; mcp-remote logged:\n{''.join(logged)[-3000:]}"
+                    ) from None
+                if message.get("id") == message_id:
+                    return message
+
+        def send(message: dict[str, Any]) -> None:
+            assert bridge.stdin is not None
+            bridge.stdin.write(json.dumps(message) + "\n")
+            bridge.stdin.flush()
+
+        threading.Thread(target=read_stderr, daemon=True).start()
+        threading.Thread(target=read_stdout, daemon=True).start()
+        try:
+
+            def authorization_url() -> str | None:
+                text = "".join(logged)
+                marker = "Please authorize this client by visiting:"
+                if marker not in text:
+                    assert bridge.poll() is None, text[-3000:]
+                    return None
+                return text.split(marker, 1)[1].strip().split()[0]
+
+            url = wait_until(authorization_url, timeout=30, what="mcp-remote's authorization URL")
+            assert url.startswith(f"{proxy.url}/oauth/authorize/?")
+            consent = sign_in(browser, url, inst.admin_password, callback)
+            send(INITIALIZE)
+            initialized = answer(1)
+            assert initialized["result"]["serverInfo"], initialized
+            send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            send({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}})
+            names = {tool["name"] for tool in answer(2)["result"]["tools"]}
+            assert "list_agents" in names and "local_pc_execute_command" in names
+            send(
+                {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "list_agents", "arguments": {}}}
+            )
+            called = answer(3)
+            assert called["result"].get("isError", False) is False, called
+        finally:
+            if bridge.poll() is None:
+                bridge.kill()
+            bridge.wait(5)
+        report("mcp-remote", proxy.exchanges)
+    # It registered itself (DCR, one client), and the consent page named it.
+    [added] = [app for app in applications(inst) if app["client_id"] not in before]
+    assert added["registration_source"] == "dcr" and added["name"] and added["name"] in consent, (added, consent)
+
+
+def test_the_header_endpoint_points_no_client_at_oauth(inst: Instance) -> None:
+    with served(inst) as (_server, proxy):
+        refused = httpx.post(f"{proxy.url}/mcp", json=INITIALIZE, headers=MCP_HEADERS, timeout=10)
+        assert refused.status_code == 401
+        assert "resource_metadata" not in refused.headers.get("www-authenticate", "")
+        assert httpx.get(f"{proxy.url}/.well-known/oauth-protected-resource", timeout=10).status_code == 404
+        assert httpx.get(f"{proxy.url}/.well-known/oauth-authorization-server", timeout=10).status_code == 404
+        challenged = httpx.post(f"{proxy.url}/mcp/oauth", json=INITIALIZE, headers=MCP_HEADERS, timeout=10)
+        assert challenged.status_code == 401
+        metadata = f"{proxy.url}/.well-known/oauth-protected-resource/mcp/oauth"
+        assert f'resource_metadata="{metadata}"' in challenged.headers["www-authenticate"]
