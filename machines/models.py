@@ -353,8 +353,9 @@ class CommandRun(models.Model):
     def lost(self, *, alive_after: datetime, current_process_id: str) -> bool:
         """Whether this run still reads ``running`` but nothing will ever finish it: its
         process row is gone (reaped or stopped: the link was cleared), stopped, or its
-        heartbeat is older than ``alive_after`` (``DISPATCH_PROCESS_TTL`` ago). This
-        process is never lost to itself (it does not heartbeat its own tests' rows)."""
+        heartbeat is older than ``alive_after`` (``DISPATCH_PROCESS_TTL`` ago). A run of
+        ``current_process_id`` is not judged by the heartbeat (a process answering is alive);
+        ``machines.services.command_runs`` asks it whether its task still follows the run."""
         if self.status != self.Status.RUNNING:
             return False
         if self.server_process_id == current_process_id:

@@ -60,9 +60,11 @@ CANCEL_SETTLE_SECONDS = 5.0  # how long a cancel waits for the run to record its
 COMMAND_RUN_RETENTION = timedelta(hours=1)  # finished rows are kept this long
 CALL_KEY_PREFIX = "cmd:"
 
-# Strong references to the running tasks (the event loop keeps only weak ones). Not a
-# registry: nothing reads it to answer a caller; the rows are the state.
+# Strong references to the running tasks (the event loop keeps only weak ones), and the ids
+# they follow. Not a registry: the rows are the state; the ids only tell this process that a
+# row of its own still marked running has no task left (its final write failed) — lost.
 _TASKS: set[asyncio.Task[None]] = set()
+_FOLLOWED_HERE: set[str] = set()
 
 
 def new_command_id() -> str:
@@ -149,9 +151,11 @@ async def command_start(
     command_id = new_command_id()
     run = _Run(command_id=command_id, user=user, session_id=session_id, payload=payload, caller=caller)
     ready: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    _FOLLOWED_HERE.add(command_id)
     task = asyncio.create_task(run.run(target_machine, ready), name=f"command run {command_id}")
     _TASKS.add(task)
     task.add_done_callback(_TASKS.discard)
+    task.add_done_callback(lambda _: _FOLLOWED_HERE.discard(command_id))
     # Shielded: a start call cut while sending leaves the task to finish what it began
     # (the row or the error); the command is not tied to the call that started it.
     return await asyncio.shield(ready)
@@ -396,9 +400,16 @@ def _run_for(*, user: User, command_id: str, session_id: str) -> CommandRun:
             f"no command {command_id} in session '{session_id}' (unknown, or ended over an hour ago and forgotten)"
         )
     alive_after = timezone.now() - timedelta(seconds=settings.PROCESS_TTL)
-    if run.lost(alive_after=alive_after, current_process_id=current_process_id()):
+    here = current_process_id()
+    orphaned = run.server_process_id == here and run.id not in _FOLLOWED_HERE
+    if run.lost(alive_after=alive_after, current_process_id=here) or (
+        run.status == CommandRun.Status.RUNNING and orphaned
+    ):
         ended = timezone.now()
-        error = {"code": "SERVER_PROCESS_LOST", "message": "the server process running the command is gone"}
+        error = {
+            "code": "SERVER_PROCESS_LOST",
+            "message": "the server process following the command is gone, or lost track of it",
+        }
         if CommandRun.objects.filter(pk=run.pk, status=CommandRun.Status.RUNNING).update(
             status=CommandRun.Status.LOST, finished_at=ended, error=error
         ):

@@ -231,6 +231,22 @@ async def test_a_run_whose_process_is_gone_reads_lost_not_running(owner, setting
 
 
 @in_process
+async def test_a_run_of_this_process_without_its_task_reads_lost(owner):
+    # The task's final write failed (the database was away): nothing will ever end the row.
+    def orphan() -> CommandRun:
+        return _run_of(
+            owner,
+            ServerProcess.objects.get_or_create(
+                id=current_process_id(), defaults={"kind": "test", "hostname": "here", "pid": 1}
+            )[0],
+        )
+
+    run = await database_sync_to_async(orphan)()
+    state = await (await tools_for(owner))["local_pc_command_read"]({"command_id": run.id})
+    assert state["status"] == "lost"
+
+
+@in_process
 async def test_finished_runs_are_forgotten_after_the_retention(owner):
     def world() -> tuple[CommandRun, CommandRun, CommandRun]:
         old = timezone.now() - command_runs.COMMAND_RUN_RETENTION - timedelta(minutes=1)
