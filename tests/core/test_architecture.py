@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ["core", "remotes", "machines", "agents", "peers", "attention", "dispatch"]
+PACKAGES = ["core", "remotes", "machines", "agents", "peers", "attention", "oauth", "dispatch"]
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
