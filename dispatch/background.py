@@ -152,12 +152,18 @@ async def revocation_loop() -> None:
 
 def reap_once() -> None:
     """Reap dead server processes, then fail the runs they were executing ("worker lost";
-    never replayed: a replay could repeat a command on a machine)."""
+    never replayed: a replay could repeat a command on a machine); delete the command handles
+    that ended over an hour ago (docs/live-operations.md#long-commands-handles) and the OAuth
+    clients registered by strangers and never used (docs/mcp.md#oauth-clients)."""
     from agents.services import runs_fail_orphaned
     from core.selectors import alive_processes
+    from machines.services.command_runs import command_runs_expired_delete
+    from oauth.registration import registered_clients_cleanup
 
     services.server_process_reap()
     runs_fail_orphaned(alive_process_ids=alive_processes().values_list("pk", flat=True))
+    command_runs_expired_delete()
+    registered_clients_cleanup()
 
 
 async def reaper_loop() -> None:
