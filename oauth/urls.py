@@ -4,7 +4,8 @@ django-oauth-toolkit's metadata view reverses to advertise its endpoints."""
 from django.urls import path
 from oauth2_provider import views as dot
 
-from oauth import views
+from oauth import pages, views
+from oauth.consent import ConsentView
 from oauth.registration import RegistrationView
 
 app_name = "oauth2_provider"
@@ -21,7 +22,7 @@ urlpatterns = [
         views.ResourceMetadataView.as_view(),
         name="oauth-resource-metadata-path",
     ),
-    path("oauth/authorize/", dot.AuthorizationView.as_view(), name="authorize"),
+    path("oauth/authorize/", ConsentView.as_view(), name="authorize"),
     path("oauth/token/", dot.TokenView.as_view(), name="token"),
     path("oauth/revoke/", dot.RevokeTokenView.as_view(), name="revoke-token"),
     path("oauth/register/", RegistrationView.as_view(), name="dcr-register"),
@@ -30,4 +31,12 @@ urlpatterns = [
         dot.DynamicClientRegistrationManagementView.as_view(),
         name="dcr-register-management",
     ),
+    # The settings page's OAuth section (oauth.pages; docs/mcp.md#oauth-connected-applications).
+    path("settings/oauth/<int:application_id>/revoke/", pages.connection_revoke_view, name="oauth-connection-revoke"),
+    path(
+        "settings/oauth/users/<int:user_id>/<int:application_id>/revoke/",
+        pages.connection_revoke_view,
+        name="oauth-connection-revoke-user",
+    ),
+    path("settings/oauth/policy/", pages.policy_view, name="oauth-policy"),
 ]

@@ -32,14 +32,25 @@ def pkce_pair() -> tuple[str, str]:
     return verifier, challenge
 
 
-def form_fields(html: str) -> dict[str, str]:
-    """The named inputs of the first form of a page, with their values."""
-    fields = {}
+def form_fields(html: str) -> dict[str, str | list[str]]:
+    """The named inputs of a page, with their values, as a browser would post them: a
+    checkbox only when checked, and the values of checked boxes sharing a name as a list
+    (the consent page's ``scopes``)."""
+    fields: dict[str, str | list[str]] = {}
     for tag in re.findall(r"<input[^>]*>", html):
         name = re.search(r'name="([^"]*)"', tag)
         value = re.search(r'value="([^"]*)"', tag)
-        if name:
-            fields[unescape(name.group(1))] = unescape(value.group(1)) if value else ""
+        if not name:
+            continue
+        key = unescape(name.group(1))
+        text = unescape(value.group(1)) if value else ""
+        if re.search(r'type="checkbox"', tag):
+            if re.search(r"\schecked[\s>=/]", tag):
+                checked = fields.setdefault(key, [])
+                assert isinstance(checked, list)
+                checked.append(text or "on")
+            continue
+        fields[key] = text
     return fields
 
 
@@ -96,8 +107,9 @@ class Flow:
         }
         return self.browser.get("/oauth/authorize/", params={k: v for k, v in params.items() if v is not None})
 
-    def approve(self, page: httpx.Response, **changes: str) -> httpx.Response:
-        """Submit the consent form of ``page`` as its Allow button does."""
+    def approve(self, page: httpx.Response, **changes: str | list[str]) -> httpx.Response:
+        """Submit the consent form of ``page`` as its Allow button does (the boxes as checked
+        on the page; ``scopes=[…]`` to check others)."""
         fields = {**form_fields(page.text), **changes}
         fields.setdefault("allow", "Authorize")
         return self.browser.post("/oauth/authorize/", data=fields)
