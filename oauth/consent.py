@@ -19,11 +19,12 @@ Errors found before a redirect is safe (unknown client, unregistered redirect UR
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from django import forms
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.http.response import HttpResponseRedirectBase
 from django.utils.decorators import method_decorator
 from django.views.decorators.cache import never_cache
 from oauth2_provider.forms import AllowForm
@@ -211,6 +212,19 @@ class ConsentView(AuthorizationView):
                 **response_kwargs,
             )
         return super().render_to_response(context, **response_kwargs)
+
+    def redirect(self, redirect_to: str, application: Any) -> HttpResponseRedirectBase:
+        """DOT's redirect back to the client, with RFC 9207 ``iss`` on error responses too
+        (Cancel's ``access_denied``; DOT adds it to codes only): RFC 9207 §2 puts it on every
+        authorization response, and a client checking it would otherwise see a mix-up."""
+        if oauth2_settings.COMPLIANT_BCP_RFC9700_AUTHZ_RESPONSE_ISS:
+            parts = urlsplit(redirect_to)
+            if not parts.fragment:  # code flow only: responses in the query
+                query = [(key, value) for key, value in parse_qsl(parts.query, keep_blank_values=True) if key != "iss"]
+                query.append(("iss", oauth2_settings.oauth2_authorization_server_issuer(self.request)))
+                redirect_to = urlunsplit(parts._replace(query=urlencode(query)))
+        response: HttpResponseRedirectBase = super().redirect(redirect_to, application)
+        return response
 
     def _application(self, client_id: str) -> Any:
         return get_application_model().objects.filter(client_id=client_id).first() if client_id else None

@@ -185,6 +185,7 @@ def test_a_narrow_request_shows_only_the_requested_scopes_checked(alice: Client,
 def test_granting_only_remotes_gives_a_token_for_remotes_only(alice: Client, application: Any) -> None:
     tokens = signed_in(alice, application, ["mcp:remotes"])
     assert tokens["scope"] == "mcp:remotes"
+    assert tokens["token_type"] == "Bearer" and tokens["refresh_token"]
     assert AccessToken.objects.get().scope == "mcp:remotes"
 
 
@@ -231,6 +232,8 @@ def test_cancel_sends_the_user_back_with_access_denied(alice: Client, applicatio
     page = consent_page(alice, application)
     query = redirect_query(post_consent(alice, page))  # no "allow": the Cancel button
     assert query["error"] == ["access_denied"] and query["state"] == ["st"]
+    issuer = Client().get("/.well-known/oauth-authorization-server/oauth", **HOST).json()["issuer"]
+    assert query["iss"] == [issuer]  # RFC 9207 on error responses too
     assert not Grant.objects.exists()
 
 
