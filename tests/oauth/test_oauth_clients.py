@@ -47,6 +47,7 @@ SCRIPT = CLIENTS / "mcp_oauth_client.mjs"
 MCP_REMOTE = CLIENTS / "node_modules" / ".bin" / "mcp-remote"
 INSTALL = "apt-get install nodejs npm && make tests/clients/node_modules/.installed"
 ALLOW = "#consent-allow, input[name=allow]"  # Dispatch's consent page, or django-oauth-toolkit's stock one
+DENY = "#consent-deny, input[type=submit]:not([name=allow])"
 
 
 def node_or_skip() -> str:
@@ -158,10 +159,10 @@ class NodeClient:
         self.proc.wait(5)
 
 
-def sign_in(browser: Any, authorization_url: str, password: str, callback: str) -> str:
+def sign_in(browser: Any, authorization_url: str, password: str, callback: str, *, button: str = ALLOW) -> str:
     """Open ``authorization_url`` in a fresh Chromium profile, log in on ``/login/`` as
-    ``admin``, press Allow on the consent page; returns the consent page's text once the
-    browser has landed on ``callback`` (the client's loopback redirect URI)."""
+    ``admin``, press Allow (or ``button``) on the consent page; returns the consent page's
+    text once the browser has landed on ``callback`` (the client's loopback redirect URI)."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     context.set_default_timeout(15_000)
     try:
@@ -173,7 +174,7 @@ def sign_in(browser: Any, authorization_url: str, password: str, callback: str) 
         page.click("#login-button")
         page.wait_for_selector(ALLOW)
         consent = str(page.inner_text("body"))
-        page.click(ALLOW)
+        page.click(button)
         page.wait_for_url(f"{callback}**")
         return consent
     finally:
@@ -258,6 +259,26 @@ def test_the_typescript_sdk_registers_signs_in_in_chromium_and_loses_its_session
             assert len(client.steps("tokens")) == 1
             report("TypeScript SDK (DCR): sign-in", proxy.exchanges[:signed_in])
             report("TypeScript SDK (DCR): revocation", proxy.since(signed_in))
+        finally:
+            client.stop()
+
+
+def test_cancel_on_the_consent_page_sends_the_sdk_access_denied_with_state_and_iss(
+    inst: Instance, browser: Any
+) -> None:
+    node = node_or_skip()
+    callback_port = free_port()
+    callback = f"http://127.0.0.1:{callback_port}/callback"
+    with served(inst) as (_server, proxy):
+        client = NodeClient(node, f"{proxy.url}/mcp/oauth", str(callback_port))
+        try:
+            client.until("registered")
+            sign_in(browser, client.until("authorize")["url"], inst.admin_password, callback, button=DENY)
+            returned = client.until("callback")
+            assert returned["error"] == "access_denied" and returned["state_ok"], returned
+            assert not client.steps("tokens")
+            # RFC 9207 §2: error responses carry the issuer too (mix-up defence applies to them).
+            assert returned["iss"] == returned["issuer"] == f"{proxy.url}/oauth", returned
         finally:
             client.stop()
 
