@@ -16,7 +16,8 @@
 //   stream_open / stream_closed {error}   the GET event stream (the SDK opens it after initialize)
 //   tools {names}, called {isError, text}, call_failed {name, message}
 //   transport_error {message}, ready (waiting for a command), failed {message}
-// Commands on stdin, one a line: "call <tool name>" (calls it with {}), "quit".
+// Commands on stdin, one a line: "call <tool name>" (calls it with {}), "parallel <tool name>"
+// (two such calls at once: a "parallel" line with both outcomes), "quit".
 // The tokens are printed because the test checks the token endpoint with them (reuse
 // detection, revocation); nothing here is a real secret.
 import http from "node:http";
@@ -195,6 +196,18 @@ async function main() {
   for await (const line of commands) {
     const [command, argument] = line.trim().split(/\s+/);
     if (command === "quit") break;
+    if (command === "parallel") {
+      // Two tool calls at once, as agents' clients send them: after an expiry both get a
+      // 401 and each runs the SDK's auth(), so two refreshes race with one refresh token.
+      const results = await Promise.allSettled([0, 1].map(() => client.callTool({ name: argument, arguments: {} })));
+      say("parallel", {
+        results: results.map((outcome) =>
+          outcome.status === "fulfilled"
+            ? { ok: true, isError: outcome.value.isError ?? false }
+            : { ok: false, name: outcome.reason?.constructor?.name, message: String(outcome.reason?.message ?? outcome.reason) },
+        ),
+      });
+    }
     if (command === "call") {
       try {
         const result = await client.callTool({ name: argument, arguments: {} });

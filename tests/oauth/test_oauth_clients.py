@@ -336,6 +336,43 @@ def test_the_typescript_sdk_refreshes_an_expired_token_and_a_replayed_refresh_to
             client.stop()
 
 
+@pytest.mark.xfail(
+    strict=False,
+    reason="two tool calls at once after an expiry make the SDK refresh twice with one refresh token: with "
+    "REFRESH_TOKEN_GRACE_PERIOD_SECONDS=0 the second is taken for a replay (400, the family revoked, the user "
+    "must sign in again) or, on SQLite, answers 500 (django-oauth-toolkit's TokenView looks up an access token "
+    "the concurrent rotation deleted); one call fails either way",
+)
+def test_two_calls_at_once_after_an_expiry_both_succeed_and_keep_the_session(inst: Instance, browser: Any) -> None:
+    node = node_or_skip()
+    callback_port = free_port()
+    callback = f"http://127.0.0.1:{callback_port}/callback"
+    with served(inst, DISPATCH_OAUTH_ACCESS_TOKEN_SECONDS="3") as (_server, proxy):
+        client = NodeClient(node, f"{proxy.url}/mcp/oauth", str(callback_port))
+        try:
+            client.until("registered")
+            sign_in(browser, client.until("authorize")["url"], inst.admin_password, callback)
+            client.until("ready")
+            current = client.steps("tokens")[-1]
+            wait_until(
+                lambda: mcp_status(proxy, current["access_token"]) == 401,
+                timeout=10,
+                interval=0.25,
+                what="the access token to expire",
+            )
+            mark = len(proxy.exchanges)
+            client.send("parallel list_agents")
+            outcomes = client.until("parallel", timeout=20)["results"]
+            client.until("ready")
+            client.send("call list_agents")
+            after = client.until("called", timeout=15)
+            report("TypeScript SDK: two calls at once after expiry", proxy.since(mark))
+            assert outcomes == [{"ok": True, "isError": False}] * 2, outcomes
+            assert after["isError"] is False
+        finally:
+            client.stop()
+
+
 def make_certificates(folder: Path) -> tuple[Path, Path, Path]:
     """A throwaway CA and a server certificate for ``127.0.0.1`` and ``localhost`` signed
     by it: ``(ca.pem, server.pem, server.key)``."""
