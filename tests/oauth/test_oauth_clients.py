@@ -516,18 +516,20 @@ def test_the_typescript_sdk_signs_in_with_a_client_id_metadata_document(
     assert [(app["client_id"], app["registration_source"]) for app in added] == [(document_url, "cimd")]
 
 
-def test_mcp_remote_signs_in_through_chromium_and_lists_the_tools(inst: Instance, browser: Any, tmp_path: Path) -> None:
-    node_or_skip()
-    callback_port = free_port()
-    callback = f"http://127.0.0.1:{callback_port}/oauth/callback"
-    env = {key: value for key, value in os.environ.items() if key not in ("DISPLAY", "WAYLAND_DISPLAY")}
-    # mcp-remote opens the URL with xdg-open, which runs $BROWSER: `true` opens nothing,
-    # and the test's Chromium follows the URL mcp-remote logs instead.
-    env.update({"MCP_REMOTE_CONFIG_DIR": str(tmp_path / "mcp-auth"), "BROWSER": "true"})
-    before = {app["client_id"] for app in applications(inst)}
-    with served(inst) as (_server, proxy):
-        bridge = subprocess.Popen(
-            [str(MCP_REMOTE), f"{proxy.url}/mcp/oauth", str(callback_port), "--host", "127.0.0.1"],
+class Bridge:
+    """mcp-remote (``node_modules/.bin/mcp-remote``, what ``npx mcp-remote`` runs) as a
+    subprocess: JSON-RPC lines on its stdin and stdout, its log on stderr."""
+
+    MARKER = "Please authorize this client by visiting:"
+
+    def __init__(self, url: str, callback_port: int, config_dir: Path) -> None:
+        env = {key: value for key, value in os.environ.items() if key not in ("DISPLAY", "WAYLAND_DISPLAY")}
+        # mcp-remote opens the URL with xdg-open, which runs $BROWSER: `true` opens nothing,
+        # and the test's Chromium follows the URL mcp-remote logs instead. Its tokens and
+        # registration are kept in MCP_REMOTE_CONFIG_DIR (default ~/.mcp-auth).
+        env.update({"MCP_REMOTE_CONFIG_DIR": str(config_dir), "BROWSER": "true"})
+        self.proc = subprocess.Popen(
+            [str(MCP_REMOTE), url, str(callback_port), "--host", "127.0.0.1"],
             cwd=CLIENTS,
             env=env,
             stdin=subprocess.PIPE,
@@ -535,68 +537,95 @@ def test_mcp_remote_signs_in_through_chromium_and_lists_the_tools(inst: Instance
             stderr=subprocess.PIPE,
             text=True,
         )
-        logged: list[str] = []
-        answers: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.logged: list[str] = []
+        self.answers: queue.Queue[dict[str, Any]] = queue.Queue()
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+        threading.Thread(target=self._read_stdout, daemon=True).start()
 
-        def read_stderr() -> None:
-            assert bridge.stderr is not None
-            logged.extend(iter(bridge.stderr.readline, ""))
+    def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        self.logged.extend(iter(self.proc.stderr.readline, ""))
 
-        def read_stdout() -> None:
-            assert bridge.stdout is not None
-            for line in bridge.stdout:
-                if line.strip():
-                    answers.put(json.loads(line))
+    def _read_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.strip():
+                self.answers.put(json.loads(line))
 
-        def answer(message_id: int) -> dict[str, Any]:
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    message = answers.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    raise AssertionError(
-                        f"no answer {message_id}; mcp-remote logged:\n{''.join(logged)[-3000:]}"
-                    ) from None
-                if message.get("id") == message_id:
-                    return message
+    def log(self) -> str:
+        return "".join(self.logged)
 
-        def send(message: dict[str, Any]) -> None:
-            assert bridge.stdin is not None
-            bridge.stdin.write(json.dumps(message) + "\n")
-            bridge.stdin.flush()
+    def authorization_url(self) -> str | None:
+        """The URL mcp-remote asked the user to open, once it has logged it."""
+        if self.MARKER not in self.log():
+            assert self.proc.poll() is None, self.log()[-3000:]
+            return None
+        return self.log().split(self.MARKER, 1)[1].strip().split()[0]
 
-        threading.Thread(target=read_stderr, daemon=True).start()
-        threading.Thread(target=read_stdout, daemon=True).start()
+    def send(self, message: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(message) + "\n")
+        self.proc.stdin.flush()
+
+    def answer(self, message_id: int, timeout: float = 20) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                message = self.answers.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no answer {message_id}; mcp-remote logged:\n{self.log()[-3000:]}") from None
+            if message.get("id") == message_id:
+                return message
+
+    def session(self) -> set[str]:
+        """``initialize``, ``tools/list`` and a ``list_agents`` call over stdio; the tool names."""
+        self.send(INITIALIZE)
+        assert self.answer(1)["result"]["serverInfo"]
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        self.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}})
+        names = {tool["name"] for tool in self.answer(2)["result"]["tools"]}
+        call = {"name": "list_agents", "arguments": {}}
+        self.send({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": call})
+        called = self.answer(3)
+        assert called["result"].get("isError", False) is False, called
+        return names
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(5)
+
+
+def test_mcp_remote_signs_in_through_chromium_lists_the_tools_and_starts_again_signed_in(
+    inst: Instance, browser: Any, tmp_path: Path
+) -> None:
+    node_or_skip()
+    callback_port = free_port()
+    callback = f"http://127.0.0.1:{callback_port}/oauth/callback"
+    before = {app["client_id"] for app in applications(inst)}
+    with served(inst) as (_server, proxy):
+        bridge = Bridge(f"{proxy.url}/mcp/oauth", callback_port, tmp_path / "mcp-auth")
         try:
-
-            def authorization_url() -> str | None:
-                text = "".join(logged)
-                marker = "Please authorize this client by visiting:"
-                if marker not in text:
-                    assert bridge.poll() is None, text[-3000:]
-                    return None
-                return text.split(marker, 1)[1].strip().split()[0]
-
-            url = wait_until(authorization_url, timeout=30, what="mcp-remote's authorization URL")
+            url = wait_until(bridge.authorization_url, timeout=30, what="mcp-remote's authorization URL")
             assert url.startswith(f"{proxy.url}/oauth/authorize/?")
             consent = sign_in(browser, url, inst.admin_password, callback)
-            send(INITIALIZE)
-            initialized = answer(1)
-            assert initialized["result"]["serverInfo"], initialized
-            send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-            send({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}})
-            names = {tool["name"] for tool in answer(2)["result"]["tools"]}
+            names = bridge.session()
             assert "list_agents" in names and "local_pc_execute_command" in names
-            send(
-                {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "list_agents", "arguments": {}}}
-            )
-            called = answer(3)
-            assert called["result"].get("isError", False) is False, called
         finally:
-            if bridge.poll() is None:
-                bridge.kill()
-            bridge.wait(5)
-        report("mcp-remote", proxy.exchanges)
+            bridge.stop()
+        first_run = len(proxy.exchanges)
+
+        # Started again (the desktop app relaunched), it uses the tokens it stored: no
+        # registration, no browser.
+        again = Bridge(f"{proxy.url}/mcp/oauth", callback_port, tmp_path / "mcp-auth")
+        try:
+            assert "list_agents" in again.session()
+            assert again.authorization_url() is None
+        finally:
+            again.stop()
+        report("mcp-remote", proxy.exchanges[:first_run])
+        report("mcp-remote, started again", proxy.since(first_run))
+        assert not [exchange for exchange in proxy.since(first_run) if exchange.path.startswith("/oauth/")]
     # It registered itself (DCR, one client), and the consent page named it.
     [added] = [app for app in applications(inst) if app["client_id"] not in before]
     assert added["registration_source"] == "dcr" and added["name"] and added["name"] in consent, (added, consent)
