@@ -430,11 +430,6 @@ def test_the_success_redirect_carries_iss(world: World) -> None:
     assert "code" in query and query["iss"] == flow.metadata["issuer"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="RFC 9207 §2: error redirects carry no iss (django-oauth-toolkit adds it to the "
-    "success redirect only); fix in oauth/consent.py ConsentView.redirect (see the report)",
-)
 def test_error_redirects_carry_iss(world: World) -> None:
     flow = world.signed_in()
     _verifier, challenge = pkce_pair()
