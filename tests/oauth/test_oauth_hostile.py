@@ -232,6 +232,22 @@ def test_a_code_past_its_lifetime_is_refused(world: World) -> None:
     assert world.stored(flow) == {**NOTHING_ISSUED, "grants": 1}
 
 
+def test_a_code_and_a_refresh_token_are_good_only_for_their_own_client(world: World) -> None:
+    owner = world.signed_in()
+    thief = world.client()
+    verifier, challenge = pkce_pair()
+    code = owner.code(challenge)
+    # RFC 6749 §4.1.3: the code was issued to another client_id.
+    assert_token_error(thief.exchange(code, verifier), "invalid_grant")
+    tokens = owner.exchange(code, verifier)
+    assert tokens.status_code == 200, tokens.text
+    refresh = tokens.json()["refresh_token"]
+    assert_token_error(thief.token(grant_type="refresh_token", refresh_token=refresh), "invalid_grant")
+    assert world.stored(thief) == NOTHING_ISSUED
+    # The owner's refresh token still works: a stranger's attempt revokes nothing.
+    assert owner.token(grant_type="refresh_token", refresh_token=refresh).status_code == 200
+
+
 # --- tokens of one resource elsewhere (RFC 8707) ----------------------------------------------
 
 
