@@ -332,6 +332,7 @@ MCP_OAUTH_RESOURCE = PUBLIC_URL + MCP_OAUTH_PATH  # RFC 9728 ``resource``: the p
 OAUTH_ISSUER = PUBLIC_URL + "/oauth"
 OAUTH_ACCESS_TOKEN_SECONDS = env_int("DISPATCH_OAUTH_ACCESS_TOKEN_SECONDS", 3600, minimum=1)
 OAUTH_REFRESH_TOKEN_SECONDS = env_int("DISPATCH_OAUTH_REFRESH_TOKEN_SECONDS", 30 * 86400, minimum=300)
+OAUTH_REFRESH_GRACE_SECONDS = env_int("DISPATCH_OAUTH_REFRESH_GRACE_SECONDS", 10, minimum=0)
 # Dynamic Client Registration (RFC 7591) is open: per-address rate and a cap on stored clients.
 OAUTH_DCR_RATE = env_str("DISPATCH_OAUTH_DCR_RATE", "20/hour")  # per client address (``limits`` syntax)
 OAUTH_DCR_MAX_CLIENTS = env_int("DISPATCH_OAUTH_DCR_MAX_CLIENTS", 1000, minimum=1)
@@ -376,7 +377,12 @@ OAUTH2_PROVIDER = {
     "REFRESH_TOKEN_EXPIRE_SECONDS": OAUTH_REFRESH_TOKEN_SECONDS,
     "ROTATE_REFRESH_TOKEN": True,
     "REFRESH_TOKEN_REUSE_PROTECTION": True,
-    "REFRESH_TOKEN_GRACE_PERIOD_SECONDS": 0,
+    # A client that sends two requests at once after its access token expired refreshes
+    # twice with the same refresh token (the TypeScript SDK does): the one just rotated away
+    # is honoured again for these seconds (oauth.validators: a new pair of the same family)
+    # instead of being taken for theft. Any older one, or one revoked on purpose, still
+    # revokes its family at once.
+    "REFRESH_TOKEN_GRACE_PERIOD_SECONDS": OAUTH_REFRESH_GRACE_SECONDS,
     "REQUEST_APPROVAL_PROMPT": "force",  # the consent page every time: scopes are picked there
     "OAUTH2_RESPONSE_TYPES_SUPPORTED": ["code"],
     "OAUTH2_GRANT_TYPES_SUPPORTED": ["authorization_code", "refresh_token"],

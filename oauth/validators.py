@@ -10,11 +10,17 @@ accept these tokens at all (they look up API and agent tokens only).
 
 from __future__ import annotations
 
+import hashlib
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
+from django.utils import timezone
+from oauth2_provider.models import get_refresh_token_model
 from oauth2_provider.oauth2_validators import OAuth2Validator
+from oauth2_provider.settings import oauth2_settings
+from oauthlib.common import generate_token
 from oauthlib.oauth2.rfc6749 import errors
 
 LOOPBACK_HOSTS = frozenset(["localhost", "127.0.0.1", "::1"])
@@ -72,3 +78,29 @@ class DispatchOAuth2Validator(OAuth2Validator):
         if redirect_uri_problem(redirect_uri) is not None:
             return False
         return bool(super().validate_redirect_uri(client_id, redirect_uri, request, *args, **kwargs))
+
+    def _save_bearer_token(self, token: dict[str, Any], request: Any, *args: Any, **kwargs: Any) -> None:
+        """The library's, and one case it cannot answer with tokens hashed at rest: a refresh
+        token presented again within ``REFRESH_TOKEN_GRACE_PERIOD_SECONDS`` of its rotation (a
+        client that refreshed twice at once) gets the pair minted the first time — whose raw
+        values are no longer known, so the library hands out empty tokens (and its view then
+        fails). Such a request gets a new pair of the same family instead: a later replay of
+        the old token still revokes them all."""
+        super()._save_bearer_token(token, request, *args, **kwargs)
+        if token.get("refresh_token") is not None and not token.get("access_token"):
+            self._sibling_pair(token, request)
+
+    def _sibling_pair(self, token: dict[str, Any], request: Any) -> None:
+        RefreshToken = get_refresh_token_model()
+        presented = (
+            RefreshToken.objects.filter(
+                token_checksum=hashlib.sha256(str(request.refresh_token).encode("utf-8")).hexdigest()
+            )
+            .order_by("-revoked")
+            .first()
+        )
+        seconds = token.get("expires_in", oauth2_settings.ACCESS_TOKEN_EXPIRE_SECONDS)
+        token["access_token"] = generate_token()
+        token["refresh_token"] = generate_token()
+        access_token = self._create_access_token(timezone.now() + timedelta(seconds=seconds), request, token)
+        self._create_refresh_token(request, token["refresh_token"], access_token, presented)

@@ -336,13 +336,6 @@ def test_the_typescript_sdk_refreshes_an_expired_token_and_a_replayed_refresh_to
             client.stop()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="two tool calls at once after an expiry make the SDK refresh twice with one refresh token: with "
-    "REFRESH_TOKEN_GRACE_PERIOD_SECONDS=0 the second is taken for a replay (400, the family revoked, the user "
-    "must sign in again) or, on SQLite, answers 500 (django-oauth-toolkit's TokenView looks up an access token "
-    "the concurrent rotation deleted); one call fails either way",
-)
 def test_two_calls_at_once_after_an_expiry_both_succeed_and_keep_the_session(inst: Instance, browser: Any) -> None:
     node = node_or_skip()
     callback_port = free_port()

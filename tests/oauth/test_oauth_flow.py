@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from urllib.parse import parse_qs, urlsplit
 
@@ -97,3 +98,29 @@ def test_a_redirect_uri_of_the_web_that_is_not_https_is_refused_at_registration(
     flow = Flow(served[1].url)
     refused = flow.register(redirect_uris=["http://127.0.0.1/cb", uri])
     assert refused.status_code == 400 and refused.json()["error"] == "invalid_redirect_uri"
+
+
+def test_a_refresh_token_just_rotated_refreshes_once_more_then_its_replay_revokes_the_family() -> None:
+    """Two refreshes at once with one refresh token (a client whose two requests found the
+    access token expired): within the grace window the second gets a new pair of the same
+    family — not empty tokens, not a 500; presented again after the window, the family goes."""
+    with instance() as inst:
+        server = inst.serve(public=True, DISPATCH_OAUTH_REFRESH_GRACE_SECONDS="2")
+        flow = Flow(server.url)
+        flow.login("admin", inst.admin_password)
+        first = flow.signed_in()
+
+        def refresh(token: str) -> httpx.Response:
+            return flow.token(grant_type="refresh_token", refresh_token=token)
+
+        rotated = refresh(first["refresh_token"])
+        again = refresh(first["refresh_token"])
+        assert rotated.status_code == 200 and again.status_code == 200, again.text
+        pairs = [rotated.json(), again.json()]
+        assert pairs[0]["access_token"] != pairs[1]["access_token"] and all(p["access_token"] for p in pairs)
+        assert all(flow.mcp(p["access_token"], INITIALIZE).status_code == 200 for p in pairs)
+        time.sleep(2.5)  # past the grace window: the old token is now a replay
+        replayed = refresh(first["refresh_token"])
+        assert replayed.status_code == 400 and replayed.json()["error"] == "invalid_grant"
+        assert all(flow.mcp(p["access_token"], INITIALIZE).status_code == 401 for p in pairs)
+        assert all(refresh(p["refresh_token"]).status_code == 400 for p in pairs)
