@@ -115,7 +115,7 @@ class ConsentView(AuthorizationView):
     """``GET /oauth/authorize/``: the consent page (after Dispatch's login, ``/login/?next=…``);
     ``POST``: Allow (``allow=Authorize`` and the checked ``scopes``) redirects to the client's
     ``redirect_uri`` with a code (RFC 6749 §4.1.2), Cancel with ``error=access_denied``
-    (§4.1.2.1). ``approval_prompt=auto`` is ignored: the page shows every time, since scopes
+    (RFC 6749 §4.1.2.1). ``approval_prompt=auto`` is ignored: the page shows every time, since scopes
     are picked on it (``REQUEST_APPROVAL_PROMPT`` is ``force``)."""
 
     template_name = "oauth/consent.html"

@@ -106,8 +106,8 @@ def connections(*, user: User | None) -> list[Connection]:
 
 @transaction.atomic
 def connection_revoke(*, user: User, application_id: int) -> int:
-    """Disconnect ``application_id`` from ``user``: revoke every live refresh token (RFC 7009
-    §2.1: revoking one revokes its access token), delete every access token left, and every
+    """Disconnect ``application_id`` from ``user``: revoke every live refresh token
+    (RFC 7009 §2.1: revoking one revokes its access token), delete every access token left, and every
     pending authorization code. Open ``/mcp/oauth`` streams of those tokens end: their
     ``McpStream`` rows go with the tokens (``on_delete=CASCADE``) and each process's
     watchdog closes a stream whose row is gone. Returns how many access tokens were revoked."""
