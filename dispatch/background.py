@@ -158,7 +158,7 @@ def reap_once() -> None:
     from agents.services import runs_fail_orphaned
     from core.selectors import alive_processes
     from machines.services.command_runs import command_runs_expired_delete
-    from oauth.registration import registered_clients_cleanup
+    from oauth.services import registered_clients_cleanup
 
     services.server_process_reap()
     runs_fail_orphaned(alive_process_ids=alive_processes().values_list("pk", flat=True))

@@ -10,13 +10,13 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from oauth.models import OAuthPolicy
-from oauth.pages import policy_update
+from oauth.services import policy_update
 
 
 @admin.register(OAuthPolicy)
 class OAuthPolicyAdmin(admin.ModelAdmin):
     """The one policy row: edited, never added twice nor deleted; saved through
-    ``oauth.pages.policy_update`` so ``updated_by``/``updated_at`` are always set."""
+    ``oauth.services.policy_update`` so ``updated_by``/``updated_at`` are always set."""
 
     list_display = ("__str__", "cimd_private_addresses", "updated_at", "updated_by")
     fields = ("dcr_enabled", "cimd_enabled", "cimd_private_addresses", "updated_at", "updated_by")

@@ -21,25 +21,23 @@ import logging
 import socket
 import ssl
 import time
-from datetime import timedelta
 from typing import Any
 
 import urllib3
 from django.conf import settings
-from django.db.models import Exists, OuterRef
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.utils import timezone
 from django.utils.decorators import method_decorator
 from django.views.decorators.csrf import csrf_exempt
 from limits import parse
 from oauth2_provider import cimd
 from oauth2_provider.compat import login_not_required
-from oauth2_provider.models import get_access_token_model, get_application_model, get_grant_model
+from oauth2_provider.models import get_application_model
 from oauth2_provider.settings import oauth2_settings
 from oauth2_provider.views import DynamicClientRegistrationView
 
 from core.services import rate_limiter
 from oauth.models import OAuthPolicy
+from oauth.services import registered_clients_cleanup
 from oauth.validators import redirect_uri_problem
 
 logger = logging.getLogger(__name__)
@@ -59,25 +57,6 @@ def _error(error: str, description: str, status: int, **headers: str) -> JsonRes
     for name, value in headers.items():
         response[name.replace("_", "-")] = value
     return response
-
-
-def unused_registered_clients(now: Any = None) -> Any:
-    """The DCR-registered applications older than ``DISPATCH_OAUTH_DCR_UNUSED_SECONDS`` that
-    never got a grant or a token: what a stranger registered and walked away from."""
-    now = now or timezone.now()
-    Application = get_application_model()
-    cutoff = now - timedelta(seconds=settings.OAUTH_DCR_UNUSED_SECONDS)
-    return (
-        Application.objects.filter(registration_source=Application.RegistrationSource.DCR, created__lt=cutoff)
-        .exclude(Exists(get_grant_model().objects.filter(application=OuterRef("pk"))))
-        .exclude(Exists(get_access_token_model().objects.filter(application=OuterRef("pk"))))
-    )
-
-
-def registered_clients_cleanup() -> int:
-    """Delete the unused registered clients (``unused_registered_clients``); returns how many."""
-    deleted, _by_model = unused_registered_clients().delete()
-    return int(deleted)
 
 
 @method_decorator(csrf_exempt, name="dispatch")

@@ -8,7 +8,7 @@ from typing import Any
 
 from django import template
 
-from oauth.pages import settings_context
+from oauth.selectors import settings_context
 
 register = template.Library()
 

@@ -1,0 +1,55 @@
+"""Writes of the OAuth app (docs/mcp.md#oauth-connected-applications, docs/mcp.md#oauth-admin,
+docs/mcp.md#oauth-clients): disconnecting an application, the admin's switches, and the
+cleanup of registered clients nobody used."""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.utils import timezone
+from oauth2_provider.models import get_access_token_model, get_grant_model, get_refresh_token_model
+
+from oauth.models import OAuthPolicy
+from oauth.selectors import unused_registered_clients
+
+
+@transaction.atomic
+def connection_revoke(*, user: User, application_id: int) -> int:
+    """Disconnect ``application_id`` from ``user``: revoke every live refresh token
+    (RFC 7009 §2.1: revoking one revokes its access token), delete every access token left, and every
+    pending authorization code. Open ``/mcp/oauth`` streams of those tokens end: their
+    ``McpStream`` rows go with the tokens (``on_delete=CASCADE``) and each process's
+    watchdog closes a stream whose row is gone. Returns how many access tokens were revoked."""
+    AccessToken = get_access_token_model()
+    RefreshToken = get_refresh_token_model()
+    access_tokens = AccessToken.objects.filter(user=user, application_id=application_id)
+    revoked = access_tokens.count()
+    for refresh_token in RefreshToken.objects.filter(user=user, application_id=application_id, revoked__isnull=True):
+        refresh_token.revoke()
+    for access_token in access_tokens:
+        access_token.revoke()
+    get_grant_model().objects.filter(user=user, application_id=application_id).delete()
+    return revoked
+
+
+@transaction.atomic
+def policy_update(*, actor: User, dcr_enabled: bool, cimd_enabled: bool, cimd_private_addresses: bool) -> OAuthPolicy:
+    """Save the admin's OAuth switches (``OAuthPolicy``, read per request by registration and
+    the metadata view); ``actor`` must be staff, else ``PermissionDenied``."""
+    if not actor.is_staff:
+        raise PermissionDenied("only admins change the OAuth policy")
+    policy = OAuthPolicy.current()
+    policy.dcr_enabled = dcr_enabled
+    policy.cimd_enabled = cimd_enabled
+    policy.cimd_private_addresses = cimd_private_addresses
+    policy.updated_by = actor
+    policy.updated_at = timezone.now()
+    policy.save()
+    return policy
+
+
+def registered_clients_cleanup() -> int:
+    """Delete the unused registered clients (``unused_registered_clients``); returns how many."""
+    deleted, _by_model = unused_registered_clients().delete()
+    return int(deleted)
