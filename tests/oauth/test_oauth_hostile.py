@@ -336,11 +336,36 @@ def test_a_reused_refresh_token_revokes_its_whole_family(world: World) -> None:
     new = second.json()
     assert new["refresh_token"] != first["refresh_token"]
     assert flow.mcp(new["access_token"], INITIALIZE).status_code == 200
+    # Past the grace window for a client that refreshed twice at once
+    # (REFRESH_TOKEN_GRACE_PERIOD_SECONDS): the rotation is moved back rather than waited for.
+    shell_json(
+        world.inst,
+        "import json, datetime; from django.utils import timezone; "
+        "from oauth2_provider.models import RefreshToken; from oauth2_provider.settings import oauth2_settings; "
+        "ago = timezone.now() - datetime.timedelta(seconds=oauth2_settings.REFRESH_TOKEN_GRACE_PERIOD_SECONDS + 5); "
+        f"n = RefreshToken.objects.filter(application__client_id={flow.client_id!r}, revoked__isnull=False)"
+        ".update(revoked=ago); print(json.dumps(n))",
+    )
 
     replay = flow.token(grant_type="refresh_token", refresh_token=first["refresh_token"])
     assert_token_error(replay, "invalid_grant")
     assert flow.mcp(new["access_token"], INITIALIZE).status_code == 401
     assert_token_error(flow.token(grant_type="refresh_token", refresh_token=new["refresh_token"]), "invalid_grant")
+    assert world.stored(flow)["live_refresh_tokens"] == 0
+
+
+def test_a_refresh_token_two_rotations_old_is_a_replay_even_within_the_grace_window(world: World) -> None:
+    flow = world.signed_in()
+    first = world.tokens(flow)
+    second = flow.token(grant_type="refresh_token", refresh_token=first["refresh_token"])
+    assert second.status_code == 200, second.text
+    third = flow.token(grant_type="refresh_token", refresh_token=second.json()["refresh_token"])
+    assert third.status_code == 200, third.text
+    # The grace window is for one client refreshing twice at once, not for a token whose
+    # successor was itself rotated: that is a stolen copy coming back.
+    replay = flow.token(grant_type="refresh_token", refresh_token=first["refresh_token"])
+    assert_token_error(replay, "invalid_grant")
+    assert flow.mcp(third.json()["access_token"], INITIALIZE).status_code == 401
     assert world.stored(flow)["live_refresh_tokens"] == 0
 
 
@@ -372,6 +397,7 @@ def test_a_revoked_refresh_token_is_refused_and_an_unknown_token_revokes_fine(wo
     flow = world.signed_in()
     tokens = world.tokens(flow)
     assert revoke(flow, tokens["refresh_token"]).status_code == 200
+    # At once, so within the refresh grace window: a revoked token was never superseded.
     assert_token_error(flow.token(grant_type="refresh_token", refresh_token=tokens["refresh_token"]), "invalid_grant")
     assert world.stored(flow)["live_refresh_tokens"] == 0
     unknown = revoke(flow, "not-a-token-of-this-server")
