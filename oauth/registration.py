@@ -33,7 +33,7 @@ from oauth2_provider import cimd
 from oauth2_provider.compat import login_not_required
 from oauth2_provider.models import get_application_model
 from oauth2_provider.settings import oauth2_settings
-from oauth2_provider.views import DynamicClientRegistrationView
+from oauth2_provider.views import DynamicClientRegistrationManagementView, DynamicClientRegistrationView
 
 from core.services import rate_limiter
 from oauth.models import OAuthPolicy
@@ -59,6 +59,22 @@ def _error(error: str, description: str, status: int, **headers: str) -> JsonRes
     return response
 
 
+def _redirect_uris_refused(request: HttpRequest) -> JsonResponse | None:
+    """400 ``invalid_redirect_uri`` when a registration body (RFC 7591 §2) names a redirect URI
+    ``redirect_uri_problem`` refuses; ``None`` to let the library check the rest."""
+    try:
+        body = json.loads(request.body or b"{}")
+    except ValueError:
+        return None  # the library answers invalid_client_metadata
+    uris = body.get("redirect_uris") if isinstance(body, dict) else None
+    if isinstance(uris, list):
+        for uri in uris:
+            problem = redirect_uri_problem(uri) if isinstance(uri, str) else None
+            if problem is not None:
+                return _error("invalid_redirect_uri", problem, 400)
+    return None
+
+
 @method_decorator(csrf_exempt, name="dispatch")
 @method_decorator(login_not_required, name="dispatch")
 class RegistrationView(DynamicClientRegistrationView):
@@ -79,16 +95,9 @@ class RegistrationView(DynamicClientRegistrationView):
                 429,
                 Retry_After="60",
             )
-        try:
-            body = json.loads(request.body or b"{}")
-        except ValueError:
-            body = None  # the library answers invalid_client_metadata
-        uris = body.get("redirect_uris") if isinstance(body, dict) else None
-        if isinstance(uris, list):
-            for uri in uris:
-                problem = redirect_uri_problem(uri) if isinstance(uri, str) else None
-                if problem is not None:
-                    return _error("invalid_redirect_uri", problem, 400)
+        refused = _redirect_uris_refused(request)
+        if refused is not None:
+            return refused
         Application = get_application_model()
         registered = Application.objects.filter(registration_source=Application.RegistrationSource.DCR)
         if registered.count() >= settings.OAUTH_DCR_MAX_CLIENTS:
@@ -104,6 +113,21 @@ class RegistrationView(DynamicClientRegistrationView):
         return super().post(request, *args, **kwargs)
 
 
+@method_decorator(csrf_exempt, name="dispatch")
+@method_decorator(login_not_required, name="dispatch")
+class RegistrationManagementView(DynamicClientRegistrationManagementView):
+    """``/oauth/register/<client_id>/`` (RFC 7592, with the registration access token): read,
+    update or delete one's own registration. An update is held to the registration's rules:
+    its redirect URIs as ``redirect_uri_problem`` says (400 ``invalid_redirect_uri``)."""
+
+    def put(self, request: HttpRequest, client_id: str, *args: Any, **kwargs: Any) -> HttpResponse:
+        refused = _redirect_uris_refused(request)
+        if refused is not None:
+            return refused
+        response: HttpResponse = super().put(request, client_id, *args, **kwargs)
+        return response
+
+
 # --- Client ID Metadata Documents ----------------------------------------------------------
 
 
@@ -114,16 +138,64 @@ class MetadataDocumentRegistration:
         return bool(OAuthPolicy.current().cimd_enabled)
 
 
+class _Buffered:
+    """A response whose body was read already: what the library's ``_read_document`` reads."""
+
+    def __init__(self, response: Any, body: bytes) -> None:
+        self.status = response.status
+        self.headers = response.headers
+        self._body = body
+
+    def read(self, amount: int | None = None) -> bytes:
+        return self._body if amount is None else self._body[:amount]
+
+
 class MetadataDocumentFetcher(cimd.SafeMetadataFetcher):
     """django-oauth-toolkit's fetcher (https only, every resolved address public, the
-    connection pinned to the address checked, no redirects, ``CIMD_FETCH_TIMEOUT_SECONDS``
-    for the whole fetch, ``CIMD_MAX_DOCUMENT_SIZE`` bytes at most); when an admin allows
-    private addresses (a metadata document on the same network), the address check is
-    skipped and everything else holds. Raises ``cimd.CIMDError``."""
+    connection pinned to the address checked, no redirects, ``CIMD_MAX_DOCUMENT_SIZE`` bytes
+    at most), with what it leaves out:
+
+    - ``CIMD_FETCH_TIMEOUT_SECONDS`` (``DISPATCH_OAUTH_CIMD_TIMEOUT``) bounds the whole fetch,
+      body included: the library's socket timeouts bound each read, so a document sent a
+      byte at a time held the authorization request (and a thread) for as long as it dripped;
+    - the document's ``redirect_uris`` are held to the registration's rules
+      (``redirect_uri_problem``): one refused URI refuses the document, as it refuses a DCR
+      registration;
+    - when an admin allows private addresses (a metadata document on the same network), the
+      address check is skipped and everything else holds.
+
+    Raises ``cimd.CIMDError`` (the client is then unknown to the authorization request)."""
 
     def fetch(self, client_id: str) -> tuple[dict[str, Any], int]:
-        if not OAuthPolicy.current().cimd_private_addresses:
-            return super().fetch(client_id)
+        self._deadline = time.monotonic() + float(oauth2_settings.CIMD_FETCH_TIMEOUT_SECONDS)
+        if OAuthPolicy.current().cimd_private_addresses:
+            document, max_age = self._fetch_anywhere(client_id)
+        else:
+            document, max_age = super().fetch(client_id)
+        uris = document.get("redirect_uris")
+        for uri in uris if isinstance(uris, list) else []:
+            problem = redirect_uri_problem(uri) if isinstance(uri, str) else "a redirect URI is not a string"
+            if problem is not None:
+                raise cimd.CIMDError(f"client_id document refused: {problem}")
+        return document, max_age
+
+    def _read_document(self, response: Any) -> tuple[dict[str, Any], int]:
+        limit = int(oauth2_settings.CIMD_MAX_DOCUMENT_SIZE) + 1
+        chunks: list[bytes] = []
+        size = 0
+        if response.status == 200:
+            while size < limit:
+                if time.monotonic() > self._deadline:
+                    raise cimd.CIMDError("client_id document took too long to arrive")
+                chunk = response.read1(min(4096, limit - size)) if hasattr(response, "read1") else b""
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+        document: tuple[dict[str, Any], int] = super()._read_document(_Buffered(response, b"".join(chunks)))
+        return document
+
+    def _fetch_anywhere(self, client_id: str) -> tuple[dict[str, Any], int]:
         parsed = cimd._validate_client_id_url(client_id)
         port = parsed.port or 443
         try:
@@ -133,12 +205,11 @@ class MetadataDocumentFetcher(cimd.SafeMetadataFetcher):
         address = str(infos[0][4][0]) if infos else None
         if address is None or ipaddress.ip_address(address).is_unspecified:
             raise cimd.CIMDError("client_id host did not resolve to a usable address")
-        timeout = float(oauth2_settings.CIMD_FETCH_TIMEOUT_SECONDS)
-        deadline = time.monotonic() + timeout
+        remaining = max(0.01, self._deadline - time.monotonic())
         pool = urllib3.HTTPSConnectionPool(
             host=address,
             port=port,
-            timeout=urllib3.Timeout(connect=timeout, read=timeout, total=timeout),
+            timeout=urllib3.Timeout(connect=remaining, read=remaining, total=remaining),
             retries=False,
             maxsize=1,
             ssl_context=ssl.create_default_context(),
@@ -149,8 +220,6 @@ class MetadataDocumentFetcher(cimd.SafeMetadataFetcher):
         try:
             response = pool.urlopen("GET", path, headers=headers, redirect=False, preload_content=False)
             try:
-                if time.monotonic() > deadline:
-                    raise cimd.CIMDError("client_id document took too long")
                 return self._read_document(response)
             finally:
                 response.release_conn()

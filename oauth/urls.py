@@ -6,7 +6,7 @@ from oauth2_provider import views as dot
 
 from oauth import pages, views
 from oauth.consent import ConsentView
-from oauth.registration import RegistrationView
+from oauth.registration import RegistrationManagementView, RegistrationView
 
 app_name = "oauth2_provider"
 
@@ -28,7 +28,7 @@ urlpatterns = [
     path("oauth/register/", RegistrationView.as_view(), name="dcr-register"),
     path(
         "oauth/register/<str:client_id>/",
-        dot.DynamicClientRegistrationManagementView.as_view(),
+        RegistrationManagementView.as_view(),
         name="dcr-register-management",
     ),
     # The settings page's OAuth section (oauth.pages; docs/mcp.md#oauth-connected-applications).
