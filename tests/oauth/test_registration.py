@@ -103,12 +103,6 @@ def test_registration_takes_https_and_loopback_redirect_uris_only(dcr: tuple[Ins
     assert set(dcr_client_ids(inst)) == registered
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="RFC 7592 update (PUT /oauth/register/<client_id>/) is django-oauth-toolkit's stock view: "
-    "it stores redirect URIs the registration endpoint refuses; fix in oauth/urls.py + "
-    "oauth/registration.py (see the report)",
-)
 def test_a_registration_update_takes_no_redirect_uri_registration_refuses(dcr: tuple[Instance, Server]) -> None:
     inst, server = dcr
     flow = Flow(server.url)
@@ -163,12 +157,6 @@ def test_an_address_registering_too_often_is_told_to_slow_down() -> None:
         assert len(dcr_client_ids(inst)) == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cleanup never finds an unused client: every DCR client holds its RFC 7592 registration "
-    "access token, an AccessToken row, and unused_registered_clients excludes clients with any; "
-    "fix in oauth/registration.py unused_registered_clients (see the report)",
-)
 def test_the_cap_on_registered_clients_makes_room_only_from_unused_ones() -> None:
     with instance() as inst:
         server = inst.serve(public=True, DISPATCH_OAUTH_DCR_MAX_CLIENTS="2", DISPATCH_OAUTH_DCR_UNUSED_SECONDS="60")
@@ -298,12 +286,6 @@ def test_a_slow_metadata_document_is_given_up_on(cimd: Cimd) -> None:
     assert not application_exists(cimd.inst, url)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the private-address fetcher bounds each read, not the body: a document sent a byte at a "
-    "time holds the authorization request (and the process's sync thread) past the client's 20 s; "
-    "fix in oauth/registration.py MetadataDocumentFetcher.fetch (see the report)",
-)
 def test_a_metadata_document_sent_byte_by_byte_is_given_up_on(cimd: Cimd) -> None:
     set_policy(cimd.inst, cimd_enabled=True, cimd_private_addresses=True)
     url = cimd.documents.url("/drip.json")
@@ -335,12 +317,6 @@ def test_a_metadata_document_naming_another_client_id_is_refused(cimd: Cimd) -> 
     assert not application_exists(cimd.inst, url)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a metadata document's redirect_uris are not checked like DCR's: one with a non-loopback "
-    "http URI is stored and its loopback URI usable; fix in oauth/registration.py "
-    "MetadataDocumentFetcher.fetch (see the report)",
-)
 def test_a_metadata_document_with_a_plain_http_redirect_uri_is_refused(cimd: Cimd) -> None:
     set_policy(cimd.inst, cimd_enabled=True, cimd_private_addresses=True)
     url = cimd.documents.url("/http-redirect.json")
