@@ -40,7 +40,7 @@ from agents.prompting import RemoteEntry, remote_entries, tool_names
 from agents.tail import TailReporter
 from agents.tools import tool_set
 from core.errors import DispatchError, InvalidRequest
-from core.tools import TOOL_CALL, Tool, ToolCall, ToolHandler, tool_name
+from core.tools import NATIVE, TOOL_CALL, Tool, ToolCall, ToolHandler, tool_name
 from machines.services.live import cancel_calls
 from remotes.selectors import remote_list_for
 from remotes.services import remote_call
@@ -348,7 +348,7 @@ class ExpertAgent:
         await self.event(
             f"run started with {len(tools)} tools",
             tools=[tool.name for tool in tools],
-            remotes=sorted({tool.source for tool in tools} - {"native"}),
+            remotes=sorted({tool.source for tool in tools} - {NATIVE}),
         )
         messages = await self.messages()
         client = openai.AsyncOpenAI(

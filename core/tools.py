@@ -78,6 +78,11 @@ def cap(text: str, limit: int) -> str:
     return text[:limit] + f"\n[cut: {len(text)} characters, only the first {limit} shown]"
 
 
+NATIVE = ":native"
+"""``Tool.source`` of a tool of Dispatch's own: no remote can be named so (a remote's name
+starts with a letter or digit), so a remote named ``native`` is still a remote."""
+
+
 @dataclass(frozen=True)
 class Tool:
     """A tool bound to its caller: ``await tool(arguments)`` returns a JSON value or raises
@@ -88,14 +93,14 @@ class Tool:
     <name>: …")``; ``False`` when the handler checks them itself (a remote's function:
     ``remotes.services.remote_call``, with its own message). ``refusal_max``: an
     ``InvalidRequest`` message longer than this is cut (``cap``), since it goes back to a
-    model. ``source`` is ``"native"`` or the name of the remote the tool calls.
+    model. ``source`` is ``NATIVE`` or the name of the remote the tool calls.
     """
 
     name: str
     description: str
     parameters: dict[str, Any]
     handler: ToolHandler
-    source: str = "native"
+    source: str = NATIVE
     checked: bool = True
     refusal_max: int | None = None
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shutil
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -150,11 +151,18 @@ async def revocation_loop() -> None:
             await doorbell.wait(revocation.SWEEP_INTERVAL)
 
 
+TOKENS_CLEAR_INTERVAL = 900.0  # seconds between two sweeps of expired OAuth tokens by one process
+_tokens_cleared_at = -TOKENS_CLEAR_INTERVAL
+
+
 def reap_once() -> None:
     """Reap dead server processes, then fail the runs they were executing ("worker lost";
     never replayed: a replay could repeat a command on a machine); delete the command handles
     that ended over an hour ago (docs/live-operations.md#long-commands-handles) and the OAuth
-    clients registered by strangers and never used (docs/mcp.md#oauth-clients)."""
+    clients registered by strangers and never used (docs/mcp.md#oauth-clients), and every
+    ``TOKENS_CLEAR_INTERVAL`` seconds the OAuth tokens that expired."""
+    from oauth2_provider.models import clear_expired
+
     from agents.services import runs_fail_orphaned
     from core.selectors import alive_processes
     from machines.services.command_runs import command_runs_expired_delete
@@ -164,6 +172,10 @@ def reap_once() -> None:
     runs_fail_orphaned(alive_process_ids=alive_processes().values_list("pk", flat=True))
     command_runs_expired_delete()
     registered_clients_cleanup()
+    global _tokens_cleared_at
+    if time.monotonic() - _tokens_cleared_at >= TOKENS_CLEAR_INTERVAL:
+        _tokens_cleared_at = time.monotonic()
+        clear_expired()  # django-oauth-toolkit's: expired OAuth tokens and codes, old revoked ones
 
 
 async def reaper_loop() -> None:

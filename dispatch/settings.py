@@ -337,6 +337,8 @@ OAUTH_REFRESH_GRACE_SECONDS = env_int("DISPATCH_OAUTH_REFRESH_GRACE_SECONDS", 10
 OAUTH_DCR_RATE = env_str("DISPATCH_OAUTH_DCR_RATE", "20/hour")  # per client address (``limits`` syntax)
 OAUTH_DCR_MAX_CLIENTS = env_int("DISPATCH_OAUTH_DCR_MAX_CLIENTS", 1000, minimum=1)
 OAUTH_DCR_UNUSED_SECONDS = env_int("DISPATCH_OAUTH_DCR_UNUSED_SECONDS", 86400, minimum=60)
+# A client metadata document URL seen for the first time costs a fetch and a stored client.
+OAUTH_CIMD_RATE = env_str("DISPATCH_OAUTH_CIMD_RATE", "30/hour")  # per client address (``limits`` syntax)
 # The library's own models (named, since Dispatch's rows point at its access tokens).
 OAUTH2_PROVIDER_APPLICATION_MODEL = "oauth2_provider.Application"
 OAUTH2_PROVIDER_ACCESS_TOKEN_MODEL = "oauth2_provider.AccessToken"
@@ -361,7 +363,10 @@ OAUTH2_PROVIDER = {
     "OAUTH2_VALIDATOR_CLASS": "oauth.validators.DispatchOAuth2Validator",
     "SCOPES": {
         "mcp": "Every MCP tool",
-        "mcp:agents": "Agents: list, read history, launch, message, answer approvals",
+        # Said on the consent page: an agent is a program that runs commands where it runs,
+        # and answering its approvals lets it run more, so "no shell" does not hold with this.
+        "mcp:agents": "Agents: list, read history, launch, message, answer their approvals — an agent runs "
+        "commands on the machine it runs on",
         "mcp:remotes": "Call the functions of your connected remotes",
         "mcp:machines:read": "Machines: list them, read, list and describe files",
         "mcp:machines:write": "Machines: write, copy and delete files",

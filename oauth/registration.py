@@ -52,6 +52,20 @@ class OpenRegistration:
         return bool(OAuthPolicy.current().dcr_enabled)
 
 
+def rate_key(address: str) -> str:
+    """Whom a rate counts: an IPv4 address, or an IPv6 address's /64 (one host commonly holds
+    a whole /64, so counting single addresses would count nothing)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{ip}/64", strict=False))
+    return str(ip)
+
+
 def _error(error: str, description: str, status: int, **headers: str) -> JsonResponse:
     response = JsonResponse({"error": error, "error_description": description}, status=status)
     for name, value in headers.items():
@@ -59,19 +73,41 @@ def _error(error: str, description: str, status: int, **headers: str) -> JsonRes
     return response
 
 
-def _redirect_uris_refused(request: HttpRequest) -> JsonResponse | None:
-    """400 ``invalid_redirect_uri`` when a registration body (RFC 7591 §2) names a redirect URI
-    ``redirect_uri_problem`` refuses; ``None`` to let the library check the rest."""
+GRANT_TYPES = frozenset(["authorization_code", "refresh_token"])
+"""The only grants a client may register for (RFC 7591 §2 ``grant_types``): a person signs
+in; no client credentials, implicit, password or device grants, whose tokens name no user."""
+
+
+def _metadata_refused(request: HttpRequest) -> JsonResponse | None:
+    """The RFC 7591 §3.2.2 error for a registration body (RFC 7591 §2) Dispatch does not take,
+    or ``None`` to let the library check the rest: ``invalid_redirect_uri`` for a redirect URI
+    ``redirect_uri_problem`` refuses, or none at all; ``invalid_client_metadata`` for a grant
+    type other than ``authorization_code`` and ``refresh_token``, or a response type other than
+    ``code``."""
     try:
         body = json.loads(request.body or b"{}")
     except ValueError:
         return None  # the library answers invalid_client_metadata
-    uris = body.get("redirect_uris") if isinstance(body, dict) else None
-    if isinstance(uris, list):
-        for uri in uris:
-            problem = redirect_uri_problem(uri) if isinstance(uri, str) else None
-            if problem is not None:
-                return _error("invalid_redirect_uri", problem, 400)
+    if not isinstance(body, dict):
+        return None
+    uris = body.get("redirect_uris")
+    if not isinstance(uris, list) or not uris:
+        return _error("invalid_redirect_uri", "redirect_uris must list at least one redirect URI", 400)
+    for uri in uris:
+        problem = redirect_uri_problem(uri) if isinstance(uri, str) else None
+        if problem is not None:
+            return _error("invalid_redirect_uri", problem, 400)
+    grant_types = body.get("grant_types", ["authorization_code"])
+    if isinstance(grant_types, list) and not set(map(str, grant_types)) <= GRANT_TYPES:
+        other = sorted(set(map(str, grant_types)) - GRANT_TYPES)
+        return _error(
+            "invalid_client_metadata",
+            f"grant_types may hold authorization_code and refresh_token only, not {', '.join(other)[:200]}",
+            400,
+        )
+    response_types = body.get("response_types", ["code"])
+    if isinstance(response_types, list) and set(map(str, response_types)) - {"code"}:
+        return _error("invalid_client_metadata", "response_types may hold code only", 400)
     return None
 
 
@@ -80,14 +116,15 @@ def _redirect_uris_refused(request: HttpRequest) -> JsonResponse | None:
 class RegistrationView(DynamicClientRegistrationView):
     """``POST /oauth/register/``: RFC 7591 registration, refused with an RFC 7591 §3.2.2
     error when DCR is off (403 ``access_denied``), past the address's rate (429
-    ``slow_down``, ``Retry-After``), at the cap (503 ``temporarily_unavailable``) or for a
-    redirect URI that is neither https nor loopback (400 ``invalid_redirect_uri``)."""
+    ``slow_down``, ``Retry-After``), at the cap (503 ``temporarily_unavailable``), for a
+    redirect URI ``redirect_uri_problem`` refuses (400 ``invalid_redirect_uri``) or a grant
+    other than the authorization code's (400 ``invalid_client_metadata``)."""
 
     def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         if not OAuthPolicy.current().dcr_enabled:
             return _error("access_denied", "dynamic client registration is turned off on this server", 403)
         limit = parse(settings.OAUTH_DCR_RATE)
-        address = str(request.META.get("REMOTE_ADDR") or "")
+        address = rate_key(str(request.META.get("REMOTE_ADDR") or ""))
         if not rate_limiter().hit(limit, settings.REDIS_PREFIX, "oauth-dcr", address):
             return _error(
                 "slow_down",
@@ -95,21 +132,17 @@ class RegistrationView(DynamicClientRegistrationView):
                 429,
                 Retry_After="60",
             )
-        refused = _redirect_uris_refused(request)
+        refused = _metadata_refused(request)
         if refused is not None:
             return refused
-        Application = get_application_model()
-        registered = Application.objects.filter(registration_source=Application.RegistrationSource.DCR)
-        if registered.count() >= settings.OAUTH_DCR_MAX_CLIENTS:
-            registered_clients_cleanup()
-            if registered.count() >= settings.OAUTH_DCR_MAX_CLIENTS:
-                logger.warning("OAuth client registration refused: %d registered clients", registered.count())
-                return _error(
-                    "temporarily_unavailable",
-                    "this server holds as many registered clients as it may; try again later",
-                    503,
-                    Retry_After="3600",
-                )
+        if _at_cap():
+            logger.warning("OAuth client registration refused: the cap on registered clients is reached")
+            return _error(
+                "temporarily_unavailable",
+                "this server holds as many registered clients as it may; try again later",
+                503,
+                Retry_After="3600",
+            )
         return super().post(request, *args, **kwargs)
 
 
@@ -117,11 +150,11 @@ class RegistrationView(DynamicClientRegistrationView):
 @method_decorator(login_not_required, name="dispatch")
 class RegistrationManagementView(DynamicClientRegistrationManagementView):
     """``/oauth/register/<client_id>/`` (RFC 7592, with the registration access token): read,
-    update or delete one's own registration. An update is held to the registration's rules:
-    its redirect URIs as ``redirect_uri_problem`` says (400 ``invalid_redirect_uri``)."""
+    update or delete one's own registration. An update is held to the registration's rules
+    (``_metadata_refused``)."""
 
     def put(self, request: HttpRequest, client_id: str, *args: Any, **kwargs: Any) -> HttpResponse:
-        refused = _redirect_uris_refused(request)
+        refused = _metadata_refused(request)
         if refused is not None:
             return refused
         response: HttpResponse = super().put(request, client_id, *args, **kwargs)
@@ -132,10 +165,43 @@ class RegistrationManagementView(DynamicClientRegistrationManagementView):
 
 
 class MetadataDocumentRegistration:
-    """CIMD permission: any https ``client_id`` URL while the admin leaves CIMD on."""
+    """CIMD permission: any https ``client_id`` URL while the admin leaves CIMD on. A URL
+    seen for the first time costs a fetch and stores a client, so it is taken only in an
+    authorization request (behind Dispatch's login; the token and revocation endpoints answer
+    anyone), and held to a registration's bounds: ``DISPATCH_OAUTH_CIMD_RATE`` first sightings
+    per client address, and the cap on stored registered clients (unused ones cleaned first).
+    A refusal makes the client unknown to the request."""
 
     def has_permission(self, request: Any, client_id: str) -> bool:
-        return bool(OAuthPolicy.current().cimd_enabled)
+        if not OAuthPolicy.current().cimd_enabled:
+            return False
+        Application = get_application_model()
+        if Application.objects.filter(client_id=client_id).exists():
+            return True  # known: a refetch of its document, no new row
+        if not getattr(request, "response_type", None):
+            # First sight only at the authorization endpoint, behind the login: the token
+            # and revocation endpoints answer anyone, and would fetch and store for anyone.
+            return False
+        address = rate_key(str((getattr(request, "headers", None) or {}).get("REMOTE_ADDR") or ""))
+        if not rate_limiter().hit(parse(settings.OAUTH_CIMD_RATE), settings.REDIS_PREFIX, "oauth-cimd", address):
+            logger.info("CIMD client %r refused: %s looked up too many new ones", client_id[:200], address)
+            return False
+        if _at_cap():
+            logger.warning("CIMD client %r refused: the cap on registered clients is reached", client_id[:200])
+            return False
+        return True
+
+
+def _at_cap() -> bool:
+    """Whether the registered clients (DCR and metadata documents) fill
+    ``DISPATCH_OAUTH_DCR_MAX_CLIENTS`` even after the unused ones are deleted."""
+    Application = get_application_model()
+    sources = [Application.RegistrationSource.DCR, Application.RegistrationSource.CIMD]
+    registered = Application.objects.filter(registration_source__in=sources)
+    if registered.count() < settings.OAUTH_DCR_MAX_CLIENTS:
+        return False
+    registered_clients_cleanup()
+    return bool(registered.count() >= settings.OAUTH_DCR_MAX_CLIENTS)
 
 
 class _Buffered:

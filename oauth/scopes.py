@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from core.tools import Tool
+from core.tools import NATIVE, Tool
 from machines.tools import MACHINE_TOOL_NAMES
 
 ALL = "mcp"
@@ -30,7 +30,7 @@ def tool_scope(tool: Tool) -> str:
     """The narrow scope a tool needs: a remote's function ``mcp:remotes``; a machine tool
     by what it can do (reading, writing files, or running anything — a machine tool not
     named here counts as a shell, the safe side); every other native tool ``mcp:agents``."""
-    if tool.source != "native":
+    if tool.source != NATIVE:
         return REMOTES
     if tool.name in _MACHINE_READ:
         return MACHINES_READ

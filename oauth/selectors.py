@@ -110,8 +110,9 @@ def settings_context(*, user: User) -> dict[str, Any]:
 
 
 def unused_registered_clients(now: Any = None) -> Any:
-    """The DCR-registered applications older than ``DISPATCH_OAUTH_DCR_UNUSED_SECONDS`` that
-    never got a grant or a token: what a stranger registered and walked away from. The RFC 7592
+    """The applications registered by DCR or known from a metadata document, older than
+    ``DISPATCH_OAUTH_DCR_UNUSED_SECONDS``, that never got a grant or a token: what a stranger
+    registered or named and walked away from. The RFC 7592
     registration access token every registration gets is an access token row too, so it does
     not count as use."""
     now = now or timezone.now()
@@ -119,7 +120,10 @@ def unused_registered_clients(now: Any = None) -> Any:
     cutoff = now - timedelta(seconds=settings.OAUTH_DCR_UNUSED_SECONDS)
     issued = get_access_token_model().objects.filter(application=OuterRef("pk"))
     return (
-        Application.objects.filter(registration_source=Application.RegistrationSource.DCR, created__lt=cutoff)
+        Application.objects.filter(
+            registration_source__in=[Application.RegistrationSource.DCR, Application.RegistrationSource.CIMD],
+            created__lt=cutoff,
+        )
         .exclude(Exists(get_grant_model().objects.filter(application=OuterRef("pk"))))
         .exclude(Exists(issued.exclude(scope=oauth2_settings.DCR_REGISTRATION_SCOPE)))
         .exclude(Exists(get_refresh_token_model().objects.filter(application=OuterRef("pk"))))

@@ -79,6 +79,22 @@ class DispatchOAuth2Validator(OAuth2Validator):
             return False
         return bool(super().validate_redirect_uri(client_id, redirect_uri, request, *args, **kwargs))
 
+    def validate_refresh_token(self, refresh_token: str, client: Any, request: Any, *args: Any, **kwargs: Any) -> bool:
+        """The library's check, and one bound on its grace window: a refresh token rotated
+        away refreshes once more within it (one second pair, ``_sibling_pair``), never twice —
+        a third use is taken for theft and revokes the family, as after the window."""
+        if not super().validate_refresh_token(refresh_token, client, request, *args, **kwargs):
+            return False
+        presented = request.refresh_token_instance
+        if presented.revoked is None or presented.token_family is None:
+            return True
+        RefreshToken = get_refresh_token_model()
+        successors = RefreshToken.objects.filter(token_family=presented.token_family, created__gte=presented.revoked)
+        if successors.count() >= 2:
+            RefreshToken.revoke_family(presented.token_family)
+            return False
+        return True
+
     def _save_bearer_token(self, token: dict[str, Any], request: Any, *args: Any, **kwargs: Any) -> None:
         """The library's, and one case it cannot answer with tokens hashed at rest: a refresh
         token presented again within ``REFRESH_TOKEN_GRACE_PERIOD_SECONDS`` of its rotation (a

@@ -289,7 +289,11 @@ def test_the_typescript_sdk_refreshes_an_expired_token_and_a_replayed_refresh_to
     node = node_or_skip()
     callback_port = free_port()
     callback = f"http://127.0.0.1:{callback_port}/callback"
-    with served(inst, DISPATCH_OAUTH_ACCESS_TOKEN_SECONDS="3") as (_server, proxy):
+    # No grace window: the replay below comes right after the SDK's own refresh.
+    with served(inst, DISPATCH_OAUTH_ACCESS_TOKEN_SECONDS="3", DISPATCH_OAUTH_REFRESH_GRACE_SECONDS="0") as (
+        _server,
+        proxy,
+    ):
         client = NodeClient(node, f"{proxy.url}/mcp/oauth", str(callback_port))
         try:
             client_id = client.until("registered")["client_id"]

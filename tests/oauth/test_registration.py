@@ -330,12 +330,6 @@ def test_a_metadata_document_with_a_plain_http_redirect_uri_is_refused(cimd: Cim
     assert not application_exists(cimd.inst, url)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the token endpoint (no login) resolves a metadata-document client_id it has never seen: "
-    "a stranger makes the server fetch any URL and store an Application row per URL, uncapped; "
-    "fix in oauth/registration.py MetadataDocumentRegistration.has_permission (see the report)",
-)
 def test_a_token_request_from_an_unseen_metadata_document_client_fetches_nothing(cimd: Cimd) -> None:
     set_policy(cimd.inst, cimd_enabled=True, cimd_private_addresses=True)
     url = cimd.documents.url("/token-first.json")
