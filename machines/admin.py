@@ -83,3 +83,7 @@ class CommandRunAdmin(ReadOnlyAdmin):
     search_fields = ["id", "user__username", "machine_id", "request_id"]
     # A command's output is the user's, as file contents are: the admin shows how much, not what.
     exclude = ["stdout", "stderr"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[CommandRun]:
+        # Never shown, up to 2 MiB a row: the changelist would load them for every row.
+        return super().get_queryset(request).defer("stdout", "stderr")

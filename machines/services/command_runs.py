@@ -12,7 +12,8 @@ writes the output into the row at most every ``FLUSH_INTERVAL`` seconds or every
 ``FLUSH_BYTES``, then the result. The task runs under its own ``call_key``
 (``"cmd:<command_id>"``), so ``cancel_calls`` stops it from any process. A run whose
 process is gone reads ``lost``; finished rows go after ``COMMAND_RUN_RETENTION``
-(``command_runs_expired_delete``, also run on each start).
+(``command_runs_expired_delete``, also run on each start). A stopping process cancels its
+runs first (``command_runs_shutdown``), so each records ``lost`` with its output.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from core.tools import TOOL_CALL, ToolCall
 from machines.models import CommandRun
 from machines.schemas import CALLER_PAYLOAD_MODELS, payload_error, without_nulls
 from machines.services import live
+from machines.services.arguments import check_session_id
 from machines.services.inflight import command_summary
 from machines.services.live import Failed, LiveEvent, Output, Result, Started
 
@@ -59,6 +61,12 @@ POLL_INTERVAL = 0.3  # seconds between the short queries of a wait
 CANCEL_SETTLE_SECONDS = 5.0  # how long a cancel waits for the run to record its end
 COMMAND_RUN_RETENTION = timedelta(hours=1)  # finished rows are kept this long
 CALL_KEY_PREFIX = "cmd:"
+FINAL_WRITE_DELAYS = (0.2, 0.6, 1.5)  # seconds before each retry of a run's final write; then it is marked lost
+SHUTDOWN_GRACE = 3.0  # seconds a stopping process gives its runs to record their end
+PROCESS_LOST_ERROR = {
+    "code": "SERVER_PROCESS_LOST",
+    "message": "the server process following the command is gone, or lost track of it",
+}
 
 # Strong references to the running tasks (the event loop keeps only weak ones), and the ids
 # they follow. Not a registry: the rows are the state; the ids only tell this process that a
@@ -82,7 +90,8 @@ def check_command_id(command_id: Any) -> str:
 def check_offset(offset: Any) -> tuple[int, int]:
     """``offset`` (``None``, or ``{"stdout"?: int, "stderr"?: int}`` in bytes, as a read's
     ``next_offset`` gives it) as ``(stdout, stderr)``; ``InvalidRequest`` for another shape,
-    a negative number or a non-integer."""
+    a negative number, a non-integer, or past ``OUTPUT_KEPT_BYTES`` (no stream ever keeps
+    more: refused before any wait)."""
     if offset is None:
         return 0, 0
     if not isinstance(offset, dict) or set(offset) - {"stdout", "stderr"}:
@@ -92,6 +101,8 @@ def check_offset(offset: Any) -> tuple[int, int]:
         value = offset.get(stream, 0)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise InvalidRequest(f"offset.{stream} must be a whole number of bytes, 0 or more")
+        if value > OUTPUT_KEPT_BYTES:
+            raise InvalidRequest(f"offset.{stream} is past the {OUTPUT_KEPT_BYTES} bytes a stream keeps at most")
         values.append(value)
     return values[0], values[1]
 
@@ -151,6 +162,9 @@ async def command_start(
     command_id = new_command_id()
     run = _Run(command_id=command_id, user=user, session_id=session_id, payload=payload, caller=caller)
     ready: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    # A start call cut before the answer leaves nobody to read an error set on ``ready``:
+    # read here, or asyncio logs "Future exception was never retrieved".
+    ready.add_done_callback(_retrieved)
     _FOLLOWED_HERE.add(command_id)
     task = asyncio.create_task(run.run(target_machine, ready), name=f"command run {command_id}")
     _TASKS.add(task)
@@ -161,11 +175,20 @@ async def command_start(
     return await asyncio.shield(ready)
 
 
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 @dataclass
 class _Stream:
-    """One stream's output of a run: kept bytes so far, and text not yet in the row."""
+    """One stream's output of a run: kept bytes so far, whether it was cut (``full``), and
+    text not yet in the row."""
 
     kept: int = 0
+    # Set at the first cut: everything after is dropped, so the row holds the stream's
+    # first bytes, not a gap followed by later small frames that fit the leftover room.
+    full: bool = False
     pending: list[str] = field(default_factory=list)
     pending_bytes: int = 0
 
@@ -193,6 +216,7 @@ class _Run:
         self.caller = caller
         self.streams = {"stdout": _Stream(), "stderr": _Stream()}
         self.truncated = False
+        self.truncated_written = False  # the row says output_truncated: no more writes just for that
         self.row_written = False
         self.lock = asyncio.Lock()
 
@@ -215,7 +239,7 @@ class _Run:
             async for event in events:
                 if isinstance(event, Started):
                     ready.set_result(await self.created(event))
-                    ticker = asyncio.create_task(self.tick())
+                    ticker = asyncio.create_task(self.tick(), name=f"command run {self.command_id} ticker")
                 elif isinstance(event, Output):
                     await self.output(event)
                 elif isinstance(event, Result):
@@ -226,9 +250,11 @@ class _Run:
                         return
                     end = self.failure_fields(event.code, event.message)
         except asyncio.CancelledError:
-            # This process is stopping: the stream's own cleanup cancelled the command.
-            end = self.failure_fields("SHUTTING_DOWN", "the server process running the command stopped")
-            end["status"] = CommandRun.Status.LOST
+            # This process is stopping: the stream's own cleanup cancelled the command. A
+            # run that already got its result keeps it.
+            if end is None:
+                end = self.failure_fields("SHUTTING_DOWN", "the server process running the command stopped")
+                end["status"] = CommandRun.Status.LOST
             raise
         except Exception as exc:
             if not ready.done():
@@ -236,18 +262,23 @@ class _Run:
                 return
             logger.exception("command run %s failed", self.command_id)
             code = exc.code if isinstance(exc, DispatchError) else "INTERNAL_ERROR"
-            end = self.failure_fields(code, str(exc) or type(exc).__name__)
+            end = end or self.failure_fields(code, str(exc) or type(exc).__name__)
         finally:
-            if not ready.done():
-                ready.set_exception(DispatchError("OUTPUT_LOST", "the command's stream ended before it started"))
-            await events.aclose()
+            # The ticker first: whatever fails below, no task is left waking every interval.
             if ticker is not None:
                 ticker.cancel()
                 await asyncio.gather(ticker, return_exceptions=True)
+            if not ready.done():
+                ready.set_exception(DispatchError("OUTPUT_LOST", "the command's stream ended before it started"))
+            try:
+                await events.aclose()
+            except Exception:
+                # The command's cleanup failed (its audit, its in-flight row): the run's
+                # end is still written below, or the row would read running for ever.
+                logger.exception("closing the stream of command run %s failed", self.command_id)
             if self.row_written:
                 end = end or self.failure_fields("OUTPUT_LOST", "the command's stream ended without a result")
-                # Shielded: the final state is written even when this task is being cancelled.
-                await asyncio.shield(self.flush(end))
+                await self.finish(end)
 
     async def created(self, started: Started) -> dict[str, Any]:
         """Write the row for the sent command; the start call's answer."""
@@ -271,13 +302,18 @@ class _Run:
         }
 
     async def output(self, event: Output) -> None:
-        """Keep a frame (up to ``OUTPUT_KEPT_BYTES`` per stream) and write it when enough waits."""
+        """Keep a frame (the first ``OUTPUT_KEPT_BYTES`` of each stream, nothing after the
+        first cut) and write it when enough waits. A failed write is logged and retried
+        with the next one: a database hiccup never ends the command."""
         stream = self.streams["stderr" if event.stream == "stderr" else "stdout"]
+        if stream.full:
+            return
         text = _text_of(event)
         raw = text.encode("utf-8")
         room = OUTPUT_KEPT_BYTES - stream.kept
         if len(raw) > room:
             self.truncated = True
+            stream.full = True
             # Cut on a character boundary: what is kept stays valid UTF-8.
             text = raw[: max(room, 0)].decode("utf-8", "ignore")
             raw = text.encode("utf-8")
@@ -286,7 +322,12 @@ class _Run:
             stream.pending.append(text)
             stream.pending_bytes += len(raw)
         if sum(s.pending_bytes for s in self.streams.values()) >= FLUSH_BYTES:
-            await self.flush()
+            try:
+                await self.flush()
+            except Exception:
+                # Not raised: the run's except branch would close the stream, which CANCELs
+                # the command. The text is pending again (flush put it back).
+                logger.exception("could not write the output of command run %s", self.command_id)
 
     async def tick(self) -> None:
         """Write pending output every ``FLUSH_INTERVAL`` seconds (a quiet command's last lines too)."""
@@ -298,17 +339,62 @@ class _Run:
                 logger.exception("could not write the output of command run %s", self.command_id)
 
     async def flush(self, end: dict[str, Any] | None = None) -> None:
-        """Append the pending output to the row (with ``end``'s fields: the final write)."""
+        """Append the pending output to the row (with ``end``'s fields: the final write).
+        Raises what the database raises; the output is then pending again, ahead of what
+        came meanwhile (no chunk vanishes, the order holds)."""
         async with self.lock:
             appended = {name: "".join(stream.pending) for name, stream in self.streams.items()}
             sizes = {name: stream.pending_bytes for name, stream in self.streams.items()}
-            if not any(sizes.values()) and end is None and not self.truncated:
+            truncated = self.truncated
+            news = any(sizes.values()) or end is not None or (truncated and not self.truncated_written)
+            if not news:
                 return
             for stream in self.streams.values():
                 stream.pending, stream.pending_bytes = [], 0
-            await database_sync_to_async(_run_append)(
-                command_id=self.command_id, appended=appended, sizes=sizes, truncated=self.truncated, end=end
-            )
+            try:
+                await database_sync_to_async(_run_append)(
+                    command_id=self.command_id, appended=appended, sizes=sizes, truncated=truncated, end=end
+                )
+            except Exception:
+                for name, stream in self.streams.items():
+                    if sizes[name]:
+                        stream.pending.insert(0, appended[name])
+                        stream.pending_bytes += sizes[name]
+                raise
+            self.truncated_written = self.truncated_written or truncated
+
+    async def finish(self, end: dict[str, Any]) -> None:
+        """The final write (``end``'s fields and the last output), to the end even when this
+        task is cancelled meanwhile (it is bounded: ``FINAL_WRITE_DELAYS``); re-raises the
+        cancellation after."""
+        final = asyncio.ensure_future(self.final_write(end))
+        cancelled = False
+        while not final.done():
+            try:
+                await asyncio.shield(final)
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError
+
+    async def final_write(self, end: dict[str, Any]) -> None:
+        """Write ``end``, retried after each of ``FINAL_WRITE_DELAYS``; if every try fails,
+        mark the run ``lost`` (best effort): a row left running would read so for ever on
+        other processes, and retention would never see it end."""
+        for delay in (*FINAL_WRITE_DELAYS, None):
+            try:
+                await self.flush(end)
+                return
+            except Exception:
+                if delay is None:
+                    logger.exception("could not write the end of command run %s: marking it lost", self.command_id)
+                    break
+                logger.warning("could not write the end of command run %s; again in %g s", self.command_id, delay)
+                await asyncio.sleep(delay)
+        try:
+            await database_sync_to_async(_run_lost)(command_id=self.command_id)
+        except Exception:
+            logger.exception("could not mark command run %s lost either", self.command_id)
 
     def result_fields(self, result: Result) -> dict[str, Any]:
         """The final fields of a command that answered (``COMMAND_RESULT``)."""
@@ -322,6 +408,7 @@ class _Run:
             "timed_out": bool(payload.get("timed_out")),
             "duration_seconds": float(duration) if isinstance(duration, (int, float)) else None,
             "output_truncated": bool(payload.get("output_truncated") or payload.get("stream_truncated")),
+            "error": None,  # a run read lost while this process was silent got its result after all
         }
 
     def failure_fields(self, code: str, message: str) -> dict[str, Any]:
@@ -367,8 +454,10 @@ def _run_append(
     end: dict[str, Any] | None,
 ) -> None:
     """One write of a run's task: output appended in the database (the row's text is never
-    read back here), and with ``end`` the final status, stamped ``finished_at``. A row that
-    already ended (``lost``, seen by a reader) keeps its status but gets the output."""
+    read back here), and with ``end`` the final status, stamped ``finished_at``. A row still
+    running gets it, and so does one a reader marked ``lost`` while it belongs to this
+    process (its heartbeat was late, not gone: the real end replaces the guess); any other
+    ended row keeps its status but gets the output."""
     changes: dict[str, Any] = {}
     for stream in ("stdout", "stderr"):
         if sizes[stream]:
@@ -383,17 +472,28 @@ def _run_append(
         final = dict(end)
         if final.pop("output_truncated", False) or truncated:
             final["output_truncated"] = True
-        rows.filter(status=CommandRun.Status.RUNNING).update(**final, finished_at=timezone.now())
+        open_here = Q(status=CommandRun.Status.LOST, server_process_id=current_process_id())
+        rows.filter(Q(status=CommandRun.Status.RUNNING) | open_here).update(**final, finished_at=timezone.now())
+
+
+def _run_lost(*, command_id: str) -> None:
+    """Mark a run whose final write failed ``lost`` (``SERVER_PROCESS_LOST``), if still running."""
+    CommandRun.objects.filter(pk=command_id, status=CommandRun.Status.RUNNING).update(
+        status=CommandRun.Status.LOST, finished_at=timezone.now(), error=PROCESS_LOST_ERROR
+    )
 
 
 # --- read, wait, cancel -----------------------------------------------------------------------
 
 
-def _run_for(*, user: User, command_id: str, session_id: str) -> CommandRun:
-    """``user``'s run ``command_id`` in ``session_id``, with its process; a run found lost is
+def _run_for(*, user: User, command_id: str, session_id: str, with_output: bool = True) -> CommandRun:
+    """``user``'s run ``command_id`` in ``session_id``, with its process (and its
+    ``stdout``/``stderr``, up to 1 MiB each, only ``with_output``); a run found lost is
     recorded as such. Another user's run, or one of another session, is ``NotFound`` as an
     unknown id is: the answer never says it exists."""
     rows = CommandRun.objects.select_related("server_process")
+    if not with_output:
+        rows = rows.defer("stdout", "stderr")
     run = rows.filter(user=user, session_id=session_id, pk=command_id).first()
     if run is None:
         raise NotFound(
@@ -406,10 +506,7 @@ def _run_for(*, user: User, command_id: str, session_id: str) -> CommandRun:
         run.status == CommandRun.Status.RUNNING and orphaned
     ):
         ended = timezone.now()
-        error = {
-            "code": "SERVER_PROCESS_LOST",
-            "message": "the server process following the command is gone, or lost track of it",
-        }
+        error = dict(PROCESS_LOST_ERROR)
         if CommandRun.objects.filter(pk=run.pk, status=CommandRun.Status.RUNNING).update(
             status=CommandRun.Status.LOST, finished_at=ended, error=error
         ):
@@ -480,6 +577,7 @@ async def command_read(*, user: User, session_id: str, command_id: Any, offset: 
     Raises ``InvalidRequest`` (a malformed ``command_id`` or ``offset``, an offset past the
     output kept) and ``NotFound`` (unknown, another user's or another session's run, or one
     forgotten ``COMMAND_RUN_RETENTION`` after it ended)."""
+    check_session_id(session_id)
     command_id = check_command_id(command_id)
     offsets = check_offset(offset)
     return await database_sync_to_async(command_read_sync)(
@@ -488,19 +586,22 @@ async def command_read(*, user: User, session_id: str, command_id: Any, offset: 
 
 
 def _status_of(*, user: User, command_id: str, session_id: str) -> str:
-    return _run_for(user=user, command_id=command_id, session_id=session_id).status
+    # Without the output: a wait polls every POLL_INTERVAL, and the text is read once at the end.
+    return _run_for(user=user, command_id=command_id, session_id=session_id, with_output=False).status
 
 
-async def _until_ended(*, user: User, command_id: str, session_id: str, seconds: float) -> None:
-    """Return once the run is no longer ``running`` or after ``seconds``. The row is the
-    state (the starting process may be another), so it is polled with one short query
-    every ``POLL_INTERVAL`` seconds; nothing is held between polls."""
+async def _until_ended(
+    *, user: User, command_id: str, session_id: str, seconds: float, status: str = CommandRun.Status.RUNNING
+) -> None:
+    """Return once the run's status is no longer ``status`` (``running``: it ended) or
+    after ``seconds``. The row is the state (the starting process may be another), so it
+    is polled with one short query every ``POLL_INTERVAL`` seconds; nothing is held
+    between polls."""
     status_of = database_sync_to_async(_status_of)
     try:
         async with asyncio.timeout(seconds):
             while True:
-                status = await status_of(user=user, command_id=command_id, session_id=session_id)
-                if status != CommandRun.Status.RUNNING:
+                if await status_of(user=user, command_id=command_id, session_id=session_id) != status:
                     return
                 await asyncio.sleep(POLL_INTERVAL)
     except TimeoutError:
@@ -520,8 +621,9 @@ async def command_wait(
     ``"running"`` when the wait ran out). Polls the row every ``POLL_INTERVAL`` seconds
     with short queries: no database thread is held while waiting.
 
-    Raises ``InvalidRequest`` (a malformed ``command_id``, ``offset`` or
-    ``timeout_seconds``) and ``NotFound`` as ``command_read`` does."""
+    Raises ``InvalidRequest`` (a malformed ``session_id``, ``command_id``, ``offset`` or
+    ``timeout_seconds``, before any wait) and ``NotFound`` as ``command_read`` does."""
+    check_session_id(session_id)
     command_id = check_command_id(command_id)
     offsets = check_offset(offset)
     seconds = check_wait_seconds(timeout_seconds)
@@ -536,16 +638,28 @@ async def command_cancel(*, user: User, session_id: str, command_id: Any) -> dic
     run's ``call_key``: its ``OperationInFlight`` row names the shim to send ``CANCEL`` to),
     wait up to ``CANCEL_SETTLE_SECONDS`` for the run to record its end, and answer as
     ``command_read`` (from offset 0) with ``cancel_sent`` (whether a running command was
-    reached). A run already ended is answered as it is.
+    reached). A ``lost`` run is cancelled too: its process may only have been silent, and
+    its command may still run on the machine (then the real end replaces ``lost``). A run
+    that ended otherwise is answered as it is.
 
-    Raises ``InvalidRequest`` (a malformed ``command_id``) and ``NotFound`` as ``command_read`` does."""
+    Raises ``InvalidRequest`` (a malformed ``session_id`` or ``command_id``) and ``NotFound``
+    as ``command_read`` does."""
+    check_session_id(session_id)
     command_id = check_command_id(command_id)
-    run = await database_sync_to_async(_run_for)(user=user, command_id=command_id, session_id=session_id)
+    run = await database_sync_to_async(_run_for)(
+        user=user, command_id=command_id, session_id=session_id, with_output=False
+    )
     sent = 0
-    if run.status == CommandRun.Status.RUNNING:
+    if run.status in (CommandRun.Status.RUNNING, CommandRun.Status.LOST):
         sent = await live.cancel_calls(user=user, call_key=run.call_key)
         if sent:
-            await _until_ended(user=user, command_id=command_id, session_id=session_id, seconds=CANCEL_SETTLE_SECONDS)
+            await _until_ended(
+                user=user,
+                command_id=command_id,
+                session_id=session_id,
+                seconds=CANCEL_SETTLE_SECONDS,
+                status=run.status,
+            )
     state = await database_sync_to_async(command_read_sync)(user=user, command_id=command_id, session_id=session_id)
     return {**state, "cancel_sent": bool(sent)}
 
@@ -554,12 +668,35 @@ async def command_cancel(*, user: User, session_id: str, command_id: Any) -> dic
 
 
 def command_runs_expired_delete() -> int:
-    """Delete the runs that ended over ``COMMAND_RUN_RETENTION`` ago, and the runs still
-    marked running whose process row is gone since as long (nobody read them ``lost``);
-    returns how many went. Sync (one query)."""
-    cutoff = timezone.now() - COMMAND_RUN_RETENTION
-    expired = Q(finished_at__lt=cutoff) | Q(
-        status=CommandRun.Status.RUNNING, server_process__isnull=True, started_at__lt=cutoff
+    """Mark ``lost`` (ended now) the runs still marked running whose process row is gone
+    (nobody read them yet), then delete the runs that ended over ``COMMAND_RUN_RETENTION``
+    ago; returns how many went. A run is only ever deleted by when it ended: one that ran
+    over an hour and whose process was then reaped reads ``lost`` for an hour, never
+    ``NOT_FOUND`` at once. Sync (two queries)."""
+    now = timezone.now()
+    CommandRun.objects.filter(status=CommandRun.Status.RUNNING, server_process__isnull=True).update(
+        status=CommandRun.Status.LOST, finished_at=now, error=PROCESS_LOST_ERROR
     )
-    deleted, _ = CommandRun.objects.filter(expired).delete()
+    deleted, _ = CommandRun.objects.filter(finished_at__lt=now - COMMAND_RUN_RETENTION).delete()
     return int(deleted)
+
+
+# --- shutdown -----------------------------------------------------------------------------------
+
+
+async def command_runs_shutdown(*, grace: float = SHUTDOWN_GRACE) -> int:
+    """Cancel the runs this process follows and wait up to ``grace`` seconds for them to
+    record their end: each CANCELs its command (the stream's cleanup) and writes ``lost``
+    (``SHUTTING_DOWN``) with its last output. Called by ``serve`` on shutdown before its
+    process row goes: otherwise the loop stops with the tasks pending (output lost, nothing
+    recorded), and the CANCELs sent for the process's in-flight rows may end the run as
+    ``cancelled``. Returns how many runs had not ended in time."""
+    tasks = list(_TASKS)
+    if not tasks:
+        return 0
+    for task in tasks:
+        task.cancel()
+    _, pending = await asyncio.wait(tasks, timeout=grace)
+    if pending:
+        logger.warning("%d command runs did not record their end within %g s", len(pending), grace)
+    return len(pending)

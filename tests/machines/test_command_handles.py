@@ -7,7 +7,9 @@ through the real MCP endpoint of a real ``serve`` with a real shim (the Python S
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from typing import Any
 
 import pytest
 from channels.db import database_sync_to_async
+from django.db.utils import OperationalError
 from django.utils import timezone
 
 from core.errors import DispatchError
@@ -24,6 +27,7 @@ from core.models import ServerProcess
 from core.presence import current_process_id
 from machines.models import AuditRecord, CommandRun, OperationInFlight
 from machines.services import command_runs
+from machines.services.live import Failed, Output, Result, Started
 from machines.tools import COMMAND_HANDLE_TOOL_NAMES, MACHINE_TOOL_NAMES, machine_tools
 from tests.machines.conftest import settle
 from tests.machines.live_shim import LiveMachine, lines
@@ -360,6 +364,405 @@ async def test_an_agent_acts_only_in_its_own_session(shims, owner):
     assert (await tools["local_pc_command_wait"]({"command_id": command_id}))["status"] == "finished"
 
 
+# --- the run's task under failure (a scripted stream in place of live.operation_stream) --------------
+
+
+def scripted(monkeypatch: pytest.MonkeyPatch, script: Any) -> None:
+    """``local_pc_command_start`` runs ``script()`` (an async generator of live events) in
+    place of ``live.operation_stream``: the run's task meets exactly the events, delays and
+    failures the test sets up."""
+    monkeypatch.setattr(command_runs.live, "operation_stream", lambda **kwargs: script())
+
+
+REQUEST = str(uuid.uuid4())
+
+
+def started() -> Started:
+    return Started(request_id=REQUEST, machine_id="m1", name="laptop")
+
+
+def output(data: str, stream: str = "stdout", seq: int = 0) -> Output:
+    return Output(
+        request_id=REQUEST, machine_id="m1", name="laptop", stream=stream, data=data, encoding="utf-8", seq=seq
+    )
+
+
+def result(exit_code: int = 0) -> Result:
+    payload = {"exit_code": exit_code, "duration_seconds": 0.1, "cancelled": False}
+    return Result(request_id=REQUEST, machine_id="m1", name="laptop", type="COMMAND_RESULT", payload=payload)
+
+
+def appends(monkeypatch: pytest.MonkeyPatch, fails: Any) -> list[dict[str, Any]]:
+    """Every ``_run_append`` call, recorded; those for which ``fails(call, calls so far)``
+    raise ``OperationalError`` (the database away) instead of writing."""
+    real = command_runs._run_append
+    calls: list[dict[str, Any]] = []
+
+    def append(**call: Any) -> None:
+        calls.append(call)
+        if fails(call, len(calls)):
+            raise OperationalError("the database went away")
+        real(**call)
+
+    monkeypatch.setattr(command_runs, "_run_append", append)
+    return calls
+
+
+async def ended(command_id: str) -> None:
+    """Wait (at most 10 s) for the task of run ``command_id`` to end."""
+    tasks = [task for task in command_runs._TASKS if task.get_name() == f"command run {command_id}"]
+    if tasks:
+        await asyncio.wait(tasks, timeout=10)
+        assert all(task.done() for task in tasks), "the run's task never ended"
+
+
+async def row(command_id: str) -> CommandRun:
+    return await database_sync_to_async(CommandRun.objects.get)(pk=command_id)
+
+
+def tickers() -> list[asyncio.Task[Any]]:
+    return [task for task in asyncio.all_tasks() if task.get_name().endswith(" ticker") and not task.done()]
+
+
+@in_process
+async def test_a_final_write_that_keeps_failing_is_retried_then_the_run_is_marked_lost(owner, monkeypatch):
+    monkeypatch.setattr(command_runs, "FINAL_WRITE_DELAYS", (0, 0))
+    calls = appends(monkeypatch, lambda call, n: call["end"] is not None)
+
+    async def script() -> AsyncIterator[Any]:
+        yield started()
+        yield output("built\n")
+        yield result()
+
+    scripted(monkeypatch, script)
+    command_id = (await (await tools_for(owner))["local_pc_command_start"]({"argv": ["make"]}))["command_id"]
+    await ended(command_id)
+
+    assert len([call for call in calls if call["end"] is not None]) == 3  # the first try, then one per delay
+    stored = await row(command_id)
+    assert stored.status == "lost" and stored.error["code"] == "SERVER_PROCESS_LOST" and stored.finished_at
+    assert not tickers()
+
+
+@in_process
+async def test_a_cleanup_that_raises_neither_keeps_the_run_running_nor_leaves_its_ticker(owner, monkeypatch):
+    # The task is cancelled while its 64 KiB write is in the database; the stream's cleanup
+    # then raises (aclose): the end is still written, and the ticker stopped.
+    monkeypatch.setattr(command_runs, "FLUSH_INTERVAL", 0.01)
+    entered, release = threading.Event(), threading.Event()
+
+    def blocks(call: dict[str, Any], n: int) -> bool:
+        if call["end"] is None and call["sizes"]["stdout"] >= command_runs.FLUSH_BYTES:
+            entered.set()
+            release.wait(10)
+        return False
+
+    appends(monkeypatch, blocks)
+
+    async def script() -> AsyncIterator[Any]:
+        yield started()
+        try:
+            yield output("x" * command_runs.FLUSH_BYTES)
+            await asyncio.Event().wait()
+        except GeneratorExit:
+            raise RuntimeError("the stream's cleanup failed") from None
+
+    scripted(monkeypatch, script)
+    command_id = (await (await tools_for(owner))["local_pc_command_start"]({"argv": ["make"]}))["command_id"]
+    async with asyncio.timeout(10):
+        while not entered.is_set():
+            await asyncio.sleep(0.01)
+    [task] = [task for task in command_runs._TASKS if task.get_name() == f"command run {command_id}"]
+    task.cancel()
+    release.set()
+    await ended(command_id)
+
+    stored = await row(command_id)
+    assert stored.status == "lost" and stored.error["code"] == "SHUTTING_DOWN", (stored.status, stored.error)
+    assert stored.stdout_bytes == command_runs.FLUSH_BYTES
+    assert not tickers()
+
+
+@in_process
+async def test_a_database_error_while_writing_output_does_not_stop_the_command(owner, monkeypatch):
+    monkeypatch.setattr(command_runs, "FLUSH_INTERVAL", 60)  # only the 64 KiB writes
+    appends(monkeypatch, lambda call, n: n == 1)  # the first write: the 64 KiB one
+    closed_early = []
+
+    async def script() -> AsyncIterator[Any]:
+        try:
+            yield started()
+            yield output("a" * command_runs.FLUSH_BYTES)
+            yield output("b" * 10, seq=1)
+            yield result()
+        except GeneratorExit:
+            closed_early.append(True)  # what CANCELs the command on the machine
+            raise
+
+    scripted(monkeypatch, script)
+    command_id = (await (await tools_for(owner))["local_pc_command_start"]({"argv": ["make"]}))["command_id"]
+    await ended(command_id)
+
+    stored = await row(command_id)
+    assert stored.status == "finished" and stored.exit_code == 0, (stored.status, stored.error)
+    assert stored.stdout == "a" * command_runs.FLUSH_BYTES + "b" * 10  # the text of the failed write too
+    assert not closed_early
+
+
+@in_process
+async def test_output_whose_timed_write_failed_is_written_with_the_next(owner, monkeypatch):
+    monkeypatch.setattr(command_runs, "FLUSH_INTERVAL", 0.01)
+    calls = appends(monkeypatch, lambda call, n: n == 1)
+
+    async def script() -> AsyncIterator[Any]:
+        yield started()
+        yield output("first\n")
+        async with asyncio.timeout(10):
+            while not calls:  # the ticker tried (and failed) to write "first"
+                await asyncio.sleep(0.01)
+        yield output("second\n", seq=1)
+        yield result()
+
+    scripted(monkeypatch, script)
+    command_id = (await (await tools_for(owner))["local_pc_command_start"]({"argv": ["make"]}))["command_id"]
+    await ended(command_id)
+
+    stored = await row(command_id)
+    assert stored.status == "finished" and stored.stdout == "first\nsecond\n"
+    assert stored.stdout_bytes == len("first\nsecond\n")
+
+
+@in_process
+async def test_a_run_that_got_its_result_keeps_it_when_the_stream_cleanup_then_fails(owner, monkeypatch):
+    async def script() -> AsyncIterator[Any]:
+        yield started()
+        yield result(exit_code=3)
+        raise RuntimeError("the in-flight row could not be deleted")
+
+    scripted(monkeypatch, script)
+    command_id = (await (await tools_for(owner))["local_pc_command_start"]({"argv": ["make"]}))["command_id"]
+    await ended(command_id)
+
+    stored = await row(command_id)
+    assert stored.status == "finished" and stored.exit_code == 3 and stored.error is None
+
+
+@in_process
+async def test_the_kept_output_is_the_first_mebibyte_nothing_from_after_the_cut(owner, monkeypatch):
+    kept = command_runs.OUTPUT_KEPT_BYTES
+
+    async def script() -> AsyncIterator[Any]:
+        yield started()
+        yield output("a" * (kept - 1))
+        yield output("é-LOST-TAIL", seq=1)  # "é" is 2 bytes: it does not fit the 1 byte left
+        yield output("Z", seq=2)  # fits that byte, but comes after what was dropped
+        yield output("late", stream="stderr", seq=3)  # the other stream keeps its own room
+        yield result()
+
+    scripted(monkeypatch, script)
+    command_id = (await (await tools_for(owner))["local_pc_command_start"]({"argv": ["make"]}))["command_id"]
+    await ended(command_id)
+
+    stored = await row(command_id)
+    assert stored.output_truncated is True and stored.stdout_bytes == kept - 1
+    assert stored.stdout == "a" * (kept - 1)
+    assert stored.stderr == "late"
+
+
+@in_process
+async def test_once_truncated_the_ticker_writes_only_when_there_is_output(owner, monkeypatch):
+    monkeypatch.setattr(command_runs, "FLUSH_INTERVAL", 0.01)
+    calls = appends(monkeypatch, lambda call, n: False)
+    flushes = []
+    real_flush = command_runs._Run.flush
+
+    async def flush(self: Any, end: Any = None) -> None:
+        flushes.append(end)
+        await real_flush(self, end)
+
+    monkeypatch.setattr(command_runs._Run, "flush", flush)
+
+    async def script() -> AsyncIterator[Any]:
+        yield started()
+        yield output("x" * (command_runs.OUTPUT_KEPT_BYTES + 1))
+        seen = len(flushes)
+        async with asyncio.timeout(10):
+            while len(flushes) < seen + 10:  # ten ticks with nothing new
+                await asyncio.sleep(0.01)
+        yield result()
+
+    scripted(monkeypatch, script)
+    command_id = (await (await tools_for(owner))["local_pc_command_start"]({"argv": ["make"]}))["command_id"]
+    await ended(command_id)
+
+    idle = [call for call in calls if call["end"] is None and not any(call["sizes"].values())]
+    assert idle == []
+    stored = await row(command_id)
+    assert stored.output_truncated is True and stored.stdout_bytes == command_runs.OUTPUT_KEPT_BYTES
+
+
+@in_process
+async def test_the_real_end_replaces_lost_when_the_process_was_only_slow(shims, owner):
+    gate = asyncio.Event()
+    await live_machine(shims, owner, gated(gate))
+    tools = await tools_for(owner)
+    command_id = (await tools["local_pc_command_start"]({"argv": ["make"]}))["command_id"]
+    # Another process found this one's heartbeat late and recorded the run lost.
+    await database_sync_to_async(
+        lambda: CommandRun.objects.filter(pk=command_id).update(
+            status="lost", finished_at=timezone.now(), error=command_runs.PROCESS_LOST_ERROR
+        )
+    )()
+    gate.set()
+    await ended(command_id)
+
+    state = await tools["local_pc_command_read"]({"command_id": command_id})
+    assert state["status"] == "finished" and state["exit_code"] == 0 and "error" not in state, state
+    assert state["stdout"] == "line 0\nline 1\n"
+
+
+@in_process
+async def test_cancel_still_stops_a_command_read_lost(shims, owner):
+    machine = await live_machine(shims, owner, lambda payload: lines(600, pause=0.05))
+    tools = await tools_for(owner)
+    command_id = (await tools["local_pc_command_start"]({"argv": ["make"]}))["command_id"]
+    await database_sync_to_async(
+        lambda: CommandRun.objects.filter(pk=command_id).update(
+            status="lost", finished_at=timezone.now(), error=command_runs.PROCESS_LOST_ERROR
+        )
+    )()
+
+    state = await tools["local_pc_command_cancel"]({"command_id": command_id})
+
+    assert state["cancel_sent"] is True
+    stored = await row(command_id)
+    assert machine.cancels(str(stored.request_id))
+    assert state["status"] == "cancelled", state  # its process was alive: the real end replaced lost
+
+
+@in_process
+async def test_shutdown_records_each_run_lost_with_its_output_after_cancelling_it(shims, owner):
+    machine = await live_machine(shims, owner, gated(asyncio.Event(), before=b"begun\n"))
+    tools = await tools_for(owner)
+    command_id = (await tools["local_pc_command_start"]({"argv": ["make"]}))["command_id"]
+    await read_until(tools, command_id, lambda s: s["stdout"])
+
+    assert await command_runs.command_runs_shutdown(grace=5) == 0
+
+    stored = await row(command_id)
+    assert stored.status == "lost" and stored.error["code"] == "SHUTTING_DOWN", (stored.status, stored.error)
+    assert stored.stdout == "begun\n" and stored.finished_at
+    assert machine.cancels(str(stored.request_id))
+    assert not [task for task in command_runs._TASKS if task.get_name() == f"command run {command_id}"]
+
+
+@in_process
+async def test_retention_marks_a_run_whose_process_was_reaped_lost_and_keeps_it(owner):
+    def world() -> tuple[CommandRun, CommandRun]:
+        old = timezone.now() - command_runs.COMMAND_RUN_RETENTION - timedelta(minutes=1)
+        long_running = _run_of(owner, None, started_at=old)  # ran over an hour, then its process was reaped
+        forgotten = _run_of(owner, None, status="lost", started_at=old, finished_at=old)
+        return long_running, forgotten
+
+    long_running, forgotten = await database_sync_to_async(world)()
+    assert await database_sync_to_async(command_runs.command_runs_expired_delete)() == 1
+    kept = await row(long_running.id)
+    assert kept.status == "lost" and kept.error["code"] == "SERVER_PROCESS_LOST" and kept.finished_at
+    assert not await database_sync_to_async(CommandRun.objects.filter(pk=forgotten.id).exists)()
+
+
+@in_process
+async def test_a_wait_polls_the_status_without_the_output_and_reads_the_output_once(owner):
+    from django.db import connection
+
+    run = await database_sync_to_async(
+        lambda: _run_of(owner, _process(heartbeat_age=0), stdout="y" * 1000, stdout_bytes=1000)
+    )()
+    statements: list[str] = []
+
+    def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    # The shared sync thread runs every query of the service: its connection records them.
+    await database_sync_to_async(lambda: connection.execute_wrappers.append(record))()
+    try:
+        state = await command_runs.command_wait(user=owner, session_id=SESSION, command_id=run.id, timeout_seconds=0.7)
+    finally:
+        await database_sync_to_async(lambda: connection.execute_wrappers.remove(record))()
+    assert state["status"] == "running" and state["stdout"] == "y" * 1000
+    reads = [sql for sql in statements if "machines_commandrun" in sql]
+    with_output = [sql for sql in reads if '."stdout"' in sql]
+    assert len(reads) >= 3 and len(with_output) == 1, reads
+
+
+@pytest.mark.django_db
+def test_the_admin_list_of_runs_does_not_load_their_output(owner, admin_client):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from django.urls import reverse
+
+    run = _run_of(owner, None, stdout="secret output", stdout_bytes=13)
+    with CaptureQueriesContext(connection) as queries:
+        page = admin_client.get(reverse("admin:machines_commandrun_changelist"))
+    assert page.status_code == 200 and run.id in page.content.decode()
+    assert not [q["sql"] for q in queries if '."stdout"' in q["sql"]]
+
+
+@in_process
+@pytest.mark.parametrize("name", ["command_read", "command_wait", "command_cancel"])
+async def test_a_malformed_session_id_is_refused_not_echoed(owner, name):
+    with pytest.raises(DispatchError) as refused:
+        await getattr(command_runs, name)(user=owner, session_id="s" * 5000, command_id=f"cmd_{uuid.uuid4().hex}")
+    assert refused.value.code == "INVALID_REQUEST" and "session_id must be" in refused.value.message
+    assert "s" * 300 not in refused.value.message
+
+
+@in_process
+async def test_an_offset_past_what_a_stream_can_keep_is_refused_before_the_wait(owner):
+    offset = {"stdout": command_runs.OUTPUT_KEPT_BYTES + 1}
+    with pytest.raises(DispatchError) as refused:
+        # An unknown id: a wait that began would find nothing and answer NOT_FOUND.
+        await command_runs.command_wait(
+            user=owner, session_id=SESSION, command_id=f"cmd_{uuid.uuid4().hex}", timeout_seconds=50, offset=offset
+        )
+    assert errors(refused) == (
+        "INVALID_REQUEST",
+        f"offset.stdout is past the {command_runs.OUTPUT_KEPT_BYTES} bytes a stream keeps at most",
+    )
+
+
+@in_process
+async def test_a_start_call_cut_before_the_answer_leaves_no_unretrieved_error(owner, monkeypatch):
+    gate = asyncio.Event()
+
+    async def script() -> AsyncIterator[Any]:
+        await gate.wait()
+        yield Failed(request_id=REQUEST, machine_id="m1", name="laptop", code="MACHINE_BUSY", message="busy")
+
+    scripted(monkeypatch, script)
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda loop, context: reported.append(context))
+    try:
+        tools = await tools_for(owner)
+        call = asyncio.ensure_future(tools["local_pc_command_start"]({"argv": ["make"]}))
+        async with asyncio.timeout(10):
+            while not [t for t in command_runs._TASKS if not t.done()]:
+                await asyncio.sleep(0.01)
+        runs = list(command_runs._TASKS)
+        call.cancel()
+        gate.set()
+        await asyncio.wait(runs, timeout=10)
+        del call, runs
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(previous)
+    assert not [c for c in reported if "never retrieved" in c.get("message", "")], reported
+
+
 # --- through the MCP endpoint of a real serve, with a real shim ---------------------------------------
 
 
@@ -502,3 +905,28 @@ async def test_a_command_whose_process_was_killed_reads_lost_on_another(cluster:
         arguments = {"command_id": command_id, "timeout_seconds": 30}
         state = _answer(await on_a.call_tool("local_pc_command_wait", arguments))
     assert state["status"] == "lost" and state["error"]["code"] == "SERVER_PROCESS_LOST", state
+
+
+@pytest.mark.integration
+@pytest.mark.multiprocess
+@pytest.mark.redis
+@pytest.mark.timeout(120)
+async def test_a_command_whose_process_stops_cleanly_reads_lost_with_its_output(cluster: Cluster) -> None:
+    from tests.mcp.test_mcp_endpoint import mcp_client
+
+    stopping = cluster.instance.serve()  # a process of this test's own: the others stay up
+    async with mcp_client(cluster.mcp(stopping), cluster.token) as on_it:
+        start = await on_it.call_tool("local_pc_command_start", {"command": "echo begun; sleep 30"})
+        read = {"command_id": _answer(start)["command_id"]}
+        for _ in range(100):
+            state = _answer(await on_it.call_tool("local_pc_command_read", read))
+            if state["stdout"]:
+                break
+            await asyncio.sleep(0.1)
+        assert state["status"] == "running" and state["stdout"] == "begun\n", state
+    assert await asyncio.to_thread(stopping.stop) == 0  # SIGTERM: the clean shutdown
+    async with mcp_client(cluster.mcp(cluster.a), cluster.token) as on_a:
+        state = _answer(await on_a.call_tool("local_pc_command_read", read))
+    # Recorded by the stopping process itself, before its row went: not guessed from its silence.
+    assert state["status"] == "lost" and state["error"]["code"] == "SHUTTING_DOWN", state
+    assert state["stdout"] == "begun\n"

@@ -37,6 +37,7 @@ from core.open_files import raise_open_file_limit
 from core.presence import current_process_id
 from dispatch.background import heartbeat_loop, revocation_loop, run_background_services
 from dispatch.mcp.streams import close_all as close_mcp_streams
+from machines.services.command_runs import command_runs_shutdown
 
 logger = logging.getLogger("dispatch.serve")
 
@@ -508,6 +509,8 @@ class _Runtime:
         for port in self.ports:
             port.stopListening()
         close_mcp_streams()  # MCP event streams end now: their clients reconnect to another process
+        # Before the row goes (its CANCELs would end them "cancelled"): each run writes lost, with its output.
+        await command_runs_shutdown()
         for task in self.tasks:
             task.cancel()
         # Whether every socket closed in time: then each consumer failed what it had forwarded,
