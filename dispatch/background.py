@@ -166,12 +166,13 @@ def reap_once() -> None:
     from agents.services import runs_fail_orphaned
     from core.selectors import alive_processes
     from machines.services.command_runs import command_runs_expired_delete
-    from oauth.services import registered_clients_cleanup
+    from oauth.services import registered_clients_cleanup, used_codes_expired_delete
 
     services.server_process_reap()
     runs_fail_orphaned(alive_process_ids=alive_processes().values_list("pk", flat=True))
     command_runs_expired_delete()
     registered_clients_cleanup()
+    used_codes_expired_delete()
     global _tokens_cleared_at
     if time.monotonic() - _tokens_cleared_at >= TOKENS_CLEAR_INTERVAL:
         _tokens_cleared_at = time.monotonic()

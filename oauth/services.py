@@ -4,13 +4,15 @@ cleanup of registered clients nobody used."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.utils import timezone
 from oauth2_provider.models import get_access_token_model, get_grant_model, get_refresh_token_model
 
-from oauth.models import OAuthPolicy
+from oauth.models import USED_CODE_SECONDS, OAuthPolicy, UsedCode
 from oauth.selectors import unused_registered_clients
 
 
@@ -52,4 +54,12 @@ def policy_update(*, actor: User, dcr_enabled: bool, cimd_enabled: bool, cimd_pr
 def registered_clients_cleanup() -> int:
     """Delete the unused registered clients (``unused_registered_clients``); returns how many."""
     deleted, _by_model = unused_registered_clients().delete()
+    return int(deleted)
+
+
+def used_codes_expired_delete() -> int:
+    """Forget the exchanged codes older than ``USED_CODE_SECONDS`` (a replay after that is
+    refused as an unknown code, without the revocation); returns how many went."""
+    cutoff = timezone.now() - timedelta(seconds=USED_CODE_SECONDS)
+    deleted, _by_model = UsedCode.objects.filter(used_at__lt=cutoff).delete()
     return int(deleted)

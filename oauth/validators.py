@@ -23,6 +23,8 @@ from oauth2_provider.settings import oauth2_settings
 from oauthlib.common import generate_token
 from oauthlib.oauth2.rfc6749 import errors
 
+from oauth.models import UsedCode
+
 LOOPBACK_HOSTS = frozenset(["localhost", "127.0.0.1", "::1"])
 
 
@@ -78,6 +80,31 @@ class DispatchOAuth2Validator(OAuth2Validator):
         if redirect_uri_problem(redirect_uri) is not None:
             return False
         return bool(super().validate_redirect_uri(client_id, redirect_uri, request, *args, **kwargs))
+
+    def _create_refresh_token(self, request: Any, refresh_token_code: str, access_token: Any, previous: Any) -> Any:
+        refresh_token = super()._create_refresh_token(request, refresh_token_code, access_token, previous)
+        request.dispatch_token_family = refresh_token.token_family  # what invalidate_authorization_code records
+        return refresh_token
+
+    def invalidate_authorization_code(self, client_id: str, code: str, request: Any, *args: Any, **kwargs: Any) -> None:
+        """The library deletes the code; its checksum is kept with the token family it
+        started (``UsedCode``), so that a replay can revoke that family (``validate_code``)."""
+        super().invalidate_authorization_code(client_id, code, request, *args, **kwargs)
+        UsedCode.objects.create(
+            code_checksum=hashlib.sha256(code.encode("utf-8")).hexdigest(),
+            application=request.client,
+            token_family=getattr(request, "dispatch_token_family", None),
+        )
+
+    def validate_code(self, client_id: str, code: str, client: Any, request: Any, *args: Any, **kwargs: Any) -> bool:
+        """The library's check; a code already exchanged (RFC 6749 §4.1.2: the server SHOULD
+        revoke the tokens it issued) revokes the family its first use started, and is refused."""
+        if super().validate_code(client_id, code, client, request, *args, **kwargs):
+            return True
+        checksum = hashlib.sha256(code.encode("utf-8")).hexdigest()
+        for used in UsedCode.objects.filter(code_checksum=checksum, application=client).exclude(token_family=None):
+            get_refresh_token_model().revoke_family(used.token_family)
+        return False
 
     def validate_refresh_token(self, refresh_token: str, client: Any, request: Any, *args: Any, **kwargs: Any) -> bool:
         """The library's check, and one bound on its grace window: a refresh token rotated

@@ -134,3 +134,24 @@ def test_a_client_registers_for_the_authorization_code_grant_only(
     would let a stranger mint token rows without signing anyone in."""
     refused = Flow(served[1].url).register(grant_types=grant_types, token_endpoint_auth_method="client_secret_basic")
     assert refused.status_code == 400 and refused.json()["error"] == "invalid_client_metadata", refused.text
+
+
+def test_a_code_exchanged_twice_revokes_what_its_first_exchange_issued(served: tuple[Instance, Server]) -> None:
+    """RFC 6749 §4.1.2: a code used twice is refused, and the tokens issued with it are revoked."""
+    inst, server = served
+    flow = Flow(server.url)
+    assert flow.register().status_code == 201
+    flow.login("admin", inst.admin_password)
+    from tests.oauth.flow import pkce_pair
+
+    verifier, challenge = pkce_pair()
+    code = flow.code(challenge)
+    first = flow.exchange(code, verifier)
+    assert first.status_code == 200
+    tokens = first.json()
+    assert flow.mcp(tokens["access_token"], INITIALIZE).status_code == 200
+    replayed = flow.exchange(code, verifier)
+    assert replayed.status_code == 400 and replayed.json()["error"] == "invalid_grant"
+    assert flow.mcp(tokens["access_token"], INITIALIZE).status_code == 401
+    refreshed = flow.token(grant_type="refresh_token", refresh_token=tokens["refresh_token"])
+    assert refreshed.status_code == 400
