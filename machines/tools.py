@@ -268,7 +268,8 @@ COMMAND_HANDLE_TOOLS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "local_pc_command_cancel": (
         "Stop a started command (its process group is killed on the machine) and answer its state as "
-        "local_pc_command_read, with cancel_sent (whether a stop was sent: it was running, or lost while still in flight).",
+        "local_pc_command_read, with cancel_sent (whether a stop was sent: it was running, or lost while "
+        "still in flight).",
         {
             "type": "object",
             "properties": {"command_id": _COMMAND_ID, "session_id": _SESSION},
