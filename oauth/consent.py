@@ -102,6 +102,12 @@ class ConsentForm(AllowForm):
                 f"{', '.join(beyond)} was not requested by this application: "
                 "you can grant less than it asked for, not more."
             )
+        if ALL in checked and len(checked) > 1:
+            # "Everything" and a narrow box both checked: the user meant to narrow, or not.
+            raise forms.ValidationError(
+                "“Everything” is checked together with narrower permissions: uncheck “Everything” to give "
+                "only what you checked, or uncheck the others to give everything."
+            )
         if not checked:
             raise forms.ValidationError(
                 "Check at least one permission to allow, or press Cancel to give this application nothing."

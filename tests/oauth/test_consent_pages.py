@@ -195,9 +195,15 @@ def test_everything_but_a_shell_is_granted_as_checked(alice: Client, application
     assert tokens["scope"].split() == checked
 
 
-def test_everything_stays_everything_when_narrow_boxes_are_checked_too(alice: Client, application: Any) -> None:
-    tokens = signed_in(alice, application, ["mcp", "mcp:remotes"])
-    assert tokens["scope"] == "mcp"
+def test_everything_checked_with_narrow_boxes_is_an_error_not_everything(alice: Client, application: Any) -> None:
+    """A user who checked "remotes" but left "Everything" checked meant to narrow the grant
+    (or not): the page asks, it does not silently give everything."""
+    page = consent_page(alice, application)
+    response = post_consent(alice, page, allow="Authorize", scopes=["mcp", "mcp:remotes"])
+    assert response.status_code == 400
+    assert "uncheck “Everything”" in text_of(response)
+    assert 'id="consent-allow"' in text_of(response)
+    assert not Grant.objects.exists()
 
 
 def test_it_refuses_to_grant_a_scope_the_client_did_not_request(alice: Client, application: Any) -> None:
