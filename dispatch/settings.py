@@ -651,5 +651,7 @@ LOGGING = {
         # outgoing peer request, are noise at INFO.
         "mcp.server.streamable_http": {"level": "WARNING"},
         "httpx": {"level": "WARNING"},
+        # django-oauth-toolkit's sweep of expired tokens (the reaper's) says "0 … deleted" at INFO.
+        "oauth2_provider.models": {"level": "WARNING"},
     },
 }
