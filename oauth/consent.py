@@ -34,7 +34,7 @@ from oauth2_provider.views import AuthorizationView
 from oauthlib.oauth2.rfc6749 import errors
 
 from oauth.scopes import ALL, NARROW, granted
-from oauth.validators import redirect_uri_problem, resources
+from oauth.validators import has_nul, redirect_uri_problem, resources
 
 EVERYTHING = (
     "Everything: every MCP tool — your agents (launch, message, answer approvals), your remotes' "
@@ -233,7 +233,9 @@ class ConsentView(AuthorizationView):
         return response
 
     def _application(self, client_id: str) -> Any:
-        return get_application_model().objects.filter(client_id=client_id).first() if client_id else None
+        if not client_id or has_nul(client_id):
+            return None
+        return get_application_model().objects.filter(client_id=client_id).first()
 
     def _error_page(self, error: str, description: str) -> HttpResponse:
         oauth_error = errors.CustomOAuth2Error(error=error, description=description)

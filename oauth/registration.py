@@ -38,7 +38,7 @@ from oauth2_provider.views import DynamicClientRegistrationManagementView, Dynam
 from core.services import rate_limiter
 from oauth.models import OAuthPolicy
 from oauth.services import registered_clients_cleanup
-from oauth.validators import redirect_uri_problem
+from oauth.validators import has_nul, redirect_uri_problem
 
 logger = logging.getLogger(__name__)
 
@@ -86,10 +86,14 @@ def _metadata_refused(request: HttpRequest) -> JsonResponse | None:
     ``code``."""
     try:
         body = json.loads(request.body or b"{}")
+    except RecursionError:
+        return _error("invalid_client_metadata", "the body is nested too deeply", 400)
     except ValueError:
         return None  # the library answers invalid_client_metadata
     if not isinstance(body, dict):
         return None
+    if has_nul(body):
+        return _error("invalid_client_metadata", "a value holds a NUL character", 400)
     uris = body.get("redirect_uris")
     if not isinstance(uris, list) or not uris:
         return _error("invalid_redirect_uri", "redirect_uris must list at least one redirect URI", 400)

@@ -53,6 +53,21 @@ def redirect_uri_problem(uri: str) -> str | None:
     )
 
 
+def has_nul(value: Any, depth: int = 0) -> bool:
+    """Whether a string in ``value`` (a JSON value; depth-capped) holds a NUL: PostgreSQL's
+    text columns refuse one with an error, so a lookup or an insert with it would be a 500
+    (SQLite takes it)."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if depth > 64:
+        return False
+    if isinstance(value, dict):
+        return any(has_nul(key, depth + 1) or has_nul(item, depth + 1) for key, item in value.items())
+    if isinstance(value, list):
+        return any(has_nul(item, depth + 1) for item in value)
+    return False
+
+
 def resources() -> frozenset[str]:
     """The resource identifiers this authorization server issues tokens for."""
     return frozenset([settings.MCP_OAUTH_RESOURCE])
@@ -73,6 +88,11 @@ class DispatchOAuth2Validator(OAuth2Validator):
                 f"{settings.MCP_OAUTH_RESOURCE} only",
                 request=request,
             )
+
+    def _load_application(self, client_id: str, request: Any) -> Any:
+        if has_nul(client_id):
+            return None  # no client is named so; PostgreSQL would refuse the lookup
+        return super()._load_application(client_id, request)
 
     def validate_redirect_uri(self, client_id: str, redirect_uri: str, request: Any, *args: Any, **kwargs: Any) -> bool:
         """The library's exact-match check (loopback: any port), and whatever registered the
@@ -99,6 +119,8 @@ class DispatchOAuth2Validator(OAuth2Validator):
     def validate_code(self, client_id: str, code: str, client: Any, request: Any, *args: Any, **kwargs: Any) -> bool:
         """The library's check; a code already exchanged (RFC 6749 §4.1.2: the server SHOULD
         revoke the tokens it issued) revokes the family its first use started, and is refused."""
+        if has_nul(code):
+            return False
         if super().validate_code(client_id, code, client, request, *args, **kwargs):
             return True
         checksum = hashlib.sha256(code.encode("utf-8")).hexdigest()
@@ -110,7 +132,9 @@ class DispatchOAuth2Validator(OAuth2Validator):
         """The library's check, and one bound on its grace window: a refresh token rotated
         away refreshes once more within it (one second pair, ``_sibling_pair``), never twice —
         a third use is taken for theft and revokes the family, as after the window."""
-        if not super().validate_refresh_token(refresh_token, client, request, *args, **kwargs):
+        if has_nul(refresh_token) or not super().validate_refresh_token(
+            refresh_token, client, request, *args, **kwargs
+        ):
             return False
         presented = request.refresh_token_instance
         if presented.revoked is None or presented.token_family is None:
