@@ -35,6 +35,8 @@ from oauth2_provider.models import get_application_model
 from oauth2_provider.settings import oauth2_settings
 from oauth2_provider.views import DynamicClientRegistrationManagementView, DynamicClientRegistrationView
 
+from core.errors import unavailable_error
+from core.outage import RETRY_AFTER_SECONDS
 from core.services import rate_limiter
 from oauth.models import OAuthPolicy
 from oauth.services import registered_clients_cleanup
@@ -129,7 +131,14 @@ class RegistrationView(DynamicClientRegistrationView):
             return _error("access_denied", "dynamic client registration is turned off on this server", 403)
         limit = parse(settings.OAUTH_DCR_RATE)
         address = rate_key(str(request.META.get("REMOTE_ADDR") or ""))
-        if not rate_limiter().hit(limit, settings.REDIS_PREFIX, "oauth-dcr", address):
+        try:
+            allowed = rate_limiter().hit(limit, settings.REDIS_PREFIX, "oauth-dcr", address)
+        except Exception as exc:  # Redis down or frozen: the RFC 7591 error shape, not the site's 503 page
+            mapped = unavailable_error(exc)
+            if mapped is None:
+                raise
+            return _error("temporarily_unavailable", mapped.message, 503, Retry_After=str(RETRY_AFTER_SECONDS))
+        if not allowed:
             return _error(
                 "slow_down",
                 f"too many client registrations from this address (at most {settings.OAUTH_DCR_RATE})",
