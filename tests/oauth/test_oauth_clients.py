@@ -11,8 +11,6 @@ the tests are skipped locally and fail under ``CI=true``.
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import json
 import os
 import queue
@@ -29,11 +27,8 @@ from typing import Any
 
 import httpx
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
+from deploy.tls import self_signed_certificate
 from tests.backends import free_port, unavailable
 from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
 from tests.infra import REPO, Instance, Server, instance, wait_until
@@ -370,68 +365,13 @@ def test_two_calls_at_once_after_an_expiry_both_succeed_and_keep_the_session(ins
             client.stop()
 
 
-def make_certificates(folder: Path) -> tuple[Path, Path, Path]:
-    """A throwaway CA and a server certificate for ``127.0.0.1`` and ``localhost`` signed
-    by it: ``(ca.pem, server.pem, server.key)``."""
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Dispatch test CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    names = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    ca_path, cert_path, key_path = folder / "ca.pem", folder / "server.pem", folder / "server.key"
-    ca_path.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    return ca_path, cert_path, key_path
-
-
 @contextmanager
 def metadata_document(folder: Path, redirect_uri: str) -> Iterator[tuple[str, list[str]]]:
     """A Client ID Metadata Document served over HTTPS on 127.0.0.1: ``(its URL, the paths
-    requested so far)``; the CA that signed the server's certificate is ``folder/ca.pem``."""
-    _ca, cert, key = make_certificates(folder)
+    requested so far)``; its certificate, ``folder/cert.pem``, is its own CA (``deploy.tls``),
+    which the server trusts through ``SSL_CERT_FILE``."""
+    certificate = self_signed_certificate(folder)
+    cert, key = certificate.cert, certificate.key
     requested: list[str] = []
     document: dict[str, Any] = {}
 
@@ -488,7 +428,7 @@ def test_the_typescript_sdk_signs_in_with_a_client_id_metadata_document(
     before = {app["client_id"] for app in applications(inst)}
     with (
         metadata_document(tmp_path, callback) as (document_url, fetched),
-        served(inst, SSL_CERT_FILE=str(tmp_path / "ca.pem")) as (_server, proxy),
+        served(inst, SSL_CERT_FILE=str(tmp_path / "cert.pem")) as (_server, proxy),
     ):
         metadata = httpx.get(f"{proxy.url}/.well-known/oauth-authorization-server/oauth").json()
         assert metadata["client_id_metadata_document_supported"] is True
