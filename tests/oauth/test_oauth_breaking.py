@@ -553,7 +553,7 @@ def test_a_revocation_on_one_process_ends_the_stream_open_on_the_other(pair: Pai
     reader = threading.Thread(target=read_stream, daemon=True)
     reader.start()
     assert opened.wait(20), "the stream did not open"
-    # RFC 7009 revocation of the refresh token (§2.1: its access token goes too) on B.
+    # RFC 7009 revocation of the refresh token on B (RFC 7009 §2.1: its access token goes too).
     revoked_at = time.monotonic()
     revoke = httpx.post(
         f"{pair.b.url}/oauth/revoke/",
