@@ -46,11 +46,19 @@ def node_or_skip() -> str:
 
 
 class NodeClient:
-    """``node mcp_client.mjs`` as a subprocess; its JSON lines arrive in ``steps`` as printed."""
+    """``node <script>`` (``mcp_client.mjs`` by default) as a subprocess; its JSON lines arrive
+    as printed (``until``); ``stdin``: keep its standard input open for commands."""
 
-    def __init__(self, node: str, *args: str) -> None:
+    script = SCRIPT
+
+    def __init__(self, node: str, *args: str, stdin: bool = False) -> None:
         self.proc = subprocess.Popen(
-            [node, str(SCRIPT), *args], cwd=CLIENTS, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            [node, str(self.script), *args],
+            cwd=CLIENTS,
+            stdin=subprocess.PIPE if stdin else None,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
         self.seen: list[dict[str, Any]] = []

@@ -30,8 +30,8 @@ import pytest
 
 from deploy.tls import self_signed_certificate
 from tests.backends import free_port, unavailable
-from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS
 from tests.infra import REPO, Instance, Server, instance, wait_until
+from tests.mcp.test_mcp_typescript_client import NodeClient as TypeScriptClient
 from tests.oauth.flow import INITIALIZE, MCP_HEADERS
 from tests.oauth.oauth_proxy import Exchange, RecordingProxy
 
@@ -53,21 +53,6 @@ def node_or_skip() -> str:
     if not (SCRIPT.exists() and MCP_REMOTE.exists()):
         unavailable(f"the test clients are not installed: {INSTALL}")
     return node
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    """Debian's Chromium, headless, launched as tests/browser/conftest.py does."""
-    if not CHROMIUM.exists():
-        unavailable("browser tests need Chromium: apt-get install chromium")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
 
 
 @pytest.fixture(scope="module")
@@ -97,41 +82,13 @@ def report(name: str, exchanges: list[Exchange]) -> None:
         print(f"  {number:2}. {exchange}")
 
 
-class NodeClient:
-    """``node mcp_oauth_client.mjs`` as a subprocess: its JSON lines arrive as printed,
-    commands go to its stdin."""
+class NodeClient(TypeScriptClient):
+    """``node mcp_oauth_client.mjs``: the TypeScript MCP client's runner, with commands on its stdin."""
+
+    script = SCRIPT
 
     def __init__(self, node: str, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [node, str(SCRIPT), *args],
-            cwd=CLIENTS,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
-        self.seen: list[dict[str, Any]] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line.strip():
-                self.lines.put(json.loads(line))
-
-    def until(self, step: str, timeout: float = 20) -> dict[str, Any]:
-        """The next line of ``step``; fails on a ``failed`` line or after ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise AssertionError(f"node printed no {step!r} within {timeout:g}s; saw {self.seen}") from None
-            self.seen.append(line)
-            assert line["step"] != "failed", f"{line['message']}\nstderr: {self.stderr()}"
-            if line["step"] == step:
-                return line
+        super().__init__(node, *args, stdin=True)
 
     def send(self, command: str) -> None:
         assert self.proc.stdin is not None
@@ -141,17 +98,6 @@ class NodeClient:
     def steps(self, step: str) -> list[dict[str, Any]]:
         """Every line of ``step`` read so far (by ``until``)."""
         return [line for line in self.seen if line["step"] == step]
-
-    def stderr(self) -> str:
-        if self.proc.poll() is None:
-            return "(still running)"
-        assert self.proc.stderr is not None
-        return self.proc.stderr.read()[-3000:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(5)
 
 
 def sign_in(browser: Any, authorization_url: str, password: str, callback: str, *, button: str = ALLOW) -> str:
