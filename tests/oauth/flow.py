@@ -8,6 +8,8 @@ import base64
 import hashlib
 import re
 import secrets
+import threading
+import time
 from dataclasses import dataclass, field
 from html import unescape
 from typing import Any
@@ -148,3 +150,28 @@ class Flow:
     def mcp(self, access_token: str, message: dict[str, Any], path: str = "/mcp/oauth") -> httpx.Response:
         headers = {**MCP_HEADERS, "Authorization": f"Bearer {access_token}"}
         return httpx.post(f"{self.base}{path}", json=message, headers=headers, timeout=20)
+
+
+class EventStream:
+    """``GET <url>``, an MCP event stream, read in a thread with ``access_token``: ``opened`` is
+    set once it answered 200, ``ended`` holds the monotonic time it closed (empty while open)."""
+
+    def __init__(self, url: str, access_token: str) -> None:
+        self.url = url
+        self.headers = {"Accept": "text/event-stream", "Authorization": f"Bearer {access_token}"}
+        self.opened = threading.Event()
+        self.ended: list[float] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        try:
+            with httpx.stream("GET", self.url, headers=self.headers, timeout=httpx.Timeout(10, read=60)) as response:
+                assert response.status_code == 200
+                self.opened.set()
+                for _line in response.iter_lines():
+                    pass
+        except httpx.HTTPError:
+            pass
+        finally:
+            self.ended.append(time.monotonic())

@@ -9,13 +9,11 @@ from __future__ import annotations
 import html
 import json
 import re
-import threading
 import time
 from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-import httpx
 import pytest
 from django.conf import settings
 from django.contrib import admin
@@ -32,7 +30,7 @@ from core.models import ServerProcess
 from dispatch.models import McpStream
 from oauth.models import OAuthPolicy
 from tests.infra import instance
-from tests.oauth.flow import Flow, form_fields, pkce_pair
+from tests.oauth.flow import EventStream, Flow, form_fields, pkce_pair
 
 pytestmark = pytest.mark.django_db
 
@@ -444,28 +442,9 @@ def test_revoke_on_the_settings_page_ends_an_open_event_stream() -> None:
         tokens = flow.exchange(code, verifier).json()
         assert tokens["scope"] == "mcp:remotes"
 
-        opened = threading.Event()
-        ended: list[float] = []
-
-        def read_stream() -> None:
-            headers = {"Accept": "text/event-stream", "Authorization": f"Bearer {tokens['access_token']}"}
-            try:
-                with httpx.stream(
-                    "GET", f"{server.url}/mcp/oauth", headers=headers, timeout=httpx.Timeout(10, read=60)
-                ) as response:
-                    assert response.status_code == 200
-                    opened.set()
-                    for _line in response.iter_lines():
-                        pass
-            except httpx.HTTPError:
-                pass
-            finally:
-                ended.append(time.monotonic())
-
-        reader = threading.Thread(target=read_stream, daemon=True)
-        reader.start()
-        assert opened.wait(20), "the stream did not open"
-        assert not ended
+        stream = EventStream(f"{server.url}/mcp/oauth", tokens["access_token"])
+        assert stream.opened.wait(20), "the stream did not open"
+        assert not stream.ended
 
         settings_page = flow.browser.get("/settings/")
         text = html.unescape(settings_page.text)
@@ -476,7 +455,7 @@ def test_revoke_on_the_settings_page_ends_an_open_event_stream() -> None:
         revoked_at = time.monotonic()
         answer = flow.browser.post(action.group(1), data={"csrfmiddlewaretoken": csrf})
         assert answer.status_code == 302
-        reader.join(15)
-        assert ended, "the stream is still open 15 s after Revoke"
-        assert ended[0] - revoked_at < 10
+        stream.reader.join(15)
+        assert stream.ended, "the stream is still open 15 s after Revoke"
+        assert stream.ended[0] - revoked_at < 10
         assert flow.mcp(tokens["access_token"], {"jsonrpc": "2.0", "id": 1, "method": "ping"}).status_code == 401

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -29,7 +28,7 @@ from mcp_types import TextContent
 
 from tests.backends import free_port, start_redis_server
 from tests.infra import Instance, Server, instance, wait_until
-from tests.oauth.flow import INITIALIZE, MCP_HEADERS, Flow, form_fields, pkce_pair
+from tests.oauth.flow import INITIALIZE, MCP_HEADERS, EventStream, Flow, form_fields, pkce_pair
 from tests.oauth.hostile_support import NOTHING_ISSUED, redirect_query, shell_json, stored
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -532,27 +531,8 @@ def test_a_revocation_on_one_process_ends_the_stream_open_on_the_other(pair: Pai
     assert tokens.status_code == 200, tokens.text
     access = tokens.json()["access_token"]
 
-    opened = threading.Event()
-    ended: list[float] = []
-
-    def read_stream() -> None:  # MCP's event stream, open on A
-        headers = {"Accept": "text/event-stream", "Authorization": f"Bearer {access}"}
-        try:
-            with httpx.stream(
-                "GET", f"{pair.a.url}/mcp/oauth", headers=headers, timeout=httpx.Timeout(10, read=60)
-            ) as response:
-                assert response.status_code == 200
-                opened.set()
-                for _line in response.iter_lines():
-                    pass
-        except httpx.HTTPError:
-            pass
-        finally:
-            ended.append(time.monotonic())
-
-    reader = threading.Thread(target=read_stream, daemon=True)
-    reader.start()
-    assert opened.wait(20), "the stream did not open"
+    stream = EventStream(f"{pair.a.url}/mcp/oauth", access)
+    assert stream.opened.wait(20), "the stream did not open"
     # RFC 7009 revocation of the refresh token on B (RFC 7009 §2.1: its access token goes too).
     revoked_at = time.monotonic()
     revoke = httpx.post(
@@ -561,9 +541,10 @@ def test_a_revocation_on_one_process_ends_the_stream_open_on_the_other(pair: Pai
         timeout=10,
     )
     assert revoke.status_code == 200, revoke.text
-    reader.join(15)
-    assert ended, "A's stream is still open 15 s after B revoked its token"
-    assert ended[0] - revoked_at < 8, f"A's stream ended {ended[0] - revoked_at:.1f} s after the revocation"
+    stream.reader.join(15)
+    assert stream.ended, "A's stream is still open 15 s after B revoked its token"
+    took = stream.ended[0] - revoked_at
+    assert took < 8, f"A's stream ended {took:.1f} s after the revocation"
     assert flow.mcp(access, INITIALIZE).status_code == 401
 
 
