@@ -25,6 +25,8 @@ from typing import Any
 
 import urllib3
 from django.conf import settings
+from django.db import transaction
+from django.db.models import F
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.decorators import method_decorator
 from django.views.decorators.csrf import csrf_exempt
@@ -149,14 +151,15 @@ class RegistrationView(DynamicClientRegistrationView):
         if refused is not None:
             return refused
         if _at_cap():
-            logger.warning("OAuth client registration refused: the cap on registered clients is reached")
-            return _error(
-                "temporarily_unavailable",
-                "this server holds as many registered clients as it may; try again later",
-                503,
-                Retry_After="3600",
-            )
-        return super().post(request, *args, **kwargs)
+            return _cap_reached()
+        with transaction.atomic():
+            response: HttpResponse = super().post(request, *args, **kwargs)
+            if response.status_code == 201 and _over_cap_after_insert():
+                # Registrations that passed the count above together: the last to take the
+                # lock finds the others' rows and undoes its own.
+                transaction.set_rollback(True)
+                return _cap_reached()
+        return response
 
 
 @method_decorator(csrf_exempt, name="dispatch")
@@ -205,12 +208,38 @@ class MetadataDocumentRegistration:
         return True
 
 
+def _cap_reached() -> JsonResponse:
+    logger.warning("OAuth client registration refused: the cap on registered clients is reached")
+    return _error(
+        "temporarily_unavailable",
+        "this server holds as many registered clients as it may; try again later",
+        503,
+        Retry_After="3600",
+    )
+
+
+def _over_cap_after_insert() -> bool:
+    """Inside the registration's transaction, after its insert: whether the registered
+    clients now exceed ``DISPATCH_OAUTH_DCR_MAX_CLIENTS``. The policy row's lock orders the
+    registrations that got here together; the count runs after it is held, so it sees the
+    rows of every registration that committed before (PostgreSQL's read committed; SQLite
+    has one writer at a time). The lock is held from here to the commit: no hashing or
+    network inside it."""
+    OAuthPolicy.current()
+    OAuthPolicy.objects.filter(pk=1).update(updated_at=F("updated_at"))  # the row's write lock
+    return _registered().count() > settings.OAUTH_DCR_MAX_CLIENTS
+
+
+def _registered() -> Any:
+    Application = get_application_model()
+    sources = [Application.RegistrationSource.DCR, Application.RegistrationSource.CIMD]
+    return Application.objects.filter(registration_source__in=sources)
+
+
 def _at_cap() -> bool:
     """Whether the registered clients (DCR and metadata documents) fill
     ``DISPATCH_OAUTH_DCR_MAX_CLIENTS`` even after the unused ones are deleted."""
-    Application = get_application_model()
-    sources = [Application.RegistrationSource.DCR, Application.RegistrationSource.CIMD]
-    registered = Application.objects.filter(registration_source__in=sources)
+    registered = _registered()
     if registered.count() < settings.OAUTH_DCR_MAX_CLIENTS:
         return False
     registered_clients_cleanup()
