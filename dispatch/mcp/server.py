@@ -390,7 +390,8 @@ def build_server() -> Server[Any]:
         version="1",
         instructions=(
             "Dispatch: your machines (local_pc_* tools), your agents (list_agents, dispatch_launch_agent, "
-            "dispatch_send_message ...) and your connected remotes (remote__* tools)."
+            "dispatch_send_message ...) and your connected remotes (remote__* tools). An OAuth connection "
+            "has the ones its scopes allow: tools/list shows them."
         ),
         on_list_tools=list_tools,
         on_call_tool=call_tool,
