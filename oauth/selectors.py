@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -47,6 +48,21 @@ class Connection:
     last_used_at: datetime | None = None
 
     @property
+    def redirect_hosts(self) -> list[str]:
+        """Where the application's sign-ins return: the hosts of its redirect URIs (with the
+        port for a non-loopback one, a custom scheme as ``scheme:``), what tells two
+        applications of one name apart."""
+        hosts: list[str] = []
+        for uri in str(self.application.redirect_uris or "").split():
+            parts = urlsplit(uri)
+            host = parts.hostname or f"{parts.scheme}:"
+            if parts.port and host not in ("127.0.0.1", "localhost", "::1"):
+                host = f"{host}:{parts.port}"
+            if host not in hosts:
+                hosts.append(host)
+        return hosts
+
+    @property
     def source_label(self) -> str:
         Application = get_application_model()
         return {
@@ -56,15 +72,17 @@ class Connection:
         }.get(self.application.registration_source, str(self.application.registration_source))
 
 
-def connections(*, user: User | None) -> list[Connection]:
-    """The connections of ``user`` (``None``: every user's — for admins only), most recently
-    used first; at most ``CONNECTIONS_SHOWN``."""
+def connections(*, user: User | None, excluding: User | None = None) -> list[Connection]:
+    """The connections of ``user`` (``None``: every user's but ``excluding``'s — for admins
+    only), most recently used first; at most ``CONNECTIONS_SHOWN``."""
     AccessToken = get_access_token_model()
     tokens = AccessToken.objects.filter(application__isnull=False, user__isnull=False).select_related(
         "application", "user"
     )
     if user is not None:
         tokens = tokens.filter(user=user)
+    if excluding is not None:
+        tokens = tokens.exclude(user=excluding)
     by_pair: dict[tuple[int, int], Connection] = {}
     scope_sets: dict[tuple[int, int], set[str]] = {}
     for token in tokens.order_by("-updated")[: CONNECTIONS_SHOWN * 10]:
@@ -101,10 +119,10 @@ def connections(*, user: User | None) -> list[Connection]:
 
 def settings_context(*, user: User) -> dict[str, Any]:
     """What the settings page's OAuth section shows ``user``: ``connections``; for staff also
-    ``all_connections`` and ``policy``."""
+    ``other_connections`` (every other user's) and ``policy``."""
     context: dict[str, Any] = {"connections": connections(user=user), "is_admin": user.is_staff}
     if user.is_staff:
-        context["all_connections"] = connections(user=None)
+        context["other_connections"] = connections(user=None, excluding=user)
         context["policy"] = OAuthPolicy.current()
     return context
 

@@ -374,7 +374,7 @@ def test_a_user_sees_and_revokes_only_their_own_applications(
 
 
 def test_an_admin_sees_every_users_connections_and_revokes_one(
-    alice: Client, bob: Client, member: Any, application: Any
+    alice: Client, bob: Client, owner: Any, member: Any, application: Any
 ) -> None:
     signed_in(bob, application, ["mcp:agents"])
     page = text_of(alice.get("/settings/"))
@@ -382,6 +382,13 @@ def test_an_admin_sees_every_users_connections_and_revokes_one(
     row = page[page.index(f'data-user-id="{member.pk}"') :]
     row = row[: row.index("</tr>")]
     assert "bob" in row and "Claude Code" in row and "mcp:agents" in row
+    assert application.client_id[:20] in row and "returns to 127.0.0.1" in row
+    # The admin's own connection is in their own table only, not again among the others'.
+    signed_in(alice, application, ["mcp"])
+    page = text_of(alice.get("/settings/"))
+    others = page[page.index('id="oauth-all-app-list"') :]
+    assert f'data-user-id="{owner.pk}"' not in others
+    assert page.count(f'data-application-id="{application.pk}"') == 2  # alice's row, and bob's
     response = alice.post(f"/settings/oauth/users/{member.pk}/{application.pk}/revoke/", **HOST)
     assert response.status_code == 302
     assert not AccessToken.objects.filter(user=member).exists()
