@@ -235,13 +235,17 @@ class AuditRecord(models.Model):
     def outcome(self) -> str:
         """How the operation ended, as the Machines page says it: ``"running"`` (recorded
         before it was sent, no result yet), ``"cancelled"`` (a command stopped by a cancel,
-        whether the shim then reported an exit code or not), ``"ok"``, else the error code
-        (``"failed"`` when none was recorded)."""
+        whether the shim then reported an exit code or not), ``"exit N"`` (a command that ran
+        and exited with status N other than 0), ``"ok"``, else the error code (``"failed"``
+        when none was recorded)."""
         if self.result.get("pending"):
             return "running"
         if self.result.get("cancelled") or self.result.get("error_code") == "CANCELLED":
             return "cancelled"
         if self.result.get("ok"):
+            code = self.result.get("exit_code")
+            if isinstance(code, int) and not isinstance(code, bool) and code != 0:
+                return f"exit {code}"
             return "ok"
         return str(self.result.get("error_code") or "failed")
 

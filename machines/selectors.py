@@ -51,7 +51,8 @@ class RecentOperation:
 
     ``kind`` is ``"op"``, ``"copy"`` or ``"pipe"``; ``op`` the operation's name (``COPY``,
     ``PIPE`` for the two others); ``machines`` one machine, or a copy's or pipe's source then
-    destination; ``outcome`` ``"ok"``, ``"cancelled"``, an error code, and for a copy also
+    destination; ``outcome`` ``"ok"``, ``"cancelled"``, ``"exit N"`` (a command's non-zero
+    status), an error code, and for a copy also
     ``"running"``, ``"refused"`` (the copy refused after looking at the files: the source
     missing or a directory, the destination there without ``overwrite``) or
     ``"not verified"`` (sizes or SHA-256 differed); ``ts`` when its last record was written;

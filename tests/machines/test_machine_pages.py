@@ -105,6 +105,26 @@ def test_the_page_shows_the_users_recent_operations_only(browser, owner, member)
     assert "/home/bob/private.txt" not in page
 
 
+def test_a_command_that_exited_non_zero_is_shown_as_its_exit_status_not_ok(browser, owner):
+    for request_id, code in (("r-fail", 3), ("r-pass", 0)):
+        AuditRecord.objects.create(
+            user=owner,
+            session_id="default",
+            machine_id="m1",
+            request_id=request_id,
+            op="EXECUTE_COMMAND",
+            details={"command": f"exit {code}"},
+            result={"ok": True, "exit_code": code, "duration_ms": 5},
+            caller="mcp",
+        )
+    page = browser.get("/machines/").content.decode()
+    rows = page[page.index('id="recent-operations"') :].split("<tr>")
+    failed = next(row for row in rows if "command=exit 3" in row)
+    passed = next(row for row in rows if "command=exit 0" in row)
+    assert '<span class="error-text">exit 3</span>' in failed
+    assert "error-text" not in passed and "ok" in passed
+
+
 def test_the_revoke_form_revokes_the_machine_and_its_tokens(browser, owner):
     machine(owner, "m-laptop")
     machine_token_create(user=owner, machine_id="m-laptop")
