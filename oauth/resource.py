@@ -32,12 +32,14 @@ _last_written: dict[int, float] = {}  # access token id → when its last use wa
 @dataclass(frozen=True)
 class OAuthBearer:
     """A valid OAuth access token: its user, its scopes (space-separated in the row), its
-    row id (what stream rows and revocation follow) and its application's id."""
+    row id (what stream rows and revocation follow), its application's id and (claimed,
+    unverified) name."""
 
     user: User
     scopes: frozenset[str]
     token_id: int
     application_id: int | None
+    application_name: str = ""
 
 
 def metadata_url() -> str:
@@ -72,8 +74,13 @@ def oauth_bearer(raw_token: str) -> OAuthBearer:
     if not token.resource or user is None or not user.is_active:
         raise DispatchError("AUTHENTICATION_FAILED", "invalid, expired or revoked token, or one for another resource")
     _note_use(int(token.pk))
+    application = token.application
     return OAuthBearer(
-        user=user, scopes=frozenset(token.scopes), token_id=int(token.pk), application_id=token.application_id
+        user=user,
+        scopes=frozenset(token.scopes),
+        token_id=int(token.pk),
+        application_id=token.application_id,
+        application_name=str(application.name) if application is not None else "",
     )
 
 

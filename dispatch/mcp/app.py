@@ -211,6 +211,7 @@ async def authenticate_oauth(headers: Headers) -> Caller:
         scopes=bearer.scopes,
         oauth_token_id=bearer.token_id,
         oauth_application_id=bearer.application_id,
+        oauth_application_name=bearer.application_name,
     )
 
 

@@ -61,7 +61,7 @@ from core.tools import TOOL_CALL, ToolCall
 from dispatch.mcp.relay import user_feed
 from dispatch.mcp.sessions import session_tag
 from dispatch.mcp.streams import stream_close, stream_open
-from dispatch.mcp.tools import tools_for
+from dispatch.mcp.tools import CALLER, tools_for
 from oauth.scopes import allows as scope_allows
 from oauth.scopes import tool_scope
 
@@ -80,13 +80,24 @@ class Caller:
     (the agent is then the caller of the tools, docs/mcp.md#tools). An OAuth access token
     (``/mcp/oauth``, docs/mcp.md#oauth) carries its ``scopes``, which limit the tools it
     lists and calls (``oauth.scopes``), its row id ``oauth_token_id`` and its application's
-    ``oauth_application_id``; a header token has none (``scopes`` ``None``: every tool)."""
+    ``oauth_application_id`` and claimed ``oauth_application_name``; a header token has none
+    (``scopes`` ``None``: every tool)."""
 
     user: User
     agent: Agent | None = None
     scopes: frozenset[str] | None = None
     oauth_token_id: int | None = None
     oauth_application_id: int | None = None
+    oauth_application_name: str = ""
+
+    @property
+    def audit_caller(self) -> str:
+        """Who asked, in the machine audit (the Machines page's *Caller*): ``"mcp"``, or for
+        an OAuth token ``"mcp oauth <application id>: <claimed name>"`` (the id tells two
+        applications of one claimed name apart)."""
+        if self.oauth_application_id is None:
+            return CALLER
+        return f"{CALLER} oauth {self.oauth_application_id}: {self.oauth_application_name[:80]}"
 
 
 def caller_of(ctx: ServerRequestContext[Any, Any]) -> Caller:
@@ -202,6 +213,7 @@ async def call_tool(ctx: ServerRequestContext[Any, Any], params: types.CallToolR
                 session_id=session_id if isinstance(session_id, str) and session_id else None,
                 caller_agent=caller.agent,
                 name=params.name,
+                audit_caller=caller.audit_caller,
             )
         except Exception as exc:
             mapped = unavailable_error(exc)

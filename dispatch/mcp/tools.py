@@ -68,6 +68,7 @@ async def tools_for(
     caller_agent: Agent | None = None,
     name: str | None = None,
     scopes: frozenset[str] | None = None,
+    audit_caller: str = CALLER,
 ) -> dict[str, Tool]:
     """Every tool of an MCP caller, by name: machine tools, agent tools, then remote tools.
 
@@ -79,17 +80,20 @@ async def tools_for(
     tool a ``tools/call`` runs; a machine tool's name builds the machine tools only (they
     shadow the rest), without the agent tools' and the remotes' queries. ``scopes``: an
     OAuth token's (docs/mcp.md#oauth-scopes), which keep only the tools they allow;
-    ``None`` (a header token) keeps every tool.
+    ``None`` (a header token) keeps every tool. ``audit_caller``: who the machine audit
+    names as the caller (``Caller.audit_caller``).
     """
     machines_only = name is not None and name in MACHINE_TOOL_NAMES
     if scopes is not None:
-        everything = await tools_for(user=user, session_id=session_id, caller_agent=caller_agent, name=name)
+        everything = await tools_for(
+            user=user, session_id=session_id, caller_agent=caller_agent, name=name, audit_caller=audit_caller
+        )
         return {tool_name: tool for tool_name, tool in everything.items() if scope_allows(scopes, tool)}
     return await tool_set(
         user=user,
         caller_agent=caller_agent,  # an agent acts only in its own session; a call naming another is refused
         session_id=session_id or DEFAULT_SESSION,
-        audit_caller=CALLER,
+        audit_caller=audit_caller,
         remotes=() if machines_only else await remote_tools(user=user),
         machines_only=machines_only,
     )

@@ -25,6 +25,8 @@ from django.utils import timezone
 from core.errors import DispatchError
 from core.models import ServerProcess
 from core.presence import current_process_id
+from dispatch.mcp.server import Caller
+from dispatch.mcp.tools import tools_for as mcp_tools_for
 from machines.models import AuditRecord, CommandRun, OperationInFlight
 from machines.services import command_runs
 from machines.services.live import Failed, Output, Result, Started
@@ -115,6 +117,29 @@ async def test_start_returns_while_the_command_still_runs_then_wait_returns_its_
     assert record.result["ok"] is True and record.result["exit_code"] == 0
     assert await database_sync_to_async(OperationInFlight.objects.count)() == 0
     assert run.call_key == f"cmd:{run.id}" and run.server_process_id == current_process_id()
+
+
+@in_process
+async def test_an_oauth_callers_command_names_its_application_in_the_run_and_the_audit(shims, owner):
+    gate = asyncio.Event()
+    gate.set()
+    await live_machine(shims, owner, gated(gate), hostname="buildbox")
+    caller = Caller(user=owner, scopes=frozenset(["mcp"]), oauth_application_id=7, oauth_application_name="Claude")
+    tools = await mcp_tools_for(
+        user=owner,
+        session_id=SESSION,
+        scopes=caller.scopes,
+        name="local_pc_command_start",
+        audit_caller=caller.audit_caller,
+    )
+
+    started = await tools["local_pc_command_start"]({"argv": ["true"]})
+    await tools["local_pc_command_wait"]({"command_id": started["command_id"], "timeout_seconds": 10})
+
+    run = await database_sync_to_async(CommandRun.objects.get)(pk=started["command_id"])
+    await settle()
+    record = await database_sync_to_async(AuditRecord.objects.get)(request_id=str(run.request_id))
+    assert run.caller == record.caller == "mcp oauth 7: Claude"
 
 
 @in_process

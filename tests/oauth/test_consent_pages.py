@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.contrib import admin
 from django.test import Client
@@ -25,8 +26,11 @@ from oauth2_provider.models import (
     get_grant_model,
     get_refresh_token_model,
 )
+from starlette.datastructures import Headers
 
 from core.models import ServerProcess
+from dispatch.mcp.app import authenticate_oauth
+from dispatch.mcp.server import Caller
 from dispatch.models import McpStream
 from oauth.models import OAuthPolicy
 from tests.infra import instance
@@ -347,6 +351,15 @@ def test_revoke_deletes_the_tokens_and_ends_the_open_streams(alice: Client, owne
     later = alice.get("/settings/")
     assert "Disconnected Claude Code" in text_of(later)
     assert 'id="no-oauth-apps"' in later.content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tokens_caller_names_its_application_in_the_machine_audit(alice: Client, application: Any) -> None:
+    token = signed_in(alice, application, ["mcp:machines:read"])["access_token"]
+    caller = async_to_sync(authenticate_oauth)(Headers({"authorization": f"Bearer {token}"}))
+    assert caller.oauth_application_id == application.pk and caller.scopes == frozenset(["mcp:machines:read"])
+    assert caller.audit_caller == f"mcp oauth {application.pk}: Claude Code"
+    assert Caller(user=caller.user).audit_caller == "mcp"  # a header token
 
 
 def test_revoke_is_a_post_with_a_csrf_token(owner: Any, application: Any) -> None:
