@@ -15,11 +15,14 @@ https or loopback http (RFC 8252 §7.3; RFC 9700 §2.1).
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import ipaddress
 import json
 import logging
 import socket
 import ssl
+import threading
 import time
 from typing import Any
 
@@ -258,14 +261,41 @@ class _Buffered:
         return self._body if amount is None else self._body[:amount]
 
 
+class _DeadlinePool(urllib3.HTTPSConnectionPool):
+    """A connection pool that remembers its connections, so a timer can cut them at the
+    fetch's deadline wherever they are blocked (connecting, reading the status line and
+    headers, or the body)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.opened: list[Any] = []
+
+    def _new_conn(self) -> Any:
+        connection = super()._new_conn()
+        self.opened.append(connection)
+        return connection
+
+    def cut(self) -> None:
+        """Shut every connection's socket down: a read blocked in it returns at once."""
+        for connection in self.opened:
+            sock = getattr(connection, "sock", None)
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    # The plain socket's shutdown, under TLS: SSLSocket.shutdown would also
+                    # drop the TLS state another thread is reading with.
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
 class MetadataDocumentFetcher(cimd.SafeMetadataFetcher):
-    """django-oauth-toolkit's fetcher (https only, every resolved address public, the
+    """django-oauth-toolkit's fetcher rules (https only, every resolved address public, the
     connection pinned to the address checked, no redirects, ``CIMD_MAX_DOCUMENT_SIZE`` bytes
     at most), with what it leaves out:
 
-    - ``CIMD_FETCH_TIMEOUT_SECONDS`` (``DISPATCH_OAUTH_CIMD_TIMEOUT``) bounds the whole fetch,
-      body included: the library's socket timeouts bound each read, so a document sent a
-      byte at a time held the authorization request (and a thread) for as long as it dripped;
+    - ``CIMD_FETCH_TIMEOUT_SECONDS`` (``DISPATCH_OAUTH_CIMD_TIMEOUT``) bounds the whole fetch
+      from the first connection to the last byte: a timer shuts the connection down at the
+      deadline. Socket timeouts alone bound each read, so a server sending its headers or
+      its document a byte at a time held the authorization request (and a thread) for as
+      long as it dripped. (Name resolution is left to the system resolver's own timeout.)
     - the document's ``redirect_uris`` are held to the registration's rules
       (``redirect_uri_problem``): one refused URI refuses the document, as it refuses a DCR
       registration;
@@ -276,16 +306,55 @@ class MetadataDocumentFetcher(cimd.SafeMetadataFetcher):
 
     def fetch(self, client_id: str) -> tuple[dict[str, Any], int]:
         self._deadline = time.monotonic() + float(oauth2_settings.CIMD_FETCH_TIMEOUT_SECONDS)
+        parsed = cimd._validate_client_id_url(client_id)
+        port = parsed.port or 443
         if OAuthPolicy.current().cimd_private_addresses:
-            document, max_age = self._fetch_anywhere(client_id)
+            addresses = _resolve_any(str(parsed.hostname), port)
         else:
-            document, max_age = super().fetch(client_id)
+            addresses = cimd._resolve_and_validate(parsed.hostname, port)
+        failure: BaseException | None = None
+        for address in addresses:
+            if time.monotonic() >= self._deadline:
+                break
+            try:
+                document, max_age = self._fetch_from(address, parsed, port)
+                break
+            except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError) as exc:
+                failure = exc
+        else:
+            raise cimd.CIMDError(f"could not fetch client_id document: {failure or 'no time left'}")
         uris = document.get("redirect_uris")
         for uri in uris if isinstance(uris, list) else []:
             problem = redirect_uri_problem(uri) if isinstance(uri, str) else "a redirect URI is not a string"
             if problem is not None:
                 raise cimd.CIMDError(f"client_id document refused: {problem}")
         return document, max_age
+
+    def _fetch_from(self, address: str, parsed: Any, port: int) -> tuple[dict[str, Any], int]:
+        remaining = self._deadline - time.monotonic()
+        pool = _DeadlinePool(
+            host=address,
+            port=port,
+            timeout=urllib3.Timeout(connect=remaining, read=remaining, total=remaining),
+            retries=False,
+            maxsize=1,
+            ssl_context=ssl.create_default_context(),
+            server_hostname=parsed.hostname,
+        )
+        watchdog = threading.Timer(remaining, pool.cut)
+        watchdog.daemon = True
+        watchdog.start()
+        path = parsed.path + (f"?{parsed.query}" if parsed.query else "")
+        headers = {"Host": parsed.netloc, "Accept": "application/json, application/*+json"}
+        try:
+            response = pool.urlopen("GET", path, headers=headers, redirect=False, preload_content=False)
+            try:
+                return self._read_document(response)
+            finally:
+                response.release_conn()
+        finally:
+            watchdog.cancel()
+            pool.close()
 
     def _read_document(self, response: Any) -> tuple[dict[str, Any], int]:
         limit = int(oauth2_settings.CIMD_MAX_DOCUMENT_SIZE) + 1
@@ -300,38 +369,20 @@ class MetadataDocumentFetcher(cimd.SafeMetadataFetcher):
                     break
                 chunks.append(chunk)
                 size += len(chunk)
+        if time.monotonic() > self._deadline:
+            raise cimd.CIMDError("client_id document took too long to arrive")  # cut short at the deadline
         document: tuple[dict[str, Any], int] = super()._read_document(_Buffered(response, b"".join(chunks)))
         return document
 
-    def _fetch_anywhere(self, client_id: str) -> tuple[dict[str, Any], int]:
-        parsed = cimd._validate_client_id_url(client_id)
-        port = parsed.port or 443
-        try:
-            infos = socket.getaddrinfo(parsed.hostname, port, proto=socket.IPPROTO_TCP)
-        except socket.gaierror as exc:
-            raise cimd.CIMDError(f"could not resolve client_id host: {exc}") from exc
-        address = str(infos[0][4][0]) if infos else None
-        if address is None or ipaddress.ip_address(address).is_unspecified:
-            raise cimd.CIMDError("client_id host did not resolve to a usable address")
-        remaining = max(0.01, self._deadline - time.monotonic())
-        pool = urllib3.HTTPSConnectionPool(
-            host=address,
-            port=port,
-            timeout=urllib3.Timeout(connect=remaining, read=remaining, total=remaining),
-            retries=False,
-            maxsize=1,
-            ssl_context=ssl.create_default_context(),
-            server_hostname=parsed.hostname,
-        )
-        path = parsed.path + (f"?{parsed.query}" if parsed.query else "")
-        headers = {"Host": parsed.netloc, "Accept": "application/json, application/*+json"}
-        try:
-            response = pool.urlopen("GET", path, headers=headers, redirect=False, preload_content=False)
-            try:
-                return self._read_document(response)
-            finally:
-                response.release_conn()
-        except urllib3.exceptions.HTTPError as exc:
-            raise cimd.CIMDError(f"could not fetch client_id document: {exc}") from exc
-        finally:
-            pool.close()
+
+def _resolve_any(hostname: str, port: int) -> list[str]:
+    """``hostname``'s addresses, private ones included (the admin allowed them); never the
+    unspecified address (0.0.0.0, ::), which connects to this host."""
+    try:
+        infos = socket.getaddrinfo(hostname, port, proto=socket.IPPROTO_TCP)
+    except socket.gaierror as exc:
+        raise cimd.CIMDError(f"could not resolve client_id host: {exc}") from exc
+    addresses = [str(info[4][0]) for info in infos if not ipaddress.ip_address(info[4][0]).is_unspecified]
+    if not addresses:
+        raise cimd.CIMDError("client_id host did not resolve to a usable address")
+    return addresses

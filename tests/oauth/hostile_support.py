@@ -113,12 +113,14 @@ def make_ca(folder: Path) -> MetadataCA:
 class Document:
     """What the metadata server answers at one path: ``body`` (bytes) after ``delay``
     seconds, with ``content_type``; with ``drip`` (seconds), the headers at once and the
-    body one byte every ``drip`` seconds."""
+    body one byte every ``drip`` seconds; with ``header_drip`` (seconds), the status line
+    and headers (padded to a few hundred bytes) one byte every ``header_drip`` seconds."""
 
     body: bytes
     delay: float = 0.0
     drip: float = 0.0
     content_type: str = "application/json"
+    header_drip: float = 0.0
 
 
 @dataclass
@@ -133,10 +135,18 @@ class MetadataServer:
     def url(self, path: str) -> str:
         return f"https://127.0.0.1:{self.port}{path}"
 
-    def publish(self, path: str, metadata: dict[str, Any] | bytes, *, delay: float = 0.0, drip: float = 0.0) -> str:
+    def publish(
+        self,
+        path: str,
+        metadata: dict[str, Any] | bytes,
+        *,
+        delay: float = 0.0,
+        drip: float = 0.0,
+        header_drip: float = 0.0,
+    ) -> str:
         """Serve ``metadata`` (a JSON object, or raw bytes) at ``path``; returns its URL."""
         body = metadata if isinstance(metadata, bytes) else json.dumps(metadata).encode()
-        self.documents[path] = Document(body=body, delay=delay, drip=drip)
+        self.documents[path] = Document(body=body, delay=delay, drip=drip, header_drip=header_drip)
         return self.url(path)
 
 
@@ -157,6 +167,18 @@ def metadata_server(ca: MetadataCA) -> Iterator[MetadataServer]:
             # A slow server: wait (but not past the test's end) before answering at all.
             stopping.wait(document.delay)
             try:
+                if document.header_drip:
+                    head = (
+                        f"HTTP/1.1 200 OK\r\nContent-Type: {document.content_type}\r\n"
+                        f"Content-Length: {len(document.body)}\r\nX-Padding: {'p' * 300}\r\n\r\n"
+                    ).encode()
+                    for index in range(len(head)):
+                        if stopping.wait(document.header_drip):
+                            return
+                        self.wfile.write(head[index : index + 1])
+                        self.wfile.flush()
+                    self.wfile.write(document.body)
+                    return
                 self.send_response(200)
                 self.send_header("Content-Type", document.content_type)
                 self.send_header("Content-Length", str(len(document.body)))

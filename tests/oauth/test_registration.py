@@ -305,6 +305,26 @@ def test_a_metadata_document_sent_byte_by_byte_is_given_up_on(cimd: Cimd) -> Non
     assert not application_exists(cimd.inst, url)
 
 
+def test_a_metadata_server_sending_its_headers_byte_by_byte_is_given_up_on(cimd: Cimd) -> None:
+    """Each byte comes well within a socket timeout; only a deadline on the whole fetch ends it."""
+    set_policy(cimd.inst, cimd_enabled=True, cimd_private_addresses=True)
+    url = cimd.documents.url("/slow-headers.json")
+    # ~400 bytes of status line and headers at one every 0.05 s: 20 s before the body.
+    cimd.documents.publish("/slow-headers.json", client_document(url), header_drip=0.05)
+    flow = cimd.signed_in(url)
+    _verifier, challenge = pkce_pair()
+    start = time.monotonic()
+    try:
+        answer = flow.authorize_page(challenge)
+    except httpx.TimeoutException:
+        pytest.fail(f"the authorization request was still held after {elapsed(start):.0f} s")
+    took = elapsed(start)
+    assert_unknown_client(answer)
+    # DISPATCH_OAUTH_CIMD_TIMEOUT=1, from the connection to the last byte.
+    assert took < 5, took
+    assert not application_exists(cimd.inst, url)
+
+
 def test_a_metadata_document_naming_another_client_id_is_refused(cimd: Cimd) -> None:
     set_policy(cimd.inst, cimd_enabled=True, cimd_private_addresses=True)
     url = cimd.documents.url("/impostor.json")
