@@ -86,9 +86,10 @@ $(CLIENTS)/node_modules/.installed: $(CLIENTS)/package.json $(CLIENTS)/package-l
 	  echo "node/npm not found: the tests that run the TypeScript MCP client and the real agent CLIs (tests/agents/real_cli) will be skipped (apt-get install nodejs npm)"; \
 	fi
 
-## lint: ruff + mypy + import-linter (the dependency order of docs/architecture.md)
+## lint: ruff (checks and formatting) + mypy + import-linter (the dependency order of docs/architecture.md)
 lint: dev
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy .
 	$(VENV)/bin/lint-imports --no-cache
 

@@ -38,6 +38,4 @@ def ws_sessions_ended(process_id: str, now: Any, session_alive: Exists | None) -
 def cookie_session_keys(user_ids: list[int]) -> QuerySet[Any]:
     """The Django session keys the users' cookie ``/ws`` sessions stand on
     (``core.revocation.cookie_session_keys_register``: a password change ends them)."""
-    return WsSession.objects.filter(user_id__in=user_ids, auth_method=WsSession.AuthMethod.COOKIE).values(
-        "session_key"
-    )
+    return WsSession.objects.filter(user_id__in=user_ids, auth_method=WsSession.AuthMethod.COOKIE).values("session_key")

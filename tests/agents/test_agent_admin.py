@@ -41,9 +41,7 @@ def test_the_cancel_action_cancels_queued_and_running_runs_only(admin_client, ow
     run_claim_next(process_id="p")
     done = Run.objects.create(agent=agent, input={}, status="succeeded")
 
-    admin_client.post(
-        "/admin/agents/run/", {"action": "cancel", "_selected_action": [running.pk, queued.pk, done.pk]}
-    )
+    admin_client.post("/admin/agents/run/", {"action": "cancel", "_selected_action": [running.pk, queued.pk, done.pk]})
 
     assert dict(Run.objects.values_list("pk", "status")) == {
         running.pk: "cancelled",
