@@ -218,7 +218,7 @@ class AuditRecord(models.Model):
     request_id = models.CharField(max_length=64)
     op = models.CharField(max_length=40)
     details = models.JSONField(default=dict)
-    result = models.JSONField(default=dict)  # {ok, error_code, exit_code, duration_ms}
+    result = models.JSONField(default=dict)  # {ok, error_code, exit_code, cancelled, timed_out, duration_ms}
     caller = models.CharField(max_length=200)
     # The request_id of the copy or pipe this record is one step of ("" for an operation of
     # its own): the Machines page shows each copy and pipe as one row (docs/live-operations.md).
@@ -235,13 +235,16 @@ class AuditRecord(models.Model):
     def outcome(self) -> str:
         """How the operation ended, as the Machines page says it: ``"running"`` (recorded
         before it was sent, no result yet), ``"cancelled"`` (a command stopped by a cancel,
-        whether the shim then reported an exit code or not), ``"exit N"`` (a command that ran
-        and exited with status N other than 0), ``"ok"``, else the error code (``"failed"``
-        when none was recorded)."""
+        whether the shim then reported an exit code or not), ``"timed out"`` (a command its
+        shim stopped at its ``timeout``), ``"exit N"`` (a command that ran and exited with
+        status N other than 0), ``"ok"``, else the error code (``"failed"`` when none was
+        recorded)."""
         if self.result.get("pending"):
             return "running"
         if self.result.get("cancelled") or self.result.get("error_code") == "CANCELLED":
             return "cancelled"
+        if self.result.get("ok") and self.result.get("timed_out"):
+            return "timed out"
         if self.result.get("ok"):
             code = self.result.get("exit_code")
             if isinstance(code, int) and not isinstance(code, bool) and code != 0:

@@ -52,7 +52,7 @@ class RecentOperation:
     ``kind`` is ``"op"``, ``"copy"`` or ``"pipe"``; ``op`` the operation's name (``COPY``,
     ``PIPE`` for the two others); ``machines`` one machine, or a copy's or pipe's source then
     destination; ``outcome`` ``"ok"``, ``"cancelled"``, ``"exit N"`` (a command's non-zero
-    status), an error code, and for a copy also
+    status), ``"timed out"``, an error code, and for a copy also
     ``"running"``, ``"refused"`` (the copy refused after looking at the files: the source
     missing or a directory, the destination there without ``overwrite``) or
     ``"not verified"`` (sizes or SHA-256 differed); ``ts`` when its last record was written;
@@ -241,19 +241,22 @@ def _pipe_row(
     operation_id: str, aggregate: dict[str, Any], steps: list[AuditRecord], names: dict[str, str]
 ) -> RecentOperation:
     """A pipe (``machines.services.pipe``): its source and destination commands, told apart
-    by the ids they were sent under (``pipe_command_ids``)."""
+    by the ids they were sent under (``pipe_command_ids``). Its outcome: the first end's
+    error, else ``cancelled`` when the destination was, else the first end that ran and
+    exited non-zero or timed out (``exit N``, ``timed out``), else ``ok``."""
     source_id, destination_id = pipe_command_ids(operation_id)
     ends = {record.request_id: record for record in steps}
     ordered = [ends[i] for i in (source_id, destination_id) if i in ends]
     source, destination = ends.get(source_id), ends.get(destination_id)
-    failures = [r for r in ordered if r.outcome not in ("ok", "cancelled")]
+    ran = [r for r in ordered if r.outcome == "timed out" or r.outcome.startswith("exit ")]
+    failures = [r for r in ordered if r.outcome not in ("ok", "cancelled") and r not in ran]
     if failures:
         outcome = failures[0].outcome
     elif destination is not None and destination.outcome == "cancelled":
         # Cancelling a pipe stops both ends; the source alone is stopped when the destination ends first.
         outcome = "cancelled"
     else:
-        outcome = "ok"
+        outcome = ran[0].outcome if ran else "ok"
     details: dict[str, Any] = {}
     for label, record in (("source", source), ("destination", destination)):
         if record is not None:

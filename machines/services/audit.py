@@ -269,6 +269,7 @@ def streamed_command_audited(
     if isinstance(end, Result):
         result["exit_code"] = end.payload.get("exit_code")
         result["cancelled"] = bool(end.payload.get("cancelled"))
+        result["timed_out"] = bool(end.payload.get("timed_out"))
     else:
         result["error_code"] = end.code if end is not None else "CANCELLED"
         result["cancelled"] = command.cancel_sent

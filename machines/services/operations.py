@@ -349,6 +349,8 @@ class _RoutedOp:
             self.result["exit_code"] = reply.payload.get("exit_code")
             if "cancelled" in reply.payload:
                 self.result["cancelled"] = bool(reply.payload.get("cancelled"))
+            if "timed_out" in reply.payload:
+                self.result["timed_out"] = bool(reply.payload.get("timed_out"))
         self.recorded = True
         return response
 

@@ -32,7 +32,7 @@ async def execute_streamed(
     """Run a command streamed (2.1), handing each ``Output`` to ``on_output`` and assembling
     stdout/stderr up to ``max_file_size_bytes`` together (``output_truncated``). Returns the
     response ``{machine_id, type, payload}`` (a 2.0-shaped ``COMMAND_RESULT`` plus
-    ``cancelled``) and what the audit record adds (``exit_code``, ``cancelled``, ``bytes``).
+    ``cancelled``) and what the audit record adds (``exit_code``, ``cancelled``, ``timed_out``, ``bytes``).
     Raises ``MachineError`` (the shim's ``ERROR``, ``OUTPUT_LOST``, ``MACHINE_UNREACHABLE``,
     ``TIMEOUT``); cancelled, it sends ``CANCEL`` first."""
     command = LiveCommand(
@@ -64,6 +64,7 @@ async def execute_streamed(
             audited = {
                 "exit_code": answer.get("exit_code"),
                 "cancelled": bool(answer.get("cancelled")),
+                "timed_out": bool(answer.get("timed_out")),
                 "bytes": {"stdout": command.bytes["stdout"], "stderr": command.bytes["stderr"]},
             }
             return {"machine_id": candidate.machine_id, "type": event.type, "payload": answer}, audited

@@ -10,7 +10,9 @@ import pytest
 from django.test import Client
 
 from machines.models import AuditRecord, DefaultMachine, Machine, MachineToken
+from machines.selectors import recent_operations_for
 from machines.services.device import machine_token_create
+from machines.services.inflight import pipe_command_ids
 
 pytestmark = pytest.mark.django_db
 
@@ -123,6 +125,52 @@ def test_a_command_that_exited_non_zero_is_shown_as_its_exit_status_not_ok(brows
     passed = next(row for row in rows if "command=exit 0" in row)
     assert '<span class="error-text">exit 3</span>' in failed
     assert "error-text" not in passed and "ok" in passed
+
+
+def _pipe(owner, pipe_id, source_result, destination_result):
+    for request_id, result in zip(pipe_command_ids(pipe_id), (source_result, destination_result), strict=True):
+        AuditRecord.objects.create(
+            user=owner,
+            session_id="default",
+            machine_id="m1",
+            request_id=request_id,
+            operation_id=pipe_id,
+            op="EXECUTE_COMMAND",
+            details={"command": "x"},
+            result={"ok": True, "duration_ms": 5, **result},
+            caller="api",
+        )
+
+
+@pytest.mark.parametrize(
+    ("source", "destination", "shown"),
+    [
+        ({"exit_code": 1}, {"exit_code": -15, "cancelled": True}, "cancelled"),  # the user cancelled it
+        ({"exit_code": -15, "cancelled": True}, {"exit_code": 0}, "ok"),  # the destination ended first
+        ({"exit_code": 0}, {"exit_code": 2}, "exit 2"),
+        ({"exit_code": -1, "timed_out": True}, {"exit_code": 0}, "timed out"),
+        ({"exit_code": 0}, {"exit_code": 0}, "ok"),
+    ],
+)
+def test_a_pipes_outcome_reads_cancelled_before_an_ends_exit_status(owner, source, destination, shown):
+    _pipe(owner, "5fa87ef9-c181-496f-a50e-d9ec4bc701a5", source, destination)
+    (row,) = recent_operations_for(user=owner)
+    assert (row.kind, row.outcome) == ("pipe", shown)
+
+
+def test_a_command_its_shim_stopped_at_its_timeout_reads_timed_out_not_its_exit_status(owner):
+    AuditRecord.objects.create(
+        user=owner,
+        session_id="default",
+        machine_id="m1",
+        request_id="r-slow",
+        op="EXECUTE_COMMAND",
+        details={"command": "sleep 99"},
+        result={"ok": True, "exit_code": -1, "timed_out": True},
+        caller="api",
+    )
+    (row,) = recent_operations_for(user=owner)
+    assert row.outcome == "timed out" and row.failed
 
 
 def test_the_revoke_form_revokes_the_machine_and_its_tokens(browser, owner):
