@@ -29,7 +29,6 @@ from typing import Any
 import urllib3
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.decorators import method_decorator
 from django.views.decorators.csrf import csrf_exempt
@@ -44,7 +43,7 @@ from core.errors import unavailable_error
 from core.outage import RETRY_AFTER_SECONDS
 from core.services import rate_limiter
 from oauth.models import OAuthPolicy
-from oauth.services import registered_clients_cleanup
+from oauth.services import registered_client_over_cap, registered_clients_at_cap
 from oauth.validators import has_nul, redirect_uri_problem
 
 logger = logging.getLogger(__name__)
@@ -153,11 +152,11 @@ class RegistrationView(DynamicClientRegistrationView):
         refused = _metadata_refused(request)
         if refused is not None:
             return refused
-        if _at_cap():
+        if registered_clients_at_cap():
             return _cap_reached()
         with transaction.atomic():
             response: HttpResponse = super().post(request, *args, **kwargs)
-            if response.status_code == 201 and _over_cap_after_insert():
+            if response.status_code == 201 and registered_client_over_cap():
                 # Registrations that passed the count above together: the last to take the
                 # lock finds the others' rows and undoes its own.
                 transaction.set_rollback(True)
@@ -205,7 +204,7 @@ class MetadataDocumentRegistration:
         if not rate_limiter().hit(parse(settings.OAUTH_CIMD_RATE), settings.REDIS_PREFIX, "oauth-cimd", address):
             logger.info("CIMD client %r refused: %s looked up too many new ones", client_id[:200], address)
             return False
-        if _at_cap():
+        if registered_clients_at_cap():
             logger.warning("CIMD client %r refused: the cap on registered clients is reached", client_id[:200])
             return False
         return True
@@ -219,34 +218,6 @@ def _cap_reached() -> JsonResponse:
         503,
         Retry_After="3600",
     )
-
-
-def _over_cap_after_insert() -> bool:
-    """Inside the registration's transaction, after its insert: whether the registered
-    clients now exceed ``DISPATCH_OAUTH_DCR_MAX_CLIENTS``. The policy row's lock orders the
-    registrations that got here together; the count runs after it is held, so it sees the
-    rows of every registration that committed before (PostgreSQL's read committed; SQLite
-    has one writer at a time). The lock is held from here to the commit: no hashing or
-    network inside it."""
-    OAuthPolicy.current()
-    OAuthPolicy.objects.filter(pk=1).update(updated_at=F("updated_at"))  # the row's write lock
-    return _registered().count() > settings.OAUTH_DCR_MAX_CLIENTS
-
-
-def _registered() -> Any:
-    Application = get_application_model()
-    sources = [Application.RegistrationSource.DCR, Application.RegistrationSource.CIMD]
-    return Application.objects.filter(registration_source__in=sources)
-
-
-def _at_cap() -> bool:
-    """Whether the registered clients (DCR and metadata documents) fill
-    ``DISPATCH_OAUTH_DCR_MAX_CLIENTS`` even after the unused ones are deleted."""
-    registered = _registered()
-    if registered.count() < settings.OAUTH_DCR_MAX_CLIENTS:
-        return False
-    registered_clients_cleanup()
-    return bool(registered.count() >= settings.OAUTH_DCR_MAX_CLIENTS)
 
 
 class _Buffered:
@@ -312,17 +283,19 @@ class MetadataDocumentFetcher(cimd.SafeMetadataFetcher):
             addresses = _resolve_any(str(parsed.hostname), port)
         else:
             addresses = cimd._resolve_and_validate(parsed.hostname, port)
-        failure: BaseException | None = None
+        fetched: tuple[dict[str, Any], int] | None = None
+        failure: BaseException | str = "no time left"
         for address in addresses:
             if time.monotonic() >= self._deadline:
                 break
             try:
-                document, max_age = self._fetch_from(address, parsed, port)
+                fetched = self._fetch_from(address, parsed, port)
                 break
             except (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError) as exc:
                 failure = exc
-        else:
-            raise cimd.CIMDError(f"could not fetch client_id document: {failure or 'no time left'}")
+        if fetched is None:
+            raise cimd.CIMDError(f"could not fetch client_id document: {failure}")
+        document, max_age = fetched
         uris = document.get("redirect_uris")
         for uri in uris if isinstance(uris, list) else []:
             problem = redirect_uri_problem(uri) if isinstance(uri, str) else "a redirect URI is not a string"

@@ -54,10 +54,16 @@ class Connection:
         applications of one name apart."""
         hosts: list[str] = []
         for uri in str(self.application.redirect_uris or "").split():
-            parts = urlsplit(uri)
+            try:
+                parts = urlsplit(uri)
+                port = parts.port
+            except ValueError:  # registered before such URIs were refused
+                continue
             host = parts.hostname or f"{parts.scheme}:"
-            if parts.port and host not in ("127.0.0.1", "localhost", "::1"):
-                host = f"{host}:{parts.port}"
+            if parts.hostname and ":" in parts.hostname:
+                host = f"[{host}]"  # IPv6
+            if port and host not in ("127.0.0.1", "localhost", "[::1]"):
+                host = f"{host}:{port}"
             if host not in hosts:
                 hosts.append(host)
         return hosts
@@ -125,6 +131,14 @@ def settings_context(*, user: User) -> dict[str, Any]:
         context["other_connections"] = connections(user=None, excluding=user)
         context["policy"] = OAuthPolicy.current()
     return context
+
+
+def registered_clients() -> Any:
+    """The applications registered by DCR or known from a metadata document: what
+    ``DISPATCH_OAUTH_DCR_MAX_CLIENTS`` caps."""
+    Application = get_application_model()
+    sources = [Application.RegistrationSource.DCR, Application.RegistrationSource.CIMD]
+    return Application.objects.filter(registration_source__in=sources)
 
 
 def unused_registered_clients(now: Any = None) -> Any:

@@ -6,14 +6,21 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
-from oauth2_provider.models import get_access_token_model, get_grant_model, get_refresh_token_model
+from oauth2_provider.models import (
+    get_access_token_model,
+    get_application_model,
+    get_grant_model,
+    get_refresh_token_model,
+)
 
 from oauth.models import USED_CODE_SECONDS, OAuthPolicy, UsedCode
-from oauth.selectors import unused_registered_clients
+from oauth.selectors import registered_clients, unused_registered_clients
 
 
 @transaction.atomic
@@ -63,3 +70,33 @@ def used_codes_expired_delete() -> int:
     cutoff = timezone.now() - timedelta(seconds=USED_CODE_SECONDS)
     deleted, _by_model = UsedCode.objects.filter(used_at__lt=cutoff).delete()
     return int(deleted)
+
+
+def registered_clients_at_cap() -> bool:
+    """Whether the registered clients (DCR and metadata documents) fill
+    ``DISPATCH_OAUTH_DCR_MAX_CLIENTS`` even after the unused ones are deleted: the first
+    look before a registration (``registered_client_over_cap`` decides after the insert)."""
+    if registered_clients().count() < settings.OAUTH_DCR_MAX_CLIENTS:
+        return False
+    registered_clients_cleanup()
+    return bool(registered_clients().count() >= settings.OAUTH_DCR_MAX_CLIENTS)
+
+
+def registered_client_over_cap() -> bool:
+    """After a registration's insert: whether the registered clients now exceed
+    ``DISPATCH_OAUTH_DCR_MAX_CLIENTS``. The policy row's lock orders the registrations that
+    got here together, and the count runs once it is held, so it sees the rows of every
+    registration that committed before it (PostgreSQL's read committed; SQLite has one
+    writer at a time). Inside a transaction the lock is held to its commit (no hashing or
+    network then); outside one the count still follows the caller's committed insert, so
+    two racing registrations may both find the cap passed, never both find room."""
+    OAuthPolicy.current()
+    OAuthPolicy.objects.filter(pk=1).update(updated_at=F("updated_at"))  # the row's write lock
+    return registered_clients().count() > settings.OAUTH_DCR_MAX_CLIENTS
+
+
+def registered_client_undo(client_id: str) -> None:
+    """Delete a metadata-document client inserted past the cap (its fetch and insert are
+    the library's, outside any transaction of ours)."""
+    Application = get_application_model()
+    Application.objects.filter(client_id=client_id, registration_source=Application.RegistrationSource.CIMD).delete()

@@ -11,19 +11,24 @@ accept these tokens at all (they look up API and agent tokens only).
 from __future__ import annotations
 
 import hashlib
+import logging
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.utils import timezone
-from oauth2_provider.models import get_refresh_token_model
+from oauth2_provider import cimd
+from oauth2_provider.models import get_application_model, get_refresh_token_model
 from oauth2_provider.oauth2_validators import OAuth2Validator
 from oauth2_provider.settings import oauth2_settings
 from oauthlib.common import generate_token
 from oauthlib.oauth2.rfc6749 import errors
 
 from oauth.models import UsedCode
+from oauth.services import registered_client_over_cap, registered_client_undo
+
+logger = logging.getLogger(__name__)
 
 LOOPBACK_HOSTS = frozenset(["localhost", "127.0.0.1", "::1"])
 
@@ -37,6 +42,7 @@ def redirect_uri_problem(uri: str) -> str | None:
     try:
         parts = urlsplit(uri)
         host = parts.hostname or ""
+        parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
     except ValueError:
         return f"redirect URI {uri[:200]!r} is not a URI"
     if parts.fragment or "#" in uri:
@@ -90,9 +96,21 @@ class DispatchOAuth2Validator(OAuth2Validator):
             )
 
     def _load_application(self, client_id: str, request: Any) -> Any:
+        """The library's lookup, which stores a metadata-document client on first sight; one
+        stored past ``DISPATCH_OAUTH_DCR_MAX_CLIENTS`` (the look before its fetch found room,
+        and others filled it meanwhile) is deleted again, and the client is unknown."""
         if has_nul(client_id):
             return None  # no client is named so; PostgreSQL would refuse the lookup
-        return super()._load_application(client_id, request)
+        first_sight = cimd.is_cimd_client_id(client_id) and not (
+            get_application_model().objects.filter(client_id=client_id).exists()
+        )
+        client = super()._load_application(client_id, request)
+        if client is not None and first_sight and registered_client_over_cap():
+            logger.warning("CIMD client %r refused: the cap on registered clients is reached", client_id[:200])
+            registered_client_undo(client_id)
+            request.client = None
+            return None
+        return client
 
     def validate_redirect_uri(self, client_id: str, redirect_uri: str, request: Any, *args: Any, **kwargs: Any) -> bool:
         """The library's exact-match check (loopback: any port), and whatever registered the

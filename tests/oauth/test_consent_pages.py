@@ -362,6 +362,27 @@ def test_a_tokens_caller_names_its_application_in_the_machine_audit(alice: Clien
     assert Caller(user=caller.user).audit_caller == "mcp"  # a header token
 
 
+def test_the_settings_page_shows_where_each_client_returns_even_a_uri_stored_before_ports_were_checked(
+    alice: Client, owner: Any
+) -> None:
+    application = Application.objects.create(
+        name="Odd",
+        client_type=Application.CLIENT_PUBLIC,
+        authorization_grant_type=Application.GRANT_AUTHORIZATION_CODE,
+        redirect_uris=(
+            "http://127.0.0.1:70000/cb https://app.example:8443/cb http://[::1]:5000/cb "
+            "https://[2001:db8::1]:8443/cb cursor://anysphere.cursor-mcp/oauth/callback"
+        ),
+        registration_source=Application.RegistrationSource.DCR,
+        client_secret="",
+    )
+    AccessToken.objects.create(user=owner, application=application, token="odd", expires=_later(), scope="mcp")
+    response = alice.get("/settings/")
+    assert response.status_code == 200
+    page = text_of(response)
+    assert "returns to app.example:8443, [::1], [2001:db8::1]:8443, anysphere.cursor-mcp" in page
+
+
 def test_revoke_is_a_post_with_a_csrf_token(owner: Any, application: Any) -> None:
     browser = Client(enforce_csrf_checks=True)
     browser.force_login(owner)

@@ -93,6 +93,8 @@ def test_registration_takes_https_and_loopback_redirect_uris_only(dcr: tuple[Ins
         "data:text/html,<script>alert(1)</script>",
         "https:///cb",  # no host
         "http://127.0.0.1.evil.example/cb",  # looks like loopback, is not
+        "http://127.0.0.1:70000/cb",  # no such port (the settings page would fail to show it)
+        "https://app.example:abc/cb",
     ]
     for uri in refused:
         answer = flow.register(redirect_uris=[uri])

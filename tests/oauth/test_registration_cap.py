@@ -39,7 +39,7 @@ def test_a_registration_that_passed_the_first_count_is_undone_once_the_cap_is_fu
     settings.OAUTH_DCR_MAX_CLIENTS = 2  # type: ignore[attr-defined]
     assert [register(), register()] == [201, 201]
     # What a registration racing the second one saw: room left.
-    monkeypatch.setattr(registration, "_at_cap", lambda: False)
+    monkeypatch.setattr(registration, "registered_clients_at_cap", lambda: False)
 
     assert register() == 503
     assert registered() == 2
