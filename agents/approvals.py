@@ -184,6 +184,11 @@ def policy_rule_for(*, agent: Agent, tool_name: str, summary: str) -> ApprovalRu
 # --- services ---------------------------------------------------------------------------------
 
 
+APPROVAL_REQUESTED = "approval requested: "
+"""How the ``blocked`` timeline event of a pending approval begins (then the tool and its
+summary): what a linked instance's mirror of the agent sees of it."""
+
+
 def _event(approval: Approval, type: str, message: str, **metadata: Any) -> None:
     services.agent_event_record(
         agent=approval.agent,
@@ -266,7 +271,7 @@ def approval_request(
     _event(
         approval,
         AgentEvent.Type.BLOCKED,
-        f"approval requested: {_short(approval)}",
+        f"{APPROVAL_REQUESTED}{_short(approval)}",
         tool_name=tool_name,
         tool_summary=approval.tool_summary[: SHORT_SUMMARY * 4],
         expires_at=approval.expires_at.isoformat(),

@@ -2,7 +2,8 @@
 (connected in ``AttentionConfig.ready``; docs/notifications.md#events).
 
 - an approval waiting: ``approval_requested`` with a ``pending`` approval (one a policy
-  answered at once notifies no one);
+  answered at once notifies no one), or a shadow agent's mirrored ``blocked`` event of an
+  approval request (it waits on the linked instance; linked to the Approvals page);
 - an agent finished: a CLI agent's turn ended (an ``agent_event_recorded`` of type
   ``done``, its ``Stop`` hook), a built-in agent's run answered (the ``answer`` event of its
   run), or the agent went ``stopped``;
@@ -27,6 +28,7 @@ from django.conf import settings
 from django.urls import reverse
 from django.utils import timezone
 
+from agents.approvals import APPROVAL_REQUESTED
 from agents.models import Agent, AgentEvent
 from attention import services
 from attention.models import Notification
@@ -46,6 +48,12 @@ def approval_url(approval_id: str) -> str:
     """The absolute URL of one approval's page (``/approvals/<id>/``), where it is
     answered after a login."""
     return settings.PUBLIC_URL + reverse("approval", args=[approval_id])
+
+
+def approvals_url() -> str:
+    """The absolute URL of the Approvals page (``/approvals/``), which lists the approvals
+    waiting on linked instances too."""
+    return settings.PUBLIC_URL + reverse("approvals")
 
 
 def _short(text: Any, limit: int = SUMMARY_CHARS) -> str:
@@ -78,8 +86,12 @@ def on_approval_requested(sender: Any, approval: Any, **named: Any) -> None:
 
 
 def _event_outcome(event: AgentEvent) -> tuple[str, str, str] | None:
-    """``(kind, title suffix, body)`` for an event that finishes or fails a turn or run."""
+    """``(kind, title suffix, body)`` for an event that finishes or fails a turn or run, or
+    a shadow agent's mirrored approval request (its linked instance asks a person)."""
     metadata = event.metadata if isinstance(event.metadata, dict) else {}
+    if event.mirrored and event.type == AgentEvent.Type.BLOCKED and event.message.startswith(APPROVAL_REQUESTED):
+        asked = event.message.removeprefix(APPROVAL_REQUESTED)
+        return Notification.Kind.APPROVAL, "asks for approval on its instance", _short(asked, 300)
     if event.type == AgentEvent.Type.DONE:
         said = metadata.get("last_assistant_message") or event.message
         return Notification.Kind.FINISHED, "finished its turn", _short(said, 300)
@@ -106,7 +118,8 @@ def on_agent_event_recorded(sender: Any, event: AgentEvent, **named: Any) -> Non
         kind=kind,
         title=f"{_agent_label(agent)} {what}",
         body=body,
-        url=agent_url(agent.pk),
+        # A linked instance's approval is answered from the Approvals page's linked list.
+        url=approvals_url() if kind == Notification.Kind.APPROVAL else agent_url(agent.pk),
         agent_id=agent.pk,
         dedupe_key=f"event:{event.pk}",
     )

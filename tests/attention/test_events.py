@@ -101,6 +101,31 @@ def test_old_mirrored_history_of_a_shadow_agent_is_not_news(
     assert Notification.objects.count() == 1
 
 
+def test_a_shadow_agents_mirrored_approval_request_notifies_its_owner_with_the_approvals_page(
+    owner: Any, cli_agent: Agent, with_apprise: None, django_capture_on_commit_callbacks: Any, settings: Any
+) -> None:
+    settings.PUBLIC_URL = "https://dispatch.example.org"
+    message = f"{approvals.APPROVAL_REQUESTED}Bash: git push --force"
+    with django_capture_on_commit_callbacks(execute=True):
+        agent_services.agent_event_record(agent=cli_agent, type=AgentEvent.Type.BLOCKED, message=message, mirrored=True)
+        # The same event again (a replayed frame) and history the mirror catches up on: no news.
+        agent_services.agent_event_record(
+            agent=cli_agent,
+            type=AgentEvent.Type.BLOCKED,
+            message=message,
+            created_at=timezone.now() - timedelta(hours=2),
+            mirrored=True,
+        )
+        # A blocked event of this instance's own agent is its approval's (notified by the approval).
+        agent_services.agent_event_record(agent=cli_agent, type=AgentEvent.Type.BLOCKED, message=message)
+    notification = Notification.objects.get(user=owner)
+    assert notification.kind == Notification.Kind.APPROVAL
+    assert notification.title == "builder asks for approval on its instance"
+    assert notification.body == "Bash: git push --force"
+    assert notification.url == "https://dispatch.example.org/approvals/"
+    assert notification.agent_id == cli_agent.pk and notification.approval_id == ""
+
+
 def test_quiet_hours_hold_pushes_back_and_approvals_wake_only_when_allowed(owner: Any, cli_agent: Agent) -> None:
     rome = ZoneInfo("Europe/Rome")
     services.notification_settings_update(
