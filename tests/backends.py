@@ -9,6 +9,7 @@ skipped with the reason, except under ``CI=true``, where it fails (``unavailable
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -17,6 +18,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NoReturn
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -62,13 +64,13 @@ def postgres_database(prefix: str = "dispatch_it_", *, template: str = "") -> It
     """A fresh PostgreSQL database for one test, empty or a copy of the database
     ``template``; yields its URL and drops it after.
 
-    Its name is ``prefix`` plus 12 random hex digits (``prefix`` tells whose leftovers a
-    database is; lowercase letters, digits and ``_`` only).
+    Its name is ``database_name(prefix)`` (``prefix`` tells whose leftovers a database is;
+    lowercase letters, digits and ``_`` only).
     """
     import psycopg
 
     admin_url = postgres_admin_url()
-    name = f"{prefix}{uuid.uuid4().hex[:12]}"
+    name = database_name(prefix)
     from_template = f' TEMPLATE "{template}"' if template else ""
     with postgres_admin(admin_url) as conn:
         for attempt in range(50):
@@ -86,6 +88,43 @@ def postgres_database(prefix: str = "dispatch_it_", *, template: str = "") -> It
     finally:
         with psycopg.connect(admin_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+_MAKER = re.compile(r"_p(\d+)_[0-9a-f]{12}$")
+
+
+def database_name(prefix: str) -> str:
+    """``prefix`` + ``p<this process's pid>_`` + 12 random hex digits: the pid lets a later
+    run tell that the database's maker is gone (``orphan_databases_drop``)."""
+    return f"{prefix}p{os.getpid()}_{uuid.uuid4().hex[:12]}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def orphan_databases_drop(admin_url: str) -> list[str]:
+    """Drop the test databases (``dispatch…`` named by ``database_name``) whose making
+    process is gone: an xdist worker killed before its ``finally`` or ``atexit`` ran leaves
+    its instance and template databases behind. Only for a server on this host, whose pids
+    these are; returns the names dropped."""
+    if urlsplit(admin_url).hostname not in ("127.0.0.1", "localhost", "::1"):
+        return []
+    dropped: list[str] = []
+    with postgres_admin(admin_url) as conn:
+        names = [row[0] for row in conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'dispatch%'")]
+        for name in names:
+            maker = _MAKER.search(name)
+            if maker is not None and not _alive(int(maker.group(1))):
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                dropped.append(name)
+    return dropped
 
 
 def redis_answers(url: str) -> bool:

@@ -29,7 +29,15 @@ from typing import Any
 
 import httpx
 
-from tests.backends import free_port, postgres_admin, postgres_admin_url, postgres_database, redis_url
+from tests.backends import (
+    database_name,
+    free_port,
+    orphan_databases_drop,
+    postgres_admin,
+    postgres_admin_url,
+    postgres_database,
+    redis_url,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
@@ -479,7 +487,8 @@ def _migrated_template(*, postgres: bool) -> str:
         env = base_env(DISPATCH_DATA_DIR=folder, SECRET_KEY=uuid.uuid4().hex * 2)
         if postgres:
             admin_url = postgres_admin_url()
-            name = f"dispatch_it_template_{uuid.uuid4().hex[:12]}"
+            orphan_databases_drop(admin_url)  # what crashed runs left, once per process
+            name = database_name("dispatch_it_template_")
             with postgres_admin(admin_url) as conn:
                 conn.execute(f'CREATE DATABASE "{name}"')
             atexit.register(_drop_database, admin_url, name)
