@@ -23,7 +23,7 @@ urlpatterns = [
         name="oauth-resource-metadata-path",
     ),
     path("oauth/authorize/", ConsentView.as_view(), name="authorize"),
-    path("oauth/token/", dot.TokenView.as_view(), name="token"),
+    path("oauth/token/", views.TokenView.as_view(), name="token"),
     path("oauth/revoke/", dot.RevokeTokenView.as_view(), name="revoke-token"),
     path("oauth/register/", RegistrationView.as_view(), name="dcr-register"),
     path(

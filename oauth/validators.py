@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -31,6 +34,23 @@ from oauth.services import registered_client_over_cap, registered_client_undo
 logger = logging.getLogger(__name__)
 
 LOOPBACK_HOSTS = frozenset(["localhost", "127.0.0.1", "::1"])
+
+
+_refused_family: ContextVar[Any] = ContextVar("dispatch_oauth_refused_family", default=None)
+
+
+@contextmanager
+def family_refused() -> Iterator[None]:
+    """Around a token request: revoke the token family ``_sibling_pair`` refused, after the
+    request's transaction rolled back (a revocation inside it would roll back too)."""
+    marker = _refused_family.set(None)
+    try:
+        yield
+    finally:
+        family = _refused_family.get()
+        _refused_family.reset(marker)
+        if family is not None:
+            get_refresh_token_model().revoke_family(family)
 
 
 def redirect_uri_problem(uri: str) -> str | None:
@@ -155,6 +175,8 @@ class DispatchOAuth2Validator(OAuth2Validator):
         ):
             return False
         presented = request.refresh_token_instance
+        if presented.user is None or not presented.user.is_active:
+            return False  # a deactivated user's sign-in ends: no new tokens, now or on reactivation
         if presented.revoked is None or presented.token_family is None:
             return True
         RefreshToken = get_refresh_token_model()
@@ -171,11 +193,33 @@ class DispatchOAuth2Validator(OAuth2Validator):
         values are no longer known, so the library hands out empty tokens (and its view then
         fails). Such a request gets a new pair of the same family instead: a later replay of
         the old token still revokes them all."""
+        presented = getattr(request, "refresh_token_instance", None)
+        if request.grant_type == "refresh_token" and presented is not None:
+            self._third_use_refused(presented)
         super()._save_bearer_token(token, request, *args, **kwargs)
         if token.get("refresh_token") is not None and not token.get("access_token"):
             self._sibling_pair(token, request)
 
+    def _third_use_refused(self, presented: Any) -> None:
+        """Under a lock on the presented refresh token's row (in the library's transaction):
+        refreshes sent together all pass ``validate_refresh_token`` before any is saved, and
+        come here one at a time. Raises ``InvalidGrantError`` when the token's family was
+        revoked meanwhile (a theft detected, the user disconnected it), or when two pairs
+        were made from it already: a third use, whose family is revoked once this
+        transaction has rolled back (``family_refused``)."""
+        RefreshToken = get_refresh_token_model()
+        locked = RefreshToken.objects.select_for_update().filter(pk=presented.pk).first()
+        if locked is None or locked.revoked is None or locked.token_family is None:
+            return
+        family = RefreshToken.objects.filter(token_family=locked.token_family)
+        if not family.filter(revoked__isnull=True).exists():
+            raise errors.InvalidGrantError(description="this sign-in was revoked")
+        if family.filter(created__gte=locked.revoked).count() >= 2:
+            _refused_family.set(locked.token_family)
+            raise errors.InvalidGrantError(description="this refresh token was used already")
+
     def _sibling_pair(self, token: dict[str, Any], request: Any) -> None:
+        """Mint the second pair of a rotated refresh token (``_third_use_refused`` let it)."""
         RefreshToken = get_refresh_token_model()
         presented = (
             RefreshToken.objects.filter(

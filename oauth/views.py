@@ -18,8 +18,10 @@ from typing import Any
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from oauth2_provider.views import OAuthProtectedResourceMetadataView, OAuthServerMetadataView
+from oauth2_provider.views import TokenView as LibraryTokenView
 
 from oauth.models import OAuthPolicy
+from oauth.validators import family_refused
 
 
 class ServerMetadataView(OAuthServerMetadataView):
@@ -48,3 +50,14 @@ class ResourceMetadataView(OAuthProtectedResourceMetadataView):
 
     def get_authorization_servers(self, request: HttpRequest) -> list[str]:
         return [str(settings.OAUTH_ISSUER)]
+
+
+class TokenView(LibraryTokenView):
+    """``POST /oauth/token/``: the library's token endpoint, and the revocation of a token
+    family whose refresh token was used a third time while others were refreshing it
+    (``DispatchOAuth2Validator._sibling_pair``)."""
+
+    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        with family_refused():
+            response: HttpResponse = super().post(request, *args, **kwargs)
+        return response

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from urllib.parse import parse_qs, urlsplit
 
@@ -122,6 +123,64 @@ def test_a_refresh_token_just_rotated_refreshes_once_more_then_its_replay_revoke
         assert replayed.status_code == 400 and replayed.json()["error"] == "invalid_grant"
         assert all(flow.mcp(p["access_token"], INITIALIZE).status_code == 401 for p in pairs)
         assert all(refresh(p["refresh_token"]).status_code == 400 for p in pairs)
+
+
+@pytest.mark.parametrize("postgres", [False, pytest.param(True, marks=pytest.mark.postgres)])
+def test_refreshes_sent_together_get_at_most_two_pairs_and_a_third_use_revokes_the_family(postgres: bool) -> None:
+    """Five refreshes with one refresh token at the same instant all pass validation before
+    any is saved; the rotation's row lock orders them: one rotation, one second pair, and
+    the others are third uses, refused, and the family goes with every pair issued."""
+    with instance(postgres=postgres) as inst:
+        server = inst.serve(public=True, DISPATCH_OAUTH_REFRESH_GRACE_SECONDS="60")
+        flow = Flow(server.url)
+        flow.login("admin", inst.admin_password)
+        first = flow.signed_in()
+        racers = 5
+        barrier = threading.Barrier(racers)
+        answers: list[httpx.Response] = []
+
+        def refresh() -> None:
+            barrier.wait()
+            answers.append(flow.token(grant_type="refresh_token", refresh_token=first["refresh_token"]))
+
+        threads = [threading.Thread(target=refresh) for _ in range(racers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+
+        statuses = sorted(answer.status_code for answer in answers)
+        assert statuses == [200, 200, 400, 400, 400], [answer.text[:200] for answer in answers]
+        assert all(a.json()["error"] == "invalid_grant" for a in answers if a.status_code == 400)
+        pairs = [answer.json() for answer in answers if answer.status_code == 200]
+        assert all(flow.mcp(pair["access_token"], INITIALIZE).status_code == 401 for pair in pairs)
+        refreshed = [flow.token(grant_type="refresh_token", refresh_token=pair["refresh_token"]) for pair in pairs]
+        assert [answer.status_code for answer in refreshed] == [400, 400]
+
+
+def test_a_deactivated_users_refresh_token_gets_nothing(served: tuple[Instance, Server]) -> None:
+    inst, server = served
+    inst.manage(
+        "shell",
+        "-c",
+        "from django.contrib.auth.models import User; User.objects.create_user('dave', password='dave-secret-9')",
+    )
+    flow = Flow(server.url)
+    flow.login("dave", "dave-secret-9")
+    pair = flow.signed_in()
+    inst.manage(
+        "shell",
+        "-c",
+        "from django.contrib.auth.models import User; User.objects.filter(username='dave').update(is_active=False)",
+    )
+    refused = flow.token(grant_type="refresh_token", refresh_token=pair["refresh_token"])
+    assert refused.status_code == 400 and refused.json()["error"] == "invalid_grant", refused.text
+    inst.manage(
+        "shell",
+        "-c",
+        "from django.contrib.auth.models import User; User.objects.filter(username='dave').update(is_active=True)",
+    )
+    assert flow.mcp(pair["access_token"], INITIALIZE).status_code == 200  # the refusal revoked nothing
 
 
 @pytest.mark.parametrize(
