@@ -18,6 +18,7 @@ Errors found before a redirect is safe (unknown client, unregistered redirect UR
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -27,6 +28,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.http.response import HttpResponseRedirectBase
 from django.utils.decorators import method_decorator
 from django.views.decorators.cache import never_cache
+from oauth2_provider.exceptions import OAuthToolkitError
 from oauth2_provider.forms import AllowForm
 from oauth2_provider.models import get_application_model
 from oauth2_provider.settings import oauth2_settings
@@ -76,6 +78,10 @@ def redirect_host(redirect_uri: str) -> str:
     if ":" in host:
         host = f"[{host}]"
     return f"{host}:{port}" if port else host or redirect_uri
+
+
+PKCE_CHALLENGE = re.compile(r"[A-Za-z0-9_-]{43}")
+"""An S256 ``code_challenge``: the base64url of a SHA-256, unpadded (RFC 7636 §4.2)."""
 
 
 class ConsentForm(AllowForm):
@@ -146,6 +152,23 @@ class ConsentView(AuthorizationView):
             return self._error_page("invalid_target", _unknown_resource(unknown[0]))
         response: HttpResponse = super().get(request, *args, **kwargs)
         return response
+
+    def validate_authorization_request(self, request: HttpRequest) -> tuple[list[str], dict[str, Any]]:
+        """The library's checks, then PKCE's, before the page is shown: DOT shows it for
+        ``plain`` (and refuses only once Allow is pressed) and for a challenge no S256
+        verifier can match (issuing a code nobody can redeem). Such a request goes back to
+        the client with ``invalid_request`` (RFC 6749 §4.1.2.1; RFC 7636 §4.4.1)."""
+        scopes, credentials = super().validate_authorization_request(request)
+        method, challenge = credentials.get("code_challenge_method"), credentials.get("code_challenge")
+        problem = None
+        if method != "S256":
+            problem = "PKCE must use code_challenge_method=S256"
+        elif not isinstance(challenge, str) or not PKCE_CHALLENGE.fullmatch(challenge):
+            problem = "code_challenge must be an S256 challenge: 43 base64url characters"
+        if problem is not None:
+            error = errors.InvalidRequestError(description=problem, state=credentials.get("state"))
+            raise OAuthToolkitError(error=error, redirect_uri=credentials.get("redirect_uri"))
+        return scopes, credentials
 
     def form_valid(self, form: ConsentForm) -> HttpResponse:
         # DOT looks the client up with a bare .get() and, on Cancel, redirects to the posted

@@ -16,6 +16,8 @@ from oauth2_provider.models import get_application_model
 from core.authentication import authenticated_user
 from oauth.services import connection_revoke, policy_update
 
+MAX_ID = 2**63 - 1  # the largest primary key a database holds; past it the lookup itself fails
+
 
 @require_POST
 def connection_revoke_view(request: HttpRequest, application_id: int, user_id: int | None = None) -> HttpResponse:
@@ -24,6 +26,9 @@ def connection_revoke_view(request: HttpRequest, application_id: int, user_id: i
     for anyone else)."""
     actor = authenticated_user(request)
     target = actor
+    if application_id > MAX_ID or (user_id is not None and user_id > MAX_ID):
+        messages.error(request, "No such application.")
+        return redirect("settings")
     if user_id is not None and user_id != actor.pk:
         if not actor.is_staff:
             raise PermissionDenied("only admins revoke other users' applications")
@@ -32,10 +37,11 @@ def connection_revoke_view(request: HttpRequest, application_id: int, user_id: i
             messages.error(request, "No such user.")
             return redirect("settings")
         target = found
-    application = get_application_model().objects.filter(pk=application_id).first()
-    name = (application.name if application else "") or "the application"
     revoked = connection_revoke(user=target, application_id=application_id)
-    if revoked or application is not None:
+    if revoked:
+        # Named only to whoever was connected to it: a user who was not learns nothing.
+        application = get_application_model().objects.filter(pk=application_id).first()
+        name = (application.name if application else "") or "the application"
         whose = "" if target == actor else f" for {target.get_username()}"
         messages.success(request, f"Disconnected {name}{whose}: its access is revoked.")
     else:

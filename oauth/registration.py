@@ -100,6 +100,16 @@ def _metadata_refused(request: HttpRequest) -> JsonResponse | None:
         return None
     if has_nul(body):
         return _error("invalid_client_metadata", "a value holds a NUL character", 400)
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return _error("invalid_client_metadata", "a value is not valid Unicode text (a lone surrogate)", 400)
+    for name in ("client_name", "client_uri", "logo_uri", "scope", "token_endpoint_auth_method"):
+        if name in body and not isinstance(body[name], str):
+            return _error("invalid_client_metadata", f"{name} must be a string", 400)
+    for name in ("grant_types", "response_types", "contacts"):
+        if name in body and not isinstance(body[name], list):
+            return _error("invalid_client_metadata", f"{name} must be a list", 400)
     uris = body.get("redirect_uris")
     if not isinstance(uris, list) or not uris:
         return _error("invalid_redirect_uri", "redirect_uris must list at least one redirect URI", 400)
@@ -277,7 +287,10 @@ class MetadataDocumentFetcher(cimd.SafeMetadataFetcher):
 
     def fetch(self, client_id: str) -> tuple[dict[str, Any], int]:
         self._deadline = time.monotonic() + float(oauth2_settings.CIMD_FETCH_TIMEOUT_SECONDS)
-        parsed = cimd._validate_client_id_url(client_id)
+        try:
+            parsed = cimd._validate_client_id_url(client_id)
+        except ValueError as exc:  # urlsplit's own refusal (https://[::1/x): an unknown client, not an error
+            raise cimd.CIMDError(f"client_id is not a URL: {exc}") from exc
         port = parsed.port or 443
         if OAuthPolicy.current().cimd_private_addresses:
             addresses = _resolve_any(str(parsed.hostname), port)

@@ -29,17 +29,19 @@ def connection_revoke(*, user: User, application_id: int) -> int:
     (RFC 7009 §2.1: revoking one revokes its access token), delete every access token left, and every
     pending authorization code. Open ``/mcp/oauth`` streams of those tokens end: their
     ``McpStream`` rows go with the tokens (``on_delete=CASCADE``) and each process's
-    watchdog closes a stream whose row is gone. Returns how many access tokens were revoked."""
+    watchdog closes a stream whose row is gone. Returns how many tokens and codes were
+    revoked (0: ``user`` had no connection to it)."""
     AccessToken = get_access_token_model()
     RefreshToken = get_refresh_token_model()
     access_tokens = AccessToken.objects.filter(user=user, application_id=application_id)
     revoked = access_tokens.count()
     for refresh_token in RefreshToken.objects.filter(user=user, application_id=application_id, revoked__isnull=True):
         refresh_token.revoke()
+        revoked += 1
     for access_token in access_tokens:
         access_token.revoke()
-    get_grant_model().objects.filter(user=user, application_id=application_id).delete()
-    return revoked
+    deleted, _by_model = get_grant_model().objects.filter(user=user, application_id=application_id).delete()
+    return revoked + int(deleted)
 
 
 @transaction.atomic

@@ -59,12 +59,17 @@ def redirect_uri_problem(uri: str) -> str | None:
     private-use scheme named in ``settings.OAUTH_PRIVATE_USE_SCHEMES`` (RFC 8252 §7.1, e.g.
     Cursor's ``cursor://anysphere.cursor-mcp/oauth/callback``). Never a fragment
     (RFC 6749 §3.1.2), never ``javascript:``, ``data:`` or another web scheme."""
+    if any(char == "\\" or char.isspace() or ord(char) < 0x20 or ord(char) == 0x7F for char in uri):
+        # Browsers read "https://a.example\\@b.example/" as a.example, Python as b.example.
+        return f"redirect URI {uri[:200]!r} holds a backslash, a space or a control character"
     try:
         parts = urlsplit(uri)
         host = parts.hostname or ""
         parts.port  # noqa: B018 - raises ValueError for a port out of range or not a number
     except ValueError:
         return f"redirect URI {uri[:200]!r} is not a URI"
+    if "@" in parts.netloc:
+        return f"redirect URI {uri[:200]!r} names a user (userinfo): the host a reader sees is not where it goes"
     if parts.fragment or "#" in uri:
         return f"redirect URI {uri[:200]!r} has a fragment"
     if parts.scheme == "https" and host:

@@ -17,6 +17,8 @@ from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.utils.decorators import method_decorator
+from django.views.decorators.csrf import csrf_exempt
 from oauth2_provider.views import OAuthProtectedResourceMetadataView, OAuthServerMetadataView
 from oauth2_provider.views import TokenView as LibraryTokenView
 
@@ -24,6 +26,7 @@ from oauth.models import OAuthPolicy
 from oauth.validators import family_refused
 
 
+@method_decorator(csrf_exempt, name="dispatch")
 class ServerMetadataView(OAuthServerMetadataView):
     """RFC 8414 metadata: django-oauth-toolkit's document, with the registration endpoint
     and ``client_id_metadata_document_supported`` as the admin's switches say now."""
@@ -41,6 +44,7 @@ class ServerMetadataView(OAuthServerMetadataView):
         return answer
 
 
+@method_decorator(csrf_exempt, name="dispatch")
 class ResourceMetadataView(OAuthProtectedResourceMetadataView):
     """RFC 9728 metadata of ``/mcp/oauth``: ``resource`` is its public URL byte for byte
     (``settings.MCP_OAUTH_RESOURCE``), the one authorization server this instance."""
