@@ -41,7 +41,7 @@ _refused_family: ContextVar[Any] = ContextVar("dispatch_oauth_refused_family", d
 
 @contextmanager
 def family_refused() -> Iterator[None]:
-    """Around a token request: revoke the token family ``_sibling_pair`` refused, after the
+    """Around a token request: revoke the token family ``_third_use_refused`` refused, after the
     request's transaction rolled back (a revocation inside it would roll back too)."""
     marker = _refused_family.set(None)
     try:
