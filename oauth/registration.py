@@ -100,15 +100,13 @@ def _metadata_refused(request: HttpRequest) -> JsonResponse | None:
         return None
     if has_nul(body):
         return _error("invalid_client_metadata", "a value holds a NUL character", 400)
-    try:
-        json.dumps(body, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
+    if not _storable(body):
         return _error("invalid_client_metadata", "a value is not valid Unicode text (a lone surrogate)", 400)
     for name in ("client_name", "client_uri", "logo_uri", "scope", "token_endpoint_auth_method"):
-        if name in body and not isinstance(body[name], str):
+        if body.get(name) is not None and not isinstance(body[name], str):  # null: as if absent
             return _error("invalid_client_metadata", f"{name} must be a string", 400)
     for name in ("grant_types", "response_types", "contacts"):
-        if name in body and not isinstance(body[name], list):
+        if body.get(name) is not None and not isinstance(body[name], list):
             return _error("invalid_client_metadata", f"{name} must be a list", 400)
     uris = body.get("redirect_uris")
     if not isinstance(uris, list) or not uris:
@@ -309,6 +307,8 @@ class MetadataDocumentFetcher(cimd.SafeMetadataFetcher):
         if fetched is None:
             raise cimd.CIMDError(f"could not fetch client_id document: {failure}")
         document, max_age = fetched
+        if has_nul(document) or not _storable(document):
+            raise cimd.CIMDError("client_id document holds a NUL character or a lone surrogate")
         uris = document.get("redirect_uris")
         for uri in uris if isinstance(uris, list) else []:
             problem = redirect_uri_problem(uri) if isinstance(uri, str) else "a redirect URI is not a string"
@@ -359,6 +359,16 @@ class MetadataDocumentFetcher(cimd.SafeMetadataFetcher):
             raise cimd.CIMDError("client_id document took too long to arrive")  # cut short at the deadline
         document: tuple[dict[str, Any], int] = super()._read_document(_Buffered(response, b"".join(chunks)))
         return document
+
+
+def _storable(value: Any) -> bool:
+    """Whether every string in ``value`` is valid Unicode text (no lone surrogate, which
+    ``json`` decodes from ``\\ud800`` and no database stores)."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _resolve_any(hostname: str, port: int) -> list[str]:

@@ -64,4 +64,10 @@ class TokenView(LibraryTokenView):
     def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         with family_refused():
             response: HttpResponse = super().post(request, *args, **kwargs)
+        if response.status_code >= 400 and not response.get("Content-Type", "").startswith("application/json"):
+            # An error raised while saving (a third use found under the lock) reaches the
+            # library's view without oauthlib's headers: RFC 6749 §5.2 wants JSON, uncached.
+            response["Content-Type"] = "application/json"
+            response["Cache-Control"] = "no-store"
+            response["Pragma"] = "no-cache"
         return response

@@ -113,16 +113,22 @@ def orphan_databases_drop(admin_url: str) -> list[str]:
     """Drop the test databases (``dispatch…`` named by ``database_name``) whose making
     process is gone: an xdist worker killed before its ``finally`` or ``atexit`` ran leaves
     its instance and template databases behind. Only for a server on this host, whose pids
-    these are; returns the names dropped."""
+    these are, and never one with a connection open (another PID namespace, a container
+    sharing this server, may hold it); returns the names dropped."""
     if urlsplit(admin_url).hostname not in ("127.0.0.1", "localhost", "::1"):
         return []
+    import psycopg
+
     dropped: list[str] = []
     with postgres_admin(admin_url) as conn:
         names = [row[0] for row in conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'dispatch%'")]
         for name in names:
             maker = _MAKER.search(name)
             if maker is not None and not _alive(int(maker.group(1))):
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                try:
+                    conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+                except psycopg.errors.ObjectInUse:
+                    continue
                 dropped.append(name)
     return dropped
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import uuid
 from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -15,14 +16,24 @@ import pytest
 from django.contrib import messages
 from django.test import Client
 from django.utils import timezone
-from oauth2_provider.models import get_access_token_model, get_application_model
+from oauth2_provider import cimd
+from oauth2_provider.models import (
+    get_access_token_model,
+    get_application_model,
+    get_refresh_token_model,
+    set_token_value,
+)
 
+from oauth import registration
+from oauth.models import OAuthPolicy
+from oauth.validators import DispatchOAuth2Validator
 from tests.oauth.test_consent_pages import HOST, REDIRECT_URI, consent_page, text_of
 
 pytestmark = pytest.mark.django_db
 
 Application = get_application_model()
 AccessToken = get_access_token_model()
+RefreshToken = get_refresh_token_model()
 
 
 @pytest.fixture
@@ -147,3 +158,70 @@ def test_a_malformed_metadata_document_url_is_an_unknown_client_without_an_error
         page = client.get("/oauth/authorize/", query, **HOST)
     assert page.status_code == 400
     assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
+
+
+def test_a_refresh_whose_sign_in_is_revoked_while_it_runs_gets_a_json_invalid_grant_and_nothing(
+    owner: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disconnect landing between the refresh's validation and its save: refused under the
+    lock, in the token endpoint's JSON (RFC 6749 §5.2), and no token is left alive."""
+    made = Application.objects.create(
+        name="racer",
+        client_type=Application.CLIENT_PUBLIC,
+        authorization_grant_type=Application.GRANT_AUTHORIZATION_CODE,
+        redirect_uris=REDIRECT_URI,
+        client_secret="",
+    )
+    access = AccessToken(
+        user=owner, application=made, expires=timezone.now() + timedelta(hours=1), scope="mcp", resource=[]
+    )
+    set_token_value(access, "access-raw")
+    access.save()
+    refresh = RefreshToken(user=owner, application=made, access_token=access, token_family=uuid.uuid4())
+    set_token_value(refresh, "refresh-raw")
+    refresh.save()
+    # Rotated once already (within the grace window), so this request is a second use.
+    first = Client().post(
+        "/oauth/token/",
+        {"grant_type": "refresh_token", "refresh_token": "refresh-raw", "client_id": made.client_id},
+        **HOST,
+    )
+    assert first.status_code == 200, first.content
+    validate = DispatchOAuth2Validator.validate_refresh_token
+
+    def disconnected_meanwhile(self: Any, *args: Any, **kwargs: Any) -> bool:
+        valid = bool(validate(self, *args, **kwargs))
+        RefreshToken.revoke_family(refresh.token_family)
+        return valid
+
+    monkeypatch.setattr(DispatchOAuth2Validator, "validate_refresh_token", disconnected_meanwhile)
+    answer = Client().post(
+        "/oauth/token/",
+        {"grant_type": "refresh_token", "refresh_token": "refresh-raw", "client_id": made.client_id},
+        **HOST,
+    )
+    assert answer.status_code == 400 and answer.json()["error"] == "invalid_grant"
+    assert answer["Content-Type"] == "application/json" and answer["Cache-Control"] == "no-store"
+    assert not AccessToken.objects.filter(application=made).exists()
+    assert not RefreshToken.objects.filter(application=made, revoked__isnull=True).exists()
+
+
+def test_optional_registration_fields_sent_as_null_are_taken_as_absent() -> None:
+    body = {"redirect_uris": ["https://a.example/cb"], "client_uri": None, "logo_uri": None, "contacts": None}
+    answer = register(body)
+    assert answer.status_code == 201, answer.content
+
+
+@pytest.mark.parametrize("name", ["nul\x00name", "\udc00"])
+def test_a_metadata_document_holding_what_no_database_stores_is_refused(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = "https://client.example/metadata.json"
+    document = {"client_id": url, "client_name": name, "redirect_uris": ["https://client.example/cb"]}
+    monkeypatch.setattr(registration, "_resolve_any", lambda host, port: ["192.0.2.1"])
+    monkeypatch.setattr(registration.MetadataDocumentFetcher, "_fetch_from", lambda self, *args: (document, 300))
+    policy = OAuthPolicy.current()
+    policy.cimd_private_addresses = True
+    policy.save()
+    with pytest.raises(cimd.CIMDError, match="NUL character or a lone surrogate"):
+        registration.MetadataDocumentFetcher().fetch(url)
