@@ -39,6 +39,7 @@ from oauth2_provider.models import get_application_model
 from oauth2_provider.settings import oauth2_settings
 from oauth2_provider.views import DynamicClientRegistrationManagementView, DynamicClientRegistrationView
 
+from core import wire
 from core.errors import unavailable_error
 from core.outage import RETRY_AFTER_SECONDS
 from core.services import rate_limiter
@@ -100,8 +101,9 @@ def _metadata_refused(request: HttpRequest) -> JsonResponse | None:
         return None
     if has_nul(body):
         return _error("invalid_client_metadata", "a value holds a NUL character", 400)
-    if not _storable(body):
-        return _error("invalid_client_metadata", "a value is not valid Unicode text (a lone surrogate)", 400)
+    unstorable = wire.problem(body)
+    if unstorable is not None:
+        return _error("invalid_client_metadata", unstorable, 400)
     for name in ("client_name", "client_uri", "logo_uri", "scope", "token_endpoint_auth_method"):
         if body.get(name) is not None and not isinstance(body[name], str):  # null: as if absent
             return _error("invalid_client_metadata", f"{name} must be a string", 400)
@@ -307,7 +309,7 @@ class MetadataDocumentFetcher(cimd.SafeMetadataFetcher):
         if fetched is None:
             raise cimd.CIMDError(f"could not fetch client_id document: {failure}")
         document, max_age = fetched
-        if has_nul(document) or not _storable(document):
+        if has_nul(document) or wire.problem(document) is not None:
             raise cimd.CIMDError("client_id document holds a NUL character or a lone surrogate")
         uris = document.get("redirect_uris")
         for uri in uris if isinstance(uris, list) else []:
@@ -359,16 +361,6 @@ class MetadataDocumentFetcher(cimd.SafeMetadataFetcher):
             raise cimd.CIMDError("client_id document took too long to arrive")  # cut short at the deadline
         document: tuple[dict[str, Any], int] = super()._read_document(_Buffered(response, b"".join(chunks)))
         return document
-
-
-def _storable(value: Any) -> bool:
-    """Whether every string in ``value`` is valid Unicode text (no lone surrogate, which
-    ``json`` decodes from ``\\ud800`` and no database stores)."""
-    try:
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _resolve_any(hostname: str, port: int) -> list[str]:
